@@ -1,0 +1,45 @@
+"""sapp: auto-parallel strategy search for PyTorch.
+
+    cluster = sapp.Cluster.parse("a100-80g:nodes=128")
+    plan = sapp.search(sapp.models.get("gpt3-175b"), cluster, global_batch=1536)
+    plan.save("plan.json"); sapp.evaluate(model, cluster, sapp.Plan.load("plan.json"))
+
+Heavy modules (torch, ortools) load on first use, so `import sapp` stays fast."""
+from .cluster import Cluster, PRESETS as CLUSTER_PRESETS
+from .errors import (CaptureError, ClusterError, ConstraintError, InfeasibleError, PlanError,
+                     SappError)
+from .plan import Plan
+
+__version__ = "0.1.0"
+__all__ = ["Cluster", "Plan", "search", "evaluate", "capture", "emit", "models", "Constraints",
+           "SappError", "ClusterError", "CaptureError", "PlanError", "ConstraintError", "InfeasibleError"]
+
+
+def search(model, cluster, **kwargs):
+    from .api import search as _search
+    return _search(model, cluster, **kwargs)
+
+
+def evaluate(model, cluster, plan, **kwargs):
+    from .api import evaluate as _evaluate
+    return _evaluate(model, cluster, plan, **kwargs)
+
+
+def capture(model, example_inputs=None, **kwargs):
+    from .capture import capture as _capture
+    return _capture(model, example_inputs, **kwargs)
+
+
+def emit(model, plan, **kwargs):
+    from .emit import emit as _emit
+    return _emit(model, plan, **kwargs)
+
+
+def __getattr__(name):
+    if name == "models":
+        from . import models
+        return models
+    if name == "Constraints":
+        from .constraints import Constraints
+        return Constraints
+    raise AttributeError(f"module 'sapp' has no attribute {name!r}")

@@ -1,0 +1,55 @@
+"""The `sapp` command line.  Each subcommand lives in sapp/commands/<name>.py with
+`add_arguments(parser)` and `run(args) -> int`; this file only dispatches and turns user errors into
+one-line messages."""
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "search": "find a parallel plan for a model on a cluster",
+    "evaluate": "score a (hand-written) plan with the cost model",
+    "models": "list the built-in models",
+    "clusters": "list the cluster presets",
+    "run": "launch an emitted training program for a plan (torchrun)",
+    "calibrate": "measure this machine and write a cluster description",
+    "explain": "explain why a plan was chosen",
+    "diff": "compare two plans",
+    "plot": "draw a plan's pipeline schedule and memory",
+}
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="sapp", description="Auto-parallel strategy search for PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"sapp.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"sapp.commands.{name}":
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None):
+    from .errors import SappError
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except SappError as e:
+        print(f"sapp {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sapp {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Cluster descriptions: presets from vendor data sheets, spec strings, JSON load/save, validation.
+
+All quantities are SI base units: bytes, bytes/s, FLOP/s, seconds.  Bandwidths are *per device and per
+direction*; `inter_bw` is a device's share of its node's network (e.g. 8 x 200 Gb/s IB over 8 GPUs gives
+25 GB/s each).  Host quantities are per node and shared by the node's devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from .errors import ClusterError, SappError
+from .units import parse_quantity
+
+_POSITIVE = (
+    "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
+    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops",
+)
+_NON_NEGATIVE = ("intra_latency", "inter_latency")
+_FRACTIONS = ("compute_efficiency", "memory_efficiency")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str = "custom"
+    nodes: int = 1
+    gpus_per_node: int = 8
+    peak_flops: float = 312e12          # dense bf16 FLOP/s per device
+    device_memory: float = 80e9         # bytes per device
+    mem_bandwidth: float = 2.0e12       # device memory bytes/s
+    intra_bw: float = 300e9             # bytes/s per device per direction inside a node
+    intra_latency: float = 5e-6
+    inter_bw: float = 25e9              # bytes/s per device per direction across nodes
+    inter_latency: float = 10e-6
+    host_memory: float = 1e12           # bytes per node
+    host_mem_bandwidth: float = 200e9   # bytes/s per node
+    h2d_bw: float = 25e9                # host<->device bytes/s per device per direction
+    host_flops: float = 3e12            # FLOP/s per node (fp32, vectorised)
+    compute_efficiency: float = 0.8     # fraction of peak large GEMMs reach
+    memory_efficiency: float = 0.8      # fraction of memory bandwidth streaming ops reach
+    notes: str = field(default="", compare=False)
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def validate(self) -> "Cluster":
+        for key in _POSITIVE:
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or v != v or v <= 0:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be a positive number, got {v!r}")
+        for key in ("nodes", "gpus_per_node"):
+            if int(getattr(self, key)) != getattr(self, key):
+                raise ClusterError(f"cluster {self.name!r}: {key} must be a whole number, got {getattr(self, key)!r}")
+        for key in _NON_NEGATIVE:
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or v != v or v < 0:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0, got {v!r}")
+        for key in _FRACTIONS:
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be in (0, 1], got {v!r}")
+        return self
+
+    def replace(self, **changes) -> "Cluster":
+        return dataclasses.replace(self, **changes).validate()
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Cluster":
+        if not isinstance(d, dict):
+            raise ClusterError("cluster description must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ClusterError(f"unknown cluster field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        kwargs = {}
+        for k, v in d.items():
+            if k in ("name", "notes"):
+                kwargs[k] = str(v)
+            elif k in ("nodes", "gpus_per_node"):
+                kwargs[k] = _to_int(v, k)
+            else:
+                kwargs[k] = _to_float(v, k)
+        return cls(**kwargs).validate()
+
+    def save(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, path) -> "Cluster":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            raise ClusterError(f"cluster file {path} not found") from None
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"cluster file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def parse(cls, spec: str) -> "Cluster":
+        """'a100-80g:nodes=128', 'h100-80g:nodes=4,gpus=8,inter_bw=50GB/s', 'cpu:gpus=2', or a JSON path."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ClusterError("empty cluster spec: write NAME[:nodes=N,gpus=G,key=value...], e.g. a100-80g:nodes=16")
+        spec = spec.strip()
+        if spec.endswith(".json"):
+            return cls.load(spec)
+        name, _, rest = spec.partition(":")
+        if name not in PRESETS:
+            raise ClusterError(f"unknown cluster preset {name!r}; choose one of {', '.join(PRESETS)} or pass a .json file")
+        base = PRESETS[name]
+        changes, devices = {}, None
+        for item in filter(None, (p.strip() for p in rest.split(","))):
+            key, eq, value = item.partition("=")
+            key = _ALIASES.get(key.strip(), key.strip())
+            if not eq:
+                raise ClusterError(f"cluster spec item {item!r} needs key=value, e.g. nodes=16")
+            if key == "devices":
+                devices = _to_int(value, "devices")
+                continue
+            if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
+                raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
+                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS))
+            changes[key] = _to_int(value, key) if key in ("nodes", "gpus_per_node") else _to_float(value, key)
+        cluster = dataclasses.replace(base, **changes)
+        if devices is not None:
+            if devices <= 0:
+                raise ClusterError(f"devices must be positive, got {devices}")
+            gpn = cluster.gpus_per_node
+            if "nodes" in changes:
+                if cluster.nodes * gpn != devices:
+                    raise ClusterError(f"devices={devices} is not nodes x gpus = {cluster.nodes} x {gpn}; drop one of them")
+            elif devices < gpn and "gpus_per_node" not in changes:
+                cluster = dataclasses.replace(cluster, nodes=1, gpus_per_node=devices)
+            elif devices % gpn:
+                raise ClusterError(f"devices={devices} is not a multiple of {gpn} devices per node; use a multiple or set gpus=")
+            else:
+                cluster = dataclasses.replace(cluster, nodes=devices // gpn)
+        return cluster.validate()
+
+
+def _to_int(v, key):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ClusterError(f"{key} must be a whole number, got {v!r}") from None
+    if f != int(f):
+        raise ClusterError(f"{key} must be a whole number, got {v!r}")
+    return int(f)
+
+
+def _to_float(v, key):
+    try:
+        return parse_quantity(v, key)
+    except SappError as e:
+        raise ClusterError(str(e)) from None
+
+
+_ALIASES = {"gpus": "gpus_per_node", "per_node": "gpus_per_node", "memory": "device_memory", "flops": "peak_flops"}
+
+PRESETS = {
+    # REFERENCE.md section 3 (dense bf16).  inter_bw = node NIC bandwidth / devices per node.
+    "a100-80g": Cluster("a100-80g", 1, 8, 312e12, 80e9, 2.0e12, 300e9, 5e-6, 25e9, 10e-6,
+                        1e12, 200e9, 25e9, 3e12, notes="A100 SXM 80GB, NVLink3, 8x200Gb/s IB, PCIe Gen4"),
+    "h100-80g": Cluster("h100-80g", 1, 8, 989e12, 80e9, 3.35e12, 450e9, 5e-6, 50e9, 10e-6,
+                        2e12, 400e9, 50e9, 4e12, notes="H100 SXM 80GB, NVLink4, 8x400Gb/s IB, PCIe Gen5"),
+    "h200": Cluster("h200", 1, 8, 989e12, 141e9, 4.8e12, 450e9, 5e-6, 50e9, 10e-6,
+                    2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5"),
+    "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,
+                        512e9, 100e9, 12e9, 1.5e12, notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
+    # One "device" per process on a CPU box, talking over gloo/loopback.  Rough figures for this 2-core
+    # machine; `sapp calibrate` measures real ones.
+    "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,
+                   16e9, 10e9, 10e9, 50e9, compute_efficiency=0.5, memory_efficiency=0.5,
+                   notes="processes on this CPU machine (gloo); calibrate for real figures"),
+}

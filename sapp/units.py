@@ -1,0 +1,53 @@
+"""Parsing and printing of quantities with units (bytes, bytes/s, FLOP/s, seconds)."""
+import re
+
+from .errors import SappError
+
+_SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BIN = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
+
+
+def parse_quantity(text, what="value"):
+    """'80GB' -> 8e10, '300GB/s' -> 3e11, '5us' -> 5e-6, '312T' -> 3.12e14, '1e9' -> 1e9.
+    Bits ('Gb/s') are converted to bytes.  Raises SappError naming `what` on anything else."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _NUM.match(str(text))
+    if not m:
+        raise SappError(f"cannot read {what}={text!r}: write a number with an optional unit, e.g. 80GB, 300GB/s, 5us")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit in _TIME:
+        return value * _TIME[unit]
+    unit = unit.replace("/s", "").replace("FLOPS", "").replace("FLOP", "").replace("flops", "")
+    bits = unit.endswith("b") and not unit.endswith("B")
+    unit = unit.rstrip("Bb")
+    if unit in _BIN:
+        scale = _BIN[unit]
+    elif unit in _SI:
+        scale = _SI[unit]
+    else:
+        raise SappError(f"cannot read {what}={text!r}: unknown unit {m.group(2)!r} (use k/M/G/T, B or b, /s, s/ms/us)")
+    return value * scale / (8.0 if bits else 1.0)
+
+
+def fmt_bytes(n):
+    n = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(t):
+    t = float(t)
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def fmt_flops(f):
+    return f"{f / 1e12:.1f} TFLOP/s"
