@@ -49,6 +49,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print(f"sapp {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
