@@ -1,0 +1,182 @@
+"""The built-in model zoo: GPT sizes (gpt-tiny .. gpt3-175b), BERT, ResNet-50, Wide&Deep, MLP.
+
+    model = sapp.models.get("gpt3-175b")              # meta device: no memory is allocated
+    model = sapp.models.get("gpt-tiny", device="cpu", dropout=0.0)   # real weights
+    x = sapp.models.example_inputs(model, batch=8); y = sapp.models.example_targets(model, 8)
+    loss = sapp.models.loss_fn(model)(model(*x), y)
+
+Models return logits; the loss is separate (pipeline emission needs the split).  `WithLoss` bundles
+both so capture records the loss op.  Loss conventions: GPT next-token cross-entropy over the
+vocabulary at every position; BERT MLM cross-entropy over the vocabulary at every position;
+ResNet / MLP classification cross-entropy; Wide&Deep BCE-with-logits on a 0/1 click target."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SappError
+from .registry import BUILDERS, NAMED
+
+__all__ = ["ModelSpec", "get", "names", "info", "example_inputs", "example_targets", "loss_fn",
+           "WithLoss", "spec_of"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    config: dict = field(default_factory=dict)
+    kind: str = "gpt"          # gpt | bert | resnet | widedeep | mlp
+
+
+def names() -> list:
+    return sorted(NAMED)
+
+
+def _config(name, overrides):
+    if name not in NAMED:
+        raise SappError(f"unknown model {name!r}: choose one of {', '.join(names())}")
+    kind, base = NAMED[name]
+    cfg = dict(base)
+    bad = sorted(k for k in overrides if k not in cfg)
+    if bad:
+        raise SappError(f"model {name!r} has no setting {', '.join(bad)}: valid keys are {', '.join(sorted(cfg))}")
+    for k, v in overrides.items():
+        cfg[k] = tuple(v) if isinstance(v, list) else v
+    if kind == "widedeep":
+        # `vocab` (total deep-table rows) and `rows_per_field` describe the same thing; the one the
+        # caller set wins.
+        if "vocab" in overrides and "rows_per_field" not in overrides:
+            cfg["rows_per_field"] = -(-int(cfg["vocab"]) // cfg["fields"])
+        cfg["vocab"] = cfg["fields"] * cfg["rows_per_field"]
+    if kind in ("gpt", "bert") and cfg["h"] % cfg["a"]:
+        raise SappError(f"model {name!r}: hidden h={cfg['h']} must be divisible by heads a={cfg['a']}")
+    return kind, cfg
+
+
+def _ctor_args(kind, cfg):
+    if kind == "widedeep":
+        return {k: v for k, v in cfg.items() if k != "vocab"}
+    if kind == "resnet":
+        return {k: v for k, v in cfg.items() if k != "image"}
+    return dict(cfg)
+
+
+def get(name: str, device="meta", **overrides):
+    """Build a zoo model.  device="meta" (default) allocates nothing; "cpu" gives real weights,
+    deterministic under torch.manual_seed."""
+    import torch
+    kind, cfg = _config(name, overrides)
+    cls, _ = BUILDERS[kind]
+    with torch.device(device):
+        model = cls(**_ctor_args(kind, cfg))
+    model.sapp_spec = ModelSpec(name=name, config=cfg, kind=kind)
+    return model
+
+
+def info(name: str, **overrides) -> dict:
+    """Config and exact parameter count (by formula, no model is built)."""
+    kind, cfg = _config(name, overrides)
+    return {"name": name, "kind": kind, "config": cfg, "params": BUILDERS[kind][1](**cfg)}
+
+
+def spec_of(model) -> ModelSpec:
+    spec = getattr(model, "sapp_spec", None)
+    if spec is None and isinstance(model, WithLoss):
+        spec = getattr(model.model, "sapp_spec", None)
+    if spec is None:
+        raise SappError(f"{type(model).__name__} is not a sapp.models zoo model: pass example inputs, "
+                        "targets and a loss function explicitly")
+    return spec
+
+
+def _device(model, device):
+    if device is not None:
+        return device
+    for p in model.parameters():
+        return p.device
+    return "cpu"
+
+
+def _randint(high, shape, device, seed):
+    import torch
+    if str(device) == "meta":
+        return torch.empty(shape, dtype=torch.long, device="meta")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, shape, generator=g).to(device)
+
+
+def _randn(shape, device, seed):
+    import torch
+    if str(device) == "meta":
+        return torch.empty(shape, device="meta")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(device)
+
+
+def example_inputs(model, batch: int, device=None) -> tuple:
+    """Positional inputs for model.forward at `batch` (ids within the vocabulary / table rows)."""
+    spec, dev = spec_of(model), _device(model, device)
+    c = spec.config
+    if spec.kind in ("gpt", "bert"):
+        return (_randint(c["V"], (batch, c["s"]), dev, 1),)
+    if spec.kind == "resnet":
+        return (_randn((batch, 3, c["image"], c["image"]), dev, 1),)
+    if spec.kind == "mlp":
+        return (_randn((batch, c["dims"][0]), dev, 1),)
+    return (_randn((batch, c["dense"]), dev, 1), _randint(c["rows_per_field"], (batch, c["fields"]), dev, 2))
+
+
+def example_targets(model, batch: int, device=None):
+    spec, dev = spec_of(model), _device(model, device)
+    c = spec.config
+    if spec.kind in ("gpt", "bert"):
+        return _randint(c["V"], (batch, c["s"]), dev, 3)
+    if spec.kind in ("resnet", "mlp"):
+        return _randint(c["classes"], (batch,), dev, 3)
+    return _randint(2, (batch,), dev, 3).float()
+
+
+def token_cross_entropy(output, target):
+    """Cross-entropy over the last axis for [b, s, V] logits and [b, s] targets."""
+    from torch.nn import functional as F
+    return F.cross_entropy(output.flatten(0, 1), target.flatten())
+
+
+def class_cross_entropy(output, target):
+    from torch.nn import functional as F
+    return F.cross_entropy(output, target)
+
+
+def click_bce(output, target):
+    from torch.nn import functional as F
+    return F.binary_cross_entropy_with_logits(output, target)
+
+
+def loss_fn(model):
+    kind = spec_of(model).kind
+    if kind in ("gpt", "bert"):
+        return token_cross_entropy
+    if kind in ("resnet", "mlp"):
+        return class_cross_entropy
+    return click_bce
+
+
+def _module_base():
+    import torch
+    return torch.nn.Module
+
+
+class WithLoss(_module_base()):
+    """model + loss as one module: forward(*inputs, target) -> scalar loss.  Capture uses it so the
+    loss op is part of the graph; the wrapped model is the child `model` (qualnames get a `model.`
+    prefix, which capture strips)."""
+
+    def __init__(self, model, loss_fn=None):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn if loss_fn is not None else globals()["loss_fn"](model)
+        spec = getattr(model, "sapp_spec", None)
+        if spec is not None:
+            self.sapp_spec = spec
+
+    def forward(self, *inputs, target):
+        return self.loss_fn(self.model(*inputs), target)

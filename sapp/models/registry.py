@@ -1,0 +1,58 @@
+"""Named model sizes and their builders.  GPT vocabularies are 51200: GPT-2's 50257 padded up to a
+multiple of 1024 (as Megatron does) so vocab-parallel splits divide evenly on 2..1024 ways."""
+from . import bert, gpt, mlp, resnet, widedeep
+
+GPT_V = 51200
+GPT_S = 2048
+
+
+def _gpt(l, h, a, V=GPT_V, s=GPT_S):
+    return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "dropout": 0.1, "tie_embeddings": False}
+
+
+def _bert(l, h, a, V=30522, s=512):
+    return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "dropout": 0.1}
+
+
+def _wd(rows_per_field=1_000_000, dim=80, deep=(1024, 512, 256), vocab=None):
+    fields = 26
+    if vocab is not None:
+        rows_per_field = -(-vocab // fields)
+    return {"rows_per_field": rows_per_field, "vocab": fields * rows_per_field, "dense": 13,
+            "fields": fields, "dim": dim, "deep": tuple(deep), "sparse": True}
+
+
+# name -> (kind, default config).  Sizes follow the GPT-3 paper table (1.3B uses a=16, hd=128;
+# 13B uses h=5120 so heads divide it); gpt-10b is a 48-layer h=4096 model (~10.1B parameters).
+NAMED = {
+    "gpt-tiny": ("gpt", _gpt(2, 64, 4, V=256, s=32)),
+    "gpt-small": ("gpt", _gpt(4, 128, 4, V=512, s=64)),
+    "gpt3-125m": ("gpt", _gpt(12, 768, 12)),
+    "gpt3-350m": ("gpt", _gpt(24, 1024, 16)),
+    "gpt3-760m": ("gpt", _gpt(24, 1536, 16)),
+    "gpt3-1.3b": ("gpt", _gpt(24, 2048, 16)),
+    "gpt3-2.7b": ("gpt", _gpt(32, 2560, 32)),
+    "gpt3-6.7b": ("gpt", _gpt(32, 4096, 32)),
+    "gpt-10b": ("gpt", _gpt(48, 4096, 32)),
+    "gpt3-13b": ("gpt", _gpt(40, 5120, 40)),
+    "gpt3-175b": ("gpt", _gpt(96, 12288, 96)),
+    "bert-tiny": ("bert", _bert(2, 64, 4, V=256, s=32)),
+    "bert-base": ("bert", _bert(12, 768, 12)),
+    "bert-large": ("bert", _bert(24, 1024, 16)),
+    "resnet-tiny": ("resnet", {"layers": (1, 1, 1, 1), "width": 8, "classes": 10, "image": 32}),
+    "resnet50": ("resnet", {"layers": (3, 4, 6, 3), "width": 64, "classes": 1000, "image": 224}),
+    "wide-deep-tiny": ("widedeep", _wd(rows_per_field=100, dim=8, deep=(32, 16))),
+    "wide-deep": ("widedeep", _wd()),
+    "wide-deep-1m": ("widedeep", _wd(vocab=1_000_000)),
+    "wide-deep-100m": ("widedeep", _wd(vocab=100_000_000)),
+    "mlp-tiny": ("mlp", {"dims": (32, 64, 64), "classes": 10, "act": "relu"}),
+    "mlp": ("mlp", {"dims": (1024, 1024, 1024, 1024), "classes": 1000, "act": "relu"}),
+}
+
+BUILDERS = {
+    "gpt": (gpt.GPT, gpt.param_count),
+    "bert": (bert.Bert, bert.param_count),
+    "resnet": (resnet.ResNet, resnet.param_count),
+    "widedeep": (widedeep.WideDeep, widedeep.param_count),
+    "mlp": (mlp.MLP, mlp.param_count),
+}
