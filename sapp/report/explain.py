@@ -1,0 +1,159 @@
+"""`explain(plan) -> str`: why this plan, where the time and memory go, what binds it, what came next."""
+from __future__ import annotations
+
+from ..units import fmt_bytes, fmt_time
+from ._common import (as_plan, capacity, get, opt, placement_label, recompute_label, stage_memory,
+                      throughput)
+
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations")
+
+
+def _pct(x, total):
+    return f"{100.0 * x / total:5.1f}%" if total else "   - "
+
+
+def time_breakdown(plan) -> dict:
+    """Step-time components in seconds: compute, communication (exposed), bubble, host."""
+    pr = plan["predicted"]
+    return {"compute": float(pr.get("compute_s") or 0.0), "communication": float(pr.get("comm_s") or 0.0),
+            "pipeline bubble": float(pr.get("bubble_s") or 0.0), "host work": float(pr.get("host_s") or 0.0)}
+
+
+def binding_constraint(plan):
+    """(name, reason): 'memory' when the fullest stage is at >= 90% of capacity, else the largest
+    step-time component."""
+    cap = capacity(plan)
+    rows = stage_memory(plan)
+    if cap and rows:
+        idx, peak, _ = max(rows, key=lambda r: r[1])
+        if peak >= 0.9 * cap:
+            return "memory", (f"stage {idx} uses {fmt_bytes(peak)} of {fmt_bytes(cap)} "
+                              f"({100 * peak / cap:.0f}%); more micro-batches per device or less recompute would not fit")
+    parts = time_breakdown(plan)
+    step = float(plan["predicted"].get("step_time_s") or 0.0) or sum(parts.values()) or 1.0
+    name = max(sorted(parts), key=lambda k: parts[k])
+    share = parts[name] / step
+    reasons = {
+        "compute": "the devices are busy computing; only faster kernels or more devices shorten the step",
+        "communication": "exposed communication dominates; a different tp/dp split or placement could hide it",
+        "pipeline bubble": "pipeline fill/drain dominates; more micro-batches or fewer stages would shrink it",
+        "host work": "host-side work (offloaded optimizer/embeddings) dominates; keep more state on the device",
+    }
+    label = {"compute": "compute", "communication": "comm", "pipeline bubble": "bubble", "host work": "host"}[name]
+    return label, f"{name} is {100 * share:.0f}% of the step: {reasons[name]}"
+
+
+def _alt_line(i, alt, best_step):
+    par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
+    bits = [f"dp={par.get('dp')} tp={par.get('tp')} pp={par.get('pp')}" if par else ""]
+    pipe = alt.get("pipeline") if isinstance(alt.get("pipeline"), dict) else {}
+    sched = alt.get("schedule", pipe.get("schedule"))
+    mb = alt.get("micro_batches", pipe.get("micro_batches"))
+    if sched:
+        bits.append(str(sched))
+    if mb:
+        bits.append(f"m={mb}")
+    rc = alt.get("recompute")
+    if isinstance(rc, dict):
+        rc = rc.get("default")
+    if rc:
+        bits.append(f"recompute={rc}")
+    if alt.get("zero") is not None:
+        bits.append(f"zero={alt['zero']}")
+    pred = alt.get("predicted") if isinstance(alt.get("predicted"), dict) else alt
+    st = pred.get("step_time_s")
+    desc = " ".join(b for b in bits if b)
+    if st is None or not alt.get("feasible", True) and st is None:
+        cost = "infeasible"
+    else:
+        rel = f" ({100 * (st / best_step - 1):+.1f}%)" if best_step else ""
+        cost = f"{fmt_time(st)}{rel}"
+    mem = pred.get("peak_memory_bytes")
+    if mem:
+        cost += f", peak {fmt_bytes(mem)}"
+    if alt.get("feasible") is False:
+        cost += ", does not fit"
+    why = alt.get("reason") or alt.get("note") or ""
+    return f"  {i}. {desc:<48} {cost}" + (f" - {why}" if why else "")
+
+
+def explain(plan) -> str:
+    plan = as_plan(plan)
+    model, cl, par, pipe, pr = plan["model"], plan["cluster"], plan["parallel"], plan["pipeline"], plan["predicted"]
+    out = []
+    n = plan["devices"]
+    cname = cl.get("name", "cluster")
+    out.append(f"Plan for {model.get('name', '?')} ({model.get('params', 0) / 1e9:.2f}B params, global batch "
+               f"{model.get('global_batch', '?')}) on {n} x {cname} ({cl.get('nodes')} nodes x {cl.get('gpus_per_node')})")
+    levels = get(plan["mesh"], "levels", default=[]) or []
+    mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"
+    out.append(f"  parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    mbs = pipe.get("micro_batch_size")
+    out.append(f"  pipeline  {pipe.get('schedule', 'none')}, {pipe['micro_batches']} micro-batches"
+               + (f" of {mbs}" if mbs else "")
+               + (f", {pipe.get('virtual_chunks')} virtual chunks" if (pipe.get("virtual_chunks") or 1) > 1 else ""))
+    out.append(f"  recompute {recompute_label(plan)}   ZeRO-{plan['zero']}   placement {placement_label(plan)}")
+    tp_mods = opt(plan, "tp_modules", {})
+    if tp_mods:
+        kinds = {}
+        for style in tp_mods.values():
+            kinds[style] = kinds.get(style, 0) + 1
+        out.append("  tensor-parallel modules: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
+    cons = opt(plan, "constraints", {})
+    if cons:
+        out.append("  pinned by user: " + ", ".join(f"{k}={cons[k]}" for k in sorted(cons)))
+
+    step = float(pr.get("step_time_s") or 0.0)
+    out.append("")
+    tput = throughput(plan)
+    head = f"Step time {fmt_time(step)}"
+    if tput:
+        head += f"   throughput {tput:,.1f} samples/s"
+    if pr.get("mfu") is not None:
+        head += f"   MFU {100 * float(pr['mfu']):.1f}%"
+    out.append(head)
+    parts = time_breakdown(plan)
+    for name, t in parts.items():
+        out.append(f"  {name:<16} {fmt_time(t):>10}  {_pct(t, step)}")
+    by_kind = pr.get("comm_by_kind") or pr.get("comm_breakdown") or {}
+    for k in sorted(by_kind):
+        out.append(f"    {'comm ' + k:<14} {fmt_time(by_kind[k]):>10}  {_pct(float(by_kind[k]), step)}")
+    rest = step - sum(parts.values())
+    if step and abs(rest) > 0.01 * step:
+        label = "other" if rest > 0 else "overlapped"
+        out.append(f"  {label:<16} {('-' if rest < 0 else '') + fmt_time(abs(rest)):>10}  {_pct(rest, step)}")
+
+    cap = capacity(plan)
+    out.append("")
+    out.append(f"Memory per device (capacity {fmt_bytes(cap)})")
+    rows = stage_memory(plan)
+    has_bd = any(bd for _, _, bd in rows)
+    header = f"  {'stage':>5}" + ("".join(f" {p:>12}" for p in MEMORY_PARTS) if has_bd else "") + f" {'total':>12} {'use':>6}"
+    out.append(header)
+    for idx, total, bd in rows:
+        line = f"  {idx:>5}"
+        if has_bd:
+            line += "".join(f" {fmt_bytes((bd or {}).get(p, 0)):>12}" for p in MEMORY_PARTS)
+        line += f" {fmt_bytes(total):>12} {_pct(total, cap)}"
+        if cap and total > cap:
+            line += "  OVER CAPACITY"
+        out.append(line)
+    if not has_bd and isinstance(pr.get("memory"), dict):
+        out.append("  breakdown (peak stage): " + ", ".join(f"{k} {fmt_bytes(pr['memory'][k])}" for k in MEMORY_PARTS if k in pr["memory"]))
+
+    name, why = binding_constraint(plan)
+    out.append("")
+    out.append(f"Binding constraint: {name} - {why}")
+
+    alts = opt(plan, "alternatives", [])
+    if alts:
+        out.append("")
+        out.append("Next-best alternatives (predicted)")
+        for i, alt in enumerate(alts[:5], 1):
+            out.append(_alt_line(i, alt, step))
+    notes = opt(plan, "notes", [])
+    if notes:
+        out.append("")
+        out.append("Notes")
+        out += [f"  - {x}" for x in notes]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,86 @@
+"""A tiny progress line for long searches.
+
+    with Progress(total=len(candidates), label="joint search") as prog:
+        for c in candidates:
+            ...
+            prog.update(1, note=f"best {best:.3g} s")
+
+It draws on a terminal only (silent when `stream` is not a TTY, e.g. in CI logs or pipes), redraws at
+most every `min_interval` seconds so it never costs search time, and `close()` leaves the line clean
+even when the loop is left by KeyboardInterrupt (use it as a context manager or in `finally`)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, total=None, label="", stream=None, *, min_interval=0.1, enabled=None):
+        self.total = total if (total is None or total > 0) else None
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.count = 0
+        self.note = ""
+        self.min_interval = min_interval
+        if enabled is None:
+            isatty = getattr(self.stream, "isatty", None)
+            enabled = bool(isatty and isatty())
+        self.enabled = enabled
+        self._start = time.monotonic()
+        self._last_draw = 0.0
+        self._drawn = False
+        self._closed = False
+
+    # ---- public ---------------------------------------------------------------------------------
+    def update(self, n=1, note=None, total=None):
+        """Advance by `n` (may be 0 to change the note or the total only)."""
+        if total is not None and total > 0:
+            self.total = total
+        self.count += n
+        if note is not None:
+            self.note = str(note)
+        if not self.enabled or self._closed:
+            return
+        now = time.monotonic()
+        if now - self._last_draw >= self.min_interval or (self.total and self.count >= self.total):
+            self._draw(now)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        if self.enabled and self._drawn:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def line(self) -> str:
+        """The text drawn (also useful in tests)."""
+        elapsed = time.monotonic() - self._start
+        head = f"{self.label}: " if self.label else ""
+        if self.total:
+            frac = min(self.count / self.total, 1.0)
+            width = 20
+            bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+            body = f"[{bar}] {self.count}/{self.total} {frac * 100:3.0f}%"
+        else:
+            body = f"{self.count} done"
+        tail = f" {elapsed:.1f}s"
+        if self.note:
+            tail += f"  {self.note}"
+        return head + body + tail
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _draw(self, now):
+        self._last_draw = now
+        self._drawn = True
+        # \r + clear-to-end-of-line rewrites the same terminal line.
+        self.stream.write("\r\x1b[K" + self.line())
+        self.stream.flush()

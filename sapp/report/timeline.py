@@ -1,0 +1,235 @@
+"""A plan's pipeline timeline: events (stage, micro-batch, kind, start, end) for the Gantt chart.
+
+`plan_timeline(plan)` uses the team's simulator (sapp.pipeline.simulate) when it is importable and
+accepts the plan, and otherwise `simulate_schedule` below: a small dependency-driven simulator that
+replays each device's op order for GPipe, 1F1B or interleaved 1F1B.  Pure Python, deterministic."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PlanError
+
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
+KINDS = ("fwd", "bwd", "recompute", "comm", "sync", "host")
+
+
+@dataclass(frozen=True)
+class Event:
+    stage: int          # device stage (row in the chart)
+    micro_batch: int    # -1 for per-step work (gradient sync, host optimizer)
+    kind: str           # one of KINDS
+    start: float
+    end: float
+    chunk: int = 0      # virtual chunk for interleaved schedules
+
+    @property
+    def duration(self):
+        return self.end - self.start
+
+
+def _device_order(schedule, p, m, v, i):
+    """Op order for device stage i: list of ("f"|"b", micro_batch, chunk)."""
+    if schedule not in SCHEDULES:
+        raise PlanError(f"unknown pipeline schedule {schedule!r}; use gpipe, 1f1b, interleaved or none")
+    if schedule in ("none", "gpipe") or p == 1 and schedule != "interleaved":
+        if schedule == "gpipe":
+            return [("f", j, 0) for j in range(m)] + [("b", j, 0) for j in range(m)]
+        # no pipeline (gradient accumulation): forward then backward per micro-batch
+        return [op for j in range(m) for op in (("f", j, 0), ("b", j, 0))]
+    if schedule == "1f1b" or v == 1:
+        warm = min(p - i - 1, m)
+        order = [("f", j, 0) for j in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            if f < m:
+                order.append(("f", f, 0))
+                f += 1
+            order.append(("b", b, 0))
+            b += 1
+        return order
+    if schedule == "interleaved":
+        # Micro-batches go through the device's chunks in groups of p (Megatron's order); backward
+        # visits chunks in reverse.
+        fwd, bwd = [], []
+        for g0 in range(0, m, p):
+            group = list(range(g0, min(g0 + p, m)))
+            for c in range(v):
+                fwd += [("f", j, c) for j in group]
+            for c in reversed(range(v)):
+                bwd += [("b", j, c) for j in group]
+        total = len(fwd)
+        warm = min(total, (p - i - 1) * 2 + (v - 1) * p)
+        order = fwd[:warm]
+        fi, bi = warm, 0
+        while bi < total:
+            if fi < total:
+                order.append(fwd[fi])
+                fi += 1
+            order.append(bwd[bi])
+            bi += 1
+        return order
+    raise PlanError(f"unknown pipeline schedule {schedule!r}; use gpipe, 1f1b, interleaved or none")
+
+
+def simulate_schedule(fwd_s, bwd_s, micro_batches, schedule="1f1b", *, virtual_chunks=1, p2p_s=0.0,
+                      recompute_s=None):
+    """Simulate one training step's pipeline.
+
+    fwd_s / bwd_s: per-micro-batch times per *virtual* stage (len p*v, virtual stage k lives on device
+    k % p, chunk k // p).  bwd_s includes recompute; `recompute_s` (same length, optional) says how
+    much of it is re-running the forward, drawn as its own "recompute" event before the backward.
+    p2p_s: seconds to send one micro-batch's boundary tensor to the next stage (scalar or per stage).
+    Returns (events, makespan)."""
+    v = max(1, int(virtual_chunks))
+    n_virtual = len(fwd_s)
+    if n_virtual == 0 or len(bwd_s) != n_virtual or n_virtual % v:
+        raise PlanError("pipeline stages must list fwd/bwd times for every (virtual) stage")
+    p, m = n_virtual // v, int(micro_batches)
+    if m < 1:
+        raise PlanError("pipeline.micro_batches must be a positive integer")
+    p2p = list(p2p_s) if isinstance(p2p_s, (list, tuple)) else [float(p2p_s)] * n_virtual
+    rc = list(recompute_s) if recompute_s else [0.0] * n_virtual
+    orders = [_device_order(schedule, p, m, v, i) for i in range(p)]
+    pos = [0] * p
+    free = [0.0] * p
+    done = {}     # ("f"|"b", virtual stage, mb) -> end time
+    events = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            while pos[i] < len(orders[i]):
+                op, j, c = orders[i][pos[i]]
+                k = c * p + i                       # virtual stage
+                ready, comm_from = free[i], None
+                if op == "f":
+                    if k > 0:
+                        if ("f", k - 1, j) not in done:
+                            break
+                        comm_from = done[("f", k - 1, j)]
+                        ready = max(ready, comm_from + p2p[k - 1])
+                else:
+                    if ("f", k, j) not in done:
+                        break
+                    if k < n_virtual - 1:
+                        if ("b", k + 1, j) not in done:
+                            break
+                        comm_from = done[("b", k + 1, j)]
+                        ready = max(ready, comm_from + p2p[k])
+                if comm_from is not None and (p2p[k - 1] if op == "f" else p2p[k]) > 0:
+                    hop = p2p[k - 1] if op == "f" else p2p[k]
+                    events.append(Event(i, j, "comm", comm_from, comm_from + hop, c))
+                t = ready
+                if op == "f":
+                    events.append(Event(i, j, "fwd", t, t + fwd_s[k], c))
+                    t += fwd_s[k]
+                else:
+                    r = min(rc[k], bwd_s[k])
+                    if r > 0:
+                        events.append(Event(i, j, "recompute", t, t + r, c))
+                    events.append(Event(i, j, "bwd", t + r, t + bwd_s[k], c))
+                    t += bwd_s[k]
+                done[(op, k, j)] = t
+                free[i] = t
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise PlanError(f"schedule {schedule!r} deadlocks with {p} stages and {m} micro-batches")
+    events.sort(key=lambda e: (e.stage, e.start, e.kind))
+    return events, max(free)
+
+
+def _stage_times(plan):
+    pipe = plan["pipeline"]
+    stages = sorted(pipe.get("stages") or [], key=lambda s: s.get("index", 0))
+    pred = plan["predicted"]
+    p = int(plan["parallel"]["pp"])
+    v = max(1, int(pipe.get("virtual_chunks") or 1))
+    m = int(pipe["micro_batches"])
+    if stages and all("fwd_s" in s.get("predicted", {}) for s in stages):
+        f = [float(s["predicted"]["fwd_s"]) for s in stages]
+        b = [float(s["predicted"].get("bwd_s", 2 * s["predicted"]["fwd_s"])) for s in stages]
+        rc = [float(s["predicted"].get("recompute_s", 0.0)) for s in stages]
+        p2p = [float(s["predicted"].get("p2p_s", 0.0)) for s in stages]
+    else:
+        # No per-stage figures: split the predicted compute evenly (fwd:bwd = 1:2, the usual ratio).
+        per_mb = float(pred.get("compute_s", pred["step_time_s"])) / max(m, 1) / max(p, 1)
+        f, b, rc, p2p = [per_mb / 3] * p, [per_mb * 2 / 3] * p, [0.0] * p, [0.0] * p
+    if len(f) == p and v > 1:        # per device stage: split each device's time over its chunks
+        f = [x / v for _ in range(v) for x in f]
+        b = [x / v for _ in range(v) for x in b]
+        rc = [x / v for _ in range(v) for x in rc]
+        p2p = [x for _ in range(v) for x in p2p]
+    return f, b, rc, p2p, v, m
+
+
+def _normalise(ev):
+    """Accept events as Event, dict, tuple (stage, mb, kind, start, end) or an object with those attributes."""
+    if isinstance(ev, Event):
+        return ev
+    if isinstance(ev, dict):
+        g = ev.get
+        return Event(int(g("stage")), int(g("micro_batch", g("mb", -1))), str(g("kind")), float(g("start")),
+                     float(g("end")), int(g("chunk", 0) or 0))
+    if isinstance(ev, (tuple, list)):
+        return Event(int(ev[0]), int(ev[1]), str(ev[2]), float(ev[3]), float(ev[4]))
+    g = lambda k, d=None: getattr(ev, k, d)  # noqa: E731
+    return Event(int(g("stage")), int(g("micro_batch", g("mb", -1))), str(g("kind")), float(g("start")),
+                 float(g("end")), int(g("chunk", 0) or 0))
+
+
+def normalise_events(events):
+    out = [_normalise(e) for e in events]
+    kinds = {"forward": "fwd", "backward": "bwd", "p2p": "comm", "send": "comm", "recv": "comm"}
+    return [Event(e.stage, e.micro_batch, kinds.get(e.kind, e.kind), e.start, e.end, e.chunk) for e in out]
+
+
+def plan_timeline(plan, *, use_team_simulator=True):
+    """Events for one step of `plan` (sorted by stage, start).  Adds per-step tails: gradient
+    sync (stage predicted `grad_sync_s`) and host work (placement predicted `host_s`) when present."""
+    f, b, rc, p2p, v, m = _stage_times(plan)
+    schedule = plan["pipeline"].get("schedule", "none")
+    if int(plan["parallel"]["pp"]) == 1 and schedule != "none":
+        schedule = "none"
+    events = None
+    if use_team_simulator:
+        events = _team_simulate(plan)
+    if events is None:
+        events, _ = simulate_schedule(f, b, m, schedule, virtual_chunks=v, p2p_s=p2p, recompute_s=rc)
+    p = int(plan["parallel"]["pp"])
+    stages = sorted(plan["pipeline"].get("stages") or [], key=lambda s: s.get("index", 0))
+    tails = []
+    for i in range(p):
+        end = max((e.end for e in events if e.stage == i), default=0.0)
+        st = stages[i]["predicted"] if i < len(stages) and "predicted" in stages[i] else {}
+        sync = float(st.get("grad_sync_s", 0.0))
+        if sync > 0:
+            tails.append(Event(i, -1, "sync", end, end + sync))
+            end += sync
+        host = float((plan["placement"].get("predicted") or {}).get("host_s", 0.0) or 0.0)
+        if host > 0:
+            tails.append(Event(i, -1, "host", end, end + host))
+    return sorted(events + tails, key=lambda e: (e.stage, e.start, e.kind))
+
+
+def _team_simulate(plan):
+    """sapp.pipeline.simulate when present; None when it is missing or does not take a plan."""
+    try:
+        from ..pipeline import simulate  # type: ignore
+    except Exception:
+        return None
+    try:
+        out = simulate(plan)
+    except Exception:
+        return None
+    if isinstance(out, tuple) and len(out) == 2 and not isinstance(out[0], (int, float)):
+        out = out[0]
+    if isinstance(out, dict):
+        out = out.get("events")
+    if getattr(out, "events", None) is not None:
+        out = out.events
+    try:
+        return normalise_events(out) if out else None
+    except Exception:
+        return None
