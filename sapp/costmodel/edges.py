@@ -1,0 +1,50 @@
+"""Resharding cost on an activation edge, forward (value) and backward (gradient)."""
+from __future__ import annotations
+
+from .layouts import R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
+
+
+def translate(prod_out, operand, layout) -> tuple:
+    """Express a producer-output layout in the consumer operand's axes.  They are the same tensor;
+    when the recorded shapes differ (a view folded into the edge) a sharded axis is kept only where
+    the sizes agree, otherwise it is marked as a foreign axis (moving from it costs a collective)."""
+    if tuple(prod_out.shape) == tuple(operand.shape):
+        return layout
+    out = []
+    for c in layout:
+        if c >= 0 and not (c < len(operand.shape) and c < len(prod_out.shape)
+                           and prod_out.shape[c] == operand.shape[c]):
+            c = 1000 + c
+        out.append(c)
+    return tuple(out)
+
+
+def edge_layouts(prod_node, operand, s_prod, s_cons):
+    """(fwd src, fwd dst, bwd src, bwd dst) layouts in the consumer operand's axes."""
+    out_l = output_layout(prod_node, s_prod)
+    f_src = translate(prod_node.out, operand, out_l)
+    f_dst = input_layout(operand.dims, s_cons)
+    b_src = input_grad_layout(operand.dims, s_cons)
+    b_dst = translate(prod_node.out, operand, output_grad_layout(out_l))
+    return f_src, f_dst, b_src, b_dst
+
+
+def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings):
+    """(forward seconds, backward seconds) of resharding one edge."""
+    f_src, f_dst, b_src, b_dst = edge_layouts(prod_node, operand, s_prod, s_cons)
+    eb = settings.act_bytes(operand.dtype)
+    nbytes = operand.numel * eb
+    fwd = reshard_time(f_src, f_dst, nbytes, mesh, cluster)
+    bwd = reshard_time(b_src, b_dst, nbytes, mesh, cluster) if settings.is_float(operand.dtype) else 0.0
+    return fwd, bwd
+
+
+def edge_cost(graph, producer, consumer, operand_index, s_prod, s_cons, mesh, cluster, settings) -> float:
+    """Seconds of forward + backward resharding on the edge producer -> consumer.operands[i]."""
+    p = graph.nodes[producer] if isinstance(producer, str) else producer
+    c = graph.nodes[consumer] if isinstance(consumer, str) else consumer
+    fwd, bwd = edge_times(p, c.operands[operand_index], s_prod, s_cons, mesh, cluster, settings)
+    return fwd + bwd
+
+
+__all__ = ["edge_cost", "edge_times", "edge_layouts", "R"]

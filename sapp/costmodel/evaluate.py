@@ -1,0 +1,127 @@
+"""Whole-graph cost of a sharding: totals, per node and per block."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SappError
+from .edges import edge_times
+from .memory import saved_items
+from .nodes import node_cost
+
+
+@dataclass
+class ShardingCost:
+    compute_s: float = 0.0          # forward + backward compute
+    comm_s: float = 0.0             # reshard_s + grad_sync_s + param_comm_s
+    reshard_s: float = 0.0          # activation / gradient resharding on edges (fwd + bwd)
+    grad_sync_s: float = 0.0        # exposed gradient synchronisation
+    param_comm_s: float = 0.0       # ZeRO-3 parameter gathers
+    fwd_s: float = 0.0              # forward compute + forward resharding + forward param gathers
+    bwd_s: float = 0.0              # backward compute + backward resharding + backward param gathers
+    param_bytes: float = 0.0
+    grad_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    activation_bytes: float = 0.0
+    per_node: dict = field(default_factory=dict)    # name -> dict of the node's share
+    per_block: dict = field(default_factory=dict)   # block -> dict (same keys, summed)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def state_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+    @property
+    def comm_by_kind(self) -> dict:
+        return {"reshard": self.reshard_s, "grad_sync": self.grad_sync_s, "param": self.param_comm_s}
+
+
+_KEYS = ("fwd_s", "bwd_s", "compute_s", "reshard_s", "grad_sync_s", "param_comm_s", "param_bytes",
+         "grad_bytes", "optimizer_bytes", "activation_bytes")
+
+
+def param_owners(graph) -> dict:
+    """node name -> {param: trainable} for the params it accounts for (first user in topo order)."""
+    seen, out = set(), {}
+    for node in graph.nodes.values():
+        mine = {}
+        for p in node.params:
+            if p not in seen:
+                seen.add(p)
+                info = graph.params.get(p)
+                mine[p] = True if info is None else bool(info.trainable)
+        out[node.name] = mine
+    return out
+
+
+def first_savers(graph, mesh, settings) -> dict:
+    """tensor id -> the node that accounts for it (first saver in topological order)."""
+    strat0 = (None,) * len(mesh.levels)
+    out = {}
+    for node in graph.nodes.values():
+        for tid, _ in saved_items(node, strat0, mesh, settings):
+            out.setdefault(tid, node.name)
+    return out
+
+
+def check_strategies(graph, strategies, mesh):
+    if not graph.nodes:
+        raise SappError(f"graph {graph.name!r} has no operators; capture the model first")
+    for name in graph.nodes:
+        s = strategies.get(name)
+        if s is None:
+            raise SappError(f"no strategy for operator {name!r}; give one tuple per node")
+        if len(s) != len(mesh.levels):
+            raise SappError(f"strategy for {name!r} has {len(s)} entries but the mesh has {len(mesh.levels)} levels")
+
+
+def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCost:
+    """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
+    per device.  Edge costs are booked to the consumer's node / block."""
+    check_strategies(graph, strategies, mesh)
+    owners = param_owners(graph)
+    savers = first_savers(graph, mesh, settings)
+    per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
+    for node in graph.nodes.values():
+        s = tuple(strategies[node.name])
+        c = node_cost(node, s, mesh, cluster, settings, params=owners[node.name])
+        d = per_node[node.name]
+        d["fwd_s"] += c.fwd_s + c.fwd_comm_s
+        d["bwd_s"] += c.bwd_s + c.bwd_comm_s
+        d["compute_s"] += c.fwd_s + c.bwd_s
+        d["grad_sync_s"] += c.grad_sync_s
+        d["param_comm_s"] += c.fwd_comm_s + c.bwd_comm_s
+        d["param_bytes"] += c.param_bytes
+        d["grad_bytes"] += c.grad_bytes
+        d["optimizer_bytes"] += c.optimizer_bytes
+        for tid, b in saved_items(node, s, mesh, settings):
+            if savers.get(tid) == node.name:
+                d["activation_bytes"] += b
+        for i, o in enumerate(node.operands):
+            if o.producer is None:
+                continue
+            f, bw = edge_times(graph.nodes[o.producer], o, tuple(strategies[o.producer]), s, mesh, cluster, settings)
+            d["fwd_s"] += f
+            d["bwd_s"] += bw
+            d["reshard_s"] += f + bw
+    tot = ShardingCost(per_node=per_node)
+    for name, d in per_node.items():
+        for k in _KEYS:
+            setattr(tot, k, getattr(tot, k) + d[k])
+        blk = graph.nodes[name].block
+        if blk is not None:
+            b = tot.per_block.setdefault(blk, dict.fromkeys(_KEYS, 0.0))
+            for k in _KEYS:
+                b[k] += d[k]
+    tot.comm_s = tot.reshard_s + tot.grad_sync_s + tot.param_comm_s
+    for d in list(per_node.values()) + list(tot.per_block.values()):
+        d["comm_s"] = d["reshard_s"] + d["grad_sync_s"] + d["param_comm_s"]
+        d["time_s"] = d["compute_s"] + d["comm_s"]
+        d["memory_bytes"] = d["param_bytes"] + d["grad_bytes"] + d["optimizer_bytes"] + d["activation_bytes"]
+    return tot

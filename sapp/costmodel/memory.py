@@ -1,0 +1,50 @@
+"""Activation memory: tensors kept for backward, each counted once, at its sharded size."""
+from __future__ import annotations
+
+from .layouts import input_layout, output_layout
+
+
+def _sharded(nbytes, layout, mesh):
+    k = 1
+    for c, lv in zip(layout, mesh.levels):
+        if c >= 0:
+            k *= lv.size
+    return nbytes / k
+
+
+def saved_items(node, strategy, mesh, settings):
+    """(tensor id, bytes) for what `node` saves under `strategy`.  Tensor ids: the producer's name
+    for an activation (so several savers share one id), "<node>:mask" for masks,
+    "<node>:in<i>" for graph inputs without a producer node.  Parameters are not activations."""
+    out = []
+    for s in node.saves:
+        if s == "out":
+            lay = output_layout(node, strategy)
+            out.append((node.name, _sharded(node.out.numel * settings.act_bytes(node.out.dtype), lay, mesh)))
+        elif s == "mask":
+            lay = output_layout(node, strategy)
+            out.append((node.name + ":mask", _sharded(node.out.numel * 1, lay, mesh)))
+        elif s.startswith("in"):
+            i = int(s[2:])
+            if i >= len(node.operands):
+                continue
+            o = node.operands[i]
+            if o.param is not None:
+                continue
+            tid = o.producer if o.producer is not None else f"{node.name}:in{i}"
+            lay = input_layout(o.dims, strategy)
+            out.append((tid, _sharded(o.numel * settings.act_bytes(o.dtype), lay, mesh)))
+    return out
+
+
+def saved_activations(graph, strategies, mesh, settings) -> dict:
+    """{tensor id: (bytes per device, [saver nodes])}.  A tensor saved by several ops is counted once,
+    at the size in the layout of its first saver in topological order."""
+    res = {}
+    for node in graph.nodes.values():
+        for tid, b in saved_items(node, strategies[node.name], mesh, settings):
+            if tid in res:
+                res[tid][1].append(node.name)
+            else:
+                res[tid] = (b, [node.name])
+    return res

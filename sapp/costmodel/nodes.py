@@ -1,0 +1,166 @@
+"""Per-operator costs: the strategies an op may take, and its compute / gradient-sync / model-state
+cost under one strategy."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..errors import SappError
+from .primitives import collective_time, compute_time, model_state_bytes
+
+# Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
+# FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
+# forward but touches twice the memory (grad-out + saved tensor in, grad-in out): backward FLOPs =
+# 1x forward, bytes = 2x forward for every op.
+MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
+
+
+@dataclass
+class NodeCost:
+    fwd_s: float = 0.0            # forward compute at the local shard size
+    bwd_s: float = 0.0            # backward compute
+    grad_sync_s: float = 0.0      # exposed gradient synchronisation (after grad_sync_overlap)
+    param_bytes: float = 0.0      # per device: weights
+    grad_bytes: float = 0.0       # per device: gradients
+    optimizer_bytes: float = 0.0  # per device: optimizer states (incl. fp32 master in mixed precision)
+    fwd_comm_s: float = 0.0       # forward communication inside the op (ZeRO-3 parameter gathers)
+    bwd_comm_s: float = 0.0       # backward communication inside the op (ZeRO-3 parameter gathers)
+    grad_sync_total_s: float = 0.0  # gradient synchronisation before overlap
+
+    @property
+    def state_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def compute_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    @property
+    def comm_s(self) -> float:
+        return self.grad_sync_s + self.fwd_comm_s + self.bwd_comm_s
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.comm_s
+
+
+def split_factors(strategy, mesh) -> dict:
+    """op dim -> product of the level sizes it is split over."""
+    f = {}
+    for d, lv in zip(strategy, mesh.levels):
+        if d is not None:
+            f[d] = f.get(d, 1) * lv.size
+    return f
+
+
+def op_strategies(node, mesh, roles=None) -> list:
+    """Every per-level tuple for `node`: each entry None or a splittable dim whose size stays
+    divisible by the product of the levels assigned to it.  `roles` (per level "dp" | "tp" | None)
+    restricts dp levels to batch dims and tp levels to non-batch dims.  The count grows as
+    (dims+1)^levels, so use this on small meshes; the recursive search decides level by level."""
+    dims = [d for d in node.dims if d.splittable and d.size > 1]
+    per_level = []
+    for i, lv in enumerate(mesh.levels):
+        role = roles[i] if roles else None
+        opts = [None]
+        for d in dims:
+            if (role == "dp" and not d.batch) or (role == "tp" and d.batch):
+                continue
+            if d.size % lv.size == 0:
+                opts.append(d.name)
+        per_level.append(opts)
+    sizes = {d.name: d.size for d in dims}
+    out = []
+    for combo in itertools.product(*per_level):
+        f = split_factors(combo, mesh)
+        if all(sizes[d] % k == 0 for d, k in f.items()):
+            out.append(combo)
+    return out
+
+
+def _local_numel(shape, dims, factors):
+    n = 1
+    for s, d in zip(shape, dims):
+        k = factors.get(d, 1) if d is not None else 1
+        n *= s / k
+    return n
+
+
+def local_bytes(node, factors, settings) -> float:
+    """Forward memory traffic of the op's shard: the captured `bytes`, rescaled to the settings'
+    precision and to the shard of every operand and of the output."""
+    full_cap = full = loc = 0.0
+    for o in node.operands:
+        if o.producer is None and o.param is None:
+            continue
+        eb = settings.weight_bytes if (o.param is not None and settings.is_float(o.dtype)) else settings.act_bytes(o.dtype)
+        full_cap += o.nbytes
+        full += o.numel * eb
+        loc += _local_numel(o.shape, o.dims, factors) * eb
+    eb = settings.act_bytes(node.out.dtype)
+    full_cap += node.out.nbytes
+    full += node.out.numel * eb
+    loc += _local_numel(node.out.shape, node.out.dims, factors) * eb
+    if node.bytes > 0 and full_cap > 0:
+        return node.bytes * (full / full_cap) * (loc / full) if full > 0 else 0.0
+    return loc
+
+
+def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
+    """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
+    accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
+    by its first user; frozen ones have weights but no gradients/optimizer); default: all of the
+    node's parameters, trainable."""
+    if len(strategy) != len(mesh.levels):
+        raise SappError(f"strategy {strategy} for {node.name} has {len(strategy)} entries but the mesh has "
+                        f"{len(mesh.levels)} levels; give one entry per level")
+    f = split_factors(strategy, mesh)
+    split = 1
+    for k in f.values():
+        split *= k
+    flops = node.flops / split
+    nbytes = local_bytes(node, f, settings)
+    c = NodeCost()
+    if node.kind == "input":
+        return c
+    c.fwd_s = compute_time(flops, nbytes, cluster)
+    c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster)
+    seen = set()
+    for o in node.operands:
+        if o.param is None or o.param in seen:
+            continue
+        seen.add(o.param)
+        if params is not None and o.param not in params:
+            continue
+        trainable = True if params is None else bool(params[o.param])
+        numel = _local_numel(o.shape, o.dims, f)
+        if not trainable:
+            c.param_bytes += numel * settings.weight_bytes
+            continue
+        # Grad-sync group: levels where the op splits a dim the parameter lacks (its grad is Partial).
+        n, link = 1, "intra"
+        for d, lv in zip(strategy, mesh.levels):
+            if d is not None and d not in o.dims:
+                n *= lv.size
+                if lv.link == "inter":
+                    link = "inter"
+        st = model_state_bytes(numel, n, settings.zero, settings)
+        c.param_bytes += st["params"]
+        c.grad_bytes += st["grads"]
+        c.optimizer_bytes += st["optimizer"]
+        if n > 1:
+            gb = numel * settings.grad_bytes
+            wb = numel * settings.weight_bytes
+            if settings.zero == 0:
+                sync = collective_time("all_reduce", gb, n, link, cluster)
+            else:
+                sync = collective_time("reduce_scatter", gb, n, link, cluster)
+                if settings.zero < 3:
+                    sync += collective_time("all_gather", wb, n, link, cluster)
+                else:  # ZeRO-3 gathers the parameter before forward and again before backward
+                    ag = collective_time("all_gather", wb, n, link, cluster)
+                    c.fwd_comm_s += ag
+                    c.bwd_comm_s += ag
+            c.grad_sync_total_s += sync
+            c.grad_sync_s += sync * (1.0 - settings.grad_sync_overlap)
+    return c

@@ -1,0 +1,55 @@
+"""Training precision / optimizer settings the cost model prices model states and activations with."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SappError
+from ..ir import DTYPE_BYTES
+
+_FLOAT = ("float64", "float32", "float16", "bfloat16")
+# Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
+_OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4)}
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    precision: str = "bf16-mixed"       # "bf16-mixed" | "fp32"
+    optimizer: str = "adam"
+    zero: int = 0                       # ZeRO stage 0..3 over each parameter's grad-sync group
+    grad_sync_overlap: float = 0.0      # fraction of gradient synchronisation hidden behind backward
+
+    def __post_init__(self):
+        if self.precision not in ("bf16-mixed", "fp32"):
+            raise SappError(f"precision {self.precision!r} is not supported; use 'bf16-mixed' or 'fp32'")
+        if self.optimizer not in _OPT_BYTES:
+            raise SappError(f"optimizer {self.optimizer!r} is not supported; use one of {', '.join(_OPT_BYTES)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise SappError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if not 0.0 <= self.grad_sync_overlap <= 1.0:
+            raise SappError(f"grad_sync_overlap must be in [0, 1], got {self.grad_sync_overlap!r}")
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision == "bf16-mixed"
+
+    @property
+    def weight_bytes(self) -> int:
+        return 2 if self.mixed else 4
+
+    @property
+    def grad_bytes(self) -> int:
+        return 2 if self.mixed else 4
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return _OPT_BYTES[self.optimizer][0 if self.mixed else 1]
+
+    def act_bytes(self, dtype: str) -> int:
+        """Bytes per element of an activation of `dtype` at this precision: floats are stored in the
+        compute precision, integer ids and masks keep their own width."""
+        if dtype in _FLOAT:
+            return 2 if self.mixed else 4
+        return DTYPE_BYTES.get(dtype, 4)
+
+    def is_float(self, dtype: str) -> bool:
+        return dtype in _FLOAT or dtype not in DTYPE_BYTES

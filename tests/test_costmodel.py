@@ -1,0 +1,168 @@
+"""Cost model: formulas, resharding semantics, Megatron communication pattern, activation memory."""
+import math
+
+import pytest
+
+from sapp.cluster import PRESETS, Cluster
+from sapp.costmodel import (CostSettings, collective_time, compute_time, edge_cost, edge_times, evaluate_sharding,
+                            model_state_bytes, node_cost, op_strategies, reshard_time, saved_activations)
+from sapp.costmodel.layouts import P, R
+from sapp.errors import SappError
+from sapp.mesh import Level, Mesh
+from sapp.search.random_graphs import gpt_graph, mlp_graph
+
+A100 = PRESETS["a100-80g"]
+BF16 = CostSettings()
+
+
+def megatron(graph, levels):
+    """Megatron-LM tensor parallelism on every level."""
+    tp = {"ln1": None, "q": "n0", "k": "n0", "v": "n0", "scores": "b1", "softmax": "a1", "attn_drop": "a1",
+          "context": "b1", "proj": "k0", "drop1": None, "add1": None, "ln2": None, "fc1": "n", "gelu": "a2",
+          "fc2": "k", "drop2": None, "add2": None}
+    out = {}
+    for name, node in graph.nodes.items():
+        short = name.split(".")[-1] if node.block else name
+        out[name] = (tp.get(short) if node.block else None,) * levels
+    return out
+
+
+def test_collective_formulas():
+    c = A100
+    B = 1e9
+    assert collective_time("all_reduce", B, 8, "intra", c) == pytest.approx(2 * 7 * 5e-6 + 2 * 7 / 8 * B / 300e9)
+    for kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert collective_time(kind, B, 4, "inter", c) == pytest.approx(3 * 10e-6 + 3 / 4 * B / 25e9)
+    assert collective_time("p2p", B, 2, "inter", c) == pytest.approx(10e-6 + B / 25e9)
+    assert collective_time("all_reduce", B, 1, "intra", c) == 0.0
+    with pytest.raises(SappError):
+        collective_time("broadcast", B, 2, "intra", c)
+    with pytest.raises(SappError):
+        collective_time("all_reduce", B, 2, "ethernet", c)
+
+
+def test_compute_roofline():
+    c = A100
+    assert compute_time(1e12, 0, c) == pytest.approx(1e12 / (312e12 * 0.8))
+    assert compute_time(1e3, 1e9, c) == pytest.approx(1e9 / (2e12 * 0.8))
+
+
+def test_zero_model_state_formulas():
+    gb = lambda d: sum(d.values()) / 1e9
+    psi = 7.5e9
+    assert gb(model_state_bytes(psi, 64, 0, BF16)) == pytest.approx(120, rel=1e-3)
+    assert gb(model_state_bytes(psi, 64, 1, BF16)) == pytest.approx(31.4, abs=0.05)
+    assert gb(model_state_bytes(psi, 64, 2, BF16)) == pytest.approx(16.6, abs=0.05)
+    assert gb(model_state_bytes(psi, 64, 3, BF16)) == pytest.approx(1.875, rel=1e-3)
+    assert gb(model_state_bytes(psi, 1, 0, CostSettings(precision="fp32"))) == pytest.approx(16 * 7.5)
+
+
+def test_settings_validation():
+    with pytest.raises(SappError):
+        CostSettings(precision="fp8")
+    with pytest.raises(SappError):
+        CostSettings(zero=4)
+
+
+def test_op_strategies_divisibility():
+    g = mlp_graph(b=6, s=4, h=8)
+    mesh = Mesh((Level(2, "intra"), Level(2, "intra")))
+    st = op_strategies(g.nodes["fc1"], mesh)
+    assert (None, None) in st and ("b1", "b1") in st and ("n", "k") in st
+    assert ("b0", "b0") not in st            # 6 is not divisible by 4
+    assert ("b0", "b1") in st
+    assert all(len(s) == 2 for s in st)
+    assert len(set(st)) == len(st)
+    dp_only = op_strategies(g.nodes["fc1"], mesh, roles=("dp", "tp"))
+    assert all(s[0] in (None, "b0") and s[1] in (None, "b1", "n", "k") for s in dp_only)
+
+
+def test_reshard_transitions():
+    mesh = Mesh((Level(2, "inter"), Level(4, "intra")))
+    c, B = A100, 8e6
+    assert reshard_time((R, R), (0, 1), B, mesh, c) == 0.0                       # local slices
+    assert reshard_time((0, R), (R, R), B, mesh, c) == pytest.approx(collective_time("all_gather", B, 2, "inter", c))
+    # gather on the intra level only: the inter level keeps half of the tensor
+    assert reshard_time((0, 1), (0, R), B, mesh, c) == pytest.approx(collective_time("all_gather", B / 2, 4, "intra", c))
+    assert reshard_time((R, P), (R, R), B, mesh, c) == pytest.approx(collective_time("all_reduce", B, 4, "intra", c))
+    assert reshard_time((R, P), (R, 0), B, mesh, c) == pytest.approx(collective_time("reduce_scatter", B, 4, "intra", c))
+    assert reshard_time((R, 0), (R, 1), B, mesh, c) == pytest.approx(collective_time("all_to_all", B / 4, 4, "intra", c))
+    # both levels partial: one all-reduce over 8 ranks, limited by the inter link
+    assert reshard_time((P, P), (R, R), B, mesh, c) == pytest.approx(collective_time("all_reduce", B, 8, "inter", c))
+
+
+def test_megatron_mlp_one_allreduce_each_way():
+    g = mlp_graph(b=4, s=512, h=1024)
+    mesh = Mesh.for_devices(A100, 8)
+    L = len(mesh.levels)
+    st = {"x": (None,) * L, "fc1": ("n",) * L, "gelu": ("a2",) * L, "fc2": ("k",) * L, "out": (None,) * L}
+    ar = collective_time("all_reduce", 4 * 512 * 1024 * 2, 8, "intra", A100)
+    times = {(p, c): edge_times(g.nodes[p], g.nodes[c].operands[i], st[p], st[c], mesh, A100, BF16)
+             for p, c, i in g.edges()}
+    assert times[("x", "fc1")] == pytest.approx((0.0, ar))      # backward: dX of fc1 is Partial
+    assert times[("fc1", "gelu")] == (0.0, 0.0)
+    assert times[("gelu", "fc2")] == (0.0, 0.0)
+    assert times[("fc2", "out")] == pytest.approx((ar, 0.0))    # forward: fc2 output is Partial
+    # weights are sharded 8 ways, no gradient sync (TP only)
+    nc = node_cost(g.nodes["fc1"], st["fc1"], mesh, A100, BF16)
+    assert nc.grad_sync_s == 0.0 and nc.param_bytes == pytest.approx(4096 * 1024 * 2 / 8)
+    assert edge_cost(g, "fc2", "out", 0, st["fc2"], st["out"], mesh, A100, BF16) == pytest.approx(ar)
+
+
+def test_data_parallel_grad_sync_and_zero():
+    g = mlp_graph(b=8, s=1024, h=1024)       # compute-bound at 1/8 of the batch
+    mesh = Mesh.for_devices(A100, 8)
+    dp = ("b0",) * 3
+    w = 4096 * 1024
+    nc = node_cost(g.nodes["fc1"], dp, mesh, A100, BF16)
+    assert nc.grad_sync_s == pytest.approx(collective_time("all_reduce", 2 * w, 8, "intra", A100))
+    assert nc.state_bytes == pytest.approx(16 * w)
+    z3 = node_cost(g.nodes["fc1"], dp, mesh, A100, CostSettings(zero=3, grad_sync_overlap=0.5))
+    assert z3.state_bytes == pytest.approx(16 * w / 8)
+    assert z3.fwd_comm_s == pytest.approx(collective_time("all_gather", 2 * w, 8, "intra", A100))
+    assert z3.grad_sync_s == pytest.approx(0.5 * collective_time("reduce_scatter", 2 * w, 8, "intra", A100))
+    # compute divides by the split, replication duplicates it
+    rep = node_cost(g.nodes["fc1"], (None,) * 3, mesh, A100, BF16)
+    assert nc.fwd_s == pytest.approx(rep.fwd_s / 8)
+    assert rep.bwd_s == pytest.approx(2 * rep.fwd_s)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_gpt_layer_activation_bytes_match_megatron(t):
+    s, b, h, a = 2048, 2, 4096, 32
+    g = gpt_graph(layers=1, b=b, s=s, h=h, a=a, head=False)
+    cl = Cluster(gpus_per_node=8)
+    mesh = Mesh.for_devices(cl, t)
+    st = megatron(g, len(mesh.levels))
+    saved = sum(v[0] for v in saved_activations(g, st, mesh, BF16).values())
+    expect = s * b * h * (34 + 5 * a * s / h) if t == 1 else s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert saved == pytest.approx(expect, rel=0.05)
+    cost = evaluate_sharding(g, st, mesh, cl, BF16)
+    assert cost.activation_bytes == pytest.approx(saved)
+    if t > 1:
+        # 2 all-reduces forward (after proj and fc2); backward 2 for the MLP/proj side plus q,k,v inputs
+        ar = collective_time("all_reduce", s * b * h * 2, t, "intra", cl)
+        fwd = sum(d["fwd_s"] - 0 for d in cost.per_node.values()) - sum(
+            node_cost(n, st[n.name], mesh, cl, BF16).fwd_s for n in g.nodes.values())
+        assert fwd == pytest.approx(2 * ar)
+
+
+def test_evaluate_blocks_sum_and_errors():
+    g = gpt_graph(layers=2, b=2, s=128, h=256, a=4, vocab=1024)
+    mesh = Mesh.for_devices(A100, 4)
+    st = {n: ("b0",) * 2 if any(d.name == "b0" for d in node.dims) else ("a0",) * 2 if any(
+        d.name == "a0" for d in node.dims) else (None, None) for n, node in g.nodes.items()}
+    cost = evaluate_sharding(g, st, mesh, A100, BF16)
+    assert set(cost.per_block) == {"layers.0", "layers.1"}
+    assert cost.per_block["layers.0"]["time_s"] == pytest.approx(cost.per_block["layers.1"]["time_s"])
+    assert sum(d["time_s"] for d in cost.per_node.values()) == pytest.approx(cost.step_time_s)
+    assert cost.step_time_s == pytest.approx(cost.compute_s + cost.comm_s)
+    assert cost.grad_sync_s > 0 and cost.reshard_s >= 0
+    assert cost.param_bytes == pytest.approx(2 * g.param_count())      # pure DP: full replicas
+    bad = dict(st)
+    bad["embed"] = ("b0",)
+    with pytest.raises(SappError):
+        evaluate_sharding(g, bad, mesh, A100, BF16)
+    del bad["embed"]
+    with pytest.raises(SappError):
+        evaluate_sharding(g, bad, mesh, A100, BF16)
