@@ -1,0 +1,134 @@
+"""Refuse a plan that cannot run here, before any process touches a collective: wrong world size, a
+plan made for another model, module names the model does not have.  Messages are one line and say what
+to change."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import PlanError
+from ..plan import Plan
+
+TP_STYLES = ("colwise", "rowwise")
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
+
+
+def as_plan(plan) -> Plan:
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, dict):
+        return Plan(plan)
+    return Plan.load(plan)          # a path
+
+
+def unique_param_count(model: nn.Module) -> int:
+    """Parameters counted once even when tied (GPT-2 embedding/head)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_fingerprint(model: nn.Module):
+    """sapp.capture's fingerprint when capture provides one, else None (the param-count check runs)."""
+    try:
+        from ..capture import fingerprint          # noqa: WPS433 (optional: capture may not provide it)
+    except Exception:
+        return None
+    try:
+        return fingerprint(model)
+    except Exception:
+        return None
+
+
+def check_model(model: nn.Module, plan: Plan, name: str = "") -> None:
+    mine = plan["model"]
+    fp = model_fingerprint(model)
+    if fp is not None and mine.get("fingerprint"):
+        plan.check_model(fp, name)
+    want = mine.get("params")
+    have = unique_param_count(model)
+    # plan floats keep 6 significant digits, so compare with a matching relative slack
+    if isinstance(want, (int, float)) and want > 0 and abs(have - want) > max(1.0, 1e-5 * want):
+        raise PlanError(f"plan was made for model {mine.get('name')!r} with {want:.6g} parameters but this model has "
+                        f"{have}; search a new plan for this model")
+
+
+def check_world(plan: Plan, world: int) -> None:
+    if plan.devices != world:
+        raise PlanError(f"plan is for {plan.devices} devices (dp={plan.parallel['dp']}, tp={plan.parallel['tp']}, "
+                        f"pp={plan.parallel['pp']}) but this job has {world} processes; launch with --nproc {plan.devices}")
+
+
+def check_names(model: nn.Module, plan: Plan) -> None:
+    mods = dict(model.named_modules())
+    for name, style in sorted(tp_modules(plan).items()):
+        if style not in TP_STYLES:
+            raise PlanError(f"tp_modules[{name!r}] is {style!r}; use 'colwise' or 'rowwise'")
+        if name not in mods:
+            raise PlanError(f"tp_modules names {name!r}, which this model does not have; regenerate the plan for this model")
+        if not isinstance(mods[name], (nn.Linear, nn.Embedding)):
+            raise PlanError(f"tp_modules[{name!r}] is a {type(mods[name]).__name__}; only Linear and Embedding "
+                            f"layers can be split colwise/rowwise")
+    sched = plan.pipeline.get("schedule", "none")
+    if sched not in SCHEDULES:
+        raise PlanError(f"pipeline.schedule is {sched!r}; use one of {', '.join(SCHEDULES)}")
+    for point in split_points(plan):
+        if point not in mods:
+            raise PlanError(f"pipeline splits before {point!r}, which this model does not have; regenerate the plan")
+    for name in sorted(plan.recompute.get("blocks", {})):
+        if name not in mods:
+            raise PlanError(f"recompute names block {name!r}, which this model does not have; regenerate the plan")
+
+
+def tp_modules(plan: Plan) -> dict:
+    try:
+        return dict(plan["tp_modules"] or {})
+    except KeyError:
+        return {}
+
+
+def split_points(plan: Plan) -> list:
+    """Module names where a new pipeline stage begins, in stage order.
+
+    A stage's `split_before` names the first module of the NEXT stage (the last stage has none).  A
+    plan that instead names each stage's own first module is accepted too: a name equal to stage 0's
+    first block is dropped.  Stages without split_before fall back to their first block."""
+    pipe = plan.pipeline
+    stages = sorted(pipe.get("stages") or [], key=lambda s: s.get("index", 0))
+    n = len(stages)
+    if n <= 1:
+        return []
+    first0 = (stages[0].get("blocks") or [None])[0]
+    points = [s.get("split_before") for s in stages if s.get("split_before") and s.get("split_before") != first0]
+    if len(points) != n - 1:
+        starts = [(s.get("blocks") or [None])[0] for s in stages[1:]]
+        if all(starts):
+            points = starts
+    if len(points) != n - 1 or len(set(points)) != len(points):
+        raise PlanError(f"pipeline has {n} stages but {len(points)} distinct split points {points}; each stage except "
+                        f"the last needs split_before naming the first module of the next stage")
+    return points
+
+
+def stage_count(plan: Plan) -> int:
+    pp = plan.parallel["pp"]
+    sched = plan.pipeline.get("schedule", "none")
+    v = int(plan.pipeline.get("virtual_chunks") or 1) if sched == "interleaved" else 1
+    return pp * v
+
+
+def check_pipeline(plan: Plan) -> None:
+    pp = plan.parallel["pp"]
+    sched = plan.pipeline.get("schedule", "none")
+    if pp == 1:
+        return
+    if sched == "none":
+        raise PlanError(f"plan has pp={pp} but pipeline.schedule is 'none'; set it to gpipe, 1f1b or interleaved")
+    n = stage_count(plan)
+    if len(plan.pipeline.get("stages") or []) != n:
+        raise PlanError(f"plan has pp={pp}{' x virtual_chunks' if n != pp else ''} = {n} pipeline stages to run but lists "
+                        f"{len(plan.pipeline.get('stages') or [])}; regenerate the plan")
+
+
+def check_all(model: nn.Module, plan: Plan, world: int, name: str = "") -> None:
+    check_world(plan, world)
+    check_model(model, plan, name)
+    check_pipeline(plan)
+    check_names(model, plan)

@@ -1,0 +1,130 @@
+"""Device mesh, tensor parallelism and data parallelism / ZeRO for one module (a whole model or one
+pipeline stage).
+
+Mapping (plan feature -> torch runtime):
+  mesh            init_device_mesh(type, (pp, dp, tp), ("pp", "dp", "tp")); rank = ((pp_i*dp)+dp_i)*tp+tp_i
+  tp_modules      DTensor parallelize_module with ColwiseParallel / RowwiseParallel on mesh["tp"]
+  zero 0, tp=1    DistributedDataParallel over the dp group
+  zero 0, tp>1    gradient all-reduce (mean) of the local shards over the dp group after backward
+                  (DDP refuses DTensor parameters)
+  zero 1          DDP (or the all-reduce above) + ZeroRedundancyOptimizer over the dp group; with tp>1
+                  ZeroRedundancyOptimizer cannot hold DTensors, so it runs as zero 2
+  zero 2          FSDP2 fully_shard(reshard_after_forward=False) per block + root over mesh["dp"]
+  zero 3          FSDP2 fully_shard per block + root over mesh["dp"]"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .recompute import block_names
+
+
+def build_mesh(device: torch.device, pp: int, dp: int, tp: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def coords(rank: int, pp: int, dp: int, tp: int) -> tuple:
+    """(pp_i, dp_i, tp_i) of a rank: rank = ((pp_i * dp) + dp_i) * tp + tp_i."""
+    return rank // (dp * tp), (rank // tp) % dp, rank % tp
+
+
+def _partnered(name: str, styles: dict, other: str) -> bool:
+    """A colwise layer feeds a rowwise one in the same parent (qkv->proj, fc1->fc2): its output can
+    stay sharded.  Otherwise (an output head) it must come back Replicate."""
+    parent = name.rpartition(".")[0]
+    return any(n.rpartition(".")[0] == parent and s == other for n, s in styles.items() if n != name)
+
+
+def apply_tp(module: nn.Module, styles: dict, tp_mesh) -> list:
+    """Shard the named Linear/Embedding layers present in `module`; returns the names sharded."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mods = dict(module.named_modules())
+    present = {n: s for n, s in sorted(styles.items()) if n in mods}
+    plan = {}
+    for name, style in present.items():
+        if style == "colwise":
+            keep = _partnered(name, present, "rowwise")
+            plan[name] = ColwiseParallel() if keep else ColwiseParallel(output_layouts=Replicate())
+        else:
+            fed = _partnered(name, present, "colwise")
+            if isinstance(mods[name], nn.Embedding):
+                plan[name] = RowwiseParallel(input_layouts=Replicate())
+            else:
+                plan[name] = RowwiseParallel() if fed else RowwiseParallel(input_layouts=Replicate())
+    if plan:
+        parallelize_module(module, tp_mesh, plan)
+    return sorted(plan)
+
+
+def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list) -> None:
+    """FSDP2: each block its own unit (gathered just in time), then the root for the rest."""
+    from torch.distributed.fsdp import fully_shard
+    mods = dict(module.named_modules())
+    for name in blocks:
+        if name in mods and any(True for _ in mods[name].parameters()):
+            fully_shard(mods[name], mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+
+
+class GradAllReduce:
+    """Data parallelism for DTensor (tensor-parallel) modules: mean of the local gradient shards over
+    the dp group, one flat buffer per dtype."""
+
+    def __init__(self, params, group):
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+
+    def __call__(self):
+        n = dist.get_world_size(self.group)
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g = p.grad
+            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat /= n
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+
+def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list):
+    """Returns (module to run, gradient hook or None, effective zero level)."""
+    if dp == 1:
+        return module, None, 0
+    if zero == 1 and tp > 1:
+        notes.append("zero 1 with tensor parallelism runs as zero 2 (ZeroRedundancyOptimizer cannot hold DTensors)")
+        zero = 2
+    if zero >= 2:
+        fsdp(module, mesh["dp"], reshard=(zero == 3), blocks=blocks)
+        return module, None, zero
+    if tp > 1:
+        return module, GradAllReduce(module.parameters(), mesh["dp"].get_group()), zero
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ids = [device.index] if device.type == "cuda" else None
+    sparse = any(isinstance(m, nn.Embedding) and m.sparse for m in module.modules())
+    return DDP(module, process_group=mesh["dp"].get_group(), device_ids=ids,
+               find_unused_parameters=False, gradient_as_bucket_view=not sparse), None, zero
+
+
+def make_optimizer(params, kind: str, lr: float, *, zero: int, dp_group=None):
+    params = [p for p in params if p.requires_grad]
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}.get(kind)
+    if cls is None:
+        from ..errors import PlanError
+        raise PlanError(f"optimizer {kind!r} is not supported; use adam, adamw or sgd")
+    if zero == 1 and dp_group is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=lr)
+    return cls(params, lr=lr)
+
+
+__all__ = ["build_mesh", "coords", "apply_tp", "wrap_dp", "make_optimizer", "block_names", "GradAllReduce"]

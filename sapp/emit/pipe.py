@@ -1,0 +1,108 @@
+"""Pipeline parallelism with torch.distributed.pipelining.
+
+The whole model is traced once per rank with `pipeline(model, mb_args, split_spec)` (torch.export
+under the hood) and cut BEFORE each plan split point; stage modules keep the original parameter
+names.  Stage i of S runs on pipeline rank i % pp (interleaved: v = S / pp stages per rank).
+
+Tied weights (GPT-2's embedding and head) are silently duplicated into every stage that uses them;
+TiedGrads adds their gradients across the owning stages after backward so every copy gets the
+single-process gradient and stays equal under the same optimizer update."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import PlanError
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+
+
+def micro_example(inputs: tuple, mbs: int) -> tuple:
+    """Example micro-batch of batch size `mbs` (export bakes shapes in, values do not matter)."""
+    out = []
+    for x in inputs:
+        if x.shape[0] >= mbs:
+            out.append(x[:mbs].clone())
+        else:
+            reps = (mbs + x.shape[0] - 1) // x.shape[0]
+            out.append(x.repeat((reps,) + (1,) * (x.dim() - 1))[:mbs].clone())
+    return tuple(out)
+
+
+def trace(model: nn.Module, example_mb: tuple, points: list):
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    try:
+        pipe = pipeline(model, mb_args=example_mb, split_spec={p: SplitPoint.BEGINNING for p in points})
+    except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
+        raise PlanError(f"could not split the model into pipeline stages before {points} "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the model must be "
+                        f"traceable by torch.export with these example inputs") from e
+    if pipe.num_stages != len(points) + 1:
+        raise PlanError(f"splitting before {points} gave {pipe.num_stages} stages, expected {len(points) + 1}; "
+                        f"split points must be modules called in this order in forward")
+    return pipe
+
+
+def stage_modules(pipe, indices: list) -> dict:
+    """Private copies of this rank's stage modules (they share objects with the traced model)."""
+    return {i: copy.deepcopy(pipe.get_stage_module(i)) for i in indices}
+
+
+class TiedGrads:
+    """Sum the gradients of one original parameter over all stages (and copies) that hold it."""
+
+    def __init__(self, model: nn.Module, pipe, n_stages: int, my_stages: dict, pp: int, dp: int, tp: int):
+        by_obj = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            by_obj.setdefault(id(p), []).append(name)
+        alias = {n: tuple(sorted(ns)) for ns in by_obj.values() for n in ns}
+        owners = {}                        # tie key -> stages holding it
+        for s in range(n_stages):
+            for name, _ in pipe.get_stage_module(s).named_parameters(remove_duplicate=False):
+                key = alias.get(name)
+                if key and len(key) > 1:
+                    owners.setdefault(key, set()).add(s)
+        self.ties = []                     # (local params, group or None)
+        me = dist.get_rank()
+        # new_group must be called by every rank in the same order: iterate ties and coords globally
+        for key in sorted(owners):
+            pp_ids = sorted({s % pp for s in owners[key]})
+            for dp_i in range(dp):
+                for tp_i in range(tp):
+                    ranks = [((p * dp) + dp_i) * tp + tp_i for p in pp_ids]
+                    group = dist.new_group(ranks) if len(ranks) > 1 else None
+                    if me in ranks:
+                        local = [p for mod in my_stages.values() for n, p in mod.named_parameters(remove_duplicate=False)
+                                 if alias.get(n) == key]
+                        if local:
+                            self.ties.append((local, group))
+
+    def __call__(self):
+        for params, group in self.ties:
+            total = None
+            for p in params:
+                if p.grad is not None:
+                    g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    total = g.clone() if total is None else total + g
+            if total is None:
+                total = torch.zeros_like(params[0].to_local() if hasattr(params[0], "to_local") else params[0])
+            if group is not None:
+                dist.all_reduce(total, group=group)
+            for p in params:
+                if p.grad is None:
+                    p.grad = total.clone()
+                else:
+                    (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).copy_(total)
+
+
+def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
+    from torch.distributed import pipelining as P
+    cls = getattr(P, SCHEDULES[kind])
+    if kind == "interleaved":
+        return cls(stages, n_microbatches=n_micro, loss_fn=loss_fn)
+    if len(stages) != 1:
+        raise PlanError(f"schedule {kind!r} runs one stage per rank; use 'interleaved' for virtual_chunks > 1")
+    return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn)

@@ -1,0 +1,227 @@
+"""emit(model, plan) -> Program: this rank's part of the training program a plan describes.
+
+Build order per rank: checks -> mesh -> (pipeline split, private stage copies) -> recompute ->
+tensor parallel -> host placement -> DDP / FSDP2 -> optimizers -> pipeline schedule.  `Program.step`
+takes THIS rank's data-parallel shard (see `Program.shard`) and returns the global mean loss on every
+rank."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import PlanError
+from . import checks, parallel, pipe as pipe_mod, recompute
+from .dist import default_device, rank_world
+
+
+def logits_of(out):
+    """Models return logits, a (logits, ...) tuple or an object with .logits (HF)."""
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def default_loss(out, target):
+    out = logits_of(out)
+    if not target.is_floating_point():
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
+    return F.mse_loss(out.reshape(target.shape).float(), target)
+
+
+def _resolve_loss(model, loss_fn):
+    if loss_fn is not None:
+        return lambda out, target: loss_fn(logits_of(out), target)
+    try:
+        from .. import models
+        fn = models.loss_fn(model)
+        return lambda out, target: fn(logits_of(out), target)
+    except Exception:  # the zoo may not know this model (HF, user models): cross-entropy / MSE
+        return default_loss
+
+
+def _tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class Program:
+    """One rank's training program.  Attributes: plan, rank, world, device, coords (pp_i, dp_i, tp_i),
+    dp/tp/pp, modules (this rank's model or stage modules, wrapped), parameters, optimizers, mesh,
+    notes (what the emitter decided beyond the plan), recomputed (module names checkpointed)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    # ---- data --------------------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return self.coords[1]
+
+    def shard(self, *tensors):
+        """This rank's data-parallel slice of global-batch tensors (dp rank i takes rows
+        [i*B/dp, (i+1)*B/dp), like MindSpore's num_shards/shard_id)."""
+        out = []
+        for t in tensors:
+            if isinstance(t, (tuple, list)):
+                out.append(type(t)(self.shard(*t)) if len(t) != 1 else (self.shard(t[0]),))
+                continue
+            b = t.shape[0]
+            if b % self.dp:
+                raise PlanError(f"global batch {b} does not divide over dp={self.dp}; use a multiple of {self.dp}")
+            n = b // self.dp
+            out.append(t[self.dp_rank * n:(self.dp_rank + 1) * n])
+        return out[0] if len(out) == 1 else tuple(out)
+
+    @property
+    def module(self):
+        return self.modules[0]
+
+    # ---- training ----------------------------------------------------------------------------
+    def step(self, inputs, targets) -> float:
+        """One optimizer step on this rank's shard; returns the global-batch mean loss (all ranks)."""
+        inputs = tuple(x.to(self.device) for x in _tuple(inputs))
+        targets = targets.to(self.device) if torch.is_tensor(targets) else targets
+        if self.schedule is not None:
+            local = self._pipeline_step(inputs, targets)
+        else:
+            out = self.modules[0](*inputs)
+            loss = self.loss_fn(out, targets)
+            loss.backward()
+            local = loss.detach()
+        for hook in self.grad_hooks:
+            hook()
+        for opt in self.optimizers:
+            opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        return self._global_loss(local)
+
+    def _pipeline_step(self, inputs, targets):
+        n = self.micro_batches
+        if inputs[0].shape[0] % n:
+            raise PlanError(f"local batch {inputs[0].shape[0]} does not split into {n} micro-batches; "
+                            f"use a global batch divisible by dp x micro_batches")
+        kw = {}
+        args = inputs if self.first_stage else ()
+        losses = []
+        if self.last_stage:
+            kw = {"target": targets, "losses": losses}
+        self.schedule.step(*args, **kw)
+        if self.last_stage:
+            return torch.stack([l.detach().float() for l in losses]).mean()
+        return None
+
+    def _global_loss(self, local) -> float:
+        if self.world == 1:
+            return float(local)
+        # only one rank per data-parallel replica contributes: the last stage's tp rank 0
+        contrib = local.float() / self.dp if (local is not None and self.last_stage and self.coords[2] == 0) else None
+        buf = torch.zeros((), device=self.device) if contrib is None else contrib.reshape(())
+        if hasattr(buf, "full_tensor"):
+            buf = buf.full_tensor()
+        buf = buf.clone()
+        dist.all_reduce(buf)
+        return float(buf)
+
+    @property
+    def parameters(self) -> list:
+        seen, out = set(), []
+        for m in self.modules:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+
+def _example_inputs(model, plan, example_inputs, mbs, device):
+    if example_inputs is not None:
+        return _tuple(example_inputs)
+    try:
+        from .. import models
+        return _tuple(models.example_inputs(model, mbs, device))
+    except Exception as e:
+        raise PlanError("pipeline plans need example inputs to trace the model; pass emit(..., example_inputs=...) "
+                        f"(the model zoo could not make them: {type(e).__name__})") from None
+
+
+def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
+         optimizer: str = "adam", example_inputs=None, name: str = "") -> Program:
+    """Turn `plan` into this rank's training program for `model` (identically initialised on every
+    rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
+    plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment)."""
+    plan = checks.as_plan(plan)
+    rank, world = rank_world(rank, world)
+    checks.check_all(model, plan, world, name)
+    if world > 1 and not dist.is_initialized():
+        raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
+                        "`sapp run` / torchrun and call sapp.emit.dist.init() first")
+    device = torch.device(device) if device is not None else default_device()
+    par = plan.parallel
+    pp, dp, tp = par["pp"], par["dp"], par["tp"]
+    me = parallel.coords(rank, pp, dp, tp)
+    mesh = parallel.build_mesh(device, pp, dp, tp) if world > 1 else None
+    notes = []
+    loss = _resolve_loss(model, loss_fn)
+    modes = recompute.plan_modes(plan.recompute, model)
+    blocks = recompute.block_names(model)
+    tp_styles = checks.tp_modules(plan)
+    zero = plan.zero
+    placement = plan.placement or {}
+    host_groups = bool((placement.get("groups") or {}))
+
+    sched_kind = plan.pipeline.get("schedule", "none") if pp > 1 else "none"
+    n_stages = checks.stage_count(plan) if pp > 1 else 1
+    if pp > 1:
+        n_micro = plan.pipeline["micro_batches"]
+        gb = plan.model.get("global_batch")
+        mbs = plan.pipeline.get("micro_batch_size") or (gb // (dp * n_micro) if gb else None)
+        if not mbs:
+            raise PlanError("pipeline plans need pipeline.micro_batch_size or model.global_batch")
+        ex = pipe_mod.micro_example(tuple(x.to("cpu") for x in _example_inputs(model, plan, example_inputs, mbs, "cpu")), mbs)
+        traced = pipe_mod.trace(model, ex, checks.split_points(plan))
+        mine = [s for s in range(n_stages) if s % pp == me[0]]
+        raw = pipe_mod.stage_modules(traced, mine)
+    else:
+        traced, mine, raw = None, [0], {0: model}
+
+    wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], [], zero
+    for s, mod in raw.items():
+        mod.to(device)
+        recomputed += recompute.apply(mod, modes)
+        if tp > 1 and tp_styles:
+            parallel.apply_tp(mod, tp_styles, mesh["tp"])
+        if host_groups:
+            from . import host      # engineer H4's host placement
+            host.apply_placement(mod, placement, device)
+        w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
+                                             device=device, notes=notes)
+        wrapped[s] = w
+        if hook:
+            hooks.append(hook)
+    if traced is not None:
+        tied = pipe_mod.TiedGrads(model, traced, n_stages, raw, pp, dp, tp)
+        if tied.ties:
+            hooks.append(tied)
+            notes.append(f"{len(tied.ties)} tied parameter(s) shared across pipeline stages: gradients summed between stages")
+    for s, mod in raw.items():
+        if host_groups:
+            from . import host
+            optimizers += list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
+        else:
+            dp_group = mesh["dp"].get_group() if (dp > 1 and eff_zero == 1) else None
+            optimizers.append(parallel.make_optimizer(mod.parameters(), optimizer, lr, zero=eff_zero, dp_group=dp_group))
+
+    schedule = None
+    if traced is not None:
+        from torch.distributed.pipelining import PipelineStage
+        stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
+        schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
+    return Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
+                   mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
+                   grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=recomputed,
+                   micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero,
+                   first_stage=0 in mine, last_stage=(n_stages - 1) in mine)

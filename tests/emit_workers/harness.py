@@ -1,0 +1,103 @@
+"""Run several emit cases in ONE spawned gloo job (spawning costs seconds; cases reuse the processes).
+
+    python -m tests.emit_workers.harness WORLD CASES.json OUT.json
+
+A case: {"id", "kind" (zoo.build), "plan" (make_plan kwargs), "steps", "batch"}.  Each rank writes what
+it saw (losses, module types, recomputed modules, notes); the parent adds the single-process reference
+losses.  Every rank ends with os._exit so a gloo/sparse-grad exit abort cannot fail the job."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+
+def _worker(rank, world, cases, out_dir, store):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    from sapp.emit import emit
+    from tests.emit_workers import zoo
+    from tests.emit_workers.plans import make_plan
+    results = {}
+    code = 0
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=20))
+        for case in cases:
+            kind = case["kind"]
+            model, loss_fn = zoo.build(kind)
+            kw = dict(case["plan"])
+            kw.setdefault("params", sum(p.numel() for p in model.parameters()))
+            kw.setdefault("global_batch", case["batch"])
+            plan = make_plan(**kw)
+            x0, _ = zoo.batch(kind, case["batch"], 0)
+            prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0)
+            losses = []
+            for i in range(case["steps"]):
+                x, y = zoo.batch(kind, case["batch"], i)
+                xs, ys = prog.shard(x, y)
+                losses.append(prog.step(xs, ys))
+            params = prog.parameters
+            results[case["id"]] = {
+                "losses": losses, "coords": list(prog.coords), "notes": prog.notes, "recomputed": prog.recomputed,
+                "module_types": [type(m).__name__ for m in prog.modules],
+                "dtensor_params": sum(1 for p in params if type(p.data).__name__ == "DTensor" or hasattr(p, "placements")),
+                "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
+                "optimizers": [type(o).__name__ for o in prog.optimizers], "zero": prog.zero,
+                "stages": prog.stage_indices, "first": prog.first_stage, "last": prog.last_stage,
+            }
+            with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+                json.dump(results, f)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        results["error"] = traceback.format_exc()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv):
+    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    import torch.multiprocessing as mp
+    from tests.emit_workers import zoo
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        ctx = mp.start_processes(_worker, args=(world, cases, tmp, store), nprocs=world, join=False,
+                                 start_method="fork")
+        failed = None
+        try:
+            while not ctx.join():
+                pass
+        except Exception as e:   # a rank exited non-zero: keep what the ranks wrote
+            failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+        per_rank = {}
+        for r in range(world):
+            p = os.path.join(tmp, f"rank{r}.json")
+            if os.path.exists(p):
+                with open(p) as f:
+                    per_rank[r] = json.load(f)
+    out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
+    refs = {}
+    for case in cases:
+        key = (case["kind"], case["steps"], case["batch"])
+        if key not in refs:
+            refs[key] = zoo.reference(*key)
+        out["cases"][case["id"]] = {"ref": refs[key],
+                                    "ranks": {r: v.get(case["id"]) for r, v in sorted(per_rank.items())}}
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
