@@ -1,0 +1,163 @@
+"""Cost of host placement, per device and per training step.  Pure: plain numbers in, numbers out.
+
+Two mechanisms (REFERENCE.md sections 1 and 2):
+
+Embedding on host (MindSpore host+device Wide&Deep).  A table lives in host memory in fp32 with its
+sparse optimizer state; per micro-batch the CPU gathers the looked-up rows, they go host->device
+(activations), their gradients come device->host, and once per step the sparse optimizer updates the
+touched rows.  With tp > 1 a dp replica's table is split by rows over its tp ranks (each rank gathers
+and ships the rows it owns); tables are replicated over dp replicas (no ZeRO on the host), and with
+dp > 1 the sparse row gradients are all-gathered between replicas over the network.
+
+Optimizer on host (ZeRO-Offload).  Weights stay on the device in the training precision; the fp32
+master copy, the Adam moments and an fp32 gradient accumulator live on the host.  Gradients stream
+device->host bucket by bucket as backward produces them (so the device holds only a bucket of them),
+are accumulated on the host over micro-batches, the CPU runs Adam once per step, and the updated
+weights go host->device.  With ZeRO >= 1 each dp rank offloads only its 1/dp shard.
+
+Shared-resource model: the devices of one node doing host work split the node's host memory
+bandwidth (and CPU FLOP/s) evenly; each device has its own PCIe link (`h2d_bw` per direction).
+
+Overlap model (stated so plans can be checked against it):
+  * `OVERLAP` (0.8) of a device's compute time is usable to hide host work and transfers behind
+    (launch/synchronisation gaps and DMA contention take the rest).
+  * backward is `BWD_SHARE` (2/3) of compute.
+  * Embeddings: the first micro-batch's lookup + host->device copy is exposed (the rows may have
+    just been updated by the previous step's optimizer, so no cross-step prefetch); micro-batch k+1's
+    lookup + copy and micro-batch k's gradient copy hide behind micro-batch k's compute up to
+    OVERLAP of it; the last gradient copy and the sparse optimizer (+ replica sync) are exposed
+    (the next step's lookups wait for them).
+  * Optimizer offload: for all but the last micro-batch the gradient copy and the host accumulate
+    hide behind the next micro-batch's compute; in the last backward, gradient copy -> CPU Adam ->
+    weight copy run as a 3-stage pipeline over the G parameter groups (blocks), fed by backward:
+    exposed = max(0, T_slowest - OVERLAP * backward) + (T_d2h + T_adam + T_h2d) / G.  The next
+    step's forward needs the first layer, updated last, so nothing hides behind the next forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..costmodel import collective_time, model_state_bytes
+
+OVERLAP = 0.8
+BWD_SHARE = 2.0 / 3.0
+# Random gathers of rows of a few hundred bytes reach about half of streaming host bandwidth.
+GATHER_EFFICIENCY = 0.5
+# Lazy Adam / FTRL per touched fp32 element: read param, grad, 2 states (16 B), write param and
+# 2 states (12 B), plus coalescing the sparse gradient (read + write its values, 8 B).
+ROW_UPDATE_BYTES = 36
+# Host bytes per element of a host table: fp32 weights + 2 fp32 optimizer states (m, v for lazy
+# Adam; z, n for FTRL).
+HOST_TABLE_BYTES = 12
+# CPU Adam per fp32 parameter: read master, grad, m, v (16 B), write master, m, v (12 B); in mixed
+# precision also write the half-precision copy that goes to the device.
+ADAM_BYTES_FP32 = 28
+ADAM_FLOPS = 12
+# Host bytes per offloaded parameter: fp32 master + m + v + fp32 gradient accumulator.
+HOST_OFFLOAD_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Table:
+    """One embedding table as the cost model sees it."""
+    name: str                  # parameter qualname
+    rows: int
+    dim: int
+    lookups: int               # rows looked up per micro-batch per dp replica (ids numel)
+    kind: str = "sparse_adam"  # host optimizer: "sparse_adam" (lazy Adam) | "ftrl"
+
+
+@dataclass(frozen=True)
+class HostCost:
+    host_s: float              # host-side busy time per step (CPU work + transfers), before overlap
+    link_bytes: float          # host<->device bytes per device per step, both directions
+    saved_bytes: float         # device bytes saved per device
+    host_bytes: float          # host bytes per device
+    overlap_s: float           # part of host_s hidden behind device compute
+    exposed_s: float           # step time added
+    detail: dict = field(default_factory=dict)
+
+
+def host_bandwidth(cluster, sharers: int) -> float:
+    """Streaming host-memory bytes/s available to one of `sharers` devices of a node."""
+    return cluster.host_mem_bandwidth * cluster.memory_efficiency / max(1, sharers)
+
+
+def _sync_link(dp: int, tp: int, cluster) -> str:
+    return "inter" if dp * tp > cluster.gpus_per_node else "intra"
+
+
+def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_batches=1,
+                        compute_s=0.0, sharers=1) -> HostCost:
+    """Cost of holding `tables` (list of Table) on the host instead of the device."""
+    m = max(1, int(micro_batches))
+    ab = settings.act_bytes("float32")
+    bw = host_bandwidth(cluster, sharers)
+    elems = sum(t.lookups * t.dim for t in tables) / tp          # row elements per micro-batch per device
+    t_lookup = elems * (4 + ab) / (bw * GATHER_EFFICIENCY)       # read fp32 rows, write the output
+    t_h2d = elems * ab / cluster.h2d_bw
+    t_d2h = elems * ab / cluster.h2d_bw                          # gradients of the looked-up rows
+    touched = m * elems                                           # upper bound: no duplicate ids
+    t_opt = touched * ROW_UPDATE_BYTES / bw
+    # Replicas exchange their sparse row gradients (fp32 values + int64 row index per row).
+    idx = sum(t.lookups for t in tables) / tp * m * 8
+    t_sync = collective_time("all_gather", dp * (touched * 4 + idx), dp, "inter" if dp > 1 else "intra",
+                             cluster) if dp > 1 else 0.0
+    c_mb = compute_s / m
+    fwd = t_lookup + t_h2d
+    steady = max(0.0, fwd + t_d2h - OVERLAP * c_mb)
+    exposed = fwd + (m - 1) * steady + t_d2h + t_opt + t_sync
+    host_s = m * (fwd + t_d2h) + t_opt + t_sync
+    saved = 0.0
+    host_bytes = 0.0
+    for t in tables:
+        st = model_state_bytes(t.rows * t.dim / tp, dp, zero, settings)
+        saved += st["params"] + st["grads"] + st["optimizer"]
+        host_bytes += t.rows * t.dim / tp * HOST_TABLE_BYTES
+    host_bytes += touched * 4 + 2 * elems * ab                    # sparse grad buffer + staging
+    detail = {"lookup_s": m * t_lookup, "h2d_s": m * t_h2d, "d2h_s": m * t_d2h, "optimizer_s": t_opt,
+              "sync_s": t_sync, "touched_elements": touched,
+              "tables": {t.name: {"rows": t.rows, "dim": t.dim, "lookups": t.lookups, "optimizer_kind": t.kind}
+                         for t in sorted(tables, key=lambda x: x.name)}}
+    return HostCost(host_s, m * elems * ab * 2, saved, host_bytes, max(0.0, host_s - exposed), exposed, detail)
+
+
+def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_group=None, dp=1, tp=1,
+                           zero=0, micro_batches=1, compute_s=0.0, sharers=1) -> HostCost:
+    """Cost of ZeRO-Offload for `n_params` parameters of a stage (before tp sharding), split into
+    `groups` parameter groups (blocks) of at most `largest_group` parameters."""
+    m = max(1, int(micro_batches))
+    G = max(1, int(groups))
+    local = n_params / tp                                   # what the device holds
+    shard = local / dp if (zero >= 1 and dp > 1) else local  # what its CPU updates
+    g, w = settings.grad_bytes, settings.weight_bytes
+    bw = host_bandwidth(cluster, sharers)
+    host_flops = cluster.host_flops / max(1, sharers)
+    t_d2h = shard * g / cluster.h2d_bw                          # per micro-batch
+    t_acc = shard * (4 + g + 4) / bw                            # fp32 accumulate: read acc + grad, write acc
+    adam_bytes = ADAM_BYTES_FP32 + (w if settings.mixed else 0)
+    t_adam = max(shard * adam_bytes / bw, shard * ADAM_FLOPS / host_flops)
+    t_h2d = shard * w / cluster.h2d_bw
+    # Streaming gradients every micro-batch needs a gradient reduction per micro-batch instead of one
+    # per step: m - 1 extra reduce-scatters (ZeRO >= 1) or all-reduces (ZeRO 0) over dp.
+    t_sync = 0.0
+    if dp > 1 and m > 1:
+        kind = "reduce_scatter" if zero >= 1 else "all_reduce"
+        t_sync = (m - 1) * collective_time(kind, local * g, dp, _sync_link(dp, tp, cluster), cluster) \
+            * (1.0 - settings.grad_sync_overlap)
+    c_mb = compute_s / m
+    b_last = BWD_SHARE * c_mb
+    early = (m - 1) * max(0.0, max(t_d2h, t_acc) - OVERLAP * c_mb)
+    t_max = max(t_d2h, t_adam, t_h2d)
+    last = max(0.0, t_max - OVERLAP * b_last) + (t_d2h + t_adam + t_h2d) / G
+    exposed = early + last + t_sync
+    host_s = m * t_d2h + (m - 1) * t_acc + t_adam + t_h2d
+    st = model_state_bytes(local, dp, zero, settings)
+    biggest = (largest_group if largest_group else local / G * tp) / tp
+    bucket = min(st["grads"], 2 * biggest * g)                 # two groups of gradients in flight
+    saved = st["optimizer"] + st["grads"] - bucket
+    host_bytes = shard * HOST_OFFLOAD_BYTES
+    detail = {"d2h_s": m * t_d2h, "accumulate_s": (m - 1) * t_acc, "optimizer_s": t_adam, "h2d_s": t_h2d,
+              "sync_s": t_sync, "params_on_host": shard, "groups": G, "grad_bucket_bytes": bucket}
+    return HostCost(host_s, m * shard * g + shard * w, saved, host_bytes, max(0.0, host_s + t_sync - exposed),
+                    exposed, detail)

@@ -1,0 +1,109 @@
+"""Which parameters of a stage are placement candidates, and what the user pinned.
+
+Host-table candidates are embedding tables with sparse gradients (`ParamInfo.sparse_grad`, i.e.
+`nn.Embedding(sparse=True)`) that only embedding lookups use (a table tied to an output head is
+dense and stays on the device).  Everything else trainable is "dense": it can only have its optimizer
+offloaded.  Pins: {"<fnmatch pattern on param qualnames>": "host"|"device", "optimizer": "host"|"device"}."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from ..errors import ConstraintError
+from .cost import Table
+
+PLACES = ("host", "device")
+
+
+@dataclass(frozen=True)
+class StageParams:
+    tables: tuple          # Table, sorted by name
+    dense: dict            # qualname -> numel (trainable, not host-table candidates)
+    groups: dict           # group key ("layers.3" block or module) -> numel of its dense params
+    all_params: bool       # the stage holds every trainable parameter of the graph
+
+
+def table_kind(name: str) -> str:
+    """Host optimizer of a table: FTRL for the wide (linear) part, lazy Adam otherwise (MindSpore's
+    Wide&Deep convention)."""
+    return "ftrl" if "wide" in name.split(".")[0] else "sparse_adam"
+
+
+def stage_params(graph, node_names, micro_batch_size=None) -> StageParams:
+    names = set(node_names)
+    nodes = [n for n in graph.nodes.values() if n.name in names]
+    scale = 1.0 if not micro_batch_size else micro_batch_size / max(1, graph.batch_size)
+    used_by = {}
+    for n in graph.nodes.values():
+        for p in n.params:
+            used_by.setdefault(p, set()).add(n.kind)
+    lookups, owner_group = {}, {}
+    for n in nodes:
+        if n.kind == "embedding":
+            ids = [o for o in n.operands if o.param is None]
+            n_ids = max((o.numel for o in ids), default=0)
+            for p in n.params:
+                lookups[p] = lookups.get(p, 0) + n_ids
+        for p in n.params:
+            owner_group.setdefault(p, n.block or n.module or p.rsplit(".", 1)[0])
+    tables, dense, groups = [], {}, {}
+    for p in sorted(owner_group):
+        info = graph.params.get(p)
+        if info is None or not info.trainable:
+            continue
+        if info.sparse_grad and used_by.get(p) == {"embedding"} and len(info.shape) == 2:
+            tables.append(Table(p, int(info.shape[0]), int(info.shape[1]),
+                                int(round(lookups.get(p, 0) * scale)), table_kind(p)))
+        else:
+            dense[p] = info.numel
+            groups[owner_group[p]] = groups.get(owner_group[p], 0) + info.numel
+    trainable = {p for p, i in graph.params.items() if i.trainable}
+    return StageParams(tuple(tables), dense, groups, trainable <= set(owner_group))
+
+
+@dataclass(frozen=True)
+class Pins:
+    tables: dict           # table qualname -> "host" | "device" (only pinned ones)
+    optimizer: str | None  # "host" | "device" | None
+
+
+def parse_pins(pins, graph, stage: StageParams) -> Pins:
+    """Check pins against the whole graph (a pattern may name another stage's tables) and resolve
+    them for this stage's tables."""
+    if not pins:
+        return Pins({}, None)
+    if not isinstance(pins, dict):
+        raise ConstraintError(f"placement pins must be a mapping like {{'deep_emb.*': 'host', 'optimizer': 'host'}}, "
+                              f"got {type(pins).__name__}")
+    opt, tables = None, {}
+    all_params = sorted(p for p, i in graph.params.items() if i.trainable)
+    stage_tables = {t.name for t in stage.tables}
+    for pattern in sorted(pins):
+        where = pins[pattern]
+        if where not in PLACES:
+            raise ConstraintError(f"placement pin {pattern!r}: {where!r} is not 'host' or 'device'")
+        if pattern == "optimizer":
+            opt = where
+            continue
+        matched = [p for p in all_params if fnmatch.fnmatchcase(p, pattern)]
+        if not matched:
+            raise ConstraintError(f"placement pin {pattern!r} matches no trainable parameter of "
+                                  f"{graph.name!r}; e.g. {', '.join(all_params[:4])}")
+        if where == "host":
+            bad = [p for p in matched if not _host_capable(graph, p)]
+            if bad:
+                raise ConstraintError(f"placement pin {pattern!r}: {bad[0]} is not a sparse embedding table "
+                                      "(nn.Embedding(sparse=True) used only by lookups), so its weights cannot "
+                                      "live on the host; pin 'optimizer': 'host' to offload its optimizer instead")
+        for p in matched:
+            if p in stage_tables:
+                if tables.get(p, where) != where:
+                    raise ConstraintError(f"placement pins put {p} both on the host and on the device; keep one")
+                tables[p] = where
+    return Pins(tables, opt)
+
+
+def _host_capable(graph, p) -> bool:
+    info = graph.params[p]
+    kinds = {n.kind for n in graph.nodes.values() if p in n.params}
+    return bool(info.sparse_grad) and kinds == {"embedding"} and len(info.shape) == 2
