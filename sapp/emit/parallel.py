@@ -6,7 +6,8 @@ Mapping (plan feature -> torch runtime):
   tp_modules      DTensor parallelize_module with ColwiseParallel / RowwiseParallel on mesh["tp"]
   zero 0, tp=1    DistributedDataParallel over the dp group
   zero 0, tp>1    gradient all-reduce (mean) of the local shards over the dp group after backward
-                  (DDP refuses DTensor parameters)
+  or pipeline     (DDP refuses DTensor parameters; DDP under a multi-micro-batch pipeline schedule
+                  fails its bucket rebuild in torch 2.13)
   zero 1          DDP (or the all-reduce above) + ZeroRedundancyOptimizer over the dp group; with tp>1
                   ZeroRedundancyOptimizer cannot hold DTensors, so it runs as zero 2
   zero 2          FSDP2 fully_shard(reshard_after_forward=False) per block + root over mesh["dp"]
@@ -96,7 +97,8 @@ class GradAllReduce:
             off += g.numel()
 
 
-def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list):
+def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list,
+            staged: bool = False):
     """Returns (module to run, gradient hook or None, effective zero level)."""
     if dp == 1:
         return module, None, 0
@@ -106,7 +108,9 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
     if zero >= 2:
         fsdp(module, mesh["dp"], reshard=(zero == 3), blocks=blocks)
         return module, None, zero
-    if tp > 1:
+    if tp > 1 or staged:
+        # DDP refuses DTensor parameters, and under a pipeline schedule (several backward passes per
+        # step) its bucket rebuild asserts or, with static_graph, gives wrong gradients (torch 2.13)
         return module, GradAllReduce(module.parameters(), mesh["dp"].get_group()), zero
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None

@@ -93,9 +93,17 @@ class TiedGrads:
                 dist.all_reduce(total, group=group)
             for p in params:
                 if p.grad is None:
-                    p.grad = total.clone()
+                    p.grad = _like(p, total.clone())
                 else:
                     (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).copy_(total)
+
+
+def _like(p, local):
+    """A gradient for `p` from its local values (a DTensor for FSDP2 / tensor-parallel parameters)."""
+    if hasattr(p, "placements"):
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
+    return local
 
 
 def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):

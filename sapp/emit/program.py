@@ -198,7 +198,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             from . import host      # engineer H4's host placement
             host.apply_placement(mod, placement, device)
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
-                                             device=device, notes=notes)
+                                             device=device, notes=notes, staged=traced is not None)
         wrapped[s] = w
         if hook:
             hooks.append(hook)
