@@ -1,0 +1,239 @@
+"""The search problem in additive form: one variable per operator (identical repeated blocks share
+the variables of their first block), a unary cost per strategy (compute + gradient sync + lambda x
+memory, times how many ops share the variable) and a pairwise cost matrix per activation edge
+(forward + backward resharding).  Every solver (recursive, exact, exhaustive) minimises this same
+objective, so their results are directly comparable."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.edges import edge_layouts
+from ..costmodel.evaluate import first_savers, param_owners
+from ..costmodel.layouts import reshard_time
+from ..costmodel.memory import saved_items
+from ..costmodel.nodes import node_cost, op_strategies
+from ..errors import SappError
+
+ROLES = ("dp", "tp", None)
+
+
+def block_map(graph) -> dict:
+    """node name -> representative node name, for blocks of a block group that really are identical
+    (same kinds, iteration spaces and operand shapes by position); others map to themselves."""
+    rep = {}
+    for group in graph.block_groups:
+        blocks = [b for b in group if b in graph.blocks]
+        if len(blocks) < 2:
+            continue
+        first = graph.blocks[blocks[0]]
+        sig0 = [_sig(graph.nodes[n]) for n in first]
+        for b in blocks[1:]:
+            names = graph.blocks[b]
+            if len(names) != len(first) or any(_sig(graph.nodes[n]) != s for n, s in zip(names, sig0)):
+                continue
+            for n, r in zip(names, first):
+                rep[n] = r
+    return rep
+
+
+def _sig(node):
+    return (node.kind, node.dims, node.flops, node.saves, node.out.shape, node.out.dims,
+            tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
+
+
+class Problem:
+    def __init__(self, graph, mesh, cluster, settings, roles=None, share_blocks=True):
+        if not graph.nodes:
+            raise SappError(f"graph {graph.name!r} has no operators; capture the model first")
+        L = len(mesh.levels)
+        if roles is not None:
+            roles = tuple(roles)
+            if len(roles) != L:
+                raise SappError(f"level_roles has {len(roles)} entries but the mesh has {L} levels; give one per level")
+            bad = [r for r in roles if r not in ROLES]
+            if bad:
+                raise SappError(f"level role {bad[0]!r} is unknown; use 'dp', 'tp' or None")
+            dp = 1
+            for r, lv in zip(roles, mesh.levels):
+                if r == "dp":
+                    dp *= lv.size
+            if dp > 1 and not any(d.batch and d.splittable and d.size % dp == 0 for n in graph.nodes.values()
+                                  for d in n.dims):
+                raise SappError(f"level_roles ask for data parallelism of {dp} but no batch dim of the graph is "
+                                f"divisible by {dp}; use a larger batch or fewer dp levels")
+        self.graph, self.mesh, self.cluster, self.settings, self.roles = graph, mesh, cluster, settings, roles
+        self.L = L
+        rep = block_map(graph) if share_blocks else {}
+        self.vars, self.var_of, self.mult = [], {}, []
+        for name in graph.nodes:
+            r = rep.get(name, name)
+            if r == name:
+                self.var_of[name] = len(self.vars)
+                self.vars.append(name)
+                self.mult.append(0)
+            else:
+                self.var_of[name] = self.var_of[r]
+            self.mult[self.var_of[name]] += 1
+        self.nodes = [graph.nodes[n] for n in self.vars]
+        owners = param_owners(graph)
+        self.owned = [owners[n] for n in self.vars]
+        savers = first_savers(graph, mesh, settings)
+        none = (None,) * L
+        self.save_mask = [[savers.get(tid) == n for tid, _ in saved_items(graph.nodes[n], none, mesh, settings)]
+                          for n in self.vars]
+        # edges between variables, merged by (producer var, consumer var, operand index)
+        agg = {}
+        for p, c, i in graph.edges():
+            key = (self.var_of[p], self.var_of[c], i)
+            agg[key] = agg.get(key, 0) + 1
+        self.edges, self.self_edges = [], []
+        for (pv, cv, i), cnt in sorted(agg.items()):
+            (self.self_edges if pv == cv else self.edges).append((pv, cv, i, cnt))
+        self.adj = [[] for _ in self.vars]
+        for k, (pv, cv, _, _) in enumerate(self.edges):
+            self.adj[pv].append(k)
+            self.adj[cv].append(k)
+        self.lam = 0.0
+        self._node_memo, self._lay_memo, self._rs_memo, self._cands = {}, {}, {}, {}
+
+    # ---- candidate choices ------------------------------------------------------------------------
+    def level_options(self, v, level, current):
+        """Choices for var v on `level` given its choices on the other levels (`current`)."""
+        key = (v, level, tuple(c for i, c in enumerate(current) if i != level))
+        hit = self._cands.get(key)
+        if hit is not None:
+            return hit
+        node, lv = self.nodes[v], self.mesh.levels[level]
+        role = self.roles[level] if self.roles else None
+        f = {}
+        for i, d in enumerate(current):
+            if d is not None and i != level:
+                f[d] = f.get(d, 1) * self.mesh.levels[i].size
+        out = [None]
+        for d in node.dims:
+            if not d.splittable or d.size <= 1:
+                continue
+            if (role == "dp" and not d.batch) or (role == "tp" and d.batch):
+                continue
+            if d.size % (f.get(d.name, 1) * lv.size) == 0:
+                out.append(d.name)
+        self._cands[key] = out
+        return out
+
+    def strategies(self, v):
+        return op_strategies(self.nodes[v], self.mesh, self.roles)
+
+    # ---- costs ------------------------------------------------------------------------------------
+    def node_terms(self, v, s):
+        """(time, memory bytes) of one copy of var v under strategy s."""
+        key = (v, s)
+        hit = self._node_memo.get(key)
+        if hit is not None:
+            return hit
+        node = self.nodes[v]
+        c = node_cost(node, s, self.mesh, self.cluster, self.settings, params=self.owned[v])
+        mem = c.state_bytes
+        for keep, (_, b) in zip(self.save_mask[v], saved_items(node, s, self.mesh, self.settings)):
+            if keep:
+                mem += b
+        res = (c.time_s, mem)
+        self._node_memo[key] = res
+        return res
+
+    def unary(self, v, s) -> float:
+        t, m = self.node_terms(v, s)
+        u = self.mult[v] * (t + self.lam * m)
+        for pv, cv, i, cnt in self.self_edges:
+            if pv == v:
+                u += cnt * self._edge_time(pv, cv, i, s, s)
+        return u
+
+    def unary_vec(self, v, strats):
+        return np.array([self.unary(v, s) for s in strats], dtype=float)
+
+    def _layouts(self, pv, cv, i, sp, sc):
+        key = (pv, cv, i, sp, sc)
+        hit = self._lay_memo.get(key)
+        if hit is None:
+            cons = self.nodes[cv]
+            hit = edge_layouts(self.nodes[pv], cons.operands[i], sp, sc)
+            self._lay_memo[key] = hit
+        return hit
+
+    def _rs(self, src, dst, nbytes):
+        if src == dst:
+            return 0.0
+        key = (src, dst, nbytes)
+        hit = self._rs_memo.get(key)
+        if hit is None:
+            hit = reshard_time(src, dst, nbytes, self.mesh, self.cluster)
+            self._rs_memo[key] = hit
+        return hit
+
+    def _edge_time(self, pv, cv, i, sp, sc):
+        o = self.nodes[cv].operands[i]
+        f_src, f_dst, b_src, b_dst = self._layouts(pv, cv, i, sp, sc)
+        nbytes = o.numel * self.settings.act_bytes(o.dtype)
+        t = self._rs(f_src, f_dst, nbytes)
+        if self.settings.is_float(o.dtype):
+            t += self._rs(b_src, b_dst, nbytes)
+        return t
+
+    def edge(self, k, sp, sc) -> float:
+        pv, cv, i, cnt = self.edges[k]
+        return cnt * self._edge_time(pv, cv, i, sp, sc)
+
+    def edge_mat(self, k, sps, scs):
+        """Cost matrix of edge k over producer strategies `sps` x consumer strategies `scs`.  The
+        cost depends only on the layouts, so it is built from the (few) distinct layout pairs."""
+        pv, cv, i, cnt = self.edges[k]
+        o = self.nodes[cv].operands[i]
+        nbytes = o.numel * self.settings.act_bytes(o.dtype)
+        is_f = self.settings.is_float(o.dtype)
+        prod, cons = self.nodes[pv], self.nodes[cv]
+        from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
+        from ..costmodel.edges import translate
+        pf, pb = [], []
+        for s in sps:
+            ol = output_layout(prod, s)
+            pf.append(translate(prod.out, o, ol))
+            pb.append(translate(prod.out, o, output_grad_layout(ol)))
+        cf = [input_layout(o.dims, s) for s in scs]
+        cb = [input_grad_layout(o.dims, s) for s in scs]
+        M = self._pair_table(pf, cf, nbytes)
+        if is_f:
+            M = M + self._pair_table(cb, pb, nbytes).T
+        return cnt * M
+
+    def _pair_table(self, srcs, dsts, nbytes):
+        us, si = _uniq(srcs)
+        ud, di = _uniq(dsts)
+        T = np.empty((len(us), len(ud)))
+        for a, x in enumerate(us):
+            for b, y in enumerate(ud):
+                T[a, b] = self._rs(x, y, nbytes)
+        return T[np.ix_(si, di)]
+
+    # ---- whole assignments ------------------------------------------------------------------------
+    def energy(self, strat) -> float:
+        e = sum(self.unary(v, strat[v]) for v in range(len(self.vars)))
+        for k, (pv, cv, _, _) in enumerate(self.edges):
+            e += self.edge(k, strat[pv], strat[cv])
+        return e
+
+    def memory(self, strat) -> float:
+        return sum(self.mult[v] * self.node_terms(v, strat[v])[1] for v in range(len(self.vars)))
+
+    def expand(self, strat) -> dict:
+        return {n: tuple(strat[self.var_of[n]]) for n in self.graph.nodes}
+
+
+def _uniq(items):
+    index, out, idx = {}, [], np.empty(len(items), dtype=np.int64)
+    for j, it in enumerate(items):
+        k = index.get(it)
+        if k is None:
+            k = index[it] = len(out)
+            out.append(it)
+        idx[j] = k
+    return out, idx

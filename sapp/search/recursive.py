@@ -1,0 +1,158 @@
+"""The double-recursive search (outer recursion: mesh levels, inter-node first; inner: key operators
+by decreasing cost, then propagation to the rest), followed by refinement.
+
+Differences from MindSpore SAPP: k-way cuts for any prime k; choices are priced by the real cost
+model (compute + gradient sync + resharding bytes on the actual links) rather than a flat penalty;
+undecided neighbours are priced optimistically (the best they could still do) instead of ignored;
+and every level is then re-optimised by forest block descent (exact on chains and trees), with
+whole-level restarts, and - when the per-op strategy lists are small - a final descent over full
+strategies.  Memory is handled outside, by a Lagrange multiplier on the unary costs."""
+from __future__ import annotations
+
+from ..ir import KEY_KINDS
+from .mrf import MRF
+
+FULL_REFINE_MAX = 400          # per-op strategy count up to which full-strategy descent is run
+
+
+def recursive_search(prob, full_refine=True):
+    n, L = len(prob.vars), prob.L
+    strat = [[None] * L for _ in range(n)]
+    none = (None,) * L
+    cost0 = [prob.unary(v, none) for v in range(n)]
+    key = [v for v in range(n) if prob.nodes[v].kind in KEY_KINDS]
+    key_order = sorted(key, key=lambda v: (-cost0[v], v))
+    keyset = set(key)
+    nonkey = [v for v in range(n) if v not in keyset]
+
+    for lvl in range(L):
+        decided = set()
+
+        def tup(v, c):
+            s = list(strat[v])
+            s[lvl] = c
+            return tuple(s)
+
+        def local(v, c):
+            s = tup(v, c)
+            val = prob.unary(v, s)
+            for k in prob.adj[v]:
+                pv, cv = prob.edges[k][:2]
+                w = cv if pv == v else pv
+                if w in decided:
+                    ws = tuple(strat[w])
+                    val += prob.edge(k, s, ws) if pv == v else prob.edge(k, ws, s)
+                else:   # optimistic: the neighbour will pick what suits it best
+                    best = None
+                    for c2 in prob.level_options(w, lvl, strat[w]):
+                        ws = tup(w, c2)
+                        e = prob.edge(k, s, ws) if pv == v else prob.edge(k, ws, s)
+                        best = e if best is None or e < best else best
+                    val += best or 0.0
+            return val
+
+        def choose(v):
+            opts = prob.level_options(v, lvl, strat[v])
+            vals = [local(v, c) for c in opts]
+            strat[v][lvl] = opts[min(range(len(opts)), key=vals.__getitem__)]
+            decided.add(v)
+
+        for v in key_order:
+            choose(v)
+        remaining = list(nonkey)
+        while remaining:   # propagate: the op with most decided neighbours goes next
+            def n_dec(v):
+                return sum(1 for k in prob.adj[v] if (prob.edges[k][1] if prob.edges[k][0] == v else prob.edges[k][0]) in decided)
+            v = max(remaining, key=lambda v: (n_dec(v), -v))
+            remaining.remove(v)
+            choose(v)
+        level_refine(prob, strat, lvl)
+
+    refine(prob, strat, full_refine)
+    return [tuple(s) for s in strat]
+
+
+def level_refine(prob, strat, lvl, start=None):
+    """Forest block descent over the choices of one level, the other levels fixed."""
+    n = len(prob.vars)
+    labels = [prob.level_options(v, lvl, strat[v]) for v in range(n)]
+    tuples = []
+    for v in range(n):
+        row = []
+        for c in labels[v]:
+            s = list(strat[v])
+            s[lvl] = c
+            row.append(tuple(s))
+        tuples.append(row)
+    mrf = MRF([prob.unary_vec(v, tuples[v]) for v in range(n)],
+              [(pv, cv, prob.edge_mat(k, tuples[pv], tuples[cv])) for k, (pv, cv, _, _) in enumerate(prob.edges)])
+    cur = start if start is not None else [labels[v].index(strat[v][lvl]) for v in range(n)]
+    x, e = mrf.optimize(cur)
+    if start is not None:   # compare against the current assignment
+        x0 = [labels[v].index(strat[v][lvl]) for v in range(n)]
+        x0, e0 = mrf.optimize(x0)
+        if e0 <= e:
+            x, e = x0, e0
+    for v in range(n):
+        strat[v][lvl] = labels[v][x[v]]
+    return e
+
+
+def _level_starts(prob, strat, lvl):
+    """Whole-level moves: every op replicated on the level, or every op splitting its batch dim."""
+    n = len(prob.vars)
+    labels = [prob.level_options(v, lvl, strat[v]) for v in range(n)]
+    starts = [[0] * n]
+    batch = []
+    for v in range(n):
+        bd = [i for i, c in enumerate(labels[v]) if c is not None and prob.nodes[v].dim(c).batch]
+        batch.append(bd[0] if bd else 0)
+    starts.append(batch)
+    return starts
+
+
+def refine(prob, strat, full_refine=True, max_rounds=6):
+    n = len(prob.vars)
+    best = prob.energy([tuple(s) for s in strat])
+    for _ in range(max_rounds):
+        start = best
+        for lvl in range(prob.L):
+            level_refine(prob, strat, lvl)
+            for st in _level_starts(prob, strat, lvl):
+                trial = [list(s) for s in strat]
+                level_refine(prob, trial, lvl, start=st)
+                e = prob.energy([tuple(s) for s in trial])
+                if e < prob.energy([tuple(s) for s in strat]) - 1e-15:
+                    for v in range(n):
+                        strat[v][:] = trial[v]
+        if full_refine:
+            full_descent(prob, strat)
+        best = prob.energy([tuple(s) for s in strat])
+        if best >= start - 1e-12 * max(1.0, abs(start)):
+            break
+    return best
+
+
+def full_mrf(prob):
+    S = [prob.strategies(v) for v in range(len(prob.vars))]
+    mrf = MRF([prob.unary_vec(v, S[v]) for v in range(len(S))],
+              [(pv, cv, prob.edge_mat(k, S[pv], S[cv])) for k, (pv, cv, _, _) in enumerate(prob.edges)])
+    return S, mrf
+
+
+def full_descent(prob, strat):
+    """Forest block descent over whole strategies (only when every op has few strategies)."""
+    n = len(prob.vars)
+    sizes = [len(prob.strategies(v)) for v in range(n)]
+    if max(sizes) > FULL_REFINE_MAX:
+        return
+    S, mrf = full_mrf(prob)
+    index = [{s: i for i, s in enumerate(S[v])} for v in range(n)]
+    x0 = [index[v][tuple(strat[v])] for v in range(n)]
+    x, e = mrf.optimize(x0)
+    # a second start from each op's cheapest strategy alone
+    x1, e1 = mrf.optimize([int(mrf.U[v].argmin()) for v in range(n)])
+    if e1 < e:
+        x, e = x1, e1
+    for v in range(n):
+        strat[v][:] = list(S[v][x[v]])
