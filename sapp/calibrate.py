@@ -1,0 +1,259 @@
+"""`sapp calibrate`: measure this machine and write a Cluster description the search accepts.
+
+What is measured, in `procs` worker processes running at the same time (so every figure is what one
+"device" gets while its peers are busy too, as in a real run):
+  - GEMM FLOP/s at a few sizes: the best sustained rate is `peak_flops`; the median rate over the
+    sizes relative to it is `compute_efficiency` (what typical, smaller GEMMs reach);
+  - memory bandwidth from a large tensor copy (read + write): `mem_bandwidth`; an element-wise add
+    relative to it is `memory_efficiency`;
+  - host<->device copy bandwidth (pinned memory) when CUDA exists, else the memory bandwidth;
+  - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
+    t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β.
+The rest (nodes=1, gpus_per_node=procs, memory sizes) comes from the machine; the "cpu" preset is the
+base for anything not measured.  Every worker runs under a hard timeout."""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import socket
+import statistics
+import time
+
+from .cluster import PRESETS, Cluster
+from .errors import SappError
+
+
+class CalibrationError(SappError):
+    """Calibration could not run or finish in time."""
+
+
+FULL = {"gemm": (256, 512, 1024, 1536), "copy_mb": 128, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20, 16 << 20),
+        "min_time": 0.4}
+QUICK = {"gemm": (256, 512, 768), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20), "min_time": 0.12}
+
+
+# ---- pure helpers -------------------------------------------------------------------------------
+def fit_alpha_beta(sizes, times, n):
+    """Least-squares fit of the ring all-reduce model t = 2(n-1)·α + 2(n-1)/n·B/β.
+    Returns (alpha_s, beta_bytes_per_s, rms relative residual).  Weights each point by 1/t so small
+    and large messages count alike; α and 1/β are kept >= 0."""
+    import numpy as np
+    if n < 2:
+        raise CalibrationError("a collective fit needs at least 2 processes; use --procs 2 or more")
+    if len(sizes) < 2 or len(sizes) != len(times):
+        raise CalibrationError("a collective fit needs times for at least 2 message sizes")
+    B = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    A = np.stack([np.full_like(B, 2.0 * (n - 1)), 2.0 * (n - 1) / n * B], axis=1)
+    w = 1.0 / t
+    try:
+        from scipy.optimize import nnls
+        coef, _ = nnls(A * w[:, None], t * w)
+    except ImportError:               # numpy only: unconstrained, then clamp
+        coef = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)[0]
+        coef = np.maximum(coef, 0.0)
+    alpha, inv_beta = float(coef[0]), float(coef[1])
+    if inv_beta <= 0:
+        # Every size took the same time: bandwidth is not the limit at these sizes.
+        inv_beta = float(np.max(t / (2.0 * (n - 1) / n * B))) * 1e-3
+    pred = A @ np.array([alpha, inv_beta])
+    resid = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return alpha, 1.0 / inv_beta, resid
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _total_ram():
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return PRESETS["cpu"].host_memory
+
+
+# ---- measurements (run inside each worker) ------------------------------------------------------
+def _timeit(fn, min_time, sync):
+    """Seconds per call: repeat until `min_time` has passed, best of 3 such rounds."""
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(3):
+        reps, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            reps += 1
+            sync()
+            el = time.perf_counter() - t0
+            if el >= min_time / 3:
+                break
+        best = min(best, el / reps)
+    return best
+
+
+def _measure_local(torch, dev, cfg, sync):
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gemm = {}
+    for n in cfg["gemm"]:
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        t = _timeit(lambda: torch.mm(a, b), cfg["min_time"], sync)
+        gemm[n] = 2.0 * n ** 3 / t
+    numel = cfg["copy_mb"] * (1 << 20) // 4
+    src = torch.empty(numel, device=dev, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    t_copy = _timeit(lambda: dst.copy_(src), cfg["min_time"], sync)
+    other = torch.empty_like(src).uniform_()
+    t_add = _timeit(lambda: torch.add(src, other, out=dst), cfg["min_time"], sync)
+    copy_bw = 2.0 * numel * 4 / t_copy            # read + write
+    add_bw = 3.0 * numel * 4 / t_add              # two reads + one write
+    h2d = None
+    if dev.type == "cuda":
+        host = torch.empty(numel, dtype=torch.float32).pin_memory()
+        t_h2d = _timeit(lambda: dst.copy_(host, non_blocking=True), cfg["min_time"], sync)
+        h2d = numel * 4 / t_h2d
+    return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d}
+
+
+def _measure_allreduce(torch, dist, dev, cfg, sync):
+    """Every rank must issue the same number of collectives, so the repetition count is agreed on
+    (MAX over ranks) instead of each rank timing until its own clock says stop."""
+    out = {}
+    for nbytes in cfg["ar_bytes"]:
+        x = torch.ones(max(1, nbytes // 4), device=dev, dtype=torch.float32)
+        dist.all_reduce(x)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dist.all_reduce(x)
+        sync()
+        est = (time.perf_counter() - t0) / 3
+        reps = torch.tensor([max(1, min(2000, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)
+        reps = int(reps.item())
+        best = float("inf")
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                dist.all_reduce(x)
+            sync()
+            best = min(best, (time.perf_counter() - t0) / reps)
+        out[nbytes] = best
+    return out
+
+
+def _worker(rank, procs, port, cfg, threads, results):
+    try:
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(threads)
+        cuda = torch.cuda.is_available() and torch.cuda.device_count() >= procs
+        dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(dev)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        if procs > 1:
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=rank, world_size=procs)
+            dist.barrier()
+        local = _measure_local(torch, dev, cfg, sync)
+        ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
+        info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
+                "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
+                "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu"}
+        results.put((rank, {"local": local, "allreduce": ar, **info}))
+        if procs > 1:
+            dist.destroy_process_group()
+    except Exception as e:            # reported to the parent, which raises a one-line error
+        results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
+
+
+def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
+    """Run the measurements in `procs` concurrent processes.  Returns the raw figures (per rank)."""
+    import multiprocessing as mp
+    if procs < 1:
+        raise CalibrationError(f"--procs must be >= 1, got {procs}")
+    cfg = QUICK if quick else FULL
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // procs)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    workers = [ctx.Process(target=_worker, args=(r, procs, port, cfg, threads, results), daemon=True)
+               for r in range(procs)]
+    for w in workers:
+        w.start()
+    got, deadline = {}, time.monotonic() + timeout_s
+    try:
+        while len(got) < procs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CalibrationError(f"calibration did not finish within {timeout_s:.0f} s; use --quick, fewer "
+                                       f"--procs or a larger --timeout")
+            try:
+                rank, res = results.get(timeout=min(left, 1.0))
+            except _queue.Empty:
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    raise CalibrationError(f"a calibration worker died (exit code {dead[0].exitcode})") from None
+                continue
+            if "error" in res:
+                raise CalibrationError(f"calibration worker {rank} failed: {res['error']}")
+            got[rank] = res
+    finally:
+        for w in workers:
+            w.join(timeout=5)
+            if w.is_alive():
+                w.terminate()
+                w.join(timeout=5)
+    return {"procs": procs, "threads_per_proc": threads, "quick": bool(quick), "ranks": [got[r] for r in range(procs)]}
+
+
+def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
+    """Turn `measure()` output into a Cluster (per-device figures are the slowest rank's)."""
+    ranks, procs = raw["ranks"], raw["procs"]
+    base_c = PRESETS[base]
+    peaks, medians, copies, adds = [], [], [], []
+    for r in ranks:
+        rates = list(r["local"]["gemm_flops"].values())
+        peaks.append(max(rates))
+        medians.append(statistics.median(rates))
+        copies.append(r["local"]["copy_bw"])
+        adds.append(r["local"]["add_bw"])
+    peak = min(peaks)
+    mem_bw = min(copies)
+    compute_eff = max(0.05, min(1.0, min(medians) / peak))
+    mem_eff = max(0.05, min(1.0, min(adds) / mem_bw))
+    cuda = ranks[0]["cuda"]
+    h2d = min(r["local"]["h2d_bw"] for r in ranks) if cuda else mem_bw
+    changes = {"name": name, "nodes": 1, "gpus_per_node": procs, "peak_flops": peak, "mem_bandwidth": mem_bw,
+               "compute_efficiency": round(compute_eff, 3), "memory_efficiency": round(mem_eff, 3), "h2d_bw": h2d}
+    ram = _total_ram()
+    changes["host_memory"] = ram
+    changes["device_memory"] = ranks[0]["device_memory"] if cuda else ram / procs
+    changes["host_mem_bandwidth"] = sum(copies) if not cuda else base_c.host_mem_bandwidth
+    changes["host_flops"] = sum(peaks) if not cuda else base_c.host_flops
+    fit = None
+    if procs > 1:
+        ar = ranks[0]["allreduce"]
+        sizes = sorted(ar)
+        alpha, beta, resid = fit_alpha_beta(sizes, [ar[s] for s in sizes], procs)
+        fit = (alpha, beta, resid)
+        changes.update(intra_latency=alpha, intra_bw=beta, inter_latency=alpha, inter_bw=beta)
+    notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
+             f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
+             f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
+    if fit:
+        notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
+    notes += "; single node: inter-node figures copy the intra-node ones"
+    changes["notes"] = notes
+    return Cluster(**{**base_c.to_dict(), **changes}).validate()
+
+
+def calibrate(procs=2, quick=False, timeout_s=120.0, name="calibrated", threads=None):
+    """Measure and return (Cluster, raw measurements)."""
+    raw = measure(procs=procs, quick=quick, timeout_s=timeout_s, threads=threads)
+    return cluster_from_measurements(raw, name=name), raw

@@ -1,0 +1,58 @@
+"""Calibration: the α-β fit on synthetic data, and one real --quick run on 2 gloo processes."""
+import json
+
+import pytest
+
+from sapp import Cluster
+from sapp.calibrate import CalibrationError, cluster_from_measurements, fit_alpha_beta
+
+
+def test_fit_recovers_alpha_beta():
+    alpha, beta, n = 30e-6, 2e9, 4
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta for b in sizes]
+    a, bt, resid = fit_alpha_beta(sizes, times, n)
+    assert a == pytest.approx(alpha, rel=1e-6) and bt == pytest.approx(beta, rel=1e-6) and resid < 1e-9
+    noisy = [t * (1.1 if i % 2 else 0.9) for i, t in enumerate(times)]
+    a, bt, resid = fit_alpha_beta(sizes, noisy, n)
+    assert 0.5 * alpha < a < 2 * alpha and 0.5 * beta < bt < 2 * beta and 0.05 < resid < 0.2
+    with pytest.raises(CalibrationError):
+        fit_alpha_beta(sizes, times, 1)
+    with pytest.raises(CalibrationError):
+        fit_alpha_beta([1e3], [1e-3], 2)
+
+
+def test_cluster_from_fabricated_measurements():
+    rank = {"cuda": False, "backend": "gloo", "device_memory": None, "device_name": "cpu",
+            "local": {"gemm_flops": {256: 2e10, 512: 4e10, 1024: 5e10}, "copy_bw": 8e9, "add_bw": 6e9, "h2d_bw": None},
+            "allreduce": {4096: 2 * 50e-6 + 4096 / 1e9, 1 << 20: 2 * 50e-6 + (1 << 20) / 1e9}}
+    slow = json.loads(json.dumps(rank), object_hook=lambda d: {(int(k) if k.isdigit() else k): v for k, v in d.items()})
+    slow["local"]["gemm_flops"] = {256: 1e10, 512: 3e10, 1024: 4e10}
+    c = cluster_from_measurements({"procs": 2, "threads_per_proc": 1, "ranks": [rank, slow]})
+    assert c.peak_flops == 4e10                  # slowest rank
+    assert c.compute_efficiency == pytest.approx(0.75)
+    assert c.mem_bandwidth == 8e9 and c.memory_efficiency == pytest.approx(0.75) and c.h2d_bw == 8e9
+    assert c.intra_latency == pytest.approx(50e-6) and c.intra_bw == pytest.approx(1e9)
+    assert (c.nodes, c.gpus_per_node) == (1, 2)
+
+
+def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
+    # One real spawn of 2 gloo workers (~6 s on 2 cores): the only way to know the file is usable.
+    from sapp.cli import main
+    out, raw = tmp_path / "me.json", tmp_path / "raw.json"
+    assert main(["calibrate", "--out", str(out), "--procs", "2", "--quick", "--timeout", "90", "--raw", str(raw)]) == 0
+    c = Cluster.load(out)
+    assert Cluster.parse(str(out)) == c
+    assert (c.nodes, c.gpus_per_node) == (1, 2)
+    assert 1e8 < c.peak_flops < 1e14                # a CPU core does 0.1-100 TFLOP/s at most
+    assert 1e8 < c.mem_bandwidth < 1e12
+    assert 1e6 < c.intra_bw < 1e12 and 0 <= c.intra_latency < 0.1
+    r = json.loads(raw.read_text())
+    assert len(r["ranks"]) == 2 and r["ranks"][0]["backend"] == "gloo"
+    assert "all_reduce" in capsys.readouterr().out
+
+
+def test_calibrate_bad_procs():
+    from sapp.calibrate import measure
+    with pytest.raises(CalibrationError):
+        measure(procs=0)
