@@ -198,6 +198,27 @@ def test_progress_silent_off_tty_and_draws_on_tty():
     assert "3 done" in q.line()
 
 
+def test_progress_as_callback():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    t = Tty()
+    with Progress(label="joint", stream=t, min_interval=0) as p:
+        p(3, 10)
+        p(7, 10)
+    assert p.count == 7 and p.total == 10 and "7/10" in t.getvalue()
+
+
+def test_team_simulator_agrees_with_local_one():
+    d = make_plan(recompute="full")
+    for st in d["pipeline"]["stages"]:
+        st["predicted"]["p2p_s"] = 0.0
+    team = plan_timeline(d)
+    local = plan_timeline(d, use_team_simulator=False)
+    assert max(e.end for e in team) == pytest.approx(max(e.end for e in local))
+    assert sorted((e.stage, e.micro_batch, e.kind) for e in team) == sorted((e.stage, e.micro_batch, e.kind) for e in local)
+
+
 def test_progress_closes_on_interrupt():
     class Tty(io.StringIO):
         def isatty(self):

@@ -5,6 +5,8 @@
             ...
             prog.update(1, note=f"best {best:.3g} s")
 
+or pass it as a callback: `joint_search(..., progress=prog)` calls `prog(done, total)`.
+
 It draws on a terminal only (silent when `stream` is not a TTY, e.g. in CI logs or pipes), redraws at
 most every `min_interval` seconds so it never costs search time, and `close()` leaves the line clean
 even when the loop is left by KeyboardInterrupt (use it as a context manager or in `finally`)."""
@@ -44,6 +46,10 @@ class Progress:
         now = time.monotonic()
         if now - self._last_draw >= self.min_interval or (self.total and self.count >= self.total):
             self._draw(now)
+
+    def __call__(self, done, total=None, note=None):
+        """Callback form: `progress(done, total)` sets the absolute count (what joint_search calls)."""
+        self.update(done - self.count, note=note, total=total)
 
     def close(self):
         if self._closed:

@@ -140,7 +140,7 @@ def simulate_schedule(fwd_s, bwd_s, micro_batches, schedule="1f1b", *, virtual_c
     return events, max(free)
 
 
-def _stage_times(plan):
+def _stage_times(plan, per_device=False):
     pipe = plan["pipeline"]
     stages = sorted(pipe.get("stages") or [], key=lambda s: s.get("index", 0))
     pred = plan["predicted"]
@@ -151,11 +151,18 @@ def _stage_times(plan):
         f = [float(s["predicted"]["fwd_s"]) for s in stages]
         b = [float(s["predicted"].get("bwd_s", 2 * s["predicted"]["fwd_s"])) for s in stages]
         rc = [float(s["predicted"].get("recompute_s", 0.0)) for s in stages]
-        p2p = [float(s["predicted"].get("p2p_s", 0.0)) for s in stages]
+        p2p = [float(s["predicted"].get("p2p_s", s["predicted"].get("send_s", 0.0))) for s in stages]
     else:
         # No per-stage figures: split the predicted compute evenly (fwd:bwd = 1:2, the usual ratio).
         per_mb = float(pred.get("compute_s", pred["step_time_s"])) / max(m, 1) / max(p, 1)
         f, b, rc, p2p = [per_mb / 3] * p, [per_mb * 2 / 3] * p, [0.0] * p, [0.0] * p
+    if per_device:
+        if len(f) == p * v and v > 1:     # per virtual stage listed: sum each device's chunks
+            f = [sum(f[c * p + i] for c in range(v)) for i in range(p)]
+            b = [sum(b[c * p + i] for c in range(v)) for i in range(p)]
+            rc = [sum(rc[c * p + i] for c in range(v)) for i in range(p)]
+            p2p = p2p[:p]
+        return f, b, rc, p2p, v, m
     if len(f) == p and v > 1:        # per device stage: split each device's time over its chunks
         f = [x / v for _ in range(v) for x in f]
         b = [x / v for _ in range(v) for x in b]
@@ -214,22 +221,18 @@ def plan_timeline(plan, *, use_team_simulator=True):
 
 
 def _team_simulate(plan):
-    """sapp.pipeline.simulate when present; None when it is missing or does not take a plan."""
+    """sapp.pipeline.schedule.simulate (the simulator the joint search is checked against) when it is
+    importable; None when it is missing or refuses the inputs (then the local simulator runs)."""
     try:
-        from ..pipeline import simulate  # type: ignore
+        from ..pipeline.schedule import simulate  # type: ignore
     except Exception:
         return None
+    f, b, rc, p2p, v, m = _stage_times(plan, per_device=True)
+    schedule = plan["pipeline"].get("schedule", "none")
+    if schedule == "none" or len(f) == 1:
+        schedule, v = "1f1b", 1
     try:
-        out = simulate(plan)
-    except Exception:
-        return None
-    if isinstance(out, tuple) and len(out) == 2 and not isinstance(out[0], (int, float)):
-        out = out[0]
-    if isinstance(out, dict):
-        out = out.get("events")
-    if getattr(out, "events", None) is not None:
-        out = out.events
-    try:
-        return normalise_events(out) if out else None
+        res = simulate(f, b, m, schedule, v=v, p2p_s=max(p2p) if p2p else 0.0, recompute_s=rc)
+        return normalise_events(res.events) or None
     except Exception:
         return None
