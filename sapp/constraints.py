@@ -1,0 +1,172 @@
+"""User constraints on the joint search: pin any of the parallel degrees, micro-batches, schedule,
+recomputation, ZeRO stage, stage boundaries or placement.  Pinning everything scores an expert's
+configuration with the same cost model.  Contradictions are ConstraintError one-liners."""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass
+
+from .errors import ConstraintError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
+POLICIES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    tp: int | None = None
+    dp: int | None = None
+    pp: int | None = None
+    micro_batches: int | None = None
+    schedule: str | None = None           # gpipe | 1f1b | interleaved | none (pp = 1)
+    virtual_chunks: int | None = None     # interleaved chunks per device (2 or 4 searched)
+    recompute: object = None              # "none" | "selective" | "full" | {module pattern: policy}
+    zero: int | None = None
+    stages: dict | None = None            # {"layers.0": 0, "layers.12": 1, ...} (block -> stage)
+    placement: dict | None = None         # {"embed.*": "host"} pins
+    max_tp: int | None = None
+    max_dp: int | None = None
+
+    # ---- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d) -> "Constraints":
+        if d is None:
+            return cls()
+        if isinstance(d, Constraints):
+            return d
+        if not isinstance(d, dict):
+            raise ConstraintError(f"constraints must be a dict or Constraints, got {type(d).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        aliases = {"micro_batch": "micro_batches", "mb": "micro_batches", "v": "virtual_chunks"}
+        kw = {}
+        for k, v in d.items():
+            k2 = aliases.get(k, k)
+            if k2 not in known:
+                raise ConstraintError(f"unknown constraint {k!r}; known: {', '.join(known)}")
+            if v is not None:
+                kw[k2] = v
+        return cls(**kw)
+
+    def __post_init__(self):
+        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp"):
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")
+        if self.zero is not None and self.zero not in (0, 1, 2, 3):
+            raise ConstraintError(f"constraint zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise ConstraintError(f"schedule {self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule not in (None, "interleaved"):
+            raise ConstraintError(f"virtual_chunks={self.virtual_chunks} needs schedule 'interleaved', not {self.schedule!r}")
+        r = self.recompute
+        if r is not None:
+            if isinstance(r, str):
+                if r not in POLICIES:
+                    raise ConstraintError(f"recompute {r!r} is unknown; use none, selective, full or {{module: policy}}")
+            elif isinstance(r, dict):
+                for k, v in r.items():
+                    if v not in POLICIES:
+                        raise ConstraintError(f"recompute policy {v!r} for {k!r} is unknown; use none, selective or full")
+            else:
+                raise ConstraintError("recompute must be 'none', 'selective', 'full' or a {module: policy} dict")
+        if self.stages is not None:
+            if not isinstance(self.stages, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                             for v in self.stages.values()):
+                raise ConstraintError("stages must map block names to stage indices >= 0, e.g. {'layers.0': 0}")
+        if self.placement is not None:
+            if not isinstance(self.placement, dict) or not all(v in ("host", "device") for v in self.placement.values()):
+                raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
+        if self.tp and self.max_tp and self.tp > self.max_tp:
+            raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
+        if self.dp and self.max_dp and self.dp > self.max_dp:
+            raise ConstraintError(f"dp={self.dp} exceeds max_dp={self.max_dp}; drop one of them")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    # ---- checks against a cluster and a model -----------------------------------------------------
+    def check(self, devices: int, gpus_per_node: int, blocks=(), global_batch=None) -> None:
+        """Raise ConstraintError if the pins cannot hold on this cluster / model."""
+        if self.tp is not None:
+            if self.tp > gpus_per_node or gpus_per_node % self.tp:
+                raise ConstraintError(f"tp={self.tp} does not divide a node of {gpus_per_node} devices; "
+                                      f"use a divisor of {gpus_per_node}")
+        fixed = [v for v in (self.tp, self.dp, self.pp) if v is not None]
+        prod = 1
+        for v in fixed:
+            prod *= v
+        if len(fixed) == 3 and prod != devices:
+            raise ConstraintError(f"tp*dp*pp = {self.tp}*{self.dp}*{self.pp} = {prod} but the cluster has {devices} "
+                                  f"devices; make the product {devices}")
+        if devices % prod:
+            raise ConstraintError(f"the pinned degrees multiply to {prod}, which does not divide {devices} devices")
+        if self.pp is not None and self.pp > 1:
+            if not blocks:
+                raise ConstraintError(f"pp={self.pp} needs a model with repeated blocks (none were found); use pp=1")
+            if self.pp > len(blocks):
+                raise ConstraintError(f"pp={self.pp} exceeds the model's {len(blocks)} blocks; use pp <= {len(blocks)}")
+        if self.pp == 1 and self.schedule not in (None, "none"):
+            raise ConstraintError(f"schedule {self.schedule!r} needs pp > 1; drop it or set pp")
+        if self.schedule == "interleaved":
+            v = self.virtual_chunks or 2
+            p = self.pp or 2
+            if len(blocks) < p * v:
+                raise ConstraintError(f"interleaved schedule with {v} chunks x {p} stages needs >= {p * v} blocks; "
+                                      f"the model has {len(blocks)}")
+        if self.micro_batches is not None and global_batch is not None:
+            dp = self.dp or 1
+            if global_batch % (dp * self.micro_batches):
+                raise ConstraintError(f"global batch {global_batch} is not divisible by dp*micro_batches = "
+                                      f"{dp}*{self.micro_batches}; change one of them")
+        if self.stages is not None:
+            self.stage_starts(blocks)
+        if isinstance(self.recompute, dict):
+            for pat in self.recompute:
+                if pat != "default" and not any(fnmatch.fnmatchcase(b, pat) or b.startswith(pat + ".") or b == pat
+                                                for b in blocks):
+                    raise ConstraintError(f"recompute pattern {pat!r} matches no block; blocks look like {blocks[0] if blocks else '(none)'}")
+
+    def stage_starts(self, blocks) -> list:
+        """Stage index of every block from the `stages` map (contiguous, from 0, no gaps).
+        Returns the per-block stage list."""
+        stages = self.stages or {}
+        unknown = sorted(set(stages) - set(blocks))
+        if unknown:
+            raise ConstraintError(f"stages names unknown block(s) {', '.join(unknown[:3])}; blocks look like "
+                                  f"{blocks[0] if blocks else '(none)'}")
+        if not stages:
+            return []
+        per, cur = [], None
+        first = blocks[0]
+        if first not in stages:
+            cur = 0
+        for b in blocks:
+            if b in stages:
+                cur = stages[b]
+            per.append(cur)
+        for x, y in zip(per, per[1:]):
+            if y < x or y > x + 1:
+                raise ConstraintError(f"stage map is not contiguous (stage {x} is followed by stage {y}); number "
+                                      f"stages 0, 1, 2, ... in block order")
+        if per[0] != 0:
+            raise ConstraintError("stage map must start at stage 0 with the first block")
+        n = per[-1] + 1
+        if self.pp is not None and n != self.pp:
+            raise ConstraintError(f"stage map has {n} stages but pp={self.pp}; make them agree")
+        return per
+
+    def recompute_policy(self, block: str):
+        """The pinned policy of a block, or None if free."""
+        r = self.recompute
+        if r is None:
+            return None
+        if isinstance(r, str):
+            return r
+        best = None
+        for pat in sorted(r):
+            if pat == "default":
+                continue
+            if fnmatch.fnmatchcase(block, pat) or block == pat or block.startswith(pat + "."):
+                best = r[pat]
+        return best if best is not None else r.get("default")

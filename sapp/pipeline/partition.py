@@ -1,0 +1,118 @@
+"""Contiguous stage partition (Alpa-style min-max over stage time, memory-constrained).
+
+Stages differ (the first holds the prologue, the last the epilogue, 1F1B keeps fewer micro-batches
+in flight on later stages), so a greedy longest-prefix fill is not exact.  Two exact methods:
+`partition_counts` for identical blocks (a count per stage, bisection on the bottleneck) and
+`partition_dp`, the O(p n^2) dynamic program over cut points for anything else."""
+from __future__ import annotations
+
+import math
+
+
+def partition_counts(L, p, seg_k, rel_tol=1e-6):
+    """Identical blocks: stage i holds k_i >= 1 blocks (the first stage also the prologue, the last
+    the epilogue; `seg_k(i, k) -> (time, fits)` prices that).  For a bottleneck X stage i can hold at
+    most K_i(X) blocks (time and memory grow with k), and a partition with bottleneck <= X exists
+    iff sum_i K_i(X) >= L: exact.  Bisection on X over the candidate stage times.
+    Returns (counts, bottleneck) or (None, inf)."""
+    if L < p:
+        return None, math.inf
+    cache = {}
+
+    def sk(i, k):
+        key = (i, k)
+        if key not in cache:
+            cache[key] = seg_k(i, k)
+        return cache[key]
+
+    def kmax(i, X):
+        lo, hi, best = 1, L - (p - 1), 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            t, fits = sk(i, mid)
+            if fits and t <= X:
+                best = mid
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+    def ok(X):
+        ks = [kmax(i, X) for i in range(p)]
+        return ks if all(k >= 1 for k in ks) and sum(ks) >= L else None
+
+    ks = ok(math.inf)
+    if ks is None:
+        return None, math.inf
+    hi = max(sk(i, k)[0] for i, k in enumerate(_trim(ks, L, sk)))
+    # the first and last stages hold at least one block each (and the glue)
+    lo = max(sk(0, 1)[0], sk(p - 1, 1)[0]) * (1 - 1e-12)
+    if not (sk(0, 1)[1] and sk(p - 1, 1)[1]):
+        lo = 0.0
+    while hi - lo > rel_tol * hi:
+        # exact stop: nothing strictly below the current bottleneck fits
+        if ok(hi * (1 - 1e-12)) is None:
+            break
+        mid = (lo + hi) / 2
+        r = ok(mid)
+        if r is None:
+            lo = mid
+        else:
+            ks = r
+            hi = max(sk(i, k)[0] for i, k in enumerate(_trim(r, L, sk)))
+    counts = _trim(ks, L, sk)
+    return counts, max(sk(i, k)[0] for i, k in enumerate(counts))
+
+
+def _trim(ks, L, sk):
+    """Reduce per-stage maxima to counts summing to L: repeatedly take a block from the slowest
+    stage that has more than one (ties: the lowest index)."""
+    import heapq
+    ks = list(ks)
+    excess = sum(ks) - L
+    heap = [(-sk(i, k)[0], i) for i, k in enumerate(ks) if k > 1]
+    heapq.heapify(heap)
+    while excess > 0:
+        _, i = heapq.heappop(heap)
+        ks[i] -= 1
+        excess -= 1
+        if ks[i] > 1:
+            heapq.heappush(heap, (-sk(i, ks[i])[0], i))
+    return ks
+
+
+def partition_dp(n, p, cut_before, seg):
+    """Exact min-max (ties: least total) contiguous partition by dynamic programming."""
+    INF = (math.inf, math.inf)
+    # f[i][j]: best (max, sum) for units [0, j) in i+1 stages
+    f = [[INF] * (n + 1) for _ in range(p)]
+    arg = [[None] * (n + 1) for _ in range(p)]
+    for j in range(1, n + 1):
+        if j == n or cut_before[j]:
+            t, fits = seg(0, 0, j)
+            if fits:
+                f[0][j] = (t, t)
+    for i in range(1, p):
+        for j in range(1, n + 1):
+            if j != n and not cut_before[j]:
+                continue
+            for k in range(1, j):
+                if not cut_before[k] or f[i - 1][k] == INF:
+                    continue
+                t, fits = seg(i, k, j)
+                if not fits:
+                    continue
+                prev = f[i - 1][k]
+                cand = (max(prev[0], t), prev[1] + t)
+                if cand < f[i][j]:
+                    f[i][j] = cand
+                    arg[i][j] = k
+    if f[p - 1][n] == INF:
+        return None, math.inf
+    starts, j = [], n
+    for i in range(p - 1, 0, -1):
+        k = arg[i][j]
+        starts.append(k)
+        j = k
+    starts.append(0)
+    return starts[::-1], f[p - 1][n][0]

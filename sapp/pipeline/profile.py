@@ -1,0 +1,278 @@
+"""Per-unit costs of one (dp, tp) stage sub-mesh, the numbers the pipeline partition, the recompute
+choice and the joint search work on.
+
+A *unit* is a block (e.g. `layers.3`) or the non-block "glue" around them (prologue: embedding,
+epilogue: final norm / head / loss).  The sharding search runs once per (dp, tp) on a *template*
+graph (the glue plus one representative block per block group); every block copies the numbers of
+its representative.  Costs are evaluated at two micro-batch sizes and fitted as c0 + c1 * b, which is
+exact for the cost model's batch-linear terms and keeps fixed ones (latencies, ZeRO-3 gathers)
+fixed, so a profile serves every micro-batch size without another search."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..costmodel import CostSettings, evaluate_sharding, first_savers, saved_items
+from ..errors import SappError
+from ..mesh import Level, Mesh
+
+ZEROS = (0, 1, 2, 3)
+
+
+@dataclass
+class Unit:
+    name: str                  # block qualname or "prologue" / "epilogue" / "glue.<i>"
+    kind: str                  # "block" | "glue"
+    rep: str                   # representative (type) key: identical units share it
+    nodes: list                # node names of this unit in the full graph
+    cut_before: bool           # a stage may start at this unit
+    fwd: tuple = (0.0, 0.0)    # seconds per micro-batch: c0 + c1 * b (per zero stage, see below)
+    bwd: tuple = (0.0, 0.0)
+    act: tuple = ((0.0, 0.0),) * 3      # (none, selective, full): affine bytes per micro-batch
+    extra: tuple = ((0.0, 0.0),) * 3    # recompute seconds added per micro-batch
+    out_bytes: tuple = (0.0, 0.0)       # activation sent to the next unit (per device, per micro-batch)
+    zfwd: dict = field(default_factory=dict)    # zero -> (c0, c1) forward incl. ZeRO-3 gathers
+    zbwd: dict = field(default_factory=dict)
+    grad_sync: dict = field(default_factory=dict)  # zero -> seconds per step (exposed)
+    states: dict = field(default_factory=dict)     # zero -> {"params","grads","optimizer"} bytes
+    flops: float = 0.0         # model FLOPs (fwd) of the unit at the captured batch, per sample
+
+    def at(self, b, zero):
+        """(fwd_s, bwd_s, act(3), extra(3), out_bytes) at micro-batch size b."""
+        f = self.zfwd.get(zero, self.fwd)
+        g = self.zbwd.get(zero, self.bwd)
+        return (f[0] + f[1] * b, g[0] + g[1] * b, tuple(a[0] + a[1] * b for a in self.act),
+                tuple(e[0] + e[1] * b for e in self.extra), self.out_bytes[0] + self.out_bytes[1] * b)
+
+
+@dataclass
+class Profile:
+    dp: int
+    tp: int
+    mesh: Mesh
+    roles: tuple
+    units: list
+    strategies: dict           # template node -> strategy (at the reference micro-batch)
+    template: object           # the template OpGraph (batch = dp)
+    rep_of: dict               # block -> representative block
+    method: str = ""
+
+    @property
+    def n_blocks(self):
+        return sum(1 for u in self.units if u.kind == "block")
+
+
+# ---- units ------------------------------------------------------------------------------------
+def split_units(graph):
+    """Units in model order.  Blocks are cut points; glue before the first block is the prologue,
+    after the last the epilogue, glue in between gets its own unit (no cut before it).  A graph
+    without blocks is cut at every key operator."""
+    units = []
+    if graph.blocks:
+        block_of = {}
+        for b, names in graph.blocks.items():
+            for n in names:
+                block_of[n] = b
+        rep = {}
+        for grp in graph.block_groups:
+            for b in grp:
+                rep[b] = grp[0]
+        cur = None
+        for name in graph.nodes:
+            b = block_of.get(name)
+            key = b if b is not None else "__glue__"
+            if cur is None or cur[0] != key:
+                cur = (key, [])
+                units.append(cur)
+            cur[1].append(name)
+        out, seen_block = [], False
+        for i, (key, names) in enumerate(units):
+            if key == "__glue__":
+                later = any(k != "__glue__" for k, _ in units[i + 1:])
+                nm = "prologue" if not seen_block else ("epilogue" if not later else f"glue.{i}")
+                out.append(Unit(nm, "glue", nm, names, cut_before=False))
+            else:
+                seen_block = True
+                out.append(Unit(key, "block", rep.get(key, key), names, cut_before=True))
+        # the first block of the model can only start stage 0 if there is no prologue: harmless
+        return out
+    from ..ir import KEY_KINDS
+    cur = None
+    for name, node in graph.nodes.items():
+        if cur is None or (node.kind in KEY_KINDS and cur.nodes):
+            cur = Unit(f"op.{name}", "block", f"op.{name}", [], cut_before=cur is not None)
+            units.append(cur)
+        cur.nodes.append(name)
+    return units
+
+
+def template_nodes(graph, units):
+    """Node names of the template: all glue and the representative of each block type."""
+    keep = []
+    for u in units:
+        if u.kind == "glue" or u.rep == u.name:
+            keep.extend(u.nodes)
+    return keep
+
+
+# ---- mesh roles -------------------------------------------------------------------------------
+def stage_mesh(cluster, dp, tp):
+    """The sub-mesh of one stage: one dp level (batch dims only) and one tp level (inside a node),
+    with their roles.  Collapsing each role to one level loses nothing the roles allow (a dp level
+    may only split the batch; a group's link is its slowest) and keeps the sharding search small.
+    (None, None) if tp does not fit a node or the stage is not whole nodes / a divisor of one."""
+    gpn = cluster.gpus_per_node
+    S = dp * tp
+    if tp > gpn or gpn % tp or not (gpn % S == 0 or S % gpn == 0):
+        return None, None
+    levels, roles = [], []
+    if dp > 1:
+        levels.append(Level(dp, "inter" if S > gpn else "intra"))
+        roles.append("dp")
+    if tp > 1:
+        levels.append(Level(tp, "intra"))
+        roles.append("tp")
+    return Mesh(tuple(levels)), tuple(roles)
+
+
+# ---- attention core (selective recompute) -----------------------------------------------------
+def attention_core(graph, names):
+    """Nodes of a block between the q.k^T matmul (inclusive) and the .v matmul (exclusive): what
+    selective recomputation drops (the s^2 tensors).  Empty if the block has no such pair."""
+    bmm = [n for n in names if graph.nodes[n].kind in ("matmul", "attention")
+           and not graph.nodes[n].params and len(graph.nodes[n].producers) >= 2]
+    if len(bmm) < 2:
+        return set()
+    i0, i1 = names.index(bmm[0]), names.index(bmm[1])
+    return set(names[i0:i1])
+
+
+def _producer(tid):
+    if ":in" in tid:
+        return None
+    return tid.split(":mask")[0]
+
+
+def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers):
+    """(none, selective, full) activation bytes per device for one unit."""
+    names = list(unit_nodes)
+    inside = set(names)
+    core = attention_core(graph, names)
+    none = sel = full = 0.0
+    for n in names:
+        node = graph.nodes[n]
+        for tid, b in saved_items(node, tuple(strategies[n]), mesh, settings):
+            if savers.get(tid) != n:
+                continue
+            none += b
+            prod = _producer(tid)
+            if prod not in core:
+                sel += b
+            if prod is None or prod not in inside:
+                full += b
+    return none, sel, full
+
+
+def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True):
+    st = CostSettings(settings.precision, settings.optimizer, zero, settings.grad_sync_overlap)
+    cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
+    savers = first_savers(graph, mesh, st) if acts else None
+    out = {}
+    for u in units:
+        names = [n for n in u.nodes if n in graph.nodes]
+        if not names:
+            continue
+        pn = [cost.per_node[n] for n in names]
+        core = attention_core(graph, names) if u.kind == "block" else set()
+        fwd = sum(d["fwd_s"] for d in pn)
+        bwd = sum(d["bwd_s"] for d in pn)
+        act = unit_activations(graph, names, strategies, mesh, st, savers) if acts else (0.0, 0.0, 0.0)
+        sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
+        out[u.name] = {
+            "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
+            "grad_sync": sum(d["grad_sync_s"] for d in pn),
+            "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
+                       "optimizer": sum(d["optimizer_bytes"] for d in pn)},
+            "out": _out_bytes(graph, names, dp, st),
+        }
+    return out
+
+
+def _out_bytes(graph, names, dp, settings):
+    """Bytes per device of the unit's output (the tensor a stage boundary after it sends): the
+    dp shard of the full tensor (tensor-parallel ranks each send their replica, as Megatron does)."""
+    node = graph.nodes[names[-1]]
+    if not node.out.shape:
+        return 0.0
+    return node.out.numel * settings.act_bytes(node.out.dtype) / dp
+
+
+def _affine(v1, v2, b1, b2):
+    c1 = (v2 - v1) / (b2 - b1)
+    return (v1 - c1 * b1, c1)
+
+
+def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZEROS, units=None,
+                  strategy_cache=None):
+    """Search the template once on the dp x tp sub-mesh and fit every unit's costs in the
+    micro-batch size.  `graph` may be captured at any batch (rebatched here)."""
+    mesh, roles = stage_mesh(cluster, dp, tp)
+    if mesh is None:
+        raise SappError(f"tp={tp} cannot be formed inside a node of {cluster.gpus_per_node} devices")
+    units = units if units is not None else split_units(graph)
+    tnames = template_nodes(graph, units)
+    template = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
+    t1 = template.rebatch(dp * 1)
+    t2 = template.rebatch(dp * 2)
+    base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap)
+    if search_fn is None:
+        from ..search import shard_search
+        search_fn = shard_search
+    # The dp level only splits batch dims, so a strategy found for one dp size is valid for every
+    # other (the batch dim stays divisible): search once per tp (the dp link barely moves the tp choice).
+    skey = (tp, tuple(roles))
+    if strategy_cache is not None and skey in strategy_cache:
+        strategies, method = strategy_cache[skey]
+    else:
+        res = search_fn(t1, mesh, cluster, base, level_roles=roles or None)
+        strategies = res.strategies
+        method = getattr(res, "method", "")
+        if strategy_cache is not None:
+            strategy_cache[skey] = (strategies, method)
+    # Two batch sizes at the first ZeRO stage fit the batch-linear terms; the other stages only change
+    # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
+    num = {}
+    z0 = zeros[0]
+    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp),
+               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp))
+    for z in zeros[1:]:
+        one = _unit_numbers(t1, units, strategies, mesh, cluster, settings, z, dp, acts=False)
+        two = {}
+        for k, d in one.items():
+            a0, b0 = num[z0][0][k], num[z0][1][k]
+            two[k] = dict(d, fwd=d["fwd"] + b0["fwd"] - a0["fwd"], bwd=d["bwd"] + b0["bwd"] - a0["bwd"])
+        num[z] = (one, two)
+    rep_of = {u.name: u.rep for u in units}
+    per_sample_flops = {}
+    for u in units:
+        per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
+    out_units = []
+    for u in units:
+        key = u.rep if u.kind == "block" else u.name
+        a, b = num[z0][0].get(key), num[z0][1].get(key)
+        if a is None:
+            raise SappError(f"unit {u.name} has no operators in the template (internal)")
+        nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
+        nu.fwd = _affine(a["fwd"], b["fwd"], 1, 2)
+        nu.bwd = _affine(a["bwd"], b["bwd"], 1, 2)
+        nu.act = tuple(_affine(x, y, 1, 2) for x, y in zip(a["act"], b["act"]))
+        nu.extra = tuple(_affine(x, y, 1, 2) for x, y in zip(a["extra"], b["extra"]))
+        nu.out_bytes = _affine(a["out"], b["out"], 1, 2)
+        for z in zeros:
+            za, zb = num[z][0][key], num[z][1][key]
+            nu.zfwd[z] = _affine(za["fwd"], zb["fwd"], 1, 2)
+            nu.zbwd[z] = _affine(za["bwd"], zb["bwd"], 1, 2)
+            nu.grad_sync[z] = za["grad_sync"]
+            nu.states[z] = za["states"]
+        nu.flops = per_sample_flops.get(u.rep, 0.0)
+        out_units.append(nu)
+    return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method)
