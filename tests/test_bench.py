@@ -1,0 +1,91 @@
+"""The bench harness: tables from a fake search (fast, deterministic), and a real quick case once
+sapp.search exists."""
+import csv
+import json
+import sys
+
+import os
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)                       # test_report's plan factory
+sys.path.insert(0, os.path.dirname(_HERE))      # the repo root: bench/ is not an installed package
+from test_report import make_plan  # noqa: E402
+
+from bench import run as bench_run  # noqa: E402
+from bench.baselines import baseline_constraints, run_baseline  # noqa: E402
+from sapp import Cluster, Plan  # noqa: E402
+from sapp.errors import ConstraintError, InfeasibleError  # noqa: E402
+
+
+class FakeSearch:
+    """Step time grows when the layout is pinned; pure DP does not fit; tp must divide 4."""
+
+    def __init__(self):
+        self.calls = []
+        self.exhaustive = None
+
+    def model(self, name):
+        return name
+
+    def __call__(self, name, cluster, batch, constraints=None):
+        c = constraints or {}
+        self.calls.append(c)
+        n = cluster.devices
+        if c.get("dp") == n and c.get("zero") == 0:
+            raise InfeasibleError("does not fit")
+        if c.get("tp") and 4 % c["tp"]:
+            raise ConstraintError("tp must divide the heads")
+        if c.get("pp", 1) > 2:
+            raise ConstraintError("more stages than blocks")
+        pp = c.get("pp", 1)
+        if c.get("tp", 1) > 1 and pp < 2:
+            raise InfeasibleError("megatron needs pp >= 2 here")
+        tp = c.get("tp", 1)
+        dp = n // (tp * pp)
+        d = make_plan(dp=dp, tp=tp, pp=pp, alternatives=False)
+        d["cluster"] = cluster.to_dict()
+        d["predicted"]["step_time_s"] = 1.0 + 0.5 * len(c)
+        return Plan(d)
+
+
+def test_baseline_constraints():
+    cl = Cluster.parse("a100-80g:nodes=2")
+    assert baseline_constraints("dp", cl, 16) == [{"dp": 16, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}]
+    meg = baseline_constraints("megatron", cl, 16)
+    assert [m["pp"] for m in meg] == [1, 2] and all(m["tp"] == 8 for m in meg)
+    assert baseline_constraints("megatron", Cluster.parse("a100-80g:devices=4"), 4)[0]["tp"] == 4
+
+
+def test_run_baseline_statuses():
+    fake = FakeSearch()
+    cl = Cluster.parse("a100-80g:nodes=2,gpus=2")
+    plan, status, _ = run_baseline("dp", fake, "m", cl, 4, 64)
+    assert plan is None and status == "OOM"
+    plan, status, cons = run_baseline("megatron", fake, "m", cl, 4, 64)
+    assert status == "ok" and cons["pp"] == 2          # smallest pp that fits
+    plan, status, _ = run_baseline("zero3", fake, "m", cl, 4, 64)
+    assert status == "ok"
+    # all megatron pins either OOM or contradict: OOM wins over n/a
+    _, status, _ = run_baseline("megatron", fake, "m", Cluster.parse("a100-80g:devices=4"), 4, 64)
+    assert status == "OOM"
+    _, status, _ = run_baseline("megatron", fake, "m", Cluster.parse("a100-80g:devices=8"), 8, 64)
+    assert status.startswith("n/a: tp must divide")
+
+
+def test_harness_tables(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_run, "Searcher", FakeSearch)
+    monkeypatch.setattr(bench_run, "QUICK_CASES", [("gpt-test", 64, "a100-80g:gpus=2", (4, 8))])
+    out = tmp_path / "res"
+    assert bench_run.main(["--quick", "--out", str(out), "--no-exhaustive"]) == 0
+    md = (out / "results.md").read_text()
+    assert "Command: `python -m bench --quick" in md
+    assert md.count("| gpt-test |") == 2 and "OOM" in md
+    assert "vs zero3: speedup geometric mean" in md
+    data = json.loads((out / "results.json").read_text())
+    r = data["rows"][0]
+    assert r["dp"]["status"] == "OOM"
+    assert r["zero3"]["speedup"] == pytest.approx((1.0 + 0.5 * 4) / 1.0)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 2 and rows[0]["dp_status"] == "OOM" and float(rows[0]["step_s"]) == 1.0
