@@ -89,3 +89,17 @@ def test_harness_tables(tmp_path, monkeypatch):
     assert r["zero3"]["speedup"] == pytest.approx((1.0 + 0.5 * 4) / 1.0)
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert len(rows) == 2 and rows[0]["dp_status"] == "OOM" and float(rows[0]["step_s"]) == 1.0
+
+
+def test_calibration_accuracy_report_helpers():
+    from bench import calibration_accuracy as ca
+    assert ca.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert ca.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    rows = [{"label": "a", "procs": 2, "global_batch": 8, "status": "ok", "predicted_s": 0.1, "measured_s": 0.08,
+             "error": 0.25, "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0}},
+            {"label": "b", "procs": 4, "global_batch": 8, "status": "run failed (exit 1): boom", "predicted_s": 0.2}]
+    stats = {"n": 1, "within": 1, "median_abs": 0.25, "worst": 0.25, "spearman": float("nan")}
+    md = ca.to_markdown(rows, {2: Cluster.parse("cpu")}, "python -m bench.calibration_accuracy", stats)
+    assert "| a | 2 | 8 | 100.0 | 80.0 | +25% | 80.0 / 20.0 / 0.0 |" in md
+    assert "run failed (exit 1): boom" in md and "within +-25 %: 1 of 1" in md
+    assert {v[0] for v in ca.VARIANTS} >= ca.QUICK and len(ca.QUICK) >= 6

@@ -1,0 +1,164 @@
+"""How well does the cost model, fed a calibrated cluster, predict measured step times?
+
+    python -m bench.calibration_accuracy [--quick] [--steps 6] [--out bench/results]
+
+1. `sapp calibrate` this machine for 2 and for 4 processes (contention differs, so each device count
+   gets its own cluster file);
+2. search plans for small zoo models with pinned dp / tp / pp / ZeRO / recompute variations;
+3. run each with `sapp run PLAN --model NAME --steps N --out RESULT` (torchrun, gloo) and compare the
+   measured median step time with the predicted one: per-plan error and the Spearman rank
+   correlation over all plans.  Targets: within +-25 %, Spearman >= 0.9.
+Writes calibration_accuracy.{md,json} in --out."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+# (label, model, processes, global batch, constraints)
+VARIANTS = [
+    ("gpt-small dp2", "gpt-small", 2, 16, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("gpt-small dp2 b32", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("gpt-small dp2 recompute", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "full"}),
+    ("gpt-small dp2 zero3", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 3, "recompute": "none"}),
+    ("gpt-small tp2", "gpt-small", 2, 32, {"dp": 1, "tp": 2, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("gpt-small pp2 1f1b m4", "gpt-small", 2, 32, {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b", "micro_batches": 4,
+                                                    "zero": 0, "recompute": "none"}),
+    ("gpt-small dp2 tp2", "gpt-small", 4, 32, {"dp": 2, "tp": 2, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("gpt-small pp2 dp2", "gpt-small", 4, 32, {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b", "micro_batches": 4,
+                                                "zero": 0, "recompute": "none"}),
+    ("mlp dp2", "mlp", 2, 256, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("mlp dp4", "mlp", 4, 512, {"dp": 4, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+]
+QUICK = {"gpt-small dp2", "gpt-small dp2 zero3", "gpt-small tp2", "gpt-small pp2 1f1b m4", "gpt-small dp2 tp2",
+         "mlp dp2"}
+
+
+def spearman(xs, ys):
+    from scipy.stats import spearmanr
+    if len(xs) < 3:
+        return float("nan")
+    return float(spearmanr(xs, ys).statistic)
+
+
+def calibrated_cluster(procs, out, quick):
+    from sapp.calibrate import calibrate
+    path = os.path.join(out, f"cluster-cpu{procs}.json")
+    cluster, raw = calibrate(procs=procs, quick=quick, timeout_s=240, name=f"cpu{procs}-calibrated")
+    cluster.save(path)
+    return cluster, path
+
+
+def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s):
+    import sapp
+    import sapp.models
+    slug = label.replace(" ", "_")
+    plan_path = os.path.join(out, f"plan-{slug}.json")
+    res_path = os.path.join(out, f"run-{slug}.json")
+    row = {"label": label, "model": model, "procs": procs, "global_batch": batch, "constraints": cons}
+    try:
+        plan = sapp.search(sapp.models.get(model, device="meta"), cluster, global_batch=batch, constraints=cons)
+    except sapp.SappError as e:
+        row["status"] = f"search failed: {e}"
+        return row
+    plan.save(plan_path)
+    row["predicted_s"] = plan["predicted"]["step_time_s"]
+    row["predicted"] = {k: plan["predicted"].get(k) for k in ("compute_s", "comm_s", "bubble_s", "host_s")}
+    if os.path.exists(res_path):
+        os.remove(res_path)
+    cmd = [sys.executable, "-m", "sapp.cli", "run", plan_path, "--model", model, "--steps", str(steps),
+           "--out", res_path, "--nproc", str(procs)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        row["status"] = f"run timed out after {timeout_s} s"
+        return row
+    row["wall_s"] = time.perf_counter() - t0
+    if proc.returncode != 0 or not os.path.exists(res_path):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        row["status"] = f"run failed (exit {proc.returncode}): {' | '.join(tail)}"
+        return row
+    with open(res_path) as f:
+        res = json.load(f)
+    row["measured_s"] = res["measured_step_time_s"]
+    row["step_times_s"] = res.get("step_times_s")
+    row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
+    row["status"] = "ok"
+    return row
+
+
+def to_markdown(rows, clusters, command, stats):
+    out = [f"Command: `{command}`", ""]
+    for procs, c in sorted(clusters.items()):
+        out.append(f"- calibrated {procs} processes: GEMM {c.peak_flops / 1e9:.1f} GFLOP/s per process "
+                   f"(typical {c.compute_efficiency:.0%}), memory {c.mem_bandwidth / 1e9:.2f} GB/s "
+                   f"(element-wise {c.memory_efficiency:.0%}), all_reduce alpha {c.intra_latency * 1e6:.0f} us, "
+                   f"beta {c.intra_bw / 1e9:.2f} GB/s")
+    out += ["", "| plan | procs | batch | predicted ms | measured ms | error | compute / comm / bubble predicted ms |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if r["status"] == "ok":
+            p = r["predicted"]
+            parts = " / ".join(f"{(p.get(k) or 0) * 1e3:.1f}" for k in ("compute_s", "comm_s", "bubble_s"))
+            out.append(f"| {r['label']} | {r['procs']} | {r['global_batch']} | {r['predicted_s'] * 1e3:.1f} | "
+                       f"{r['measured_s'] * 1e3:.1f} | {r['error'] * 100:+.0f}% | {parts} |")
+        else:
+            out.append(f"| {r['label']} | {r['procs']} | {r['global_batch']} | "
+                       f"{r.get('predicted_s', float('nan')) * 1e3:.1f} | - | - | {r['status'][:120]} |")
+    out += ["", f"- plans measured: {stats['n']} of {len(rows)}",
+            f"- within +-25 %: {stats['within']} of {stats['n']}; median |error| {stats['median_abs'] * 100:.0f}%, "
+            f"worst {stats['worst'] * 100:+.0f}%",
+            f"- Spearman rank correlation (predicted vs measured): {stats['spearman']:.3f}"]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.calibration_accuracy", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="quick calibration and 6 plans")
+    ap.add_argument("--steps", type=int, default=6, help="training steps per plan (the first is warm-up)")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per `sapp run`")
+    ap.add_argument("--cluster2", help="use this calibrated cluster JSON for 2 processes instead of measuring")
+    ap.add_argument("--cluster4", help="use this calibrated cluster JSON for 4 processes instead of measuring")
+    args = ap.parse_args(argv)
+    from sapp import Cluster
+    os.makedirs(args.out, exist_ok=True)
+    variants = [v for v in VARIANTS if not args.quick or v[0] in QUICK]
+    clusters = {}
+    for procs in sorted({v[2] for v in variants}):
+        given = getattr(args, f"cluster{procs}", None)
+        if given:
+            clusters[procs] = Cluster.load(given)
+        else:
+            clusters[procs], path = calibrated_cluster(procs, args.out, args.quick)
+        print(f"cluster for {procs} processes: {clusters[procs].notes}", file=sys.stderr, flush=True)
+    rows = []
+    for label, model, procs, batch, cons in variants:
+        r = run_plan(label, model, procs, batch, cons, clusters[procs], args.out, args.steps, args.timeout)
+        rows.append(r)
+        msg = (f"predicted {r['predicted_s'] * 1e3:.1f} ms measured {r['measured_s'] * 1e3:.1f} ms ({r['error'] * 100:+.0f}%)"
+               if r["status"] == "ok" else r["status"][:200])
+        print(f"{label:28} {msg}", file=sys.stderr, flush=True)
+    ok = [r for r in rows if r["status"] == "ok"]
+    errs = sorted(abs(r["error"]) for r in ok)
+    stats = {"n": len(ok), "within": sum(1 for e in errs if e <= 0.25),
+             "median_abs": errs[len(errs) // 2] if errs else float("nan"),
+             "worst": max((r["error"] for r in ok), key=abs, default=float("nan")),
+             "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok])}
+    command = "python -m bench.calibration_accuracy" + (" --quick" if args.quick else "") + f" --steps {args.steps}"
+    md = to_markdown(rows, clusters, command, stats)
+    with open(os.path.join(args.out, "calibration_accuracy.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "calibration_accuracy.json"), "w") as f:
+        json.dump({"command": command, "stats": stats, "rows": rows,
+                   "clusters": {str(k): c.to_dict() for k, c in clusters.items()}}, f, indent=1, sort_keys=True)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
