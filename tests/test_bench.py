@@ -103,3 +103,17 @@ def test_calibration_accuracy_report_helpers():
     assert "| a | 2 | 8 | 100.0 | 80.0 | +25% | 80.0 / 20.0 / 0.0 |" in md
     assert "run failed (exit 1): boom" in md and "within +-25 %: 1 of 1" in md
     assert {v[0] for v in ca.VARIANTS} >= ca.QUICK and len(ca.QUICK) >= 6
+
+
+def test_real_quick_case():
+    pytest.importorskip("sapp.api")
+    row = bench_run.run_case(bench_run.Searcher(), "gpt-small", 32, "a100-80g", 8, exhaustive=False)
+    assert row["status"] == "ok" and row["sapp"]["step_s"] > 0
+    s = row["sapp"]
+    assert s["dp"] * s["tp"] * s["pp"] == 8
+    for b in ("dp", "zero3", "megatron"):
+        e = row[b]
+        assert e["status"] == "ok" or e["status"] == "OOM" or e["status"].startswith("n/a")
+        if e["status"] == "ok":
+            # sapp searches a superset of every baseline's space with the same cost model
+            assert e["speedup"] >= 1 - 1e-6

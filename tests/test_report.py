@@ -229,3 +229,24 @@ def test_progress_closes_on_interrupt():
             p.update(5)
             raise KeyboardInterrupt
     assert t.getvalue().endswith("\n") and "5/100" in t.getvalue()
+
+
+def test_zoo_plans_explain_diff_plot(tmp_path):
+    pytest.importorskip("sapp.api")
+    import sapp
+    import sapp.models
+    model = sapp.models.get("gpt-small", device="meta")
+    cl = Cluster.parse("a100-80g:devices=8")
+    best = sapp.search(model, cl, global_batch=32)
+    pinned = sapp.search(model, cl, global_batch=32, constraints={"dp": 2, "tp": 2, "pp": 2, "schedule": "1f1b"})
+    text = explain(best)
+    assert "Step time" in text and "Binding constraint" in text
+    d = diff(best, pinned)
+    assert "step time" in d and "Operator layouts" in d
+    out = tmp_path / "zoo.png"
+    plot(pinned, out, width=800, height=500)
+    assert _png_size(out) == (800, 500)
+    # the timeline's makespan is within the pipeline part of the predicted step
+    ev = plan_timeline(pinned)
+    assert {e.stage for e in ev} == {0, 1}
+    assert max(e.end for e in ev) <= pinned["predicted"]["step_time_s"] * 1.05
