@@ -25,29 +25,58 @@ def unique_param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def model_fingerprint(model: nn.Module):
-    """sapp.capture's fingerprint when capture provides one, else None (the param-count check runs)."""
+def _fingerprints(model: nn.Module, example_inputs):
+    """Fingerprints sapp.capture gives this model: of the model alone and of model + loss (the zoo's
+    WithLoss, which search may have captured).  Empty when capture is unavailable or fails."""
     try:
-        from ..capture import fingerprint          # noqa: WPS433 (optional: capture may not provide it)
+        from ..capture import capture
     except Exception:
-        return None
+        return
+    if example_inputs is None:
+        try:
+            import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+            example_inputs = models.example_inputs(model, 2, "cpu")
+        except Exception:
+            return
     try:
-        return fingerprint(model)
+        yield capture(model, tuple(example_inputs)).fingerprint()
     except Exception:
-        return None
+        return
+    try:
+        import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+        target = models.example_targets(model, example_inputs[0].shape[0], "cpu")
+        yield capture(models.WithLoss(model), tuple(example_inputs), target=target).fingerprint()
+    except Exception:
+        return
 
 
-def check_model(model: nn.Module, plan: Plan, name: str = "") -> None:
+def check_model(model: nn.Module, plan: Plan, name: str = "", example_inputs=None, fingerprint: bool = True) -> None:
     mine = plan["model"]
-    fp = model_fingerprint(model)
-    if fp is not None and mine.get("fingerprint"):
-        plan.check_model(fp, name)
+    spec = getattr(model, "sapp_spec", None)
+    if spec is not None and mine.get("name") and not name:
+        name = spec.name
+        try:
+            import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+            zoo = set(models.names())
+        except Exception:
+            zoo = set()
+        if mine["name"] in zoo and mine["name"] != spec.name:
+            raise PlanError(f"plan was made for model {mine['name']!r} but this model is {spec.name!r}; "
+                            f"search a new plan for it")
     want = mine.get("params")
     have = unique_param_count(model)
     # plan floats keep 6 significant digits, so compare with a matching relative slack
     if isinstance(want, (int, float)) and want > 0 and abs(have - want) > max(1.0, 1e-5 * want):
         raise PlanError(f"plan was made for model {mine.get('name')!r} with {want:.6g} parameters but this model has "
                         f"{have}; search a new plan for this model")
+    if fingerprint and mine.get("fingerprint"):
+        seen = []
+        for fp in _fingerprints(model, example_inputs):
+            if fp == mine["fingerprint"]:
+                return
+            seen.append(fp)
+        if seen:
+            plan.check_model(seen[0], name)
 
 
 def check_world(plan: Plan, world: int) -> None:
@@ -127,8 +156,8 @@ def check_pipeline(plan: Plan) -> None:
                         f"{len(plan.pipeline.get('stages') or [])}; regenerate the plan")
 
 
-def check_all(model: nn.Module, plan: Plan, world: int, name: str = "") -> None:
+def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_inputs=None) -> None:
     check_world(plan, world)
-    check_model(model, plan, name)
+    check_model(model, plan, name, example_inputs)
     check_pipeline(plan)
     check_names(model, plan)

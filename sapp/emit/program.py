@@ -36,7 +36,7 @@ def _resolve_loss(model, loss_fn):
     if loss_fn is not None:
         return lambda out, target: loss_fn(logits_of(out), target)
     try:
-        from .. import models
+        import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
         fn = models.loss_fn(model)
         return lambda out, target: fn(logits_of(out), target)
     except Exception:  # the zoo may not know this model (HF, user models): cross-entropy / MSE
@@ -141,7 +141,7 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
     if example_inputs is not None:
         return _tuple(example_inputs)
     try:
-        from .. import models
+        import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
         return _tuple(models.example_inputs(model, mbs, device))
     except Exception as e:
         raise PlanError("pipeline plans need example inputs to trace the model; pass emit(..., example_inputs=...) "
@@ -155,7 +155,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment)."""
     plan = checks.as_plan(plan)
     rank, world = rank_world(rank, world)
-    checks.check_all(model, plan, world, name)
+    checks.check_all(model, plan, world, name, _tuple(example_inputs) if example_inputs is not None else None)
     if world > 1 and not dist.is_initialized():
         raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
                         "`sapp run` / torchrun and call sapp.emit.dist.init() first")

@@ -48,7 +48,10 @@ def _worker(rank, world, cases, out_dir, store):
                 "dtensor_params": sum(1 for p in params if type(p.data).__name__ == "DTensor" or hasattr(p, "placements")),
                 "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
                 "optimizers": [type(o).__name__ for o in prog.optimizers], "zero": prog.zero,
-                "stages": prog.stage_indices, "first": prog.first_stage, "last": prog.last_stage,
+                "stages": prog.stage_indices,
+                "tied_sums": {n: float((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum())
+                              for m in prog.modules for n, p in m.named_parameters(remove_duplicate=False)
+                              if n.endswith(("wte.weight", "lm_head.weight"))}, "first": prog.first_stage, "last": prog.last_stage,
             }
             with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
                 json.dump(results, f)
