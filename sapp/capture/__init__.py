@@ -32,8 +32,11 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     from sapp.models at `batch`, default 8).  Other modules need `example_inputs` (a tensor or a tuple
     matching forward); give `target` and `loss_fn(output, target)` to include the loss.
     fast=None replicates a deep stack of identical blocks (True forces, False disables)."""
+    import importlib
+
     import torch
-    from .. import models as zoo
+    # importlib, not `from .. import models`: sapp.__getattr__ would recurse on the latter.
+    zoo = importlib.import_module("sapp.models")
 
     spec = getattr(model, "sapp_spec", None)
     if isinstance(model, zoo.WithLoss):
@@ -144,6 +147,7 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
             kinds[s.arg.name] = ("input", s.arg.name)
         else:
             kinds[getattr(s.arg, "name", "")] = ("const", None)
+    kinds, tied = _untie(ep, root, kinds)
     for n in ep.graph.nodes:
         if n.op == "placeholder":
             k, q = kinds.get(n.name, ("const", None))
@@ -158,7 +162,8 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     nodes = prune(conv.nodes, conv.outputs)
     blocks = assign_blocks(nodes, conv.scopes, container_children(root, strip))
     outputs = conv.outputs
-    params = _params(root, strip, [(q, k == "buffer") for k, q in kinds.values() if k in ("param", "buffer")])
+    params = _params(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
+                                                    if k in ("param", "buffer"))))
     if expand is not None:
         lq, depth = expand
         res = expand_blocks(nodes, outputs, blocks, _unstrip(lq), depth)
@@ -173,9 +178,36 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     params = {q: p for q, p in params.items() if not p.name.startswith("__buffer__") or q in used}
     params = {q: ParamInfo(q, p.shape, p.dtype, p.module, p.trainable, p.sparse_grad)
               for q, p in params.items()}
-    g = OpGraph(gname, nodes, params, outputs, batch, blocks, group_blocks(nodes, blocks),
-                {"_path": "export"})
-    return g
+    meta = {"_path": "export"}
+    if tied:
+        meta["tied"] = {a: tied[a][len(strip):] if strip and tied[a].startswith(strip) else tied[a]
+                        for a in sorted(tied)}
+    return OpGraph(gname, nodes, params, outputs, batch, blocks, group_blocks(nodes, blocks), meta)
+
+
+def _untie(ep, root, kinds):
+    """Tied weights (one tensor under several qualnames, e.g. GPT-2's wte/lm_head) become one
+    parameter: every placeholder of that tensor maps to the qualname the graph uses.  Returns the
+    new kinds and {other qualname (unstripped): kept qualname}."""
+    used = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    by_tensor = {}
+    for ph, (k, q) in kinds.items():
+        if k in ("param", "buffer"):
+            try:
+                t = root.get_parameter(q) if k == "param" else root.get_buffer(q)
+            except AttributeError:
+                continue
+            by_tensor.setdefault(id(t), []).append(ph)
+    out, tied = dict(kinds), {}
+    for phs in by_tensor.values():
+        if len(phs) < 2:
+            continue
+        keep = next((p for p in phs if p in used), phs[0])
+        for p in phs:
+            if p != keep:
+                tied[kinds[p][1]] = kinds[keep][1]
+                out[p] = kinds[keep]
+    return out, tied
 
 
 def _unstrip(q):
@@ -304,3 +336,14 @@ def _explain(err, where, root):
     loc = f" in module '{where[0] or '<root>'}' ({where[1]})" if where else ""
     short = msg[:200] + ("..." if len(msg) > 200 else "")
     return f"cannot capture {type(root).__name__}{loc}: {type(err).__name__}: {short}; {hint}"
+
+
+class _CallableModule(__import__("types").ModuleType):
+    """Importing this package rebinds `sapp.capture` (the function in sapp/__init__.py) to the
+    package; making the package callable keeps `sapp.capture(model, ...)` working either way."""
+
+    def __call__(self, model, example_inputs=None, **kwargs):
+        return capture(model, example_inputs, **kwargs)
+
+
+__import__("sys").modules[__name__].__class__ = _CallableModule
