@@ -232,13 +232,12 @@ def test_progress_closes_on_interrupt():
 
 
 def test_zoo_plans_explain_diff_plot(tmp_path):
-    pytest.importorskip("sapp.api")
-    import sapp
-    import sapp.models
-    model = sapp.models.get("gpt-small", device="meta")
+    api = pytest.importorskip("sapp.api")
     cl = Cluster.parse("a100-80g:devices=8")
-    best = sapp.search(model, cl, global_batch=32)
-    pinned = sapp.search(model, cl, global_batch=32, constraints={"dp": 2, "tp": 2, "pp": 2, "schedule": "1f1b"})
+    graph, _ = api.capture_graph(api.resolve_model("gpt-small")[0])
+    best = api.search("gpt-small", cl, global_batch=32, graph=graph)
+    pinned = api.search("gpt-small", cl, global_batch=32, graph=graph,
+                        constraints={"dp": 2, "tp": 2, "pp": 2, "schedule": "1f1b"})
     text = explain(best)
     assert "Step time" in text and "Binding constraint" in text
     d = diff(best, pinned)
