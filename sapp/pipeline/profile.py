@@ -211,8 +211,47 @@ def _affine(v1, v2, b1, b2):
     return (v1 - c1 * b1, c1)
 
 
+def dp_split(node, dp):
+    """The dp level's choice for a node: its first batch dim (sizes are multiples of dp after
+    rebatching to dp x micro-batch), or None when it has none (e.g. a mask built from a buffer)."""
+    for d in node.dims:
+        if d.batch and d.splittable and d.size % dp == 0:
+            return d.name
+    return None
+
+
+def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None):
+    """Strategies of the template on the dp x tp stage mesh.  The dp level may only split batch
+    dims, so it takes each node's batch dim; the tp level is searched once per tp (on the template
+    at micro-batch 1, tp level only) and shared by every dp - the sharding search runs at most once
+    per tensor-parallel degree."""
+    method = "data-parallel"
+    tp_choice = {}
+    if tp > 1:
+        key = ("tp", tp)
+        if cache is not None and key in cache:
+            tp_choice, method = cache[key]
+        else:
+            tmesh = Mesh((Level(tp, "intra"),))
+            res = search_fn(template.rebatch(1), tmesh, cluster, settings, level_roles=("tp",))
+            tp_choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
+            method = getattr(res, "method", "")
+            if cache is not None:
+                cache[key] = (tp_choice, method)
+    t1 = template.rebatch(dp)
+    out = {}
+    for name, node in t1.nodes.items():
+        s = []
+        if dp > 1:
+            s.append(dp_split(node, dp))
+        if tp > 1:
+            s.append(tp_choice.get(name))
+        out[name] = tuple(s)
+    return out, method
+
+
 def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZEROS, units=None,
-                  strategy_cache=None):
+                  strategy_cache=None, fixed_strategies=None):
     """Search the template once on the dp x tp sub-mesh and fit every unit's costs in the
     micro-batch size.  `graph` may be captured at any batch (rebatched here)."""
     mesh, roles = stage_mesh(cluster, dp, tp)
@@ -224,20 +263,22 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     t1 = template.rebatch(dp * 1)
     t2 = template.rebatch(dp * 2)
     base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap)
-    if search_fn is None:
+    if search_fn is None and tp > 1 and fixed_strategies is None:
         from ..search import shard_search
         search_fn = shard_search
-    # The dp level only splits batch dims, so a strategy found for one dp size is valid for every
-    # other (the batch dim stays divisible): search once per tp (the dp link barely moves the tp choice).
-    skey = (tp, tuple(roles))
-    if strategy_cache is not None and skey in strategy_cache:
-        strategies, method = strategy_cache[skey]
+    if fixed_strategies is not None:           # re-scoring a plan: its own splits, no search
+        missing = [n for n in t1.nodes if n not in fixed_strategies]
+        if missing:
+            raise SappError(f"plan has no split for operator {missing[0]!r}; regenerate it with `sapp search`")
+        strategies = {n: tuple(fixed_strategies[n]) for n in t1.nodes}
+        bad = [n for n, s in strategies.items() if len(s) != len(mesh.levels)]
+        if bad:
+            raise SappError(f"operator {bad[0]!r} has {len(strategies[bad[0]])} split entries but the stage mesh has "
+                            f"{len(mesh.levels)} levels; fix the plan or regenerate it")
+        method = "plan"
     else:
-        res = search_fn(t1, mesh, cluster, base, level_roles=roles or None)
-        strategies = res.strategies
-        method = getattr(res, "method", "")
-        if strategy_cache is not None:
-            strategy_cache[skey] = (strategies, method)
+        strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
+                                              strategy_cache)
     # Two batch sizes at the first ZeRO stage fit the batch-linear terms; the other stages only change
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}

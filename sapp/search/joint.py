@@ -90,6 +90,7 @@ class JointResult:
     feasible: bool = True
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    alternatives: list = field(default_factory=list)
 
     @property
     def memory(self):
@@ -140,7 +141,8 @@ class _Ctx:
         if key not in self.profiles:
             self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp,
                                                search_fn=self.search_fn, units=self.units,
-                                               strategy_cache=self.strategy_cache)
+                                               strategy_cache=self.strategy_cache,
+                                               fixed_strategies=getattr(self, "fixed", None))
         return self.profiles[key]
 
     def allowed(self, block):
@@ -397,6 +399,8 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None):
     stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
     if any(s is None for s in stages):
         return None
+    if cfg.schedule == "interleaved" and cfg.v > 1:
+        _interleave_blocks(ctx, cfg, stages)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
@@ -417,6 +421,18 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None):
     res.mfu = res.model_flops / (step * ctx.cluster.devices * ctx.cluster.peak_flops) if step > 0 else 0.0
     res.profile = prof
     return res
+
+
+def _interleave_blocks(ctx, cfg, stages):
+    """Priced as contiguous equal shares; the real interleaved layout gives device i the chunks
+    c * pp + i (identical blocks, so the numbers are the same).  Rename blocks to the real ones."""
+    flat = ctx.block_names
+    k = len(flat) // (cfg.pp * cfg.v)
+    for st in stages:
+        real = [b for c in range(cfg.v) for b in flat[(c * cfg.pp + st.index) * k:(c * cfg.pp + st.index + 1) * k]]
+        pols = [st.recompute.get(b, "none") for b in st.blocks]
+        st.recompute = dict(zip(real, pols))
+        st.blocks = real
 
 
 def _partition(ctx, ev, cfg, exact):
@@ -497,7 +513,7 @@ def _rank(res):
 
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
-                 progress=None, exhaustive=False) -> JointResult:
+                 progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
     that would fit and the best configuration tried) when nothing fits."""
     t0 = time.perf_counter()
@@ -506,6 +522,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     if global_batch is None or global_batch < 1:
         raise SappError(f"global batch must be a positive integer, got {global_batch!r}")
     ctx = _Ctx(graph, cluster, int(global_batch), cons, settings, search_fn)
+    ctx.fixed = fixed_strategies
+    if ignore_capacity:            # evaluate a pinned plan even if it does not fit (reported, not refused)
+        ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
     configs = enumerate_configs(ctx)
     if not configs:
@@ -513,6 +532,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
                               f"batch {global_batch} under the constraints; relax them or change the batch")
     ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
     best, evaluated, pruned = None, 0, 0
+    feasible_seen = []
     closest = None            # (memory needed, config) of the best infeasible attempt
     for lb, _, cfg in ranked:
         if best is not None and not exhaustive and lb >= best.step_time_s:
@@ -531,6 +551,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             if closest is None or need < closest[0]:
                 closest = (need, cfg)
             continue
+        feasible_seen.append(res)
         if best is None or _rank(res) < _rank(best):
             best = res
     if best is None:
@@ -540,9 +561,35 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             f"the closest ({cfg.describe()}) needs {fmt_bytes(need)} per device: use devices with more "
             f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
     best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
-                  "profiles": len(ctx.profiles), "search_s": time.perf_counter() - t0}
+                  "profiles": len(ctx.profiles), "searches": len(ctx.strategy_cache),
+                  "search_s": time.perf_counter() - t0}
+    best.capacity_bytes = cluster.device_memory
     best.notes = _notes(ctx, best)
+    best.alternatives = _alternatives(best, feasible_seen)
     return best
+
+
+def _alternatives(best, seen, k=5):
+    """The next-best evaluated configurations (one per pp/dp/tp/schedule), for `sapp explain`."""
+    out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule)}
+    for r in sorted(seen, key=_rank):
+        c = r.config
+        key = (c.pp, c.dp, c.tp, c.schedule)
+        if key in keys:
+            continue
+        keys.add(key)
+        pol = {}
+        for s in r.stages:
+            for v in s.recompute.values():
+                pol[v] = pol.get(v, 0) + 1
+        out.append({"parallel": {"dp": c.dp, "tp": c.tp, "pp": c.pp}, "schedule": c.schedule,
+                    "micro_batches": c.m, "virtual_chunks": c.v, "zero": c.zero,
+                    "recompute": max(sorted(pol), key=lambda x: pol[x]) if pol else "none",
+                    "predicted": {"step_time_s": r.step_time_s, "peak_memory_bytes": r.peak_memory_bytes},
+                    "feasible": True})
+        if len(out) >= k:
+            break
+    return out
 
 
 def _memory_needed(ctx, cfg, prof):
@@ -577,7 +624,8 @@ def _memory_needed(ctx, cfg, prof):
 def _notes(ctx, res):
     cfg = res.config
     out = [f"searched {res.stats['configs']} configurations: {res.stats['evaluated']} evaluated, "
-           f"{res.stats['pruned']} pruned by lower bounds, {res.stats['profiles']} sharding searches"]
+           f"{res.stats['pruned']} pruned by lower bounds, {res.stats['profiles']} stage profiles from "
+           f"{res.stats['searches']} sharding searches"]
     if cfg.pp > 1:
         out.append(f"{cfg.pp} pipeline stages with {cfg.m} micro-batches ({cfg.schedule}"
                    f"{', v=' + str(cfg.v) if cfg.v > 1 else ''}): bubble {res.bubble_s / res.step_time_s:.1%} of the step")

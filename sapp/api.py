@@ -1,0 +1,279 @@
+"""`sapp.search` and `sapp.evaluate`: capture -> joint search -> Plan, and re-scoring a plan.
+
+    plan = sapp.search("gpt3-175b", "a100-80g:nodes=128")            # zoo name + cluster spec
+    plan = sapp.search(my_module, cluster, example_inputs=(x,), global_batch=256)
+    report = sapp.evaluate("gpt3-175b", "a100-80g:nodes=128", sapp.Plan.load("plan.json"))
+"""
+from __future__ import annotations
+
+import time
+
+from .cluster import Cluster
+from .constraints import Constraints
+from .costmodel import CostSettings
+from .costmodel.layouts import layout_str, output_layout
+from .errors import PlanError, SappError
+from .plan import SCHEMA, Plan
+
+CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def resolve_cluster(cluster) -> Cluster:
+    if isinstance(cluster, Cluster):
+        return cluster.validate()
+    if isinstance(cluster, str):
+        return Cluster.parse(cluster)
+    raise SappError(f"cluster must be a Cluster or a spec string like 'a100-80g:nodes=16', got {type(cluster).__name__}")
+
+
+def resolve_model(model):
+    """(module, name, zoo config or None)."""
+    import importlib
+    zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
+    if isinstance(model, str):
+        return zoo.get(model, device="meta"), model, zoo.info(model)
+    spec = getattr(model, "sapp_spec", None)
+    if spec is not None:
+        return model, spec.name, dict(spec.config)
+    return model, type(model).__name__, None
+
+
+def capture_graph(module, example_inputs=None):
+    from .capture import capture
+    t0 = time.perf_counter()
+    if example_inputs is None:
+        g = capture(module, batch=CAPTURE_BATCH)
+    else:
+        g = capture(module, example_inputs)
+    return g, time.perf_counter() - t0
+
+
+# GPT-3 paper batch sizes (sequences of 2048 tokens); other models default to 8 per device.
+PAPER_BATCH = {"gpt3-125m": 256, "gpt3-350m": 256, "gpt3-760m": 256, "gpt3-1.3b": 512, "gpt3-2.7b": 512,
+               "gpt3-6.7b": 1024, "gpt3-13b": 1024, "gpt3-175b": 1536}
+
+
+def default_global_batch(info, devices) -> int:
+    if info and info.get("name") in PAPER_BATCH:
+        return PAPER_BATCH[info["name"]]
+    if info:
+        for key in ("global_batch", "batch"):
+            v = info.get(key) if isinstance(info, dict) else None
+            if isinstance(v, int) and v > 0:
+                return v
+            cfg = info.get("config") if isinstance(info, dict) else None
+            if isinstance(cfg, dict) and isinstance(cfg.get(key), int):
+                return cfg[key]
+    return 8 * devices
+
+
+# ---- search ---------------------------------------------------------------------------------------
+def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
+           precision="bf16-mixed", progress=None, graph=None, return_result=False):
+    """Find the fastest plan that fits.  `model`: an nn.Module or a zoo name; `cluster`: a Cluster or
+    a spec string.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
+    constraints."""
+    from .search.joint import joint_search
+    cl = resolve_cluster(cluster)
+    module, name, info = resolve_model(model)
+    cons = Constraints.from_dict(constraints)
+    settings = CostSettings(precision=precision)
+    capture_s = 0.0
+    if graph is None:
+        graph, capture_s = capture_graph(module, example_inputs)
+    gb = int(global_batch) if global_batch is not None else default_global_batch(info, cl.devices)
+    t0 = time.perf_counter()
+    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress)
+    search_s = time.perf_counter() - t0
+    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
+    # wall times are printed, never stored in the plan (byte-identical files)
+    plan._timing = {"capture_s": capture_s, "search_s": search_s}
+    if return_result:
+        return plan, res
+    return plan
+
+
+# ---- plan building --------------------------------------------------------------------------------
+def template_map(graph, prof):
+    """Full-graph node -> template node whose strategy it shares (block nodes by position)."""
+    out = {}
+    blocks = graph.blocks
+    for name, node in graph.nodes.items():
+        b = node.block
+        if b is None or prof.rep_of.get(b, b) == b:
+            out[name] = name
+            continue
+        rep = prof.rep_of[b]
+        i = blocks[b].index(name)
+        out[name] = blocks[rep][i]
+    return out
+
+
+def operator_section(graph, prof):
+    tmap = template_map(graph, prof)
+    ops, tp_modules = {}, {}
+    roles = list(prof.roles or ())
+    tp_levels = [i for i, r in enumerate(roles) if r == "tp"]
+    for name, node in graph.nodes.items():
+        s = tuple(prof.strategies[tmap[name]])
+        lay = output_layout(node, s)
+        ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
+        if not tp_levels or not node.module:
+            continue
+        tp_dims = {s[i] for i in tp_levels if s[i] is not None}
+        if not tp_dims or not node.params:
+            continue
+        if node.kind == "matmul" and len(tp_dims) == 1:
+            d = next(iter(tp_dims))
+            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
+            if style:
+                tp_modules.setdefault(node.module, style)
+        elif node.kind == "embedding" and tp_dims == {"v"}:
+            tp_modules.setdefault(node.module, "vocab")
+    return ops, tp_modules
+
+
+def pipeline_section(res, devices):
+    cfg = res.config
+    S = devices // cfg.pp
+    stages = []
+    if cfg.schedule == "interleaved" and cfg.v > 1:
+        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i)
+        flat = [u.name for u in res.profile.units if u.kind == "block"]     # model order
+        k = len(flat) // (cfg.pp * cfg.v)
+        for j in range(cfg.pp * cfg.v):
+            i = j % cfg.pp
+            blocks = flat[j * k:(j + 1) * k]
+            st = res.stages[i]
+            stages.append({"index": j, "device_stage": i, "blocks": blocks,
+                           "split_before": flat[(j + 1) * k] if (j + 1) * k < len(flat) else None,
+                           "devices": [i * S, (i + 1) * S],
+                           "predicted": {"fwd_s": st.fwd_s / cfg.v, "bwd_s": st.bwd_s / cfg.v,
+                                         "memory_bytes": st.memory_bytes}})
+        return stages
+    for st in res.stages:
+        nxt = res.stages[st.index + 1].blocks[0] if st.index + 1 < len(res.stages) else None
+        stages.append({"index": st.index, "blocks": list(st.blocks), "split_before": nxt,
+                       "devices": [st.index * S, (st.index + 1) * S],
+                       "predicted": {"fwd_s": st.fwd_s, "bwd_s": st.bwd_s, "recompute_s": st.recompute_s,
+                                     "send_s": st.send_s, "grad_sync_s": st.grad_sync_s,
+                                     "in_flight": st.in_flight, "memory_bytes": st.memory_bytes,
+                                     "memory": dict(st.memory)}})
+    return stages
+
+
+def recompute_section(res):
+    blocks = {}
+    for st in res.stages:
+        blocks.update(st.recompute)
+    counts = {}
+    for v in blocks.values():
+        counts[v] = counts.get(v, 0) + 1
+    default = max(sorted(counts), key=lambda k: counts[k]) if counts else "none"
+    return {"default": default, "blocks": {b: p for b, p in sorted(blocks.items()) if p != default}}
+
+
+def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings) -> Plan:
+    cfg, prof = res.config, res.profile
+    ops, tp_modules = operator_section(graph, prof)
+    mem = res.memory
+    placement = {"groups": {}, "predicted": {}}
+    if res.placement is not None and getattr(res.placement, "section", None):
+        placement = res.placement.section
+    data = {
+        "schema": SCHEMA,
+        "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
+                  "global_batch": global_batch, "meta": dict(graph.meta)},
+        "cluster": cluster.to_dict(),
+        "devices": cluster.devices,
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+        "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
+        "operators": ops,
+        "tp_modules": tp_modules,
+        "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
+                     "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
+                     "stages": pipeline_section(res, cluster.devices)},
+        "recompute": recompute_section(res),
+        "zero": cfg.zero,
+        "placement": placement,
+        "constraints": constraints.to_dict(),
+        "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
+                     "grad_sync_overlap": settings.grad_sync_overlap},
+        "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
+                      "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
+                      "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s,
+                      "grad_sync_s": res.grad_sync_s, "p2p_s": res.p2p_s,
+                      "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
+                      "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
+        "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
+        "notes": list(res.notes),
+    }
+    return Plan(data)
+
+
+# ---- evaluate -------------------------------------------------------------------------------------
+def constraints_from_plan(plan: Plan) -> Constraints:
+    par, pipe = plan["parallel"], plan["pipeline"]
+    sched = pipe.get("schedule", "none")
+    stages = None
+    st = pipe.get("stages") or []
+    if par["pp"] > 1 and st:
+        per_dev = {}
+        for s in st:
+            i = s.get("device_stage", s.get("index", 0))
+            for b in s.get("blocks") or []:
+                per_dev[b] = i
+        if sched != "interleaved":
+            stages = {s["blocks"][0]: s.get("index", 0) for s in st if s.get("blocks")}
+    rc = plan["recompute"] or {}
+    recompute = dict(rc.get("blocks") or {})
+    recompute["default"] = rc.get("default", "none")
+    return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
+                       schedule=sched if par["pp"] > 1 else None,
+                       virtual_chunks=pipe.get("virtual_chunks") if sched == "interleaved" else None,
+                       recompute=recompute, zero=plan["zero"], stages=stages)
+
+
+def _plan_splits(plan, graph):
+    ops = plan["operators"]
+    out = {}
+    for name in graph.nodes:
+        op = ops.get(name)
+        if op is not None:
+            out[name] = tuple(op.get("split") or ())
+    return out
+
+
+def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
+    """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
+    stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
+    from .search.joint import joint_search
+    if not isinstance(plan, Plan):
+        raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
+    cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"])
+    module, name, _ = resolve_model(model)
+    if graph is None:
+        graph, _ = capture_graph(module, example_inputs)
+    plan.check_model(graph.fingerprint(), name)
+    if plan["devices"] != cl.devices:
+        raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "
+                        f"search a plan for this cluster")
+    cons = constraints_from_plan(plan)
+    st = plan._d.get("settings") or {}
+    settings = CostSettings(precision=st.get("precision", "bf16-mixed"), optimizer=st.get("optimizer", "adam"),
+                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0))
+    gb = plan["model"].get("global_batch")
+    if not gb:
+        raise PlanError("plan model.global_batch is missing; add it or regenerate the plan")
+    res = joint_search(graph, cl, global_batch=int(gb), constraints=cons, settings=settings,
+                       fixed_strategies=_plan_splits(plan, graph), ignore_capacity=True)
+    fits = res.peak_memory_bytes <= cl.device_memory
+    return {
+        "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,
+        "compute_s": res.compute_s, "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s,
+        "capacity_bytes": cl.device_memory, "fits": fits, "memory": res.memory,
+        "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
+                    "memory_bytes": s.memory_bytes} for s in res.stages],
+        "config": res.config.describe(),
+    }

@@ -1,0 +1,32 @@
+"""`sapp evaluate plan.json --model NAME [--cluster SPEC]`: re-score a (hand-edited) plan."""
+from __future__ import annotations
+
+from ..units import fmt_bytes, fmt_time
+
+
+def add_arguments(p):
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--model", help="zoo model name (default: the plan's model)")
+    p.add_argument("--cluster", help="cluster spec (default: the plan's cluster)")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def run(args):
+    from .. import api
+    from ..plan import Plan
+    plan = Plan.load(args.plan)
+    model = args.model or plan["model"].get("name")
+    res = api.evaluate(model, args.cluster, plan)
+    if args.json:
+        import json
+        print(json.dumps(res, indent=1, sort_keys=True, default=float))
+        return 0
+    pr = plan["predicted"]
+    print(f"plan      {args.plan}: {res['config']}")
+    print(f"step      {fmt_time(res['step_time_s'])} (plan says {fmt_time(pr['step_time_s'])})  MFU {res['mfu']:.1%}")
+    print(f"memory    peak {fmt_bytes(res['peak_memory_bytes'])} of {fmt_bytes(res['capacity_bytes'])} per device: "
+          + ("fits" if res["fits"] else "DOES NOT FIT"))
+    for s in res["stages"][:8]:
+        print(f"  stage {s['index']}: {s['blocks']} blocks, fwd {fmt_time(s['fwd_s'])}, bwd {fmt_time(s['bwd_s'])}, "
+              f"memory {fmt_bytes(s['memory_bytes'])}")
+    return 0 if res["fits"] else 1

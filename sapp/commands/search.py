@@ -1,0 +1,88 @@
+"""`sapp search --model NAME --cluster SPEC`: find a plan, print a summary, optionally save it."""
+from __future__ import annotations
+
+import time
+
+from ..units import fmt_bytes, fmt_time
+
+
+def add_constraint_arguments(p):
+    g = p.add_argument_group("constraints (pin any of them; pin all to score an expert configuration)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree (inside a node)")
+    g.add_argument("--dp", type=int, help="data-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline stages")
+    g.add_argument("--micro-batches", type=int, help="micro-batches per step")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "none"), help="pipeline schedule")
+    g.add_argument("--virtual-chunks", type=int, help="chunks per device for the interleaved schedule")
+    g.add_argument("--recompute", choices=("none", "selective", "full"), help="recomputation for every block")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the dp group")
+    g.add_argument("--max-tp", type=int, help="largest tensor-parallel degree to consider")
+    g.add_argument("--max-dp", type=int, help="largest data-parallel degree to consider")
+
+
+def constraints_from_args(args) -> dict:
+    keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="zoo model name (see `sapp models`)")
+    p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
+    p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
+    p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "fp32"))
+    p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    add_constraint_arguments(p)
+
+
+def summary(plan, timing=None) -> str:
+    d = plan.to_dict()
+    par, pipe, pr = d["parallel"], d["pipeline"], d["predicted"]
+    cap = pr.get("capacity_bytes") or d["cluster"].get("device_memory", 0)
+    lines = [f"model {d['model']['name']} ({d['model']['params'] / 1e9:.3g} B params), global batch "
+             f"{d['model']['global_batch']}, {d['devices']} devices ({d['cluster']['name']}, "
+             f"{d['cluster']['nodes']} x {d['cluster']['gpus_per_node']})"]
+    sched = pipe["schedule"] + (f" v={pipe['virtual_chunks']}" if pipe.get("virtual_chunks", 1) > 1 else "")
+    lines.append(f"parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}  micro-batches {pipe['micro_batches']} x "
+                 f"{pipe.get('micro_batch_size')}  schedule {sched}  ZeRO-{d['zero']}  recompute {d['recompute']['default']}"
+                 + (f" (+{len(d['recompute']['blocks'])} blocks differ)" if d["recompute"]["blocks"] else ""))
+    stages = pipe.get("stages") or []
+    if stages:
+        lines.append(f"{'stage':>5} {'blocks':>16} {'fwd/mb':>10} {'bwd/mb':>10} {'memory':>10} {'of':>10}")
+        show = stages if len(stages) <= 8 else stages[:4] + stages[-3:]
+        for i, s in enumerate(show):
+            if len(stages) > 8 and i == 4:
+                lines.append(f"{'...':>5}")
+            b = s.get("blocks") or []
+            rng = f"{b[0]}..{b[-1].split('.')[-1]}" if len(b) > 1 else (b[0] if b else "-")
+            pdx = s.get("predicted", {})
+            lines.append(f"{s['index']:>5} {rng:>16} {fmt_time(pdx.get('fwd_s', 0)):>10} {fmt_time(pdx.get('bwd_s', 0)):>10} "
+                         f"{fmt_bytes(pdx.get('memory_bytes', 0)):>10} {fmt_bytes(cap):>10}")
+    mem = pr.get("memory", {})
+    lines.append(f"memory    peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(cap)} per device ("
+                 + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mem.items() if v) + ")")
+    lines.append(f"predicted step {fmt_time(pr['step_time_s'])}  MFU {pr['mfu']:.1%}  "
+                 f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "
+                 f"comm {fmt_time(pr['comm_s'])}, bubble {fmt_time(pr.get('bubble_s', 0))})")
+    if timing:
+        lines.append(f"time      capture {timing.get('capture_s', 0):.2f} s, search {timing.get('search_s', 0):.2f} s")
+    for n in d.get("notes", []):
+        lines.append(f"  - {n}")
+    return "\n".join(lines)
+
+
+def run(args):
+    from .. import api
+    t0 = time.perf_counter()
+    plan = api.search(args.model, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
+                      precision=args.precision)
+    timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
+    if args.out:
+        plan.save(args.out)
+    if args.json:
+        print(plan.to_json(), end="")
+    else:
+        print(summary(plan, timing))
+        if args.out:
+            print(f"plan written to {args.out}")
+    return 0
