@@ -218,7 +218,9 @@ class OffloadAdam(torch.optim.Optimizer):
         if cls is None:
             raise PlanError(f"optimizer offload supports adam and adamw, not {kind!r}")
         extra = {"weight_decay": weight_decay} if weight_decay or kind == "adamw" else {}
-        self.inner = cls(self.masters, lr=lr, betas=betas, eps=eps, **extra)
+        # fused: torch's vectorised CPU Adam kernel (~2x its per-tensor loop here; DeepSpeed's CPU Adam
+        # plays this role there)
+        self.inner = cls(self.masters, lr=lr, betas=betas, eps=eps, fused=True, **extra)
         self.stream = stream_grads
         self._hooks = []
         if stream_grads:

@@ -41,7 +41,8 @@ from ..costmodel import collective_time, model_state_bytes
 
 OVERLAP = 0.8
 BWD_SHARE = 2.0 / 3.0
-# Random gathers of rows of a few hundred bytes reach about half of streaming host bandwidth.
+# Random gathers/scatters of rows of a few hundred bytes (lookups, sparse optimizer row updates)
+# reach about half of streaming host bandwidth.
 GATHER_EFFICIENCY = 0.5
 # Lazy Adam / FTRL per touched fp32 element: read param, grad, 2 states (16 B), write param and
 # 2 states (12 B), plus coalescing the sparse gradient (read + write its values, 8 B).
@@ -98,7 +99,7 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
     t_h2d = elems * ab / cluster.h2d_bw
     t_d2h = elems * ab / cluster.h2d_bw                          # gradients of the looked-up rows
     touched = m * elems                                           # upper bound: no duplicate ids
-    t_opt = touched * ROW_UPDATE_BYTES / bw
+    t_opt = touched * ROW_UPDATE_BYTES / (bw * GATHER_EFFICIENCY)   # random rows, like the lookup
     # Replicas exchange their sparse row gradients (fp32 values + int64 row index per row).
     idx = sum(t.lookups for t in tables) / tp * m * 8
     t_sync = collective_time("all_gather", dp * (touched * 4 + idx), dp, "inter" if dp > 1 else "intra",
