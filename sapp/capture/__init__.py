@@ -72,6 +72,7 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
         if stack is not None and (fast or stack[3] > FAST_MIN_DEPTH):
             graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
             if graph is not None:
+                graph.meta.pop("_path", None)
                 return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
         graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model)
         return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
@@ -180,8 +181,9 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
               for q, p in params.items()}
     meta = {"_path": "export"}
     if tied:
-        meta["tied"] = {a: tied[a][len(strip):] if strip and tied[a].startswith(strip) else tied[a]
-                        for a in sorted(tied)}
+        def st(q):
+            return q[len(strip):] if strip and q.startswith(strip) else q
+        meta["tied"] = {st(a): st(tied[a]) for a in sorted(tied)}
     return OpGraph(gname, nodes, params, outputs, batch, blocks, group_blocks(nodes, blocks), meta)
 
 
@@ -233,40 +235,28 @@ def _params(root, strip, entries):
 
 
 def _replicate_params(params, lq, depth):
-    out = dict(params)
+    """Add lq.k.* copies of every lq.1.* entry, placed where a direct capture lists them: after
+    each contiguous run of lq.1.* names (parameters and buffers form separate runs)."""
     pre = f"{lq}.1."
-    for q, p in params.items():
-        if q.startswith(pre):
-            for k in range(2, depth):
+    items = list(params.items())
+    out, run = {}, []
+
+    def flush():
+        for k in range(2, depth):
+            for q, p in run:
                 nq = f"{lq}.{k}." + q[len(pre):]
-                bare = p.name.startswith("__buffer__")
-                nm = ("__buffer__" if bare else "") + nq
+                nm = ("__buffer__" if p.name.startswith("__buffer__") else "") + nq
                 out[nq] = ParamInfo(nm, p.shape, p.dtype, nq.rpartition(".")[0], p.trainable, p.sparse_grad)
-    # Keep the model's parameter order (block by block) for readable plans.
-    def key(q):
-        parts = q.split(".")
-        pl = lq.split(".")
-        if parts[:len(pl)] == pl and len(parts) > len(pl) and parts[len(pl)].isdigit():
-            return (1, int(parts[len(pl)]), q)
-        return (0 if _before(q, params, lq) else 2, 0, q)
-    order = {q: i for i, q in enumerate(params)}
-    return dict(sorted(out.items(), key=lambda kv: _order_key(kv[0], order, lq)))
+        run.clear()
 
-
-def _before(q, params, lq):
-    return True
-
-
-def _order_key(q, order, lq):
-    """Original position for captured names; replicated block k sorts after block k-1."""
-    pl = lq.split(".")
-    parts = q.split(".")
-    if parts[:len(pl)] == pl and len(parts) > len(pl) and parts[len(pl)].isdigit():
-        k = int(parts[len(pl)])
-        base = ".".join(pl + ["1"] + parts[len(pl) + 1:])
-        if k >= 1 and base in order:
-            return (order[base], k)
-    return (order.get(q, 0), 0)
+    for q, p in items:
+        if q.startswith(pre):
+            run.append((q, p))
+        elif run:
+            flush()
+        out[q] = p
+    flush()
+    return out
 
 
 def _finish(graph, model, spec, batch, inputs, path):
