@@ -24,6 +24,8 @@ STEPS, BATCH = 5, 8
 GPT_TP = {"layers.0.attn.qkv": "colwise", "layers.0.attn.proj": "rowwise",
           "layers.0.mlp.fc1": "colwise", "layers.0.mlp.fc2": "rowwise",
           "layers.1.mlp.fc1": "colwise", "layers.1.mlp.fc2": "rowwise", "head": "colwise"}
+HOST_TABLES = {t: {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": "sparse_adam"}
+               for t in ("wide_emb.weight", "deep_emb.weight")}
 try:
     import transformers  # noqa: F401
     HAVE_HF = True
@@ -48,6 +50,7 @@ CASES_2 = [
     _case("mlp-zero1", "mlp", dp=2, zero=1),
     _case("mlp-tp2", "mlp", tp=2, tp_modules={"layers.0.fc": "colwise", "layers.1.fc": "rowwise"}),
     _case("widedeep-dp2-recompute", "widedeep", dp=2, recompute_blocks={"deep": "full"}),
+    _case("widedeep-dp2-host-tables", "widedeep-sparse", dp=2, placement_groups=HOST_TABLES),
 ] + ([
     _case("gpt2-dp2", "gpt2", dp=2),
     _case("gpt2-pp2-1f1b", "gpt2", pp=2, schedule="1f1b", micro_batches=2, split_before=["transformer.h.1"]),
@@ -122,6 +125,9 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     assert r["widedeep-dp2-recompute"]["recomputed"] == ["deep"]
     assert r["gpt-interleaved"]["stages"] == [0, 2] and job2["gpt-interleaved"]["ranks"]["1"]["stages"] == [1, 3]
     assert any("zero 2" in n for n in r["gpt-dp2xtp2-zero1"]["notes"])
+    host = r["widedeep-dp2-host-tables"]
+    assert host["host_modules"] == ["module.deep_emb", "module.wide_emb"]
+    assert host["optimizers"] == ["SparseAdam", "Adam"]
 
 
 @pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")

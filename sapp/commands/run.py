@@ -5,6 +5,7 @@ Checks that need no processes (plan file, world size, model name and size) run b
 rank that dies ends the job (torchrun's agent stops the others, max-restarts 0) with a non-zero exit."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -64,7 +65,7 @@ def precheck(args):
     if args.model not in models.names():
         raise SappError(f"unknown model {args.model!r}; choose one of {', '.join(models.names())}")
     meta = models.get(args.model, device="meta", **model_overrides(args.model_arg))
-    checks.check_model(meta, plan, args.model, fingerprint=False)   # workers check the fingerprint
+    checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
     if not plan.model.get("global_batch"):
@@ -95,7 +96,8 @@ def run(args):
     plan, nproc = precheck(args)
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
-    rc = subprocess.call(cmd)
+    env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
+    rc = subprocess.call(cmd, env=env)
     if rc != 0:
         print(f"sapp run: error: training failed (exit code {rc}): a rank died or raised; its message is above",
               file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ from torch import nn
 from ..errors import PlanError
 from ..plan import Plan
 
-TP_STYLES = ("colwise", "rowwise")
+TP_STYLES = ("colwise", "rowwise", "vocab")     # vocab: an embedding split over its rows
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
 
 
@@ -35,7 +35,7 @@ def _fingerprints(model: nn.Module, example_inputs):
     if example_inputs is None:
         try:
             import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-            example_inputs = models.example_inputs(model, 2, "cpu")
+            example_inputs = models.example_inputs(model, 2)    # on the model's device (meta is fine)
         except Exception:
             return
     try:
@@ -44,7 +44,7 @@ def _fingerprints(model: nn.Module, example_inputs):
         return
     try:
         import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-        target = models.example_targets(model, example_inputs[0].shape[0], "cpu")
+        target = models.example_targets(model, example_inputs[0].shape[0], example_inputs[0].device)
         yield capture(models.WithLoss(model), tuple(example_inputs), target=target).fingerprint()
     except Exception:
         return
@@ -89,12 +89,11 @@ def check_names(model: nn.Module, plan: Plan) -> None:
     mods = dict(model.named_modules())
     for name, style in sorted(tp_modules(plan).items()):
         if style not in TP_STYLES:
-            raise PlanError(f"tp_modules[{name!r}] is {style!r}; use 'colwise' or 'rowwise'")
+            raise PlanError(f"tp_modules[{name!r}] is {style!r}; use 'colwise', 'rowwise' or 'vocab'")
         if name not in mods:
             raise PlanError(f"tp_modules names {name!r}, which this model does not have; regenerate the plan for this model")
-        if not isinstance(mods[name], (nn.Linear, nn.Embedding)):
-            raise PlanError(f"tp_modules[{name!r}] is a {type(mods[name]).__name__}; only Linear and Embedding "
-                            f"layers can be split colwise/rowwise")
+        if style == "vocab" and not isinstance(mods[name], nn.Embedding):
+            raise PlanError(f"tp_modules[{name!r}] is 'vocab' but {name} is a {type(mods[name]).__name__}, not an Embedding")
     sched = plan.pipeline.get("schedule", "none")
     if sched not in SCHEDULES:
         raise PlanError(f"pipeline.schedule is {sched!r}; use one of {', '.join(SCHEDULES)}")
@@ -156,8 +155,9 @@ def check_pipeline(plan: Plan) -> None:
                         f"{len(plan.pipeline.get('stages') or [])}; regenerate the plan")
 
 
-def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_inputs=None) -> None:
+def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_inputs=None,
+              fingerprint: bool = True) -> None:
     check_world(plan, world)
-    check_model(model, plan, name, example_inputs)
+    check_model(model, plan, name, example_inputs, fingerprint)
     check_pipeline(plan)
     check_names(model, plan)

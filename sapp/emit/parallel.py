@@ -38,12 +38,22 @@ def _partnered(name: str, styles: dict, other: str) -> bool:
     return any(n.rpartition(".")[0] == parent and s == other for n, s in styles.items() if n != name)
 
 
-def apply_tp(module: nn.Module, styles: dict, tp_mesh) -> list:
-    """Shard the named Linear/Embedding layers present in `module`; returns the names sharded."""
-    from torch.distributed.tensor import Replicate, Shard
+def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None) -> list:
+    """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.  Other
+    layer types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower."""
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     mods = dict(module.named_modules())
-    present = {n: s for n, s in sorted(styles.items()) if n in mods}
+    present = {}
+    for n, s in sorted(styles.items()):
+        if n not in mods:
+            continue
+        if not isinstance(mods[n], (nn.Linear, nn.Embedding)):
+            if notes is not None:
+                notes.append(f"tp_modules[{n}] is a {type(mods[n]).__name__}; DTensor splits only Linear and "
+                             f"Embedding, so it runs replicated")
+            continue
+        present[n] = "rowwise" if s == "vocab" else s
     plan = {}
     for name, style in present.items():
         if style == "colwise":
@@ -82,6 +92,11 @@ class GradAllReduce:
         n = dist.get_world_size(self.group)
         grads = []
         for p in self.params:
+            if p.grad is not None and p.grad.is_sparse:      # host embedding rows: gloo sums sparse tensors
+                g = p.grad.coalesce()
+                dist.all_reduce(g, group=self.group)
+                p.grad = g / n
+                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             g = p.grad

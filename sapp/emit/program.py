@@ -149,13 +149,18 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
 
 
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
-         optimizer: str = "adam", example_inputs=None, name: str = "") -> Program:
+         optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True) -> Program:
     """Turn `plan` into this rank's training program for `model` (identically initialised on every
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
-    plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment)."""
+    plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
+
+    example_inputs: one batch of model inputs (any batch size); needed to trace pipeline plans and to
+    fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
+    parameter-count and zoo-name checks still run), e.g. when a launcher already did it."""
     plan = checks.as_plan(plan)
     rank, world = rank_world(rank, world)
-    checks.check_all(model, plan, world, name, _tuple(example_inputs) if example_inputs is not None else None)
+    checks.check_all(model, plan, world, name, _tuple(example_inputs) if example_inputs is not None else None,
+                     fingerprint=check_fingerprint)
     if world > 1 and not dist.is_initialized():
         raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
                         "`sapp run` / torchrun and call sapp.emit.dist.init() first")
@@ -169,6 +174,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     modes = recompute.plan_modes(plan.recompute, model)
     blocks = recompute.block_names(model)
     tp_styles = checks.tp_modules(plan)
+    if tp > 1 and not tp_styles:
+        notes.append(f"plan has tp={tp} but names no tp_modules: every tensor-parallel rank runs the whole model replicated")
     zero = plan.zero
     placement = plan.placement or {}
     host_groups = bool((placement.get("groups") or {}))
@@ -190,13 +197,14 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
 
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], [], zero
     for s, mod in raw.items():
-        mod.to(device)
+        if host_groups:
+            from . import host      # engineer H4's host placement: host tables stay on the CPU
+            host.apply_placement(mod, placement, device)
+        else:
+            mod.to(device)
         recomputed += recompute.apply(mod, modes)
         if tp > 1 and tp_styles:
-            parallel.apply_tp(mod, tp_styles, mesh["tp"])
-        if host_groups:
-            from . import host      # engineer H4's host placement
-            host.apply_placement(mod, placement, device)
+            parallel.apply_tp(mod, tp_styles, mesh["tp"], notes)
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
                                              device=device, notes=notes, staged=traced is not None)
         wrapped[s] = w
@@ -211,6 +219,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if host_groups:
             from . import host
             optimizers += list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
+            if eff_zero == 1 and dp > 1:
+                notes.append("zero 1 with host placement keeps full optimizer state per rank (placement's optimizers)")
         else:
             dp_group = mesh["dp"].get_group() if (dp > 1 and eff_zero == 1) else None
             optimizers.append(parallel.make_optimizer(mod.parameters(), optimizer, lr, zero=eff_zero, dp_group=dp_group))

@@ -68,8 +68,9 @@ def main(argv=None) -> int:
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
+        # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
-                    name=args.model)
+                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1")
     except SappError as e:
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         os._exit(2)

@@ -49,6 +49,8 @@ def _worker(rank, world, cases, out_dir, store):
                 "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
                 "optimizers": [type(o).__name__ for o in prog.optimizers], "zero": prog.zero,
                 "stages": prog.stage_indices,
+                "host_modules": sorted(n for m in prog.modules for n, x in m.named_modules()
+                                       if type(x).__name__ == "HostEmbedding"),
                 "tied_sums": {n: float((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum())
                               for m in prog.modules for n, p in m.named_parameters(remove_duplicate=False)
                               if n.endswith(("wte.weight", "lm_head.weight"))}, "first": prog.first_stage, "last": prog.last_stage,
@@ -92,9 +94,10 @@ def main(argv):
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:
-        key = (case["kind"], case["steps"], case["batch"])
+        placement = case["plan"].get("placement_groups")
+        key = (case["kind"], case["steps"], case["batch"], json.dumps(placement, sort_keys=True))
         if key not in refs:
-            refs[key] = zoo.reference(*key)
+            refs[key] = zoo.reference(*key[:3], placement=placement)
         out["cases"][case["id"]] = {"ref": refs[key],
                                     "ranks": {r: v.get(case["id"]) for r, v in sorted(per_rank.items())}}
     with open(out_path, "w") as f:

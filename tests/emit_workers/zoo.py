@@ -8,7 +8,9 @@ from torch.nn import functional as F
 TINY = {"gpt": ("gpt-tiny", {"dropout": 0.0}), "mlp": ("mlp-tiny", {}),
         # dense tables: the reference's torch.optim.Adam takes no sparse gradients (host placement
         # with sparse tables is tested with H4's sapp/emit/host.py)
-        "widedeep": ("wide-deep-tiny", {"sparse": False})}
+        "widedeep": ("wide-deep-tiny", {"sparse": False}),
+        # sparse tables for host placement (trained by the placement's sparse optimizers)
+        "widedeep-sparse": ("wide-deep-tiny", {"sparse": True})}
 
 
 def build(kind: str, seed: int = 0):
@@ -36,7 +38,7 @@ def batch(kind: str, b: int, step: int):
         return (ids[:, :-1],), ids[:, 1:]
     if kind == "mlp":
         return (torch.randn(b, 32, generator=g),), torch.randint(0, 10, (b,), generator=g)
-    if kind == "widedeep":
+    if kind in ("widedeep", "widedeep-sparse"):
         return ((torch.randn(b, 13, generator=g), torch.randint(0, 100, (b, 26), generator=g)),
                 torch.randint(0, 2, (b,), generator=g).float())
     raise ValueError(kind)
@@ -47,8 +49,17 @@ def param_count(kind: str) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
-def reference(kind: str, steps: int, b: int, lr: float = 1e-3) -> list:
-    """Single-process training on the full batch: the losses every plan must reproduce."""
+def reference(kind: str, steps: int, b: int, lr: float = 1e-3, placement=None) -> list:
+    """Single-process training on the full batch: the losses every plan must reproduce.  With a host
+    placement the reference is the single-process emitted program with the same placement (its own
+    equality to dense training is tested in tests/test_host_emit.py)."""
+    if placement:
+        from sapp.emit import emit
+        from tests.emit_workers.plans import make_plan
+        m, loss_fn = build(kind)
+        plan = make_plan(params=sum(p.numel() for p in m.parameters()), global_batch=b, placement_groups=placement)
+        prog = emit(m, plan, loss_fn=loss_fn, lr=lr, rank=0, world=1)
+        return [prog.step(*batch(kind, b, i)) for i in range(steps)]
     m, loss_fn = build(kind)
     opt = torch.optim.Adam(m.parameters(), lr=lr)
     out = []
