@@ -146,6 +146,37 @@ def apply_placement(model, section, device):
     return model
 
 
+def ignore_host_params_in_ddp(model, section) -> list:
+    """Keep host tables out of DDP (NCCL cannot reduce sparse CPU gradients; DDP buckets per device):
+    call before wrapping `model` in DDP, and `sync_host_grads` after backward.  Returns the names."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    names = host_parameter_names(_unwrap(model), section)
+    if names:
+        DDP._set_params_and_buffers_to_ignore_for_model(_unwrap(model), names)
+    return names
+
+
+def sync_host_grads(model, section, group=None) -> None:
+    """Average the host tables' (sparse) gradients over the data-parallel `group` (a gloo group when
+    the devices are GPUs), as DDP averages the dense ones.  A rank whose table got no gradient this
+    step contributes an empty sparse tensor so the collective never hangs."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    m = _unwrap(model)
+    for name in host_parameter_names(m, section):
+        p = m.get_parameter(name)
+        g = p.grad
+        if g is None:
+            g = torch.sparse_coo_tensor(torch.empty((1, 0), dtype=torch.long), torch.empty((0,) + p.shape[1:]), p.shape)
+        g = g.coalesce() if g.is_sparse else g
+        dist.all_reduce(g, group=group)
+        p.grad = g / world
+
+
 # ---- sparse FTRL ----------------------------------------------------------------------------------
 class SparseFtrl(torch.optim.Optimizer):
     """FTRL-Proximal (McMahan et al. 2013), per coordinate, for sparse (touched rows only) or dense
@@ -403,5 +434,5 @@ def train_steps(model, section, batches, steps, device, *, lr=1e-3, optimizer="a
     return out
 
 
-__all__ = ["apply_placement", "build_optimizers", "train_steps", "HostEmbedding", "SparseFtrl", "OffloadAdam",
+__all__ = ["apply_placement", "build_optimizers", "train_steps", "sync_host_grads", "ignore_host_params_in_ddp", "HostEmbedding", "SparseFtrl", "OffloadAdam",
            "HostStats", "host_parameter_names", "wide_deep_losses", "is_wide_deep"]
