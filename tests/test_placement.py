@@ -86,6 +86,7 @@ def test_pins():
     assert list(opts_of(g, pins={"deep_emb.*": "host"})) == ["embedding-host", "embedding+optimizer-host"]
     assert list(opts_of(g, pins={"optimizer": "host"})) == ["optimizer-host", "embedding+optimizer-host"]
     assert list(opts_of(g, pins={"optimizer": "device", "*_emb.weight": "device"})) == ["device"]
+    assert list(opts_of(g, pins={"deep_emb": "host"})) == ["embedding-host", "embedding+optimizer-host"]  # module name
     only_wide = opts_of(g, pins={"deep_emb.weight": "device"})["embedding-host"]
     assert list(only_wide.section["groups"]) == ["wide_emb.weight"]
     with pytest.raises(ConstraintError, match="not a sparse embedding table"):

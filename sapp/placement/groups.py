@@ -3,7 +3,8 @@
 Host-table candidates are embedding tables with sparse gradients (`ParamInfo.sparse_grad`, i.e.
 `nn.Embedding(sparse=True)`) that only embedding lookups use (a table tied to an output head is
 dense and stays on the device).  Everything else trainable is "dense": it can only have its optimizer
-offloaded.  Pins: {"<fnmatch pattern on param qualnames>": "host"|"device", "optimizer": "host"|"device"}."""
+offloaded.  Pins: {"<fnmatch pattern on param or module qualnames>": "host"|"device",
+"optimizer": "host"|"device"}."""
 from __future__ import annotations
 
 import fnmatch
@@ -85,7 +86,7 @@ def parse_pins(pins, graph, stage: StageParams) -> Pins:
         if pattern == "optimizer":
             opt = where
             continue
-        matched = [p for p in all_params if fnmatch.fnmatchcase(p, pattern)]
+        matched = [p for p in all_params if _matches(p, pattern)]
         if not matched:
             raise ConstraintError(f"placement pin {pattern!r} matches no trainable parameter of "
                                   f"{graph.name!r}; e.g. {', '.join(all_params[:4])}")
@@ -101,6 +102,11 @@ def parse_pins(pins, graph, stage: StageParams) -> Pins:
                     raise ConstraintError(f"placement pins put {p} both on the host and on the device; keep one")
                 tables[p] = where
     return Pins(tables, opt)
+
+
+def _matches(param: str, pattern: str) -> bool:
+    """A pin names parameters ("deep_emb.weight", "deep_emb.*") or their modules ("deep_emb")."""
+    return fnmatch.fnmatchcase(param, pattern) or ("." in param and fnmatch.fnmatchcase(param.rsplit(".", 1)[0], pattern))
 
 
 def _host_capable(graph, p) -> bool:
