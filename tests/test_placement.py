@@ -81,6 +81,20 @@ def test_stage_without_tables_gets_block_and_name_keys():
     assert sorted(opts[1].section["groups"]) == ["deep.1.weight", "deep.2.weight"]
 
 
+def test_merge_stage_sections():
+    from sapp.placement import merge_sections
+    g = wd_graph()
+    first = placement_options(g, ["ids", "wide_emb", "deep_emb", "deep.0"], A100, S, compute_s=0.01)
+    second = placement_options(g, ["deep.1", "deep.2"], A100, S, compute_s=0.01)
+    a = {o.name: o for o in first}["embedding+optimizer-host"].section
+    b = {o.name: o for o in second}["optimizer-host"].section
+    m = merge_sections([a, b])
+    assert sorted(m["groups"]) == ["deep.0.weight", "deep.1.weight", "deep.2.weight", "deep_emb.weight", "wide_emb.weight"]
+    assert m["predicted"]["exposed_s"] == max(a["predicted"]["exposed_s"], b["predicted"]["exposed_s"])
+    assert [s["option"] for s in m["predicted"]["stages"]] == ["embedding+optimizer-host", "optimizer-host"]
+    assert merge_sections([{"groups": {}, "predicted": {}}]) == {"groups": {}, "predicted": {}}
+
+
 def test_pins():
     g = wd_graph()
     assert list(opts_of(g, pins={"deep_emb.*": "host"})) == ["embedding-host", "embedding+optimizer-host"]

@@ -44,10 +44,10 @@ matching pattern (see schema.resolve); unmatched parameters live on the device. 
 qualname component contains "wide") use FTRL, other tables lazy Adam (MindSpore's Wide&Deep).
 """
 from .cost import HostCost, Table, embedding_host_cost, optimizer_offload_cost
-from .decide import (NAMES, PlacementOption, choose, host_capacity, host_infeasible_error, placement_options,
-                     require_host_memory)
+from .decide import (NAMES, PlacementOption, choose, host_capacity, host_infeasible_error, merge_sections,
+                     placement_options, require_host_memory)
 from .schema import resolve, validate_section
 
-__all__ = ["PlacementOption", "placement_options", "choose", "require_host_memory", "host_infeasible_error",
+__all__ = ["PlacementOption", "placement_options", "choose", "merge_sections", "require_host_memory", "host_infeasible_error",
            "host_capacity", "resolve", "validate_section", "embedding_host_cost", "optimizer_offload_cost",
            "Table", "HostCost", "NAMES"]

@@ -173,3 +173,24 @@ def choose(options, device_bytes, device_capacity):
     sec["predicted"] = {**sec["predicted"], "reason": reason, "device_bytes_needed": device_bytes - best.device_bytes_saved,
                         "device_capacity": device_capacity}
     return replace(best, section=sec)
+
+
+def merge_sections(sections):
+    """One plan "placement" section from the per-stage sections of a pipeline (stage order): group
+    entries are united (stages hold disjoint parameters; "*" from a stage holding everything stays);
+    predicted keeps each stage's numbers under "stages" and the per-device worst case at top level
+    (stages run concurrently, so the slowest stage's exposed host time is what the step sees)."""
+    groups, stages = {}, []
+    for i, sec in enumerate(sections):
+        for k, v in sorted((sec.get("groups") or {}).items()):
+            if k in groups and groups[k] != v:
+                raise ValueError(f"stages disagree on placement group {k!r}")
+            groups[k] = v
+        stages.append({"index": i, **{k: v for k, v in (sec.get("predicted") or {}).items()
+                                      if k not in ("alternatives", "components", "model")}})
+    pred = {}
+    if any(s.get("option") for s in stages):
+        for key in ("host_s", "exposed_s", "overlap_s", "link_bytes", "saved_bytes", "host_bytes_per_node"):
+            pred[key] = max((s.get(key, 0.0) for s in stages), default=0.0)
+        pred["stages"] = stages
+    return {"groups": dict(sorted(groups.items())), "predicted": pred}
