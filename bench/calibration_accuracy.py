@@ -52,17 +52,30 @@ def calibrated_cluster(procs, out, quick):
     return cluster, path
 
 
+_GRAPHS = {}
+
+
+def _search(model, cluster, batch, cons):
+    # sapp.api.search, not sapp.search: importing the sapp.search package rebinds that name
+    from sapp.api import capture_graph, resolve_model, search
+    if model not in _GRAPHS:
+        _GRAPHS[model] = capture_graph(resolve_model(model)[0])[0]
+    return search(model, cluster, global_batch=batch, constraints=cons, graph=_GRAPHS[model])
+
+
 def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s):
     import sapp
-    import sapp.models
     slug = label.replace(" ", "_")
     plan_path = os.path.join(out, f"plan-{slug}.json")
     res_path = os.path.join(out, f"run-{slug}.json")
     row = {"label": label, "model": model, "procs": procs, "global_batch": batch, "constraints": cons}
     try:
-        plan = sapp.search(sapp.models.get(model, device="meta"), cluster, global_batch=batch, constraints=cons)
+        plan = _search(model, cluster, batch, cons)
     except sapp.SappError as e:
         row["status"] = f"search failed: {e}"
+        return row
+    except Exception as e:            # another package's bug: record it, keep measuring the rest
+        row["status"] = f"search crashed: {type(e).__name__}: {e}"
         return row
     plan.save(plan_path)
     row["predicted_s"] = plan["predicted"]["step_time_s"]
