@@ -235,3 +235,25 @@ def test_emitted_program_runs_host_placement():
             o.step()
         want.append(float(loss.detach()))
     assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_sections_from_the_cost_model_run():
+    """What placement_options writes is what apply_placement/build_optimizers read: the combined
+    option on captured wide-deep-tiny trains with host tables + an offloaded dense optimizer."""
+    from sapp.capture import capture
+    from sapp.cluster import Cluster
+    from sapp.costmodel import CostSettings
+    from sapp.placement import placement_options
+    g = capture(models.get("wide-deep-tiny"), batch=8)
+    opts = {o.name: o for o in placement_options(g, list(g.nodes), Cluster.parse("cpu:gpus=1"), CostSettings())}
+    section = opts["embedding+optimizer-host"].section
+    m = tiny_wd()
+    cfg = m.sapp_spec.config
+    host.apply_placement(m, section, "cpu")
+    optim = host.build_optimizers(m, section, 1e-2)
+    assert sorted((o.sapp_kind, o.sapp_where) for o in optim) == [("adam", "host"), ("ftrl", "host"), ("sparse_adam", "host")]
+    off = next(o for o in optim if isinstance(o, host.OffloadAdam))
+    assert {id(p) for p in off.device_params} == {id(p) for n, p in m.named_parameters() if not n.endswith("_emb.weight")}
+    logs = host.train_steps(m, section, wd_batches(m, 1, cfg["rows_per_field"], cfg["fields"], cfg["dense"]), 4, "cpu",
+                            optimizers=optim, log=None)
+    assert logs[-1]["wide_loss"] < logs[0]["wide_loss"]
