@@ -30,7 +30,7 @@ def run(graph, mesh, cluster, settings, *, memory_budget=None, level_roles=None,
     if memory_budget is not None and not memory_budget > 0:
         raise SappError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     t0 = time.perf_counter()
-    prob = Problem(graph, mesh, cluster, settings, level_roles, share_blocks=(method == "recursive"))
+    prob = Problem(graph, mesh, cluster, settings, level_roles, share_blocks=True)
     strat = None
     if memory_budget is None:
         strat = _solve(prob, method)

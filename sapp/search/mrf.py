@@ -25,6 +25,7 @@ class MRF:
                 u, v, M = v, u, M.T
             merged[(u, v)] = merged[(u, v)] + M if (u, v) in merged else np.asarray(M, dtype=float)
         self.pairs = merged
+        self._forest_cache = {}
         self.nbrs = [[] for _ in self.U]
         for (u, v), M in sorted(merged.items()):
             self.nbrs[u].append((v, M))
@@ -36,61 +37,91 @@ class MRF:
             e += float(M[x[u], x[v]])
         return e
 
-    def forest_move(self, x, order):
-        x = list(x)
-        parent_uf = {}
+    def _forest(self, order, fixed=()):
+        """Structure of the forest picked by `order` (vars in `fixed` excluded): list of trees, each
+        (preorder list, parent dict, matrix to parent dict).  Independent of the labels: cached."""
+        key = (tuple(order), tuple(sorted(fixed)))
+        hit = self._forest_cache.get(key)
+        if hit is not None:
+            return hit
+        uf = {}
 
         def find(a):
-            while parent_uf[a] != a:
-                parent_uf[a] = parent_uf[parent_uf[a]]
-                a = parent_uf[a]
+            while uf[a] != a:
+                uf[a] = uf[uf[a]]
+                a = uf[a]
             return a
 
         inF = set()
+        fixed = set(fixed)
         for v in order:
+            if v in fixed:
+                continue
             roots = [find(w) for w, _ in self.nbrs[v] if w in inF]
             if len(roots) != len(set(roots)):
                 continue
-            parent_uf[v] = v
+            uf[v] = v
             for r in roots:
-                parent_uf[r] = v
+                uf[r] = v
             inF.add(v)
-        eff = {}
-        for v in inF:
-            u = self.U[v].copy()
-            for w, M in self.nbrs[v]:
-                if w not in inF:
-                    u += M[:, x[w]]
-            eff[v] = u
-        seen = set()
+        trees, seen = [], set()
         for root in order:
             if root not in inF or root in seen:
                 continue
-            # iterative DFS over forest edges
-            seq, par, stack = [], {root: None}, [root]
+            seq, par, mat, stack = [], {root: None}, {}, [root]
             seen.add(root)
             while stack:
                 v = stack.pop()
                 seq.append(v)
-                for w, _ in self.nbrs[v]:
+                for w, M in self.nbrs[v]:
                     if w in inF and w not in seen:
                         seen.add(w)
                         par[w] = v
+                        mat[w] = M          # rows: parent labels, cols: child labels
                         stack.append(w)
-            total = {v: eff[v].copy() for v in seq}
+            trees.append((seq, par, mat))
+        outside = {v: [(w, M) for w, M in self.nbrs[v] if w not in inF] for v in inF}
+        res = (trees, outside)
+        self._forest_cache[key] = res
+        return res
+
+    def forest_move(self, x, order, fixed=()):
+        """Exact joint optimum of the forest chosen by `order`, everything else held at `x`."""
+        x = list(x)
+        trees, outside = self._forest(order, fixed)
+        for seq, par, mat in trees:
+            total = {}
+            for v in seq:
+                u = self.U[v].copy()
+                for w, M in outside[v]:
+                    u += M[:, x[w]]
+                total[v] = u
             arg = {}
             for v in reversed(seq):
                 p = par[v]
                 if p is None:
                     continue
-                M = next(M for w, M in self.nbrs[p] if w == v)      # rows: p labels, cols: v labels
-                cand = M + total[v][None, :]
+                cand = mat[v] + total[v][None, :]
                 arg[v] = cand.argmin(axis=1)
                 total[p] += cand.min(axis=1)
+            root = seq[0]
             x[root] = int(total[root].argmin())
             for v in seq[1:]:
                 x[v] = int(arg[v][x[par[v]]])
         return x
+
+    def cutset_move(self, x, c, order):
+        """Try every label of `c` with the best forest (excluding c) for each: exact whenever
+        removing c leaves the rest a forest (graphs with one cycle-cutset node)."""
+        best_x, best = x, self.energy(x)
+        for lab in range(len(self.U[c])):
+            y = list(x)
+            y[c] = lab
+            y = self.forest_move(y, order, fixed=(c,))
+            e = self.energy(y)
+            if e < best - 1e-15 * max(1.0, abs(best)):
+                best_x, best = y, e
+        return best_x, best
 
     def orders(self, n_random=4, seed=0):
         n = len(self.U)
@@ -105,9 +136,12 @@ class MRF:
             out.append(o)
         return out
 
-    def optimize(self, x, max_rounds=20, orders=None):
+    def optimize(self, x, max_rounds=20, orders=None, cutset=False):
+        """Forest block descent until no move improves; with `cutset`, also one-node cycle-cutset
+        moves (each op in turn, most connected first)."""
         orders = orders or self.orders()
         best = self.energy(x)
+        cut_order = sorted(range(len(self.U)), key=lambda v: (-len(self.nbrs[v]), v))
         for _ in range(max_rounds):
             start = best
             for o in orders:
@@ -115,6 +149,13 @@ class MRF:
                 e = self.energy(y)
                 if e < best - 1e-15 * max(1.0, abs(best)):
                     x, best = y, e
+            if cutset:
+                for c in cut_order:
+                    if len(self.nbrs[c]) < 2:
+                        continue
+                    y, e = self.cutset_move(x, c, orders[0])
+                    if e < best - 1e-15 * max(1.0, abs(best)):
+                        x, best = y, e
             if best >= start - 1e-12 * max(1.0, abs(start)):
                 break
         return x, best

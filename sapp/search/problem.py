@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmodel.edges import edge_layouts
+from ..costmodel.edges import edge_layouts, translate
+from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
 from ..costmodel.layouts import reshard_time
 from ..costmodel.memory import saved_items
@@ -183,36 +184,44 @@ class Problem:
         pv, cv, i, cnt = self.edges[k]
         return cnt * self._edge_time(pv, cv, i, sp, sc)
 
-    def edge_mat(self, k, sps, scs):
-        """Cost matrix of edge k over producer strategies `sps` x consumer strategies `scs`.  The
-        cost depends only on the layouts, so it is built from the (few) distinct layout pairs."""
+    def edge_factors(self, k, sps, scs):
+        """The edge's cost as two small tables over layout classes: returns a list of
+        (producer class per strategy, consumer class per strategy, table[prod class, cons class]),
+        one for the forward value and one for the backward gradient (if any); cost multiplicity
+        included.  Many strategies share a layout, so the tables are much smaller than the matrix."""
         pv, cv, i, cnt = self.edges[k]
         o = self.nodes[cv].operands[i]
         nbytes = o.numel * self.settings.act_bytes(o.dtype)
-        is_f = self.settings.is_float(o.dtype)
-        prod, cons = self.nodes[pv], self.nodes[cv]
-        from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
-        from ..costmodel.edges import translate
+        prod = self.nodes[pv]
         pf, pb = [], []
         for s in sps:
             ol = output_layout(prod, s)
             pf.append(translate(prod.out, o, ol))
             pb.append(translate(prod.out, o, output_grad_layout(ol)))
         cf = [input_layout(o.dims, s) for s in scs]
-        cb = [input_grad_layout(o.dims, s) for s in scs]
-        M = self._pair_table(pf, cf, nbytes)
-        if is_f:
-            M = M + self._pair_table(cb, pb, nbytes).T
-        return cnt * M
+        out = [self._factor(pf, cf, nbytes, cnt, False)]
+        if self.settings.is_float(o.dtype):
+            cb = [input_grad_layout(o.dims, s) for s in scs]
+            out.append(self._factor(pb, cb, nbytes, cnt, True))
+        return out
 
-    def _pair_table(self, srcs, dsts, nbytes):
-        us, si = _uniq(srcs)
-        ud, di = _uniq(dsts)
-        T = np.empty((len(us), len(ud)))
-        for a, x in enumerate(us):
-            for b, y in enumerate(ud):
-                T[a, b] = self._rs(x, y, nbytes)
-        return T[np.ix_(si, di)]
+    def _factor(self, prod_lays, cons_lays, nbytes, cnt, backward):
+        up, pi = _uniq(prod_lays)
+        uc, ci = _uniq(cons_lays)
+        T = np.empty((len(up), len(uc)))
+        for a, x in enumerate(up):
+            for b, y in enumerate(uc):
+                T[a, b] = cnt * (self._rs(y, x, nbytes) if backward else self._rs(x, y, nbytes))
+        return pi, ci, T
+
+    def edge_mat(self, k, sps, scs):
+        """Cost matrix of edge k over producer strategies `sps` x consumer strategies `scs`, built from
+        the (few) distinct layout pairs."""
+        M = None
+        for pi, ci, T in self.edge_factors(k, sps, scs):
+            part = T[np.ix_(pi, ci)]
+            M = part if M is None else M + part
+        return M
 
     # ---- whole assignments ------------------------------------------------------------------------
     def energy(self, strat) -> float:

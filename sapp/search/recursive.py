@@ -10,6 +10,9 @@ strategies.  Memory is handled outside, by a Lagrange multiplier on the unary co
 from __future__ import annotations
 
 from ..ir import KEY_KINDS
+import numpy as np
+
+from .dominance import prune
 from .mrf import MRF
 
 FULL_REFINE_MAX = 400          # per-op strategy count up to which full-strategy descent is run
@@ -141,18 +144,24 @@ def full_mrf(prob):
 
 
 def full_descent(prob, strat):
-    """Forest block descent over whole strategies (only when every op has few strategies)."""
+    """Forest block + cycle-cutset descent over whole strategies (only when every op has few
+    strategies), on the problem pruned by provably safe dominance."""
     n = len(prob.vars)
     sizes = [len(prob.strategies(v)) for v in range(n)]
     if max(sizes) > FULL_REFINE_MAX:
         return
     S, mrf = full_mrf(prob)
-    index = [{s: i for i, s in enumerate(S[v])} for v in range(n)]
-    x0 = [index[v][tuple(strat[v])] for v in range(n)]
-    x, e = mrf.optimize(x0)
-    # a second start from each op's cheapest strategy alone
-    x1, e1 = mrf.optimize([int(mrf.U[v].argmin()) for v in range(n)])
+    keep = prune(mrf)
+    cur = [S[v].index(tuple(strat[v])) for v in range(n)]
+    for v in range(n):           # keep the current strategy available as a start
+        if cur[v] not in set(keep[v].tolist()):
+            keep[v] = np.append(keep[v], cur[v])
+    sub = MRF([mrf.U[v][keep[v]] for v in range(n)],
+              [(u, v, M[np.ix_(keep[u], keep[v])]) for (u, v), M in mrf.pairs.items()])
+    pos = [{int(i): j for j, i in enumerate(keep[v])} for v in range(n)]
+    x, e = sub.optimize([pos[v][cur[v]] for v in range(n)], cutset=True)
+    x1, e1 = sub.optimize([int(sub.U[v].argmin()) for v in range(n)], cutset=True)
     if e1 < e:
         x, e = x1, e1
     for v in range(n):
-        strat[v][:] = list(S[v][x[v]])
+        strat[v][:] = list(S[v][int(keep[v][x[v]])])
