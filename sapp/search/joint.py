@@ -643,3 +643,21 @@ def _notes(ctx, res):
                    f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
     return out
+
+
+def exhaustive_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
+                      policies=POLICIES):
+    """Reference for the quality benchmark: every configuration x every uniform recompute policy,
+    exact O(p n^2) partition, no pruning, same cost model and stage profiles.  Returns the best
+    JointResult (or None) and the number of (configuration, policy) pairs scored."""
+    cons = Constraints.from_dict(constraints)
+    ctx = _Ctx(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
+    best, scored = None, 0
+    for cfg in enumerate_configs(ctx):
+        prof = ctx.profile(cfg.dp, cfg.tp)
+        for pol in policies:
+            scored += 1
+            res = evaluate_config(ctx, cfg, prof, exact=True, policy=pol)
+            if res is not None and (best is None or _rank(res) < _rank(best)):
+                best = res
+    return best, scored

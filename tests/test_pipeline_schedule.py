@@ -1,0 +1,93 @@
+"""Pipeline schedule simulator vs the closed forms (REFERENCE section 2)."""
+import itertools
+import random
+
+import pytest
+
+from sapp.pipeline.schedule import in_flight, simulate, stage_totals, step_time
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (1, 5), (2, 1), (4, 2), (4, 8), (8, 8), (3, 10)])
+def test_uniform_stages_take_m_plus_p_minus_1_steps(schedule, p, m):
+    tf, tb = 1.25, 2.5
+    r = simulate([tf] * p, [tb] * p, m, schedule)
+    assert r.step_s == pytest.approx((m + p - 1) * (tf + tb), rel=1e-12)
+    assert step_time([tf] * p, [tb] * p, m, schedule) == pytest.approx(r.step_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 2), (8, 3), (2, 6)])
+def test_in_flight_gpipe_m_and_1f1b_p_minus_i(p, m):
+    g = simulate([1.0] * p, [2.0] * p, m, "gpipe")
+    o = simulate([1.0] * p, [2.0] * p, m, "1f1b")
+    assert g.in_flight == [m] * p
+    assert o.in_flight == [min(p - i, m) for i in range(p)]
+    assert in_flight("gpipe", p, m) == g.in_flight
+    assert in_flight("1f1b", p, m) == o.in_flight
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 4, 4), (2, 4, 2), (4, 12, 2), (8, 16, 2)])
+def test_interleaved_bubble_is_p_minus_1_over_v_m(p, m, v):
+    tf, tb = 1.0, 2.0
+    r = simulate([tf] * p, [tb] * p, m, "interleaved", v=v)
+    ideal = m * (tf + tb)
+    assert (r.step_s - ideal) / ideal == pytest.approx((p - 1) / (v * m), rel=1e-9)
+    assert r.in_flight == pytest.approx(in_flight("interleaved", p, m, v))
+    assert step_time([tf] * p, [tb] * p, m, "interleaved", v) == pytest.approx(r.step_s, rel=1e-12)
+
+
+def test_interleaved_sends_v_times_the_p2p_traffic():
+    p, m, v = 4, 8, 2
+    plain = simulate([1.0] * p, [2.0] * p, m, "1f1b", p2p_s=0.01)
+    inter = simulate([1.0] * p, [2.0] * p, m, "interleaved", v=v, p2p_s=0.01)
+    n_plain = sum(1 for e in plain.events if e.kind == "comm")
+    n_inter = sum(1 for e in inter.events if e.kind == "comm")
+    assert n_plain == 2 * (p - 1) * m
+    assert n_inter == 2 * (p * v - 1) * m
+    assert stage_totals([1.0] * p, [2.0] * p, 0.01, v=2)[1] == pytest.approx(3.0 + 4 * 0.01)
+
+
+def test_events_do_not_overlap_on_a_stage_and_respect_dependencies():
+    rnd = random.Random(3)
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+        p, m = 4, 8
+        tf = [rnd.uniform(0.5, 1.5) for _ in range(p)]
+        tb = [2 * x for x in tf]
+        rec = [0.3 * x for x in tf]
+        r = simulate(tf, tb, m, schedule, v=v, p2p_s=0.05, recompute_s=rec)
+        for i in range(p):
+            ev = sorted((e for e in r.events if e.stage == i), key=lambda e: e.start)
+            for a, b in zip(ev, ev[1:]):
+                assert b.start >= a.end - 1e-12
+        fwd_end = {(e.stage, e.chunk, e.mb): e.end for e in r.events if e.kind == "fwd"}
+        for e in r.events:
+            if e.kind == "bwd":
+                assert e.start >= fwd_end[(e.stage, e.chunk, e.mb)]
+        assert any(e.kind == "recompute" for e in r.events)
+        assert r.step_s == pytest.approx(max(e.end for e in r.events))
+
+
+def test_closed_form_bounds_nonuniform_simulation():
+    rnd = random.Random(7)
+    for _, schedule in itertools.product(range(20), ("gpipe", "1f1b")):
+        p, m = rnd.randint(2, 6), rnd.randint(1, 12)
+        tf = [rnd.uniform(0.2, 2) for _ in range(p)]
+        tb = [rnd.uniform(0.4, 4) for _ in range(p)]
+        sim = simulate(tf, tb, m, schedule).step_s
+        T = [a + b for a, b in zip(tf, tb)]
+        assert sim >= m * max(T) - 1e-9            # the slowest stage is busy m times
+        # forward and backward waves each take at most (m - 1) x their slowest stage + the sum
+        assert sim <= (m - 1) * (max(tf) + max(tb)) + sum(T) + 1e-9
+        if schedule == "gpipe":
+            assert sim == pytest.approx((m - 1) * (max(tf) + max(tb)) + sum(T))
+    # proportional stages (tb = 2 tf, as the cost model gives): the closed form is exact for GPipe
+    for _ in range(10):
+        p, m = rnd.randint(2, 6), rnd.randint(1, 12)
+        tf = [rnd.uniform(0.2, 2) for _ in range(p)]
+        tb = [2 * x for x in tf]
+        assert simulate(tf, tb, m, "gpipe").step_s == pytest.approx(step_time(tf, tb, m, "gpipe"))
+
+
+def test_interleaved_needs_m_divisible_by_p():
+    with pytest.raises(ValueError):
+        simulate([1.0] * 4, [2.0] * 4, 6, "interleaved", v=2)
