@@ -101,7 +101,7 @@ def test_diff_fields_ratios_and_layouts():
     step = next(ln for ln in text.splitlines() if ln.startswith("step time"))
     assert "x2.000" in step
     assert "16 of 16 shared operators differ" in text
-    assert "matmul" in text and "[b0,n] -> [b0,-]" in text
+    assert "matmul" in text and "{b0/2,n/2} -> {b0/2}" in text
     same = diff(a, a)
     assert "0 of 16 shared operators differ" in same and "*" not in same.split("Operator layouts")[0]
 

@@ -58,17 +58,22 @@ def stage_memory(plan):
     """[(stage index, total bytes, breakdown dict or None)] — per stage when the plan has it, else one
     row from predicted.peak_memory_bytes / predicted.memory."""
     stages = sorted(get(plan["pipeline"], "stages", default=[]) or [], key=lambda s: s.get("index", 0))
-    rows = []
+    rows, seen = [], set()
     for s in stages:
+        # interleaved plans list one entry per virtual stage; each carries its device's total
+        dev = int(s.get("device_stage", s.get("index", len(rows))))
+        if dev in seen:
+            continue
+        seen.add(dev)
         pr = s.get("predicted") or {}
         bd = pr.get("memory") if isinstance(pr.get("memory"), dict) else None
         total = pr.get("memory_bytes")
         if total is None and bd:
             total = sum(bd.values())
         if total is not None:
-            rows.append((int(s.get("index", len(rows))), float(total), bd))
+            rows.append((dev, float(total), bd))
     if rows:
-        return rows
+        return sorted(rows, key=lambda r: r[0])
     bd = plan["predicted"].get("memory") if isinstance(plan["predicted"].get("memory"), dict) else None
     return [(0, float(plan["predicted"].get("peak_memory_bytes") or 0.0), bd)]
 

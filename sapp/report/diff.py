@@ -30,19 +30,33 @@ def _fmt(v, kind):
     return str(v)
 
 
+def split_degrees(split, levels) -> dict:
+    """{op dim: ways it is split} from a per-level split tuple and the plan's mesh levels.  Two plans
+    with different meshes are compared on this, not on the raw tuples."""
+    out = {}
+    for i, dim in enumerate(split or []):
+        if dim is None:
+            continue
+        size = int(levels[i]["size"]) if i < len(levels) else 1
+        out[dim] = out.get(dim, 1) * size
+    return out
+
+
 def layout_changes(a, b) -> dict:
-    """Operator layout differences: {"changed": [(node, kind, module, split_a, split_b)], "only_a": [...], "only_b": [...]}."""
+    """Operator layout differences: {"changed": [(node, kind, module, degrees_a, degrees_b)], "only_a": [...],
+    "only_b": [...]}; degrees are {dim: ways}."""
     oa, ob = a["operators"] or {}, b["operators"] or {}
+    la, lb = get(a["mesh"], "levels", default=[]) or [], get(b["mesh"], "levels", default=[]) or []
     changed = []
     for node in sorted(set(oa) & set(ob)):
-        sa, sb = oa[node].get("split"), ob[node].get("split")
-        if sa != sb or oa[node].get("out") != ob[node].get("out"):
-            changed.append((node, oa[node].get("kind", "?"), oa[node].get("module", ""), sa, sb))
+        da, db = split_degrees(oa[node].get("split"), la), split_degrees(ob[node].get("split"), lb)
+        if da != db:
+            changed.append((node, oa[node].get("kind", "?"), oa[node].get("module", ""), da, db))
     return {"changed": changed, "only_a": sorted(set(oa) - set(ob)), "only_b": sorted(set(ob) - set(oa))}
 
 
-def _split_str(s):
-    return "[" + ",".join("-" if x is None else str(x) for x in (s or [])) + "]"
+def _split_str(deg):
+    return "{" + ",".join(f"{d}/{n}" for d, n in sorted(deg.items())) + "}" if deg else "replicated"
 
 
 def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
@@ -96,7 +110,7 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     lc = layout_changes(a, b)
     na_ops, nb_ops = len(a["operators"] or {}), len(b["operators"] or {})
     out.append("")
-    out.append(f"Operator layouts: {len(lc['changed'])} of {len(set(a['operators'] or {}) & set(b['operators'] or {}))} "
+    out.append(f"Operator layouts (dim/ways each operator is split over its stage's devices): {len(lc['changed'])} of {len(set(a['operators'] or {}) & set(b['operators'] or {}))} "
                f"shared operators differ ({na_ops} in {na}, {nb_ops} in {nb})")
     if lc["changed"]:
         by_kind = {}

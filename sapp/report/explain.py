@@ -116,6 +116,13 @@ def explain(plan) -> str:
     for name, t in parts.items():
         out.append(f"  {name:<16} {fmt_time(t):>10}  {_pct(t, step)}")
     by_kind = pr.get("comm_by_kind") or pr.get("comm_breakdown") or {}
+    if not by_kind:
+        # what the joint search reports separately; the rest of comm_s is tensor-parallel resharding
+        known = {"dp sync": pr.get("grad_sync_s"), "pp p2p": pr.get("p2p_s")}
+        by_kind = {k: float(v) for k, v in known.items() if v}
+        rest = float(pr.get("comm_s") or 0.0) - sum(by_kind.values())
+        if by_kind and rest > 1e-3 * (float(pr.get("comm_s") or 0.0) or 1.0):
+            by_kind["tp reshard"] = rest
     for k in sorted(by_kind):
         out.append(f"    {'comm ' + k:<14} {fmt_time(by_kind[k]):>10}  {_pct(float(by_kind[k]), step)}")
     rest = step - sum(parts.values())
