@@ -220,3 +220,16 @@ def test_custom_module_with_loss_on_cpu():
     assert [n.kind for n in g][-1] == "loss" and g.batch_size == 5
     assert set(g.params) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert g.nodes["relu"].saves == ("out",)
+
+
+@pytest.mark.parametrize("name", ["mlp-tiny", "wide-deep-tiny", "resnet-tiny"])
+def test_fx_fallback_matches_export(name):
+    m = M.get(name)
+    a = capture(m, batch=4)
+    b = capture(m, batch=4, method="fx")
+    assert a.meta["capture"] == "export" and b.meta["capture"] == "fx"
+    assert len(a) == len(b) and a.params == b.params and a.blocks.keys() == b.blocks.keys()
+    for x, y in zip(a, b):
+        assert (x.kind, x.dims, x.saves, x.flops, x.bytes, x.module, x.block, x.params) == \
+               (y.kind, y.dims, y.saves, y.flops, y.bytes, y.module, y.block, y.params), x.name
+        assert [o.dims for o in x.operands] == [o.dims for o in y.operands]

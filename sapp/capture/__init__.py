@@ -27,11 +27,14 @@ FAST_MIN_DEPTH = 5       # replicate blocks for stacks deeper than this (shallow
 
 
 def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None, name=None,
-            fast=None) -> OpGraph:
+            fast=None, method="auto") -> OpGraph:
     """Trace `model` into an OpGraph.  Zoo models need nothing else (inputs, targets and loss come
     from sapp.models at `batch`, default 8).  Other modules need `example_inputs` (a tensor or a tuple
     matching forward); give `target` and `loss_fn(output, target)` to include the loss.
-    fast=None replicates a deep stack of identical blocks (True forces, False disables)."""
+    fast=None replicates a deep stack of identical blocks (True forces, False disables).
+    method="auto" uses torch.export and falls back to torch.fx; "fx" forces the fallback."""
+    if method not in ("auto", "export", "fx"):
+        raise CaptureError(f"unknown capture method {method!r}: use auto, export or fx")
     import importlib
 
     import torch
@@ -68,13 +71,13 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     modes = {m: m.training for m in root.modules()}
     root.train()                  # capture what training runs: dropout, batch statistics
     try:
-        stack = repeated_list(model) if fast is not False else None
+        stack = repeated_list(model) if fast is not False and method != "fx" else None
         if stack is not None and (fast or stack[3] > FAST_MIN_DEPTH):
             graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
             if graph is not None:
                 graph.meta.pop("_path", None)
                 return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
-        graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model)
+        graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model, method=method)
         return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
     finally:
         for m, t in modes.items():
@@ -110,29 +113,36 @@ def _capture_fast(root, model, stack, inputs, kwargs, strip, batch, gname):
     return graph
 
 
-def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None):
+def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None, method="auto"):
     import torch
-    err = None
+    err, where = None, None
     with _ModuleTracker(root, strip) as tracker:
         try:
+            if method == "fx":
+                raise _SkipExport()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
             return _from_export(ep, root, strip, batch, gname, model, expand)
         except CaptureError:
             raise
+        except _SkipExport:
+            pass
         except Exception as e:        # noqa: BLE001 - any tracing failure goes to the fallback
             err, where = e, tracker.failed_at()
+    if expand is not None or method == "export":
+        raise CaptureError(_explain(err, where, root))
     from .fxpath import capture_fx
     try:
-        graph = capture_fx(root, inputs, kwargs, strip, batch, gname, model)
-        if graph is not None and expand is None:
-            return graph
-    except Exception:                 # noqa: BLE001 - report the export error, the clearer one
-        pass
-    if expand is not None:
-        raise CaptureError("truncated capture failed")
+        return capture_fx(root, inputs, kwargs, strip, batch, gname, model)
+    except Exception as e:            # noqa: BLE001 - report the export error, the clearer one
+        if err is None:
+            err, where = e, None
     raise CaptureError(_explain(err, where, root))
+
+
+class _SkipExport(Exception):
+    pass
 
 
 def _from_export(ep, root, strip, batch, gname, model, expand):
@@ -167,11 +177,11 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
                                                     if k in ("param", "buffer"))))
     if expand is not None:
         lq, depth = expand
-        res = expand_blocks(nodes, outputs, blocks, _unstrip(lq), depth)
+        res = expand_blocks(nodes, outputs, blocks, lq, depth)
         if res is None:
             raise CaptureError("blocks not replicable")
         nodes, outputs, blocks = res
-        params = _replicate_params(params, _unstrip(lq), depth)
+        params = _replicate_params(params, lq, depth)
     inputs = [n for n, v in nodes.items() if v.kind == "input"]
     nodes, outputs, mapping = canonical_names(nodes, outputs, keep=inputs)
     blocks = {b: [mapping[x] for x in v] for b, v in blocks.items()}
@@ -210,10 +220,6 @@ def _untie(ep, root, kinds):
                 tied[kinds[p][1]] = kinds[keep][1]
                 out[p] = kinds[keep]
     return out, tied
-
-
-def _unstrip(q):
-    return q
 
 
 def _params(root, strip, entries):

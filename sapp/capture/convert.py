@@ -61,6 +61,13 @@ def _strip(path, strip):
     return "" if path == "" else path
 
 
+class ParamArg:
+    """A parameter/buffer passed to an op by qualname (the fx fallback's leaf modules)."""
+
+    def __init__(self, qualname, tensor):
+        self.qualname, self.tensor = qualname, tensor
+
+
 class Converter:
     def __init__(self, batch: int, strip: str = ""):
         self.batch = batch
@@ -138,6 +145,12 @@ class Converter:
         ins, operands, in_batch = [], [], []
 
         def sub(a):
+            if isinstance(a, ParamArg):
+                shape, dt = tuple(int(x) for x in a.tensor.shape), dtype_str(a.tensor.dtype)
+                ins.append(Tin(shape, dt, is_param=True))
+                operands.append((shape, dt, None, _strip(a.qualname, self.strip)))
+                in_batch.append((False,) * len(shape))
+                return TRef(len(ins) - 1)
             if isinstance(a, torch.fx.Node):
                 v = a.meta.get("val")
                 if not _is_tensor(v):
@@ -190,6 +203,9 @@ class Converter:
         else:
             nbytes = 0.0
         module, scopes = module_of(n, self.strip)
+        if n.op == "call_module":          # fx fallback: the leaf module is the node itself
+            leaf = _strip(str(n.target), self.strip)
+            module, scopes = leaf, scopes + [leaf]
         extra = dict(spec.extra)
         if spec.generic:
             extra["generic"] = True
