@@ -233,3 +233,13 @@ def test_fx_fallback_matches_export(name):
         assert (x.kind, x.dims, x.saves, x.flops, x.bytes, x.module, x.block, x.params) == \
                (y.kind, y.dims, y.saves, y.flops, y.bytes, y.module, y.block, y.params), x.name
         assert [o.dims for o in x.operands] == [o.dims for o in y.operands]
+
+
+def test_batch_one_is_captured_at_two_and_scaled(gpt_small):
+    g1 = capture(M.get("gpt-small", dropout=0.1), batch=1)
+    assert g1.batch_size == 1 and g1.meta["batch"] == 1
+    assert g1.nodes["inputs_0"].out.shape == (1, 64) and g1.nodes["inputs_0"].dims[0].batch
+    assert g1.total_flops() == pytest.approx(gpt_small.rebatch(1).total_flops())
+    assert g1.fingerprint() == gpt_small.fingerprint()
+    emb = g1.nodes["embedding"]
+    assert emb.bytes == emb.operands[1].nbytes + 2 * emb.out.nbytes

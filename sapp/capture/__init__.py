@@ -62,6 +62,10 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
         loss_fn = loss_fn or zoo.loss_fn(model)
         if target is None:
             target = zoo.example_targets(model, batch, device)
+    if batch == 1 and first is not None and first.shape[0] == 1:
+        # A size-1 batch axis is indistinguishable from any other size-1 axis once views merge
+        # it, so capture at batch 2 and scale the graph down.
+        return _at_batch_one(model, example_inputs, target, loss_fn, name, fast, method)
     with_loss = loss_fn is not None and target is not None
     root = zoo.WithLoss(model, loss_fn) if with_loss else model
     kwargs = {"target": _to(target, device)} if with_loss else {}
@@ -82,6 +86,22 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     finally:
         for m, t in modes.items():
             m.train(t)
+
+
+def _at_batch_one(model, inputs, target, loss_fn, name, fast, method):
+    import torch
+
+    def double(x):
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1:
+            return torch.cat([x, x])
+        return x
+    g = capture(model, tuple(double(x) for x in inputs), target=double(target), loss_fn=loss_fn, batch=2,
+                name=name, fast=fast, method=method).rebatch(1)
+    for n in g.nodes.values():
+        if n.kind == "embedding":      # bytes are ids + rows read + written: all per-sample
+            n.bytes = float(n.operands[1].nbytes + 2 * n.out.nbytes)
+    g.meta["batch"] = 1
+    return g
 
 
 def _device(model):
