@@ -28,7 +28,8 @@ def binding_constraint(plan):
         idx, peak, _ = max(rows, key=lambda r: r[1])
         if peak >= 0.9 * cap:
             return "memory", (f"stage {idx} uses {fmt_bytes(peak)} of {fmt_bytes(cap)} "
-                              f"({100 * peak / cap:.0f}%); more micro-batches per device or less recompute would not fit")
+                              f"({100 * peak / cap:.0f}%): faster choices (less recomputation, larger micro-batches, "
+                              f"less ZeRO sharding) do not fit")
     parts = time_breakdown(plan)
     step = float(plan["predicted"].get("step_time_s") or 0.0) or sum(parts.values()) or 1.0
     name = max(sorted(parts), key=lambda k: parts[k])

@@ -98,7 +98,7 @@ def _memory(ax, plan):
             ax.bar(xs, vals, bottom=bottom, color=PART_COLOURS[part], label=part, width=0.6)
             bottom = [b + v for b, v in zip(bottom, vals)]
         other = [t / 1e9 - b for (_, t, _), b in zip(rows, bottom)]
-        if any(o > 1e-9 for o in other):
+        if any(o > 1e-3 * max(bottom + [1e-9]) for o in other):   # transient buffers etc.
             ax.bar(xs, [max(o, 0) for o in other], bottom=bottom, color="#BBBBBB", label="other", width=0.6)
     else:
         ax.bar(xs, [t / 1e9 for _, t, _ in rows], color="#4C78A8", label="total", width=0.6)
