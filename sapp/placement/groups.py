@@ -8,6 +8,7 @@ offloaded.  Pins: {"<fnmatch pattern on param or module qualnames>": "host"|"dev
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from dataclasses import dataclass
 
 from ..errors import ConstraintError
@@ -30,23 +31,40 @@ def table_kind(name: str) -> str:
     return "ftrl" if "wide" in name.split(".")[0] else "sparse_adam"
 
 
-def stage_params(graph, node_names, micro_batch_size=None) -> StageParams:
-    names = set(node_names)
-    nodes = [n for n in graph.nodes.values() if n.name in names]
-    scale = 1.0 if not micro_batch_size else micro_batch_size / max(1, graph.batch_size)
-    used_by = {}
+_FACTS = {}   # id(graph) -> (weakref to graph, used_by, per-node facts): the joint search asks per config
+
+
+def _graph_facts(graph):
+    """{param: kinds of the ops using it}, {node: (params, ids per lookup, kind, group)}; cached per
+    graph object (graphs are not mutated after capture)."""
+    hit = _FACTS.get(id(graph))
+    if hit is not None and hit[0]() is graph:
+        return hit[1], hit[2]
+    used_by, per_node = {}, {}
     for n in graph.nodes.values():
-        for p in n.params:
+        ps = [o.param for o in n.operands if o.param is not None]
+        ids = max((o.numel for o in n.operands if o.param is None), default=0) if n.kind == "embedding" else 0
+        per_node[n.name] = (ps, ids, n.block or n.module)
+        for p in ps:
             used_by.setdefault(p, set()).add(n.kind)
+    if len(_FACTS) >= 16:
+        _FACTS.clear()
+    _FACTS[id(graph)] = (weakref.ref(graph), used_by, per_node)
+    return used_by, per_node
+
+
+def stage_params(graph, node_names, micro_batch_size=None) -> StageParams:
+    used_by, per_node = _graph_facts(graph)
+    scale = 1.0 if not micro_batch_size else micro_batch_size / max(1, graph.batch_size)
     lookups, owner_group = {}, {}
-    for n in nodes:
-        if n.kind == "embedding":
-            ids = [o for o in n.operands if o.param is None]
-            n_ids = max((o.numel for o in ids), default=0)
-            for p in n.params:
-                lookups[p] = lookups.get(p, 0) + n_ids
-        for p in n.params:
-            owner_group.setdefault(p, n.block or n.module or p.rsplit(".", 1)[0])
+    for name in node_names:
+        if name not in per_node:
+            continue
+        ps, ids, group = per_node[name]
+        for p in ps:
+            if ids:
+                lookups[p] = lookups.get(p, 0) + ids
+            owner_group.setdefault(p, group or p.rsplit(".", 1)[0])
     tables, dense, groups = [], {}, {}
     for p in sorted(owner_group):
         info = graph.params.get(p)
@@ -58,8 +76,9 @@ def stage_params(graph, node_names, micro_batch_size=None) -> StageParams:
         else:
             dense[p] = info.numel
             groups[owner_group[p]] = groups.get(owner_group[p], 0) + info.numel
-    trainable = {p for p, i in graph.params.items() if i.trainable}
-    return StageParams(tuple(tables), dense, groups, trainable <= set(owner_group))
+    n_trainable = sum(1 for i in graph.params.values() if i.trainable)
+    n_mine = sum(1 for p in owner_group if p in graph.params and graph.params[p].trainable)
+    return StageParams(tuple(tables), dense, groups, n_mine == n_trainable)
 
 
 @dataclass(frozen=True)
@@ -111,5 +130,5 @@ def _matches(param: str, pattern: str) -> bool:
 
 def _host_capable(graph, p) -> bool:
     info = graph.params[p]
-    kinds = {n.kind for n in graph.nodes.values() if p in n.params}
+    kinds = _graph_facts(graph)[0].get(p, set())
     return bool(info.sparse_grad) and kinds == {"embedding"} and len(info.shape) == 2
