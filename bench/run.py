@@ -135,10 +135,13 @@ def _exhaustive(searcher, model, cluster, batch, plan):
     if fn is None:
         return {"status": "n/a: bench/joint_exhaustive.py has no optimum()"}
     t0 = time.perf_counter()
+    target = searcher.graph(model) if hasattr(searcher, "graph") else searcher.model(model)
     try:
-        res = fn(searcher.model(model), cluster, global_batch=batch)
-    except (SappError, ValueError) as e:
+        res = fn(target, cluster, global_batch=batch)
+    except SappError as e:
         return {"status": f"n/a: {e}"}
+    except Exception as e:           # bench/joint_exhaustive.py is another engineer's: report, go on
+        return {"status": f"error: {type(e).__name__}: {e}"}
     if res is None:
         return {"status": "n/a: too large for exhaustive search"}
     step = res["step_time_s"] if isinstance(res, dict) else res["predicted"]["step_time_s"]
