@@ -79,6 +79,8 @@ def test_stage_without_tables_gets_block_and_name_keys():
     opts = placement_options(g, ["deep.1", "deep.2"], A100, S)
     assert [o.name for o in opts] == ["device", "optimizer-host"]
     assert sorted(opts[1].section["groups"]) == ["deep.1.weight", "deep.2.weight"]
+    only_input = placement_options(g, ["ids"], A100, S, pins={"optimizer": "host"})
+    assert [o.name for o in only_input] == ["device"]
 
 
 def test_merge_stage_sections():

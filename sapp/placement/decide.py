@@ -70,6 +70,8 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
     opt_kind = settings.optimizer if settings.optimizer in ("adam", "adamw") else "adam"
 
     plans = []   # (name, [HostCost parts], groups)
+    if not stage.tables and not stage.dense:      # nothing trainable here: nothing to place
+        return [PlacementOption("device", 0.0, 0.0, 0.0, {"groups": {}, "predicted": {}})]
     if not forced_tables and pin.optimizer != "host":
         plans.append(("device", [], {}))
     tgroups = {t.name: table_entry(t.kind) for t in host_tables}
