@@ -12,7 +12,6 @@ a second instead of several.  When export fails, a torch.fx symbolic trace is tr
 a CaptureError names the module that broke and what to try."""
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 from ..errors import CaptureError

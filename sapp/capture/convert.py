@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..ir import DTYPE_BYTES, Dim, OpNode, Operand, TensorSpec
+from ..ir import Dim, OpNode, Operand, TensorSpec
 from .ops import OpCall, Tin, TRef, spec_for
 
 SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split"}
@@ -183,7 +183,6 @@ class Converter:
         call = OpCall(op, ins, cargs, ckwargs, out_shape, dtype_str(val.dtype))
         spec = spec_for(call)
         in_dims = _sanitize(spec, ins, out_shape)
-        sizes = {d[0]: d[1] for d in spec.dims}
         is_batch = {d[0]: False for d in spec.dims}
         for i, dd in enumerate(in_dims):
             for ax, dn in enumerate(dd):
@@ -289,10 +288,3 @@ def canonical_names(nodes, outputs, keep=()):
         out[mapping[name]] = OpNode(mapping[name], n.kind, n.target, n.dims, ops, n.out, n.flops, n.bytes,
                                     n.saves, n.module, n.block, n.extra)
     return out, tuple(mapping[o] for o in outputs), mapping
-
-
-def nbytes_of(shape, dtype):
-    k = DTYPE_BYTES.get(dtype, 4)
-    for s in shape:
-        k *= s
-    return k

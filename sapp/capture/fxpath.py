@@ -7,7 +7,6 @@ import operator
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..ir import OpGraph
 from .blocks import assign_blocks, container_children, group_blocks

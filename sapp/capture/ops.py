@@ -8,7 +8,6 @@ adds not counted, as torch.utils.flop_counter), element-wise 1 per output elemen
 softmax 5 per element, views and lookups 0."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 
