@@ -186,7 +186,7 @@ def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
                for r in range(procs)]
     for w in workers:
         w.start()
-    got, deadline = {}, time.monotonic() + timeout_s
+    got, deadline, finished = {}, time.monotonic() + timeout_s, False
     try:
         while len(got) < procs:
             left = deadline - time.monotonic()
@@ -203,9 +203,11 @@ def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
             if "error" in res:
                 raise CalibrationError(f"calibration worker {rank} failed: {res['error']}")
             got[rank] = res
+        finished = True
     finally:
         for w in workers:
-            w.join(timeout=5)
+            if finished:
+                w.join(timeout=5)      # let a finished worker tear its process group down
             if w.is_alive():
                 w.terminate()
                 w.join(timeout=5)

@@ -56,3 +56,12 @@ def test_calibrate_bad_procs():
     from sapp.calibrate import measure
     with pytest.raises(CalibrationError):
         measure(procs=0)
+
+
+def test_calibrate_times_out_cleanly():
+    import multiprocessing
+    from sapp.calibrate import measure
+    before = set(multiprocessing.active_children())
+    with pytest.raises(CalibrationError, match="did not finish within"):
+        measure(procs=2, quick=True, timeout_s=0.05)
+    assert not (set(multiprocessing.active_children()) - before)     # workers were stopped
