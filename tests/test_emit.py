@@ -66,7 +66,27 @@ CASES_4 = [
 ] if HAVE_HF else [])
 
 
+def _searched(tmp_path, gpus):
+    """gpt-tiny's plan for `cpu:gpus=N` from the real search (2 -> pp=2 1f1b x 8 micro-batches,
+    4 -> dp=2 x pp=2 with ZeRO-2 at the time of writing); None when the search is not available."""
+    try:
+        import sapp
+        import sapp.models as models
+        from sapp.api import search
+    except ImportError:
+        return None
+    plan = search(models.get("gpt-tiny", device="meta", dropout=0.0), sapp.Cluster.parse(f"cpu:gpus={gpus}"),
+                  global_batch=BATCH)
+    path = tmp_path / f"searched{gpus}.json"
+    plan.save(path)
+    return {"id": f"searched-cpu-gpus{gpus}", "kind": "gpt", "plan_path": str(path), "steps": STEPS, "batch": BATCH,
+            "check_fingerprint": gpus == 2}
+
+
 def _run_job(world, cases, tmp_path):
+    searched = _searched(tmp_path, world)
+    if searched:
+        cases = cases + [searched]
     cpath, opath = tmp_path / f"cases{world}.json", tmp_path / f"out{world}.json"
     cpath.write_text(json.dumps(cases))
     # hard timeout: a hung collective must fail the test, not the CI run
@@ -110,6 +130,14 @@ def test_four_rank_2d_modes_match_single_process(job4, cid):
     _assert_matches(job4[cid], 4)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_searched_cpu_preset_plans_match_single_process(job2, job4, world):
+    res = (job2 if world == 2 else job4).get(f"searched-cpu-gpus{world}")
+    if res is None:
+        pytest.skip("sapp.api.search not available")
+    _assert_matches(res, world)
+
+
 def test_runtimes_chosen_per_plan_feature(job2, job4):
     r = {cid: res["ranks"]["0"] for cid, res in {**job2, **job4}.items()}
     assert r["gpt-dp2"]["module_types"] == ["DistributedDataParallel"]
@@ -147,6 +175,13 @@ def _gpt_plan(**kw):
     return m, make_plan(**kw)
 
 
+def test_meta_model_refused():
+    import sapp.models as models
+    m = models.get("gpt-tiny")
+    with pytest.raises(PlanError, match="meta"):
+        emit(m, make_plan(params=sum(p.numel() for p in m.parameters())))
+
+
 def test_world_size_mismatch_refused():
     m, plan = _gpt_plan(dp=2)
     with pytest.raises(PlanError, match="plan is for 2 devices .* this job has 1 processes; launch with --nproc 2"):
@@ -166,8 +201,11 @@ def test_bad_names_refused():
     m, plan = _gpt_plan(tp_modules={"layers.9.mlp.fc1": "colwise"})
     with pytest.raises(PlanError, match="does not have"):
         checks.check_names(m, plan)
-    m, plan = _gpt_plan(tp_modules={"layers.0.ln1": "colwise"})
-    with pytest.raises(PlanError, match="only Linear and Embedding"):
+    m, plan = _gpt_plan(tp_modules={"layers.0.mlp.fc1": "vocab"})
+    with pytest.raises(PlanError, match="is 'vocab' but layers.0.mlp.fc1 is a Linear"):
+        checks.check_names(m, plan)
+    m, plan = _gpt_plan(tp_modules={"layers.0.mlp.fc1": "diagonal"})
+    with pytest.raises(PlanError, match="use 'colwise', 'rowwise' or 'vocab'"):
         checks.check_names(m, plan)
     m, plan = _gpt_plan(pp=2, schedule="1f1b", micro_batches=2, split_before=["layers.7"])
     with pytest.raises(PlanError, match="splits before 'layers.7'"):

@@ -157,6 +157,9 @@ def check_pipeline(plan: Plan) -> None:
 
 def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_inputs=None,
               fingerprint: bool = True) -> None:
+    if any(p.is_meta for p in model.parameters()):
+        raise PlanError("the model has meta (unallocated) parameters; build it with real weights, e.g. "
+                        "sapp.models.get(name, device='cpu'), before emitting")
     check_world(plan, world)
     check_model(model, plan, name, example_inputs, fingerprint)
     check_pipeline(plan)

@@ -117,6 +117,9 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
     """Returns (module to run, gradient hook or None, effective zero level)."""
     if dp == 1:
         return module, None, 0
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+        notes.append("BatchNorm statistics are per data-parallel rank (SyncBatchNorm needs CUDA), so losses "
+                     "differ slightly from single-device training")
     if zero == 1 and tp > 1:
         notes.append("zero 1 with tensor parallelism runs as zero 2 (ZeroRedundancyOptimizer cannot hold DTensors)")
         zero = 2

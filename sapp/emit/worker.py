@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     try:
         for i in range(args.steps):
             if fault and fault == (rank, i):
-                print(f"[rank {rank}] SAPP_FAULT: exiting at step {i}", file=sys.stderr, flush=True)
+                print(f"[rank {rank}] SAPP_FAULT: exiting at step {i} at t={time.time():.3f}", file=sys.stderr, flush=True)
                 os._exit(1)
             x, y = prog.shard(*batches(i))
             t0 = time.perf_counter()

@@ -21,6 +21,7 @@ def _worker(rank, world, cases, out_dir, store):
     torch.set_num_threads(1)
     from sapp.emit import emit
     from tests.emit_workers import zoo
+    from sapp.plan import Plan
     from tests.emit_workers.plans import make_plan
     results = {}
     code = 0
@@ -30,12 +31,16 @@ def _worker(rank, world, cases, out_dir, store):
         for case in cases:
             kind = case["kind"]
             model, loss_fn = zoo.build(kind)
-            kw = dict(case["plan"])
-            kw.setdefault("params", sum(p.numel() for p in model.parameters()))
-            kw.setdefault("global_batch", case["batch"])
-            plan = make_plan(**kw)
+            if case.get("plan_path"):           # a plan from sapp's own search
+                plan = Plan.load(case["plan_path"])
+            else:
+                kw = dict(case["plan"])
+                kw.setdefault("params", sum(p.numel() for p in model.parameters()))
+                kw.setdefault("global_batch", case["batch"])
+                plan = make_plan(**kw)
             x0, _ = zoo.batch(kind, case["batch"], 0)
-            prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0)
+            prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0,
+                        check_fingerprint=case.get("check_fingerprint", False))
             losses = []
             for i in range(case["steps"]):
                 x, y = zoo.batch(kind, case["batch"], i)
@@ -94,7 +99,7 @@ def main(argv):
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:
-        placement = case["plan"].get("placement_groups")
+        placement = case.get("plan", {}).get("placement_groups")
         key = (case["kind"], case["steps"], case["batch"], json.dumps(placement, sort_keys=True))
         if key not in refs:
             refs[key] = zoo.reference(*key[:3], placement=placement)
