@@ -223,7 +223,8 @@ class _Numbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
-        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd = ([] for _ in range(8))
+        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat = (
+            [] for _ in range(9))
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
@@ -231,10 +232,10 @@ class _Numbers:
                 f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
                 st = u.states[cfg.zero]
                 r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-                     u.grad_sync[cfg.zero], u.states[0]["params"], f)
+                     u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
                 per_rep[key] = r
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
-                                 self.fwd), r):
+                                 self.fwd, self.lat), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
@@ -366,7 +367,8 @@ class _Evaluator:
             index=i, units=[self.units[j].name for j in idx],
             blocks=[self.units[j].name for j in idx if self.units[j].kind == "block"],
             fwd_s=fwd, bwd_s=t - self.sends(i) * self.c - fwd + extra, recompute_s=extra,
-            send_s=self.sends(i) * self.c, grad_sync_s=sum(num.gs[j] for j in idx), in_flight=infl,
+            send_s=self.sends(i) * self.c,
+            grad_sync_s=sum(num.gs[j] for j in idx) + max((num.lat[j] for j in idx), default=0.0), in_flight=infl,
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
                     "activations": acts * infl, "transient": transient + z3},
             recompute=policies)
@@ -495,16 +497,20 @@ def _pinned_starts(ctx, ev, p):
 
 def profile_bound(ctx, cfg, prof):
     """Tighter bound from the profile: real per-micro-batch unit times (no recomputation), the
-    cheapest possible gradient sync (spread evenly) and the bubble."""
+    stage-boundary sends every pipeline pays, the cheapest possible gradient sync (bandwidth spread
+    evenly, latency once) and the bubble."""
     num = _numbers(ctx, prof, cfg)
-    tot = sum(num.t)
     p, m = cfg.pp, cfg.m
-    gs = sum(num.gs) / p
+    c = _p2p_time(ctx, cfg, num.boundary)
+    sends = (2 * cfg.v * p - 2) if cfg.schedule == "interleaved" else 2 * (p - 1)
+    tot = sum(num.t) + sends * c
+    tmax = max(tot / p, max(num.t))
+    gs = sum(num.gs) / p + max(num.lat, default=0.0)
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":
-        return m * tot / p + tot * (1 - 1 / p) / cfg.v + gs
-    return (m - 1) * tot / p + tot + gs
+        return m * tmax + (tot - tmax) / cfg.v + gs
+    return (m - 1) * tmax + tot + gs
 
 
 # ---- the search -----------------------------------------------------------------------------------
@@ -646,10 +652,12 @@ def _notes(ctx, res):
 
 
 def exhaustive_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
-                      policies=POLICIES):
+                      policies=POLICIES, exact_partition=True):
     """Reference for the quality benchmark: every configuration x every uniform recompute policy,
-    exact O(p n^2) partition, no pruning, same cost model and stage profiles.  Returns the best
-    JointResult (or None) and the number of (configuration, policy) pairs scored."""
+    no pruning, same cost model and stage profiles, exact partition (the O(p n^2) DP, or with
+    exact_partition=False the count bisection, which tests/test_pipeline_partition.py checks equal
+    to the DP for identical blocks).  Returns the best JointResult (or None) and the number of
+    (configuration, policy) pairs scored."""
     cons = Constraints.from_dict(constraints)
     ctx = _Ctx(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
     best, scored = None, 0
@@ -657,7 +665,7 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
         prof = ctx.profile(cfg.dp, cfg.tp)
         for pol in policies:
             scored += 1
-            res = evaluate_config(ctx, cfg, prof, exact=True, policy=pol)
+            res = evaluate_config(ctx, cfg, prof, exact=exact_partition, policy=pol)
             if res is not None and (best is None or _rank(res) < _rank(best)):
                 best = res
     return best, scored

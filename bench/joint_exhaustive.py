@@ -1,0 +1,84 @@
+"""Joint search quality: `python -m bench.joint_exhaustive [--quick]`.
+
+For zoo models x {8, 64, 512} devices, the joint search's predicted step time against an exhaustive
+enumeration of (pp, dp, tp, micro-batches, schedule, uniform recompute policy, ZeRO) over the same
+cost model and the same stage profiles (sapp.search.joint.exhaustive_search).  gap = search / best - 1
+(<= 1% is the target; negative when mixing recompute policies per block beats every uniform policy).
+`optimum(model, cluster, global_batch)` is what bench/run.py calls."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024)]
+DEVICES = (8, 64, 512)
+MAX_CONFIGS = 4000          # beyond this the exhaustive enumeration takes minutes: skipped
+_GRAPHS = {}
+
+
+def _graph(model):
+    key = id(model)
+    if key not in _GRAPHS:
+        from sapp.api import capture_graph
+        _GRAPHS[key] = (model, capture_graph(model)[0])
+    return _GRAPHS[key][1]
+
+
+def optimum(model, cluster, *, global_batch, constraints=None):
+    """Exhaustive optimum as {"step_time_s", "config"}, or None when the case is too large."""
+    from sapp.constraints import Constraints
+    from sapp.search.joint import _Ctx, enumerate_configs, exhaustive_search
+    from sapp.costmodel import CostSettings
+    graph = _graph(model) if not hasattr(model, "nodes") else model
+    ctx = _Ctx(graph, cluster, int(global_batch), Constraints.from_dict(constraints), CostSettings(), None)
+    if len(enumerate_configs(ctx)) > MAX_CONFIGS:
+        return None
+    best, scored = exhaustive_search(graph, cluster, global_batch=global_batch, constraints=constraints,
+                                     exact_partition=False)
+    if best is None:
+        return None
+    return {"step_time_s": best.step_time_s, "config": best.config.describe(), "scored": scored}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="8 and 64 devices only")
+    args = ap.parse_args(argv)
+    import sapp.models as zoo
+    from sapp.cluster import Cluster
+    from sapp.errors import SappError
+    from sapp.search.joint import joint_search
+
+    print(f"{'model':<11} {'devices':>7} {'search_s':>8} {'exhaustive_s':>12} {'scored':>7} {'search_step':>11} "
+          f"{'best_step':>10} {'gap':>8}  configurations (search | exhaustive)")
+    gaps = []
+    for name, batch in CASES:
+        g = _graph(zoo.get(name))
+        for n in DEVICES[:2] if args.quick else DEVICES:
+            cl = Cluster.parse(f"a100-80g:devices={n}")
+            t0 = time.perf_counter()
+            try:
+                r = joint_search(g, cl, global_batch=batch)
+            except SappError as e:
+                print(f"{name:<11} {n:>7}  search: {e}")
+                continue
+            ts = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ex = optimum(g, cl, global_batch=batch)
+            te = time.perf_counter() - t0
+            if ex is None:
+                print(f"{name:<11} {n:>7} {ts:>8.2f} {'skipped':>12}")
+                continue
+            gap = r.step_time_s / ex["step_time_s"] - 1
+            gaps.append(gap)
+            print(f"{name:<11} {n:>7} {ts:>8.2f} {te:>12.2f} {ex['scored']:>7} {r.step_time_s:>11.4f} "
+                  f"{ex['step_time_s']:>10.4f} {gap:>+8.3%}  {r.config.describe()} | {ex['config']}")
+            sys.stdout.flush()
+    if gaps:
+        print(f"\nworst gap {max(gaps):+.3%} over {len(gaps)} cases (target <= +1%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

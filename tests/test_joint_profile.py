@@ -1,0 +1,59 @@
+"""Stage profiles: ZeRO stages derived from the zero-0 evaluation equal a direct cost-model
+evaluation; the affine micro-batch fit reproduces an evaluation at another batch; units."""
+import pytest
+
+from sapp.cluster import Cluster
+from sapp.costmodel import CostSettings
+from sapp.pipeline import profile as P
+from sapp.search.random_graphs import gpt_graph
+
+
+@pytest.fixture(scope="module")
+def prof():
+    g = gpt_graph(layers=4, b=2, s=256, h=512, a=8, vocab=4096)
+    cl = Cluster.parse("a100-80g:nodes=2")
+    return g, cl, P.build_profile(g, cl, CostSettings(), 8, 2)
+
+
+def test_units_follow_blocks(prof):
+    g, _, p = prof
+    names = [u.name for u in p.units]
+    assert names == ["prologue", "layers.0", "layers.1", "layers.2", "layers.3", "epilogue"]
+    assert all(u.rep == "layers.0" for u in p.units if u.kind == "block")
+    assert sum(len(u.nodes) for u in p.units) == len(g.nodes)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_derived_zero_stages_match_direct_evaluation(prof, zero):
+    g, cl, p = prof
+    d = P._unit_numbers(p.template, p.units, p.strategies, p.mesh, cl, CostSettings(), zero, 8)
+    for u in p.units:
+        if u.name not in d:
+            continue
+        x = d[u.name]
+        assert sum(u.states[zero].values()) == pytest.approx(sum(x["states"].values()), rel=1e-9)
+        assert u.at(1, zero)[0] == pytest.approx(x["fwd"], rel=1e-9, abs=1e-15)
+        assert u.grad_sync[zero] == pytest.approx(x["grad_sync"], abs=1e-15)
+    if zero == 3:   # ZeRO-3 shards the weights over dp=8 and gathers them in forward and backward
+        blk = p.units[1]
+        assert blk.states[3]["params"] == pytest.approx(blk.states[0]["params"] / 8)
+        assert blk.at(1, 3)[0] > blk.at(1, 0)[0]
+
+
+def test_affine_fit_reproduces_another_micro_batch(prof):
+    g, cl, p = prof
+    d4 = P._unit_numbers(p.template.rebatch(8 * 4), p.units, p.strategies, p.mesh, cl, CostSettings(), 0, 8)
+    blk = p.units[1]
+    f, b, act, extra, out = blk.at(4, 0)
+    assert f == pytest.approx(d4["layers.0"]["fwd"], rel=0.02)
+    assert act[0] == pytest.approx(d4["layers.0"]["act"][0], rel=1e-9)
+
+
+def test_stage_mesh_roles():
+    cl = Cluster.parse("a100-80g:nodes=4")
+    mesh, roles = P.stage_mesh(cl, 8, 4)
+    assert [(lv.size, lv.link) for lv in mesh.levels] == [(8, "inter"), (4, "intra")] and roles == ("dp", "tp")
+    mesh, roles = P.stage_mesh(cl, 2, 2)
+    assert [(lv.size, lv.link) for lv in mesh.levels] == [(2, "intra"), (2, "intra")]
+    assert P.stage_mesh(cl, 1, 16) == (None, None)
+    assert P.stage_mesh(cl, 3, 1) == (None, None)
