@@ -51,6 +51,7 @@ CASES_2 = [
     _case("mlp-tp2", "mlp", tp=2, tp_modules={"layers.0.fc": "colwise", "layers.1.fc": "rowwise"}),
     _case("widedeep-dp2-recompute", "widedeep", dp=2, recompute_blocks={"deep": "full"}),
     _case("widedeep-dp2-host-tables", "widedeep-sparse", dp=2, placement_groups=HOST_TABLES),
+    _case("widedeep-zero3-host-tables", "widedeep-sparse", dp=2, zero=3, placement_groups=HOST_TABLES),
 ] + ([
     _case("gpt2-dp2", "gpt2", dp=2),
     _case("gpt2-pp2-1f1b", "gpt2", pp=2, schedule="1f1b", micro_batches=2, split_before=["transformer.h.1"]),
@@ -156,6 +157,8 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     host = r["widedeep-dp2-host-tables"]
     assert host["host_modules"] == ["module.deep_emb", "module.wide_emb"]
     assert host["optimizers"] == ["SparseAdam", "Adam"]
+    z3 = r["widedeep-zero3-host-tables"]        # host tables stay whole outside FSDP2
+    assert z3["host_modules"] == ["deep_emb", "wide_emb"] and z3["module_types"] == ["FSDPWideDeep"]
 
 
 @pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")

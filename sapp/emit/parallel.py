@@ -70,14 +70,31 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None) -> li
     return sorted(plan)
 
 
-def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list) -> None:
-    """FSDP2: each block its own unit (gathered just in time), then the root for the rest."""
+def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list, ignored: set = None) -> None:
+    """FSDP2: each block its own unit (gathered just in time), then the root for the rest.  `ignored`
+    parameters (host tables) stay whole and unmanaged."""
     from torch.distributed.fsdp import fully_shard
+    kw = {"ignored_params": set(ignored)} if ignored else {}
     mods = dict(module.named_modules())
     for name in blocks:
         if name in mods and any(True for _ in mods[name].parameters()):
-            fully_shard(mods[name], mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(mods[name], mesh=dp_mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
+
+
+def gloo_dp_group(mesh, device, pp: int, dp: int, tp: int):
+    """The dp group for host (CPU) tensors: the mesh's own on gloo; with nccl a gloo twin of every dp
+    group is created (new_group must run on all ranks in the same order) and this rank's returned."""
+    if device.type != "cuda":
+        return mesh["dp"].get_group()
+    mine, me = None, dist.get_rank()
+    for p in range(pp):
+        for t in range(tp):
+            ranks = [((p * dp) + d) * tp + t for d in range(dp)]
+            g = dist.new_group(ranks, backend="gloo")
+            if me in ranks:
+                mine = g
+    return mine
 
 
 class GradAllReduce:
@@ -113,8 +130,9 @@ class GradAllReduce:
 
 
 def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list,
-            staged: bool = False):
-    """Returns (module to run, gradient hook or None, effective zero level)."""
+            staged: bool = False, host_names: tuple = ()):
+    """Returns (module to run, gradient hook or None, effective zero level).  `host_names`: parameters
+    kept out of DDP/FSDP/the all-reduce (host tables; the placement code averages their gradients)."""
     if dp == 1:
         return module, None, 0
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
@@ -123,13 +141,16 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
     if zero == 1 and tp > 1:
         notes.append("zero 1 with tensor parallelism runs as zero 2 (ZeroRedundancyOptimizer cannot hold DTensors)")
         zero = 2
+    host = {id(p) for n, p in module.named_parameters() if n in set(host_names)}
+    dense = [p for p in module.parameters() if id(p) not in host]
     if zero >= 2:
-        fsdp(module, mesh["dp"], reshard=(zero == 3), blocks=blocks)
+        fsdp(module, mesh["dp"], reshard=(zero == 3), blocks=blocks,
+             ignored={p for p in module.parameters() if id(p) in host})
         return module, None, zero
     if tp > 1 or staged:
         # DDP refuses DTensor parameters, and under a pipeline schedule (several backward passes per
         # step) its bucket rebuild asserts or, with static_graph, gives wrong gradients (torch 2.13)
-        return module, GradAllReduce(module.parameters(), mesh["dp"].get_group()), zero
+        return module, GradAllReduce(dense, mesh["dp"].get_group()), zero
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
     sparse = any(isinstance(m, nn.Embedding) and m.sparse for m in module.modules())

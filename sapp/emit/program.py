@@ -137,6 +137,18 @@ class Program:
         return out
 
 
+class _HostSync:
+    """After backward: average host tables' sparse gradients over the dp group (they are kept out of
+    DDP/FSDP, which cannot bucket CPU sparse gradients next to device ones)."""
+
+    def __init__(self, module, section, group):
+        self.module, self.section, self.group = module, section, group
+
+    def __call__(self):
+        from . import host
+        host.sync_host_grads(self.module, self.section, group=self.group)
+
+
 def _example_inputs(model, plan, example_inputs, mbs, device):
     if example_inputs is not None:
         return _tuple(example_inputs)
@@ -205,8 +217,15 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         recomputed += recompute.apply(mod, modes)
         if tp > 1 and tp_styles:
             parallel.apply_tp(mod, tp_styles, mesh["tp"], notes)
+        host_names = ()
+        if host_groups and dp > 1:
+            from . import host
+            host_names = tuple(host.ignore_host_params_in_ddp(mod, placement))
+            if host_names:
+                hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
-                                             device=device, notes=notes, staged=traced is not None)
+                                             device=device, notes=notes, staged=traced is not None,
+                                             host_names=host_names)
         wrapped[s] = w
         if hook:
             hooks.append(hook)
