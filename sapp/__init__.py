@@ -36,10 +36,10 @@ def emit(model, plan, **kwargs):
 
 
 def __getattr__(name):
+    # importlib, not `from . import x`: the latter asks this very __getattr__ again and recurses.
+    import importlib
     if name == "models":
-        from . import models
-        return models
+        return importlib.import_module("sapp.models")
     if name == "Constraints":
-        from .constraints import Constraints
-        return Constraints
+        return importlib.import_module("sapp.constraints").Constraints
     raise AttributeError(f"module 'sapp' has no attribute {name!r}")
