@@ -17,14 +17,15 @@ def _assert_same(a, b):
     assert a.total_flops() == b.total_flops()
 
 
-def test_replicated_gpt_equals_direct_capture():
-    model = M.get("gpt-small", dropout=0.1)          # l = 4
+@pytest.mark.parametrize("layers", [4, 6])
+def test_replicated_gpt_equals_direct_capture(layers):
+    model = M.get("gpt-small", dropout=0.1, l=layers)
     direct = capture(model, batch=2, fast=False)
     fast = capture(model, batch=2, fast=True)
     assert direct.meta.pop("capture") == "export" and fast.meta.pop("capture") == "export+replicate"
     _assert_same(direct, fast)
     assert direct.meta == fast.meta
-    assert len(model.layers) == 4                     # the model is restored after truncation
+    assert len(model.layers) == layers                # the model is restored after truncation
 
 
 def test_replicated_mlp_equals_direct_capture():
@@ -34,6 +35,41 @@ def test_replicated_mlp_equals_direct_capture():
     assert g.meta["capture"] == "export"
     model = M.get("mlp-tiny", dims=(32, 32, 32, 32, 32), act="gelu")
     _assert_same(capture(model, batch=3, fast=False), capture(model, batch=3, fast=True))
+
+
+class _SkipLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, h, h0):
+        return torch.relu(self.fc(h)) + h0
+
+
+class _SkipNet(torch.nn.Module):
+    """Every layer also reads the FIRST layer's output: replication must keep that link to layer 0
+    rather than re-pointing it at the previous layer."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_SkipLayer() for _ in range(n))
+
+    def forward(self, x):
+        h0 = h = self.layers[0](x, x)
+        for layer in self.layers[1:]:
+            h = layer(h, h0)
+        return h
+
+
+def test_replication_keeps_links_to_early_blocks():
+    model = _SkipNet(6)
+    x = torch.randn(4, 8)
+    direct, fast = capture(model, (x,), fast=False), capture(model, (x,), fast=True)
+    assert fast.meta["capture"] == "export+replicate"
+    direct.meta.pop("capture"), fast.meta.pop("capture")
+    _assert_same(direct, fast)
+    h0 = direct.blocks["layers.0"][-1]
+    assert all(h0 in direct.nodes[direct.blocks[f"layers.{k}"][-1]].producers for k in range(1, 6))
 
 
 def test_gpt3_175b_captures_fast_on_meta():
@@ -63,17 +99,17 @@ def _hf_gpt2(n_layer):
 
 
 def test_hf_gpt2_captures_with_blocks_and_replicates():
-    model = _hf_gpt2(4)
+    model = _hf_gpt2(5)
     ids = torch.randint(0, 256, (2, 32))
 
     def lm_loss(out, target):
         return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), target.flatten())
     direct = capture(model, (ids,), target=ids, loss_fn=lm_loss, fast=False)
-    assert list(direct.blocks) == [f"transformer.h.{i}" for i in range(4)]
+    assert list(direct.blocks) == [f"transformer.h.{i}" for i in range(5)]
     assert direct.block_groups == [list(direct.blocks)]
     assert direct.nodes[direct.outputs[0]].kind == "loss"
-    assert sum(n.kind == "attention" for n in direct) == 4
-    assert sum(n.kind == "matmul" for n in direct) == 4 * 4 + 1
+    assert sum(n.kind == "attention" for n in direct) == 5
+    assert sum(n.kind == "matmul" for n in direct) == 5 * 4 + 1
     # tied wte/lm_head: one parameter, counted once
     assert direct.param_count() == sum(p.numel() for p in model.parameters())
     assert direct.meta["tied"] == {"transformer.wte.weight": "lm_head.weight"}

@@ -23,6 +23,7 @@ __all__ = ["capture"]
 
 DEFAULT_BATCH = 8
 FAST_MIN_DEPTH = 5       # replicate blocks for stacks deeper than this (shallow ones export fast)
+FAST_KEEP = 3            # blocks captured before replicating (3 tell chain inputs from others)
 
 
 def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None, name=None,
@@ -75,7 +76,7 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     root.train()                  # capture what training runs: dropout, batch statistics
     try:
         stack = repeated_list(model) if fast is not False and method != "fx" else None
-        if stack is not None and (fast or stack[3] > FAST_MIN_DEPTH):
+        if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
             graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
             if graph is not None:
                 graph.meta.pop("_path", None)
@@ -122,7 +123,7 @@ def _capture_fast(root, model, stack, inputs, kwargs, strip, batch, gname):
     from torch import nn
     qn, parent, attr, depth = stack
     full = parent._modules[attr]
-    parent._modules[attr] = nn.ModuleList(list(full)[:2])
+    parent._modules[attr] = nn.ModuleList(list(full)[:FAST_KEEP])
     try:
         graph = _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=(qn, depth))
     except CaptureError:
@@ -196,11 +197,11 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
                                                     if k in ("param", "buffer"))))
     if expand is not None:
         lq, depth = expand
-        res = expand_blocks(nodes, outputs, blocks, lq, depth)
+        res = expand_blocks(nodes, outputs, blocks, lq, depth, FAST_KEEP)
         if res is None:
             raise CaptureError("blocks not replicable")
         nodes, outputs, blocks = res
-        params = _replicate_params(params, lq, depth)
+        params = _replicate_params(params, lq, depth, FAST_KEEP)
     inputs = [n for n, v in nodes.items() if v.kind == "input"]
     nodes, outputs, mapping = canonical_names(nodes, outputs, keep=inputs)
     blocks = {b: [mapping[x] for x in v] for b, v in blocks.items()}
@@ -259,15 +260,16 @@ def _params(root, strip, entries):
     return out
 
 
-def _replicate_params(params, lq, depth):
-    """Add lq.k.* copies of every lq.1.* entry, placed where a direct capture lists them: after
-    each contiguous run of lq.1.* names (parameters and buffers form separate runs)."""
-    pre = f"{lq}.1."
+def _replicate_params(params, lq, depth, kept):
+    """Add lq.k.* copies (k >= kept) of every lq.<kept-1>.* entry, placed where a direct capture
+    lists them: after each contiguous run of template names (parameters and buffers form separate
+    runs)."""
+    pre = f"{lq}.{kept - 1}."
     items = list(params.items())
     out, run = {}, []
 
     def flush():
-        for k in range(2, depth):
+        for k in range(kept, depth):
             for q, p in run:
                 nq = f"{lq}.{k}." + q[len(pre):]
                 nm = ("__buffer__" if p.name.startswith("__buffer__") else "") + nq

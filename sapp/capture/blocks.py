@@ -96,57 +96,64 @@ def _module_sig(m):
             tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers()))
 
 
-def expand_blocks(nodes: dict, outputs: tuple, blocks: dict, lq: str, depth: int):
-    """Graph captured with `lq` truncated to 2 blocks -> the graph of the full `depth`.  Block k >= 2
-    is a copy of block 1 whose inputs from block 0 come from block k-1 and whose parameters/modules
-    are renamed lq.1 -> lq.k; nodes after the stack read block depth-1.  Returns (nodes, outputs,
-    blocks) or None when the captured graph does not have that shape (then capture the full model)."""
-    b0, b1 = f"{lq}.0", f"{lq}.1"
-    if b0 not in blocks or b1 not in blocks:
+def expand_blocks(nodes: dict, outputs: tuple, blocks: dict, lq: str, depth: int, kept: int = 3):
+    """Graph captured with `lq` truncated to `kept` blocks -> the graph of the full `depth`.
+
+    The last captured block t = kept-1 is the template: block k > t is a copy of it whose inputs from
+    block t-1 come from block k-1 (inputs from earlier blocks or from before the stack stay as they
+    are, which three captured blocks let us tell apart from the chain), with parameters and modules
+    renamed lq.t -> lq.k.  Nodes after the stack that read block t read block depth-1.  Returns
+    (nodes, outputs, blocks), or None when the captured graph does not have that shape (the caller
+    then captures the full model)."""
+    t = kept - 1
+    names = [f"{lq}.{i}" for i in range(kept)]
+    if any(b not in blocks for b in names):
         return None
-    n0, n1 = blocks[b0], blocks[b1]
-    if block_signature(nodes, b0, n0) != block_signature(nodes, b1, n1):
+    lists = [blocks[b] for b in names]
+    if block_signature(nodes, names[t - 1], lists[t - 1]) != block_signature(nodes, names[t], lists[t]):
         return None
     order = list(nodes)
-    start = order.index(n0[0])
-    if order[start:start + len(n0) + len(n1)] != n0 + n1:
+    start = order.index(lists[0][0])
+    stack = [x for lst in lists for x in lst]
+    if order[start:start + len(stack)] != stack:
         return None                     # blocks not contiguous: something runs between them
-    prefix, suffix = order[:start], order[start + len(n0) + len(n1):]
-    if any(nodes[x].block in (b0, b1) for x in suffix + prefix):
+    prefix, suffix = order[:start], order[start + len(stack):]
+    if any(nodes[x].block in names for x in suffix + prefix):
         return None
-    i0, i1 = {x: i for i, x in enumerate(n0)}, {x: i for i, x in enumerate(n1)}
-    layer = {0: n0, 1: n1}
-    new = {x: nodes[x] for x in prefix + n0 + n1}
-    for k in range(2, depth):
-        names = [f"{x}__rep{k}" for x in n1]
-        for x, nm in zip(n1, names):
+    prev = {x: i for i, x in enumerate(lists[t - 1])}
+    tmpl = {x: i for i, x in enumerate(lists[t])}
+    layer = dict(enumerate(lists))
+    new = {x: nodes[x] for x in prefix + stack}
+    for k in range(kept, depth):
+        clone = [f"{x}__rep{k}" for x in lists[t]]
+        for x, nm in zip(lists[t], clone):
             n = nodes[x]
             ops = []
             for o in n.operands:
                 p = o.producer
-                if p in i1:
-                    p = names[i1[p]]
-                elif p in i0:
-                    p = layer[k - 1][i0[p]]
-                ops.append(Operand(o.shape, o.dtype, o.dims, p, _rename(o.param, b1, f"{lq}.{k}")))
+                if p in tmpl:
+                    p = clone[tmpl[p]]
+                elif p in prev:
+                    p = layer[k - 1][prev[p]]
+                ops.append(Operand(o.shape, o.dtype, o.dims, p, _rename(o.param, names[t], f"{lq}.{k}")))
             new[nm] = OpNode(nm, n.kind, n.target, n.dims, tuple(ops), n.out, n.flops, n.bytes, n.saves,
-                             _rename(n.module, b1, f"{lq}.{k}"), f"{lq}.{k}", dict(n.extra))
-        layer[k] = names
+                             _rename(n.module, names[t], f"{lq}.{k}"), f"{lq}.{k}", dict(n.extra))
+        layer[k] = clone
     last = layer[depth - 1]
     for x in suffix:
         n = nodes[x]
-        ops = tuple(Operand(o.shape, o.dtype, o.dims, last[i1[o.producer]] if o.producer in i1 else o.producer,
+        ops = tuple(Operand(o.shape, o.dtype, o.dims, last[tmpl[o.producer]] if o.producer in tmpl else o.producer,
                             o.param) for o in n.operands)
         new[x] = OpNode(n.name, n.kind, n.target, n.dims, ops, n.out, n.flops, n.bytes, n.saves, n.module,
                         n.block, dict(n.extra))
-    outs = tuple(last[i1[o]] if o in i1 else o for o in outputs)
+    outs = tuple(last[tmpl[o]] if o in tmpl else o for o in outputs)
     nb = {}
-    for b, names in blocks.items():
-        if b == b1:
-            for k in range(1, depth):
+    for b, v in blocks.items():
+        if b == names[t]:
+            for k in range(t, depth):
                 nb[f"{lq}.{k}"] = list(layer[k])
         else:
-            nb[b] = list(names)
+            nb[b] = list(v)
     return new, outs, nb
 
 
