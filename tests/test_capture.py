@@ -243,3 +243,10 @@ def test_batch_one_is_captured_at_two_and_scaled(gpt_small):
     assert g1.fingerprint() == gpt_small.fingerprint()
     emb = g1.nodes["embedding"]
     assert emb.bytes == emb.operands[1].nbytes + 2 * emb.out.nbytes
+
+
+def test_sapp_capture_stays_callable_after_package_import():
+    import sapp
+    import sapp.capture  # noqa: F401 - rebinds sapp.capture to the package
+    g = sapp.capture(M.get("mlp-tiny"), batch=2)
+    assert g.nodes[g.outputs[0]].kind == "loss"
