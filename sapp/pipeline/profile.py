@@ -290,6 +290,22 @@ def _affine(v1, v2, b1, b2):
     return (v1 - c1 * b1, c1)
 
 
+def rebatch(graph, batch):
+    """graph.rebatch, except for ops whose captured `bytes` are smaller than their parameters (an
+    embedding lookup counts the rows it touches, not the table): OpGraph.rebatch keeps parameter
+    bytes fixed and scales the rest, which would make those ops' traffic fall with the batch.
+    Their bytes scale with the batch instead."""
+    out = graph.rebatch(batch)
+    if out is graph:
+        return out
+    r = batch / graph.batch_size
+    for name, node in graph.nodes.items():
+        pbytes = sum(o.nbytes for o in node.operands if o.param is not None)
+        if pbytes and node.bytes < pbytes and any(d.batch for d in node.dims):
+            out.nodes[name].bytes = node.bytes * r
+    return out
+
+
 def dp_split(node, dp):
     """The dp level's choice for a node: its first batch dim (sizes are multiples of dp after
     rebatching to dp x micro-batch), or None when it has none (e.g. a mask built from a buffer)."""
@@ -312,12 +328,12 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             tp_choice, method = cache[key]
         else:
             tmesh = Mesh((Level(tp, "intra"),))
-            res = search_fn(template.rebatch(1), tmesh, cluster, settings, level_roles=("tp",))
+            res = search_fn(rebatch(template, 1), tmesh, cluster, settings, level_roles=("tp",))
             tp_choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
             method = getattr(res, "method", "")
             if cache is not None:
                 cache[key] = (tp_choice, method)
-    t1 = template.rebatch(dp)
+    t1 = rebatch(template, dp)
     out = {}
     for name, node in t1.nodes.items():
         s = []
@@ -339,8 +355,8 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     units = units if units is not None else split_units(graph)
     tnames = template_nodes(graph, units)
     template = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
-    t1 = template.rebatch(dp * 1)
-    t2 = template.rebatch(dp * 2)
+    t1 = rebatch(template, dp * 1)
+    t2 = rebatch(template, dp * 2)
     base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap)
     if search_fn is None and tp > 1 and fixed_strategies is None:
         from ..search import shard_search

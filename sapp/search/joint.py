@@ -110,6 +110,10 @@ class _Ctx:
         self.profiles = {}
         self.strategy_cache = {}
         self.numbers = {}
+        self.placements = {}
+        # host placement is worth pricing for sparse embedding tables or when the user pins it
+        self.placement_relevant = bool(cons.placement) or any(
+            getattr(p, "sparse_grad", False) for p in graph.params.values())
         self.cap = cluster.device_memory
         # work per sample, in device-seconds at peak: the analytic lower bound's numerator
         per = 0.0
@@ -168,6 +172,8 @@ def enumerate_configs(ctx):
                 continue
             if pp > 1 and pp > ctx.L:
                 continue
+            if pp > 1 and c.placement:
+                continue            # placement pins are honoured on single-stage configurations
             if ctx.stage_pins is not None and pp != ctx.stage_pins[-1] + 1:
                 continue
             S = N // pp
@@ -260,8 +266,9 @@ def _p2p_time(ctx, cfg, nbytes):
 class _Evaluator:
     """Prices stages of one configuration; `seg(i, a, b)` for units [a, b) as stage i."""
 
-    def __init__(self, ctx, cfg, prof, policy=None):
+    def __init__(self, ctx, cfg, prof, policy=None, cap_extra=0.0):
         self.ctx, self.cfg, self.prof = ctx, cfg, prof
+        self.cap = ctx.cap + cap_extra
         self.num = _numbers(ctx, prof, cfg)
         self.n = len(prof.units)
         self.units = prof.units
@@ -288,7 +295,7 @@ class _Evaluator:
         key = (i, a, b)
         if not detail and key in self.cache:
             return self.cache[key]
-        num, cap = self.num, self.ctx.cap
+        num, cap = self.num, self.cap
         idx = range(a, b)
         if not any(self.units[j].kind == "block" for j in idx) and self.cfg.pp > 1:
             r = (math.inf, False) if not detail else None
@@ -389,10 +396,50 @@ def _choose_restricted(types, budget):
     return best
 
 
-def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None):
-    """Exact evaluation of one configuration: JointResult, or None if nothing fits."""
+def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=True):
+    """Exact evaluation of one configuration: JointResult, or None if nothing fits.  With
+    `placement`, host placements (sapp.placement) are tried where they matter (see _placed)."""
     prof = prof or ctx.profile(cfg.dp, cfg.tp)
-    ev = _Evaluator(ctx, cfg, prof, policy)
+    res = _evaluate(ctx, cfg, prof, exact=exact, policy=policy)
+    if placement and cfg.pp == 1 and (ctx.placement_relevant or res is None):
+        res = _placed(ctx, cfg, prof, res, exact, policy)
+    return res
+
+
+def _placed(ctx, cfg, prof, res_dev, exact, policy):
+    """Host placement for a single-stage configuration: every option placement_options offers for
+    the whole model (device first), each scored by re-running the stage with the device bytes it
+    saves and adding its exposed host time; the fastest feasible one wins (device on ties)."""
+    from ..placement import placement_options
+    num = _numbers(ctx, prof, cfg)
+    compute = cfg.m * sum(num.t)
+    key = (cfg.dp, cfg.tp, cfg.zero, cfg.m, cfg.mbs)
+    opts = ctx.placements.get(key)
+    if opts is None:
+        opts = ctx.placements[key] = placement_options(
+            ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
+            micro_batches=cfg.m, compute_s=compute, pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
+    best = res_dev if any(o.name == "device" for o in opts) else None
+    for o in opts:
+        if o.name == "device":
+            continue
+        r = _evaluate(ctx, cfg, prof, exact=exact, policy=policy, cap_extra=o.device_bytes_saved)
+        if r is None:
+            continue
+        r.step_time_s += o.extra_time_s
+        r.host_s = o.extra_time_s
+        r.placement = o
+        for st in r.stages:
+            st.memory["host_offload"] = -o.device_bytes_saved
+        r.peak_memory_bytes = max(st.memory_bytes for st in r.stages)
+        r.mfu = r.model_flops / (r.step_time_s * ctx.cluster.devices * ctx.cluster.peak_flops)
+        if best is None or _rank(r) < _rank(best):
+            best = r
+    return best
+
+
+def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
+    ev = _Evaluator(ctx, cfg, prof, policy, cap_extra)
     n, p = ev.n, cfg.pp
     starts = _partition(ctx, ev, cfg, exact)
     if starts is None:
