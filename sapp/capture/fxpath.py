@@ -137,8 +137,11 @@ def _call(conv, n, root, gm):
         conv._make(n, op, f"torch.{op}", args, kw, first)
         conv.ref[n.name] = ("multi", n.name)
         return
-    conv._make(n, op, f"torch.{op}" if n.op != "call_module" else f"nn.{type(gm.get_submodule(str(n.target))).__name__}",
-               args, kw, val)
+    if n.op == "call_module":
+        target = f"nn.{type(gm.get_submodule(str(n.target))).__name__}"
+    else:
+        target = f"torch.{op}"
+    conv._make(n, op, target, args, kw, val)
 
 
 def _module_call(m, q, n):

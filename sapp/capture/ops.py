@@ -139,7 +139,7 @@ def linear(c):
     dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [("n", int(n), True), ("k", int(k), True)]
     ind = [tuple(bd) + ("k",), ("n", "k")]
     if len(c.ins) > 2:
-        ind.append(("n",) * len(c.ins[2].shape) if len(c.ins[2].shape) == 1 else _bias_dims(c.ins[2].shape, tuple(bd) + ("n",)))
+        ind.append(_bias_dims(c.ins[2].shape, tuple(bd) + ("n",)))
     return Spec("matmul", dims, ind, tuple(bd) + ("n",), 2.0 * prod(lead) * n * k, _act_saves(c, [0, 1]))
 
 
