@@ -191,6 +191,14 @@ def to_markdown(rows, command, elapsed):
     notes = [r for r in rows if r["status"] != "ok"]
     for r in notes:
         out.append(f"\n- {r['model']} on {r['devices']} x {r['cluster']}: {r['status']}")
+    reasons = {}
+    for r in rows:
+        for b in BASELINES + ("exhaustive",):
+            st = (r.get(b) or {}).get("status", "")
+            if st.startswith(("n/a", "error")):
+                reasons.setdefault((b, st.partition(": ")[2][:160]), []).append(f"{r['model']}@{r['devices']}")
+    for (b, why), where in sorted(reasons.items()):
+        out.append(f"- {b} n/a ({', '.join(where)}): {why}")
     sp = {b: [r[b]["speedup"] for r in rows if r.get(b, {}).get("speedup")] for b in BASELINES}
     out.append("")
     for b, v in sp.items():
