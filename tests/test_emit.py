@@ -58,7 +58,10 @@ CASES_2 = [
 ] if HAVE_HF else [])
 
 CASES_4 = [
-    _case("gpt-dp2xpp2", "gpt", dp=2, pp=2, schedule="1f1b", micro_batches=2, split_before=["layers.1"]),
+    _case("gpt-dp2xpp2-zero1-selective", "gpt", dp=2, pp=2, zero=1, schedule="1f1b", micro_batches=2,
+          split_before=["layers.1"], recompute_default="selective"),
+    _case("gpt-pp2xtp2", "gpt", pp=2, tp=2, schedule="gpipe", micro_batches=2, split_before=["layers.1"],
+          tp_modules=GPT_TP),
     _case("gpt-dp2xtp2", "gpt", dp=2, tp=2, tp_modules=GPT_TP),
     _case("gpt-dp2xtp2-zero1", "gpt", dp=2, tp=2, zero=1, tp_modules=GPT_TP),
 ] + ([
@@ -154,6 +157,11 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     assert r["widedeep-dp2-recompute"]["recomputed"] == ["deep"]
     assert r["gpt-interleaved"]["stages"] == [0, 2] and job2["gpt-interleaved"]["ranks"]["1"]["stages"] == [1, 3]
     assert any("zero 2" in n for n in r["gpt-dp2xtp2-zero1"]["notes"])
+    pz = job4["gpt-dp2xpp2-zero1-selective"]["ranks"]
+    assert pz["0"]["optimizers"] == ["ZeroRedundancyOptimizer"] and pz["2"]["recomputed"] == ["layers.1.attn"]
+    # pipeline stages hold traced stand-ins for Linear layers: TP must still shard them
+    ptp = job4["gpt-pp2xtp2"]["ranks"]
+    assert ptp["0"]["dtensor_params"] == 8 and ptp["2"]["dtensor_params"] == 5 and not ptp["0"]["notes"]
     host = r["widedeep-dp2-host-tables"]
     assert host["host_modules"] == ["module.deep_emb", "module.wide_emb"]
     assert host["optimizers"] == ["SparseAdam", "Adam"]

@@ -149,6 +149,9 @@ def check_pipeline(plan: Plan) -> None:
         return
     if sched == "none":
         raise PlanError(f"plan has pp={pp} but pipeline.schedule is 'none'; set it to gpipe, 1f1b or interleaved")
+    gb, dp, m = plan.model.get("global_batch"), plan.parallel["dp"], plan.pipeline["micro_batches"]
+    if isinstance(gb, int) and gb % (dp * m):
+        raise PlanError(f"global batch {gb} does not split into dp={dp} x micro_batches={m}; use a multiple of {dp * m}")
     n = stage_count(plan)
     if len(plan.pipeline.get("stages") or []) != n:
         raise PlanError(f"plan has pp={pp}{' x virtual_chunks' if n != pp else ''} = {n} pipeline stages to run but lists "

@@ -38,9 +38,22 @@ def _partnered(name: str, styles: dict, other: str) -> bool:
     return any(n.rpartition(".")[0] == parent and s == other for n, s in styles.items() if n != name)
 
 
-def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None) -> list:
+def _restore_leaf(module: nn.Module, name: str, original: nn.Module) -> nn.Module:
+    """A pipeline stage (torch.export + unflatten) holds an InterpreterModule where the model had an
+    nn.Linear/Embedding; DTensor only shards the real class, so put a copy of the original layer back
+    with the stage's current weights (same call signature: one tensor in, one out)."""
+    import copy
+    leaf = copy.deepcopy(original)
+    leaf.load_state_dict(module.get_submodule(name).state_dict())
+    parent, _, child = name.rpartition(".")
+    setattr(module.get_submodule(parent) if parent else module, child, leaf)
+    return leaf
+
+
+def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None) -> list:
     """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.  Other
-    layer types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower."""
+    layer types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
+    `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     mods = dict(module.named_modules())
@@ -48,6 +61,9 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None) -> li
     for n, s in sorted(styles.items()):
         if n not in mods:
             continue
+        orig = (originals or {}).get(n)
+        if not isinstance(mods[n], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
+            mods[n] = _restore_leaf(module, n, orig)
         if not isinstance(mods[n], (nn.Linear, nn.Embedding)):
             if notes is not None:
                 notes.append(f"tp_modules[{n}] is a {type(mods[n]).__name__}; DTensor splits only Linear and "
