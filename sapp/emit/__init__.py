@@ -1,6 +1,14 @@
-"""Plan -> running torch.distributed training program.  `emit(model, plan)` builds this rank's part;
-`sapp run` (sapp/commands/run.py) launches one process per device with torchrun and runs
-sapp/emit/worker.py in each."""
+"""Plan -> running torch.distributed training program.
+
+    sapp.emit.dist.init()                        # from the torchrun environment (gloo / nccl, 20 s timeout)
+    torch.manual_seed(0); model = sapp.models.get("gpt-tiny", device="cpu")   # same weights on every rank
+    prog = sapp.emit.emit(model, plan, lr=1e-3, example_inputs=x)
+    for x, y in batches:                         # global batches, identical on every rank
+        loss = prog.step(*prog.shard(x, y))      # this rank's dp shard in, global mean loss out
+
+`sapp run plan.json --model NAME` (sapp/commands/run.py) does exactly this in one process per device
+with torchrun, running sapp/emit/worker.py in each.  Which torch runtime implements which plan
+feature is listed in sapp/emit/parallel.py and sapp/emit/pipe.py."""
 from .program import Program, emit
 
 __all__ = ["emit", "Program"]

@@ -11,7 +11,11 @@ Mapping (plan feature -> torch runtime):
   zero 1          DDP (or the all-reduce above) + ZeroRedundancyOptimizer over the dp group; with tp>1
                   ZeroRedundancyOptimizer cannot hold DTensors, so it runs as zero 2
   zero 2          FSDP2 fully_shard(reshard_after_forward=False) per block + root over mesh["dp"]
-  zero 3          FSDP2 fully_shard per block + root over mesh["dp"]"""
+  zero 3          FSDP2 fully_shard per block + root over mesh["dp"]
+  host tables     kept out of DDP / FSDP2 / the all-reduce; sapp/emit/host.py averages their sparse
+                  gradients over a gloo dp group
+Pipeline stages are traced (torch.export) and hold InterpreterModules instead of nn.Linear: tensor
+parallelism puts a copy of the original layer back before sharding it (PP x TP)."""
 from __future__ import annotations
 
 import torch
