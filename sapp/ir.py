@@ -218,8 +218,14 @@ class OpGraph:
             out = TensorSpec(scale_shape(n.out.shape, n.out.dims, nd), n.out.dtype, n.out.dims)
             has_batch = any(d.batch for d in n.dims)
             f = r if has_batch else 1.0
-            param_bytes = sum(o.nbytes for o in n.operands if o.param is not None)
-            nbytes = param_bytes + (n.bytes - param_bytes) * f
+            # Parameter traffic does not depend on the batch -- except for a lookup, which reads only
+            # the touched rows (capture counts ids + rows, not the table).  The activation part scales
+            # with the activations actually moved, so operands without a batch axis stay constant.
+            param_bytes = 0 if n.kind == "embedding" else sum(o.nbytes for o in n.operands if o.param is not None)
+            old_act = sum(o.nbytes for o in n.operands if o.param is None) + n.out.nbytes
+            new_act = sum(o.nbytes for o in ops if o.param is None) + out.nbytes
+            act_ratio = new_act / old_act if old_act else f
+            nbytes = param_bytes + max(0.0, n.bytes - param_bytes) * act_ratio
             nodes[n.name] = OpNode(n.name, n.kind, n.target, dims, ops, out, n.flops * f, nbytes,
                                    n.saves, n.module, n.block, dict(n.extra))
         return OpGraph(self.name, nodes, dict(self.params), self.outputs, batch,
