@@ -70,6 +70,11 @@ def first_savers(graph, mesh, settings) -> dict:
     return out
 
 
+def _sig(node):
+    return (node.kind, node.dims, node.flops, node.bytes, node.out, node.saves,
+            tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
+
+
 def check_strategies(graph, strategies, mesh):
     if not graph.nodes:
         raise SappError(f"graph {graph.name!r} has no operators; capture the model first")
@@ -88,9 +93,17 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
     owners = param_owners(graph)
     savers = first_savers(graph, mesh, settings)
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
+    # Repeated blocks hold identical ops: price each (structure, strategy) once.
+    sigs, node_memo, edge_memo = {}, {}, {}
+    for node in graph.nodes.values():
+        sigs[node.name] = _sig(node)
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
-        c = node_cost(node, s, mesh, cluster, settings, params=owners[node.name])
+        own = owners[node.name]
+        nkey = (sigs[node.name], s, tuple(own.get(o.param) for o in node.operands if o.param is not None))
+        c = node_memo.get(nkey)
+        if c is None:
+            c = node_memo[nkey] = node_cost(node, s, mesh, cluster, settings, params=own)
         d = per_node[node.name]
         d["fwd_s"] += c.fwd_s + c.fwd_comm_s
         d["bwd_s"] += c.bwd_s + c.bwd_comm_s
@@ -106,7 +119,12 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
         for i, o in enumerate(node.operands):
             if o.producer is None:
                 continue
-            f, bw = edge_times(graph.nodes[o.producer], o, tuple(strategies[o.producer]), s, mesh, cluster, settings)
+            sp = tuple(strategies[o.producer])
+            ekey = (sigs[o.producer], o, sp, s)
+            fb = edge_memo.get(ekey)
+            if fb is None:
+                fb = edge_memo[ekey] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
+            f, bw = fb
             d["fwd_s"] += f
             d["bwd_s"] += bw
             d["reshard_s"] += f + bw

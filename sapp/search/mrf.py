@@ -127,8 +127,10 @@ class MRF:
         n = len(self.U)
         base = list(range(n))
         out = [base, base[::-1]]
-        if n <= 40:
+        if n <= 12:      # small problems: a forest rooted at every op
             out += [base[i:] + base[:i] for i in range(1, n)]
+        else:
+            n_random = min(n_random, 2)
         rng = random.Random(seed)
         for _ in range(n_random):
             o = base[:]

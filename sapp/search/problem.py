@@ -95,7 +95,8 @@ class Problem:
             self.adj[pv].append(k)
             self.adj[cv].append(k)
         self.lam = 0.0
-        self._node_memo, self._lay_memo, self._rs_memo, self._cands = {}, {}, {}, {}
+        self._node_memo, self._lay_memo, self._rs_memo, self._cands, self._strats = {}, {}, {}, {}, {}
+        self._mat_memo = {}
 
     # ---- candidate choices ------------------------------------------------------------------------
     def level_options(self, v, level, current):
@@ -122,7 +123,16 @@ class Problem:
         return out
 
     def strategies(self, v):
-        return op_strategies(self.nodes[v], self.mesh, self.roles)
+        hit = self._strats.get(v)
+        if hit is None:
+            hit = self._strats[v] = op_strategies(self.nodes[v], self.mesh, self.roles)
+        return hit
+
+    def strategy_bound(self, v) -> int:
+        """Upper bound on len(strategies(v)) without enumerating them."""
+        node = self.nodes[v]
+        k = 1 + sum(1 for d in node.dims if d.splittable and d.size > 1)
+        return k ** self.L
 
     # ---- costs ------------------------------------------------------------------------------------
     def node_terms(self, v, s):
@@ -216,11 +226,18 @@ class Problem:
 
     def edge_mat(self, k, sps, scs):
         """Cost matrix of edge k over producer strategies `sps` x consumer strategies `scs`, built from
-        the (few) distinct layout pairs."""
+        the (few) distinct layout pairs; cached (repeated refinement sweeps ask again)."""
+        key = (k, tuple(sps), tuple(scs))
+        hit = self._mat_memo.get(key)
+        if hit is not None:
+            return hit
         M = None
         for pi, ci, T in self.edge_factors(k, sps, scs):
             part = T[np.ix_(pi, ci)]
             M = part if M is None else M + part
+        if len(self._mat_memo) > 200_000:
+            self._mat_memo.clear()
+        self._mat_memo[key] = M
         return M
 
     # ---- whole assignments ------------------------------------------------------------------------

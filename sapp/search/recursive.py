@@ -36,28 +36,20 @@ def recursive_search(prob, full_refine=True):
             s[lvl] = c
             return tuple(s)
 
-        def local(v, c):
-            s = tup(v, c)
-            val = prob.unary(v, s)
+        def choose(v):
+            opts = prob.level_options(v, lvl, strat[v])
+            mine = [tup(v, c) for c in opts]
+            vals = prob.unary_vec(v, mine)
             for k in prob.adj[v]:
                 pv, cv = prob.edges[k][:2]
                 w = cv if pv == v else pv
                 if w in decided:
-                    ws = tuple(strat[w])
-                    val += prob.edge(k, s, ws) if pv == v else prob.edge(k, ws, s)
+                    theirs = [tuple(strat[w])]
                 else:   # optimistic: the neighbour will pick what suits it best
-                    best = None
-                    for c2 in prob.level_options(w, lvl, strat[w]):
-                        ws = tup(w, c2)
-                        e = prob.edge(k, s, ws) if pv == v else prob.edge(k, ws, s)
-                        best = e if best is None or e < best else best
-                    val += best or 0.0
-            return val
-
-        def choose(v):
-            opts = prob.level_options(v, lvl, strat[v])
-            vals = [local(v, c) for c in opts]
-            strat[v][lvl] = opts[min(range(len(opts)), key=vals.__getitem__)]
+                    theirs = [tup(w, c2) for c2 in prob.level_options(w, lvl, strat[w])]
+                M = prob.edge_mat(k, mine, theirs) if pv == v else prob.edge_mat(k, theirs, mine).T
+                vals = vals + M.min(axis=1)
+            strat[v][lvl] = opts[int(vals.argmin())]
             decided.add(v)
 
         for v in key_order:
@@ -91,11 +83,6 @@ def level_refine(prob, strat, lvl, start=None):
               [(pv, cv, prob.edge_mat(k, tuples[pv], tuples[cv])) for k, (pv, cv, _, _) in enumerate(prob.edges)])
     cur = start if start is not None else [labels[v].index(strat[v][lvl]) for v in range(n)]
     x, e = mrf.optimize(cur)
-    if start is not None:   # compare against the current assignment
-        x0 = [labels[v].index(strat[v][lvl]) for v in range(n)]
-        x0, e0 = mrf.optimize(x0)
-        if e0 <= e:
-            x, e = x0, e0
     for v in range(n):
         strat[v][lvl] = labels[v][x[v]]
     return e
@@ -117,17 +104,25 @@ def _level_starts(prob, strat, lvl):
 def refine(prob, strat, full_refine=True, max_rounds=6):
     n = len(prob.vars)
     best = prob.energy([tuple(s) for s in strat])
+    done = {}       # level -> assignment it was last refined at (nothing to gain re-running it)
     for _ in range(max_rounds):
         start = best
         for lvl in range(prob.L):
+            snap = tuple(tuple(s) for s in strat)
+            if done.get(lvl) == snap:
+                continue
             level_refine(prob, strat, lvl)
+            here = [prob.level_options(v, lvl, strat[v]).index(strat[v][lvl]) for v in range(n)]
             for st in _level_starts(prob, strat, lvl):
+                if st == here:
+                    continue
                 trial = [list(s) for s in strat]
                 level_refine(prob, trial, lvl, start=st)
                 e = prob.energy([tuple(s) for s in trial])
                 if e < prob.energy([tuple(s) for s in strat]) - 1e-15:
                     for v in range(n):
                         strat[v][:] = trial[v]
+            done[lvl] = tuple(tuple(s) for s in strat)
         if full_refine:
             full_descent(prob, strat)
         best = prob.energy([tuple(s) for s in strat])
@@ -147,8 +142,9 @@ def full_descent(prob, strat):
     """Forest block + cycle-cutset descent over whole strategies (only when every op has few
     strategies), on the problem pruned by provably safe dominance."""
     n = len(prob.vars)
-    sizes = [len(prob.strategies(v)) for v in range(n)]
-    if max(sizes) > FULL_REFINE_MAX:
+    if any(prob.strategy_bound(v) > FULL_REFINE_MAX and len(prob.strategies(v)) > FULL_REFINE_MAX
+           for v in range(n) if prob.strategy_bound(v) <= 50 * FULL_REFINE_MAX) or \
+            any(prob.strategy_bound(v) > 50 * FULL_REFINE_MAX for v in range(n)):
         return
     S, mrf = full_mrf(prob)
     keep = prune(mrf)
