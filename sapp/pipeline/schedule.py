@@ -39,10 +39,6 @@ class SimResult:
     in_flight: list          # per stage: peak micro-batches of activations held (stage units)
     events: list = field(default_factory=list)
 
-    @property
-    def bubble_fraction(self) -> float:
-        return 0.0
-
 
 def stage_totals(stage_fwd, stage_bwd, p2p_s=0.0, v=1) -> list:
     """T_i per micro-batch including the stage's own sends (v chunks send v times)."""

@@ -97,6 +97,10 @@ class JointResult:
         worst = max(self.stages, key=lambda s: s.memory_bytes)
         return dict(worst.memory)
 
+    def __repr__(self):
+        return (f"JointResult({self.config.describe()}, step_time_s={self.step_time_s:.6g}, "
+                f"peak_memory_bytes={self.peak_memory_bytes:.6g}, mfu={self.mfu:.3g})")
+
 
 # ---- context: everything fixed for one search ----------------------------------------------------
 class _Ctx:
@@ -402,6 +406,11 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     prof = prof or ctx.profile(cfg.dp, cfg.tp)
     res = _evaluate(ctx, cfg, prof, exact=exact, policy=policy)
     if placement and cfg.pp == 1 and (ctx.placement_relevant or res is None):
+        if res is None and not ctx.placement_relevant:
+            # host placement saves at most the model states: skip when even that cannot fit
+            num = _numbers(ctx, prof, cfg)
+            if _memory_needed(ctx, cfg, prof) - sum(num.states) > ctx.cap:
+                return None
         res = _placed(ctx, cfg, prof, res, exact, policy)
     return res
 
@@ -588,11 +597,11 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     feasible_seen = []
     closest = None            # (memory needed, config) of the best infeasible attempt
     for lb, _, cfg in ranked:
-        if best is not None and not exhaustive and lb >= best.step_time_s:
+        if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1
             continue
         prof = ctx.profile(cfg.dp, cfg.tp)
-        if best is not None and not exhaustive and profile_bound(ctx, cfg, prof) >= best.step_time_s:
+        if best is not None and not exhaustive and profile_bound(ctx, cfg, prof) > best.step_time_s:
             pruned += 1
             continue
         evaluated += 1
