@@ -102,6 +102,9 @@ def run_case(searcher, model, batch, preset, devices, *, baselines=BASELINES, ex
         row["sapp"] = _summary(plan)
         row["sapp"]["throughput"] = batch / plan["predicted"]["step_time_s"]
         row["status"] = "ok"
+        if not _valid(plan):
+            row["status"] = f"invalid: predicted step time {plan['predicted']['step_time_s']} s is not positive (cost model bug)"
+            plan = None
     except InfeasibleError as e:
         row["search_s"] = time.perf_counter() - t0
         row["status"] = f"OOM: {e}"
@@ -114,7 +117,9 @@ def run_case(searcher, model, batch, preset, devices, *, baselines=BASELINES, ex
         t1 = time.perf_counter()
         bplan, status, cons = run_baseline(name, searcher, model, cluster, devices, batch)
         entry = {"status": status, "search_s": time.perf_counter() - t1}
-        if bplan is not None:
+        if bplan is not None and not _valid(bplan):
+            entry["status"] = f"invalid: predicted step time {bplan['predicted']['step_time_s']} s"
+        elif bplan is not None:
             entry.update(_summary(bplan))
             if plan is not None:
                 entry["speedup"] = bplan["predicted"]["step_time_s"] / plan["predicted"]["step_time_s"]
@@ -122,6 +127,11 @@ def run_case(searcher, model, batch, preset, devices, *, baselines=BASELINES, ex
     if exhaustive and plan is not None:
         row["exhaustive"] = _exhaustive(searcher, model, cluster, batch, plan)
     return row
+
+
+def _valid(plan):
+    st = plan["predicted"].get("step_time_s")
+    return isinstance(st, (int, float)) and st > 0 and st == st
 
 
 def _exhaustive(searcher, model, cluster, batch, plan):
@@ -145,6 +155,8 @@ def _exhaustive(searcher, model, cluster, batch, plan):
     if res is None:
         return {"status": "n/a: too large for exhaustive search"}
     step = res["step_time_s"] if isinstance(res, dict) else res["predicted"]["step_time_s"]
+    if not step > 0:
+        return {"status": f"invalid: exhaustive optimum step time {step} s"}
     return {"status": "ok", "step_s": step, "search_s": time.perf_counter() - t0,
             "ratio": step / plan["predicted"]["step_time_s"]}
 
@@ -161,7 +173,7 @@ def _cell(entry):
         sp = entry.get("speedup")
         return f"{_fmt_t(entry['step_s'])} ({sp:.2f}x)" if sp else _fmt_t(entry["step_s"])
     st = entry.get("status", "-")
-    return "OOM" if st.startswith("OOM") else "n/a"
+    return "OOM" if st.startswith("OOM") else ("invalid" if st.startswith("invalid") else "n/a")
 
 
 def to_markdown(rows, command, elapsed):
@@ -176,7 +188,7 @@ def to_markdown(rows, command, elapsed):
         ex = r.get("exhaustive") or {}
         ex_cell = (f"{_fmt_t(ex['step_s'])} ({1 / ex['ratio']:.2f})" if ex.get("status") == "ok" else
                    ("n/a" if ex else "-"))
-        if s:
+        if s and r["status"] == "ok":
             mem = f"{s['peak_bytes'] / 1e9:.1f}/{r['capacity_bytes'] / 1e9:.0f} GB"
             sched = f"{s['schedule']}{'(v=' + str(s['v']) + ')' if (s.get('v') or 1) > 1 else ''} {s['m']}"
             out.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['global_batch']} | {r['search_s']:.2f} | "
@@ -184,7 +196,7 @@ def to_markdown(rows, command, elapsed):
                        f"{s['dp']}.{s['tp']}.{s['pp']} | {sched} | {s['recompute']} | {s['zero']} | {s['placement']} | "
                        f"{_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | {_cell(r.get('megatron'))} | {ex_cell} |")
         else:
-            status = "OOM" if r["status"].startswith("OOM") else "error"
+            status = r["status"].split(":")[0] if r["status"].startswith(("OOM", "invalid")) else "error"
             out.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['global_batch']} | {r['search_s']:.2f} | "
                        f"{status} | - | - | - | - | - | - | - | - | {_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | "
                        f"{_cell(r.get('megatron'))} | - |")
@@ -195,11 +207,11 @@ def to_markdown(rows, command, elapsed):
     for r in rows:
         for b in BASELINES + ("exhaustive",):
             st = (r.get(b) or {}).get("status", "")
-            if st.startswith(("n/a", "error")):
+            if st.startswith(("n/a", "error", "invalid")):
                 reasons.setdefault((b, st.partition(": ")[2][:160]), []).append(f"{r['model']}@{r['devices']}")
     for (b, why), where in sorted(reasons.items()):
         out.append(f"- {b} n/a ({', '.join(where)}): {why}")
-    sp = {b: [r[b]["speedup"] for r in rows if r.get(b, {}).get("speedup")] for b in BASELINES}
+    sp = {b: [r[b]["speedup"] for r in rows if (r.get(b, {}).get("speedup") or 0) > 0] for b in BASELINES}
     out.append("")
     for b, v in sp.items():
         oom = sum(1 for r in rows if r.get(b, {}).get("status", "").startswith("OOM"))

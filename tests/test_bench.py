@@ -117,3 +117,19 @@ def test_real_quick_case():
         if e["status"] == "ok":
             # sapp searches a superset of every baseline's space with the same cost model
             assert e["speedup"] >= 1 - 1e-6
+
+
+def test_invalid_prediction_is_flagged_not_ranked(tmp_path):
+    class Negative(FakeSearch):
+        def __call__(self, name, cluster, batch, constraints=None):
+            plan = super().__call__(name, cluster, batch, constraints)
+            if constraints:
+                return plan
+            d = plan.to_dict()
+            d["predicted"]["step_time_s"] = -8.0
+            return Plan(d)
+    row = bench_run.run_case(Negative(), "gpt-test", 64, "a100-80g:gpus=2", 4, exhaustive=False)
+    assert row["status"].startswith("invalid")
+    assert all("speedup" not in row[b] for b in ("dp", "zero3", "megatron"))
+    md = bench_run.to_markdown([row], "python -m bench", 1.0)
+    assert "| invalid |" in md and "geometric mean" not in md
