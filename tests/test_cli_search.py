@@ -44,3 +44,16 @@ def test_models_lists_the_zoo(capsys):
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert any(r["name"] == "gpt3-175b" and r["params"] > 1.7e11 for r in rows)
+
+
+def test_readme_main_command(tmp_path, capsys):
+    """`sapp search --model gpt3-175b --cluster a100-80g:nodes=128`: GPT-3's batch of 1536, a plan
+    that fits 80 GB (capture on the meta device + search take a few seconds)."""
+    out = tmp_path / "p.json"
+    assert main(["search", "--model", "gpt3-175b", "--cluster", "a100-80g:nodes=128", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "global batch 1536" in text and "1024 devices" in text
+    d = json.loads(out.read_text())
+    assert d["predicted"]["peak_memory_bytes"] <= 80e9
+    assert d["parallel"]["dp"] * d["parallel"]["tp"] * d["parallel"]["pp"] == 1024
+    assert 0.3 < d["predicted"]["mfu"] < 0.9
