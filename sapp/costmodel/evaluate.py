@@ -94,9 +94,9 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
     savers = first_savers(graph, mesh, settings)
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
-    sigs, node_memo, edge_memo = {}, {}, {}
+    sigs, node_memo, edge_memo, ids = {}, {}, {}, {}
     for node in graph.nodes.values():
-        sigs[node.name] = _sig(node)
+        sigs[node.name] = ids.setdefault(_sig(node), len(ids))
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
         own = owners[node.name]
@@ -120,7 +120,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
             if o.producer is None:
                 continue
             sp = tuple(strategies[o.producer])
-            ekey = (sigs[o.producer], o, sp, s)
+            ekey = (sigs[o.producer], sigs[node.name], i, sp, s)
             fb = edge_memo.get(ekey)
             if fb is None:
                 fb = edge_memo[ekey] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)

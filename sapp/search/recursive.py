@@ -105,7 +105,7 @@ def refine(prob, strat, full_refine=True, max_rounds=6):
     n = len(prob.vars)
     best = prob.energy([tuple(s) for s in strat])
     done = {}       # level -> assignment it was last refined at (nothing to gain re-running it)
-    for _ in range(max_rounds):
+    for rnd in range(max_rounds):
         start = best
         for lvl in range(prob.L):
             snap = tuple(tuple(s) for s in strat)
@@ -113,7 +113,7 @@ def refine(prob, strat, full_refine=True, max_rounds=6):
                 continue
             level_refine(prob, strat, lvl)
             here = [prob.level_options(v, lvl, strat[v]).index(strat[v][lvl]) for v in range(n)]
-            for st in _level_starts(prob, strat, lvl):
+            for st in (_level_starts(prob, strat, lvl) if rnd == 0 else ()):
                 if st == here:
                     continue
                 trial = [list(s) for s in strat]
