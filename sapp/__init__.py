@@ -16,6 +16,7 @@ __all__ = ["Cluster", "Plan", "search", "evaluate", "capture", "emit", "models",
 
 
 def search(model, cluster, **kwargs):
+    """capture -> joint search -> Plan.  See sapp.api.search."""
     from .api import search as _search
     return _search(model, cluster, **kwargs)
 
@@ -43,3 +44,31 @@ def __getattr__(name):
     if name == "Constraints":
         return importlib.import_module("sapp.constraints").Constraints
     raise AttributeError(f"module 'sapp' has no attribute {name!r}")
+
+
+# `sapp.search`, `sapp.emit` and `sapp.capture` are both user functions and subpackages.  Importing a
+# subpackage makes Python rebind the parent's attribute to it, which would hide the function; instead
+# the subpackage is made callable (forwarding to the entry point), so `sapp.search(model, cluster)` and
+# `from sapp.search import shard_search` both keep working in any import order.
+import importlib as _importlib
+import sys as _sys
+import types as _types
+
+_ENTRIES = {"sapp.search": ("sapp.api", "search"), "sapp.emit": ("sapp.emit.program", "emit"),
+            "sapp.capture": ("sapp.capture", "capture")}
+
+
+class _CallablePackage(_types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        module, name = _ENTRIES[self.__name__]
+        return getattr(_importlib.import_module(module), name)(*args, **kwargs)
+
+
+class _SappModule(_types.ModuleType):
+    def __setattr__(self, name, value):
+        if type(value) is _types.ModuleType and getattr(value, "__name__", None) in _ENTRIES:
+            value.__class__ = _CallablePackage
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _SappModule
