@@ -699,7 +699,7 @@ def _notes(ctx, res):
         for b, v in s.recompute.items():
             pol[v] = pol.get(v, 0) + 1
     if pol.get("selective") or pol.get("full"):
-        out.append("recomputation to fit memory: " + ", ".join(f"{k} x{v}" for k, v in sorted(pol.items())))
+        out.append("recomputation: " + ", ".join(f"{k} x{v}" for k, v in sorted(pol.items())))
     if cfg.zero:
         out.append(f"ZeRO-{cfg.zero} over dp={cfg.dp}: model states per device "
                    f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
