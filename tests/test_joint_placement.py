@@ -1,13 +1,14 @@
 """Host placement inside the joint search: embedding tables go to the host when the device is too
 small, and placement pins are honoured."""
-import pytest
+import importlib
 
-from sapp.api import search
+from sapp.api import capture_graph, search
 
 
 def test_tables_move_to_host_when_the_device_is_small():
-    roomy = search("wide-deep-100m", "a100-80g:nodes=1", global_batch=16384)
-    tight = search("wide-deep-100m", "a100-80g:nodes=1,device_memory=16GB", global_batch=16384)
+    g, _ = capture_graph(importlib.import_module("sapp.models").get("wide-deep-100m"))
+    roomy = search("wide-deep-100m", "a100-80g:nodes=1", global_batch=16384, graph=g)
+    tight = search("wide-deep-100m", "a100-80g:nodes=1,device_memory=16GB", global_batch=16384, graph=g)
     groups = tight["placement"]["groups"]
     assert groups["deep_emb.weight"]["weights"] == "host"
     assert tight["predicted"]["peak_memory_bytes"] <= 16e9
