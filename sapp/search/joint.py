@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..constraints import Constraints
 from ..costmodel import CostSettings, collective_time
+from ..costmodel.nodes import MATMUL_LIKE
 from ..errors import ConstraintError, InfeasibleError, SappError
 from ..pipeline.partition import partition_counts, partition_dp
 from ..pipeline.profile import build_profile, split_units, stage_mesh
@@ -29,7 +30,6 @@ from ..recompute.solver import POLICIES, BlockOption, choose_recompute, choose_u
 from ..units import fmt_bytes
 
 SCHED_ORDER = {"none": 0, "1f1b": 1, "interleaved": 2, "gpipe": 3}
-MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,9 @@ class _Ctx:
         self.placement_relevant = bool(cons.placement) or any(
             getattr(p, "sparse_grad", False) for p in graph.params.values())
         self.cap = cluster.device_memory
-        # work per sample, in device-seconds at peak: the analytic lower bound's numerator
-        per = 0.0
-        flops = 0.0
-        for n in graph.nodes.values():
-            mult = 3.0 if n.kind in MATMUL_LIKE else 2.0
-            per += n.flops * mult
-            flops += n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0)
+        # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
+        # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
+        per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
         self.work_per_sample = per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
         self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
         self.policy_pins = {b: cons.recompute_policy(b) for b in self.block_names} if cons.recompute is not None else {}
@@ -387,9 +383,8 @@ class _Evaluator:
 
 def _choose_restricted(types, budget):
     """Recompute choice when some block types may only use a subset of the policies."""
-    from ..recompute.solver import RecomputeChoice, frontier
+    from ..recompute.solver import RecomputeChoice, _pareto, _type_frontier
     cur = [(0.0, 0.0, ())]
-    from ..recompute.solver import _pareto, _type_frontier
     for n, opt, al, _ in types:
         f = _type_frontier(n, opt, al)
         cur = _pareto([(a1 + a2, e1 + e2, c1 + (c2,)) for a1, e1, c1 in cur for a2, e2, c2 in f])
