@@ -73,9 +73,11 @@ def summary(plan, timing=None) -> str:
 
 def run(args):
     from .. import api
+    from ..report.progress import Progress
     t0 = time.perf_counter()
-    plan = api.search(args.model, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
-                      precision=args.precision)
+    with Progress(label="joint search") as prog:      # draws on a terminal only
+        plan = api.search(args.model, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
+                          precision=args.precision, progress=prog)
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:
         plan.save(args.out)
