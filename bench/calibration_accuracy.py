@@ -18,23 +18,27 @@ import subprocess
 import sys
 import time
 
-# (label, model, processes, global batch, constraints)
+# (label, model, processes, global batch, constraints).  Batches vary so step times spread over a
+# decade: a rank correlation over plans that all take the same time would measure only noise.
+_DP2 = {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}
 VARIANTS = [
-    ("gpt-small dp2", "gpt-small", 2, 16, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
-    ("gpt-small dp2 b32", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
-    ("gpt-small dp2 recompute", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "full"}),
-    ("gpt-small dp2 zero3", "gpt-small", 2, 32, {"dp": 2, "tp": 1, "pp": 1, "zero": 3, "recompute": "none"}),
+    ("gpt-small dp2 b8", "gpt-small", 2, 8, _DP2),
+    ("gpt-small dp2 b16", "gpt-small", 2, 16, _DP2),
+    ("gpt-small dp2 b32", "gpt-small", 2, 32, _DP2),
+    ("gpt-small dp2 b64", "gpt-small", 2, 64, _DP2),
+    ("gpt-small dp2 recompute", "gpt-small", 2, 32, dict(_DP2, recompute="full")),
+    ("gpt-small dp2 zero3", "gpt-small", 2, 32, dict(_DP2, zero=3)),
     ("gpt-small tp2", "gpt-small", 2, 32, {"dp": 1, "tp": 2, "pp": 1, "zero": 0, "recompute": "none"}),
     ("gpt-small pp2 1f1b m4", "gpt-small", 2, 32, {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b", "micro_batches": 4,
                                                     "zero": 0, "recompute": "none"}),
     ("gpt-small dp2 tp2", "gpt-small", 4, 32, {"dp": 2, "tp": 2, "pp": 1, "zero": 0, "recompute": "none"}),
     ("gpt-small pp2 dp2", "gpt-small", 4, 32, {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b", "micro_batches": 4,
                                                 "zero": 0, "recompute": "none"}),
-    ("mlp dp2", "mlp", 2, 256, {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
-    ("mlp dp4", "mlp", 4, 512, {"dp": 4, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("gpt-small dp4 b64", "gpt-small", 4, 64, {"dp": 4, "tp": 1, "pp": 1, "zero": 0, "recompute": "none"}),
+    ("mlp dp2", "mlp", 2, 256, _DP2),
 ]
-QUICK = {"gpt-small dp2", "gpt-small dp2 zero3", "gpt-small tp2", "gpt-small pp2 1f1b m4", "gpt-small dp2 tp2",
-         "mlp dp2"}
+QUICK = {"gpt-small dp2 b8", "gpt-small dp2 b32", "gpt-small dp2 zero3", "gpt-small tp2", "gpt-small pp2 1f1b m4",
+         "gpt-small dp2 tp2"}
 
 
 def spearman(xs, ys):
@@ -125,14 +129,15 @@ def to_markdown(rows, clusters, command, stats):
     out += ["", f"- plans measured: {stats['n']} of {len(rows)}",
             f"- within +-25 %: {stats['within']} of {stats['n']}; median |error| {stats['median_abs'] * 100:.0f}%, "
             f"worst {stats['worst'] * 100:+.0f}%",
-            f"- Spearman rank correlation (predicted vs measured): {stats['spearman']:.3f}"]
+            f"- Spearman rank correlation (predicted vs measured): {stats['spearman']:.3f}"
+            + "".join(f"; {m} only {v:.3f}" for m, v in (stats.get("spearman_by_model") or {}).items() if v == v)]
     return "\n".join(out) + "\n"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.calibration_accuracy", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="quick calibration and 6 plans")
-    ap.add_argument("--steps", type=int, default=6, help="training steps per plan (the first is warm-up)")
+    ap.add_argument("--steps", type=int, default=8, help="training steps per plan (the first is warm-up)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per `sapp run`")
     ap.add_argument("--cluster2", help="use this calibrated cluster JSON for 2 processes instead of measuring")
@@ -161,7 +166,10 @@ def main(argv=None):
     stats = {"n": len(ok), "within": sum(1 for e in errs if e <= 0.25),
              "median_abs": errs[len(errs) // 2] if errs else float("nan"),
              "worst": max((r["error"] for r in ok), key=abs, default=float("nan")),
-             "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok])}
+             "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok]),
+             "spearman_by_model": {m: spearman([r["predicted_s"] for r in ok if r["model"] == m],
+                                               [r["measured_s"] for r in ok if r["model"] == m])
+                                   for m in sorted({r["model"] for r in ok})}}
     command = "python -m bench.calibration_accuracy" + (" --quick" if args.quick else "") + f" --steps {args.steps}"
     md = to_markdown(rows, clusters, command, stats)
     with open(os.path.join(args.out, "calibration_accuracy.md"), "w") as f:
