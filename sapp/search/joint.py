@@ -322,9 +322,9 @@ class _Evaluator:
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         base = cap - states - z3
         choice, transient = None, 0.0
-        if fixed_act + free_act0 <= base / infl + 1e-9 * cap and not any(
-                self.allowed(self.units[j]) != ("none",) and POLICIES.index(self.allowed(self.units[j])[0]) > 0
-                and len(self.allowed(self.units[j])) == 1 for j in idx):
+        # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
+        pinned = any(len(al) == 1 and al[0] != "none" for al in (self.allowed(self.units[j]) for j in idx))
+        if not pinned and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
             extra = fixed_extra
             acts = fixed_act + free_act0
             counts = [(tv[0], 0, 0) for tv in types.values()]
