@@ -97,12 +97,18 @@ def split_units(graph):
                 out.append(Unit(key, "block", rep.get(key, key), names, cut_before=True))
         # the first block of the model can only start stage 0 if there is no prologue: harmless
         return out
+    # No blocks: cut before key operators that start a new module (emit splits on module names), a
+    # module seen before (e.g. a shared layer) never starts a stage.
     from ..ir import KEY_KINDS
-    cur = None
+    cur, seen = None, set()
     for name, node in graph.nodes.items():
-        if cur is None or (node.kind in KEY_KINDS and cur.nodes):
-            cur = Unit(f"op.{name}", "block", f"op.{name}", [], cut_before=cur is not None)
+        mod = node.module
+        new_unit = (cur is None or (node.kind in KEY_KINDS and mod and mod not in seen and cur.nodes))
+        if new_unit:
+            uname = mod if (cur is not None and mod) else (mod or "prologue")
+            cur = Unit(uname, "block", uname, [], cut_before=cur is not None)
             units.append(cur)
+            seen.add(mod)
         cur.nodes.append(name)
     return units
 
