@@ -268,11 +268,11 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
         raise PlanError("plan model.global_batch is missing; add it or regenerate the plan")
     res = joint_search(graph, cl, global_batch=int(gb), constraints=cons, settings=settings,
                        fixed_strategies=_plan_splits(plan, graph), ignore_capacity=True)
-    fits = res.peak_memory_bytes <= cl.device_memory
+    fits = res.peak_memory_bytes <= cl.usable_memory
     return {
         "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,
         "compute_s": res.compute_s, "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s,
-        "capacity_bytes": cl.device_memory, "fits": fits, "memory": res.memory,
+        "capacity_bytes": cl.usable_memory, "fits": fits, "memory": res.memory,
         "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
                     "memory_bytes": s.memory_bytes} for s in res.stages],
         "config": res.config.describe(),

@@ -39,12 +39,20 @@ class Cluster:
     host_flops: float = 3e12            # FLOP/s per node (fp32, vectorised)
     compute_efficiency: float = 0.8     # fraction of peak large GEMMs reach
     memory_efficiency: float = 0.8      # fraction of memory bandwidth streaming ops reach
+    # Device memory kept free for what the cost model does not see (CUDA context, allocator
+    # fragmentation, communication buffers): plans that fit on paper and then OOM are the top complaint.
+    memory_headroom: float = 0.03
     notes: str = field(default="", compare=False)
 
     # ---- derived -------------------------------------------------------------------------------
     @property
     def devices(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def usable_memory(self) -> float:
+        """Bytes per device a plan may fill: capacity less the headroom."""
+        return self.device_memory * (1.0 - self.memory_headroom)
 
     def validate(self) -> "Cluster":
         for key in _POSITIVE:
@@ -58,6 +66,8 @@ class Cluster:
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or v != v or v < 0:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0, got {v!r}")
+        if not isinstance(self.memory_headroom, (int, float)) or not 0 <= self.memory_headroom < 0.9:
+            raise ClusterError(f"cluster {self.name!r}: memory_headroom must be in [0, 0.9), got {self.memory_headroom!r}")
         for key in _FRACTIONS:
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or not 0 < v <= 1:
@@ -128,7 +138,7 @@ class Cluster:
                 continue
             if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
                 raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
-                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS))
+                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom",)))
             changes[key] = _to_int(value, key) if key in ("nodes", "gpus_per_node") else _to_float(value, key)
         cluster = dataclasses.replace(base, **changes)
         if devices is not None:

@@ -85,3 +85,11 @@ def test_mesh_levels_follow_topology():
     assert prime_factors(360) == [5, 3, 3, 2, 2, 2]
     with pytest.raises(Exception, match="whole nodes"):
         Mesh.for_devices(c, 12)
+
+
+def test_memory_headroom_limits_usable_memory():
+    c = Cluster.parse("a100-80g:nodes=1")
+    assert c.usable_memory == pytest.approx(0.97 * 80e9)
+    assert Cluster.parse("a100-80g:memory_headroom=0").usable_memory == 80e9
+    with pytest.raises(ClusterError, match="memory_headroom"):
+        Cluster.parse("a100-80g:memory_headroom=0.95")

@@ -59,7 +59,9 @@ def summary(plan, timing=None) -> str:
             lines.append(f"{s['index']:>5} {rng:>16} {fmt_time(pdx.get('fwd_s', 0)):>10} {fmt_time(pdx.get('bwd_s', 0)):>10} "
                          f"{fmt_bytes(pdx.get('memory_bytes', 0)):>10} {fmt_bytes(cap):>10}")
     mem = pr.get("memory", {})
-    lines.append(f"memory    peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(cap)} per device ("
+    total = d["cluster"].get("device_memory", cap)
+    usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
+    lines.append(f"memory    peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device ("
                  + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mem.items() if v) + ")")
     lines.append(f"predicted step {fmt_time(pr['step_time_s'])}  MFU {pr['mfu']:.1%}  "
                  f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "

@@ -111,10 +111,10 @@ def decide(graph, cluster, settings, *, dp=1, zero=0, micro_batches=1, pins=None
     table, best = [], None
     for o in opts:
         resident = states - o.device_bytes_saved + outside
-        if resident + no_rc <= cluster.device_memory or not types:
+        if resident + no_rc <= cluster.usable_memory or not types:
             act, extra, policy = no_rc, 0.0, {"none": sum(c for c, _ in types)}
         elif recompute:
-            ch = choose_recompute(types, cluster.device_memory - resident - transient)
+            ch = choose_recompute(types, cluster.usable_memory - resident - transient)
             if ch is None:
                 act, extra, policy = None, 0.0, {}
             else:
@@ -138,11 +138,11 @@ def decide(graph, cluster, settings, *, dp=1, zero=0, micro_batches=1, pins=None
             raise err
         low = min(r["device_bytes"] for r in table)
         raise InfeasibleError(f"{graph.name} needs at least {fmt_bytes(low)} per device even with host placement "
-                              f"and recomputation; the device has {fmt_bytes(cluster.device_memory)}: "
+                              f"and recomputation; the device has {fmt_bytes(cluster.usable_memory)}: "
                               "use more devices, ZeRO or tensor/pipeline parallelism",
-                              needed_bytes=low, capacity_bytes=cluster.device_memory)
+                              needed_bytes=low, capacity_bytes=cluster.usable_memory)
     t, o, policy, extra, need = best
-    chosen = choose([o], need + o.device_bytes_saved, cluster.device_memory)
+    chosen = choose([o], need + o.device_bytes_saved, cluster.usable_memory)
     pol = ", ".join(f"{k} {v}" for k, v in policy.items() if v) or "none"
     chosen.section["predicted"]["reason"] += f"; recompute blocks: {pol}; step {fmt_time(t)}"
-    return Decision(chosen, policy, t, compute + extra, comm, need, cluster.device_memory, table)
+    return Decision(chosen, policy, t, compute + extra, comm, need, cluster.usable_memory, table)

@@ -118,7 +118,7 @@ class _Ctx:
         # host placement is worth pricing for sparse embedding tables or when the user pins it
         self.placement_relevant = bool(cons.placement) or any(
             getattr(p, "sparse_grad", False) for p in graph.params.values())
-        self.cap = cluster.device_memory
+        self.cap = cluster.usable_memory
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
         per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
@@ -620,7 +620,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
                   "profiles": len(ctx.profiles), "searches": len(ctx.strategy_cache),
                   "search_s": time.perf_counter() - t0}
-    best.capacity_bytes = cluster.device_memory
+    best.capacity_bytes = cluster.usable_memory
     best.notes = _notes(ctx, best)
     best.alternatives = _alternatives(best, feasible_seen)
     return best
