@@ -64,6 +64,10 @@ def _mip(backend, S, U, pairs, mem, memory_budget, time_limit_s):
         raise SappError(f"ortools has no {backend} backend here; use exact_backend='cpsat'")
     solver.SetTimeLimit(int(time_limit_s * 1000))
     n = len(S)
+    # MIP tolerances are absolute: bring the costs (often micro-seconds) to O(1e6)
+    ref = max([float(u.max()) for u in U] + [float(M.max()) for M in pairs.values()] + [1e-30])
+    U = [u * (1e6 / ref) for u in U]
+    pairs = {k: M * (1e6 / ref) for k, M in pairs.items()}
     x = [[solver.BoolVar(f"x{v}_{i}") for i in range(len(S[v]))] for v in range(n)]
     obj = solver.Objective()
     for v in range(n):

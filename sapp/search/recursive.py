@@ -138,26 +138,50 @@ def full_mrf(prob):
     return S, mrf
 
 
+def _uniform_start(prob, pick):
+    """Every op takes pick(node, level options) on every level (in level order)."""
+    out = []
+    for v in range(len(prob.vars)):
+        s = [None] * prob.L
+        for lvl in range(prob.L):
+            s[lvl] = pick(prob.nodes[v], prob.level_options(v, lvl, s))
+        out.append(tuple(s))
+    return out
+
+
+def _batch_pick(node, opts):
+    return next((c for c in opts if c is not None and node.dim(c).batch), None)
+
+
 def full_descent(prob, strat):
     """Forest block + cycle-cutset descent over whole strategies (only when every op has few
-    strategies), on the problem pruned by provably safe dominance."""
+    strategies), on the problem pruned by provably safe dominance, from several starts: the current
+    assignment, each op's cheapest strategy alone, everything replicated, everything data-parallel."""
     n = len(prob.vars)
     if any(prob.strategy_bound(v) > FULL_REFINE_MAX and len(prob.strategies(v)) > FULL_REFINE_MAX
            for v in range(n) if prob.strategy_bound(v) <= 50 * FULL_REFINE_MAX) or \
             any(prob.strategy_bound(v) > 50 * FULL_REFINE_MAX for v in range(n)):
         return
     S, mrf = full_mrf(prob)
-    keep = prune(mrf)
-    cur = [S[v].index(tuple(strat[v])) for v in range(n)]
-    for v in range(n):           # keep the current strategy available as a start
-        if cur[v] not in set(keep[v].tolist()):
-            keep[v] = np.append(keep[v], cur[v])
+    keep = [k.tolist() for k in prune(mrf)]
+    index = [{s: i for i, s in enumerate(S[v])} for v in range(n)]
+    starts = [[tuple(s) for s in strat], _uniform_start(prob, lambda node, opts: None),
+              _uniform_start(prob, _batch_pick)]
+    for st in starts:             # starts stay available even where dominance pruned them
+        for v in range(n):
+            i = index[v][st[v]]
+            if i not in keep[v]:
+                keep[v].append(i)
+    keep = [np.array(sorted(k)) for k in keep]
     sub = MRF([mrf.U[v][keep[v]] for v in range(n)],
               [(u, v, M[np.ix_(keep[u], keep[v])]) for (u, v), M in mrf.pairs.items()])
     pos = [{int(i): j for j, i in enumerate(keep[v])} for v in range(n)]
-    x, e = sub.optimize([pos[v][cur[v]] for v in range(n)], cutset=True)
-    x1, e1 = sub.optimize([int(sub.U[v].argmin()) for v in range(n)], cutset=True)
-    if e1 < e:
-        x, e = x1, e1
+    xs = [[pos[v][index[v][st[v]]] for v in range(n)] for st in starts]
+    xs.append([int(sub.U[v].argmin()) for v in range(n)])
+    best_x, best = None, None
+    for x0 in xs:
+        x, e = sub.optimize(x0, cutset=True)
+        if best is None or e < best - 1e-15 * abs(best):
+            best_x, best = x, e
     for v in range(n):
-        strat[v][:] = list(S[v][int(keep[v][x[v]])])
+        strat[v][:] = list(S[v][int(keep[v][best_x[v]])])
