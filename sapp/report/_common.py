@@ -21,7 +21,10 @@ def get(d, *path, default=None):
 
 
 def capacity(plan):
-    return float(get(plan["cluster"], "device_memory", default=0.0) or 0.0)
+    """Usable bytes per device: the search's own figure (device memory less its reserve) when the plan
+    records it, else the cluster's device memory."""
+    cap = plan["predicted"].get("capacity_bytes")
+    return float(cap) if cap else float(get(plan["cluster"], "device_memory", default=0.0) or 0.0)
 
 
 def throughput(plan):
