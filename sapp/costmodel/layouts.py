@@ -4,7 +4,7 @@ A layout is a tuple with one code per mesh level: an int >= 0 is S(axis) (sharde
 axis), R (-1) replicated, P (-2) partial (each rank holds a summand of the full value)."""
 from __future__ import annotations
 
-from .primitives import collective_time
+from .primitives import link_params
 
 R = -1
 P = -2
@@ -73,6 +73,15 @@ def reshard_time(src, dst, nbytes, mesh, cluster) -> float:
     the shards held on the other levels at that moment."""
     if src == dst or nbytes <= 0:
         return 0.0
+    a, b = reshard_coeffs(src, dst, mesh, cluster)
+    return a + b * nbytes
+
+
+def reshard_coeffs(src, dst, mesh, cluster):
+    """(latency seconds, seconds per byte of the full tensor) of reshard_time: the alpha-beta ring
+    costs are linear in the bytes, so one pair of layouts is priced once for every tensor size."""
+    if src == dst:
+        return 0.0, 0.0
     sizes = [lv.size for lv in mesh.levels]
     cur = list(src)
     for lv, (a, b) in enumerate(zip(src, dst)):
@@ -92,7 +101,7 @@ def reshard_time(src, dst, nbytes, mesh, cluster) -> float:
             cur[lv] = b
             continue
         groups.setdefault(key, []).append(lv)
-    t = 0.0
+    alpha_s = beta_s = 0.0
     for key in sorted(groups, key=lambda k: (k[0], str(k[2]))):
         lvs = groups[key]
         n, link = _group(lvs, mesh)
@@ -100,12 +109,13 @@ def reshard_time(src, dst, nbytes, mesh, cluster) -> float:
         for lv, c in enumerate(cur):
             if c >= 0 and lv not in lvs:
                 other *= sizes[lv]
-        b = nbytes / other
         kind = key[1]
-        if kind == "all_to_all":
-            t += collective_time(kind, b / n, n, link, cluster)
-        else:
-            t += collective_time(kind, b, n, link, cluster)
+        per_byte = 1.0 / other / (n if kind == "all_to_all" else 1)   # bytes moved per full-tensor byte
+        if n > 1:
+            lat, bw = link_params(link, cluster)
+            steps = 2 * (n - 1) if kind == "all_reduce" else (n - 1)
+            alpha_s += steps * lat
+            beta_s += steps / n * per_byte / bw
         for lv in lvs:
             cur[lv] = dst[lv]
-    return t
+    return alpha_s, beta_s

@@ -10,7 +10,7 @@ import numpy as np
 from ..costmodel.edges import edge_layouts, translate
 from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
-from ..costmodel.layouts import reshard_time
+from ..costmodel.layouts import reshard_coeffs, reshard_time
 from ..costmodel.memory import saved_items
 from ..costmodel.nodes import node_cost, op_strategies
 from ..errors import SappError
@@ -97,6 +97,8 @@ class Problem:
         self.lam = 0.0
         self._node_memo, self._lay_memo, self._rs_memo, self._cands, self._strats = {}, {}, {}, {}, {}
         self._mat_memo = {}
+        self.cache = {}
+        self._coef_memo = {}         # solver-level caches (e.g. the full-strategy MRF per lambda)
 
     # ---- candidate choices ------------------------------------------------------------------------
     def level_options(self, v, level, current):
@@ -218,10 +220,17 @@ class Problem:
     def _factor(self, prod_lays, cons_lays, nbytes, cnt, backward):
         up, pi = _uniq(prod_lays)
         uc, ci = _uniq(cons_lays)
-        T = np.empty((len(up), len(uc)))
+        A = np.empty((len(up), len(uc)))
+        B = np.empty((len(up), len(uc)))
+        memo = self._coef_memo
         for a, x in enumerate(up):
             for b, y in enumerate(uc):
-                T[a, b] = cnt * (self._rs(y, x, nbytes) if backward else self._rs(x, y, nbytes))
+                key = (y, x) if backward else (x, y)
+                c = memo.get(key)
+                if c is None:
+                    c = memo[key] = reshard_coeffs(key[0], key[1], self.mesh, self.cluster)
+                A[a, b], B[a, b] = c
+        T = cnt * (A + B * nbytes) if nbytes > 0 else np.zeros_like(A)
         return pi, ci, T
 
     def edge_mat(self, k, sps, scs):

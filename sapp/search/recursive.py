@@ -132,10 +132,22 @@ def refine(prob, strat, full_refine=True, max_rounds=6):
 
 
 def full_mrf(prob):
+    """(strategy lists, MRF over whole strategies); cached per Lagrange multiplier."""
+    hit = prob.cache.get(("full_mrf", prob.lam))
+    if hit is not None:
+        return hit
     S = [prob.strategies(v) for v in range(len(prob.vars))]
     mrf = MRF([prob.unary_vec(v, S[v]) for v in range(len(S))],
               [(pv, cv, prob.edge_mat(k, S[pv], S[cv])) for k, (pv, cv, _, _) in enumerate(prob.edges)])
+    prob.cache[("full_mrf", prob.lam)] = (S, mrf)
     return S, mrf
+
+
+def pruned(prob):
+    hit = prob.cache.get(("pruned", prob.lam))
+    if hit is None:
+        hit = prob.cache[("pruned", prob.lam)] = [k.tolist() for k in prune(full_mrf(prob)[1])]
+    return hit
 
 
 def _uniform_start(prob, pick):
@@ -163,7 +175,7 @@ def full_descent(prob, strat):
             any(prob.strategy_bound(v) > 50 * FULL_REFINE_MAX for v in range(n)):
         return
     S, mrf = full_mrf(prob)
-    keep = [k.tolist() for k in prune(mrf)]
+    keep = [list(k) for k in pruned(prob)]
     index = [{s: i for i, s in enumerate(S[v])} for v in range(n)]
     starts = [[tuple(s) for s in strat], _uniform_start(prob, lambda node, opts: None),
               _uniform_start(prob, _batch_pick)]
@@ -178,8 +190,14 @@ def full_descent(prob, strat):
     pos = [{int(i): j for j, i in enumerate(keep[v])} for v in range(n)]
     xs = [[pos[v][index[v][st[v]]] for v in range(n)] for st in starts]
     xs.append([int(sub.U[v].argmin()) for v in range(n)])
+    # forest descent from every start, then cycle-cutset descent from the two best distinct ones
+    runs = sorted((sub.optimize(x0)[::-1] for x0 in xs), key=lambda r: r[0])
     best_x, best = None, None
-    for x0 in xs:
+    seen = []
+    for e0, x0 in runs:
+        if x0 in seen or len(seen) == 2:
+            continue
+        seen.append(x0)
         x, e = sub.optimize(x0, cutset=True)
         if best is None or e < best - 1e-15 * abs(best):
             best_x, best = x, e
