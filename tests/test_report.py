@@ -74,6 +74,16 @@ def test_explain_sections():
     assert sum(1 for line in text.splitlines() if line.strip().startswith(("0 ", "1 ", "2 ", "3 "))) == 4
 
 
+def test_explain_comm_kinds_from_grad_sync_and_p2p():
+    d = make_plan(tp=2)
+    del d["predicted"]["comm_by_kind"]
+    d["predicted"].update(grad_sync_s=0.01, p2p_s=0.004, comm_s=0.014)
+    text = explain(d)
+    assert "comm dp sync" in text and "comm pp p2p" in text
+    assert "compute includes the tensor-parallel collectives" in text
+    assert "tensor-parallel collectives" not in explain(make_plan(tp=2))      # split out: no caveat
+
+
 def test_explain_binding_constraint_memory_vs_time():
     assert binding_constraint(Plan(make_plan(mem_frac=0.99)))[0] == "memory"
     name, why = binding_constraint(Plan(make_plan(mem_frac=0.3, pp=4, m=2)))

@@ -126,6 +126,9 @@ def explain(plan) -> str:
             by_kind["tp reshard"] = rest
     for k in sorted(by_kind):
         out.append(f"    {'comm ' + k:<14} {fmt_time(by_kind[k]):>10}  {_pct(float(by_kind[k]), step)}")
+    if int(par["tp"]) > 1 and not any("tp" in k for k in by_kind):
+        out.append("    (compute includes the tensor-parallel collectives inside each stage's forward/backward; "
+                   "the plan does not split them out)")
     rest = step - sum(parts.values())
     if step and abs(rest) > 0.01 * step:
         label = "other" if rest > 0 else "overlapped"
