@@ -83,7 +83,13 @@ def _summary(plan):
         rc_s = "/".join(f"{k[0]}{n}" for k, n in sorted(counts.items()))
     host = sorted(k for k, g in ((plan["placement"] or {}).get("groups") or {}).items()
                   if "host" in (g.get("weights"), g.get("optimizer"), g.get("grads")))
-    return {"step_s": pr["step_time_s"], "mfu": pr.get("mfu"), "peak_bytes": pr.get("peak_memory_bytes"),
+    stages = sorted(pipe.get("stages") or [], key=lambda st: st.get("index", 0))
+    per_dev = {}
+    for st in stages:            # interleaved plans list virtual stages: count blocks per device stage
+        i = st.get("device_stage", st.get("index", 0))
+        per_dev[i] = per_dev.get(i, 0) + len(st.get("blocks") or [])
+    return {"stage_blocks": "/".join(str(per_dev[i]) for i in sorted(per_dev)) or "-",
+            "step_s": pr["step_time_s"], "mfu": pr.get("mfu"), "peak_bytes": pr.get("peak_memory_bytes"),
             "dp": par["dp"], "tp": par["tp"], "pp": par["pp"], "schedule": pipe.get("schedule"),
             "m": pipe.get("micro_batches"), "v": pipe.get("virtual_chunks", 1), "recompute": rc_s,
             "zero": plan["zero"], "placement": "host:" + ",".join(host) if host else "device"}
@@ -102,6 +108,7 @@ def run_case(searcher, model, batch, preset, devices, *, baselines=BASELINES, ex
         row["sapp"] = _summary(plan)
         row["sapp"]["throughput"] = batch / plan["predicted"]["step_time_s"]
         row["status"] = "ok"
+        row["capacity_bytes"] = plan["predicted"].get("capacity_bytes") or row["capacity_bytes"]
         if not _valid(plan):
             row["status"] = f"invalid: predicted step time {plan['predicted']['step_time_s']} s is not positive (cost model bug)"
             plan = None
@@ -181,8 +188,8 @@ def to_markdown(rows, command, elapsed):
            f"total {elapsed:.1f} s  ", "",
            "Step times are predicted seconds per training step.  Baseline cells: step time (speedup = baseline / sapp; "
            "> 1 means sapp's plan is faster).  Exhaustive cell: optimum step (sapp / optimum, 1.00 = optimal).", "",
-           "| model | cluster | devices | batch | search s | sapp step s | samples/s | MFU | peak / capacity | dp.tp.pp | schedule m | recompute | ZeRO | placement | DP | DP+ZeRO-3 | Megatron | exhaustive |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|---|---|---|---|"]
+           "| model | cluster | devices | batch | search s | sapp step s | samples/s | MFU | peak / capacity | dp.tp.pp | blocks/stage | schedule m | recompute | ZeRO | placement | DP | DP+ZeRO-3 | Megatron | exhaustive |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|---|---|"]
     for r in rows:
         s = r.get("sapp")
         ex = r.get("exhaustive") or {}
@@ -193,12 +200,12 @@ def to_markdown(rows, command, elapsed):
             sched = f"{s['schedule']}{'(v=' + str(s['v']) + ')' if (s.get('v') or 1) > 1 else ''} {s['m']}"
             out.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['global_batch']} | {r['search_s']:.2f} | "
                        f"{_fmt_t(s['step_s'])} | {s['throughput']:,.0f} | {100 * (s['mfu'] or 0):.1f}% | {mem} | "
-                       f"{s['dp']}.{s['tp']}.{s['pp']} | {sched} | {s['recompute']} | {s['zero']} | {s['placement']} | "
+                       f"{s['dp']}.{s['tp']}.{s['pp']} | {s.get('stage_blocks', '-')} | {sched} | {s['recompute']} | {s['zero']} | {s['placement']} | "
                        f"{_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | {_cell(r.get('megatron'))} | {ex_cell} |")
         else:
             status = r["status"].split(":")[0] if r["status"].startswith(("OOM", "invalid")) else "error"
             out.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['global_batch']} | {r['search_s']:.2f} | "
-                       f"{status} | - | - | - | - | - | - | - | - | {_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | "
+                       f"{status} | - | - | - | - | - | - | - | - | - | {_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | "
                        f"{_cell(r.get('megatron'))} | - |")
     notes = [r for r in rows if r["status"] != "ok"]
     for r in notes:
@@ -228,7 +235,7 @@ def to_markdown(rows, command, elapsed):
 
 
 CSV_COLS = ["model", "cluster", "devices", "global_batch", "status", "search_s", "step_s", "throughput", "mfu",
-            "peak_bytes", "capacity_bytes", "dp", "tp", "pp", "schedule", "m", "v", "recompute", "zero", "placement"]
+            "peak_bytes", "capacity_bytes", "dp", "tp", "pp", "stage_blocks", "schedule", "m", "v", "recompute", "zero", "placement"]
 
 
 def to_csv(rows, path):
