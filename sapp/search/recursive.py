@@ -16,6 +16,8 @@ from .dominance import prune
 from .mrf import MRF
 
 FULL_REFINE_MAX = 400          # per-op strategy count up to which full-strategy descent is run
+FULL_REFINE_PAIRS = 250_000    # and total edge-matrix entries (keeps it well under a second)
+CUTSET_MAX_OPS = 16            # cycle-cutset moves on problems up to this many variables
 
 
 def recursive_search(prob, full_refine=True):
@@ -174,6 +176,8 @@ def full_descent(prob, strat):
            for v in range(n) if prob.strategy_bound(v) <= 50 * FULL_REFINE_MAX) or \
             any(prob.strategy_bound(v) > 50 * FULL_REFINE_MAX for v in range(n)):
         return
+    if sum(len(prob.strategies(pv)) * len(prob.strategies(cv)) for pv, cv, _, _ in prob.edges) > FULL_REFINE_PAIRS:
+        return
     S, mrf = full_mrf(prob)
     keep = [list(k) for k in pruned(prob)]
     index = [{s: i for i, s in enumerate(S[v])} for v in range(n)]
@@ -194,11 +198,12 @@ def full_descent(prob, strat):
     runs = sorted((sub.optimize(x0)[::-1] for x0 in xs), key=lambda r: r[0])
     best_x, best = None, None
     seen = []
+    n_cut = 2 if n <= CUTSET_MAX_OPS else 0     # cutset moves cost labels x forest DP per op
     for e0, x0 in runs:
-        if x0 in seen or len(seen) == 2:
+        if x0 in seen or len(seen) >= max(1, n_cut):
             continue
         seen.append(x0)
-        x, e = sub.optimize(x0, cutset=True)
+        x, e = sub.optimize(x0, cutset=n_cut > 0)
         if best is None or e < best - 1e-15 * abs(best):
             best_x, best = x, e
     for v in range(n):
