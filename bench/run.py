@@ -207,6 +207,7 @@ def to_markdown(rows, command, elapsed):
             out.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['global_batch']} | {r['search_s']:.2f} | "
                        f"{status} | - | - | - | - | - | - | - | - | - | {_cell(r.get('dp'))} | {_cell(r.get('zero3'))} | "
                        f"{_cell(r.get('megatron'))} | - |")
+    out.append("")
     notes = [r for r in rows if r["status"] != "ok"]
     for r in notes:
         out.append(f"\n- {r['model']} on {r['devices']} x {r['cluster']}: {r['status']}")
