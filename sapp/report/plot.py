@@ -44,8 +44,7 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     _memory(ax2, plan)
     par = plan["parallel"]
     fig.suptitle(f"{plan['model'].get('name', '?')} on {plan['devices']} x {plan['cluster'].get('name', '?')}: "
-                 f"dp={par['dp']} tp={par['tp']} pp={par['pp']}, {plan['pipeline'].get('schedule')} "
-                 f"m={plan['pipeline']['micro_batches']}, predicted step {fmt_time(plan['predicted']['step_time_s'])}",
+                 f"dp={par['dp']} tp={par['tp']} pp={par['pp']}, {_schedule_label(plan)}, predicted step {fmt_time(plan['predicted']['step_time_s'])}",
                  fontsize=11)
     try:
         fig.savefig(path, dpi=dpi)
@@ -54,6 +53,15 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     finally:
         plt.close(fig)
     return path
+
+
+def _schedule_label(plan):
+    pipe = plan["pipeline"]
+    m = pipe["micro_batches"]
+    if int(plan["parallel"]["pp"]) == 1 or pipe.get("schedule") in (None, "none"):
+        return "no pipeline" + (f", {m} accumulation steps" if m > 1 else "")
+    v = pipe.get("virtual_chunks") or 1
+    return f"{pipe['schedule']}{f' v={v}' if v > 1 else ''} m={m}"
 
 
 def _gantt(ax, plan, events, p):
@@ -105,7 +113,7 @@ def _memory(ax, plan):
     if cap:
         ax.axhline(cap / 1e9, color="#E45756", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(cap)}")
     top = max([t for _, t, _ in rows] + [cap]) / 1e9
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.set_ylim(0, top * 1.4 if top > 0 else 1)        # room for the legend above the capacity line
     ax.set_xticks(xs)
     ax.set_xticklabels([f"stage {x}" for x in xs])
     ax.set_ylabel("GB per device")
