@@ -256,7 +256,7 @@ def to_csv(rows, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench", description="Model zoo x clusters x device counts: sapp vs baselines (predicted step times).")
     ap.add_argument("--quick", action="store_true", help="a few small cases (< 1 minute)")
     ap.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
     ap.add_argument("--no-exhaustive", action="store_true", help="skip the exhaustive optimum")
