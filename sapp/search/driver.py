@@ -49,40 +49,29 @@ def run(graph, mesh, cluster, settings, *, memory_budget=None, level_roles=None,
 
 def _lagrange(prob, method, budget):
     """Smallest penalty lambda (seconds per byte) whose optimum fits in `budget`; the least-memory
-    solution found if none does."""
+    solution found if none does.  Two solves settle the infeasible case (lambda = 0 and a lambda at
+    which memory dominates); otherwise bisection in log space between them."""
     prob.lam = 0.0
     s0 = _solve(prob, method)
     m0 = prob.memory(s0)
     if m0 <= budget:
         return s0
-    t0 = prob.energy(s0)
-    lam_scale = max(t0, 1e-12) / max(m0, 1.0)
-    lo, hi, best, least = None, None, None, (m0, s0)
-    lam = lam_scale
-    for _ in range(12):      # grow until feasible
-        prob.lam = lam
-        s = _solve(prob, method)
-        m = prob.memory(s)
-        if m < least[0]:
-            least = (m, s)
-        if m <= budget:
-            hi, best = lam, s
-            break
-        lo = lam
-        lam *= 10.0
-    if best is None:
+    lam_scale = max(prob.energy(s0), 1e-12) / max(m0, 1.0)
+    lo, hi = lam_scale * 1e-4, lam_scale * 1e6
+    prob.lam = hi
+    best = _solve(prob, method)
+    if prob.memory(best) > budget:       # even memory-first does not fit: report it, infeasible
         prob.lam = 0.0
-        return least[1]
-    lo = lo if lo is not None else 0.0
-    for _ in range(10):      # bisection in log space between the last infeasible and first feasible
-        mid = math.sqrt(lo * hi) if lo > 0 else hi / 10.0
+        return best if prob.memory(best) < m0 else s0
+    for _ in range(14):
+        if hi / lo < 1.1:
+            break
+        mid = math.sqrt(lo * hi)
         prob.lam = mid
         s = _solve(prob, method)
         if prob.memory(s) <= budget:
             hi, best = mid, s
         else:
             lo = mid
-        if lo > 0 and hi / lo < 1.05:
-            break
     prob.lam = 0.0
     return best
