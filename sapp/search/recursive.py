@@ -17,6 +17,7 @@ from .mrf import MRF
 
 FULL_REFINE_MAX = 400          # per-op strategy count up to which full-strategy descent is run
 FULL_REFINE_PAIRS = 250_000    # and total edge-matrix entries (keeps it well under a second)
+PAIR_REFINE_MAX_LEVELS = 4     # joint two-level moves on meshes with up to this many levels
 CUTSET_MAX_OPS = 16            # cycle-cutset moves on problems up to this many variables
 
 
@@ -90,6 +91,30 @@ def level_refine(prob, strat, lvl, start=None):
     return e
 
 
+def pair_refine(prob, strat, l1, l2):
+    """Forest block descent over the joint choices of two levels (the others fixed): escapes the
+    local optima where a dim must move from one level to another in one step."""
+    n = len(prob.vars)
+    labels = []
+    for v in range(n):
+        row = []
+        base = list(strat[v])
+        for c1 in prob.level_options(v, l1, [c if i != l2 else None for i, c in enumerate(base)]):
+            s = list(base)
+            s[l1], s[l2] = c1, None
+            for c2 in prob.level_options(v, l2, s):
+                s2 = list(s)
+                s2[l2] = c2
+                row.append(tuple(s2))
+        labels.append(row)
+    mrf = MRF([prob.unary_vec(v, labels[v]) for v in range(n)],
+              [(pv, cv, prob.edge_mat(k, labels[pv], labels[cv])) for k, (pv, cv, _, _) in enumerate(prob.edges)])
+    x, e = mrf.optimize([labels[v].index(tuple(strat[v])) for v in range(n)], cutset=n <= 2 * CUTSET_MAX_OPS)
+    for v in range(n):
+        strat[v][:] = list(labels[v][x[v]])
+    return e
+
+
 def _level_starts(prob, strat, lvl):
     """Whole-level moves: every op replicated on the level, or every op splitting its batch dim."""
     n = len(prob.vars)
@@ -125,6 +150,10 @@ def refine(prob, strat, full_refine=True, max_rounds=6):
                     for v in range(n):
                         strat[v][:] = trial[v]
             done[lvl] = tuple(tuple(s) for s in strat)
+        if prob.L <= PAIR_REFINE_MAX_LEVELS:
+            for l1 in range(prob.L):
+                for l2 in range(l1 + 1, prob.L):
+                    pair_refine(prob, strat, l1, l2)
         if full_refine:
             full_descent(prob, strat)
         best = prob.energy([tuple(s) for s in strat])
