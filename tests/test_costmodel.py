@@ -166,3 +166,22 @@ def test_evaluate_blocks_sum_and_errors():
     del bad["embed"]
     with pytest.raises(SappError):
         evaluate_sharding(g, bad, mesh, A100, BF16)
+
+
+def test_precision_reprices_floats_not_ids():
+    g = gpt_graph(layers=1, b=2, s=64, h=128, a=4, vocab=512)
+    mesh = Mesh.for_devices(A100, 1)
+    st = {n: () for n in g.nodes}
+    bf = saved_activations(g, st, mesh, BF16)
+    fp = saved_activations(g, st, mesh, CostSettings(precision="fp32"))
+    for tid, (b, _) in bf.items():
+        if tid.endswith(":mask"):
+            assert fp[tid][0] == b                       # masks stay 1 byte
+        elif tid == "ids" or tid.startswith("loss:in"):
+            assert fp[tid][0] == b                       # int64 ids keep their width
+        else:
+            assert fp[tid][0] == pytest.approx(2 * b)
+    c_bf = evaluate_sharding(g, st, mesh, A100, BF16)
+    c_fp = evaluate_sharding(g, st, mesh, A100, CostSettings(precision="fp32"))
+    assert c_fp.param_bytes == pytest.approx(2 * c_bf.param_bytes)
+    assert c_fp.state_bytes == pytest.approx(c_bf.state_bytes)        # 16 bytes/param either way
