@@ -57,3 +57,21 @@ def test_stage_mesh_roles():
     assert [(lv.size, lv.link) for lv in mesh.levels] == [(2, "intra"), (2, "intra")]
     assert P.stage_mesh(cl, 1, 16) == (None, None)
     assert P.stage_mesh(cl, 3, 1) == (None, None)
+
+
+def test_time_fit_follows_the_roofline_to_large_micro_batches():
+    """A weight-bound MLP turns compute-bound as the micro-batch grows: the sampled convex fit must
+    reproduce a direct evaluation far from b = 1, 2 (a 2-point affine fit is off several-fold)."""
+    import sapp.models as M
+    from sapp.capture import capture
+    g = capture(M.get("mlp"), batch=8)
+    cl = Cluster.parse("cpu:gpus=2")
+    p = P.build_profile(g, cl, CostSettings(), 2, 1, max_mbs=512)
+    for b in (1, 7, 64, 300, 512):
+        d = P._unit_numbers(P.rebatch(p.template, 2 * b), p.units, p.strategies, p.mesh, cl, CostSettings(), 0, 2,
+                            acts=False)
+        got = sum(u.at(b, 0)[0] + u.at(b, 0)[1] for u in p.units if u.name in d)
+        want = sum(x["fwd"] + x["bwd"] for x in d.values())
+        assert got == pytest.approx(want, rel=0.15)
+        if b in (1, 64, 512):           # sample points are exact
+            assert got == pytest.approx(want, rel=1e-6)

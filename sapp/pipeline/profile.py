@@ -4,9 +4,13 @@ choice and the joint search work on.
 A *unit* is a block (e.g. `layers.3`) or the non-block "glue" around them (prologue: embedding,
 epilogue: final norm / head / loss).  The sharding search runs once per (dp, tp) on a *template*
 graph (the glue plus one representative block per block group); every block copies the numbers of
-its representative.  Costs are evaluated at two micro-batch sizes and fitted as c0 + c1 * b, which is
-exact for the cost model's batch-linear terms and keeps fixed ones (latencies, ZeRO-3 gathers)
-fixed, so a profile serves every micro-batch size without another search."""
+its representative.  Memory is exactly affine in the micro-batch size b (c0 + c1 * b, fitted at
+b = 1, 2).  Time is not: every op is a roofline max(FLOPs, bytes), so a unit's time is a *convex*
+piecewise-linear function of b (memory-bound at small b, compute-bound at large b -- a 2-point fit
+at b = 1, 2 under-predicts a large micro-batch several-fold on an MLP).  Times are therefore sampled
+at b = 1, 2, 8, 32, ... up to the largest micro-batch the search may use, and evaluated as the max
+of the secants between consecutive samples, which for a convex function is its exact piecewise-
+linear interpolation.  A profile thus serves every micro-batch size without another search."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,8 +46,30 @@ class Unit:
         """(fwd_s, bwd_s, act(3), extra(3), out_bytes) at micro-batch size b."""
         f = self.zfwd.get(zero, self.fwd)
         g = self.zbwd.get(zero, self.bwd)
-        return (f[0] + f[1] * b, g[0] + g[1] * b, tuple(a[0] + a[1] * b for a in self.act),
-                tuple(e[0] + e[1] * b for e in self.extra), self.out_bytes[0] + self.out_bytes[1] * b)
+        return (_pw(f, b), _pw(g, b), tuple(a[0] + a[1] * b for a in self.act),
+                tuple(_pw(e, b) for e in self.extra), self.out_bytes[0] + self.out_bytes[1] * b)
+
+
+def _pw(f, b):
+    """Value at b of an affine (c0, c1) or of a convex piecewise-linear ((c0, c1), ...) function."""
+    if f and isinstance(f[0], tuple):
+        return max(c0 + c1 * b for c0, c1 in f)
+    return f[0] + f[1] * b
+
+
+def _pieces(values, points):
+    """Secants between consecutive samples of a convex function: its max is the interpolation."""
+    return tuple(_affine(values[i], values[i + 1], points[i], points[i + 1]) for i in range(len(points) - 1))
+
+
+def sample_points(max_mbs):
+    """1, 2, 8, 32, ... (x4), ending exactly at max_mbs when it is larger than 2."""
+    pts = [1, 2]
+    while pts[-1] * 4 < max_mbs:
+        pts.append(pts[-1] * 4)
+    if max_mbs > pts[-1]:
+        pts.append(int(max_mbs))
+    return pts
 
 
 @dataclass
@@ -352,7 +378,7 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
 
 
 def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZEROS, units=None,
-                  strategy_cache=None, fixed_strategies=None):
+                  strategy_cache=None, fixed_strategies=None, max_mbs=2):
     """Search the template once on the dp x tp sub-mesh and fit every unit's costs in the
     micro-batch size.  `graph` may be captured at any batch (rebatched here)."""
     mesh, roles = stage_mesh(cluster, dp, tp)
@@ -386,6 +412,11 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     z0 = zeros[0]
     num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp),
                _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp))
+    # further time samples (activations are affine: no need), see the module docstring
+    points = sample_points(max_mbs)
+    samples = [num[z0][0], num[z0][1]] + [
+        _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False)
+        for b in points[2:]]
     for z in zeros[1:]:
         sz = CostSettings(settings.precision, settings.optimizer, z, settings.grad_sync_overlap)
         one, two = {}, {}
@@ -407,15 +438,18 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         if a is None:
             raise SappError(f"unit {u.name} has no operators in the template (internal)")
         nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
-        nu.fwd = _affine(a["fwd"], b["fwd"], 1, 2)
-        nu.bwd = _affine(a["bwd"], b["bwd"], 1, 2)
+        sv = [smp[key] for smp in samples]
+        nu.fwd = _pieces([x["fwd"] for x in sv], points)
+        nu.bwd = _pieces([x["bwd"] for x in sv], points)
         nu.act = tuple(_affine(x, y, 1, 2) for x, y in zip(a["act"], b["act"]))
-        nu.extra = tuple(_affine(x, y, 1, 2) for x, y in zip(a["extra"], b["extra"]))
+        nu.extra = tuple(_pieces([x["extra"][k] for x in sv], points) for k in range(3))
         nu.out_bytes = _affine(a["out"], b["out"], 1, 2)
         for z in zeros:
-            za, zb = num[z][0][key], num[z][1][key]
-            nu.zfwd[z] = _affine(za["fwd"], zb["fwd"], 1, 2)
-            nu.zbwd[z] = _affine(za["bwd"], zb["bwd"], 1, 2)
+            za = num[z][0][key]
+            # ZeRO stages only add batch-independent time (gathers) to the z0 curve
+            dz_f, dz_b = za["fwd"] - a["fwd"], za["bwd"] - a["bwd"]
+            nu.zfwd[z] = tuple((c0 + dz_f, c1) for c0, c1 in nu.fwd)
+            nu.zbwd[z] = tuple((c0 + dz_b, c1) for c0, c1 in nu.bwd)
             nu.grad_sync[z] = za["grad_sync"]
             nu.sync_lat[z] = za["sync_lat"]
             nu.states[z] = za["states"]

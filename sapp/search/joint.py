@@ -146,7 +146,8 @@ class _Ctx:
             self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp,
                                                search_fn=self.search_fn, units=self.units,
                                                strategy_cache=self.strategy_cache,
-                                               fixed_strategies=getattr(self, "fixed", None))
+                                               fixed_strategies=getattr(self, "fixed", None),
+                                               max_mbs=max(2, self.B // dp))
         return self.profiles[key]
 
     def allowed(self, block):
