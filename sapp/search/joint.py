@@ -24,6 +24,7 @@ from ..costmodel import CostSettings, collective_time
 from ..costmodel.nodes import MATMUL_LIKE
 from ..errors import ConstraintError, InfeasibleError, SappError
 from ..pipeline.partition import partition_counts, partition_dp
+from ..costmodel.optimizer import optimizer_step_time, updated_params
 from ..pipeline.profile import build_profile, split_units, stage_mesh
 from ..pipeline.schedule import in_flight, step_time
 from ..recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
@@ -81,6 +82,7 @@ class JointResult:
     grad_sync_s: float = 0.0
     p2p_s: float = 0.0
     host_s: float = 0.0
+    optimizer_s: float = 0.0          # device-side optimizer update (part of compute_s)
     peak_memory_bytes: float = 0.0
     capacity_bytes: float = 0.0
     model_flops: float = 0.0          # per step (fwd + bwd, no recomputation)
@@ -431,7 +433,11 @@ def _placed(ctx, cfg, prof, res_dev, exact, policy):
         r = _evaluate(ctx, cfg, prof, exact=exact, policy=policy, cap_extra=o.device_bytes_saved)
         if r is None:
             continue
-        r.step_time_s += o.extra_time_s
+        # the host now updates what it holds: drop that share of the device update time
+        moved = _offloaded_update_share(o, r, ctx)
+        r.step_time_s += o.extra_time_s - moved
+        r.compute_s -= moved
+        r.optimizer_s -= moved
         r.host_s = o.extra_time_s
         r.placement = o
         for st in r.stages:
@@ -441,6 +447,20 @@ def _placed(ctx, cfg, prof, res_dev, exact, policy):
         if best is None or _rank(r) < _rank(best):
             best = r
     return best
+
+
+def _offloaded_update_share(option, res, ctx):
+    """Device optimizer time no longer spent once `option` updates some parameters on the host: the
+    offloaded dense parameters and the host tables, as a share of what the device updated."""
+    comp = option.section.get("predicted", {}).get("components", {})
+    n_host = comp.get("optimizer", {}).get("params_on_host", 0.0)
+    for t in comp.get("embedding", {}).get("tables", {}).values():
+        n_host += t["rows"] * t["dim"] / res.config.tp
+    st = max(res.stages, key=lambda s: s.memory["optimizer"])
+    n_dev = updated_params(st.memory["optimizer"], st.memory["params"], ctx.settings)
+    if n_dev <= 0:
+        return 0.0
+    return res.optimizer_s * min(1.0, n_host / n_dev)
 
 
 def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
@@ -459,7 +479,10 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     bw = [s.bwd_s for s in stages]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
     gs = max(s.grad_sync_s for s in stages)
-    step = step_pipe + gs
+    # the optimizer update runs after the last backward on every stage; the slowest one counts
+    opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings)
+                for s in stages)
+    step = step_pipe + gs + opt_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
@@ -467,7 +490,8 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)
-    res.compute_s = compute_like
+    res.optimizer_s = opt_s
+    res.compute_s = compute_like + opt_s
     res.comm_s = gs + res.p2p_s
     res.peak_memory_bytes = max(s.memory_bytes for s in stages)
     res.capacity_bytes = ctx.cap
