@@ -202,7 +202,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                      "grad_sync_overlap": settings.grad_sync_overlap},
         "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
                       "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
-                      "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s,
+                      "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
                       "grad_sync_s": res.grad_sync_s, "p2p_s": res.p2p_s,
                       "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
@@ -271,7 +271,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     fits = res.peak_memory_bytes <= cl.usable_memory
     return {
         "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,
-        "compute_s": res.compute_s, "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s,
+        "compute_s": res.compute_s, "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
         "capacity_bytes": cl.usable_memory, "fits": fits, "memory": res.memory,
         "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
                     "memory_bytes": s.memory_bytes} for s in res.stages],

@@ -75,3 +75,13 @@ def test_time_fit_follows_the_roofline_to_large_micro_batches():
         assert got == pytest.approx(want, rel=0.15)
         if b in (1, 64, 512):           # sample points are exact
             assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_tensor_parallel_resharding_is_reported_as_communication():
+    from sapp.api import search
+    p = search("gpt3-1.3b", "a100-80g:nodes=1", global_batch=64, constraints={"tp": 8, "pp": 1})
+    by = p.predicted["comm_by_kind"]
+    assert by["tp_reshard"] > 0 and by["pp_p2p"] == 0
+    assert p.predicted["comm_s"] == pytest.approx(sum(by.values()), rel=1e-5)
+    q = search("gpt3-1.3b", "a100-80g:nodes=1", global_batch=64, constraints={"tp": 1, "dp": 8})
+    assert q.predicted["comm_by_kind"]["tp_reshard"] == 0

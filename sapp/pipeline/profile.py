@@ -41,6 +41,10 @@ class Unit:
     sync_lat: dict = field(default_factory=dict)   # zero -> latency part (paid once per stage)
     states: dict = field(default_factory=dict)     # zero -> {"params","grads","optimizer"} bytes
     flops: float = 0.0         # model FLOPs (fwd) of the unit at the captured batch, per sample
+    reshard: tuple = (0.0, 0.0)  # tensor-parallel resharding (fwd + bwd) inside fwd/bwd, per micro-batch
+
+    def reshard_at(self, b):
+        return _pw(self.reshard, b)
 
     def at(self, b, zero):
         """(fwd_s, bwd_s, act(3), extra(3), out_bytes) at micro-batch size b."""
@@ -300,6 +304,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
+            "reshard": sum(d["reshard_s"] for d in pn),
             "grad_sync": sync - lat, "sync_lat": lat, "param_list": params, "gather": gather,
             "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
                        "optimizer": sum(d["optimizer_bytes"] for d in pn)},
@@ -441,6 +446,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         sv = [smp[key] for smp in samples]
         nu.fwd = _pieces([x["fwd"] for x in sv], points)
         nu.bwd = _pieces([x["bwd"] for x in sv], points)
+        nu.reshard = _pieces([x["reshard"] for x in sv], points)
         nu.act = tuple(_affine(x, y, 1, 2) for x, y in zip(a["act"], b["act"]))
         nu.extra = tuple(_pieces([x["extra"][k] for x in sv], points) for k in range(3))
         nu.out_bytes = _affine(a["out"], b["out"], 1, 2)

@@ -83,6 +83,7 @@ class JointResult:
     p2p_s: float = 0.0
     host_s: float = 0.0
     optimizer_s: float = 0.0          # device-side optimizer update (part of compute_s)
+    comm_by_kind: dict = field(default_factory=dict)   # tp_reshard / dp_grad_sync / pp_p2p seconds
     peak_memory_bytes: float = 0.0
     capacity_bytes: float = 0.0
     model_flops: float = 0.0          # per step (fwd + bwd, no recomputation)
@@ -490,9 +491,13 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)
+    # tensor-parallel resharding is priced inside the units' fwd/bwd; report it as communication
+    by_name = {u.name: u for u in prof.units}
+    tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs) for n in s.units if n in by_name) for s in stages)
     res.optimizer_s = opt_s
-    res.compute_s = compute_like + opt_s
-    res.comm_s = gs + res.p2p_s
+    res.compute_s = compute_like + opt_s - tp_comm
+    res.comm_s = gs + res.p2p_s + tp_comm
+    res.comm_by_kind = {"tp_reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s}
     res.peak_memory_bytes = max(s.memory_bytes for s in stages)
     res.capacity_bytes = ctx.cap
     res.model_flops = ctx.model_flops_per_sample * ctx.B
