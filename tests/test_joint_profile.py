@@ -81,7 +81,8 @@ def test_tensor_parallel_resharding_is_reported_as_communication():
     from sapp.api import search
     p = search("gpt3-1.3b", "a100-80g:nodes=1", global_batch=64, constraints={"tp": 8, "pp": 1})
     by = p.predicted["comm_by_kind"]
-    assert by["tp_reshard"] > 0 and by["pp_p2p"] == 0
+    assert by["reshard"] > 0 and by["pp_p2p"] == 0
     assert p.predicted["comm_s"] == pytest.approx(sum(by.values()), rel=1e-5)
     q = search("gpt3-1.3b", "a100-80g:nodes=1", global_batch=64, constraints={"tp": 1, "dp": 8})
-    assert q.predicted["comm_by_kind"]["tp_reshard"] == 0
+    # pure data parallelism reshards only around the few ops without a batch dim
+    assert q.predicted["comm_by_kind"]["reshard"] < 0.05 * by["reshard"]

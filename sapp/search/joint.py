@@ -83,7 +83,7 @@ class JointResult:
     p2p_s: float = 0.0
     host_s: float = 0.0
     optimizer_s: float = 0.0          # device-side optimizer update (part of compute_s)
-    comm_by_kind: dict = field(default_factory=dict)   # tp_reshard / dp_grad_sync / pp_p2p seconds
+    comm_by_kind: dict = field(default_factory=dict)   # reshard / dp_grad_sync / pp_p2p seconds
     peak_memory_bytes: float = 0.0
     capacity_bytes: float = 0.0
     model_flops: float = 0.0          # per step (fwd + bwd, no recomputation)
@@ -497,7 +497,7 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     res.optimizer_s = opt_s
     res.compute_s = compute_like + opt_s - tp_comm
     res.comm_s = gs + res.p2p_s + tp_comm
-    res.comm_by_kind = {"tp_reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s}
+    res.comm_by_kind = {"reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s}
     res.peak_memory_bytes = max(s.memory_bytes for s in stages)
     res.capacity_bytes = ctx.cap
     res.model_flops = ctx.model_flops_per_sample * ctx.B
