@@ -167,3 +167,13 @@ def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_
     check_model(model, plan, name, example_inputs, fingerprint)
     check_pipeline(plan)
     check_names(model, plan)
+    check_placement(plan)
+
+
+def check_placement(plan: Plan) -> None:
+    """Refuse what the search may plan but the emitter cannot run yet, before any process trains."""
+    groups = (plan.placement or {}).get("groups") or {}
+    offload = any(g.get("master_weights") == "host" for g in groups.values())
+    if offload and plan.zero == 3:
+        raise PlanError("the plan offloads the optimizer under ZeRO-3 (ZeRO-3-Offload), which sapp does not emit yet; "
+                        "search again with --zero 2 (or pin placement to the device) to get an emittable plan")

@@ -28,7 +28,7 @@ from ..costmodel.optimizer import optimizer_step_time, updated_params
 from ..pipeline.profile import build_profile, split_units, stage_mesh
 from ..pipeline.schedule import in_flight, step_time
 from ..recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_time
 
 SCHED_ORDER = {"none": 0, "1f1b": 1, "interleaved": 2, "gpipe": 3}
 
@@ -118,6 +118,7 @@ class _Ctx:
         self.strategy_cache = {}
         self.numbers = {}
         self.placements = {}
+        self.best_by_placement = {}   # option name -> (step, config) of the best feasible config using it
         # host placement is worth pricing for sparse embedding tables or when the user pins it
         self.placement_relevant = bool(cons.placement) or any(
             getattr(p, "sparse_grad", False) for p in graph.params.values())
@@ -404,6 +405,8 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     `placement`, host placements (sapp.placement) are tried where they matter (see _placed)."""
     prof = prof or ctx.profile(cfg.dp, cfg.tp)
     res = _evaluate(ctx, cfg, prof, exact=exact, policy=policy)
+    if res is not None:
+        _remember_placement(ctx, "device", res)
     if placement and cfg.pp == 1 and (ctx.placement_relevant or res is None):
         if res is None and not ctx.placement_relevant:
             # host placement saves at most the model states: skip when even that cannot fit
@@ -428,6 +431,8 @@ def _placed(ctx, cfg, prof, res_dev, exact, policy):
             ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
             micro_batches=cfg.m, compute_s=compute, pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
     best = res_dev if any(o.name == "device" for o in opts) else None
+    if best is not None:
+        _remember_placement(ctx, "device", best)
     for o in opts:
         if o.name == "device":
             continue
@@ -445,9 +450,17 @@ def _placed(ctx, cfg, prof, res_dev, exact, policy):
             st.memory["host_offload"] = -o.device_bytes_saved
         r.peak_memory_bytes = max(st.memory_bytes for st in r.stages)
         r.mfu = r.model_flops / (r.step_time_s * ctx.cluster.devices * ctx.cluster.peak_flops)
+        _remember_placement(ctx, o.name, r)
         if best is None or _rank(r) < _rank(best):
             best = r
     return best
+
+
+def _remember_placement(ctx, name, res):
+    """Best feasible configuration per placement option, for the note that says which won."""
+    cur = ctx.best_by_placement.get(name)
+    if cur is None or (res.step_time_s, res.config.key()) < (cur[0], cur[1].key()):
+        ctx.best_by_placement[name] = (res.step_time_s, res.config)
 
 
 def _offloaded_update_share(option, res, ctx):
@@ -728,6 +741,16 @@ def _notes(ctx, res):
     if cfg.zero:
         out.append(f"ZeRO-{cfg.zero} over dp={cfg.dp}: model states per device "
                    f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
+    pl = res.placement
+    if pl is not None and pl.name != "device":
+        pr = pl.section.get("predicted", {})
+        out.append(f"placement {pl.name}: saves {fmt_bytes(pl.device_bytes_saved)} per device, host work "
+                   f"{fmt_time(pr.get('host_s', 0.0))} of which {fmt_time(pl.extra_time_s)} is exposed")
+    if len(ctx.best_by_placement) > 1:
+        ranked = sorted(ctx.best_by_placement.items(), key=lambda kv: (kv[1][0], kv[0]))
+        out.append("placement weighed: " + "; ".join(
+            f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
+            + f" -> {ranked[0][0]} wins")
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
     return out
 
