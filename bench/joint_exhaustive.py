@@ -12,6 +12,8 @@ import sys
 import time
 
 CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024)]
+# --all: every zoo model of the benchmark set (the tiny test models aside)
+ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("wide-deep", 16384)]
 DEVICES = (8, 64, 512)
 MAX_CONFIGS = 4000          # beyond this the exhaustive enumeration takes minutes: skipped
 _GRAPHS = {}
@@ -44,6 +46,7 @@ def optimum(model, cluster, *, global_batch, constraints=None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="8 and 64 devices only")
+    ap.add_argument("--all", action="store_true", help="every zoo model of the benchmark set")
     args = ap.parse_args(argv)
     import sapp.models as zoo
     from sapp.cluster import Cluster
@@ -53,7 +56,7 @@ def main(argv=None):
     print(f"{'model':<11} {'devices':>7} {'search_s':>8} {'exhaustive_s':>12} {'scored':>7} {'search_step':>11} "
           f"{'best_step':>10} {'gap':>8}  configurations (search | exhaustive)")
     gaps = []
-    for name, batch in CASES:
+    for name, batch in (ALL_CASES if args.all else CASES):
         g = _graph(zoo.get(name))
         for n in DEVICES[:2] if args.quick else DEVICES:
             cl = Cluster.parse(f"a100-80g:devices={n}")

@@ -34,6 +34,21 @@ OP_KINDS = (
 KEY_KINDS = ("matmul", "conv", "embedding", "attention", "loss")
 
 
+class _Sized:
+    """numel / nbytes of anything with `shape` and `dtype`."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
+
+
 @dataclass(frozen=True)
 class Dim:
     name: str
@@ -43,7 +58,7 @@ class Dim:
 
 
 @dataclass(frozen=True)
-class Operand:
+class Operand(_Sized):
     """One input of an op.  Exactly one of `producer` (activation from another node) or `param`
     (a parameter/buffer qualname) is set; constants have neither and are ignored by the cost model."""
     shape: tuple
@@ -52,34 +67,12 @@ class Operand:
     producer: str | None = None
     param: str | None = None
 
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
-
 
 @dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(_Sized):
     shape: tuple
     dtype: str
     dims: tuple                  # op dim name (or None) per axis
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * DTYPE_BYTES.get(self.dtype, 4)
 
 
 @dataclass
@@ -113,20 +106,13 @@ class OpNode:
 
 
 @dataclass(frozen=True)
-class ParamInfo:
+class ParamInfo(_Sized):
     name: str
     shape: tuple
     dtype: str
     module: str = ""
     trainable: bool = True
     sparse_grad: bool = False    # embedding with sparse=True (host placement candidates)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
 
 
 @dataclass

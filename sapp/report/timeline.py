@@ -1,8 +1,7 @@
 """A plan's pipeline timeline: events (stage, micro-batch, kind, start, end) for the Gantt chart.
 
-`plan_timeline(plan)` uses the team's simulator (sapp.pipeline.simulate) when it is importable and
-accepts the plan, and otherwise `simulate_schedule` below: a small dependency-driven simulator that
-replays each device's op order for GPipe, 1F1B or interleaved 1F1B.  Pure Python, deterministic."""
+`plan_timeline(plan)` replays the plan's per-stage times through sapp.pipeline.schedule.simulate (the
+same simulator the joint search prices plans with), so the chart shows what was predicted."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,117 +26,33 @@ class Event:
         return self.end - self.start
 
 
-def _device_order(schedule, p, m, v, i):
-    """Op order for device stage i: list of ("f"|"b", micro_batch, chunk)."""
-    if schedule not in SCHEDULES:
-        raise PlanError(f"unknown pipeline schedule {schedule!r}; use gpipe, 1f1b, interleaved or none")
-    if schedule in ("none", "gpipe") or p == 1 and schedule != "interleaved":
-        if schedule == "gpipe":
-            return [("f", j, 0) for j in range(m)] + [("b", j, 0) for j in range(m)]
-        # no pipeline (gradient accumulation): forward then backward per micro-batch
-        return [op for j in range(m) for op in (("f", j, 0), ("b", j, 0))]
-    if schedule == "1f1b" or v == 1:
-        warm = min(p - i - 1, m)
-        order = [("f", j, 0) for j in range(warm)]
-        f, b = warm, 0
-        while b < m:
-            if f < m:
-                order.append(("f", f, 0))
-                f += 1
-            order.append(("b", b, 0))
-            b += 1
-        return order
-    if schedule == "interleaved":
-        # Micro-batches go through the device's chunks in groups of p (Megatron's order); backward
-        # visits chunks in reverse.
-        fwd, bwd = [], []
-        for g0 in range(0, m, p):
-            group = list(range(g0, min(g0 + p, m)))
-            for c in range(v):
-                fwd += [("f", j, c) for j in group]
-            for c in reversed(range(v)):
-                bwd += [("b", j, c) for j in group]
-        total = len(fwd)
-        warm = min(total, (p - i - 1) * 2 + (v - 1) * p)
-        order = fwd[:warm]
-        fi, bi = warm, 0
-        while bi < total:
-            if fi < total:
-                order.append(fwd[fi])
-                fi += 1
-            order.append(bwd[bi])
-            bi += 1
-        return order
-    raise PlanError(f"unknown pipeline schedule {schedule!r}; use gpipe, 1f1b, interleaved or none")
-
-
 def simulate_schedule(fwd_s, bwd_s, micro_batches, schedule="1f1b", *, virtual_chunks=1, p2p_s=0.0,
                       recompute_s=None):
-    """Simulate one training step's pipeline.
-
-    fwd_s / bwd_s: per-micro-batch times per *virtual* stage (len p*v, virtual stage k lives on device
-    k % p, chunk k // p).  bwd_s includes recompute; `recompute_s` (same length, optional) says how
-    much of it is re-running the forward, drawn as its own "recompute" event before the backward.
-    p2p_s: seconds to send one micro-batch's boundary tensor to the next stage (scalar or per stage).
-    Returns (events, makespan)."""
+    """One training step's pipeline as chart events, from per-*virtual*-stage times (len p*v; virtual
+    stage k lives on device k % p, chunk k // p).  `bwd_s` includes recompute; `recompute_s` (optional,
+    same length) is drawn as its own event.  The schedule itself is sapp.pipeline.schedule.simulate,
+    the simulator the joint search prices plans with.  Returns (events, makespan)."""
+    from ..pipeline.schedule import SCHEDULES as PIPE_SCHEDULES
+    from ..pipeline.schedule import simulate
     v = max(1, int(virtual_chunks))
     n_virtual = len(fwd_s)
     if n_virtual == 0 or len(bwd_s) != n_virtual or n_virtual % v:
         raise PlanError("pipeline stages must list fwd/bwd times for every (virtual) stage")
+    if schedule not in SCHEDULES:
+        raise PlanError(f"unknown pipeline schedule {schedule!r}; use gpipe, 1f1b, interleaved or none")
     p, m = n_virtual // v, int(micro_batches)
     if m < 1:
         raise PlanError("pipeline.micro_batches must be a positive integer")
-    p2p = list(p2p_s) if isinstance(p2p_s, (list, tuple)) else [float(p2p_s)] * n_virtual
     rc = list(recompute_s) if recompute_s else [0.0] * n_virtual
-    orders = [_device_order(schedule, p, m, v, i) for i in range(p)]
-    pos = [0] * p
-    free = [0.0] * p
-    done = {}     # ("f"|"b", virtual stage, mb) -> end time
-    events = []
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while pos[i] < len(orders[i]):
-                op, j, c = orders[i][pos[i]]
-                k = c * p + i                       # virtual stage
-                ready, comm_from = free[i], None
-                if op == "f":
-                    if k > 0:
-                        if ("f", k - 1, j) not in done:
-                            break
-                        comm_from = done[("f", k - 1, j)]
-                        ready = max(ready, comm_from + p2p[k - 1])
-                else:
-                    if ("f", k, j) not in done:
-                        break
-                    if k < n_virtual - 1:
-                        if ("b", k + 1, j) not in done:
-                            break
-                        comm_from = done[("b", k + 1, j)]
-                        ready = max(ready, comm_from + p2p[k])
-                if comm_from is not None and (p2p[k - 1] if op == "f" else p2p[k]) > 0:
-                    hop = p2p[k - 1] if op == "f" else p2p[k]
-                    events.append(Event(i, j, "comm", comm_from, comm_from + hop, c))
-                t = ready
-                if op == "f":
-                    events.append(Event(i, j, "fwd", t, t + fwd_s[k], c))
-                    t += fwd_s[k]
-                else:
-                    r = min(rc[k], bwd_s[k])
-                    if r > 0:
-                        events.append(Event(i, j, "recompute", t, t + r, c))
-                    events.append(Event(i, j, "bwd", t + r, t + bwd_s[k], c))
-                    t += bwd_s[k]
-                done[(op, k, j)] = t
-                free[i] = t
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise PlanError(f"schedule {schedule!r} deadlocks with {p} stages and {m} micro-batches")
-    events.sort(key=lambda e: (e.stage, e.start, e.kind))
-    return events, max(free)
+    per_dev = lambda xs: [sum(xs[c * p + i] for c in range(v)) for i in range(p)]  # noqa: E731
+    p2p = max(p2p_s) if isinstance(p2p_s, (list, tuple)) else float(p2p_s)
+    sched = schedule if schedule in PIPE_SCHEDULES and schedule != "none" else "1f1b"
+    try:
+        res = simulate(per_dev(fwd_s), per_dev(bwd_s), m, sched, v=v, p2p_s=p2p, recompute_s=per_dev(rc))
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    events = sorted(normalise_events(res.events), key=lambda e: (e.stage, e.start, e.kind))
+    return events, res.step_s
 
 
 def _stage_times(plan, per_device=False):
@@ -199,10 +114,9 @@ def plan_timeline(plan, *, use_team_simulator=True):
     schedule = plan["pipeline"].get("schedule", "none")
     if int(plan["parallel"]["pp"]) == 1 and schedule != "none":
         schedule = "none"
-    events = None
-    if use_team_simulator:
-        events = _team_simulate(plan)
-    if events is None:
+    if use_team_simulator and (ev := _team_simulate(plan)) is not None:
+        events = ev
+    else:
         events, _ = simulate_schedule(f, b, m, schedule, virtual_chunks=v, p2p_s=p2p, recompute_s=rc)
     p = int(plan["parallel"]["pp"])
     stages = sorted(plan["pipeline"].get("stages") or [], key=lambda s: s.get("index", 0))
