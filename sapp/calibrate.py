@@ -7,6 +7,10 @@ What is measured, in `procs` worker processes running at the same time (so every
   - memory bandwidth from a large tensor copy (read + write): `mem_bandwidth`; an element-wise add
     relative to it is `memory_efficiency`;
   - host<->device copy bandwidth (pinned memory) when CUDA exists, else the memory bandwidth;
+  - per-operator dispatch overhead: a chain of tiny element-wise ops (so the arithmetic is nil)
+    recorded by autograd as in training, timed forward and backward: `op_overhead` is the forward
+    time per op; on CPU the dispatching thread also computes, so `async_launch` is false (on GPUs
+    the host enqueues kernels ahead of the device: true);
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
     t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β.
 The rest (nodes=1, gpus_per_node=procs, memory sizes) comes from the machine; the "cpu" preset is the
@@ -117,6 +121,30 @@ def _measure_local(torch, dev, cfg, sync):
     return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d}
 
 
+LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
+
+
+def _measure_launch(torch, dev, cfg, sync):
+    """Seconds of host dispatch per operator, forward and backward: a chain of LAUNCH_CHAIN tiny
+    multiplications on a 16-element tensor that requires grad (the arithmetic is ~nothing, so the
+    time is the framework's dispatch + autograd recording + launch).  Backward is reported for the
+    notes: the cost model charges it per gradient kernel at the forward rate."""
+    w = torch.ones(16, device=dev, requires_grad=True)
+
+    def fwd():
+        h = w
+        for _ in range(LAUNCH_CHAIN):
+            h = h * 1.0
+        return h
+
+    def fwd_bwd():
+        fwd().sum().backward()
+
+    t_f = _timeit(fwd, cfg["min_time"] / 2, sync) / LAUNCH_CHAIN
+    t_fb = _timeit(fwd_bwd, cfg["min_time"] / 2, sync) / LAUNCH_CHAIN
+    return {"fwd": t_f, "bwd": max(0.0, t_fb - t_f)}
+
+
 def _measure_allreduce(torch, dist, dev, cfg, sync):
     """Every rank must issue the same number of collectives, so the repetition count is agreed on
     (MAX over ranks) instead of each rank timing until its own clock says stop."""
@@ -160,6 +188,7 @@ def _worker(rank, procs, port, cfg, threads, results):
                                     rank=rank, world_size=procs)
             dist.barrier()
         local = _measure_local(torch, dev, cfg, sync)
+        local["launch"] = _measure_launch(torch, dev, cfg, sync)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
@@ -238,6 +267,11 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     changes["device_memory"] = ranks[0]["device_memory"] if cuda else ram / procs
     changes["host_mem_bandwidth"] = sum(copies) if not cuda else base_c.host_mem_bandwidth
     changes["host_flops"] = sum(peaks) if not cuda else base_c.host_flops
+    launch = [r["local"]["launch"] for r in ranks if r["local"].get("launch")]
+    if launch:
+        # the slowest rank's dispatch, like every other per-device figure (the step waits for it)
+        changes["op_overhead"] = max(x["fwd"] for x in launch)
+        changes["async_launch"] = bool(cuda)
     fit = None
     if procs > 1:
         ar = ranks[0]["allreduce"]
@@ -248,6 +282,9 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
+    if launch:
+        notes += (f", op dispatch {changes['op_overhead'] * 1e6:.1f} us fwd / "
+                  f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op")
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
     notes += "; single node: inter-node figures copy the intra-node ones"

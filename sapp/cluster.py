@@ -17,7 +17,8 @@ _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
     "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops",
 )
-_NON_NEGATIVE = ("intra_latency", "inter_latency")
+_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead")
+_BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 
 
@@ -42,6 +43,14 @@ class Cluster:
     # Device memory kept free for what the cost model does not see (CUDA context, allocator
     # fragmentation, communication buffers): plans that fit on paper and then OOM are the top complaint.
     memory_headroom: float = 0.03
+    # Host time to dispatch one operator (framework dispatch + kernel launch), seconds.  It dominates
+    # ops whose shard is tiny.  CUDA: ~4-10 us per launch; CPU eager training: ~5 us (measured by
+    # `sapp calibrate`: a chain of tiny ops with autograd recording).
+    op_overhead: float = 5e-6
+    # Whether that dispatch overlaps the device's work.  GPUs: yes - the host enqueues kernels
+    # asynchronously and runs ahead, so an op costs max(roofline, launch) and only launch-bound tiny
+    # ops pay it.  CPU eager: no - the process that dispatches is the one that computes, so it adds.
+    async_launch: bool = True
     notes: str = field(default="", compare=False)
 
     # ---- derived -------------------------------------------------------------------------------
@@ -66,6 +75,9 @@ class Cluster:
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or v != v or v < 0:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0, got {v!r}")
+        for key in _BOOLS:
+            if not isinstance(getattr(self, key), bool):
+                raise ClusterError(f"cluster {self.name!r}: {key} must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.memory_headroom, (int, float)) or not 0 <= self.memory_headroom < 0.9:
             raise ClusterError(f"cluster {self.name!r}: memory_headroom must be in [0, 0.9), got {self.memory_headroom!r}")
         for key in _FRACTIONS:
@@ -95,6 +107,8 @@ class Cluster:
                 kwargs[k] = str(v)
             elif k in ("nodes", "gpus_per_node"):
                 kwargs[k] = _to_int(v, k)
+            elif k in _BOOLS:
+                kwargs[k] = _to_bool(v, k)
             else:
                 kwargs[k] = _to_float(v, k)
         return cls(**kwargs).validate()
@@ -138,8 +152,11 @@ class Cluster:
                 continue
             if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
                 raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
-                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom",)))
-            changes[key] = _to_int(value, key) if key in ("nodes", "gpus_per_node") else _to_float(value, key)
+                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom",) + _BOOLS))
+            if key in _BOOLS:
+                changes[key] = _to_bool(value, key)
+            else:
+                changes[key] = _to_int(value, key) if key in ("nodes", "gpus_per_node") else _to_float(value, key)
         cluster = dataclasses.replace(base, **changes)
         if devices is not None:
             if devices <= 0:
@@ -167,6 +184,17 @@ def _to_int(v, key):
     return int(f)
 
 
+def _to_bool(v, key):
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ClusterError(f"{key} must be true or false, got {v!r}")
+
+
 def _to_float(v, key):
     try:
         return parse_quantity(v, key)
@@ -190,5 +218,6 @@ PRESETS = {
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,
                    16e9, 10e9, 10e9, 50e9, compute_efficiency=0.5, memory_efficiency=0.5,
+                   op_overhead=10e-6, async_launch=False,
                    notes="processes on this CPU machine (gloo); calibrate for real figures"),
 }

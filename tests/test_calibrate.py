@@ -34,6 +34,12 @@ def test_cluster_from_fabricated_measurements():
     assert c.mem_bandwidth == 8e9 and c.memory_efficiency == pytest.approx(0.75) and c.h2d_bw == 8e9
     assert c.intra_latency == pytest.approx(50e-6) and c.intra_bw == pytest.approx(1e9)
     assert (c.nodes, c.gpus_per_node) == (1, 2)
+    from sapp.cluster import PRESETS
+    assert c.op_overhead == PRESETS["cpu"].op_overhead    # not measured: the base preset's figure
+    rank["local"]["launch"] = {"fwd": 6e-6, "bwd": 8e-6}
+    slow["local"]["launch"] = {"fwd": 9e-6, "bwd": 11e-6}
+    c = cluster_from_measurements({"procs": 2, "threads_per_proc": 1, "ranks": [rank, slow]})
+    assert c.op_overhead == pytest.approx(9e-6) and c.async_launch is False   # slowest rank; CPU is serial
 
 
 def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
@@ -47,6 +53,7 @@ def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
     assert 1e8 < c.peak_flops < 1e14                # a CPU core does 0.1-100 TFLOP/s at most
     assert 1e8 < c.mem_bandwidth < 1e12
     assert 1e6 < c.intra_bw < 1e12 and 0 <= c.intra_latency < 0.1
+    assert 1e-7 < c.op_overhead < 1e-3 and c.async_launch is False    # eager CPU dispatch: ~1-100 us
     r = json.loads(raw.read_text())
     assert len(r["ranks"]) == 2 and r["ranks"][0]["backend"] == "gloo"
     assert "all_reduce" in capsys.readouterr().out

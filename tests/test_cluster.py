@@ -41,6 +41,7 @@ def test_parse_spec_nodes_and_overrides():
     ("a100-80g:nodes", "needs key=value"),
     ("a100-80g:intra_bw=fast", "cannot read intra_bw"),
     ("", "empty cluster spec"),
+    ("cpu:async_launch=maybe", "async_launch must be true or false"),
 ])
 def test_bad_specs_give_one_line_errors(spec, needle):
     with pytest.raises(ClusterError) as e:
@@ -65,6 +66,28 @@ def test_json_roundtrip_and_bad_files(tmp_path):
     p.write_text(json.dumps({"nodes": 1, "bogus": 3}))
     with pytest.raises(ClusterError, match="unknown cluster field"):
         Cluster.load(p)
+
+
+def test_op_overhead_presets_and_parsing(tmp_path):
+    # GPUs: a few microseconds per launch, hidden behind the device (async); the CPU preset: larger
+    # and serial (the dispatching thread computes too).
+    for name in ("a100-80g", "h100-80g", "h200", "v100-32g"):
+        c = PRESETS[name]
+        assert 1e-6 <= c.op_overhead <= 10e-6 and c.async_launch is True
+    cpu = PRESETS["cpu"]
+    assert cpu.op_overhead > PRESETS["a100-80g"].op_overhead and cpu.async_launch is False
+    c = Cluster.parse("a100-80g:op_overhead=7us,async_launch=false")
+    assert c.op_overhead == pytest.approx(7e-6) and c.async_launch is False
+    p = tmp_path / "c.json"
+    c.save(p)
+    assert Cluster.load(p) == c and Cluster.load(p).async_launch is False
+    d = c.to_dict()
+    del d["op_overhead"], d["async_launch"]          # files written before the fields existed
+    assert Cluster.from_dict(d).op_overhead == Cluster().op_overhead
+    with pytest.raises(ClusterError, match="async_launch must be true or false"):
+        Cluster(async_launch=1).validate()
+    with pytest.raises(ClusterError, match="op_overhead must be >= 0"):
+        Cluster.from_dict(dict(d, op_overhead=-1e-6))
 
 
 def test_units():

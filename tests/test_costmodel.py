@@ -7,6 +7,7 @@ from sapp.cluster import PRESETS, Cluster
 from sapp.costmodel import (CostSettings, collective_time, compute_time, edge_cost, edge_times, evaluate_sharding,
                             model_state_bytes, node_cost, op_strategies, reshard_time, saved_activations)
 from sapp.costmodel.layouts import P, R
+from sapp.costmodel.primitives import staging_copy_time
 from sapp.errors import SappError
 from sapp.mesh import Level, Mesh
 from sapp.search.random_graphs import gpt_graph, mlp_graph
@@ -45,6 +46,34 @@ def test_compute_roofline():
     c = A100
     assert compute_time(1e12, 0, c) == pytest.approx(1e12 / (312e12 * 0.8))
     assert compute_time(1e3, 1e9, c) == pytest.approx(1e9 / (2e12 * 0.8))
+
+
+def test_op_overhead_serial_adds_async_overlaps():
+    serial = A100.replace(op_overhead=10e-6, async_launch=False)
+    roof = 1e9 / (2e12 * 0.8)                                    # 625 us, memory-bound
+    assert compute_time(1e3, 1e9, serial, launches=2) == pytest.approx(roof + 2 * 10e-6)
+    asyn = A100.replace(op_overhead=10e-6, async_launch=True)
+    assert compute_time(1e3, 1e9, asyn, launches=2) == pytest.approx(roof)     # hidden behind the kernel
+    assert compute_time(1e3, 1e3, asyn, launches=2) == pytest.approx(20e-6)    # launch-bound tiny op
+    assert compute_time(1e3, 1e9, serial) == pytest.approx(roof)              # no launches: roofline only
+
+
+def test_node_cost_charges_launches_per_kernel():
+    from sapp.costmodel.nodes import launches_of
+    g = gpt_graph(layers=1)
+    mesh = Mesh((Level(1, "intra"),))
+    fc1 = next(n for n in g.nodes.values() if n.kind == "matmul" and n.params)
+    ew = next(n for n in g.nodes.values() if n.kind in ("elementwise", "dropout"))
+    base = A100.replace(op_overhead=0.0)
+    serial = A100.replace(op_overhead=10e-6, async_launch=False)
+    for node, bwd_launches in ((fc1, 2), (ew, 1)):
+        assert launches_of(node.kind, True, False) == bwd_launches
+        c0 = node_cost(node, (None,), mesh, base, BF16)
+        c1 = node_cost(node, (None,), mesh, serial, BF16)
+        assert c1.fwd_s - c0.fwd_s == pytest.approx(10e-6)
+        assert c1.bwd_s - c0.bwd_s == pytest.approx(bwd_launches * 10e-6)
+    assert launches_of("view", False, False) == 1 and launches_of("view", False, True) == 0
+    assert launches_of("input", False, False) == 0
 
 
 def test_zero_model_state_formulas():
@@ -119,8 +148,16 @@ def test_data_parallel_grad_sync_and_zero():
     assert nc.state_bytes == pytest.approx(16 * w)
     z3 = node_cost(g.nodes["fc1"], dp, mesh, A100, CostSettings(zero=3, grad_sync_overlap=0.5))
     assert z3.state_bytes == pytest.approx(16 * w / 8)
-    assert z3.fwd_comm_s == pytest.approx(collective_time("all_gather", 2 * w, 8, "intra", A100))
-    assert z3.grad_sync_s == pytest.approx(0.5 * collective_time("reduce_scatter", 2 * w, 8, "intra", A100))
+    # each gather / the reduce-scatter also stages through flat buffers: read + write of the full
+    # buffer and of the shard at the streaming bandwidth
+    stage = 2 * (2 * w) * (1 + 1 / 8) / (2e12 * 0.8)
+    assert staging_copy_time(2 * w, 8, A100) == pytest.approx(stage)
+    assert staging_copy_time(2 * w, 1, A100) == 0.0
+    assert z3.fwd_comm_s == pytest.approx(collective_time("all_gather", 2 * w, 8, "intra", A100) + stage)
+    assert z3.grad_sync_s == pytest.approx(0.5 * (collective_time("reduce_scatter", 2 * w, 8, "intra", A100) + stage))
+    z1 = node_cost(g.nodes["fc1"], dp, mesh, A100, CostSettings(zero=1, grad_sync_overlap=0.0))
+    z2 = node_cost(g.nodes["fc1"], dp, mesh, A100, CostSettings(zero=2, grad_sync_overlap=0.0))
+    assert z2.grad_sync_s == pytest.approx(z1.grad_sync_s + 2 * stage)    # ZeRO-2 stages both collectives
     # compute divides by the split, replication duplicates it
     rep = node_cost(g.nodes["fc1"], (None,) * 3, mesh, A100, BF16)
     assert nc.fwd_s == pytest.approx(rep.fwd_s / 8)

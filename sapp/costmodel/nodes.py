@@ -6,13 +6,28 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SappError
-from .primitives import collective_time, compute_time, model_state_bytes
+from .primitives import collective_time, compute_time, model_state_bytes, staging_copy_time
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
 # forward but touches twice the memory (grad-out + saved tensor in, grad-in out): backward FLOPs =
 # 1x forward, bytes = 2x forward for every op.
 MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
+
+
+def launches_of(kind: str, backward: bool, async_launch: bool) -> int:
+    """Operator launches an op of `kind` costs in the forward or the backward pass.
+    Forward: one.  Backward: one per gradient kernel - two for GEMM-like ops (input grad and
+    weight/second-operand grad), one otherwise.  A view launches no kernel: on an asynchronous
+    device its (small) dispatch hides behind device work, so it counts 0; in serial eager the
+    dispatch itself is the cost, so it counts like any op.  Inputs are not operators."""
+    if kind == "input":
+        return 0
+    if kind == "view" and async_launch:
+        return 0
+    if backward and kind in MATMUL_LIKE:
+        return 2
+    return 1
 
 
 @dataclass
@@ -123,8 +138,10 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     c = NodeCost()
     if node.kind == "input":
         return c
-    c.fwd_s = compute_time(flops, nbytes, cluster)
-    c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster)
+    async_launch = getattr(cluster, "async_launch", True)
+    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch))
+    c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster,
+                           launches_of(node.kind, True, async_launch))
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:
@@ -155,10 +172,15 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
                 sync = collective_time("all_reduce", gb, n, link, cluster)
             else:
                 sync = collective_time("reduce_scatter", gb, n, link, cluster)
+                if settings.zero >= 2:
+                    # ZeRO-2/3 (FSDP2) stage the reduce-scatter and every gather through flat buffers
+                    sync += staging_copy_time(gb, n, cluster)
                 if settings.zero < 3:
                     sync += collective_time("all_gather", wb, n, link, cluster)
+                    if settings.zero == 2:
+                        sync += staging_copy_time(wb, n, cluster)
                 else:  # ZeRO-3 gathers the parameter before forward and again before backward
-                    ag = collective_time("all_gather", wb, n, link, cluster)
+                    ag = collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
                     c.fwd_comm_s += ag
                     c.bwd_comm_s += ag
             c.grad_sync_total_s += sync

@@ -6,11 +6,27 @@ from ..errors import SappError
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
-def compute_time(flops: float, nbytes: float, cluster) -> float:
-    """Roofline: the slower of the arithmetic and the memory traffic, at the cluster's efficiencies."""
+def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0) -> float:
+    """Roofline: the slower of the arithmetic and the memory traffic, at the cluster's efficiencies,
+    plus the host dispatch of `launches` operator launches (`cluster.op_overhead` each).
+
+    How dispatch combines with the roofline depends on who does the work (`cluster.async_launch`):
+      - asynchronous (GPUs): the host enqueues kernels and runs ahead of the device, so dispatch is
+        hidden behind the kernel unless the kernel is shorter: max(roofline, dispatch).  Taken per
+        op this is an upper bound of the sequence's max(sum kernels, sum dispatch) - the host's
+        run-ahead can hide a short kernel's launch behind a long neighbour's - but it keeps the
+        cost additive over operators, which the searches need;
+      - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch."""
     t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
     t_m = nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency) if nbytes > 0 else 0.0
-    return t_c if t_c > t_m else t_m
+    t = t_c if t_c > t_m else t_m
+    overhead = getattr(cluster, "op_overhead", 0.0) or 0.0
+    if launches > 0 and overhead > 0:
+        host = launches * overhead
+        if getattr(cluster, "async_launch", True):
+            return t if t > host else host
+        return t + host
+    return t
 
 
 def link_params(link: str, cluster):
@@ -35,6 +51,19 @@ def collective_time(kind: str, nbytes: float, n: int, link: str, cluster) -> flo
     if kind == "all_reduce":
         return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta
     return (n - 1) * alpha + (n - 1) / n * nbytes / beta
+
+
+def staging_copy_time(nbytes: float, n: int, cluster) -> float:
+    """Local memory traffic of the flat-buffer staging around one sharded-data-parallel collective
+    (FSDP2 / ZeRO-3 style) of a `nbytes` full buffer over `n` ranks.  An all-gather copies this
+    rank's shard into the flat send buffer (read + write nbytes/n) and then the gathered buffer out
+    into the separate parameter tensors (read + write nbytes); a reduce-scatter mirrors it
+    (gradients concatenated into the flat buffer, the reduced shard copied out).  Memory-bound:
+    2·nbytes·(1 + 1/n) at the streaming bandwidth.  Negligible next to a network hop on GPUs; on a
+    CPU, where "communication" is a memcpy too, it is the same order as the collective itself."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * nbytes * (1.0 + 1.0 / n) / (cluster.mem_bandwidth * cluster.memory_efficiency)
 
 
 def model_state_bytes(n_params: float, dp: int, zero: int, settings) -> dict:

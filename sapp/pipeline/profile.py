@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
+from ..costmodel.primitives import staging_copy_time
 from ..errors import SappError
 from ..mesh import Level, Mesh
 
@@ -273,11 +274,16 @@ def bucketed_sync(params, cluster, settings):
         else:
             sync += collective_time("reduce_scatter", gb, k, link, cluster)
             lat += (k - 1) * alpha
+            if settings.zero >= 2:
+                # ZeRO-2/3 (FSDP2) stage the reduce-scatter and every gather through flat buffers
+                sync += staging_copy_time(gb, k, cluster)
             if settings.zero < 3:
                 sync += collective_time("all_gather", wb, k, link, cluster)
                 lat += (k - 1) * alpha
+                if settings.zero == 2:
+                    sync += staging_copy_time(wb, k, cluster)
             else:
-                gather += collective_time("all_gather", wb, k, link, cluster)
+                gather += collective_time("all_gather", wb, k, link, cluster) + staging_copy_time(wb, k, cluster)
     keep = 1.0 - settings.grad_sync_overlap
     return sync * keep, lat * keep, gather
 
