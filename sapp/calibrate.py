@@ -10,7 +10,8 @@ What is measured, in `procs` worker processes running at the same time (so every
   - per-operator dispatch overhead: a chain of tiny element-wise ops (so the arithmetic is nil)
     recorded by autograd as in training, timed forward and backward: `op_overhead` is the forward
     time per op; on CPU the dispatching thread also computes, so `async_launch` is false (on GPUs
-    the host enqueues kernels ahead of the device: true);
+    the host enqueues kernels ahead of the device: true); and an in-place op on a parameter sharded
+    over the ranks (DTensor, as FSDP2 / tensor parallelism hold them): `sharded_op_overhead`;
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
     t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β.
 The rest (nodes=1, gpus_per_node=procs, memory sizes) comes from the machine; the "cpu" preset is the
@@ -145,6 +146,24 @@ def _measure_launch(torch, dev, cfg, sync):
     return {"fwd": t_f, "bwd": max(0.0, t_fb - t_f)}
 
 
+def _measure_sharded_launch(torch, dev, cfg, sync, procs):
+    """Seconds per in-place op on a parameter sharded over all ranks (a DTensor, as FSDP2 and
+    tensor parallelism hold them): what an optimizer update pays per op.  Pointwise on Shard(0) with
+    a scalar: no communication, only the tensor-subclass dispatch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh(dev.type, (procs,))
+    p = distribute_tensor(torch.ones(16 * procs, device=dev), mesh, [Shard(0)])
+    chain = LAUNCH_CHAIN // 4
+
+    def step():
+        with torch.no_grad():
+            for _ in range(chain):
+                p.mul_(1.0)
+
+    return _timeit(step, cfg["min_time"] / 2, sync) / chain
+
+
 def _measure_allreduce(torch, dist, dev, cfg, sync):
     """Every rank must issue the same number of collectives, so the repetition count is agreed on
     (MAX over ranks) instead of each rank timing until its own clock says stop."""
@@ -189,6 +208,8 @@ def _worker(rank, procs, port, cfg, threads, results):
             dist.barrier()
         local = _measure_local(torch, dev, cfg, sync)
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
+        if procs > 1:
+            local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
@@ -272,6 +293,9 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         # the slowest rank's dispatch, like every other per-device figure (the step waits for it)
         changes["op_overhead"] = max(x["fwd"] for x in launch)
         changes["async_launch"] = bool(cuda)
+        sharded = [x["sharded"] for x in launch if x.get("sharded")]
+        if sharded:
+            changes["sharded_op_overhead"] = max(sharded)
     fit = None
     if procs > 1:
         ar = ranks[0]["allreduce"]
@@ -284,7 +308,9 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
     if launch:
         notes += (f", op dispatch {changes['op_overhead'] * 1e6:.1f} us fwd / "
-                  f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op")
+                  f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op"
+                  + (f", {changes['sharded_op_overhead'] * 1e6:.0f} us per sharded-parameter op"
+                     if "sharded_op_overhead" in changes else ""))
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
     notes += "; single node: inter-node figures copy the intra-node ones"

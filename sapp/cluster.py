@@ -17,7 +17,7 @@ _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
     "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops",
 )
-_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead")
+_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead")
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 
@@ -51,6 +51,10 @@ class Cluster:
     # asynchronously and runs ahead, so an op costs max(roofline, launch) and only launch-bound tiny
     # ops pay it.  CPU eager: no - the process that dispatches is the one that computes, so it adds.
     async_launch: bool = True
+    # Dispatch of one op on a *sharded* parameter (torch DTensor: FSDP2 ZeRO-2/3 and tensor-parallel
+    # weights), which goes through a Python tensor subclass first: ~10x a plain op in eager on CPU.
+    # It matters for the optimizer update, which runs op by op per parameter tensor.  0 = op_overhead.
+    sharded_op_overhead: float = 0.0
     notes: str = field(default="", compare=False)
 
     # ---- derived -------------------------------------------------------------------------------

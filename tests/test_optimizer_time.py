@@ -27,3 +27,25 @@ def test_joint_search_charges_the_update_and_zero_shrinks_it():
     # 84M parameters x 28 B at 1.6 TB/s ~ 1.5 ms; ZeRO-1 over 2 halves it
     assert 1e-3 < o0 < 2e-3 and o1 == pytest.approx(o0 / 2, rel=0.02)
     assert dense.predicted["compute_s"] >= o0
+
+
+def test_update_dispatch_per_tensor_on_cpu_per_op_on_gpu():
+    from sapp.costmodel.optimizer import UPDATE_OPS, optimizer_dispatch_time
+    s = CostSettings(precision="fp32")
+    n = 1e6
+    cpu = Cluster.parse("cpu").replace(op_overhead=10e-6, sharded_op_overhead=80e-6)
+    traffic = n * 28 / (cpu.mem_bandwidth * cpu.memory_efficiency)
+    # serial (CPU eager): torch's single-tensor loop, 7 Adam ops per tensor, added to the traffic
+    assert optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=50) == pytest.approx(traffic + 50 * 7 * 10e-6)
+    # sharded (DTensor) parameters dispatch through the subclass: its own per-op figure
+    assert optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=50, sharded=True) == pytest.approx(
+        traffic + 50 * 7 * 80e-6)
+    assert optimizer_step_time(8 * n, 4 * n, cpu.replace(sharded_op_overhead=0.0), s, tensors=50, sharded=True) \
+        == pytest.approx(traffic + 50 * 7 * 10e-6)                    # unset: the plain figure
+    assert optimizer_step_time(8 * n, 4 * n, cpu, s) == pytest.approx(traffic)   # no tensor count given
+    # asynchronous (GPU): one foreach op per update op for all tensors, hidden behind the traffic
+    gpu = Cluster.parse("a100-80g")
+    assert optimizer_dispatch_time(50, gpu, s) == pytest.approx(UPDATE_OPS["adam"] * gpu.op_overhead)
+    assert optimizer_step_time(8 * n, 4 * n, gpu, s, tensors=50) == pytest.approx(
+        max(n * 28 / (2e12 * 0.8), 7 * gpu.op_overhead))
+    assert UPDATE_OPS["adamw"] == UPDATE_OPS["adam"] + 1

@@ -43,6 +43,7 @@ class Unit:
     states: dict = field(default_factory=dict)     # zero -> {"params","grads","optimizer"} bytes
     flops: float = 0.0         # model FLOPs (fwd) of the unit at the captured batch, per sample
     reshard: tuple = (0.0, 0.0)  # tensor-parallel resharding (fwd + bwd) inside fwd/bwd, per micro-batch
+    tensors: int = 0           # trainable parameter tensors the unit accounts for (optimizer dispatch)
 
     def reshard_at(self, b):
         return _pw(self.reshard, b)
@@ -466,5 +467,6 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
             nu.sync_lat[z] = za["sync_lat"]
             nu.states[z] = za["states"]
         nu.flops = per_sample_flops.get(u.rep, 0.0)
+        nu.tensors = sum(1 for _, _, _, trainable in a["param_list"] if trainable)
         out_units.append(nu)
     return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method)

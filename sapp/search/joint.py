@@ -65,6 +65,7 @@ class StageResult:
     in_flight: float
     memory: dict            # params, grads, optimizer, activations, transient
     recompute: dict         # block -> policy
+    param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
 
     @property
     def memory_bytes(self):
@@ -383,7 +384,7 @@ class _Evaluator:
             grad_sync_s=sum(num.gs[j] for j in idx) + max((num.lat[j] for j in idx), default=0.0), in_flight=infl,
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
                     "activations": acts * infl, "transient": transient + z3},
-            recompute=policies)
+            recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
 
 
 def _choose_restricted(types, budget):
@@ -493,8 +494,12 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     bw = [s.bwd_s for s in stages]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
     gs = max(s.grad_sync_s for s in stages)
-    # the optimizer update runs after the last backward on every stage; the slowest one counts
-    opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings)
+    # the optimizer update runs after the last backward on every stage; the slowest one counts.
+    # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
+    # (FSDP2) and tensor parallelism hold every tensor as a sharded DTensor.
+    sharded = cfg.zero >= 2 or cfg.tp > 1
+    opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings,
+                                    tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
     step = step_pipe + gs + opt_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
