@@ -6,6 +6,7 @@ What is measured, in `procs` worker processes running at the same time (so every
     sizes relative to it is `compute_efficiency` (what typical, smaller GEMMs reach);
   - memory bandwidth from a large tensor copy (read + write): `mem_bandwidth`; an element-wise add
     relative to it is `memory_efficiency`;
+  - dropout on a large tensor: `rng_rate` (random draws per second; a CPU core is RNG-bound here);
   - host<->device copy bandwidth (pinned memory) when CUDA exists, else the memory bandwidth;
   - per-operator dispatch overhead: a chain of tiny element-wise ops (so the arithmetic is nil)
     recorded by autograd as in training, timed forward and backward: `op_overhead` is the forward
@@ -112,6 +113,8 @@ def _measure_local(torch, dev, cfg, sync):
     t_copy = _timeit(lambda: dst.copy_(src), cfg["min_time"], sync)
     other = torch.empty_like(src).uniform_()
     t_add = _timeit(lambda: torch.add(src, other, out=dst), cfg["min_time"], sync)
+    # dropout: one random draw per element (what dropout masks cost beyond the memory traffic)
+    t_rng = _timeit(lambda: torch.nn.functional.dropout(src, 0.1, True), cfg["min_time"], sync)
     copy_bw = 2.0 * numel * 4 / t_copy            # read + write
     add_bw = 3.0 * numel * 4 / t_add              # two reads + one write
     h2d = None
@@ -119,7 +122,7 @@ def _measure_local(torch, dev, cfg, sync):
         host = torch.empty(numel, dtype=torch.float32).pin_memory()
         t_h2d = _timeit(lambda: dst.copy_(host, non_blocking=True), cfg["min_time"], sync)
         h2d = numel * 4 / t_h2d
-    return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d}
+    return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d, "rng_rate": numel / t_rng}
 
 
 LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
@@ -288,6 +291,9 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     changes["device_memory"] = ranks[0]["device_memory"] if cuda else ram / procs
     changes["host_mem_bandwidth"] = sum(copies) if not cuda else base_c.host_mem_bandwidth
     changes["host_flops"] = sum(peaks) if not cuda else base_c.host_flops
+    rng = [r["local"]["rng_rate"] for r in ranks if r["local"].get("rng_rate")]
+    if rng:
+        changes["rng_rate"] = min(rng)            # slowest rank
     launch = [r["local"]["launch"] for r in ranks if r["local"].get("launch")]
     if launch:
         # the slowest rank's dispatch, like every other per-device figure (the step waits for it)
@@ -306,6 +312,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
+    if rng:
+        notes += f", dropout {changes['rng_rate'] / 1e6:.0f} M random draws/s"
     if launch:
         notes += (f", op dispatch {changes['op_overhead'] * 1e6:.1f} us fwd / "
                   f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op"

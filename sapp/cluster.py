@@ -15,7 +15,7 @@ from .units import parse_quantity
 
 _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
-    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops",
+    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate",
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead")
 _BOOLS = ("async_launch",)
@@ -55,6 +55,10 @@ class Cluster:
     # weights), which goes through a Python tensor subclass first: ~10x a plain op in eager on CPU.
     # It matters for the optimizer update, which runs op by op per parameter tensor.  0 = op_overhead.
     sharded_op_overhead: float = 0.0
+    # Random numbers per second one device generates (dropout masks): a third roofline limit beside
+    # FLOP/s and bytes/s.  GPUs generate them in-kernel (Philox) faster than memory streams the
+    # tensor, so it never binds there; a CPU core draws ~1e8/s, ~30x slower than it adds two tensors.
+    rng_rate: float = 1e13
     notes: str = field(default="", compare=False)
 
     # ---- derived -------------------------------------------------------------------------------
@@ -222,6 +226,6 @@ PRESETS = {
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,
                    16e9, 10e9, 10e9, 50e9, compute_efficiency=0.5, memory_efficiency=0.5,
-                   op_overhead=10e-6, async_launch=False,
+                   op_overhead=10e-6, async_launch=False, rng_rate=1.2e8,
                    notes="processes on this CPU machine (gloo); calibrate for real figures"),
 }

@@ -36,10 +36,13 @@ def test_cluster_from_fabricated_measurements():
     assert (c.nodes, c.gpus_per_node) == (1, 2)
     from sapp.cluster import PRESETS
     assert c.op_overhead == PRESETS["cpu"].op_overhead    # not measured: the base preset's figure
+    assert c.rng_rate == PRESETS["cpu"].rng_rate
+    rank["local"]["rng_rate"], slow["local"]["rng_rate"] = 1.5e8, 1e8
     rank["local"]["launch"] = {"fwd": 6e-6, "bwd": 8e-6}
     slow["local"]["launch"] = {"fwd": 9e-6, "bwd": 11e-6}
     c = cluster_from_measurements({"procs": 2, "threads_per_proc": 1, "ranks": [rank, slow]})
     assert c.op_overhead == pytest.approx(9e-6) and c.async_launch is False   # slowest rank; CPU is serial
+    assert c.rng_rate == 1e8
 
 
 def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
@@ -54,6 +57,7 @@ def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
     assert 1e8 < c.mem_bandwidth < 1e12
     assert 1e6 < c.intra_bw < 1e12 and 0 <= c.intra_latency < 0.1
     assert 1e-7 < c.op_overhead < 1e-3 and c.async_launch is False    # eager CPU dispatch: ~1-100 us
+    assert 1e6 < c.rng_rate < 1e11                                     # a core draws ~1e8 random numbers/s
     r = json.loads(raw.read_text())
     assert len(r["ranks"]) == 2 and r["ranks"][0]["backend"] == "gloo"
     assert "all_reduce" in capsys.readouterr().out

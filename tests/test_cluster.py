@@ -76,6 +76,9 @@ def test_op_overhead_presets_and_parsing(tmp_path):
         assert 1e-6 <= c.op_overhead <= 10e-6 and c.async_launch is True
     cpu = PRESETS["cpu"]
     assert cpu.op_overhead > PRESETS["a100-80g"].op_overhead and cpu.async_launch is False
+    # random draws: never the limit on GPUs (faster than HBM streams 4-byte elements), ~1e8/s on a core
+    assert all(PRESETS[n].rng_rate > PRESETS[n].mem_bandwidth / 4 for n in ("a100-80g", "h100-80g", "h200"))
+    assert cpu.rng_rate < 1e9
     c = Cluster.parse("a100-80g:op_overhead=7us,async_launch=false")
     assert c.op_overhead == pytest.approx(7e-6) and c.async_launch is False
     p = tmp_path / "c.json"

@@ -58,6 +58,21 @@ def test_op_overhead_serial_adds_async_overlaps():
     assert compute_time(1e3, 1e9, serial) == pytest.approx(roof)              # no launches: roofline only
 
 
+def test_dropout_is_bounded_by_random_draws():
+    # a third roofline limit: one random draw per output element in forward, none in backward
+    c = A100.replace(op_overhead=0.0, rng_rate=1e8)
+    assert compute_time(1e3, 1e3, c, randoms=1e6) == pytest.approx(1e6 / 1e8)
+    assert compute_time(1e3, 1e9, c, randoms=1e3) == pytest.approx(1e9 / (2e12 * 0.8))
+    g = gpt_graph(layers=1)
+    drop = next(n for n in g.nodes.values() if n.kind == "dropout")
+    mesh = Mesh((Level(2, "intra"),))
+    bdim = next(d.name for d in drop.dims if d.batch)
+    nc = node_cost(drop, (bdim,), mesh, c, BF16)
+    assert nc.fwd_s == pytest.approx(drop.out.numel / 2 / 1e8)        # half the elements per device
+    assert nc.bwd_s < nc.fwd_s / 100                                   # backward applies the saved mask
+    assert node_cost(drop, (bdim,), mesh, A100, BF16).fwd_s < nc.fwd_s / 100   # GPUs: memory-bound
+
+
 def test_node_cost_charges_launches_per_kernel():
     from sapp.costmodel.nodes import launches_of
     g = gpt_graph(layers=1)

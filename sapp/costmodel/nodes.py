@@ -139,7 +139,9 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     if node.kind == "input":
         return c
     async_launch = getattr(cluster, "async_launch", True)
-    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch))
+    # dropout draws one random number per output element in forward; backward reuses the mask
+    randoms = _local_numel(node.out.shape, node.out.dims, f) if node.kind == "dropout" else 0.0
+    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms)
     c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster,
                            launches_of(node.kind, True, async_launch))
     seen = set()

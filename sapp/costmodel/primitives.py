@@ -6,9 +6,10 @@ from ..errors import SappError
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
-def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0) -> float:
-    """Roofline: the slower of the arithmetic and the memory traffic, at the cluster's efficiencies,
-    plus the host dispatch of `launches` operator launches (`cluster.op_overhead` each).
+def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, randoms: float = 0.0) -> float:
+    """Roofline: the slower of the arithmetic, the memory traffic (at the cluster's efficiencies)
+    and the drawing of `randoms` random numbers (`cluster.rng_rate`, e.g. a dropout mask), plus the
+    host dispatch of `launches` operator launches (`cluster.op_overhead` each).
 
     How dispatch combines with the roofline depends on who does the work (`cluster.async_launch`):
       - asynchronous (GPUs): the host enqueues kernels and runs ahead of the device, so dispatch is
@@ -20,6 +21,8 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0) ->
     t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
     t_m = nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency) if nbytes > 0 else 0.0
     t = t_c if t_c > t_m else t_m
+    if randoms > 0:
+        t = max(t, randoms / getattr(cluster, "rng_rate", float("inf")))
     overhead = getattr(cluster, "op_overhead", 0.0) or 0.0
     if launches > 0 and overhead > 0:
         host = launches * overhead
