@@ -49,3 +49,20 @@ def test_update_dispatch_per_tensor_on_cpu_per_op_on_gpu():
     assert optimizer_step_time(8 * n, 4 * n, gpu, s, tensors=50) == pytest.approx(
         max(n * 28 / (2e12 * 0.8), 7 * gpu.op_overhead))
     assert UPDATE_OPS["adamw"] == UPDATE_OPS["adam"] + 1
+
+
+def test_joint_search_charges_update_dispatch_per_tensor_and_sharded_rate():
+    # On a serial (CPU) cluster the update dispatches each parameter tensor's ops; under ZeRO-3 the
+    # parameters are sharded DTensors and pay the sharded per-op figure.
+    from sapp.api import resolve_model, search
+    from sapp.costmodel.optimizer import UPDATE_OPS
+    model = resolve_model("mlp")[0]
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    spec = "cpu:gpus=2,op_overhead=10us,sharded_op_overhead=1ms"
+    pins = {"dp": 2, "tp": 1, "pp": 1}
+    z0 = search("mlp", spec, global_batch=64, constraints=dict(pins, zero=0))
+    z3 = search("mlp", spec, global_batch=64, constraints=dict(pins, zero=3))
+    no_dispatch = search("mlp", "cpu:gpus=2,op_overhead=0", global_batch=64, constraints=dict(pins, zero=0))
+    o0, o3 = z0.predicted["optimizer_s"], z3.predicted["optimizer_s"]
+    assert o0 - no_dispatch.predicted["optimizer_s"] == pytest.approx(tensors * UPDATE_OPS["adam"] * 10e-6, rel=1e-6)
+    assert o3 > tensors * UPDATE_OPS["adam"] * 1e-3
