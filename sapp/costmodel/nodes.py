@@ -121,6 +121,18 @@ def local_bytes(node, factors, settings) -> float:
     return loc
 
 
+def grad_sync_group(strategy, mesh, param_dims):
+    """(size, link) of a parameter's gradient-sync group: the levels where the op splits a dim the
+    parameter lacks (its gradient is Partial there); the link is the slowest one crossed."""
+    n, link = 1, "intra"
+    for d, lv in zip(strategy, mesh.levels):
+        if d is not None and d not in param_dims:
+            n *= lv.size
+            if lv.link == "inter":
+                link = "inter"
+    return n, link
+
+
 def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
     accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
@@ -156,13 +168,7 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
         if not trainable:
             c.param_bytes += numel * settings.weight_bytes
             continue
-        # Grad-sync group: levels where the op splits a dim the parameter lacks (its grad is Partial).
-        n, link = 1, "intra"
-        for d, lv in zip(strategy, mesh.levels):
-            if d is not None and d not in o.dims:
-                n *= lv.size
-                if lv.link == "inter":
-                    link = "inter"
+        n, link = grad_sync_group(strategy, mesh, o.dims)
         st = model_state_bytes(numel, n, settings.zero, settings)
         c.param_bytes += st["params"]
         c.grad_bytes += st["grads"]

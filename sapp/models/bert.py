@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .gpt import init_weights
+
 
 class Embed(nn.Module):
     def __init__(self, V, s, h, dropout):
@@ -80,11 +82,7 @@ class Bert(nn.Module):
         self.embed = Embed(V, s, h, dropout)
         self.layers = nn.ModuleList(Block(h, a, ffn, dropout) for _ in range(l))
         self.head = MLMHead(h, V)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+        init_weights(self)
 
     def forward(self, ids):
         x = self.embed(ids)

@@ -86,19 +86,23 @@ class GPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self):
-        # GPT-2 style: N(0, 0.02) for matrices and embeddings, zero biases.  Deterministic under
-        # torch.manual_seed; a no-op cost on the meta device.
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
+        init_weights(self)
 
     def forward(self, ids):
         x = self.embed(ids)
         for block in self.layers:
             x = block(x)
         return self.head(self.ln_f(x))
+
+
+def init_weights(model):
+    """GPT-2 style: N(0, 0.02) for matrices and embeddings, zero biases.  Deterministic under
+    torch.manual_seed; a no-op cost on the meta device.  BERT uses the same."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
 
 
 def param_count(l, h, a, V, s, ffn=None, tie_embeddings=False, **_):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.primitives import staging_copy_time
+from ..costmodel.nodes import grad_sync_group
 from ..errors import SappError
 from ..mesh import Level, Mesh
 
@@ -228,12 +229,7 @@ def unit_params(graph, names, strategies, mesh, owners):
             if o.param is None or o.param in seen or o.param not in owners.get(n, {}):
                 continue
             seen.add(o.param)
-            k, link = 1, "intra"
-            for d, lv in zip(s, mesh.levels):
-                if d is not None and d not in o.dims:
-                    k *= lv.size
-                    if lv.link == "inter":
-                        link = "inter"
+            k, link = grad_sync_group(s, mesh, o.dims)
             numel = float(o.numel)
             for d in set(o.dims):
                 if d in f:
