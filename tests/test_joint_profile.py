@@ -91,3 +91,25 @@ def test_tensor_parallel_resharding_is_reported_as_communication():
     q = search("gpt3-1.3b", "a100-80g:nodes=1", global_batch=64, constraints={"tp": 1, "dp": 8})
     # pure data parallelism reshards only around the few ops without a batch dim
     assert q.predicted["comm_by_kind"]["reshard"] < 0.05 * by["reshard"]
+
+
+def test_sparse_embedding_gradients_sync_only_touched_rows():
+    """nn.Embedding(sparse=True) under data parallelism: the step's gradient holds the touched rows,
+    so its sync is an all-gather of (rows, indices) per rank - never more than the dense all-reduce."""
+    cl = Cluster.parse("a100-80g:nodes=2")
+    st = CostSettings()
+    rows, dim, samples, lookups = 1_000_000, 80, 64, 26
+    sparse = (lookups * dim, lookups)            # elements, rows per sample per rank
+    t = P.sparse_sync_time(rows * dim, 16, "inter", sparse, samples, cl, st)
+    local = samples * (lookups * dim * 2 + lookups * 8)
+    assert t == pytest.approx(15 * cl.inter_latency + 15 * local / cl.inter_bw)
+    dense = P.collective_time("all_reduce", rows * dim * 2, 16, "inter", cl)
+    assert t < dense / 20
+    # a step that touches more than the table is capped at the dense all-reduce
+    assert P.sparse_sync_time(1000 * dim, 16, "inter", sparse, samples, cl, st) == pytest.approx(
+        P.collective_time("all_reduce", 1000 * dim * 2, 16, "inter", cl))
+    # in a searched Wide&Deep plan the table's sync no longer dominates pure data parallelism
+    from sapp.api import search
+    p = search("wide-deep", "a100-80g:devices=8", global_batch=16384, constraints={"dp": 8})
+    table = 26_000_000 * 80
+    assert p.predicted["comm_by_kind"]["dp_grad_sync"] < P.collective_time("all_reduce", table * 2, 8, "intra", cl) / 10

@@ -213,10 +213,13 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers):
     return none, sel, full
 
 
-def unit_params(graph, names, strategies, mesh, owners):
-    """[(local numel, grad-sync group size, link, trainable)] of the parameters a unit accounts for
-    (first user), after tensor sharding."""
+def unit_params(graph, names, strategies, mesh, owners, dp=1):
+    """[(local numel, grad-sync group size, link, trainable, sparse)] of the parameters a unit
+    accounts for (first user), after tensor sharding.  `sparse` is None, or for an embedding table
+    with sparse gradients (nn.Embedding(sparse=True)) the (elements, rows) of gradient one rank
+    produces per sample: such a table's gradient holds only the rows the batch touched."""
     out = []
+    per_rank = max(graph.batch_size / max(dp, 1), 1e-12)       # samples per dp rank in `graph`
     for n in names:
         node = graph.nodes[n]
         s = tuple(strategies[n])
@@ -234,13 +237,31 @@ def unit_params(graph, names, strategies, mesh, owners):
             for d in set(o.dims):
                 if d in f:
                     numel /= f[d]
-            out.append((numel, k, link, bool(owners[n][o.param])))
+            sparse = None
+            if node.kind == "embedding" and node.extra.get("sparse") and node.out.shape:
+                elems = float(node.out.numel)
+                for d in set(node.out.dims):
+                    if d in f:
+                        elems /= f[d]
+                dim = max(float(node.out.shape[-1]) / f.get(node.out.dims[-1], 1), 1.0)
+                sparse = (elems / per_rank, elems / dim / per_rank)
+            out.append((numel, k, link, bool(owners[n][o.param]), sparse))
     return out
+
+
+def sparse_sync_time(numel, k, link, sparse, samples, cluster, settings):
+    """Gradient sync of a sparse-gradient table: torch all-gathers every rank's (indices, rows)
+    instead of all-reducing the table, which is far cheaper while a step touches few rows; never
+    more than the dense all-reduce."""
+    elems, rows = sparse
+    local = samples * (elems * settings.grad_bytes + rows * 8)          # values + int64 row indices
+    gathered = collective_time("all_gather", k * local, k, link, cluster)
+    return min(gathered, collective_time("all_reduce", numel * settings.grad_bytes, k, link, cluster))
 
 
 def unit_states(params, zero, settings):
     st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
-    for numel, k, _, trainable in params:
+    for numel, k, _, trainable, _ in params:
         if not trainable:
             st["params"] += numel * settings.weight_bytes
             continue
@@ -249,15 +270,19 @@ def unit_states(params, zero, settings):
     return st
 
 
-def bucketed_sync(params, cluster, settings):
+def bucketed_sync(params, cluster, settings, samples=1.0):
     """Gradient sync (and ZeRO-3 gathers) of one unit as bucketed collectives - one per
     (group size, link) per unit, as DDP buckets and FSDP per-module groups do - instead of one per
     parameter: the cost model prices each parameter's collective with its own latency, which for a
     CNN with ~160 small tensors over 64 ranks is 0.2 s of pure latency.  Returns
     (grad_sync_s, param_gather_s per pass)."""
     groups = {}
-    for numel, k, link, trainable in params:
+    sparse_sync = 0.0
+    for numel, k, link, trainable, sparse in params:
         if not trainable or k <= 1:
+            continue
+        if sparse is not None:      # `samples`: samples per rank per step (rows touched accumulate)
+            sparse_sync += sparse_sync_time(numel, k, link, sparse, samples, cluster, settings)
             continue
         g = groups.setdefault((k, link), [0.0, 0.0])
         g[0] += numel * settings.grad_bytes
@@ -282,10 +307,10 @@ def bucketed_sync(params, cluster, settings):
             else:
                 gather += collective_time("all_gather", wb, k, link, cluster) + staging_copy_time(wb, k, cluster)
     keep = 1.0 - settings.grad_sync_overlap
-    return sync * keep, lat * keep, gather
+    return (sync + sparse_sync) * keep, lat * keep, gather
 
 
-def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True):
+def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0):
     st = CostSettings(settings.precision, settings.optimizer, zero, settings.grad_sync_overlap)
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
     owners = param_owners(graph)
@@ -299,8 +324,8 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         core = attention_core(graph, names) if u.kind == "block" else set()
         # the cost model's per-parameter sync / ZeRO-3 gathers, replaced by bucketed collectives
         pc = sum(d["param_comm_s"] for d in pn) / 2
-        params = unit_params(graph, names, strategies, mesh, owners)
-        sync, lat, gather = bucketed_sync(params, cluster, st)
+        params = unit_params(graph, names, strategies, mesh, owners, dp)
+        sync, lat, gather = bucketed_sync(params, cluster, st, samples)
         fwd = sum(d["fwd_s"] for d in pn) - pc + gather
         bwd = sum(d["bwd_s"] for d in pn) - pc + gather
         act = unit_activations(graph, names, strategies, mesh, st, savers) if acts else (0.0, 0.0, 0.0)
@@ -418,8 +443,10 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}
     z0 = zeros[0]
-    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp),
-               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp))
+    # gradient sync is per step: a sparse table's touched rows accumulate over the rank's samples
+    steps = max(1, max_mbs)
+    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp, samples=steps),
+               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp, samples=steps))
     # further time samples (activations are affine: no need), see the module docstring
     points = sample_points(max_mbs)
     samples = [num[z0][0], num[z0][1]] + [
@@ -429,7 +456,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         sz = CostSettings(settings.precision, settings.optimizer, z, settings.grad_sync_overlap)
         one, two = {}, {}
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
-            sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz)
+            sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)
             extra = gather - a0["gather"]
             common = {"grad_sync": sync - lat, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz)}
             one[k] = dict(a0, fwd=a0["fwd"] + extra, bwd=a0["bwd"] + extra, **common)
@@ -463,6 +490,6 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
             nu.sync_lat[z] = za["sync_lat"]
             nu.states[z] = za["states"]
         nu.flops = per_sample_flops.get(u.rep, 0.0)
-        nu.tensors = sum(1 for _, _, _, trainable in a["param_list"] if trainable)
+        nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)
         out_units.append(nu)
     return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method)
