@@ -17,7 +17,11 @@ def layout_str(code: int) -> str:
 def output_layout(node, strategy) -> tuple:
     """Layout of the node's output: S where the output has the split dim, P where the op splits a
     dim the output lacks (contraction), R where the level replicates the op."""
-    dims = node.out.dims
+    return _split_layout(node.out.dims, strategy)
+
+
+def _split_layout(dims, strategy) -> tuple:
+    """S where `dims` has the level's split dim, P where the op splits a dim it lacks, R otherwise."""
     out = []
     for d in strategy:
         if d is None:
@@ -37,15 +41,7 @@ def input_layout(operand_dims, strategy) -> tuple:
 def input_grad_layout(operand_dims, strategy) -> tuple:
     """Layout of the gradient the op produces for an operand: S where it has the split dim, P where
     the op splits a dim the operand lacks (the contributions of the shards must be summed), R else."""
-    out = []
-    for d in strategy:
-        if d is None:
-            out.append(R)
-        elif d in operand_dims:
-            out.append(operand_dims.index(d))
-        else:
-            out.append(P)
-    return tuple(out)
+    return _split_layout(operand_dims, strategy)
 
 
 def output_grad_layout(out_layout) -> tuple:
