@@ -70,15 +70,15 @@ def default_global_batch(info, devices) -> int:
 
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
-           precision="bf16-mixed", progress=None, graph=None, return_result=False):
+           precision=None, progress=None, graph=None, return_result=False):
     """Find the fastest plan that fits.  `model`: an nn.Module or a zoo name; `cluster`: a Cluster or
     a spec string.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
-    constraints."""
+    constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`)."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
     module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
-    settings = CostSettings(precision=precision)
+    settings = CostSettings(precision=precision or cl.precision)
     capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs)
@@ -261,7 +261,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
                         f"search a plan for this cluster")
     cons = constraints_from_plan(plan)
     st = plan._d.get("settings") or {}
-    settings = CostSettings(precision=st.get("precision", "bf16-mixed"), optimizer=st.get("optimizer", "adam"),
+    settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0))
     gb = plan["model"].get("global_batch")
     if not gb:

@@ -7,6 +7,10 @@ What is measured, in `procs` worker processes running at the same time (so every
   - memory bandwidth from a large tensor copy (read + write): `mem_bandwidth`; an element-wise add
     relative to it is `memory_efficiency`;
   - dropout on a large tensor: `rng_rate` (random draws per second; a CPU core is RNG-bound here);
+  - the same two at sizes from 64 KB to 64 MB (`mem_bw_curve`, `rng_curve`): an element-wise add
+    with a fresh output, as training allocates one, and dropout.  Small tensors stay in cache and
+    stream several times faster than DRAM (this 2-core box: ~60 GB/s under 4 MB, ~18 GB/s above
+    16 MB), and training is mostly small tensors on a CPU;
   - host<->device copy bandwidth (pinned memory) when CUDA exists, else the memory bandwidth;
   - per-operator dispatch overhead: a chain of tiny element-wise ops (so the arithmetic is nil)
     recorded by autograd as in training, timed forward and backward: `op_overhead` is the forward
@@ -34,8 +38,9 @@ class CalibrationError(SappError):
 
 
 FULL = {"gemm": (256, 512, 1024, 1536), "copy_mb": 128, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20, 16 << 20),
-        "min_time": 0.4}
-QUICK = {"gemm": (256, 512, 768), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20), "min_time": 0.12}
+        "curve_kb": (64, 256, 1024, 4096, 16384, 65536), "min_time": 0.4}
+QUICK = {"gemm": (256, 512, 768), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20),
+         "curve_kb": (256, 4096, 32768), "min_time": 0.12}
 
 
 # ---- pure helpers -------------------------------------------------------------------------------
@@ -117,12 +122,25 @@ def _measure_local(torch, dev, cfg, sync):
     t_rng = _timeit(lambda: torch.nn.functional.dropout(src, 0.1, True), cfg["min_time"], sync)
     copy_bw = 2.0 * numel * 4 / t_copy            # read + write
     add_bw = 3.0 * numel * 4 / t_add              # two reads + one write
+    curve_bw, curve_rng = [], []
+    # CPU only: a GPU's small ops are launch-bound (priced by op_overhead), and timing each call with a
+    # synchronise would measure that latency, not the cache
+    for kb in (cfg["curve_kb"] if dev.type != "cuda" else ()):
+        # as in training: inputs just written (warm where they fit in cache), a fresh output each call
+        n = kb * 1024 // 4
+        a = torch.empty(n, device=dev, dtype=torch.float32).uniform_()
+        b = torch.empty_like(a).uniform_()
+        t = _timeit(lambda: torch.add(a, b), cfg["min_time"] / 2, sync)
+        curve_bw.append((3.0 * n * 4, 3.0 * n * 4 / t))
+        t = _timeit(lambda: torch.nn.functional.dropout(a, 0.1, True), cfg["min_time"] / 2, sync)
+        curve_rng.append((float(n), n / t))
     h2d = None
     if dev.type == "cuda":
         host = torch.empty(numel, dtype=torch.float32).pin_memory()
         t_h2d = _timeit(lambda: dst.copy_(host, non_blocking=True), cfg["min_time"], sync)
         h2d = numel * 4 / t_h2d
-    return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d, "rng_rate": numel / t_rng}
+    return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d, "rng_rate": numel / t_rng,
+            "mem_bw_curve": curve_bw or None, "rng_curve": curve_rng or None}
 
 
 LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
@@ -294,6 +312,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     rng = [r["local"]["rng_rate"] for r in ranks if r["local"].get("rng_rate")]
     if rng:
         changes["rng_rate"] = min(rng)            # slowest rank
+    if not cuda:
+        changes["precision"] = "fp32"
     launch = [r["local"]["launch"] for r in ranks if r["local"].get("launch")]
     if launch:
         # the slowest rank's dispatch, like every other per-device figure (the step waits for it)
@@ -302,6 +322,19 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         sharded = [x["sharded"] for x in launch if x.get("sharded")]
         if sharded:
             changes["sharded_op_overhead"] = max(sharded)
+    overhead = changes.get("op_overhead", 0.0) if not cuda else 0.0
+    for key in ("mem_bw_curve", "rng_curve"):
+        curves = [r["local"].get(key) for r in ranks]
+        if all(curves):
+            # per size, the slowest rank (every rank measures the same sizes).  On a serial device the
+            # cost model adds each op's dispatch to its roofline, so take it out of the measured time
+            # (but never more than three quarters of it: a tiny op is still not free)
+            pts = []
+            for i, c0 in enumerate(curves[0]):
+                size, rate = c0[0], min(c[i][1] for c in curves)
+                t = size / rate
+                pts.append((size, size / max(t - overhead, 0.25 * t)))
+            changes[key] = tuple(pts)
     fit = None
     if procs > 1:
         ar = ranks[0]["allreduce"]
@@ -321,9 +354,13 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                      if "sharded_op_overhead" in changes else ""))
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
+    if "mem_bw_curve" in changes:
+        pts = changes["mem_bw_curve"]
+        notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"
+                  f" to {pts[-1][1] / 1e9:.0f} GB/s at {pts[-1][0] / 3 / 2 ** 20:.0f} MB per tensor")
     notes += "; single node: inter-node figures copy the intra-node ones"
     changes["notes"] = notes
-    return Cluster(**{**base_c.to_dict(), **changes}).validate()
+    return Cluster.from_dict({**base_c.to_dict(), **changes})
 
 
 def calibrate(procs=2, quick=False, timeout_s=120.0, name="calibrated", threads=None):

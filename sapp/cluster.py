@@ -20,6 +20,8 @@ _POSITIVE = (
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead")
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
+_CURVES = ("mem_bw_curve", "rng_curve")
+PRECISIONS = ("bf16-mixed", "fp32")
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,25 @@ class Cluster:
     # FLOP/s and bytes/s.  GPUs generate them in-kernel (Philox) faster than memory streams the
     # tensor, so it never binds there; a CPU core draws ~1e8/s, ~30x slower than it adds two tensors.
     rng_rate: float = 1e13
+    # Training precision plans for this cluster assume unless the search is told otherwise:
+    # "bf16-mixed" (GPUs' matrix units) or "fp32" (a CPU trains in fp32; pricing it as bf16 would halve
+    # every byte the model counts).
+    precision: str = "bf16-mixed"
+    # Measured rates that depend on how much one operator touches (`sapp calibrate` fills them; empty =
+    # the single figures above).  mem_bw_curve: (bytes moved by one element-wise op, bytes/s) pairs,
+    # rising bytes - a small op's tensors sit in cache and stream several times faster than a large
+    # one's from DRAM.  rng_curve: (elements of one dropout, random draws/s) pairs, likewise.
+    # Between points the rate is interpolated on log(size); outside them the nearest point holds.
+    mem_bw_curve: tuple = ()
+    rng_curve: tuple = ()
     notes: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        # JSON and dataclasses.replace hand curves over as lists: keep them hashable tuples
+        for key in _CURVES:
+            v = getattr(self, key)
+            if isinstance(v, list):
+                object.__setattr__(self, key, tuple(tuple(p) if isinstance(p, list) else p for p in v))
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -92,6 +112,10 @@ class Cluster:
             v = getattr(self, key)
             if not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be in (0, 1], got {v!r}")
+        if self.precision not in PRECISIONS:
+            raise ClusterError(f"cluster {self.name!r}: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for key in _CURVES:
+            _check_curve(self.name, key, getattr(self, key))
         return self
 
     def replace(self, **changes) -> "Cluster":
@@ -99,7 +123,10 @@ class Cluster:
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in _CURVES:
+            d[key] = [list(p) for p in d[key]]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Cluster":
@@ -111,8 +138,10 @@ class Cluster:
             raise ClusterError(f"unknown cluster field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         kwargs = {}
         for k, v in d.items():
-            if k in ("name", "notes"):
+            if k in ("name", "notes", "precision"):
                 kwargs[k] = str(v)
+            elif k in _CURVES:
+                kwargs[k] = _to_curve(v, k)
             elif k in ("nodes", "gpus_per_node"):
                 kwargs[k] = _to_int(v, k)
             elif k in _BOOLS:
@@ -160,8 +189,12 @@ class Cluster:
                 continue
             if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
                 raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
-                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom",) + _BOOLS))
-            if key in _BOOLS:
+                                   + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom", "precision") + _BOOLS))
+            if key in _CURVES:
+                raise ClusterError(f"{key} cannot be given in a spec string; put it in a cluster .json file")
+            if key == "precision":
+                changes[key] = value.strip()
+            elif key in _BOOLS:
                 changes[key] = _to_bool(value, key)
             else:
                 changes[key] = _to_int(value, key) if key in ("nodes", "gpus_per_node") else _to_float(value, key)
@@ -180,6 +213,47 @@ class Cluster:
             else:
                 cluster = dataclasses.replace(cluster, nodes=devices // gpn)
         return cluster.validate()
+
+
+def _check_curve(name, key, curve):
+    if not isinstance(curve, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in curve):
+        raise ClusterError(f"cluster {name!r}: {key} must be a list of [size, rate] pairs")
+    prev = 0.0
+    for size, rate in curve:
+        if not (isinstance(size, (int, float)) and isinstance(rate, (int, float)) and size > 0 and rate > 0):
+            raise ClusterError(f"cluster {name!r}: {key} needs positive [size, rate] pairs, got {[size, rate]!r}")
+        if size <= prev:
+            raise ClusterError(f"cluster {name!r}: {key} sizes must rise strictly, got {size!r} after {prev!r}")
+        prev = size
+
+
+def _to_curve(v, key):
+    if not isinstance(v, (list, tuple)):
+        raise ClusterError(f"{key} must be a list of [size, rate] pairs, got {v!r}")
+    out = []
+    for p in v:
+        if not isinstance(p, (list, tuple)) or len(p) != 2:
+            raise ClusterError(f"{key} must be a list of [size, rate] pairs, got item {p!r}")
+        out.append((_to_float(p[0], key), _to_float(p[1], key)))
+    return tuple(out)
+
+
+def curve_rate(curve, size: float, default: float) -> float:
+    """Rate at `size` from a (size, rate) curve: linear in log(size) between points, the end point's
+    rate beyond them, `default` when the curve is empty."""
+    if not curve:
+        return default
+    if size <= curve[0][0]:
+        return curve[0][1]
+    if size >= curve[-1][0]:
+        return curve[-1][1]
+    import math
+    i = 1
+    while curve[i][0] < size:
+        i += 1
+    (s0, r0), (s1, r1) = curve[i - 1], curve[i]
+    w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+    return r0 + w * (r1 - r0)
 
 
 def _to_int(v, key):
@@ -226,6 +300,6 @@ PRESETS = {
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,
                    16e9, 10e9, 10e9, 50e9, compute_efficiency=0.5, memory_efficiency=0.5,
-                   op_overhead=10e-6, async_launch=False, rng_rate=1.2e8,
+                   op_overhead=10e-6, async_launch=False, rng_rate=1.2e8, precision="fp32",
                    notes="processes on this CPU machine (gloo); calibrate for real figures"),
 }

@@ -76,3 +76,22 @@ def test_calibrate_times_out_cleanly():
     with pytest.raises(CalibrationError, match="did not finish within"):
         measure(procs=2, quick=True, timeout_s=0.05)
     assert not (set(multiprocessing.active_children()) - before)     # workers were stopped
+
+
+def test_size_curves_take_slowest_rank_and_drop_serial_dispatch():
+    def rank(scale):
+        return {"cuda": False, "backend": "gloo", "device_memory": None, "device_name": "cpu",
+                "local": {"gemm_flops": {256: 5e10}, "copy_bw": 1e10, "add_bw": 1e10, "h2d_bw": None,
+                          "launch": {"fwd": 5e-6, "bwd": 9e-6},
+                          # 3 MB at 60 GB/s (in cache) and 300 MB at 15 GB/s (DRAM)
+                          "mem_bw_curve": [[3e6, 6e10 * scale], [3e8, 1.5e10 * scale]],
+                          "rng_curve": [[1e5, 1e8 * scale], [1e7, 8e7 * scale]]},
+                "allreduce": {}}
+    c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(1.0), rank(0.5)]})
+    assert c.precision == "fp32"                     # a CPU trains in fp32
+    (s0, r0), (s1, r1) = c.mem_bw_curve
+    # slowest rank (half the rate), less the 5 us a serial device pays separately per op
+    assert s0 == 3e6 and r0 == pytest.approx(3e6 / (3e6 / 3e10 - 5e-6))
+    assert s1 == 3e8 and r1 == pytest.approx(3e8 / (3e8 / 7.5e9 - 5e-6))
+    assert c.rng_curve[0] == pytest.approx((1e5, 1e5 / (1e5 / 5e7 - 5e-6)))
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c       # survives a JSON round trip

@@ -119,3 +119,29 @@ def test_memory_headroom_limits_usable_memory():
     assert Cluster.parse("a100-80g:memory_headroom=0").usable_memory == 80e9
     with pytest.raises(ClusterError, match="memory_headroom"):
         Cluster.parse("a100-80g:memory_headroom=0.95")
+
+
+def test_size_curves_validate_interpolate_and_roundtrip(tmp_path):
+    from sapp.cluster import curve_rate
+    c = Cluster.parse("cpu").replace(mem_bw_curve=[[1e5, 6e10], [1e7, 6e10], [1e9, 2e10]])
+    assert c.mem_bw_curve == ((1e5, 6e10), (1e7, 6e10), (1e9, 2e10))
+    assert curve_rate(c.mem_bw_curve, 1e3, 0) == 6e10          # below the first point: its rate
+    assert curve_rate(c.mem_bw_curve, 1e12, 0) == 2e10         # beyond the last: its rate
+    assert curve_rate(c.mem_bw_curve, 1e8, 0) == pytest.approx(4e10)   # halfway on log(size)
+    assert curve_rate((), 5.0, 7.0) == 7.0
+    path = tmp_path / "c.json"
+    c.save(path)
+    assert Cluster.load(path) == c
+    for bad in ([[1e5, 6e10], [1e4, 5e10]], [[1e5, -1]], [[1e5]], "fast"):
+        with pytest.raises(ClusterError, match="mem_bw_curve"):
+            Cluster.from_dict({**Cluster.parse("cpu").to_dict(), "mem_bw_curve": bad})
+    with pytest.raises(ClusterError, match="json"):
+        Cluster.parse("cpu:mem_bw_curve=1")
+
+
+def test_precision_is_a_cluster_default():
+    assert Cluster.parse("cpu").precision == "fp32"
+    assert Cluster.parse("a100-80g").precision == "bf16-mixed"
+    assert Cluster.parse("a100-80g:precision=fp32").precision == "fp32"
+    with pytest.raises(ClusterError, match="precision"):
+        Cluster.parse("cpu:precision=fp8")

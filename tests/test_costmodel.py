@@ -237,3 +237,38 @@ def test_precision_reprices_floats_not_ids():
     c_fp = evaluate_sharding(g, st, mesh, A100, CostSettings(precision="fp32"))
     assert c_fp.param_bytes == pytest.approx(2 * c_bf.param_bytes)
     assert c_fp.state_bytes == pytest.approx(c_bf.state_bytes)        # 16 bytes/param either way
+
+
+def test_measured_size_curves_price_small_ops_at_cache_speed():
+    # a curve replaces bandwidth x efficiency: 6 MB moved streams at 60 GB/s, 600 MB at 15 GB/s
+    c = A100.replace(op_overhead=0.0, mem_bw_curve=[[6e6, 60e9], [6e8, 15e9]], rng_curve=[[1e4, 2e8], [1e7, 5e7]])
+    assert compute_time(1e3, 6e6, c) == pytest.approx(6e6 / 60e9)
+    assert compute_time(1e3, 6e8, c) == pytest.approx(6e8 / 15e9)
+    assert compute_time(1e3, 6e7, c) == pytest.approx(6e7 / 37.5e9)          # halfway on log(size)
+    assert compute_time(0, 1e3, c, randoms=1e7) == pytest.approx(1e7 / 5e7)
+    assert compute_time(0, 1e3, c, randoms=1e4) == pytest.approx(1e4 / 2e8)
+    assert compute_time(1e12, 0, c) == pytest.approx(1e12 / (312e12 * 0.8))  # arithmetic unchanged
+
+
+def test_views_cost_only_their_dispatch():
+    from sapp.api import capture_graph, resolve_model
+    g = capture_graph(resolve_model("gpt-tiny")[0])[0]
+    mesh = Mesh((Level(1, "intra"),))
+    views = [n for n in g.nodes.values() if n.kind == "view"]
+    assert views
+    serial = A100.replace(op_overhead=10e-6, async_launch=False)
+    for v in views:
+        nc = node_cost(v, (None,), mesh, serial, BF16)
+        assert nc.fwd_s == pytest.approx(10e-6) and nc.bwd_s == pytest.approx(10e-6)
+        assert node_cost(v, (None,), mesh, A100, BF16).compute_s == 0.0       # async: hidden entirely
+
+
+def test_search_prices_the_clusters_precision():
+    from sapp.api import search
+    cpu = search("mlp-tiny", "cpu:gpus=2", global_batch=8)
+    assert cpu["settings"]["precision"] == "fp32"
+    gpu = search("mlp-tiny", "a100-80g:gpus=2", global_batch=8)
+    assert gpu["settings"]["precision"] == "bf16-mixed"
+    forced = search("mlp-tiny", "cpu:gpus=2", global_batch=8, precision="bf16-mixed")
+    assert forced["settings"]["precision"] == "bf16-mixed"
+    assert forced["predicted"]["comm_s"] < cpu["predicted"]["comm_s"]        # 2-byte gradients on the wire

@@ -30,7 +30,8 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
     p.add_argument("--out", help="write the plan JSON here")
-    p.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "fp32"))
+    p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
+                   help="training precision to price (default: the cluster's, fp32 for cpu)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     add_constraint_arguments(p)
 

@@ -103,7 +103,10 @@ def _local_numel(shape, dims, factors):
 
 def local_bytes(node, factors, settings) -> float:
     """Forward memory traffic of the op's shard: the captured `bytes`, rescaled to the settings'
-    precision and to the shard of every operand and of the output."""
+    precision and to the shard of every operand and of the output.  A view moves nothing (its
+    backward is a view too): it costs only its dispatch."""
+    if node.kind == "view":
+        return 0.0
     full_cap = full = loc = 0.0
     for o in node.operands:
         if o.producer is None and o.param is None:

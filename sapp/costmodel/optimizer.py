@@ -14,6 +14,8 @@ parameters (DTensor), ~10x a plain op: measured on this 2-core box, 53 tensors x
 ~85 us = 32 ms of a 36 ms ZeRO-3 update of 0.9 M parameters."""
 from __future__ import annotations
 
+from .primitives import stream_bandwidth
+
 
 def update_bytes_per_param(settings) -> float:
     opt = settings.optimizer_bytes
@@ -56,7 +58,8 @@ def optimizer_step_time(optimizer_state_bytes: float, param_bytes: float, cluste
     n = updated_params(optimizer_state_bytes, param_bytes, settings)
     if n <= 0:
         return 0.0
-    t = n * update_bytes_per_param(settings) / (cluster.mem_bandwidth * cluster.memory_efficiency)
+    nbytes = n * update_bytes_per_param(settings)
+    t = nbytes / stream_bandwidth(nbytes, cluster)
     host = optimizer_dispatch_time(tensors, cluster, settings, sharded)
     if cluster.async_launch:
         return max(t, host)

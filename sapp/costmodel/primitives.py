@@ -1,6 +1,7 @@
 """Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2)."""
 from __future__ import annotations
 
+from ..cluster import curve_rate
 from ..errors import SappError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
@@ -19,10 +20,11 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
         cost additive over operators, which the searches need;
       - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch."""
     t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
-    t_m = nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency) if nbytes > 0 else 0.0
+    t_m = nbytes / stream_bandwidth(nbytes, cluster) if nbytes > 0 else 0.0
     t = t_c if t_c > t_m else t_m
     if randoms > 0:
-        t = max(t, randoms / getattr(cluster, "rng_rate", float("inf")))
+        rate = curve_rate(getattr(cluster, "rng_curve", ()), randoms, getattr(cluster, "rng_rate", float("inf")))
+        t = max(t, randoms / rate)
     overhead = getattr(cluster, "op_overhead", 0.0) or 0.0
     if launches > 0 and overhead > 0:
         host = launches * overhead
@@ -30,6 +32,15 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
             return t if t > host else host
         return t + host
     return t
+
+
+def stream_bandwidth(nbytes: float, cluster) -> float:
+    """Bytes/s an op moving `nbytes` streams at: the measured size curve where the cluster has one
+    (small tensors stay in cache), else the memory bandwidth at the memory efficiency."""
+    curve = getattr(cluster, "mem_bw_curve", ())
+    if curve:
+        return curve_rate(curve, nbytes, 0.0)
+    return cluster.mem_bandwidth * cluster.memory_efficiency
 
 
 def link_params(link: str, cluster):
@@ -66,7 +77,8 @@ def staging_copy_time(nbytes: float, n: int, cluster) -> float:
     CPU, where "communication" is a memcpy too, it is the same order as the collective itself."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2.0 * nbytes * (1.0 + 1.0 / n) / (cluster.mem_bandwidth * cluster.memory_efficiency)
+    traffic = 2.0 * nbytes * (1.0 + 1.0 / n)
+    return traffic / stream_bandwidth(traffic, cluster)
 
 
 def model_state_bytes(n_params: float, dp: int, zero: int, settings) -> dict:

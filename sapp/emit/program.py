@@ -6,6 +6,8 @@ takes THIS rank's data-parallel shard (see `Program.shard`) and returns the glob
 rank."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -87,8 +89,9 @@ class Program:
         if self.schedule is not None:
             local = self._pipeline_step(inputs, targets)
         else:
-            out = self.modules[0](*inputs)
-            loss = self.loss_fn(out, targets)
+            with self.autocast():
+                out = self.modules[0](*inputs)
+                loss = self.loss_fn(out, targets)
             loss.backward()
             local = loss.detach()
         for hook in self.grad_hooks:
@@ -160,15 +163,29 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
                         f"(the model zoo could not make them: {type(e).__name__})") from None
 
 
+def plan_precision(plan) -> str:
+    """The training precision the plan was priced for; a plan that names none (hand-written) trains
+    in fp32."""
+    prec = (plan._d.get("settings") or {}).get("precision", "fp32")
+    if prec not in ("bf16-mixed", "fp32"):
+        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed' or 'fp32'")
+    return prec
+
+
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
-         optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True) -> Program:
+         optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
+         grad_sync: str = "auto") -> Program:
     """Turn `plan` into this rank's training program for `model` (identically initialised on every
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
     plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
 
     example_inputs: one batch of model inputs (any batch size); needed to trace pipeline plans and to
     fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
-    parameter-count and zoo-name checks still run), e.g. when a launcher already did it."""
+    parameter-count and zoo-name checks still run), e.g. when a launcher already did it.
+    grad_sync (data parallelism without ZeRO-2/3): "auto" = DDP on CUDA, one flat all-reduce after
+    backward on CPU; "ddp" or "allreduce" force one."""
+    if grad_sync not in ("auto", "ddp", "allreduce"):
+        raise PlanError(f"grad_sync must be 'auto', 'ddp' or 'allreduce', got {grad_sync!r}")
     plan = checks.as_plan(plan)
     rank, world = rank_world(rank, world)
     checks.check_all(model, plan, world, name, _tuple(example_inputs) if example_inputs is not None else None,
@@ -189,6 +206,14 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     if tp > 1 and not tp_styles:
         notes.append(f"plan has tp={tp} but names no tp_modules: every tensor-parallel rank runs the whole model replicated")
     zero = plan.zero
+    # bf16-mixed as priced: fp32 weights, bf16 compute (autocast) and bf16 gradient communication.
+    # Pipeline stages exchange activations whose dtype the stage fixes when it is built, so they run
+    # fp32 (slower than priced, still exact training), with a note.
+    mixed = plan_precision(plan) == "bf16-mixed"
+    if mixed and pp > 1:
+        notes.append("bf16-mixed plan with pipeline stages runs in fp32 (stage activations keep one dtype)")
+        mixed = False
+    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext)
     placement = plan.placement or {}
     host_groups = bool((placement.get("groups") or {}))
 
@@ -226,7 +251,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                 hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
                                              device=device, notes=notes, staged=traced is not None,
-                                             host_names=host_names)
+                                             host_names=host_names, mixed=mixed, grad_sync=grad_sync)
         wrapped[s] = w
         if hook:
             hooks.append(hook)
@@ -253,5 +278,6 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     return Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
                    grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=recomputed,
-                   micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero,
+                   micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero, autocast=autocast,
+                   precision="bf16-mixed" if mixed else "fp32",
                    first_stage=0 in mine, last_stage=(n_stages - 1) in mine)

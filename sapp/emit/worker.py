@@ -112,7 +112,7 @@ def summary(args, plan, world, prog, losses, times):
     predicted = plan.predicted.get("step_time_s")
     par = plan.parallel
     backend = "nccl" if prog.device.type == "cuda" else "gloo"
-    print(f"sapp run: {args.model} on {world} process(es) (dp={par['dp']} tp={par['tp']} pp={par['pp']}, zero={prog.zero}, "
+    print(f"sapp run: {args.model} on {world} process(es) (dp={par['dp']} tp={par['tp']} pp={par['pp']}, zero={prog.zero}, {prog.precision}, "
           f"{backend}/{prog.device.type}), {len(losses)} steps", flush=True)
     ratio = measured / predicted if predicted else None
     print(f"sapp run: measured step time {measured * 1e3:.2f} ms (median of {len(steady)} steps)   predicted "
@@ -123,7 +123,10 @@ def summary(args, plan, world, prog, losses, times):
     for note in prog.notes:
         print(f"sapp run: note: {note}", flush=True)
     if args.out:
+        import torch
+        peak = torch.cuda.max_memory_allocated(prog.device) if prog.device.type == "cuda" else None
         res = {"model": args.model, "devices": world, "parallel": dict(par), "zero": prog.zero, "backend": backend,
+               "precision": prog.precision, "peak_memory_bytes": peak,
                "steps": len(losses), "losses": losses, "step_times_s": times, "measured_step_time_s": measured,
                "predicted_step_time_s": predicted, "measured_over_predicted": ratio, "notes": prog.notes}
         with open(args.out, "w") as f:

@@ -40,7 +40,8 @@ def _worker(rank, world, cases, out_dir, store):
                 plan = make_plan(**kw)
             x0, _ = zoo.batch(kind, case["batch"], 0)
             prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0,
-                        check_fingerprint=case.get("check_fingerprint", False))
+                        check_fingerprint=case.get("check_fingerprint", False),
+                        grad_sync=case.get("grad_sync", "auto"))
             losses = []
             for i in range(case["steps"]):
                 x, y = zoo.batch(kind, case["batch"], i)
@@ -53,6 +54,7 @@ def _worker(rank, world, cases, out_dir, store):
                 "dtensor_params": sum(1 for p in params if type(p.data).__name__ == "DTensor" or hasattr(p, "placements")),
                 "local_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
                 "optimizers": [type(o).__name__ for o in prog.optimizers], "zero": prog.zero,
+                "precision": prog.precision,
                 "stages": prog.stage_indices,
                 "host_modules": sorted(n for m in prog.modules for n, x in m.named_modules()
                                        if type(x).__name__ == "HostEmbedding"),

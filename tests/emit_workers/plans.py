@@ -7,7 +7,7 @@ from sapp.plan import Plan, empty_sections
 
 def make_plan(*, name="test", params=0, global_batch=8, dp=1, tp=1, pp=1, schedule=None, micro_batches=1,
               split_before=(), virtual_chunks=1, zero=0, recompute_default="none", recompute_blocks=None,
-              tp_modules=None, placement_groups=None, step_time_s=0.01) -> Plan:
+              tp_modules=None, placement_groups=None, step_time_s=0.01, precision=None) -> Plan:
     d = {"schema": "sapp.plan/1",
          "model": {"name": name, "fingerprint": "", "params": params, "global_batch": global_batch, "meta": {}},
          "cluster": {"name": "cpu"}, "devices": dp * tp * pp, "parallel": {"dp": dp, "tp": tp, "pp": pp},
@@ -27,6 +27,8 @@ def make_plan(*, name="test", params=0, global_batch=8, dp=1, tp=1, pp=1, schedu
                          "virtual_chunks": virtual_chunks, "stages": stages}
     d["zero"] = zero
     d["recompute"] = {"default": recompute_default, "blocks": dict(recompute_blocks or {})}
+    if precision:
+        d["settings"] = {"precision": precision}
     if placement_groups:
         d["placement"] = {"groups": placement_groups, "predicted": {}}
     return Plan(d)
