@@ -21,10 +21,10 @@ _ONE = {"dp": 1, "tp": 1, "pp": 1}
 # (label, model, global batch, constraints).  Recompute left free lets the search pick what fits.
 VARIANTS = [
     ("gpt3-125m b8 none", "gpt3-125m", 8, dict(_ONE, recompute="none")),
-    ("gpt3-125m b8 full", "gpt3-125m", 8, dict(_ONE, recompute="full")),
     ("gpt3-350m b4", "gpt3-350m", 4, dict(_ONE)),
-    ("gpt3-760m b4", "gpt3-760m", 4, dict(_ONE)),
     ("gpt3-1.3b b4", "gpt3-1.3b", 4, dict(_ONE)),
+    ("gpt3-760m b4", "gpt3-760m", 4, dict(_ONE)),
+    ("gpt3-125m b8 full", "gpt3-125m", 8, dict(_ONE, recompute="full")),
     ("gpt3-1.3b b8 full", "gpt3-1.3b", 8, dict(_ONE, recompute="full")),
     ("bert-large b32", "bert-large", 32, dict(_ONE)),
     ("resnet50 b128", "resnet50", 128, dict(_ONE)),

@@ -38,9 +38,9 @@ class CalibrationError(SappError):
 
 
 FULL = {"gemm": (256, 512, 1024, 1536), "copy_mb": 128, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20, 16 << 20),
-        "curve_kb": (64, 256, 1024, 4096, 16384, 65536), "min_time": 0.4}
+        "curve_kb": (64, 256, 1024, 4096, 16384, 65536), "op_elems": 1 << 19, "min_time": 0.4}
 QUICK = {"gemm": (256, 512, 768), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20),
-         "curve_kb": (256, 4096, 32768), "min_time": 0.12}
+         "curve_kb": (256, 4096, 32768), "op_elems": 1 << 18, "min_time": 0.12}
 
 
 # ---- pure helpers -------------------------------------------------------------------------------
@@ -108,6 +108,8 @@ def _measure_local(torch, dev, cfg, sync):
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gemm = {}
     for n in cfg["gemm"]:
+        # cache-hot repeats, as in training a small model's operands stay in cache (gpt-small on this
+        # CPU: 77 GFLOP/s in a profiled step, 77 here; rotating 96 MB of operands gave 67)
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
         t = _timeit(lambda: torch.mm(a, b), cfg["min_time"], sync)
@@ -141,6 +143,50 @@ def _measure_local(torch, dev, cfg, sync):
         h2d = numel * 4 / t_h2d
     return {"gemm_flops": gemm, "copy_bw": copy_bw, "add_bw": add_bw, "h2d_bw": h2d, "rng_rate": numel / t_rng,
             "mem_bw_curve": curve_bw or None, "rng_curve": curve_rng or None}
+
+
+def _op_cases(torch, dev, n):
+    """name -> (make inputs, run) for the non-GEMM ops transformers and MLPs spend time in; ~n elements
+    each, in shapes like theirs (softmax over 64 keys, layer norm over 128 features, a causal mask
+    broadcast over batch and heads, a 512-way loss)."""
+    F = torch.nn.functional
+    x = lambda *shape: torch.randn(*shape, device=dev, requires_grad=True)
+    heads = max(1, n // 4096)
+    return {
+        "gelu": (lambda: (x(n),), lambda a: F.gelu(a)),
+        "relu": (lambda: (x(n),), lambda a: F.relu(a)),
+        "silu": (lambda: (x(n),), lambda a: F.silu(a)),
+        "add": (lambda: (x(n), x(n)), lambda a, b: a + b),
+        "mul": (lambda: (x(n), x(n)), lambda a, b: a * b),
+        "softmax": (lambda: (x(n // 64, 64),), lambda a: torch.softmax(a, -1)),
+        "log_softmax": (lambda: (x(n // 512, 512),), lambda a: torch.log_softmax(a, -1)),
+        "layer_norm": (lambda: (x(n // 128, 128), x(128), x(128)), lambda a, w, b: F.layer_norm(a, (128,), w, b)),
+        "masked_fill": (lambda: (x(heads, 64, 64),),
+                        lambda a: a.masked_fill(torch.ones(64, 64, dtype=torch.bool, device=dev).triu(1), 0.0)),
+        "cross_entropy_loss": (lambda: (x(n // 512, 512),),
+                               lambda a: F.cross_entropy(a, torch.zeros(a.shape[0], dtype=torch.long, device=dev))),
+    }
+
+
+def _measure_op_rates(torch, dev, cfg, sync):
+    """Forward and backward elements/s of each op in `_op_cases` (autograd recording as in training;
+    backward time = forward+backward - forward)."""
+    n = cfg["op_elems"]
+    out = {}
+    for name, (make, fn) in _op_cases(torch, dev, n).items():
+        args = make()
+        elems = float(max(a.numel() for a in args))
+        t_f = _timeit(lambda: fn(*args), cfg["min_time"] / 4, sync)
+
+        grad_out = torch.ones_like(fn(*args))
+
+        def fwd_bwd():
+            # gradients handed back, not accumulated into the inputs: as between layers in training
+            torch.autograd.grad(fn(*args), args, grad_out)
+
+        t_fb = _timeit(fwd_bwd, cfg["min_time"] / 4, sync)
+        out[name] = (elems / t_f, elems / max(t_fb - t_f, 0.05 * t_fb))
+    return out
 
 
 LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
@@ -229,6 +275,8 @@ def _worker(rank, procs, port, cfg, threads, results):
             dist.barrier()
         local = _measure_local(torch, dev, cfg, sync)
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
+        if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
+            local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
@@ -285,6 +333,11 @@ def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
     return {"procs": procs, "threads_per_proc": threads, "quick": bool(quick), "ranks": [got[r] for r in range(procs)]}
 
 
+def cfg_elems(raw) -> float:
+    """Elements per op-rate measurement (to take one dispatch out of a per-element time)."""
+    return float((QUICK if raw.get("quick") else FULL)["op_elems"])
+
+
 def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     """Turn `measure()` output into a Cluster (per-device figures are the slowest rank's)."""
     ranks, procs = raw["ranks"], raw["procs"]
@@ -335,6 +388,18 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                 t = size / rate
                 pts.append((size, size / max(t - overhead, 0.25 * t)))
             changes[key] = tuple(pts)
+    tables = [r["local"].get("op_rates") for r in ranks]
+    if all(tables):
+        # slowest rank per op and direction, less the serial dispatch like the curves above
+        rates = {}
+        for name in sorted(tables[0]):
+            pair = []
+            for k in (0, 1):
+                rate = min(t[name][k] for t in tables)
+                t = 1.0 / rate
+                pair.append(1.0 / max(t - overhead / cfg_elems(raw), 0.25 * t))
+            rates[name] = pair
+        changes["op_rates"] = rates
     fit = None
     if procs > 1:
         ar = ranks[0]["allreduce"]

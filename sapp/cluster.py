@@ -7,6 +7,7 @@ direction*; `inter_bw` is a device's share of its node's network (e.g. 8 x 200 G
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 
@@ -72,6 +73,12 @@ class Cluster:
     # Between points the rate is interpolated on log(size); outside them the nearest point holds.
     mem_bw_curve: tuple = ()
     rng_curve: tuple = ()
+    # Measured element rates of non-GEMM operators: (name, forward elements/s, backward elements/s)
+    # triples, name as in the graph without "aten." and overload ("gelu", "softmax", "layer_norm").
+    # A core evaluates erf or exp an order of magnitude slower than it streams bytes, and the backward
+    # of softmax is cheaper than its forward, so a single FLOP rate misprices these.  An op in the
+    # table costs at least elements / rate; empty = roofline only.
+    op_rates: tuple = ()
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -80,6 +87,8 @@ class Cluster:
             v = getattr(self, key)
             if isinstance(v, list):
                 object.__setattr__(self, key, tuple(tuple(p) if isinstance(p, list) else p for p in v))
+        if isinstance(self.op_rates, dict):
+            object.__setattr__(self, "op_rates", _op_rates_from_dict(self.op_rates))
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -116,6 +125,7 @@ class Cluster:
             raise ClusterError(f"cluster {self.name!r}: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for key in _CURVES:
             _check_curve(self.name, key, getattr(self, key))
+        _check_op_rates(self.name, self.op_rates)
         return self
 
     def replace(self, **changes) -> "Cluster":
@@ -126,6 +136,7 @@ class Cluster:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for key in _CURVES:
             d[key] = [list(p) for p in d[key]]
+        d["op_rates"] = {name: [f, b] for name, f, b in d["op_rates"]}
         return d
 
     @classmethod
@@ -142,6 +153,8 @@ class Cluster:
                 kwargs[k] = str(v)
             elif k in _CURVES:
                 kwargs[k] = _to_curve(v, k)
+            elif k == "op_rates":
+                kwargs[k] = _op_rates_from_dict(v)
             elif k in ("nodes", "gpus_per_node"):
                 kwargs[k] = _to_int(v, k)
             elif k in _BOOLS:
@@ -190,7 +203,7 @@ class Cluster:
             if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
                 raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
                                    + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom", "precision") + _BOOLS))
-            if key in _CURVES:
+            if key in _CURVES or key == "op_rates":
                 raise ClusterError(f"{key} cannot be given in a spec string; put it in a cluster .json file")
             if key == "precision":
                 changes[key] = value.strip()
@@ -236,6 +249,39 @@ def _to_curve(v, key):
             raise ClusterError(f"{key} must be a list of [size, rate] pairs, got item {p!r}")
         out.append((_to_float(p[0], key), _to_float(p[1], key)))
     return tuple(out)
+
+
+def _op_rates_from_dict(v):
+    if not isinstance(v, dict):
+        raise ClusterError(f"op_rates must be an object of name: [forward, backward] elements/s, got {v!r}")
+    out = []
+    for name in sorted(v):
+        pair = v[name]
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ClusterError(f"op_rates[{name!r}] must be [forward, backward] elements/s, got {pair!r}")
+        out.append((str(name), _to_float(pair[0], "op_rates"), _to_float(pair[1], "op_rates")))
+    return tuple(out)
+
+
+def _check_op_rates(name, rates):
+    if not isinstance(rates, tuple):
+        raise ClusterError(f"cluster {name!r}: op_rates must map op names to [forward, backward] elements/s")
+    for item in rates:
+        if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
+                and all(isinstance(r, (int, float)) and r > 0 for r in item[1:])):
+            raise ClusterError(f"cluster {name!r}: op_rates entries need positive [forward, backward] rates, got {item!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def op_short_name(target: str) -> str:
+    """'aten.native_layer_norm.default' -> 'layer_norm', 'aten._softmax.default' -> 'softmax',
+    'aten.add_.Tensor' -> 'add': the key op_rates use."""
+    parts = str(target).split(".")
+    base = parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
+    base = base.strip("_")
+    if base.startswith("native_"):
+        base = base[len("native_"):]
+    return base
 
 
 def curve_rate(curve, size: float, default: float) -> float:

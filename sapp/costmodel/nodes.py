@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SappError
-from .primitives import collective_time, compute_time, model_state_bytes, staging_copy_time
+from .primitives import collective_time, compute_time, model_state_bytes, op_floor, staging_copy_time
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -156,9 +156,17 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     async_launch = getattr(cluster, "async_launch", True)
     # dropout draws one random number per output element in forward; backward reuses the mask
     randoms = _local_numel(node.out.shape, node.out.dims, f) if node.kind == "dropout" else 0.0
-    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms)
+    floor_f = floor_b = 0.0
+    if node.kind not in MATMUL_LIKE and getattr(cluster, "op_rates", ()):
+        # measured element rate: elements of the output or, for a reduction such as a loss, the input
+        elems = _local_numel(node.out.shape, node.out.dims, f)
+        if node.operands:
+            o = node.operands[0]
+            elems = max(elems, _local_numel(o.shape, o.dims, f))
+        floor_f, floor_b = op_floor(node.target, elems, cluster)
+    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms, floor_f)
     c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster,
-                           launches_of(node.kind, True, async_launch))
+                           launches_of(node.kind, True, async_launch), floor=floor_b)
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:
@@ -181,6 +189,9 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
             wb = numel * settings.weight_bytes
             if settings.zero == 0:
                 sync = collective_time("all_reduce", gb, n, link, cluster)
+                if not async_launch:
+                    # a CPU run syncs after backward through one flat buffer (emit.parallel.GradAllReduce)
+                    sync += staging_copy_time(gb, n, cluster)
             else:
                 sync = collective_time("reduce_scatter", gb, n, link, cluster)
                 if settings.zero >= 2:

@@ -1,13 +1,16 @@
 """Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2)."""
 from __future__ import annotations
 
-from ..cluster import curve_rate
+import functools
+
+from ..cluster import curve_rate, op_short_name
 from ..errors import SappError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
-def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, randoms: float = 0.0) -> float:
+def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, randoms: float = 0.0,
+                 floor: float = 0.0) -> float:
     """Roofline: the slower of the arithmetic, the memory traffic (at the cluster's efficiencies)
     and the drawing of `randoms` random numbers (`cluster.rng_rate`, e.g. a dropout mask), plus the
     host dispatch of `launches` operator launches (`cluster.op_overhead` each).
@@ -18,13 +21,16 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
         op this is an upper bound of the sequence's max(sum kernels, sum dispatch) - the host's
         run-ahead can hide a short kernel's launch behind a long neighbour's - but it keeps the
         cost additive over operators, which the searches need;
-      - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch."""
+      - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch.
+    `floor`: seconds the op takes at least before dispatch (a measured element rate, `op_floor`)."""
     t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
     t_m = nbytes / stream_bandwidth(nbytes, cluster) if nbytes > 0 else 0.0
     t = t_c if t_c > t_m else t_m
     if randoms > 0:
         rate = curve_rate(getattr(cluster, "rng_curve", ()), randoms, getattr(cluster, "rng_rate", float("inf")))
         t = max(t, randoms / rate)
+    if floor > t:
+        t = floor
     overhead = getattr(cluster, "op_overhead", 0.0) or 0.0
     if launches > 0 and overhead > 0:
         host = launches * overhead
@@ -41,6 +47,23 @@ def stream_bandwidth(nbytes: float, cluster) -> float:
     if curve:
         return curve_rate(curve, nbytes, 0.0)
     return cluster.mem_bandwidth * cluster.memory_efficiency
+
+
+@functools.lru_cache(maxsize=16)
+def _rates(op_rates: tuple) -> dict:
+    return {name: (f, b) for name, f, b in op_rates}
+
+
+def op_floor(target: str, elements: float, cluster) -> tuple:
+    """(forward, backward) seconds an op of `target` over `elements` takes at least by the cluster's
+    measured element rates (`Cluster.op_rates`); (0, 0) when the op is not in the table."""
+    table = getattr(cluster, "op_rates", ())
+    if not table or elements <= 0:
+        return 0.0, 0.0
+    r = _rates(table).get(op_short_name(target))
+    if r is None:
+        return 0.0, 0.0
+    return elements / r[0], elements / r[1]
 
 
 def link_params(link: str, cluster):

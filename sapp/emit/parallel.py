@@ -150,7 +150,13 @@ class GradAllReduce:
             grads.append(g.to_local() if hasattr(g, "to_local") else g)
         if not grads:
             return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        # one flat buffer kept across steps: a fresh multi-MB tensor each step costs page faults
+        # (16 MB on this CPU: 10.5 ms to concatenate into a new buffer, ~3 ms into a reused one)
+        total = sum(g.numel() for g in grads)
+        buf = getattr(self, "_flat", None)
+        if buf is None or buf.numel() != total or buf.dtype != grads[0].dtype or buf.device != grads[0].device:
+            buf = self._flat = torch.empty(total, dtype=grads[0].dtype, device=grads[0].device)
+        flat = torch.cat([g.reshape(-1) for g in grads], out=buf)
         if self.mixed and flat.dtype == torch.float32:
             wire = flat.to(torch.bfloat16)
             dist.all_reduce(wire, group=self.group)
@@ -205,10 +211,17 @@ def make_optimizer(params, kind: str, lr: float, *, zero: int, dp_group=None):
     if cls is None:
         from ..errors import PlanError
         raise PlanError(f"optimizer {kind!r} is not supported; use adam, adamw or sgd")
+    kw = {"lr": lr}
+    if kind in ("adam", "adamw") and params and all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda")
+                                                   for p in params):
+        # the fused update reads p, g, m, v and writes p, m, v once (28 B per fp32 parameter, as the
+        # cost model prices it); torch's default per-tensor loop on a CPU makes ~9 passes with
+        # temporaries (4M-parameter MLP on this CPU: 18.8 ms per step -> see bench notes)
+        kw["fused"] = True
     if zero == 1 and dp_group is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, lr=lr)
-    return cls(params, lr=lr)
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=dp_group, **kw)
+    return cls(params, **kw)
 
 
 __all__ = ["build_mesh", "coords", "apply_tp", "wrap_dp", "make_optimizer", "block_names", "GradAllReduce"]

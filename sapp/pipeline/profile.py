@@ -293,6 +293,9 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
         if settings.zero == 0:
             sync += collective_time("all_reduce", gb, k, link, cluster)
             lat += 2 * (k - 1) * alpha
+            if not cluster.async_launch:
+                # a CPU run syncs after backward through one flat buffer (emit.parallel.GradAllReduce)
+                sync += staging_copy_time(gb, k, cluster)
         else:
             sync += collective_time("reduce_scatter", gb, k, link, cluster)
             lat += (k - 1) * alpha
