@@ -14,6 +14,7 @@ from sapp.search.random_graphs import gpt_graph, mlp_graph
 
 A100 = PRESETS["a100-80g"]
 BF16 = CostSettings()
+MEGATRON = CostSettings(autocast_fp32=False)    # every float activation bf16: Megatron's fused kernels
 
 
 def megatron(graph, levels):
@@ -141,16 +142,16 @@ def test_megatron_mlp_one_allreduce_each_way():
     L = len(mesh.levels)
     st = {"x": (None,) * L, "fc1": ("n",) * L, "gelu": ("a2",) * L, "fc2": ("k",) * L, "out": (None,) * L}
     ar = collective_time("all_reduce", 4 * 512 * 1024 * 2, 8, "intra", A100)
-    times = {(p, c): edge_times(g.nodes[p], g.nodes[c].operands[i], st[p], st[c], mesh, A100, BF16)
+    times = {(p, c): edge_times(g.nodes[p], g.nodes[c].operands[i], st[p], st[c], mesh, A100, MEGATRON)
              for p, c, i in g.edges()}
     assert times[("x", "fc1")] == pytest.approx((0.0, ar))      # backward: dX of fc1 is Partial
     assert times[("fc1", "gelu")] == (0.0, 0.0)
     assert times[("gelu", "fc2")] == (0.0, 0.0)
     assert times[("fc2", "out")] == pytest.approx((ar, 0.0))    # forward: fc2 output is Partial
     # weights are sharded 8 ways, no gradient sync (TP only)
-    nc = node_cost(g.nodes["fc1"], st["fc1"], mesh, A100, BF16)
+    nc = node_cost(g.nodes["fc1"], st["fc1"], mesh, A100, MEGATRON)
     assert nc.grad_sync_s == 0.0 and nc.param_bytes == pytest.approx(4096 * 1024 * 2 / 8)
-    assert edge_cost(g, "fc2", "out", 0, st["fc2"], st["out"], mesh, A100, BF16) == pytest.approx(ar)
+    assert edge_cost(g, "fc2", "out", 0, st["fc2"], st["out"], mesh, A100, MEGATRON) == pytest.approx(ar)
 
 
 def test_data_parallel_grad_sync_and_zero():
@@ -186,16 +187,16 @@ def test_gpt_layer_activation_bytes_match_megatron(t):
     cl = Cluster(gpus_per_node=8)
     mesh = Mesh.for_devices(cl, t)
     st = megatron(g, len(mesh.levels))
-    saved = sum(v[0] for v in saved_activations(g, st, mesh, BF16).values())
+    saved = sum(v[0] for v in saved_activations(g, st, mesh, MEGATRON).values())
     expect = s * b * h * (34 + 5 * a * s / h) if t == 1 else s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
     assert saved == pytest.approx(expect, rel=0.05)
-    cost = evaluate_sharding(g, st, mesh, cl, BF16)
+    cost = evaluate_sharding(g, st, mesh, cl, MEGATRON)
     assert cost.activation_bytes == pytest.approx(saved)
     if t > 1:
         # 2 all-reduces forward (after proj and fc2); backward 2 for the MLP/proj side plus q,k,v inputs
         ar = collective_time("all_reduce", s * b * h * 2, t, "intra", cl)
         fwd = sum(d["fwd_s"] - 0 for d in cost.per_node.values()) - sum(
-            node_cost(n, st[n.name], mesh, cl, BF16).fwd_s for n in g.nodes.values())
+            node_cost(n, st[n.name], mesh, cl, MEGATRON).fwd_s for n in g.nodes.values())
         assert fwd == pytest.approx(2 * ar)
 
 
@@ -224,7 +225,7 @@ def test_precision_reprices_floats_not_ids():
     g = gpt_graph(layers=1, b=2, s=64, h=128, a=4, vocab=512)
     mesh = Mesh.for_devices(A100, 1)
     st = {n: () for n in g.nodes}
-    bf = saved_activations(g, st, mesh, BF16)
+    bf = saved_activations(g, st, mesh, MEGATRON)
     fp = saved_activations(g, st, mesh, CostSettings(precision="fp32"))
     for tid, (b, _) in bf.items():
         if tid.endswith(":mask"):
@@ -233,7 +234,7 @@ def test_precision_reprices_floats_not_ids():
             assert fp[tid][0] == b                       # int64 ids keep their width
         else:
             assert fp[tid][0] == pytest.approx(2 * b)
-    c_bf = evaluate_sharding(g, st, mesh, A100, BF16)
+    c_bf = evaluate_sharding(g, st, mesh, A100, MEGATRON)
     c_fp = evaluate_sharding(g, st, mesh, A100, CostSettings(precision="fp32"))
     assert c_fp.param_bytes == pytest.approx(2 * c_bf.param_bytes)
     assert c_fp.state_bytes == pytest.approx(c_bf.state_bytes)        # 16 bytes/param either way

@@ -83,7 +83,7 @@ def test_gpt_layer_activations_match_reference(gpt_graph, tp):
     from sapp.costmodel import CostSettings
     from sapp.pipeline.profile import build_profile
     cl = Cluster.parse("a100-80g:nodes=1")
-    prof = build_profile(gpt_graph, cl, CostSettings(), 1, tp)
+    prof = build_profile(gpt_graph, cl, CostSettings(autocast_fp32=False), 1, tp)   # Megatron: all bf16
     layer = next(u for u in prof.units if u.name == "layers.1")
     none, sel, full = layer.at(B, 0)[2]
     sbh = S * B * H

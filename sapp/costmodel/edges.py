@@ -1,6 +1,7 @@
 """Resharding cost on an activation edge, forward (value) and backward (gradient)."""
 from __future__ import annotations
 
+from .dtypes import out_bytes
 from .layouts import R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
 
 
@@ -32,7 +33,8 @@ def edge_layouts(prod_node, operand, s_prod, s_cons):
 def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings):
     """(forward seconds, backward seconds) of resharding one edge."""
     f_src, f_dst, b_src, b_dst = edge_layouts(prod_node, operand, s_prod, s_cons)
-    eb = settings.act_bytes(operand.dtype)
+    # the producer's tensor moves as it is (a consumer's autocast cast comes after it arrives)
+    eb = out_bytes(prod_node, settings) if settings.is_float(operand.dtype) else settings.act_bytes(operand.dtype)
     nbytes = operand.numel * eb
     fwd = reshard_time(f_src, f_dst, nbytes, mesh, cluster)
     bwd = reshard_time(b_src, b_dst, nbytes, mesh, cluster) if settings.is_float(operand.dtype) else 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SappError
+from .dtypes import WIDTHS_KEY, ensure_widths
 from .edges import edge_times
 from .memory import saved_items
 from .nodes import node_cost
@@ -62,6 +63,7 @@ def param_owners(graph) -> dict:
 
 def first_savers(graph, mesh, settings) -> dict:
     """tensor id -> the node that accounts for it (first saver in topological order)."""
+    ensure_widths(graph)
     strat0 = (None,) * len(mesh.levels)
     out = {}
     for node in graph.nodes.values():
@@ -71,7 +73,7 @@ def first_savers(graph, mesh, settings) -> dict:
 
 
 def _sig(node):
-    return (node.kind, node.dims, node.flops, node.bytes, node.out, node.saves,
+    return (node.kind, node.dims, node.flops, node.bytes, node.out, node.saves, node.extra.get(WIDTHS_KEY),
             tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
 
 

@@ -1,6 +1,7 @@
 """Activation memory: tensors kept for backward, each counted once, at its sharded size."""
 from __future__ import annotations
 
+from .dtypes import ensure_widths, operand_bytes, out_bytes
 from .layouts import input_layout, output_layout
 
 
@@ -15,12 +16,14 @@ def _sharded(nbytes, layout, mesh):
 def saved_items(node, strategy, mesh, settings):
     """(tensor id, bytes) for what `node` saves under `strategy`.  Tensor ids: the producer's name
     for an activation (so several savers share one id), "<node>:mask" for masks,
-    "<node>:in<i>" for graph inputs without a producer node.  Parameters are not activations."""
+    "<node>:in<i>" for graph inputs without a producer node, "<producer>:cast><node>#<i>" for the
+    copy autocast makes of an input it casts (a matmul saves the bf16 copy of an fp32 input, an
+    fp32-list op the fp32 copy of a bf16 one).  Parameters are not activations."""
     out = []
     for s in node.saves:
         if s == "out":
             lay = output_layout(node, strategy)
-            out.append((node.name, _sharded(node.out.numel * settings.act_bytes(node.out.dtype), lay, mesh)))
+            out.append((node.name, _sharded(node.out.numel * out_bytes(node, settings), lay, mesh)))
         elif s == "mask":
             lay = output_layout(node, strategy)
             out.append((node.name + ":mask", _sharded(node.out.numel * 1, lay, mesh)))
@@ -31,15 +34,22 @@ def saved_items(node, strategy, mesh, settings):
             o = node.operands[i]
             if o.param is not None:
                 continue
-            tid = o.producer if o.producer is not None else f"{node.name}:in{i}"
+            arrive, kept = operand_bytes(node, i, settings)
+            if o.producer is None:
+                tid = f"{node.name}:in{i}"
+            elif kept != arrive:
+                tid = f"{o.producer}:cast>{node.name}#{i}"
+            else:
+                tid = o.producer
             lay = input_layout(o.dims, strategy)
-            out.append((tid, _sharded(o.numel * settings.act_bytes(o.dtype), lay, mesh)))
+            out.append((tid, _sharded(o.numel * kept, lay, mesh)))
     return out
 
 
 def saved_activations(graph, strategies, mesh, settings) -> dict:
     """{tensor id: (bytes per device, [saver nodes])}.  A tensor saved by several ops is counted once,
     at the size in the layout of its first saver in topological order."""
+    ensure_widths(graph)
     res = {}
     for node in graph.nodes.values():
         for tid, b in saved_items(node, strategies[node.name], mesh, settings):

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SappError
+from .dtypes import operand_bytes, out_bytes
 from .primitives import collective_time, compute_time, model_state_bytes, op_floor, staging_copy_time
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
@@ -103,19 +104,25 @@ def _local_numel(shape, dims, factors):
 
 def local_bytes(node, factors, settings) -> float:
     """Forward memory traffic of the op's shard: the captured `bytes`, rescaled to the settings'
-    precision and to the shard of every operand and of the output.  A view moves nothing (its
-    backward is a view too): it costs only its dispatch."""
+    precision (activations at their autocast widths, costmodel.dtypes) and to the shard of every
+    operand and of the output.  A view moves nothing (its backward is a view too): it costs only
+    its dispatch."""
     if node.kind == "view":
         return 0.0
     full_cap = full = loc = 0.0
-    for o in node.operands:
+    for i, o in enumerate(node.operands):
         if o.producer is None and o.param is None:
             continue
-        eb = settings.weight_bytes if (o.param is not None and settings.is_float(o.dtype)) else settings.act_bytes(o.dtype)
+        if o.param is not None and settings.is_float(o.dtype):
+            eb = settings.weight_bytes
+        else:
+            # an operand autocast casts is copied first (read at its width, written and read cast)
+            a, c = operand_bytes(node, i, settings)
+            eb = c if a == c else a + 2 * c
         full_cap += o.nbytes
         full += o.numel * eb
         loc += _local_numel(o.shape, o.dims, factors) * eb
-    eb = settings.act_bytes(node.out.dtype)
+    eb = out_bytes(node, settings)
     full_cap += node.out.nbytes
     full += node.out.numel * eb
     loc += _local_numel(node.out.shape, node.out.dims, factors) * eb

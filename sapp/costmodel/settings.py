@@ -17,6 +17,10 @@ class CostSettings:
     optimizer: str = "adam"
     zero: int = 0                       # ZeRO stage 0..3 over each parameter's grad-sync group
     grad_sync_overlap: float = 0.0      # fraction of gradient synchronisation hidden behind backward
+    # bf16-mixed activations: True = widths as torch.autocast runs them (softmax / layer_norm / losses
+    # in fp32, fp32 spreading through element-wise ops; costmodel.dtypes), what sapp emits;
+    # False = every float activation in bf16 (fused half-precision kernels, Megatron's formulas).
+    autocast_fp32: bool = True
 
     def __post_init__(self):
         if self.precision not in ("bf16-mixed", "fp32"):
@@ -27,10 +31,17 @@ class CostSettings:
             raise SappError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         if not 0.0 <= self.grad_sync_overlap <= 1.0:
             raise SappError(f"grad_sync_overlap must be in [0, 1], got {self.grad_sync_overlap!r}")
+        if not isinstance(self.autocast_fp32, bool):
+            raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
 
     @property
     def mixed(self) -> bool:
         return self.precision == "bf16-mixed"
+
+    @property
+    def autocast(self) -> bool:
+        """Activation widths follow torch.autocast (some activations fp32), see costmodel.dtypes."""
+        return self.mixed and self.autocast_fp32
 
     @property
     def weight_bytes(self) -> int:
@@ -46,7 +57,8 @@ class CostSettings:
 
     def act_bytes(self, dtype: str) -> int:
         """Bytes per element of an activation of `dtype` at this precision: floats are stored in the
-        compute precision, integer ids and masks keep their own width."""
+        compute precision, integer ids and masks keep their own width.  Under autocast a float
+        activation's width depends on the op that made it: use costmodel.dtypes instead."""
         if dtype in _FLOAT:
             return 2 if self.mixed else 4
         return DTYPE_BYTES.get(dtype, 4)

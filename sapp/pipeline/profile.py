@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
+from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.primitives import staging_copy_time
 from ..costmodel.nodes import grad_sync_group
 from ..errors import SappError
@@ -190,7 +191,7 @@ def attention_core(graph, names):
 def _producer(tid):
     if ":in" in tid:
         return None
-    return tid.split(":mask")[0]
+    return tid.split(":")[0]       # "<producer>:mask", "<producer>:cast><saver>#<i>" (an autocast copy)
 
 
 def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers):
@@ -314,7 +315,8 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0):
-    st = CostSettings(settings.precision, settings.optimizer, zero, settings.grad_sync_overlap)
+    st = CostSettings(settings.precision, settings.optimizer, zero, settings.grad_sync_overlap,
+                      settings.autocast_fp32)
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
     owners = param_owners(graph)
     savers = first_savers(graph, mesh, st) if acts else None
@@ -350,7 +352,7 @@ def _out_bytes(graph, names, dp, settings):
     node = graph.nodes[names[-1]]
     if not node.out.shape:
         return 0.0
-    return node.out.numel * settings.act_bytes(node.out.dtype) / dp
+    return node.out.numel * out_bytes(node, settings) / dp
 
 
 def _affine(v1, v2, b1, b2):
@@ -422,10 +424,11 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         raise SappError(f"tp={tp} cannot be formed inside a node of {cluster.gpus_per_node} devices")
     units = units if units is not None else split_units(graph)
     tnames = template_nodes(graph, units)
+    ensure_widths(graph)     # the template keeps the autocast widths its nodes have in the whole model
     template = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
     t1 = rebatch(template, dp * 1)
     t2 = rebatch(template, dp * 2)
-    base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap)
+    base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap, settings.autocast_fp32)
     if search_fn is None and tp > 1 and fixed_strategies is None:
         from ..search import shard_search
         search_fn = shard_search
@@ -456,7 +459,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False)
         for b in points[2:]]
     for z in zeros[1:]:
-        sz = CostSettings(settings.precision, settings.optimizer, z, settings.grad_sync_overlap)
+        sz = CostSettings(settings.precision, settings.optimizer, z, settings.grad_sync_overlap, settings.autocast_fp32)
         one, two = {}, {}
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
             sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)

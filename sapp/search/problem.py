@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..costmodel.dtypes import WIDTHS_KEY, ensure_widths, out_bytes
 from ..costmodel.edges import edge_layouts, translate
 from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
@@ -38,7 +39,7 @@ def block_map(graph) -> dict:
 
 
 def _sig(node):
-    return (node.kind, node.dims, node.flops, node.saves, node.out.shape, node.out.dims,
+    return (node.kind, node.dims, node.flops, node.saves, node.out.shape, node.out.dims, node.extra.get(WIDTHS_KEY),
             tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
 
 
@@ -64,6 +65,7 @@ class Problem:
                                 f"divisible by {dp}; use a larger batch or fewer dp levels")
         self.graph, self.mesh, self.cluster, self.settings, self.roles = graph, mesh, cluster, settings, roles
         self.L = L
+        ensure_widths(graph)       # autocast widths before block_map compares nodes
         rep = block_map(graph) if share_blocks else {}
         self.vars, self.var_of, self.mult = [], {}, []
         for name in graph.nodes:
@@ -183,10 +185,16 @@ class Problem:
             self._rs_memo[key] = hit
         return hit
 
+    def _width(self, pv, o):
+        """Bytes per element an edge moves: the producer's output as it is (see edges.edge_times)."""
+        if self.settings.is_float(o.dtype):
+            return out_bytes(self.nodes[pv], self.settings)
+        return self.settings.act_bytes(o.dtype)
+
     def _edge_time(self, pv, cv, i, sp, sc):
         o = self.nodes[cv].operands[i]
         f_src, f_dst, b_src, b_dst = self._layouts(pv, cv, i, sp, sc)
-        nbytes = o.numel * self.settings.act_bytes(o.dtype)
+        nbytes = o.numel * self._width(pv, o)
         t = self._rs(f_src, f_dst, nbytes)
         if self.settings.is_float(o.dtype):
             t += self._rs(b_src, b_dst, nbytes)
@@ -203,7 +211,7 @@ class Problem:
         included.  Many strategies share a layout, so the tables are much smaller than the matrix."""
         pv, cv, i, cnt = self.edges[k]
         o = self.nodes[cv].operands[i]
-        nbytes = o.numel * self.settings.act_bytes(o.dtype)
+        nbytes = o.numel * self._width(pv, o)
         prod = self.nodes[pv]
         pf, pb = [], []
         for s in sps:
