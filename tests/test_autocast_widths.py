@@ -151,3 +151,12 @@ def test_cuda_autocast_agrees_with_the_pass(gpt):
     got, want = recorded_widths("cuda"), predicted_widths(gpt, "cuda")
     assert got == want
     assert want["softmax"] == [4, 4] and want["layer_norm"] == [4, 4, 4, 4, 4]
+
+
+def test_setting_is_validated_and_op_names_parsed():
+    from sapp.errors import SappError
+    with pytest.raises(SappError):
+        CostSettings(autocast_fp32="yes")
+    assert CostSettings().autocast and not MEGATRON.autocast and not CostSettings(precision="fp32", autocast_fp32=True).autocast
+    assert [op_name(t) for t in ("aten.softmax.int", "aten.split.Tensor[1]", "layer_norm")] == \
+        ["softmax", "split", "layer_norm"]
