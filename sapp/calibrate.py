@@ -17,6 +17,8 @@ What is measured, in `procs` worker processes running at the same time (so every
     time per op; on CPU the dispatching thread also computes, so `async_launch` is false (on GPUs
     the host enqueues kernels ahead of the device: true); and an in-place op on a parameter sharded
     over the ranks (DTensor, as FSDP2 / tensor parallelism hold them): `sharded_op_overhead`;
+  - a reference GPT block's eager training step (forward + backward): its time over what the
+    figures above predict for it is `compute_scale` (CPU only);
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
     t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β.
 The rest (nodes=1, gpus_per_node=procs, memory sizes) comes from the machine; the "cpu" preset is the
@@ -37,9 +39,9 @@ class CalibrationError(SappError):
     """Calibration could not run or finish in time."""
 
 
-FULL = {"gemm": (256, 512, 1024, 1536), "copy_mb": 128, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20, 16 << 20),
+FULL = {"gemm": (256, 512, 1024, 1536), "gemm_cuda": (1024, 2048, 4096, 8192), "copy_mb": 128, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20, 16 << 20),
         "curve_kb": (64, 256, 1024, 4096, 16384, 65536), "op_elems": 1 << 19, "min_time": 0.4}
-QUICK = {"gemm": (256, 512, 768), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20),
+QUICK = {"gemm": (256, 512, 768), "gemm_cuda": (1024, 4096), "copy_mb": 32, "ar_bytes": (4096, 65536, 1 << 20, 4 << 20),
          "curve_kb": (256, 4096, 32768), "op_elems": 1 << 18, "min_time": 0.12}
 
 
@@ -78,6 +80,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _usable_cpus() -> int:
+    """CPUs this process may run on (taskset / cgroup affinity), not all the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _total_ram():
     try:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -107,7 +117,8 @@ def _timeit(fn, min_time, sync):
 def _measure_local(torch, dev, cfg, sync):
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     gemm = {}
-    for n in cfg["gemm"]:
+    # a GPU's matrix units fill only at thousands per side (H100 bf16: ~190 TFLOP/s at 1536, ~750 at 8192)
+    for n in (cfg["gemm_cuda"] if dev.type == "cuda" else cfg["gemm"]):
         # cache-hot repeats, as in training a small model's operands stay in cache (gpt-small on this
         # CPU: 77 GFLOP/s in a profiled step, 77 here; rotating 96 MB of operands gave 67)
         a = torch.randn(n, n, device=dev, dtype=dtype)
@@ -187,6 +198,43 @@ def _measure_op_rates(torch, dev, cfg, sync):
         t_fb = _timeit(fwd_bwd, cfg["min_time"] / 4, sync)
         out[name] = (elems / t_f, elems / max(t_fb - t_f, 0.05 * t_fb))
     return out
+
+
+# The reference block for `compute_scale`: a small GPT (not a zoo size the benches evaluate) trained
+# one step at a time, eager, as emitted programs run.
+REFERENCE = ("gpt-small", {"l": 2, "h": 256, "a": 4, "s": 128, "V": 1024, "ffn": 1024}, 4)
+
+
+def _measure_reference(torch, dev, cfg, sync):
+    """Seconds of one forward + backward of the reference model (gradients freed each step, as the
+    training loop does)."""
+    import sapp.models as models
+    name, over, batch = REFERENCE
+    torch.manual_seed(0)
+    m = models.get(name, device=dev.type, **over)
+    loss_fn = models.loss_fn(m)
+    x = models.example_inputs(m, batch, device=dev)
+    y = models.example_targets(m, batch, device=dev)
+
+    def step():
+        m.zero_grad(set_to_none=True)
+        loss_fn(m(*x), y).backward()
+
+    return _timeit(step, cfg["min_time"], sync)
+
+
+def reference_prediction(cluster) -> float:
+    """What the cost model predicts for `_measure_reference` on `cluster` (forward + backward of
+    every operator of the captured reference model, one device)."""
+    import sapp.models as models
+    from .api import capture_graph
+    from .costmodel.nodes import node_cost
+    from .costmodel.settings import CostSettings
+    from .mesh import Level, Mesh
+    name, over, batch = REFERENCE
+    graph = capture_graph(models.get(name, device="meta", **over))[0].rebatch(batch)
+    mesh, st = Mesh((Level(1, "intra"),)), CostSettings(precision="fp32")
+    return sum(node_cost(n, (None,), mesh, cluster, st).compute_s for n in graph.nodes.values())
 
 
 LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
@@ -277,6 +325,7 @@ def _worker(rank, procs, port, cfg, threads, results):
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
         if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
             local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
+            local["reference_s"] = _measure_reference(torch, dev, cfg, sync)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
@@ -297,7 +346,7 @@ def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
         raise CalibrationError(f"--procs must be >= 1, got {procs}")
     cfg = QUICK if quick else FULL
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // procs)
+        threads = max(1, _usable_cpus() // procs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -419,6 +468,15 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                      if "sharded_op_overhead" in changes else ""))
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
+    refs = [r["local"].get("reference_s") for r in ranks]
+    scale = None
+    if all(refs):
+        # the slowest rank's reference step over the cost model's prediction with everything else measured
+        predicted = reference_prediction(Cluster.from_dict({**base_c.to_dict(), **changes}))
+        scale = max(0.5, min(3.0, max(refs) / predicted)) if predicted > 0 else 1.0
+        changes["compute_scale"] = round(scale, 3)
+    if scale is not None:
+        notes += f", framework overhead x{scale:.2f} (reference block {max(refs) * 1e3:.1f} ms measured)"
     if "mem_bw_curve" in changes:
         pts = changes["mem_bw_curve"]
         notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"

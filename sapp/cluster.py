@@ -16,7 +16,7 @@ from .units import parse_quantity
 
 _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
-    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate",
+    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale",
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead")
 _BOOLS = ("async_launch",)
@@ -79,6 +79,10 @@ class Cluster:
     # of softmax is cheaper than its forward, so a single FLOP rate misprices these.  An op in the
     # table costs at least elements / rate; empty = roofline only.
     op_rates: tuple = ()
+    # Measured eager-training time of a reference transformer block over what the figures above
+    # predict for it: the framework's own costs (Python, autograd bookkeeping, allocation, caches
+    # between ops) that no single-op benchmark sees.  Multiplies every operator's time.
+    compute_scale: float = 1.0
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):

@@ -95,3 +95,14 @@ def test_size_curves_take_slowest_rank_and_drop_serial_dispatch():
     assert s1 == 3e8 and r1 == pytest.approx(3e8 / (3e8 / 7.5e9 - 5e-6))
     assert c.rng_curve[0] == pytest.approx((1e5, 1e5 / (1e5 / 5e7 - 5e-6)))
     assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c       # survives a JSON round trip
+
+
+def test_reference_prediction_tracks_the_cluster():
+    # compute_scale = measured reference step / this prediction: it must follow the cluster's figures
+    from sapp.calibrate import reference_prediction
+    from sapp.cluster import PRESETS
+    cpu = PRESETS["cpu"]
+    t = reference_prediction(cpu)
+    assert t > 0
+    assert reference_prediction(cpu.replace(peak_flops=cpu.peak_flops * 2)) < t
+    assert reference_prediction(cpu.replace(compute_scale=2.0)) == pytest.approx(2 * t)

@@ -273,3 +273,25 @@ def test_search_prices_the_clusters_precision():
     forced = search("mlp-tiny", "cpu:gpus=2", global_batch=8, precision="bf16-mixed")
     assert forced["settings"]["precision"] == "bf16-mixed"
     assert forced["predicted"]["comm_s"] < cpu["predicted"]["comm_s"]        # 2-byte gradients on the wire
+
+
+def test_measured_op_rates_floor_non_gemm_ops():
+    from sapp.api import capture_graph, resolve_model
+    g = capture_graph(resolve_model("gpt-tiny")[0])[0]
+    mesh = Mesh((Level(1, "intra"),))
+    gelu = next(n for n in g.nodes.values() if n.target.startswith("aten.gelu"))
+    mm = next(n for n in g.nodes.values() if n.kind == "matmul")
+    base = A100.replace(op_overhead=0.0)
+    slow = base.replace(op_rates={"gelu": [1e6, 5e5], "addmm": [1.0, 1.0]})
+    c0, c1 = node_cost(gelu, (None,), mesh, base, BF16), node_cost(gelu, (None,), mesh, slow, BF16)
+    assert c1.fwd_s == pytest.approx(gelu.out.numel / 1e6)        # the measured rate binds
+    assert c1.bwd_s == pytest.approx(gelu.out.numel / 5e5)
+    assert c0.fwd_s < c1.fwd_s / 100
+    # GEMM-like ops keep the FLOP roofline even if a table names them
+    assert node_cost(mm, (None,), mesh, slow, BF16).fwd_s == node_cost(mm, (None,), mesh, base, BF16).fwd_s
+
+
+def test_compute_scale_multiplies_operator_time_not_communication():
+    c = A100.replace(compute_scale=1.5)
+    assert compute_time(1e12, 0, c) == pytest.approx(1.5 * 1e12 / (312e12 * 0.8))
+    assert collective_time("all_reduce", 1e9, 8, "intra", c) == collective_time("all_reduce", 1e9, 8, "intra", A100)

@@ -22,7 +22,8 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
         run-ahead can hide a short kernel's launch behind a long neighbour's - but it keeps the
         cost additive over operators, which the searches need;
       - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch.
-    `floor`: seconds the op takes at least before dispatch (a measured element rate, `op_floor`)."""
+    `floor`: seconds the op takes at least before dispatch (a measured element rate, `op_floor`).
+    The result is scaled by `cluster.compute_scale` (measured framework overhead, 1 by default)."""
     t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
     t_m = nbytes / stream_bandwidth(nbytes, cluster) if nbytes > 0 else 0.0
     t = t_c if t_c > t_m else t_m
@@ -35,9 +36,10 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
     if launches > 0 and overhead > 0:
         host = launches * overhead
         if getattr(cluster, "async_launch", True):
-            return t if t > host else host
-        return t + host
-    return t
+            t = t if t > host else host
+        else:
+            t = t + host
+    return t * getattr(cluster, "compute_scale", 1.0)
 
 
 def stream_bandwidth(nbytes: float, cluster) -> float:
