@@ -211,7 +211,8 @@ def zoo_graph(name, batch):
     ("wide-deep-100m", "a100-80g:devices=1", {}, "embedding-host"),
     ("wide-deep-1m", "a100-80g:devices=1", {}, "device"),
     ("gpt-10b", "v100-32g:devices=1", {"micro_batches": 8}, "optimizer-host"),
-    ("gpt3-1.3b", "v100-32g:devices=1", {"micro_batches": 8}, "device"),
+    # fits with 3 GB to spare once autocast's fp32 activations are priced (gpt3-1.3b no longer does)
+    ("gpt3-760m", "v100-32g:devices=1", {"micro_batches": 8}, "device"),
 ])
 def test_zoo_decisions(name, cluster, kw, expect):
     from sapp.placement.standalone import decide
