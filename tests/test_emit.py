@@ -45,6 +45,10 @@ BF16_TOL = 2e-2
 CASES_2 = [
     _case("gpt-dp2", "gpt", dp=2),
     _case("gpt-dp2-ddp", "gpt", grad_sync="ddp", dp=2),
+    # gradient accumulation (pp = 1, 2 micro-batches): sync on the last chunk only, in each runtime
+    _case("gpt-dp2-accum2", "gpt", dp=2, micro_batches=2),
+    _case("gpt-dp2-ddp-accum2", "gpt", grad_sync="ddp", dp=2, micro_batches=2),
+    _case("gpt-zero3-accum2", "gpt", dp=2, zero=3, micro_batches=2),
     _case("gpt-dp2-bf16", "gpt", tol=BF16_TOL, dp=2, precision="bf16-mixed"),
     _case("gpt-zero3-bf16", "gpt", tol=BF16_TOL, dp=2, zero=3, precision="bf16-mixed"),
     _case("gpt-pp2-gpipe", "gpt", pp=2, schedule="gpipe", micro_batches=4, split_before=["layers.1"]),

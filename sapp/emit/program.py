@@ -89,11 +89,7 @@ class Program:
         if self.schedule is not None:
             local = self._pipeline_step(inputs, targets)
         else:
-            with self.autocast():
-                out = self.modules[0](*inputs)
-                loss = self.loss_fn(out, targets)
-            loss.backward()
-            local = loss.detach()
+            local = self._accumulate(inputs, targets)
         for hook in self.grad_hooks:
             hook()
         for opt in self.optimizers:
@@ -101,6 +97,29 @@ class Program:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         return self._global_loss(local)
+
+    def _accumulate(self, inputs, targets):
+        """Forward + backward of this rank's batch as the plan's micro-batches (gradient accumulation
+        when pp = 1 and micro_batches > 1): the mean of equal chunks' mean losses is the batch's mean
+        loss, so the gradients equal one full-batch pass.  Gradient sync runs on the last chunk only."""
+        n = self.micro_batches if self.micro_batches and self.micro_batches > 1 else 1
+        module = self.modules[0]
+        if n > 1 and (not torch.is_tensor(targets) or inputs[0].shape[0] % n):
+            raise PlanError(f"local batch {inputs[0].shape[0]} does not split into {n} micro-batches; use a "
+                            f"global batch divisible by dp x micro_batches")
+        chunks = list(zip(*(x.chunk(n) for x in inputs), targets.chunk(n))) if n > 1 else [(*inputs, targets)]
+        total = None
+        for i, (*xs, y) in enumerate(chunks):
+            last = i == n - 1
+            if hasattr(module, "set_requires_gradient_sync"):        # FSDP2
+                module.set_requires_gradient_sync(last)
+            sync = module.no_sync() if (not last and hasattr(module, "no_sync")) else contextlib.nullcontext()
+            with sync:
+                with self.autocast():
+                    loss = self.loss_fn(module(*xs), y)
+                (loss / n if n > 1 else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total / n if n > 1 else total
 
     def _pipeline_step(self, inputs, targets):
         n = self.micro_batches

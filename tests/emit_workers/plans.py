@@ -25,6 +25,8 @@ def make_plan(*, name="test", params=0, global_batch=8, dp=1, tp=1, pp=1, schedu
         d["pipeline"] = {"schedule": schedule or "1f1b", "micro_batches": micro_batches,
                          "micro_batch_size": global_batch // (dp * micro_batches),
                          "virtual_chunks": virtual_chunks, "stages": stages}
+    elif micro_batches > 1:          # pp = 1: gradient accumulation over micro-batches
+        d["pipeline"]["micro_batches"] = micro_batches
     d["zero"] = zero
     d["recompute"] = {"default": recompute_default, "blocks": dict(recompute_blocks or {})}
     if precision:
