@@ -46,8 +46,9 @@ QUICK = {"gemm": (256, 512, 768), "gemm_cuda": (1024, 4096), "copy_mb": 32, "ar_
 
 
 # ---- pure helpers -------------------------------------------------------------------------------
-def fit_alpha_beta(sizes, times, n):
-    """Least-squares fit of the ring all-reduce model t = 2(n-1)·α + 2(n-1)/n·B/β.
+def fit_alpha_beta(sizes, times, n, factor=2.0):
+    """Least-squares fit of the ring all-reduce model t = 2(n-1)·α + 2(n-1)/n·B/β (`factor` 1: the
+    all-gather / reduce-scatter model t = (n-1)·α + (n-1)/n·B/β, B the full buffer).
     Returns (alpha_s, beta_bytes_per_s, rms relative residual).  Weights each point by 1/t so small
     and large messages count alike; α and 1/β are kept >= 0."""
     import numpy as np
@@ -57,7 +58,7 @@ def fit_alpha_beta(sizes, times, n):
         raise CalibrationError("a collective fit needs times for at least 2 message sizes")
     B = np.asarray(sizes, dtype=float)
     t = np.asarray(times, dtype=float)
-    A = np.stack([np.full_like(B, 2.0 * (n - 1)), 2.0 * (n - 1) / n * B], axis=1)
+    A = np.stack([np.full_like(B, factor * (n - 1)), factor * (n - 1) / n * B], axis=1)
     w = 1.0 / t
     try:
         from scipy.optimize import nnls
@@ -68,7 +69,7 @@ def fit_alpha_beta(sizes, times, n):
     alpha, inv_beta = float(coef[0]), float(coef[1])
     if inv_beta <= 0:
         # Every size took the same time: bandwidth is not the limit at these sizes.
-        inv_beta = float(np.max(t / (2.0 * (n - 1) / n * B))) * 1e-3
+        inv_beta = float(np.max(t / (factor * (n - 1) / n * B))) * 1e-3
     pred = A @ np.array([alpha, inv_beta])
     resid = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
     return alpha, 1.0 / inv_beta, resid
@@ -279,17 +280,31 @@ def _measure_sharded_launch(torch, dev, cfg, sync, procs):
     return _timeit(step, cfg["min_time"] / 2, sync) / chain
 
 
-def _measure_allreduce(torch, dist, dev, cfg, sync):
+def _collective_op(torch, dist, dev, kind, nbytes):
+    """A call of `kind` on a `nbytes` full buffer (fp32): all_reduce in place, all_gather into a full
+    output from a 1/n shard, reduce_scatter from a full input into a 1/n shard."""
+    n = dist.get_world_size()
+    numel = max(n, nbytes // 4 // n * n)
+    if kind == "all_reduce":
+        x = torch.ones(numel, device=dev)
+        return lambda: dist.all_reduce(x)
+    full, shard = torch.ones(numel, device=dev), torch.ones(numel // n, device=dev)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, shard)
+    return lambda: dist.reduce_scatter_tensor(shard, full)
+
+
+def _measure_allreduce(torch, dist, dev, cfg, sync, kind="all_reduce"):
     """Every rank must issue the same number of collectives, so the repetition count is agreed on
     (MAX over ranks) instead of each rank timing until its own clock says stop."""
     out = {}
     for nbytes in cfg["ar_bytes"]:
-        x = torch.ones(max(1, nbytes // 4), device=dev, dtype=torch.float32)
-        dist.all_reduce(x)
+        op = _collective_op(torch, dist, dev, kind, nbytes)
+        op()
         sync()
         t0 = time.perf_counter()
         for _ in range(3):
-            dist.all_reduce(x)
+            op()
         sync()
         est = (time.perf_counter() - t0) / 3
         reps = torch.tensor([max(1, min(2000, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
@@ -300,7 +315,7 @@ def _measure_allreduce(torch, dist, dev, cfg, sync):
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(reps):
-                dist.all_reduce(x)
+                op()
             sync()
             best = min(best, (time.perf_counter() - t0) / reps)
         out[nbytes] = best
@@ -329,10 +344,17 @@ def _worker(rank, procs, port, cfg, threads, results):
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
+        others = {}
+        if procs > 1:
+            for kind in ("all_gather", "reduce_scatter"):
+                try:
+                    others[kind] = _measure_allreduce(torch, dist, dev, cfg, sync, kind)
+                except RuntimeError:          # a backend without it: the all-reduce fit stands in
+                    pass
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
                 "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu"}
-        results.put((rank, {"local": local, "allreduce": ar, **info}))
+        results.put((rank, {"local": local, "allreduce": ar, "collectives": others, **info}))
         if procs > 1:
             dist.destroy_process_group()
     except Exception as e:            # reported to the parent, which raises a one-line error
@@ -456,6 +478,14 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         alpha, beta, resid = fit_alpha_beta(sizes, [ar[s] for s in sizes], procs)
         fit = (alpha, beta, resid)
         changes.update(intra_latency=alpha, intra_bw=beta, inter_latency=alpha, inter_bw=beta)
+        fits = {}
+        for kind, times in sorted((ranks[0].get("collectives") or {}).items()):
+            ks = sorted(times)
+            if len(ks) >= 2:
+                a, b, _ = fit_alpha_beta(ks, [times[k] for k in ks], procs, factor=1.0)
+                fits[kind] = [a, b]
+        if fits:
+            changes["collective_fits"] = fits
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
@@ -466,6 +496,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                   f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op"
                   + (f", {changes['sharded_op_overhead'] * 1e6:.0f} us per sharded-parameter op"
                      if "sharded_op_overhead" in changes else ""))
+    for kind, (a, b) in sorted((changes.get("collective_fits") or {}).items()):
+        notes += f", {kind} alpha {a * 1e6:.0f} us beta {b / 1e9:.2f} GB/s"
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
     refs = [r["local"].get("reference_s") for r in ranks]

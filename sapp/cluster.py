@@ -83,6 +83,10 @@ class Cluster:
     # predict for it: the framework's own costs (Python, autograd bookkeeping, allocation, caches
     # between ops) that no single-op benchmark sees.  Multiplies every operator's time.
     compute_scale: float = 1.0
+    # Per-collective (kind, alpha s, beta bytes/s) fits inside a node where they differ from the
+    # all-reduce's: gloo's all-gather / reduce-scatter are not rings of the all-reduce's cost, and
+    # FSDP2 lives on them.  Empty = every collective uses intra_latency / intra_bw.
+    collective_fits: tuple = ()
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -93,6 +97,8 @@ class Cluster:
                 object.__setattr__(self, key, tuple(tuple(p) if isinstance(p, list) else p for p in v))
         if isinstance(self.op_rates, dict):
             object.__setattr__(self, "op_rates", _op_rates_from_dict(self.op_rates))
+        if isinstance(self.collective_fits, dict):
+            object.__setattr__(self, "collective_fits", _op_rates_from_dict(self.collective_fits, "collective_fits"))
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -130,6 +136,10 @@ class Cluster:
         for key in _CURVES:
             _check_curve(self.name, key, getattr(self, key))
         _check_op_rates(self.name, self.op_rates)
+        _check_op_rates(self.name, self.collective_fits, "collective_fits", allow_zero_first=True)
+        for kind, _, _ in self.collective_fits:
+            if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+                raise ClusterError(f"cluster {self.name!r}: collective_fits names unknown collective {kind!r}")
         return self
 
     def replace(self, **changes) -> "Cluster":
@@ -141,6 +151,7 @@ class Cluster:
         for key in _CURVES:
             d[key] = [list(p) for p in d[key]]
         d["op_rates"] = {name: [f, b] for name, f, b in d["op_rates"]}
+        d["collective_fits"] = {name: [a, b] for name, a, b in d["collective_fits"]}
         return d
 
     @classmethod
@@ -157,8 +168,8 @@ class Cluster:
                 kwargs[k] = str(v)
             elif k in _CURVES:
                 kwargs[k] = _to_curve(v, k)
-            elif k == "op_rates":
-                kwargs[k] = _op_rates_from_dict(v)
+            elif k in ("op_rates", "collective_fits"):
+                kwargs[k] = _op_rates_from_dict(v, k)
             elif k in ("nodes", "gpus_per_node"):
                 kwargs[k] = _to_int(v, k)
             elif k in _BOOLS:
@@ -207,7 +218,7 @@ class Cluster:
             if key not in {f.name for f in dataclasses.fields(cls)} or key == "name":
                 raise ClusterError(f"unknown cluster key {key!r} in {spec!r}; known: nodes, gpus, devices, "
                                    + ", ".join(_POSITIVE[2:] + _NON_NEGATIVE + _FRACTIONS + ("memory_headroom", "precision") + _BOOLS))
-            if key in _CURVES or key == "op_rates":
+            if key in _CURVES or key in ("op_rates", "collective_fits"):
                 raise ClusterError(f"{key} cannot be given in a spec string; put it in a cluster .json file")
             if key == "precision":
                 changes[key] = value.strip()
@@ -255,25 +266,30 @@ def _to_curve(v, key):
     return tuple(out)
 
 
-def _op_rates_from_dict(v):
+def _op_rates_from_dict(v, key="op_rates"):
+    """{name: [a, b]} -> sorted ((name, a, b), ...) for op_rates and collective_fits."""
     if not isinstance(v, dict):
-        raise ClusterError(f"op_rates must be an object of name: [forward, backward] elements/s, got {v!r}")
+        raise ClusterError(f"{key} must be an object of name: [number, number], got {v!r}")
     out = []
     for name in sorted(v):
         pair = v[name]
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ClusterError(f"op_rates[{name!r}] must be [forward, backward] elements/s, got {pair!r}")
-        out.append((str(name), _to_float(pair[0], "op_rates"), _to_float(pair[1], "op_rates")))
+            raise ClusterError(f"{key}[{name!r}] must be a pair of numbers, got {pair!r}")
+        out.append((str(name), _to_float(pair[0], key), _to_float(pair[1], key)))
     return tuple(out)
 
 
-def _check_op_rates(name, rates):
+def _check_op_rates(name, rates, key="op_rates", allow_zero_first=False):
     if not isinstance(rates, tuple):
-        raise ClusterError(f"cluster {name!r}: op_rates must map op names to [forward, backward] elements/s")
+        raise ClusterError(f"cluster {name!r}: {key} must map names to pairs of numbers")
     for item in rates:
-        if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
-                and all(isinstance(r, (int, float)) and r > 0 for r in item[1:])):
-            raise ClusterError(f"cluster {name!r}: op_rates entries need positive [forward, backward] rates, got {item!r}")
+        ok = isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str) and all(
+            isinstance(r, (int, float)) for r in item[1:])
+        if ok:
+            first, second = item[1], item[2]
+            ok = second > 0 and (first >= 0 if allow_zero_first else first > 0)
+        if not ok:
+            raise ClusterError(f"cluster {name!r}: {key} entries need positive numbers, got {item!r}")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -295,3 +295,11 @@ def test_compute_scale_multiplies_operator_time_not_communication():
     c = A100.replace(compute_scale=1.5)
     assert compute_time(1e12, 0, c) == pytest.approx(1.5 * 1e12 / (312e12 * 0.8))
     assert collective_time("all_reduce", 1e9, 8, "intra", c) == collective_time("all_reduce", 1e9, 8, "intra", A100)
+
+
+def test_measured_collective_fits_replace_the_all_reduce_model_inside_a_node():
+    c = A100.replace(collective_fits={"all_gather": [1e-3, 1e9]})
+    assert collective_time("all_gather", 1e6, 2, "intra", c) == pytest.approx(1e-3 + 0.5 * 1e6 / 1e9)
+    # other kinds and links keep the link's figures
+    assert collective_time("reduce_scatter", 1e6, 2, "intra", c) == collective_time("reduce_scatter", 1e6, 2, "intra", A100)
+    assert collective_time("all_gather", 1e6, 2, "inter", c) == collective_time("all_gather", 1e6, 2, "inter", A100)

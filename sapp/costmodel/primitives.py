@@ -83,6 +83,10 @@ def collective_time(kind: str, nbytes: float, n: int, link: str, cluster) -> flo
     if kind not in COLLECTIVES:
         raise SappError(f"unknown collective {kind!r}; use one of {', '.join(COLLECTIVES)}")
     alpha, beta = link_params(link, cluster)
+    if link == "intra" and getattr(cluster, "collective_fits", ()):
+        fit = _rates(cluster.collective_fits).get(kind)
+        if fit is not None:
+            alpha, beta = fit
     if kind == "p2p":
         return alpha + nbytes / beta if nbytes > 0 else 0.0
     if n <= 1 or nbytes <= 0:
