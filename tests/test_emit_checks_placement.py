@@ -29,3 +29,13 @@ def test_supported_placements_pass():
     check_placement(_plan(2, OFFLOAD))
     check_placement(_plan(3, {"emb.weight": {"weights": "host", "grads": "host", "optimizer": "host",
                                              "optimizer_kind": "sparse_adam"}}))
+
+
+def test_bert_plan_passes_the_launch_fingerprint_check():
+    # regression: the launcher captured at batch 2, which BERT's 2 token types made look like
+    # another graph (batch dims are inferred), so `sapp run` refused every BERT plan
+    import sapp.models as models
+    from sapp.api import search
+    from sapp.emit import checks
+    plan = search("bert-tiny", "cpu:gpus=1", global_batch=2)
+    checks.check_model(models.get("bert-tiny", device="meta"), plan, "bert-tiny")
