@@ -294,6 +294,45 @@ def _collective_op(torch, dist, dev, kind, nbytes):
     return lambda: dist.reduce_scatter_tensor(shard, full)
 
 
+FSDP_UNITS, FSDP_WIDTH = 4, 256
+
+
+def _measure_fsdp(torch, dev, cfg, sync, procs):
+    """(seconds per step with FSDP2, without): a stack of FSDP_UNITS Linear layers, each its own
+    fully_shard unit (+ root), trained one step at a time against the same model replicated.  The
+    difference, less the unit's collectives, is `fsdp_unit_overhead`."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+
+    def stack():
+        return torch.nn.Sequential(*(torch.nn.Linear(FSDP_WIDTH, FSDP_WIDTH) for _ in range(FSDP_UNITS))).to(dev)
+
+    x = torch.randn(8, FSDP_WIDTH, device=dev)
+    plain, sharded = stack(), stack()
+    mesh = init_device_mesh(dev.type, (procs,))
+    for layer in sharded:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    out = {}
+    for name, m in (("plain", plain), ("fsdp", sharded)):
+        def step():
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+        # every rank runs the same number of steps (collectives inside): a fixed count, best of 3
+        step()
+        sync()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                step()
+            sync()
+            best = min(best, (time.perf_counter() - t0) / 10)
+        out[name] = best
+    return out
+
+
 def _measure_allreduce(torch, dist, dev, cfg, sync, kind="all_reduce"):
     """Every rank must issue the same number of collectives, so the repetition count is agreed on
     (MAX over ranks) instead of each rank timing until its own clock says stop."""
@@ -345,6 +384,8 @@ def _worker(rank, procs, port, cfg, threads, results):
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
         others = {}
+        if procs > 1 and not cuda:
+            local["fsdp"] = _measure_fsdp(torch, dev, cfg, sync, procs)
         if procs > 1:
             for kind in ("all_gather", "reduce_scatter"):
                 try:
@@ -486,6 +527,15 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                 fits[kind] = [a, b]
         if fits:
             changes["collective_fits"] = fits
+        fs = [r["local"].get("fsdp") for r in ranks]
+        if all(fs):
+            from .costmodel.primitives import collective_time
+            probe = Cluster.from_dict({**base_c.to_dict(), **changes})
+            unit_bytes = 4.0 * (FSDP_WIDTH * FSDP_WIDTH + FSDP_WIDTH)
+            comm = (2 * collective_time("all_gather", unit_bytes, procs, "intra", probe)
+                    + collective_time("reduce_scatter", unit_bytes, procs, "intra", probe))
+            extra = max(f["fsdp"] - f["plain"] for f in fs) / (FSDP_UNITS + 1)     # + the root unit
+            changes["fsdp_unit_overhead"] = max(0.0, extra - comm)
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
@@ -496,6 +546,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                   f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op"
                   + (f", {changes['sharded_op_overhead'] * 1e6:.0f} us per sharded-parameter op"
                      if "sharded_op_overhead" in changes else ""))
+    if "fsdp_unit_overhead" in changes:
+        notes += f", FSDP2 {changes['fsdp_unit_overhead'] * 1e3:.1f} ms per unit per step besides collectives"
     for kind, (a, b) in sorted((changes.get("collective_fits") or {}).items()):
         notes += f", {kind} alpha {a * 1e6:.0f} us beta {b / 1e9:.2f} GB/s"
     if fit:

@@ -18,7 +18,7 @@ _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
     "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale",
 )
-_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead")
+_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "fsdp_unit_overhead")
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
@@ -87,6 +87,10 @@ class Cluster:
     # all-reduce's: gloo's all-gather / reduce-scatter are not rings of the all-reduce's cost, and
     # FSDP2 lives on them.  Empty = every collective uses intra_latency / intra_bw.
     collective_fits: tuple = ()
+    # Seconds per FSDP unit (ZeRO-2/3 shard group) per training step that the sharded-data-parallel
+    # runtime spends besides its collectives on a serial device: FSDP2's Python hooks and the copies in
+    # and out of its flat buffers (~8 ms per unit on a 2-core CPU).  Hidden behind the device on GPUs.
+    fsdp_unit_overhead: float = 0.0
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):

@@ -113,3 +113,17 @@ def test_sparse_embedding_gradients_sync_only_touched_rows():
     p = search("wide-deep", "a100-80g:devices=8", global_batch=16384, constraints={"dp": 8})
     table = 26_000_000 * 80
     assert p.predicted["comm_by_kind"]["dp_grad_sync"] < P.collective_time("all_reduce", table * 2, 8, "intra", cl) / 10
+
+
+def test_fsdp_unit_overhead_charged_per_sharded_unit_on_serial_devices():
+    from sapp.api import search
+    base = "cpu:gpus=2"
+    pins = {"dp": 2, "tp": 1, "pp": 1, "zero": 3, "recompute": "none"}
+    p0 = search("gpt-tiny", base, global_batch=8, constraints=pins)
+    p1 = search("gpt-tiny", base + ",fsdp_unit_overhead=0.01", global_batch=8, constraints=pins)
+    extra = p1["predicted"]["step_time_s"] - p0["predicted"]["step_time_s"]
+    # at least one unit per block (gpt-tiny has 2) pays 10 ms, and only ZeRO-2/3 plans do
+    assert extra >= 0.02 - 1e-6
+    dp = dict(pins, zero=0)
+    assert (search("gpt-tiny", base + ",fsdp_unit_overhead=0.01", global_batch=8, constraints=dp)["predicted"]["step_time_s"]
+            == search("gpt-tiny", base, global_batch=8, constraints=dp)["predicted"]["step_time_s"])
