@@ -96,11 +96,16 @@ def test_calibration_accuracy_report_helpers():
     assert ca.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert ca.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     rows = [{"label": "a", "procs": 2, "global_batch": 8, "status": "ok", "predicted_s": 0.1, "measured_s": 0.08,
-             "error": 0.25, "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0}},
+             "error": 0.25, "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0},
+             "rounds": [(0.1, 0.08), (0.12, 0.1)]},
             {"label": "b", "procs": 4, "global_batch": 8, "status": "run failed (exit 1): boom", "predicted_s": 0.2}]
     stats = {"n": 1, "within": 1, "median_abs": 0.25, "worst": 0.25, "spearman": float("nan")}
     md = ca.to_markdown(rows, {2: Cluster.parse("cpu")}, "python -m bench.calibration_accuracy", stats)
-    assert "| a | 2 | 8 | 100.0 | 80.0 | +25% | 80.0 / 20.0 / 0.0 |" in md
+    assert "| a | 2 | 8 | 100.0 | 80.0 | +25% | +25% +20% | 80.0 / 20.0 / 0.0 |" in md
+    # rounds: the median of the paired per-round errors, and the medians of the two times
+    row = {"rounds": [(0.1, 0.08), (0.12, 0.1), (0.3, 0.1)]}
+    ca.combine_rounds(row)
+    assert row["error"] == pytest.approx(0.25) and row["measured_s"] == pytest.approx(0.1)
     assert "run failed (exit 1): boom" in md and "within +-25 %: 1 of 1" in md
     assert {v[0] for v in ca.VARIANTS} >= ca.QUICK and len(ca.QUICK) >= 6
 
