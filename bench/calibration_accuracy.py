@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
+
+from .sapp_run import run_saved_plan
 
 # (label, model, processes, global batch, constraints).  Batches vary so step times spread over a
 # decade: a rank correlation over plans that all take the same time would measure only noise.
@@ -84,23 +84,10 @@ def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s):
     plan.save(plan_path)
     row["predicted_s"] = plan["predicted"]["step_time_s"]
     row["predicted"] = {k: plan["predicted"].get(k) for k in ("compute_s", "comm_s", "bubble_s", "host_s")}
-    if os.path.exists(res_path):
-        os.remove(res_path)
-    cmd = [sys.executable, "-m", "sapp.cli", "run", plan_path, "--model", model, "--steps", str(steps),
-           "--out", res_path, "--nproc", str(procs)]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        row["status"] = f"run timed out after {timeout_s} s"
+    res, status, row["wall_s"] = run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s)
+    if res is None:
+        row["status"] = status
         return row
-    row["wall_s"] = time.perf_counter() - t0
-    if proc.returncode != 0 or not os.path.exists(res_path):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        row["status"] = f"run failed (exit {proc.returncode}): {' | '.join(tail)}"
-        return row
-    with open(res_path) as f:
-        res = json.load(f)
     row["measured_s"] = res["measured_step_time_s"]
     row["step_times_s"] = res.get("step_times_s")
     row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
@@ -117,18 +104,8 @@ def measure_again(row, cluster, out, steps, timeout_s):
     plan_path, res_path = os.path.join(out, f"plan-{slug}.json"), os.path.join(out, f"run-{slug}.json")
     plan = Plan.load(plan_path)
     pred = evaluate(row["model"], cluster, plan, graph=_GRAPHS.get(row["model"]))["step_time_s"]
-    if os.path.exists(res_path):
-        os.remove(res_path)
-    cmd = [sys.executable, "-m", "sapp.cli", "run", plan_path, "--model", row["model"], "--steps", str(steps),
-           "--out", res_path, "--nproc", str(row["procs"])]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
-    if proc.returncode != 0 or not os.path.exists(res_path):
-        return None
-    with open(res_path) as f:
-        return pred, json.load(f)["measured_step_time_s"]
+    res, _, _ = run_saved_plan(plan_path, row["model"], row["procs"], steps, res_path, timeout_s)
+    return (pred, res["measured_step_time_s"]) if res else None
 
 
 def combine_rounds(row):

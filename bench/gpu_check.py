@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
+
+from .sapp_run import run_saved_plan
 
 _ONE = {"dp": 1, "tp": 1, "pp": 1}
 # (label, model, global batch, constraints).  Recompute left free lets the search pick what fits.
@@ -63,23 +63,10 @@ def run_one(label, model, batch, cons, preset, calibrated, out, steps, timeout_s
             row["calibrated_s"] = evaluate(model, calibrated, plan)["step_time_s"]
         except sapp.SappError as e:
             row["calibrated_error"] = str(e)
-    if os.path.exists(res_path):
-        os.remove(res_path)
-    cmd = [sys.executable, "-m", "sapp.cli", "run", plan_path, "--model", model, "--steps", str(steps),
-           "--out", res_path, "--nproc", "1", "--timeout", "120"]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        row["status"] = f"run timed out after {timeout_s} s"
+    res, status, row["wall_s"] = run_saved_plan(plan_path, model, 1, steps, res_path, timeout_s, ("--timeout", "120"))
+    if res is None:
+        row["status"] = status
         return row
-    row["wall_s"] = time.perf_counter() - t0
-    if proc.returncode != 0 or not os.path.exists(res_path):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-        row["status"] = f"run failed (exit {proc.returncode}): {' | '.join(tail)}"
-        return row
-    with open(res_path) as f:
-        res = json.load(f)
     row.update(measured_s=res["measured_step_time_s"], step_times_s=res.get("step_times_s"),
                peak_allocated=res.get("peak_memory_bytes"), status="ok")
     row["error"] = row["predicted_s"] / row["measured_s"] - 1.0
