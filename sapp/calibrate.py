@@ -298,9 +298,10 @@ FSDP_UNITS, FSDP_WIDTH = 4, 256
 
 
 def _measure_fsdp(torch, dev, cfg, sync, procs):
-    """(seconds per step with FSDP2, without): a stack of FSDP_UNITS Linear layers, each its own
-    fully_shard unit (+ root), trained one step at a time against the same model replicated.  The
-    difference, less the unit's collectives, is `fsdp_unit_overhead`."""
+    """Seconds per step of stacks of FSDP_UNITS units (each its own fully_shard unit, + root) with
+    FSDP2 and replicated: units of one Linear (2 parameter tensors) and of Linear-LayerNorm-Linear
+    (6 tensors, same bytes).  The differences, less the collectives, give FSDP2's runtime cost per
+    unit and per parameter tensor (its copy-in/out and bookkeeping run tensor by tensor)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -308,14 +309,21 @@ def _measure_fsdp(torch, dev, cfg, sync, procs):
     def stack():
         return torch.nn.Sequential(*(torch.nn.Linear(FSDP_WIDTH, FSDP_WIDTH) for _ in range(FSDP_UNITS))).to(dev)
 
+    def stack6():        # the same units holding 6 parameter tensors each instead of 2
+        return torch.nn.Sequential(*(torch.nn.Sequential(
+            torch.nn.Linear(FSDP_WIDTH, FSDP_WIDTH // 2), torch.nn.LayerNorm(FSDP_WIDTH // 2),
+            torch.nn.Linear(FSDP_WIDTH // 2, FSDP_WIDTH)) for _ in range(FSDP_UNITS))).to(dev)
+
     x = torch.randn(8, FSDP_WIDTH, device=dev)
-    plain, sharded = stack(), stack()
     mesh = init_device_mesh(dev.type, (procs,))
-    for layer in sharded:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
+
+    def shard(m):
+        for unit in m:
+            fully_shard(unit, mesh=mesh)
+        return fully_shard(m, mesh=mesh)
+
     out = {}
-    for name, m in (("plain", plain), ("fsdp", sharded)):
+    for name, m in (("plain", stack()), ("fsdp", shard(stack())), ("plain6", stack6()), ("fsdp6", shard(stack6()))):
         def step():
             m.zero_grad(set_to_none=True)
             m(x).sum().backward()
@@ -531,11 +539,19 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         if all(fs):
             from .costmodel.primitives import collective_time
             probe = Cluster.from_dict({**base_c.to_dict(), **changes})
-            unit_bytes = 4.0 * (FSDP_WIDTH * FSDP_WIDTH + FSDP_WIDTH)
-            comm = (2 * collective_time("all_gather", unit_bytes, procs, "intra", probe)
-                    + collective_time("reduce_scatter", unit_bytes, procs, "intra", probe))
-            extra = max(f["fsdp"] - f["plain"] for f in fs) / (FSDP_UNITS + 1)     # + the root unit
-            changes["fsdp_unit_overhead"] = max(0.0, extra - comm)
+            w = FSDP_WIDTH
+
+            def per_unit(key, nbytes):
+                comm = (2 * collective_time("all_gather", nbytes, procs, "intra", probe)
+                        + collective_time("reduce_scatter", nbytes, procs, "intra", probe))
+                extra = max(f[key] - f["plain" + key[4:]] for f in fs) / (FSDP_UNITS + 1)   # + the root unit
+                return max(0.0, extra - comm)
+
+            u2 = per_unit("fsdp", 4.0 * (w * w + w))
+            u6 = per_unit("fsdp6", 4.0 * (w * w + w + w // 2 * 3 + w))
+            per_tensor = max(0.0, (u6 - u2) / 4.0)
+            changes["fsdp_tensor_overhead"] = per_tensor
+            changes["fsdp_unit_overhead"] = max(0.0, u2 - 2.0 * per_tensor)
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
              f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
@@ -547,7 +563,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                   + (f", {changes['sharded_op_overhead'] * 1e6:.0f} us per sharded-parameter op"
                      if "sharded_op_overhead" in changes else ""))
     if "fsdp_unit_overhead" in changes:
-        notes += f", FSDP2 {changes['fsdp_unit_overhead'] * 1e3:.1f} ms per unit per step besides collectives"
+        notes += (f", FSDP2 {changes['fsdp_unit_overhead'] * 1e3:.2f} ms per unit + "
+                  f"{changes.get('fsdp_tensor_overhead', 0.0) * 1e3:.2f} ms per parameter tensor per step besides collectives")
     for kind, (a, b) in sorted((changes.get("collective_fits") or {}).items()):
         notes += f", {kind} alpha {a * 1e6:.0f} us beta {b / 1e9:.2f} GB/s"
     if fit:

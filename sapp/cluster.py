@@ -18,7 +18,8 @@ _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
     "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale",
 )
-_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "fsdp_unit_overhead")
+_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "fsdp_unit_overhead",
+                 "fsdp_tensor_overhead")
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
@@ -91,6 +92,7 @@ class Cluster:
     # runtime spends besides its collectives on a serial device: FSDP2's Python hooks and the copies in
     # and out of its flat buffers (~8 ms per unit on a 2-core CPU).  Hidden behind the device on GPUs.
     fsdp_unit_overhead: float = 0.0
+    fsdp_tensor_overhead: float = 0.0    # the same, per parameter tensor the unit holds
     notes: str = field(default="", compare=False)
 
     def __post_init__(self):

@@ -127,3 +127,6 @@ def test_fsdp_unit_overhead_charged_per_sharded_unit_on_serial_devices():
     dp = dict(pins, zero=0)
     assert (search("gpt-tiny", base + ",fsdp_unit_overhead=0.01", global_batch=8, constraints=dp)["predicted"]["step_time_s"]
             == search("gpt-tiny", base, global_batch=8, constraints=dp)["predicted"]["step_time_s"])
+    # and per parameter tensor: a gpt-tiny block holds 12 (2 norms, 4 linears, weights and biases)
+    p2 = search("gpt-tiny", base + ",fsdp_tensor_overhead=0.001", global_batch=8, constraints=pins)
+    assert p2["predicted"]["step_time_s"] - p0["predicted"]["step_time_s"] >= 2 * 12 * 0.001 - 1e-6

@@ -312,7 +312,8 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
                 gather += collective_time("all_gather", wb, k, link, cluster) + staging_copy_time(wb, k, cluster)
     if settings.zero >= 2 and groups and not cluster.async_launch:
         # one FSDP unit per profile unit: its runtime's own per-step cost (measured by calibrate)
-        sync += getattr(cluster, "fsdp_unit_overhead", 0.0)
+        tensors = sum(1 for p in params if p[3] and p[1] > 1 and p[4] is None)
+        sync += getattr(cluster, "fsdp_unit_overhead", 0.0) + tensors * getattr(cluster, "fsdp_tensor_overhead", 0.0)
     keep = 1.0 - settings.grad_sync_overlap
     return (sync + sparse_sync) * keep, lat * keep, gather
 
