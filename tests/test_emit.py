@@ -51,6 +51,8 @@ CASES_2 = [
     _case("gpt-zero3-accum2", "gpt", dp=2, zero=3, micro_batches=2),
     _case("gpt-dp2-bf16", "gpt", tol=BF16_TOL, dp=2, precision="bf16-mixed"),
     _case("gpt-zero3-bf16", "gpt", tol=BF16_TOL, dp=2, zero=3, precision="bf16-mixed"),
+    _case("gpt-pp2-1f1b-bf16", "gpt", tol=BF16_TOL, pp=2, schedule="1f1b", micro_batches=4, split_before=["layers.1"],
+          precision="bf16-mixed"),
     _case("gpt-pp2-gpipe", "gpt", pp=2, schedule="gpipe", micro_batches=4, split_before=["layers.1"]),
     _case("gpt-pp2-1f1b-recompute", "gpt", pp=2, schedule="1f1b", micro_batches=4, split_before=["layers.1"],
           recompute_default="full"),
@@ -163,6 +165,10 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     assert r["gpt-dp2"]["module_types"] == ["GPT"]
     assert r["gpt-dp2-ddp"]["module_types"] == ["DistributedDataParallel"]
     assert r["gpt-dp2"]["precision"] == "fp32" and r["gpt-dp2-bf16"]["precision"] == "bf16-mixed"
+    assert r["gpt-pp2-1f1b-bf16"]["precision"] == "bf16-mixed" and not r["gpt-pp2-1f1b-bf16"]["notes"]
+    for cid in ("gpt-dp2-bf16", "gpt-pp2-1f1b-bf16"):     # bf16 really computed: close to fp32, not equal
+        got, ref = job2[cid]["ranks"]["1"]["losses"], job2[cid]["ref"]
+        assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) > 1e-6
     assert r["gpt-zero3"]["module_types"][0].startswith("FSDP") and r["gpt-zero3"]["dtensor_params"] > 0
     # ZeRO-3 keeps half of each parameter per rank
     assert r["gpt-zero3"]["local_numel"] < 0.6 * r["gpt-dp2"]["local_numel"]

@@ -182,6 +182,20 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
                         f"(the model zoo could not make them: {type(e).__name__})") from None
 
 
+def _autocast_stage(mod: nn.Module, device) -> None:
+    """A pipeline stage's forward in bf16 autocast, its floating outputs back in fp32."""
+    inner = mod.forward
+
+    def forward(*args, **kwargs):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = inner(*args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.float() if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
+        return out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+
+    mod.forward = forward
+
+
 def plan_precision(plan) -> str:
     """The training precision the plan was priced for; a plan that names none (hand-written) trains
     in fp32."""
@@ -226,12 +240,9 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         notes.append(f"plan has tp={tp} but names no tp_modules: every tensor-parallel rank runs the whole model replicated")
     zero = plan.zero
     # bf16-mixed as priced: fp32 weights, bf16 compute (autocast) and bf16 gradient communication.
-    # Pipeline stages exchange activations whose dtype the stage fixes when it is built, so they run
-    # fp32 (slower than priced, still exact training), with a note.
+    # Pipeline stages run their forward under autocast themselves and hand fp32 activations to the
+    # next stage (a stage's boundary dtype is fixed when it is built).
     mixed = plan_precision(plan) == "bf16-mixed"
-    if mixed and pp > 1:
-        notes.append("bf16-mixed plan with pipeline stages runs in fp32 (stage activations keep one dtype)")
-        mixed = False
     autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext)
     placement = plan.placement or {}
     host_groups = bool((placement.get("groups") or {}))
@@ -252,6 +263,9 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         traced, mine, raw = None, [0], {0: model}
 
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], [], zero
+    if mixed and traced is not None:
+        for mod in raw.values():
+            _autocast_stage(mod, device)
     for s, mod in raw.items():
         if host_groups:
             from . import host      # engineer H4's host placement: host tables stay on the CPU
