@@ -7,7 +7,6 @@ direction*; `inter_bw` is a device's share of its node's network (e.g. 8 x 200 G
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass, field
 
@@ -103,9 +102,9 @@ class Cluster:
             if isinstance(v, list):
                 object.__setattr__(self, key, tuple(tuple(p) if isinstance(p, list) else p for p in v))
         if isinstance(self.op_rates, dict):
-            object.__setattr__(self, "op_rates", _op_rates_from_dict(self.op_rates))
+            object.__setattr__(self, "op_rates", _named_pairs(self.op_rates))
         if isinstance(self.collective_fits, dict):
-            object.__setattr__(self, "collective_fits", _op_rates_from_dict(self.collective_fits, "collective_fits"))
+            object.__setattr__(self, "collective_fits", _named_pairs(self.collective_fits, "collective_fits"))
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -142,8 +141,8 @@ class Cluster:
             raise ClusterError(f"cluster {self.name!r}: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for key in _CURVES:
             _check_curve(self.name, key, getattr(self, key))
-        _check_op_rates(self.name, self.op_rates)
-        _check_op_rates(self.name, self.collective_fits, "collective_fits", allow_zero_first=True)
+        _check_named_pairs(self.name, self.op_rates)
+        _check_named_pairs(self.name, self.collective_fits, "collective_fits", allow_zero_first=True)
         for kind, _, _ in self.collective_fits:
             if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
                 raise ClusterError(f"cluster {self.name!r}: collective_fits names unknown collective {kind!r}")
@@ -176,7 +175,7 @@ class Cluster:
             elif k in _CURVES:
                 kwargs[k] = _to_curve(v, k)
             elif k in ("op_rates", "collective_fits"):
-                kwargs[k] = _op_rates_from_dict(v, k)
+                kwargs[k] = _named_pairs(v, k)
             elif k in ("nodes", "gpus_per_node"):
                 kwargs[k] = _to_int(v, k)
             elif k in _BOOLS:
@@ -273,7 +272,7 @@ def _to_curve(v, key):
     return tuple(out)
 
 
-def _op_rates_from_dict(v, key="op_rates"):
+def _named_pairs(v, key="op_rates"):
     """{name: [a, b]} -> sorted ((name, a, b), ...) for op_rates and collective_fits."""
     if not isinstance(v, dict):
         raise ClusterError(f"{key} must be an object of name: [number, number], got {v!r}")
@@ -286,7 +285,7 @@ def _op_rates_from_dict(v, key="op_rates"):
     return tuple(out)
 
 
-def _check_op_rates(name, rates, key="op_rates", allow_zero_first=False):
+def _check_named_pairs(name, rates, key="op_rates", allow_zero_first=False):
     if not isinstance(rates, tuple):
         raise ClusterError(f"cluster {name!r}: {key} must map names to pairs of numbers")
     for item in rates:
@@ -297,18 +296,6 @@ def _check_op_rates(name, rates, key="op_rates", allow_zero_first=False):
             ok = second > 0 and (first >= 0 if allow_zero_first else first > 0)
         if not ok:
             raise ClusterError(f"cluster {name!r}: {key} entries need positive numbers, got {item!r}")
-
-
-@functools.lru_cache(maxsize=4096)
-def op_short_name(target: str) -> str:
-    """'aten.native_layer_norm.default' -> 'layer_norm', 'aten._softmax.default' -> 'softmax',
-    'aten.add_.Tensor' -> 'add': the key op_rates use."""
-    parts = str(target).split(".")
-    base = parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
-    base = base.strip("_")
-    if base.startswith("native_"):
-        base = base[len("native_"):]
-    return base
 
 
 def curve_rate(curve, size: float, default: float) -> float:

@@ -143,6 +143,28 @@ def grad_sync_group(strategy, mesh, param_dims):
     return n, link
 
 
+def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
+    """(gradient sync s per step, parameter all-gather s per forward or backward pass) for `gb`
+    gradient and `wb` weight bytes kept in step over a group of `n` on `link`, as the emitted runtime
+    does it: ZeRO-0 all-reduces (on a serial device through one flat buffer, emit.parallel.GradAllReduce);
+    ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3 gathers the weights before forward
+    and again before backward.  ZeRO-2/3 (FSDP2) stage every collective through flat buffers."""
+    if zero == 0:
+        sync = collective_time("all_reduce", gb, n, link, cluster)
+        if not getattr(cluster, "async_launch", True):
+            sync += staging_copy_time(gb, n, cluster)
+        return sync, 0.0
+    sync = collective_time("reduce_scatter", gb, n, link, cluster)
+    if zero >= 2:
+        sync += staging_copy_time(gb, n, cluster)
+    if zero < 3:
+        sync += collective_time("all_gather", wb, n, link, cluster)
+        if zero == 2:
+            sync += staging_copy_time(wb, n, cluster)
+        return sync, 0.0
+    return sync, collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
+
+
 def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
     accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
@@ -194,24 +216,9 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
         if n > 1:
             gb = numel * settings.grad_bytes
             wb = numel * settings.weight_bytes
-            if settings.zero == 0:
-                sync = collective_time("all_reduce", gb, n, link, cluster)
-                if not async_launch:
-                    # a CPU run syncs after backward through one flat buffer (emit.parallel.GradAllReduce)
-                    sync += staging_copy_time(gb, n, cluster)
-            else:
-                sync = collective_time("reduce_scatter", gb, n, link, cluster)
-                if settings.zero >= 2:
-                    # ZeRO-2/3 (FSDP2) stage the reduce-scatter and every gather through flat buffers
-                    sync += staging_copy_time(gb, n, cluster)
-                if settings.zero < 3:
-                    sync += collective_time("all_gather", wb, n, link, cluster)
-                    if settings.zero == 2:
-                        sync += staging_copy_time(wb, n, cluster)
-                else:  # ZeRO-3 gathers the parameter before forward and again before backward
-                    ag = collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
-                    c.fwd_comm_s += ag
-                    c.bwd_comm_s += ag
+            sync, ag = grad_sync_times(gb, wb, n, link, cluster, settings.zero)
+            c.fwd_comm_s += ag
+            c.bwd_comm_s += ag
             c.grad_sync_total_s += sync
             c.grad_sync_s += sync * (1.0 - settings.grad_sync_overlap)
     return c

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import functools
 
-from ..cluster import curve_rate, op_short_name
+from ..cluster import curve_rate
 from ..errors import SappError
+from .dtypes import op_name
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -49,6 +50,14 @@ def stream_bandwidth(nbytes: float, cluster) -> float:
     if curve:
         return curve_rate(curve, nbytes, 0.0)
     return cluster.mem_bandwidth * cluster.memory_efficiency
+
+
+@functools.lru_cache(maxsize=4096)
+def op_short_name(target: str) -> str:
+    """The key `Cluster.op_rates` uses: 'aten.native_layer_norm.default' -> 'layer_norm',
+    'aten._softmax.default' -> 'softmax', 'aten.add_.Tensor' -> 'add'."""
+    base = op_name(target).strip("_")
+    return base[len("native_"):] if base.startswith("native_") else base
 
 
 @functools.lru_cache(maxsize=16)

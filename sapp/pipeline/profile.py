@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
-from ..costmodel.primitives import staging_copy_time
-from ..costmodel.nodes import grad_sync_group
+from ..costmodel.nodes import grad_sync_group, grad_sync_times
 from ..errors import SappError
 from ..mesh import Level, Mesh
 
@@ -291,25 +290,11 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
     sync = gather = lat = 0.0
     for (k, link), (gb, wb) in sorted(groups.items()):
         alpha = cluster.inter_latency if link == "inter" else cluster.intra_latency
-        if settings.zero == 0:
-            sync += collective_time("all_reduce", gb, k, link, cluster)
-            lat += 2 * (k - 1) * alpha
-            if not cluster.async_launch:
-                # a CPU run syncs after backward through one flat buffer (emit.parallel.GradAllReduce)
-                sync += staging_copy_time(gb, k, cluster)
-        else:
-            sync += collective_time("reduce_scatter", gb, k, link, cluster)
-            lat += (k - 1) * alpha
-            if settings.zero >= 2:
-                # ZeRO-2/3 (FSDP2) stage the reduce-scatter and every gather through flat buffers
-                sync += staging_copy_time(gb, k, cluster)
-            if settings.zero < 3:
-                sync += collective_time("all_gather", wb, k, link, cluster)
-                lat += (k - 1) * alpha
-                if settings.zero == 2:
-                    sync += staging_copy_time(wb, k, cluster)
-            else:
-                gather += collective_time("all_gather", wb, k, link, cluster) + staging_copy_time(wb, k, cluster)
+        s, g = grad_sync_times(gb, wb, k, link, cluster, settings.zero)
+        sync += s
+        gather += g
+        # latency part: an all-reduce, or a reduce-scatter + all-gather, is 2(k-1) hops; ZeRO-3's sync k-1
+        lat += (1 if settings.zero == 3 else 2) * (k - 1) * alpha
     if settings.zero >= 2 and groups and not cluster.async_launch:
         # one FSDP unit per profile unit: its runtime's own per-step cost (measured by calibrate)
         tensors = sum(1 for p in params if p[3] and p[1] > 1 and p[4] is None)
