@@ -289,9 +289,12 @@ def _collective_op(torch, dist, dev, kind, nbytes):
         x = torch.ones(numel, device=dev)
         return lambda: dist.all_reduce(x)
     full, shard = torch.ones(numel, device=dev), torch.ones(numel // n, device=dev)
+    # torch 2.13 renamed the tensor forms (*_single) and warns on the old names; older torch has only those
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     if kind == "all_gather":
-        return lambda: dist.all_gather_into_tensor(full, shard)
-    return lambda: dist.reduce_scatter_tensor(shard, full)
+        return lambda: gather(full, shard)
+    return lambda: scatter(shard, full)
 
 
 FSDP_UNITS, FSDP_WIDTH = 4, 256
