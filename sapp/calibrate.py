@@ -17,6 +17,11 @@ What is measured, in `procs` worker processes running at the same time (so every
     time per op; on CPU the dispatching thread also computes, so `async_launch` is false (on GPUs
     the host enqueues kernels ahead of the device: true); and an in-place op on a parameter sharded
     over the ranks (DTensor, as FSDP2 / tensor parallelism hold them): `sharded_op_overhead`;
+  - the eager training step of a transformer with tiny dimensions (CPU only): with nil arithmetic it
+    is all framework cost, and over the launches the cost model counts for it gives the graph's
+    per-op `op_overhead` (module calls, autograd nodes, the backward's views and gradient
+    accumulation come with each counted op: ~4x a bare dispatch); the bare figure stays for the
+    optimizer update as `update_op_overhead`;
   - a reference GPT block's eager training step (forward + backward): its time over what the
     figures above predict for it is `compute_scale` (CPU only);
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
@@ -206,11 +211,16 @@ def _measure_op_rates(torch, dev, cfg, sync):
 REFERENCE = ("gpt-small", {"l": 2, "h": 256, "a": 4, "s": 128, "V": 1024, "ffn": 1024}, 4)
 
 
-def _measure_reference(torch, dev, cfg, sync):
-    """Seconds of one forward + backward of the reference model (gradients freed each step, as the
-    training loop does)."""
+# A transformer of the same structure with tiny dimensions: the arithmetic of its training step is
+# nil, so the step is the framework's cost per operator in a real graph (`op_overhead`, CPU).
+TINY = ("gpt-small", {"l": 2, "h": 16, "a": 2, "s": 8, "V": 32, "ffn": 64}, 1)
+
+
+def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE):
+    """Seconds of one forward + backward of the reference model `ref` (gradients freed each step, as
+    the training loop does)."""
     import sapp.models as models
-    name, over, batch = REFERENCE
+    name, over, batch = ref
     torch.manual_seed(0)
     m = models.get(name, device=dev.type, **over)
     loss_fn = models.loss_fn(m)
@@ -224,18 +234,28 @@ def _measure_reference(torch, dev, cfg, sync):
     return _timeit(step, cfg["min_time"], sync)
 
 
-def reference_prediction(cluster) -> float:
-    """What the cost model predicts for `_measure_reference` on `cluster` (forward + backward of
-    every operator of the captured reference model, one device)."""
+def _reference_graph(ref):
     import sapp.models as models
     from .api import capture_graph
+    name, over, batch = ref
+    return capture_graph(models.get(name, device="meta", **over))[0].rebatch(batch)
+
+
+def reference_prediction(cluster, ref=REFERENCE) -> float:
+    """What the cost model predicts for `_measure_reference(ref)` on `cluster` (forward + backward of
+    every operator of the captured reference model, one device)."""
     from .costmodel.nodes import node_cost
     from .costmodel.settings import CostSettings
     from .mesh import Level, Mesh
-    name, over, batch = REFERENCE
-    graph = capture_graph(models.get(name, device="meta", **over))[0].rebatch(batch)
     mesh, st = Mesh((Level(1, "intra"),)), CostSettings(precision="fp32")
-    return sum(node_cost(n, (None,), mesh, cluster, st).compute_s for n in graph.nodes.values())
+    return sum(node_cost(n, (None,), mesh, cluster, st).compute_s for n in _reference_graph(ref).nodes.values())
+
+
+def graph_launches(ref, async_launch=False) -> int:
+    """Operator launches the cost model counts for one forward + backward of `ref`."""
+    from .costmodel.nodes import launches_of
+    return sum(launches_of(n.kind, False, async_launch) + launches_of(n.kind, True, async_launch)
+               for n in _reference_graph(ref).nodes.values() if n.kind != "input")
 
 
 LAUNCH_CHAIN = 200      # tiny ops per timed chain: long enough that the loop and sum() are noise
@@ -391,6 +411,7 @@ def _worker(rank, procs, port, cfg, threads, results):
         if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
             local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
             local["reference_s"] = _measure_reference(torch, dev, cfg, sync)
+            local["tiny_s"] = _measure_reference(torch, dev, cfg, sync, TINY)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
         ar = _measure_allreduce(torch, dist, dev, cfg, sync) if procs > 1 else {}
@@ -498,7 +519,19 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         sharded = [x["sharded"] for x in launch if x.get("sharded")]
         if sharded:
             changes["sharded_op_overhead"] = max(sharded)
+    # a bare op's dispatch: what single-op measurements below carry and an optimizer update pays
     overhead = changes.get("op_overhead", 0.0) if not cuda else 0.0
+    tiny = [r["local"].get("tiny_s") for r in ranks]
+    graph_op = None
+    if launch and all(tiny):
+        # per launch the cost model counts, a real graph's step costs several bare dispatches (module
+        # calls, autograd nodes, the backward's transposes and gradient accumulation); the tiny
+        # model's roofline (nearly nothing) comes off first.  Slowest rank, as everywhere
+        bare = Cluster.from_dict({**base_c.to_dict(), **changes, "op_overhead": 0.0, "compute_scale": 1.0})
+        roof = reference_prediction(bare, TINY)
+        graph_op = max(overhead, (max(tiny) - roof) / max(1, graph_launches(TINY)))
+        changes["update_op_overhead"] = changes["op_overhead"]
+        changes["op_overhead"] = graph_op
     for key in ("mem_bw_curve", "rng_curve"):
         curves = [r["local"].get(key) for r in ranks]
         if all(curves):
@@ -561,8 +594,9 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     if rng:
         notes += f", dropout {changes['rng_rate'] / 1e6:.0f} M random draws/s"
     if launch:
-        notes += (f", op dispatch {changes['op_overhead'] * 1e6:.1f} us fwd / "
-                  f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per op"
+        notes += (f", op dispatch {max(x['fwd'] for x in launch) * 1e6:.1f} us fwd / "
+                  f"{max(x['bwd'] for x in launch) * 1e6:.1f} us bwd per bare op"
+                  + (f", {graph_op * 1e6:.1f} us per op of a training graph" if graph_op else "")
                   + (f", {changes['sharded_op_overhead'] * 1e6:.0f} us per sharded-parameter op"
                      if "sharded_op_overhead" in changes else ""))
     if "fsdp_unit_overhead" in changes:

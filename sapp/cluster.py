@@ -17,8 +17,8 @@ _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
     "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale",
 )
-_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "fsdp_unit_overhead",
-                 "fsdp_tensor_overhead")
+_NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
+                 "fsdp_unit_overhead", "fsdp_tensor_overhead")
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
@@ -46,9 +46,12 @@ class Cluster:
     # Device memory kept free for what the cost model does not see (CUDA context, allocator
     # fragmentation, communication buffers): plans that fit on paper and then OOM are the top complaint.
     memory_headroom: float = 0.03
-    # Host time to dispatch one operator (framework dispatch + kernel launch), seconds.  It dominates
-    # ops whose shard is tiny.  CUDA: ~4-10 us per launch; CPU eager training: ~5 us (measured by
-    # `sapp calibrate`: a chain of tiny ops with autograd recording).
+    # Host time per operator launch of the model's graph (framework dispatch + kernel launch),
+    # seconds.  It dominates ops whose shard is tiny.  CUDA: ~4-10 us per launch.  CPU eager training:
+    # `sapp calibrate` times a training step of a transformer with tiny dimensions and divides by the
+    # launches the cost model counts for it (~20 us on a 2-core VM, where a bare op dispatches in ~5 us:
+    # nn.Module calls, autograd nodes, the transposes / views / gradient accumulation of the backward
+    # that a captured graph does not list all come with each counted op).
     op_overhead: float = 5e-6
     # Whether that dispatch overlaps the device's work.  GPUs: yes - the host enqueues kernels
     # asynchronously and runs ahead, so an op costs max(roofline, launch) and only launch-bound tiny
@@ -58,6 +61,9 @@ class Cluster:
     # weights), which goes through a Python tensor subclass first: ~10x a plain op in eager on CPU.
     # It matters for the optimizer update, which runs op by op per parameter tensor.  0 = op_overhead.
     sharded_op_overhead: float = 0.0
+    # Dispatch of one op of the optimizer's update: a bare tensor op, outside autograd and modules
+    # (`sapp calibrate`: a chain of tiny multiplications).  0 = op_overhead.
+    update_op_overhead: float = 0.0
     # Random numbers per second one device generates (dropout masks): a third roofline limit beside
     # FLOP/s and bytes/s.  GPUs generate them in-kernel (Philox) faster than memory streams the
     # tensor, so it never binds there; a CPU core draws ~1e8/s, ~30x slower than it adds two tensors.

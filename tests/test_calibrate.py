@@ -122,3 +122,26 @@ def test_all_gather_and_reduce_scatter_get_their_own_fits():
     assert "all_gather alpha 300 us" in c.notes
     with pytest.raises(Exception, match="unknown collective"):
         c.replace(collective_fits={"broadcast": [1e-3, 1e9]})
+
+
+def test_graph_op_overhead_from_the_tiny_transformer_step():
+    # op_overhead is the tiny model's step over the launches the cost model counts for it (a real
+    # graph's per-op framework cost); the bare chain's figure stays for the optimizer update and is
+    # what the single-op curves lose
+    from sapp.calibrate import TINY, graph_launches
+    n = graph_launches(TINY)
+    assert n > 100                                   # 2 transformer layers, forward and backward
+
+    def rank(tiny_s):
+        return {"cuda": False, "backend": "gloo", "device_memory": None, "device_name": "cpu",
+                "local": {"gemm_flops": {256: 5e10}, "copy_bw": 1e10, "add_bw": 1e10, "h2d_bw": None,
+                          "launch": {"fwd": 5e-6, "bwd": 9e-6}, "tiny_s": tiny_s,
+                          "mem_bw_curve": [[3e6, 3e10], [3e8, 7.5e9]]},
+                "allreduce": {}}
+    c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(n * 20e-6), rank(n * 10e-6)]})
+    assert c.op_overhead == pytest.approx(20e-6, rel=0.05)          # slowest rank, roofline ~nil
+    assert c.update_op_overhead == pytest.approx(5e-6)
+    assert c.mem_bw_curve[0][1] == pytest.approx(3e6 / (3e6 / 3e10 - 5e-6))
+    # a step faster than the bare dispatch says never drives the graph figure below it
+    c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(n * 1e-6)]})
+    assert c.op_overhead == pytest.approx(5e-6)

@@ -303,3 +303,19 @@ def test_measured_collective_fits_replace_the_all_reduce_model_inside_a_node():
     # other kinds and links keep the link's figures
     assert collective_time("reduce_scatter", 1e6, 2, "intra", c) == collective_time("reduce_scatter", 1e6, 2, "intra", A100)
     assert collective_time("all_gather", 1e6, 2, "inter", c) == collective_time("all_gather", 1e6, 2, "inter", A100)
+
+
+def test_flat_allreduce_staging_on_a_serial_device():
+    # ZeRO-0 on a CPU: gradients go through one flat buffer (in, divide, out: three read+write passes
+    # at the rate of one pass's bytes) around the all-reduce; on a GPU (async) only the collective
+    from sapp.costmodel.nodes import grad_sync_times
+    from sapp.costmodel.primitives import collective_time, flat_allreduce_staging_time
+    cpu = Cluster.parse("cpu:gpus=2").replace(mem_bw_curve=((1e6, 1e11), (1e9, 1e10)))
+    gb = 16e6
+    stage = flat_allreduce_staging_time(gb, cpu)
+    from sapp.cluster import curve_rate
+    assert stage == pytest.approx(6 * gb / curve_rate(cpu.mem_bw_curve, 2 * gb, 0.0))
+    sync, gather = grad_sync_times(gb, gb, 2, "intra", cpu, 0)
+    assert sync == pytest.approx(collective_time("all_reduce", gb, 2, "intra", cpu) + stage) and gather == 0.0
+    assert grad_sync_times(gb, gb, 2, "intra", A100, 0)[0] == pytest.approx(collective_time("all_reduce", gb, 2, "intra", A100))
+    assert flat_allreduce_staging_time(0.0, cpu) == 0.0

@@ -30,13 +30,21 @@ def test_joint_search_charges_the_update_and_zero_shrinks_it():
 
 
 def test_update_dispatch_per_tensor_on_cpu_per_op_on_gpu():
-    from sapp.costmodel.optimizer import UPDATE_OPS, optimizer_dispatch_time
+    from sapp.costmodel.optimizer import FUSED_OPS_PER_TENSOR, UPDATE_OPS, optimizer_dispatch_time
     s = CostSettings(precision="fp32")
     n = 1e6
     cpu = Cluster.parse("cpu").replace(op_overhead=10e-6, sharded_op_overhead=80e-6)
     traffic = n * 28 / (cpu.mem_bandwidth * cpu.memory_efficiency)
-    # serial (CPU eager): torch's single-tensor loop, 7 Adam ops per tensor, added to the traffic
-    assert optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=50) == pytest.approx(traffic + 50 * 7 * 10e-6)
+    # serial (CPU eager), plain parameters: emit's fused Adam, a couple of dispatches per tensor,
+    # added to the traffic
+    assert optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=50) == pytest.approx(
+        traffic + 50 * FUSED_OPS_PER_TENSOR * 10e-6)
+    # an optimizer emit does not fuse: torch's single-tensor loop, its ops per tensor
+    sgd = CostSettings(precision="fp32", optimizer="sgd")
+    assert optimizer_dispatch_time(50, cpu, sgd) == pytest.approx(50 * UPDATE_OPS["sgd"] * 10e-6)
+    # the update's own per-op figure (a bare dispatch) wins over the graph's when calibrated
+    assert optimizer_dispatch_time(50, cpu.replace(update_op_overhead=4e-6), s) == pytest.approx(
+        50 * FUSED_OPS_PER_TENSOR * 4e-6)
     # sharded (DTensor) parameters dispatch through the subclass: its own per-op figure
     assert optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=50, sharded=True) == pytest.approx(
         traffic + 50 * 7 * 80e-6)
@@ -55,7 +63,7 @@ def test_joint_search_charges_update_dispatch_per_tensor_and_sharded_rate():
     # On a serial (CPU) cluster the update dispatches each parameter tensor's ops; under ZeRO-3 the
     # parameters are sharded DTensors and pay the sharded per-op figure.
     from sapp.api import resolve_model, search
-    from sapp.costmodel.optimizer import UPDATE_OPS
+    from sapp.costmodel.optimizer import FUSED_OPS_PER_TENSOR, UPDATE_OPS
     model = resolve_model("mlp")[0]
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     spec = "cpu:gpus=2,op_overhead=10us,sharded_op_overhead=1ms"
@@ -64,5 +72,23 @@ def test_joint_search_charges_update_dispatch_per_tensor_and_sharded_rate():
     z3 = search("mlp", spec, global_batch=64, constraints=dict(pins, zero=3))
     no_dispatch = search("mlp", "cpu:gpus=2,op_overhead=0", global_batch=64, constraints=dict(pins, zero=0))
     o0, o3 = z0.predicted["optimizer_s"], z3.predicted["optimizer_s"]
-    assert o0 - no_dispatch.predicted["optimizer_s"] == pytest.approx(tensors * UPDATE_OPS["adam"] * 10e-6, rel=1e-6)
+    assert o0 - no_dispatch.predicted["optimizer_s"] == pytest.approx(tensors * FUSED_OPS_PER_TENSOR * 10e-6, rel=1e-6)
     assert o3 > tensors * UPDATE_OPS["adam"] * 1e-3
+
+
+def test_update_streams_one_tensor_at_a_time():
+    # with a size curve, many small tensors update at the cache rate of one tensor's bytes, a single
+    # big tensor at the DRAM rate
+    s = CostSettings(precision="fp32")
+    cpu = Cluster.parse("cpu").replace(op_overhead=0.0, mem_bw_curve=((1e6, 1e11), (1e9, 1e10)))
+    n = 1e7                                              # 280 MB of update traffic
+    one = optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=1)
+    many = optimizer_step_time(8 * n, 4 * n, cpu, s, tensors=280)     # 1 MB per tensor
+    assert one == pytest.approx(28 * n / curve_at(cpu, 28 * n))
+    assert many == pytest.approx(28 * n / 1e11)
+    assert many < one / 3
+
+
+def curve_at(cluster, nbytes):
+    from sapp.cluster import curve_rate
+    return curve_rate(cluster.mem_bw_curve, nbytes, 0.0)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ..errors import SappError
 from .dtypes import operand_bytes, out_bytes
-from .primitives import collective_time, compute_time, model_state_bytes, op_floor, staging_copy_time
+from .primitives import (collective_time, compute_time, flat_allreduce_staging_time, model_state_bytes, op_floor,
+                         staging_copy_time)
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -151,8 +152,8 @@ def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
     and again before backward.  ZeRO-2/3 (FSDP2) stage every collective through flat buffers."""
     if zero == 0:
         sync = collective_time("all_reduce", gb, n, link, cluster)
-        if not getattr(cluster, "async_launch", True):
-            sync += staging_copy_time(gb, n, cluster)
+        if not getattr(cluster, "async_launch", True) and n > 1:
+            sync += flat_allreduce_staging_time(gb, cluster)
         return sync, 0.0
     sync = collective_time("reduce_scatter", gb, n, link, cluster)
     if zero >= 2:
