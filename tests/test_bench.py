@@ -95,18 +95,25 @@ def test_calibration_accuracy_report_helpers():
     from bench import calibration_accuracy as ca
     assert ca.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert ca.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
-    rows = [{"label": "a", "procs": 2, "global_batch": 8, "status": "ok", "predicted_s": 0.1, "measured_s": 0.08,
-             "error": 0.25, "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0},
-             "rounds": [(0.1, 0.08), (0.12, 0.1)]},
-            {"label": "b", "procs": 4, "global_batch": 8, "status": "run failed (exit 1): boom", "predicted_s": 0.2}]
-    stats = {"n": 1, "within": 1, "median_abs": 0.25, "worst": 0.25, "spearman": float("nan")}
+    # a run's statistics: the median of the steady steps (what sapp run reports) and the best one
+    assert ca.step_statistics({"measured_step_time_s": 0.11, "step_times_s": [0.5, 0.1, 0.11, 0.2]}) == (0.11, 0.1)
+
+    def rd(p, med, best):
+        return {"predicted_s": p, "median_s": med, "best_s": best}
+    rows = [{"label": "a", "model": "m", "procs": 2, "global_batch": 8, "status": "ok",
+             "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0},
+             "rounds": [rd(0.1, 0.08, 0.1), rd(0.12, 0.1, 0.12)]},
+            {"label": "b", "model": "m", "procs": 4, "global_batch": 8, "status": "run failed (exit 1): boom",
+             "predicted_s": 0.2}]
+    ca.combine_rounds(rows[0])
+    # per statistic the median of the paired per-round errors, and the medians of the times
+    assert rows[0]["error_median"] == pytest.approx(0.225) and rows[0]["error_best"] == pytest.approx(0.0)
+    assert rows[0]["predicted_s"] == pytest.approx(0.11) and rows[0]["measured_median_s"] == pytest.approx(0.09)
+    stats = {st: ca.summary(rows, st) for st in ca.STATISTICS}
+    assert stats["median"]["within"] == 1 and stats["median"]["worst"] == pytest.approx(0.225)
     md = ca.to_markdown(rows, {2: Cluster.parse("cpu")}, "python -m bench.calibration_accuracy", stats)
-    assert "| a | 2 | 8 | 100.0 | 80.0 | +25% | +25% +20% | 80.0 / 20.0 / 0.0 |" in md
-    # rounds: the median of the paired per-round errors, and the medians of the two times
-    row = {"rounds": [(0.1, 0.08), (0.12, 0.1), (0.3, 0.1)]}
-    ca.combine_rounds(row)
-    assert row["error"] == pytest.approx(0.25) and row["measured_s"] == pytest.approx(0.1)
-    assert "run failed (exit 1): boom" in md and "within +-25 %: 1 of 1" in md
+    assert "| a | 2 | 8 | 110.0 | 90.0 | +22% | 110.0 | +0% | +25% +20%; +0% +0% | 80.0 / 20.0 / 0.0 |" in md
+    assert "run failed (exit 1): boom" in md and md.count("within +-25 %: 1 of 1") == 2
     assert {v[0] for v in ca.VARIANTS} >= ca.QUICK and len(ca.QUICK) >= 6
 
 
