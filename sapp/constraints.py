@@ -114,6 +114,11 @@ class Constraints:
             if len(blocks) < p * v:
                 raise ConstraintError(f"interleaved schedule with {v} chunks x {p} stages needs >= {p * v} blocks; "
                                       f"the model has {len(blocks)}")
+        if (self.schedule in ("1f1b", "interleaved") and self.pp is not None and self.pp > 1
+                and self.micro_batches is not None and self.micro_batches < self.pp):
+            # torch.distributed.pipelining refuses it (and 1F1B with fewer micro-batches is GPipe)
+            raise ConstraintError(f"schedule {self.schedule!r} needs micro_batches >= pp ({self.micro_batches} < "
+                                  f"{self.pp}); raise micro_batches or use schedule gpipe")
         if self.micro_batches is not None and global_batch is not None:
             dp = self.dp or 1
             if global_batch % (dp * self.micro_batches):

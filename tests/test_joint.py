@@ -77,6 +77,7 @@ def test_infeasible_reports_memory_needed(graph):
     ({"bogus": 1}, "unknown constraint"),
     ({"recompute": "sometimes"}, "recompute"),
     ({"pp": 1, "schedule": "1f1b"}, "pp > 1"),
+    ({"pp": 2, "schedule": "1f1b", "micro_batches": 1}, "micro_batches >= pp"),
 ])
 def test_contradictions_are_one_line_constraint_errors(graph, pins, match):
     with pytest.raises(ConstraintError, match=match) as e:
@@ -91,3 +92,9 @@ def test_within_one_percent_of_exhaustive(graph, spec, batch, mem):
     e, scored = exhaustive_search(graph, c, global_batch=batch)
     assert scored > 100
     assert r.step_time_s <= e.step_time_s * 1.01
+
+
+def test_fewer_micro_batches_than_stages_run_gpipe(graph):
+    # torch's 1F1B schedules refuse m < pp; pinned m=1 over 2 stages is searched as GPipe
+    r = joint_search(graph, cl("a100-80g:nodes=1"), global_batch=64, constraints={"pp": 2, "micro_batches": 1})
+    assert r.config.pp == 2 and r.config.m == 1 and r.config.schedule == "gpipe"

@@ -209,6 +209,8 @@ def enumerate_configs(ctx):
                 for s, v in scheds:
                     if c.schedule is not None and s != c.schedule:
                         continue
+                    if s != "gpipe" and m < pp:
+                        continue        # torch's 1F1B schedules need micro-batches >= stages
                     if c.virtual_chunks is not None and s == "interleaved" and v != c.virtual_chunks:
                         continue
                     for z in ((0, 1, 2, 3) if dp > 1 else (0,)):
