@@ -25,7 +25,9 @@ What is measured, in `procs` worker processes running at the same time (so every
   - a reference GPT block's eager training step (forward + backward): its time over what the
     figures above predict for it is `compute_scale` (CPU only);
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
-    t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β.
+    t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β; all-gather,
+    reduce-scatter and point-to-point (ping-pong between rank pairs, as pipeline stages send) get
+    their own α/β in `collective_fits`.
 On a CPU the GEMM rates, the reference step and the tiny step are measured twice, at the start and
 at the end, and the better pass of each is kept: a shared machine's speed drifts within seconds, and
 compute_scale is a ratio of figures taken at different moments.
@@ -401,6 +403,46 @@ def _measure_allreduce(torch, dist, dev, cfg, sync, kind="all_reduce"):
     return out
 
 
+def _measure_p2p(torch, dist, dev, cfg, sync):
+    """One-way seconds of a point-to-point message per size: ranks 2k and 2k+1 ping-pong (blocking
+    send / recv, as a pipeline stage boundary does), half the round trip; every pair at once, so the
+    processes contend as a pipeline's do.  An odd last rank only takes part in agreeing the counts."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    peer = rank ^ 1 if (rank ^ 1) < n else None
+    out = {}
+    for nbytes in cfg["ar_bytes"]:
+        x = torch.ones(max(1, nbytes // 4), device=dev)
+
+        def ping(reps):
+            for _ in range(reps):
+                if peer is None:
+                    return
+                if rank % 2 == 0:
+                    dist.send(x, peer)
+                    dist.recv(x, peer)
+                else:
+                    dist.recv(x, peer)
+                    dist.send(x, peer)
+        ping(1)
+        sync()
+        t0 = time.perf_counter()
+        ping(3)
+        sync()
+        est = (time.perf_counter() - t0) / 3
+        reps = torch.tensor([max(1, min(1000, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
+        dist.all_reduce(reps, op=dist.ReduceOp.MAX)
+        reps = int(reps.item())
+        best = float("inf")
+        for _ in range(3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            ping(reps)
+            sync()
+            best = min(best, (time.perf_counter() - t0) / reps / 2)
+        out[nbytes] = best
+    return out
+
+
 def _worker(rank, procs, port, cfg, threads, results):
     try:
         import torch
@@ -433,6 +475,7 @@ def _worker(rank, procs, port, cfg, threads, results):
                     others[kind] = _measure_allreduce(torch, dist, dev, cfg, sync, kind)
                 except RuntimeError:          # a backend without it: the all-reduce fit stands in
                     pass
+            others["p2p"] = _measure_p2p(torch, dist, dev, cfg, sync)
         if dev.type != "cuda":
             # a shared machine's speed drifts by tens of percent within seconds, and compute_scale is a
             # ratio of figures taken at different moments: measure the compute figures again at the
@@ -584,7 +627,10 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         for kind, times in sorted((ranks[0].get("collectives") or {}).items()):
             ks = sorted(times)
             if len(ks) >= 2:
-                a, b, _ = fit_alpha_beta(ks, [times[k] for k in ks], procs, factor=1.0)
+                if kind == "p2p":       # t = α + B/β is the 2-rank all-gather model at twice the bytes
+                    a, b, _ = fit_alpha_beta([2 * k for k in ks], [times[k] for k in ks], 2, factor=1.0)
+                else:
+                    a, b, _ = fit_alpha_beta(ks, [times[k] for k in ks], procs, factor=1.0)
                 fits[kind] = [a, b]
         if fits:
             changes["collective_fits"] = fits

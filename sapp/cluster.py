@@ -150,7 +150,7 @@ class Cluster:
         _check_named_pairs(self.name, self.op_rates)
         _check_named_pairs(self.name, self.collective_fits, "collective_fits", allow_zero_first=True)
         for kind, _, _ in self.collective_fits:
-            if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+            if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
                 raise ClusterError(f"cluster {self.name!r}: collective_fits names unknown collective {kind!r}")
         return self
 

@@ -114,11 +114,19 @@ def test_all_gather_and_reduce_scatter_get_their_own_fits():
     rank = {"cuda": False, "backend": "gloo", "device_memory": None, "device_name": "cpu",
             "local": {"gemm_flops": {256: 5e10}, "copy_bw": 1e10, "add_bw": 1e10, "h2d_bw": None},
             "allreduce": {b: 2 * 50e-6 + b / 1e9 for b in (4096, 1 << 20)},
-            "collectives": {"all_gather": t(300e-6, 0.75e9), "reduce_scatter": t(1e-3, 0.6e9)}}
+            "collectives": {"all_gather": t(300e-6, 0.75e9), "reduce_scatter": t(1e-3, 0.6e9),
+                            # one-way point-to-point: t = alpha + B / beta, whatever the process count
+                            "p2p": {b: 200e-6 + b / 2e9 for b in (4096, 1 << 20, 4 << 20)}}}
+    c = cluster_from_measurements({"procs": 4, "threads_per_proc": 1, "ranks": [rank] * 4})
+    fits = {k: (a, b) for k, a, b in c.collective_fits}
+    assert fits["p2p"] == pytest.approx((200e-6, 2e9), rel=1e-6)      # pairs: the same at any count
     c = cluster_from_measurements({"procs": 2, "threads_per_proc": 1, "ranks": [rank, rank]})
     fits = {k: (a, b) for k, a, b in c.collective_fits}
     assert fits["all_gather"] == pytest.approx((300e-6, 0.75e9), rel=1e-6)
     assert fits["reduce_scatter"] == pytest.approx((1e-3, 0.6e9), rel=1e-6)
+    assert fits["p2p"] == pytest.approx((200e-6, 2e9), rel=1e-6)
+    from sapp.costmodel.primitives import collective_time
+    assert collective_time("p2p", 1 << 20, 2, "intra", c) == pytest.approx(200e-6 + (1 << 20) / 2e9)
     assert "all_gather alpha 300 us" in c.notes
     with pytest.raises(Exception, match="unknown collective"):
         c.replace(collective_fits={"broadcast": [1e-3, 1e9]})
