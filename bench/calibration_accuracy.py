@@ -49,11 +49,24 @@ def spearman(xs, ys):
 
 
 def calibrated_cluster(procs, out, quick):
-    from sapp.calibrate import calibrate
+    """(cluster, its file, the calibration's reference-block seconds for the drift probe)."""
+    from sapp.calibrate import calibrate, reference_seconds
     path = os.path.join(out, f"cluster-cpu{procs}.json")
     cluster, raw = calibrate(procs=procs, quick=quick, timeout_s=240, name=f"cpu{procs}-calibrated")
     cluster.save(path)
-    return cluster, path
+    return cluster, path, reference_seconds(raw)
+
+
+def drift(procs, ref_s):
+    """How much slower (> 1) the machine runs now than when calibrated: the reference block timed
+    again in `procs` processes right before a run, over the calibration's figure.  None without one."""
+    if not ref_s:
+        return None
+    from sapp.calibrate import probe
+    try:
+        return probe(procs) / ref_s
+    except Exception:                  # a probe is a nicety: never lose the run for it
+        return None
 
 
 _GRAPHS = {}
@@ -78,7 +91,7 @@ def step_statistics(res):
     return res["measured_step_time_s"], min(steady)
 
 
-def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s):
+def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, ref_s=None):
     import sapp
     slug = label.replace(" ", "_")
     plan_path = os.path.join(out, f"plan-{slug}.json")
@@ -95,18 +108,27 @@ def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s):
     plan.save(plan_path)
     pred = plan["predicted"]["step_time_s"]
     row["predicted"] = {k: plan["predicted"].get(k) for k in ("compute_s", "comm_s", "bubble_s", "host_s")}
+    factor = drift(procs, ref_s)
     res, status, row["wall_s"] = run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s)
     if res is None:
         row["status"] = status
         row["predicted_s"] = pred
         return row
-    med, best = step_statistics(res)
-    row["rounds"] = [{"predicted_s": pred, "median_s": med, "best_s": best, "step_times_s": res.get("step_times_s")}]
+    row["rounds"] = [round_record(pred, factor, res)]
     row["status"] = "ok"
     return row
 
 
-def measure_again(row, cluster, out, steps, timeout_s):
+def round_record(pred, factor, res):
+    med, best = step_statistics(res)
+    rec = {"predicted_s": pred, "median_s": med, "best_s": best, "step_times_s": res.get("step_times_s")}
+    if factor:
+        rec["drift"] = factor
+        rec["corrected_s"] = pred * factor
+    return rec
+
+
+def measure_again(row, cluster, out, steps, timeout_s, ref_s=None):
     """Another round for a plan `run_plan` made: re-score it on this round's calibrated cluster and
     run it again.  Returns the round's record or None."""
     from sapp.api import evaluate
@@ -115,14 +137,20 @@ def measure_again(row, cluster, out, steps, timeout_s):
     plan_path, res_path = os.path.join(out, f"plan-{slug}.json"), os.path.join(out, f"run-{slug}.json")
     plan = Plan.load(plan_path)
     pred = evaluate(row["model"], cluster, plan, graph=_GRAPHS.get(row["model"]))["step_time_s"]
+    factor = drift(row["procs"], ref_s)
     res, _, _ = run_saved_plan(plan_path, row["model"], row["procs"], steps, res_path, timeout_s)
-    if not res:
-        return None
-    med, best = step_statistics(res)
-    return {"predicted_s": pred, "median_s": med, "best_s": best, "step_times_s": res.get("step_times_s")}
+    return round_record(pred, factor, res) if res else None
 
 
-STATISTICS = ("median", "best")
+# statistic -> (the round's prediction, the round's measurement) it compares
+STATISTICS = {"median": ("predicted_s", "median_s"), "best": ("predicted_s", "best_s"),
+              # the prediction scaled by the drift probe taken just before the run, against the median step
+              "drift-corrected": ("corrected_s", "median_s")}
+
+
+def _pairs(row, st):
+    pk, mk = STATISTICS[st]
+    return [(r[pk], r[mk]) for r in row["rounds"] if pk in r]
 
 
 def combine_rounds(row):
@@ -130,24 +158,37 @@ def combine_rounds(row):
     prediction from that round's calibration, against that round's run), and the medians of the
     times."""
     import statistics
-    rounds = row["rounds"]
-    row["predicted_s"] = statistics.median(r["predicted_s"] for r in rounds)
+    row["predicted_s"] = statistics.median(r["predicted_s"] for r in row["rounds"])
     for st in STATISTICS:
-        row[f"error_{st}"] = statistics.median(r["predicted_s"] / r[f"{st}_s"] - 1.0 for r in rounds)
-        row[f"measured_{st}_s"] = statistics.median(r[f"{st}_s"] for r in rounds)
+        pairs = _pairs(row, st)
+        if pairs:
+            row[f"error_{st}"] = statistics.median(p / m - 1.0 for p, m in pairs)
+            row[f"measured_{st}_s"] = statistics.median(m for _, m in pairs)
+            row[f"predicted_{st}_s"] = statistics.median(p for p, _ in pairs)
 
 
 def summary(rows, st):
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == "ok" and f"error_{st}" in r]
+    if not ok:
+        return None
     errs = sorted(abs(r[f"error_{st}"]) for r in ok)
-    meas = f"measured_{st}_s"
+    meas, pred = f"measured_{st}_s", f"predicted_{st}_s"
     return {"n": len(ok), "within": sum(1 for e in errs if e <= 0.25),
             "median_abs": errs[len(errs) // 2] if errs else float("nan"),
             "worst": max((r[f"error_{st}"] for r in ok), key=abs, default=float("nan")),
-            "spearman": spearman([r["predicted_s"] for r in ok], [r[meas] for r in ok]),
-            "spearman_by_model": {m: spearman([r["predicted_s"] for r in ok if r["model"] == m],
+            "spearman": spearman([r[pred] for r in ok], [r[meas] for r in ok]),
+            "spearman_by_model": {m: spearman([r[pred] for r in ok if r["model"] == m],
                                               [r[meas] for r in ok if r["model"] == m])
                                   for m in sorted({r["model"] for r in ok})}}
+
+
+_TITLES = {"median": "the median step (raw prediction)", "best": "the best step (raw prediction)",
+           "drift-corrected": "the median step, prediction scaled by the drift probe"}
+
+
+def _err(x, st):
+    pk, mk = STATISTICS[st]
+    return f"{(x[pk] / x[mk] - 1) * 100:+.0f}%" if pk in x else "-"
 
 
 def to_markdown(rows, clusters, command, stats):
@@ -157,25 +198,31 @@ def to_markdown(rows, clusters, command, stats):
                    f"(typical {c.compute_efficiency:.0%}), memory {c.mem_bandwidth / 1e9:.2f} GB/s "
                    f"(element-wise {c.memory_efficiency:.0%}), {c.op_overhead * 1e6:.0f} us per graph op, "
                    f"all_reduce alpha {c.intra_latency * 1e6:.0f} us, beta {c.intra_bw / 1e9:.2f} GB/s")
-    out += ["", "Measured: per run the median step (what a user sees) and the best step (the statistic "
-            "calibration takes: best of repeats); errors are medians over rounds of predicted / measured - 1.", "",
-            "| plan | procs | batch | predicted ms | median ms | error | best ms | error | per-round errors (median; best) | compute / comm / bubble predicted ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    sts = [st for st in STATISTICS if stats.get(st)]
+    out += ["", "Measured: per run the median step (what a user sees) and the best step (the statistic calibration "
+            "takes: best of repeats). Drift: the reference block timed again in as many processes just before the "
+            "run, over its time at calibration (> 1: the machine is slower now). Errors are medians over rounds of "
+            "predicted / measured - 1.", "",
+            "| plan | procs | batch | predicted ms | median ms | error | best ms | error | drift | drift-corrected error "
+            "| per-round errors (" + "; ".join(sts) + ") | compute / comm / bubble predicted ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
         if r["status"] == "ok":
             p = r["predicted"]
             parts = " / ".join(f"{(p.get(k) or 0) * 1e3:.1f}" for k in ("compute_s", "comm_s", "bubble_s"))
-            rounds = "; ".join(" ".join(f"{(x['predicted_s'] / x[f'{st}_s'] - 1) * 100:+.0f}%" for x in r["rounds"])
-                               for st in STATISTICS)
+            rounds = "; ".join(" ".join(_err(x, st) for x in r["rounds"]) for st in sts)
+            drifts = " ".join(f"{x['drift']:.2f}" for x in r["rounds"] if x.get("drift")) or "-"
+            corr = f"{r['error_drift-corrected'] * 100:+.0f}%" if "error_drift-corrected" in r else "-"
             out.append(f"| {r['label']} | {r['procs']} | {r['global_batch']} | {r['predicted_s'] * 1e3:.1f} | "
                        f"{r['measured_median_s'] * 1e3:.1f} | {r['error_median'] * 100:+.0f}% | "
-                       f"{r['measured_best_s'] * 1e3:.1f} | {r['error_best'] * 100:+.0f}% | {rounds} | {parts} |")
+                       f"{r['measured_best_s'] * 1e3:.1f} | {r['error_best'] * 100:+.0f}% | {drifts} | {corr} | "
+                       f"{rounds} | {parts} |")
         else:
             out.append(f"| {r['label']} | {r['procs']} | {r['global_batch']} | "
-                       f"{r.get('predicted_s', float('nan')) * 1e3:.1f} | - | - | - | - | - | {r['status'][:120]} |")
-    for st in STATISTICS:
+                       f"{r.get('predicted_s', float('nan')) * 1e3:.1f} | - | - | - | - | - | - | - | {r['status'][:120]} |")
+    for st in sts:
         s = stats[st]
-        out += ["", f"Against the {st} step:",
+        out += ["", f"Against {_TITLES[st]}:",
                 f"- plans measured: {s['n']} of {len(rows)}",
                 f"- within +-25 %: {s['within']} of {s['n']}; median |error| {s['median_abs'] * 100:.0f}%, "
                 f"worst {s['worst'] * 100:+.0f}%",
@@ -187,7 +234,8 @@ def to_markdown(rows, clusters, command, stats):
 def _line(rd):
     return (f"predicted {rd['predicted_s'] * 1e3:.1f} ms, measured median {rd['median_s'] * 1e3:.1f} ms "
             f"({(rd['predicted_s'] / rd['median_s'] - 1) * 100:+.0f}%), best {rd['best_s'] * 1e3:.1f} ms "
-            f"({(rd['predicted_s'] / rd['best_s'] - 1) * 100:+.0f}%)")
+            f"({(rd['predicted_s'] / rd['best_s'] - 1) * 100:+.0f}%)"
+            + (f", drift {rd['drift']:.2f} ({(rd['corrected_s'] / rd['median_s'] - 1) * 100:+.0f}%)" if rd.get("drift") else ""))
 
 
 def main(argv=None):
@@ -201,32 +249,36 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="calibrate and run every plan this many times, interleaved, and report per plan the "
                          "median of the paired errors (a shared machine's load drifts within minutes)")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="skip the drift probe (the reference block timed again before each run, ~4 s)")
     args = ap.parse_args(argv)
     from sapp import Cluster
     os.makedirs(args.out, exist_ok=True)
     variants = [v for v in VARIANTS if not args.quick or v[0] in QUICK]
-    clusters = {}
+    clusters, refs = {}, {}
     for procs in sorted({v[2] for v in variants}):
         given = getattr(args, f"cluster{procs}", None)
         if given:
             clusters[procs] = Cluster.load(given)
         else:
-            clusters[procs], path = calibrated_cluster(procs, args.out, args.quick)
+            clusters[procs], path, refs[procs] = calibrated_cluster(procs, args.out, args.quick)
         print(f"cluster for {procs} processes: {clusters[procs].notes}", file=sys.stderr, flush=True)
     rows = []
     for label, model, procs, batch, cons in variants:
-        r = run_plan(label, model, procs, batch, cons, clusters[procs], args.out, args.steps, args.timeout)
+        r = run_plan(label, model, procs, batch, cons, clusters[procs], args.out, args.steps, args.timeout,
+                     None if args.no_probe else refs.get(procs))
         rows.append(r)
         msg = _line(r["rounds"][0]) if r["status"] == "ok" else r["status"][:200]
         print(f"{label:28} {msg}", file=sys.stderr, flush=True)
     for rnd in range(2, args.rounds + 1):
         for procs in sorted(clusters):
             if not getattr(args, f"cluster{procs}", None):
-                clusters[procs], _ = calibrated_cluster(procs, args.out, args.quick)
+                clusters[procs], _, refs[procs] = calibrated_cluster(procs, args.out, args.quick)
         for r in rows:
             if r["status"] != "ok":
                 continue
-            got = measure_again(r, clusters[r["procs"]], args.out, args.steps, args.timeout)
+            got = measure_again(r, clusters[r["procs"]], args.out, args.steps, args.timeout,
+                                None if args.no_probe else refs.get(r["procs"]))
             if got:
                 r["rounds"].append(got)
                 print(f"{r['label']:28} round {rnd}: {_line(got)}", file=sys.stderr, flush=True)

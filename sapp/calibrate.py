@@ -494,18 +494,46 @@ def _worker(rank, procs, port, cfg, threads, results):
         results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
+def _probe_worker(rank, procs, port, cfg, threads, results):
+    try:
+        import torch
+        torch.set_num_threads(threads)
+        dev = torch.device("cpu")
+        results.put((rank, {"reference_s": _measure_reference(torch, dev, cfg, lambda: None)}))
+    except Exception as e:
+        results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
+
+
+def probe(procs=2, timeout_s=60.0, threads=None) -> float:
+    """Seconds of the reference block's training step on the slowest of `procs` concurrent CPU
+    processes, now (a few seconds): what `compute_scale` was measured from.  Its ratio to the
+    calibration's own figure is how much faster or slower a shared machine runs than when it was
+    calibrated (bench.calibration_accuracy reports predictions corrected by it beside the raw ones)."""
+    raw = _spawn(_probe_worker, procs, dict(QUICK, min_time=0.3), threads, timeout_s)
+    return max(r["reference_s"] for r in raw["ranks"])
+
+
+def reference_seconds(raw) -> float | None:
+    """The calibration's reference-block step (slowest rank), from `measure()` output."""
+    refs = [r["local"].get("reference_s") for r in raw["ranks"]]
+    return max(refs) if all(refs) else None
+
+
 def measure(procs=2, quick=False, timeout_s=120.0, threads=None):
     """Run the measurements in `procs` concurrent processes.  Returns the raw figures (per rank)."""
+    return _spawn(_worker, procs, QUICK if quick else FULL, threads, timeout_s, quick=quick)
+
+
+def _spawn(target, procs, cfg, threads, timeout_s, quick=False):
     import multiprocessing as mp
     if procs < 1:
         raise CalibrationError(f"--procs must be >= 1, got {procs}")
-    cfg = QUICK if quick else FULL
     if threads is None:
         threads = max(1, _usable_cpus() // procs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    workers = [ctx.Process(target=_worker, args=(r, procs, port, cfg, threads, results), daemon=True)
+    workers = [ctx.Process(target=target, args=(r, procs, port, cfg, threads, results), daemon=True)
                for r in range(procs)]
     for w in workers:
         w.start()

@@ -97,23 +97,38 @@ def test_calibration_accuracy_report_helpers():
     assert ca.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     # a run's statistics: the median of the steady steps (what sapp run reports) and the best one
     assert ca.step_statistics({"measured_step_time_s": 0.11, "step_times_s": [0.5, 0.1, 0.11, 0.2]}) == (0.11, 0.1)
+    # a round: the drift probe (machine 1.2x slower than at calibration) scales the prediction
+    rec = ca.round_record(0.1, 1.2, {"measured_step_time_s": 0.13, "step_times_s": [1.0, 0.12, 0.13, 0.14]})
+    assert rec["corrected_s"] == pytest.approx(0.12) and (rec["median_s"], rec["best_s"]) == (0.13, 0.12)
+    assert "drift" not in ca.round_record(0.1, None, {"measured_step_time_s": 0.13})
 
-    def rd(p, med, best):
-        return {"predicted_s": p, "median_s": med, "best_s": best}
+    def rd(p, med, best, drift=None):
+        r = {"predicted_s": p, "median_s": med, "best_s": best}
+        if drift:
+            r.update(drift=drift, corrected_s=p * drift)
+        return r
     rows = [{"label": "a", "model": "m", "procs": 2, "global_batch": 8, "status": "ok",
              "predicted": {"compute_s": 0.08, "comm_s": 0.02, "bubble_s": 0.0},
-             "rounds": [rd(0.1, 0.08, 0.1), rd(0.12, 0.1, 0.12)]},
+             "rounds": [rd(0.1, 0.08, 0.1, 0.8), rd(0.12, 0.1, 0.12, 0.75)]},
             {"label": "b", "model": "m", "procs": 4, "global_batch": 8, "status": "run failed (exit 1): boom",
              "predicted_s": 0.2}]
     ca.combine_rounds(rows[0])
     # per statistic the median of the paired per-round errors, and the medians of the times
     assert rows[0]["error_median"] == pytest.approx(0.225) and rows[0]["error_best"] == pytest.approx(0.0)
+    assert rows[0]["error_drift-corrected"] == pytest.approx(-0.05)      # 0.08/0.08 - 1 and 0.09/0.1 - 1
     assert rows[0]["predicted_s"] == pytest.approx(0.11) and rows[0]["measured_median_s"] == pytest.approx(0.09)
     stats = {st: ca.summary(rows, st) for st in ca.STATISTICS}
     assert stats["median"]["within"] == 1 and stats["median"]["worst"] == pytest.approx(0.225)
     md = ca.to_markdown(rows, {2: Cluster.parse("cpu")}, "python -m bench.calibration_accuracy", stats)
-    assert "| a | 2 | 8 | 110.0 | 90.0 | +22% | 110.0 | +0% | +25% +20%; +0% +0% | 80.0 / 20.0 / 0.0 |" in md
-    assert "run failed (exit 1): boom" in md and md.count("within +-25 %: 1 of 1") == 2
+    assert ("| a | 2 | 8 | 110.0 | 90.0 | +22% | 110.0 | +0% | 0.80 0.75 | -5% | +25% +20%; +0% +0%; +0% -10% "
+            "| 80.0 / 20.0 / 0.0 |") in md
+    assert "run failed (exit 1): boom" in md and md.count("within +-25 %: 1 of 1") == 3
+    # without probes (given clusters, --no-probe) the drift-corrected statistic is left out
+    rows[0]["rounds"] = [rd(0.1, 0.08, 0.1)]
+    for k in [k for k in rows[0] if k.endswith("drift-corrected") or k.endswith("drift-corrected_s")]:
+        del rows[0][k]
+    ca.combine_rounds(rows[0])
+    assert ca.summary(rows, "drift-corrected") is None
     assert {v[0] for v in ca.VARIANTS} >= ca.QUICK and len(ca.QUICK) >= 6
 
 

@@ -153,3 +153,14 @@ def test_graph_op_overhead_from_the_tiny_transformer_step():
     # a step faster than the bare dispatch says never drives the graph figure below it
     c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(n * 1e-6)]})
     assert c.op_overhead == pytest.approx(5e-6)
+
+
+def test_probe_times_the_reference_block_now():
+    # one spawned process (~3 s): the drift probe the accuracy bench takes before each run
+    from sapp.calibrate import probe, reference_seconds
+    t = probe(1, timeout_s=60)
+    assert 1e-4 < t < 10.0
+    assert reference_seconds({"ranks": [{"local": {"reference_s": 0.1}}, {"local": {"reference_s": 0.3}}]}) == 0.3
+    assert reference_seconds({"ranks": [{"local": {}}]}) is None
+    with pytest.raises(CalibrationError):
+        probe(0)
