@@ -381,26 +381,34 @@ def _measure_allreduce(torch, dist, dev, cfg, sync, kind="all_reduce"):
     out = {}
     for nbytes in cfg["ar_bytes"]:
         op = _collective_op(torch, dist, dev, kind, nbytes)
-        op()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            op()
-        sync()
-        est = (time.perf_counter() - t0) / 3
-        reps = torch.tensor([max(1, min(2000, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
-        dist.all_reduce(reps, op=dist.ReduceOp.MAX)
-        reps = int(reps.item())
-        best = float("inf")
-        for _ in range(3):
-            dist.barrier()
-            t0 = time.perf_counter()
+
+        def run(reps):
             for _ in range(reps):
                 op()
-            sync()
-            best = min(best, (time.perf_counter() - t0) / reps)
-        out[nbytes] = best
+        out[nbytes] = _time_agreed(torch, dist, dev, cfg, sync, run, cap=2000)
     return out
+
+
+def _time_agreed(torch, dist, dev, cfg, sync, run, cap):
+    """Best seconds per call of `run(reps)` (reps calls) over 3 timed rounds, with a repetition count
+    every rank agrees on (MAX), since collectives must be issued the same number of times."""
+    run(1)
+    sync()
+    t0 = time.perf_counter()
+    run(3)
+    sync()
+    est = (time.perf_counter() - t0) / 3
+    reps = torch.tensor([max(1, min(cap, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
+    dist.all_reduce(reps, op=dist.ReduceOp.MAX)
+    reps = int(reps.item())
+    best = float("inf")
+    for _ in range(3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        run(reps)
+        sync()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
 
 
 def _measure_p2p(torch, dist, dev, cfg, sync):
@@ -423,23 +431,8 @@ def _measure_p2p(torch, dist, dev, cfg, sync):
                 else:
                     dist.recv(x, peer)
                     dist.send(x, peer)
-        ping(1)
-        sync()
-        t0 = time.perf_counter()
-        ping(3)
-        sync()
-        est = (time.perf_counter() - t0) / 3
-        reps = torch.tensor([max(1, min(1000, int(cfg["min_time"] / 3 / max(est, 1e-7))))], device=dev)
-        dist.all_reduce(reps, op=dist.ReduceOp.MAX)
-        reps = int(reps.item())
-        best = float("inf")
-        for _ in range(3):
-            dist.barrier()
-            t0 = time.perf_counter()
-            ping(reps)
-            sync()
-            best = min(best, (time.perf_counter() - t0) / reps / 2)
-        out[nbytes] = best
+        # a round trip per call: one way is half of it
+        out[nbytes] = _time_agreed(torch, dist, dev, cfg, sync, ping, cap=1000) / 2
     return out
 
 
