@@ -91,7 +91,9 @@ def test_dead_rank_ends_job_quickly(searched_plan):
     assert p.returncode != 0
     assert "[rank 1] SAPP_FAULT: exiting at step 3" in p.stderr
     assert "sapp run: error: training failed" in p.stderr
-    assert "[rank 0] error at step 3" in p.stderr          # the survivor says why it stopped
+    # the survivor says why it stopped - unless the launcher, which watches its children, ended it
+    # first (seen once under a loaded CI box); then torchrun's failure report names the signal
+    assert "[rank 0] error at step 3" in p.stderr or "SIGTERM" in p.stderr or "Signal 15" in p.stderr
     died_at = float(p.stderr.split("SAPP_FAULT: exiting at step 3 at t=")[1].split()[0])
     print(f"job ended {end - died_at:.2f}s after rank 1 died")
     assert end - died_at < 30, f"job took {end - died_at:.1f}s to end after rank 1 died"
