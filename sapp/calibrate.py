@@ -23,8 +23,7 @@ What is measured, in `procs` worker processes running at the same time (so every
     accumulation come with each counted op: ~4x a bare dispatch); the bare figure stays for the
     optimizer update as `update_op_overhead`;
   - a reference GPT block's eager training step (forward + backward): its time over what the
-    figures above predict for it is `compute_scale` (CPU only); the same with every block
-    checkpointed: what that adds over the blocks' forward is `recompute_scale`;
+    figures above predict for it is `compute_scale` (CPU only);
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
     t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β; all-gather,
     reduce-scatter and point-to-point (ping-pong between rank pairs, as pipeline stages send) get
@@ -228,16 +227,13 @@ REFERENCE = ("gpt-small", {"l": 2, "h": 256, "a": 4, "s": 128, "V": 1024, "ffn":
 TINY = ("gpt-small", {"l": 2, "h": 16, "a": 2, "s": 8, "V": 32, "ffn": 64}, 1)
 
 
-def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE, recompute=False):
+def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE):
     """Seconds of one forward + backward of the reference model `ref` (gradients freed each step, as
-    the training loop does); `recompute`: every block checkpointed as emit does for full recompute."""
+    the training loop does)."""
     import sapp.models as models
     name, over, batch = ref
     torch.manual_seed(0)
     m = models.get(name, device=dev.type, **over)
-    if recompute:
-        from .emit.recompute import apply, block_names
-        apply(m, {b: "full" for b in block_names(m)})
     loss_fn = models.loss_fn(m)
     x = models.example_inputs(m, batch, device=dev)
     y = models.example_targets(m, batch, device=dev)
@@ -264,18 +260,6 @@ def reference_prediction(cluster, ref=REFERENCE) -> float:
     from .mesh import Level, Mesh
     mesh, st = Mesh((Level(1, "intra"),)), CostSettings(precision="fp32")
     return sum(node_cost(n, (None,), mesh, cluster, st).compute_s for n in _reference_graph(ref).nodes.values())
-
-
-def recompute_prediction(cluster, ref=REFERENCE) -> float:
-    """What the cost model adds to `reference_prediction` when every block of `ref` recomputes: the
-    forward of the blocks' operators."""
-    from .costmodel.nodes import node_cost
-    from .costmodel.settings import CostSettings
-    from .mesh import Level, Mesh
-    graph = _reference_graph(ref)
-    mesh, st = Mesh((Level(1, "intra"),)), CostSettings(precision="fp32")
-    return sum(node_cost(graph.nodes[n], (None,), mesh, cluster, st).fwd_s
-               for names in graph.blocks.values() for n in names if n in graph.nodes)
 
 
 def graph_launches(ref, async_launch=False) -> int:
@@ -471,7 +455,6 @@ def _worker(rank, procs, port, cfg, threads, results):
         if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
             local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
             local["reference_s"] = _measure_reference(torch, dev, cfg, sync)
-            local["reference_recompute_s"] = _measure_reference(torch, dev, cfg, sync, recompute=True)
             local["tiny_s"] = _measure_reference(torch, dev, cfg, sync, TINY)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
@@ -493,8 +476,6 @@ def _worker(rank, procs, port, cfg, threads, results):
             again = _measure_gemm(torch, dev, cfg, sync)
             local["gemm_flops"] = {n: max(r, again[n]) for n, r in local["gemm_flops"].items()}
             local["reference_s"] = min(local["reference_s"], _measure_reference(torch, dev, cfg, sync))
-            local["reference_recompute_s"] = min(local["reference_recompute_s"],
-                                                 _measure_reference(torch, dev, cfg, sync, recompute=True))
             local["tiny_s"] = min(local["tiny_s"], _measure_reference(torch, dev, cfg, sync, TINY))
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
@@ -718,15 +699,6 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         changes["compute_scale"] = round(scale, 3)
     if scale is not None:
         notes += f", framework overhead x{scale:.2f} (reference block {max(refs) * 1e3:.1f} ms measured)"
-    rec = [r["local"].get("reference_recompute_s") for r in ranks]
-    if scale is not None and all(rec):
-        # what recomputing every block adds to the slowest rank's step, over the blocks' forward the cost
-        # model charges for it (checkpoint's hooks and the rebuilt autograd graph come on top)
-        extra = recompute_prediction(Cluster.from_dict({**base_c.to_dict(), **changes}))
-        if extra > 0:
-            rscale = max(0.5, min(3.0, (max(rec) - max(refs)) / extra))
-            changes["recompute_scale"] = round(rscale, 3)
-            notes += f", recomputation x{rscale:.2f} the forward it repeats"
     if "mem_bw_curve" in changes:
         pts = changes["mem_bw_curve"]
         notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"

@@ -15,7 +15,7 @@ from .units import parse_quantity
 
 _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
-    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale", "recompute_scale",
+    "host_memory", "host_mem_bandwidth", "h2d_bw", "host_flops", "rng_rate", "compute_scale",
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
                  "fsdp_unit_overhead", "fsdp_tensor_overhead")
@@ -89,9 +89,6 @@ class Cluster:
     # predict for it: the framework's own costs (Python, autograd bookkeeping, allocation, caches
     # between ops) that no single-op benchmark sees.  Multiplies every operator's time.
     compute_scale: float = 1.0
-    # Measured time of recomputing a checkpointed block's forward inside backward, over that forward
-    # (torch.utils.checkpoint's saved-tensor hooks and the rebuilt autograd graph: ~1.3x on a CPU).
-    recompute_scale: float = 1.0
     # Per-collective (kind, alpha s, beta bytes/s) fits inside a node where they differ from the
     # all-reduce's: gloo's all-gather / reduce-scatter are not rings of the all-reduce's cost, and
     # FSDP2 lives on them.  Empty = every collective uses intra_latency / intra_bw.

@@ -164,27 +164,3 @@ def test_probe_times_the_reference_block_now():
     assert reference_seconds({"ranks": [{"local": {}}]}) is None
     with pytest.raises(CalibrationError):
         probe(0)
-
-
-def test_recompute_scale_from_the_checkpointed_reference():
-    # recompute_scale = (checkpointed reference step - plain step) / the blocks' forward the cost
-    # model charges for the recomputation, on the calibrated cluster
-    from sapp.calibrate import recompute_prediction, reference_prediction
-
-    def rank(ref_s, rec_s):
-        return {"cuda": False, "backend": "gloo", "device_memory": None, "device_name": "cpu",
-                "local": {"gemm_flops": {256: 5e10}, "copy_bw": 1e10, "add_bw": 1e10, "h2d_bw": None,
-                          "reference_s": ref_s, "reference_recompute_s": rec_s},
-                "allreduce": {}}
-    probe_c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(1.0, 1.0)]})
-    # a reference step the model predicts exactly, and recomputation 1.3x the blocks' forward
-    ref = reference_prediction(probe_c.replace(compute_scale=1.0))
-    extra = recompute_prediction(probe_c.replace(compute_scale=1.0))
-    assert 0 < extra < ref
-    c = cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [rank(ref, ref + 1.3 * extra)]})
-    assert c.compute_scale == pytest.approx(1.0, abs=1e-3)
-    assert c.recompute_scale == pytest.approx(1.3, abs=2e-3)
-    assert "recomputation x1.30" in c.notes
-    # no checkpointed measurement: the default 1
-    r = rank(ref, None)
-    assert cluster_from_measurements({"procs": 1, "threads_per_proc": 1, "ranks": [r]}).recompute_scale == 1.0

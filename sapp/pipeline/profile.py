@@ -323,11 +323,9 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         fwd = sum(d["fwd_s"] for d in pn) - pc + gather
         bwd = sum(d["bwd_s"] for d in pn) - pc + gather
         act = unit_activations(graph, names, strategies, mesh, st, savers) if acts else (0.0, 0.0, 0.0)
-        # recomputing costs the forward again, times what checkpointing adds (calibrated)
-        rs = getattr(cluster, "recompute_scale", 1.0)
         sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {
-            "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra * rs, fwd * rs),
+            "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
             "reshard": sum(d["reshard_s"] for d in pn),
             "grad_sync": sync - lat, "sync_lat": lat, "param_list": params, "gather": gather,
             "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
