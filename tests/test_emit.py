@@ -293,3 +293,26 @@ def test_shard_slices_by_dp_rank():
     assert x.tolist() == [4, 5] and b.tolist() == [40, 50]
     with pytest.raises(PlanError, match="does not divide over dp=4"):
         p.shard(torch.arange(6))
+
+
+def test_pipeline_stages_run_generated_code_not_the_fx_interpreter():
+    # torch.export's InterpreterModules run node by node in Python unless told otherwise (~50 ms per
+    # step of a small 2-stage pipeline); stage_modules switches every one of them to its generated
+    # code, and the stages still compute what the whole model does
+    import sapp.models as models
+    from sapp.emit import pipe
+    torch.manual_seed(0)
+    m = models.get("gpt-tiny", device="cpu").eval()
+    x = models.example_inputs(m, 2, "cpu")
+    traced = pipe.trace(m, pipe.micro_example(x, 2), ["layers.1"])
+    stages = pipe.stage_modules(traced, [0, 1])
+    # (a container that is never called, like `layers`, has no code to run and stays as it is)
+    interp = [sub for mod in stages.values() for sub in mod.modules()
+              if hasattr(sub, "_run_with_interpreter") and getattr(sub, "graph_module", None) is not None]
+    assert len(interp) > 4 and not any(sub._run_with_interpreter for sub in interp)
+    with torch.no_grad():
+        h = stages[0](*x)
+        out = stages[1](*(h if isinstance(h, tuple) else (h,)))
+        ref = m(*x)
+    out = out[0] if isinstance(out, tuple) else out
+    assert torch.allclose(out, ref, atol=1e-5)
