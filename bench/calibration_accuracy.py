@@ -91,11 +91,15 @@ def step_statistics(res):
     return res["measured_step_time_s"], min(steady)
 
 
+def _paths(out, label):
+    """(plan file, run result file) of one variant in `out`."""
+    slug = label.replace(" ", "_")
+    return os.path.join(out, f"plan-{slug}.json"), os.path.join(out, f"run-{slug}.json")
+
+
 def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, ref_s=None):
     import sapp
-    slug = label.replace(" ", "_")
-    plan_path = os.path.join(out, f"plan-{slug}.json")
-    res_path = os.path.join(out, f"run-{slug}.json")
+    plan_path, res_path = _paths(out, label)
     row = {"label": label, "model": model, "procs": procs, "global_batch": batch, "constraints": cons}
     try:
         plan = _search(model, cluster, batch, cons)
@@ -133,8 +137,7 @@ def measure_again(row, cluster, out, steps, timeout_s, ref_s=None):
     run it again.  Returns the round's record or None."""
     from sapp.api import evaluate
     from sapp.plan import Plan
-    slug = row["label"].replace(" ", "_")
-    plan_path, res_path = os.path.join(out, f"plan-{slug}.json"), os.path.join(out, f"run-{slug}.json")
+    plan_path, res_path = _paths(out, row["label"])
     plan = Plan.load(plan_path)
     pred = evaluate(row["model"], cluster, plan, graph=_GRAPHS.get(row["model"]))["step_time_s"]
     factor = drift(row["procs"], ref_s)

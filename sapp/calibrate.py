@@ -35,6 +35,7 @@ The rest (nodes=1, gpus_per_node=procs, memory sizes) comes from the machine; th
 base for anything not measured.  Every worker runs under a hard timeout."""
 from __future__ import annotations
 
+import functools
 import os
 import queue as _queue
 import socket
@@ -246,10 +247,17 @@ def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE):
 
 
 def _reference_graph(ref):
+    name, over, batch = ref
+    return _captured(name, tuple(sorted(over.items())), batch)
+
+
+@functools.lru_cache(maxsize=8)
+def _captured(name, over, batch):
+    # one capture per reference model and process: cluster_from_measurements prices TINY twice and
+    # REFERENCE once (~0.5-1 s a capture); the cost functions only read the graph
     import sapp.models as models
     from .api import capture_graph
-    name, over, batch = ref
-    return capture_graph(models.get(name, device="meta", **over))[0].rebatch(batch)
+    return capture_graph(models.get(name, device="meta", **dict(over)))[0].rebatch(batch)
 
 
 def reference_prediction(cluster, ref=REFERENCE) -> float:
@@ -658,12 +666,12 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         fs = [r["local"].get("fsdp") for r in ranks]
         if all(fs):
             from .costmodel.primitives import collective_time
-            probe = Cluster.from_dict({**base_c.to_dict(), **changes})
+            fitted = Cluster.from_dict({**base_c.to_dict(), **changes})
             w = FSDP_WIDTH
 
             def per_unit(key, nbytes):
-                comm = (2 * collective_time("all_gather", nbytes, procs, "intra", probe)
-                        + collective_time("reduce_scatter", nbytes, procs, "intra", probe))
+                comm = (2 * collective_time("all_gather", nbytes, procs, "intra", fitted)
+                        + collective_time("reduce_scatter", nbytes, procs, "intra", fitted))
                 extra = max(f[key] - f["plain" + key[4:]] for f in fs) / (FSDP_UNITS + 1)   # + the root unit
                 return max(0.0, extra - comm)
 
@@ -690,15 +698,13 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         notes += f", {kind} alpha {a * 1e6:.0f} us beta {b / 1e9:.2f} GB/s"
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
-    refs = [r["local"].get("reference_s") for r in ranks]
-    scale = None
-    if all(refs):
+    ref_s = reference_seconds(raw)
+    if ref_s:
         # the slowest rank's reference step over the cost model's prediction with everything else measured
         predicted = reference_prediction(Cluster.from_dict({**base_c.to_dict(), **changes}))
-        scale = max(0.5, min(3.0, max(refs) / predicted)) if predicted > 0 else 1.0
+        scale = max(0.5, min(3.0, ref_s / predicted)) if predicted > 0 else 1.0
         changes["compute_scale"] = round(scale, 3)
-    if scale is not None:
-        notes += f", framework overhead x{scale:.2f} (reference block {max(refs) * 1e3:.1f} ms measured)"
+        notes += f", framework overhead x{scale:.2f} (reference block {ref_s * 1e3:.1f} ms measured)"
     if "mem_bw_curve" in changes:
         pts = changes["mem_bw_curve"]
         notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"
