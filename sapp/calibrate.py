@@ -228,12 +228,14 @@ REFERENCE = ("gpt-small", {"l": 2, "h": 256, "a": 4, "s": 128, "V": 1024, "ffn":
 
 # A transformer of the same structure with tiny dimensions: the arithmetic of its training step is
 # nil, so the step is the framework's cost per operator in a real graph (`op_overhead`, CPU).
+REFERENCE_STEPS = 7
 TINY = ("gpt-small", {"l": 2, "h": 16, "a": 2, "s": 8, "V": 32, "ffn": 64}, 1)
 
 
-def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE):
+def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE, lockstep=None):
     """Seconds of one forward + backward of the reference model `ref` (gradients freed each step, as
-    the training loop does)."""
+    the training loop does).  `lockstep`: a callable every rank runs after each step (a one-element
+    all-reduce), so that, as in data-parallel training, a step lasts until the slowest rank is done."""
     import sapp.models as models
     name, over, batch = ref
     torch.manual_seed(0)
@@ -250,7 +252,19 @@ def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE):
     # measured step is a median too.  On a shared or oversubscribed CPU (4 processes on 2 cores
     # time-slice) single fast steps come from moments when a peer happened to idle; the median of
     # 7 rounds (one step each for the reference block) is what a run sees.
-    return _timeit(step, cfg["min_time"] * 7 / 3, sync, rounds=7, stat=statistics.median)
+    if lockstep is None:
+        return _timeit(step, cfg["min_time"] * 7 / 3, sync, rounds=7, stat=statistics.median)
+    # a fixed count (every rank must join every all-reduce), each step timed end to end
+    step()
+    lockstep()
+    times, last = [], time.perf_counter()
+    for _ in range(REFERENCE_STEPS):
+        step()
+        lockstep()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return statistics.median(times)
 
 
 def _reference_graph(ref):
@@ -469,7 +483,7 @@ def _worker(rank, procs, port, cfg, threads, results):
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
         if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
             local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
-            local["reference_s"] = _measure_reference(torch, dev, cfg, sync)
+            local["reference_s"] = _measure_reference(torch, dev, cfg, sync, lockstep=_lockstep(torch, dist, procs))
             local["tiny_s"] = _measure_reference(torch, dev, cfg, sync, TINY)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
@@ -490,7 +504,8 @@ def _worker(rank, procs, port, cfg, threads, results):
             # end and keep each one's better pass (what the machine does undisturbed)
             again = _measure_gemm(torch, dev, cfg, sync)
             local["gemm_flops"] = {n: max(r, again[n]) for n, r in local["gemm_flops"].items()}
-            local["reference_s"] = min(local["reference_s"], _measure_reference(torch, dev, cfg, sync))
+            local["reference_s"] = min(local["reference_s"],
+                                       _measure_reference(torch, dev, cfg, sync, lockstep=_lockstep(torch, dist, procs)))
             local["tiny_s"] = min(local["tiny_s"], _measure_reference(torch, dev, cfg, sync, TINY))
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
@@ -502,12 +517,26 @@ def _worker(rank, procs, port, cfg, threads, results):
         results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
+def _lockstep(torch, dist, procs):
+    """What ends a data-parallel step on every rank: a one-element all-reduce (None alone)."""
+    if procs < 2:
+        return None
+    flag = torch.ones(1)
+    return lambda: dist.all_reduce(flag)
+
+
 def _probe_worker(rank, procs, port, cfg, threads, results):
     try:
         import torch
+        import torch.distributed as dist
         torch.set_num_threads(threads)
         dev = torch.device("cpu")
-        results.put((rank, {"reference_s": _measure_reference(torch, dev, cfg, lambda: None)}))
+        if procs > 1:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=procs)
+        ref = _measure_reference(torch, dev, cfg, lambda: None, lockstep=_lockstep(torch, dist, procs))
+        if procs > 1:
+            dist.destroy_process_group()
+        results.put((rank, {"reference_s": ref}))
     except Exception as e:
         results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
@@ -708,7 +737,11 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     ref_s = reference_seconds(raw)
     if ref_s:
         # the slowest rank's reference step over the cost model's prediction with everything else measured
-        predicted = reference_prediction(Cluster.from_dict({**base_c.to_dict(), **changes}))
+        measured_c = Cluster.from_dict({**base_c.to_dict(), **changes})
+        predicted = reference_prediction(measured_c)
+        if len(raw["ranks"]) > 1:        # the lockstep all-reduce closing each timed step, as a run's loss sync
+            from .costmodel import collective_time
+            predicted += collective_time("all_reduce", 4.0, len(raw["ranks"]), "intra", measured_c)
         scale = max(0.5, min(3.0, ref_s / predicted)) if predicted > 0 else 1.0
         changes["compute_scale"] = round(scale, 3)
         notes += f", framework overhead x{scale:.2f} (reference block {ref_s * 1e3:.1f} ms measured)"
