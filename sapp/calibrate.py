@@ -24,8 +24,10 @@ What is measured, in `procs` worker processes running at the same time (so every
     optimizer update as `update_op_overhead`;
   - a reference GPT block's eager training step (forward + backward): its time over what the
     figures above predict for it is `compute_scale` (CPU only).  This step and the tiny one are the
-    median of 7 rounds, not the best: a plan's measured step is a median, and on a shared or
-    oversubscribed CPU the single fastest steps are moments when a peer happened to idle;
+    median of 7, not the best: a plan's measured step is a median, and on a shared or
+    oversubscribed CPU the single fastest steps are moments when a peer happened to idle.  With
+    several processes the reference steps run in lockstep (a one-element all-reduce closes each, on
+    every rank), as a data-parallel step lasts until its slowest rank is done;
   - all_reduce times at several sizes over gloo (CPU) or NCCL (GPUs), fitted to the ring model
     t = 2(n-1)·α + 2(n-1)/n · B/β by least squares: `intra_latency` = α, `intra_bw` = β; all-gather,
     reduce-scatter and point-to-point (ping-pong between rank pairs, as pipeline stages send) get
