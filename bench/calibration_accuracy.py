@@ -82,8 +82,8 @@ def _search(model, cluster, batch, cons):
 
 def step_statistics(res):
     """(median, best) of the steady steps of a `sapp run --out` result (the first step is warm-up).
-    The median is what a user sees; the best is the statistic calibration itself takes (best of
-    repeats), the like-for-like comparison on a machine whose neighbours come and go."""
+    The median is what a user sees (and what calibration's reference step is); the best is the
+    machine at its least disturbed, on a box whose neighbours come and go."""
     times = res.get("step_times_s") or []
     steady = times[1:] if len(times) > 1 else times
     if not steady:
@@ -202,8 +202,8 @@ def to_markdown(rows, clusters, command, stats):
                    f"(element-wise {c.memory_efficiency:.0%}), {c.op_overhead * 1e6:.0f} us per graph op, "
                    f"all_reduce alpha {c.intra_latency * 1e6:.0f} us, beta {c.intra_bw / 1e9:.2f} GB/s")
     sts = [st for st in STATISTICS if stats.get(st)]
-    out += ["", "Measured: per run the median step (what a user sees) and the best step (the statistic calibration "
-            "takes: best of repeats). Drift: the reference block timed again in as many processes just before the "
+    out += ["", "Measured: per run the median step (what a user sees) and the best step (the machine at its least "
+            "disturbed). Drift: the reference block timed again in as many processes just before the "
             "run, over its time at calibration (> 1: the machine is slower now). Errors are medians over rounds of "
             "predicted / measured - 1.", "",
             "| plan | procs | batch | predicted ms | median ms | error | best ms | error | drift | drift-corrected error "
