@@ -742,8 +742,8 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         measured_c = Cluster.from_dict({**base_c.to_dict(), **changes})
         predicted = reference_prediction(measured_c)
         if len(raw["ranks"]) > 1:        # the lockstep all-reduce closing each timed step, as a run's loss sync
-            from .costmodel import collective_time
-            predicted += collective_time("all_reduce", 4.0, len(raw["ranks"]), "intra", measured_c)
+            from .costmodel.primitives import scalar_allreduce_time
+            predicted += scalar_allreduce_time(len(raw["ranks"]), "intra", measured_c)
         scale = max(0.5, min(3.0, ref_s / predicted)) if predicted > 0 else 1.0
         changes["compute_scale"] = round(scale, 3)
         notes += f", framework overhead x{scale:.2f} (reference block {ref_s * 1e3:.1f} ms measured)"

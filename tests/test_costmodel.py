@@ -319,3 +319,20 @@ def test_flat_allreduce_staging_on_a_serial_device():
     assert sync == pytest.approx(collective_time("all_reduce", gb, 2, "intra", cpu) + stage) and gather == 0.0
     assert grad_sync_times(gb, gb, 2, "intra", A100, 0)[0] == pytest.approx(collective_time("all_reduce", gb, 2, "intra", A100))
     assert flat_allreduce_staging_time(0.0, cpu) == 0.0
+
+
+def test_loss_allreduce_is_a_latency_tree_and_part_of_the_step():
+    # a scalar all-reduce is latency-bound and runs as a tree: log2(n) hops, not the ring's 2(n-1)
+    from sapp.costmodel.primitives import scalar_allreduce_time, collective_time as ring
+    from sapp.costmodel.primitives import link_params
+    cl = Cluster.parse("a100-80g:nodes=64")
+    alpha = link_params("inter", cl)[0]
+    assert scalar_allreduce_time(1, "inter", cl) == 0.0
+    assert scalar_allreduce_time(512, "inter", cl) == pytest.approx(9 * alpha)
+    assert scalar_allreduce_time(512, "inter", cl) < ring("all_reduce", 4.0, 512, "inter", cl) / 50
+    # the searched step carries it as its own communication kind
+    import sapp
+    plan = sapp.search(sapp.models.get("gpt-small", device="meta"), Cluster.parse("cpu:gpus=2"), global_batch=8)
+    by = plan.predicted["comm_by_kind"]
+    assert by["loss_sync"] == pytest.approx(scalar_allreduce_time(2, "intra", Cluster.parse("cpu:gpus=2")), rel=1e-4)
+    assert by["loss_sync"] > 0 and plan.predicted["comm_s"] == pytest.approx(sum(by.values()), rel=1e-4)

@@ -1,6 +1,8 @@
 """Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2)."""
 from __future__ import annotations
 
+import math
+
 import functools
 
 from ..cluster import curve_rate
@@ -103,6 +105,20 @@ def collective_time(kind: str, nbytes: float, n: int, link: str, cluster) -> flo
     if kind == "all_reduce":
         return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta
     return (n - 1) * alpha + (n - 1) / n * nbytes / beta
+
+
+def scalar_allreduce_time(n: int, link: str, cluster) -> float:
+    """One all-reduce of a few bytes (a loss) over `n` ranks: latency-bound, and libraries run it as
+    a tree (NCCL) or recursive doubling rather than a ring, so ceil(log2 n) hops of the link's alpha
+    (gloo, 2 CPU processes: 0.8 ms measured in a step against an 0.87 ms fitted alpha)."""
+    if n <= 1:
+        return 0.0
+    alpha, _ = link_params(link, cluster)
+    if link == "intra" and getattr(cluster, "collective_fits", ()):
+        fit = _rates(cluster.collective_fits).get("all_reduce")
+        if fit is not None:
+            alpha = fit[0]
+    return math.ceil(math.log2(n)) * alpha
 
 
 def staging_copy_time(nbytes: float, n: int, cluster) -> float:

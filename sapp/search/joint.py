@@ -25,6 +25,7 @@ from ..costmodel.nodes import MATMUL_LIKE
 from ..errors import ConstraintError, InfeasibleError, SappError
 from ..pipeline.partition import partition_counts, partition_dp
 from ..costmodel.optimizer import optimizer_step_time, updated_params
+from ..costmodel.primitives import scalar_allreduce_time
 from ..pipeline.profile import build_profile, split_units, stage_mesh
 from ..pipeline.schedule import in_flight, step_time
 from ..recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
@@ -504,7 +505,7 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
                                     tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
     # the emitted step ends with one scalar all-reduce of the loss over every rank (the global-batch
-    # loss it reports): latency only, ~0.8 ms on gloo, tens of microseconds on NCCL
+    # loss it reports): latency only, ~0.8 ms on gloo, microseconds on NCCL
     loss_s = _loss_sync_time(ctx.cluster)
     step = step_pipe + gs + opt_s + loss_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
@@ -534,7 +535,7 @@ def _loss_sync_time(cluster) -> float:
     n = cluster.devices
     if n <= 1:
         return 0.0
-    return collective_time("all_reduce", 4.0, n, "inter" if cluster.nodes > 1 else "intra", cluster)
+    return scalar_allreduce_time(n, "inter" if cluster.nodes > 1 else "intra", cluster)
 
 
 def _interleave_blocks(ctx, cfg, stages):
