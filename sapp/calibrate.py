@@ -230,8 +230,11 @@ REFERENCE = ("gpt-small", {"l": 2, "h": 256, "a": 4, "s": 128, "V": 1024, "ffn":
 
 # A transformer of the same structure with tiny dimensions: the arithmetic of its training step is
 # nil, so the step is the framework's cost per operator in a real graph (`op_overhead`, CPU).
-REFERENCE_STEPS = 7
 TINY = ("gpt-small", {"l": 2, "h": 16, "a": 2, "s": 8, "V": 32, "ffn": 64}, 1)
+
+
+# steps the reference is timed over; their median is its figure (the module docstring says why)
+REFERENCE_STEPS = 7
 
 
 def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE, lockstep=None):
@@ -250,12 +253,9 @@ def _measure_reference(torch, dev, cfg, sync, ref=REFERENCE, lockstep=None):
         m.zero_grad(set_to_none=True)
         loss_fn(m(*x), y).backward()
 
-    # the typical step, not the best: compute_scale is this over the prediction, and a plan's
-    # measured step is a median too.  On a shared or oversubscribed CPU (4 processes on 2 cores
-    # time-slice) single fast steps come from moments when a peer happened to idle; the median of
-    # 7 rounds (one step each for the reference block) is what a run sees.
     if lockstep is None:
-        return _timeit(step, cfg["min_time"] * 7 / 3, sync, rounds=7, stat=statistics.median)
+        return _timeit(step, cfg["min_time"] * REFERENCE_STEPS / 3, sync, rounds=REFERENCE_STEPS,
+                       stat=statistics.median)
     # a fixed count (every rank must join every all-reduce), each step timed end to end
     step()
     lockstep()

@@ -71,10 +71,7 @@ def optimizer_step_time(optimizer_state_bytes: float, param_bytes: float, cluste
     if n <= 0:
         return 0.0
     nbytes = n * update_bytes_per_param(settings)
-    # the update touches each weight, gradient and state once per step, and the forward and backward
-    # in between sweep the caches: it streams from DRAM whatever the tensors' sizes (gpt-small in a
-    # 2-process step on this CPU: 2.8 ms, as 26 MB at the copy rate; the same update looped hot
-    # from cache: 0.9 ms)
+    # from DRAM whatever the tensors' sizes (module docstring, "Bandwidth")
     t = nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency)
     host = optimizer_dispatch_time(tensors, cluster, settings, sharded)
     if cluster.async_launch:

@@ -1,9 +1,8 @@
 """Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2)."""
 from __future__ import annotations
 
-import math
-
 import functools
+import math
 
 from ..cluster import curve_rate
 from ..errors import SappError
@@ -87,17 +86,23 @@ def link_params(link: str, cluster):
     raise SappError(f"link must be 'intra' or 'inter', got {link!r}")
 
 
+def _alpha_beta(kind: str, link: str, cluster) -> tuple:
+    """(alpha, beta) of `kind` on `link`: the calibrated fit of that collective inside a node where
+    the cluster has one, else the link's figures."""
+    if link == "intra" and getattr(cluster, "collective_fits", ()):
+        fit = _rates(cluster.collective_fits).get(kind)
+        if fit is not None:
+            return fit
+    return link_params(link, cluster)
+
+
 def collective_time(kind: str, nbytes: float, n: int, link: str, cluster) -> float:
     """Ring alpha-beta time of one collective over `n` ranks.  `nbytes` is the full buffer for
     all_reduce / all_gather (output) / reduce_scatter (input); the per-rank send buffer for
     all_to_all; the message for p2p."""
     if kind not in COLLECTIVES:
         raise SappError(f"unknown collective {kind!r}; use one of {', '.join(COLLECTIVES)}")
-    alpha, beta = link_params(link, cluster)
-    if link == "intra" and getattr(cluster, "collective_fits", ()):
-        fit = _rates(cluster.collective_fits).get(kind)
-        if fit is not None:
-            alpha, beta = fit
+    alpha, beta = _alpha_beta(kind, link, cluster)
     if kind == "p2p":
         return alpha + nbytes / beta if nbytes > 0 else 0.0
     if n <= 1 or nbytes <= 0:
@@ -113,12 +118,7 @@ def scalar_allreduce_time(n: int, link: str, cluster) -> float:
     (gloo, 2 CPU processes: 0.8 ms measured in a step against an 0.87 ms fitted alpha)."""
     if n <= 1:
         return 0.0
-    alpha, _ = link_params(link, cluster)
-    if link == "intra" and getattr(cluster, "collective_fits", ()):
-        fit = _rates(cluster.collective_fits).get("all_reduce")
-        if fit is not None:
-            alpha = fit[0]
-    return math.ceil(math.log2(n)) * alpha
+    return math.ceil(math.log2(n)) * _alpha_beta("all_reduce", link, cluster)[0]
 
 
 def staging_copy_time(nbytes: float, n: int, cluster) -> float:
