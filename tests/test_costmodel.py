@@ -306,15 +306,18 @@ def test_measured_collective_fits_replace_the_all_reduce_model_inside_a_node():
 
 
 def test_flat_allreduce_staging_on_a_serial_device():
-    # ZeRO-0 on a CPU: gradients go through one flat buffer (in, divide, out: three read+write passes
-    # at the rate of one pass's bytes) around the all-reduce; on a GPU (async) only the collective
+    # ZeRO-0 on a CPU: gradients go through one flat buffer (in, divide, out: three read+write passes)
+    # around the all-reduce, after backward has swept the caches: DRAM rate, so pricing the buffer a
+    # unit at a time (small shares the size curve would put in cache) costs what pricing it whole does
     from sapp.costmodel.nodes import grad_sync_times
     from sapp.costmodel.primitives import collective_time, flat_allreduce_staging_time
     cpu = Cluster.parse("cpu:gpus=2").replace(mem_bw_curve=((1e6, 1e11), (1e9, 1e10)))
     gb = 16e6
     stage = flat_allreduce_staging_time(gb, cpu)
+    assert stage == pytest.approx(6 * gb / (cpu.mem_bandwidth * cpu.memory_efficiency))
+    assert sum(flat_allreduce_staging_time(gb / 16, cpu) for _ in range(16)) == pytest.approx(stage)
     from sapp.cluster import curve_rate
-    assert stage == pytest.approx(6 * gb / curve_rate(cpu.mem_bw_curve, 2 * gb, 0.0))
+    assert stage > 3 * 6 * (gb / 16) * 16 / curve_rate(cpu.mem_bw_curve, 2 * gb / 16, 0.0)
     sync, gather = grad_sync_times(gb, gb, 2, "intra", cpu, 0)
     assert sync == pytest.approx(collective_time("all_reduce", gb, 2, "intra", cpu) + stage) and gather == 0.0
     assert grad_sync_times(gb, gb, 2, "intra", A100, 0)[0] == pytest.approx(collective_time("all_reduce", gb, 2, "intra", A100))

@@ -139,11 +139,14 @@ def flat_allreduce_staging_time(nbytes: float, cluster) -> float:
     """Local memory traffic around one all-reduce of `nbytes` of gradients through a flat buffer on a
     serial device (emit.parallel.GradAllReduce): the gradients concatenated in, the sum divided by
     the group size in place, the mean copied back out - three passes that each read and write
-    `nbytes`, at the streaming rate of one such pass (measured, 16.7 MB on a 2-core CPU: 2.2 + 1.5 +
-    2.4 ms around a 12.4 ms gloo all-reduce)."""
+    `nbytes`.  They run after a backward that swept the caches, over one buffer of the whole stage's
+    gradients, so at the DRAM rate whatever share of them a caller prices (the pipeline profile
+    prices a unit at a time; at the cache rate of a unit's size the mlp's 16.7 MB came to 1.8 ms).
+    Measured in a 2-process step on this 2-core CPU: 3.3 + 1.9 + 3.5 ms around a 16.5 ms gloo
+    all-reduce of 16.7 MB, 11.5 GB/s against a 13 GB/s copy rate."""
     if nbytes <= 0:
         return 0.0
-    return 3.0 * 2.0 * nbytes / stream_bandwidth(2.0 * nbytes, cluster)
+    return 3.0 * 2.0 * nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency)
 
 
 def model_state_bytes(n_params: float, dp: int, zero: int, settings) -> dict:
