@@ -85,7 +85,8 @@ def step_statistics(res):
     The median is what a user sees (and what calibration's reference step is); the best is the
     machine at its least disturbed, on a box whose neighbours come and go."""
     times = res.get("step_times_s") or []
-    steady = times[1:] if len(times) > 1 else times
+    # bench.paired_run leaves its warm-up steps untimed; `sapp run` times its first step too
+    steady = times[1:] if len(times) > 1 and "reference_s" not in res else times
     if not steady:
         return res["measured_step_time_s"], res["measured_step_time_s"]
     return res["measured_step_time_s"], min(steady)
@@ -97,7 +98,38 @@ def _paths(out, label):
     return os.path.join(out, f"plan-{slug}.json"), os.path.join(out, f"run-{slug}.json")
 
 
-def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, ref_s=None):
+def _run(plan_path, model, procs, steps, res_path, timeout_s, paired):
+    if paired:
+        return run_paired(plan_path, model, procs, steps, res_path, timeout_s)
+    return run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s)
+
+
+def run_paired(plan_path, model, procs, steps, res_path, timeout_s, rounds=3):
+    """`bench.paired_run` under torchrun: the plan's steps and the calibration's reference block
+    alternately in the same processes.  (result JSON, None) or (None, status), and the wall time."""
+    import subprocess
+    import time
+    if os.path.exists(res_path):
+        os.remove(res_path)
+    per_round = max(2, (steps - 1) // rounds)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
+           "-m", "bench.paired_run", str(plan_path), "--model", model, "--steps", str(per_round),
+           "--rounds", str(rounds), "--out", str(res_path)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"paired run timed out after {timeout_s} s", time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not os.path.exists(res_path):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+        return None, f"paired run failed (exit {proc.returncode}): {' | '.join(tail)}", wall
+    with open(res_path) as f:
+        return json.load(f), None, wall
+
+
+def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, ref_s=None, probe=True,
+             paired=False):
     import sapp
     plan_path, res_path = _paths(out, label)
     row = {"label": label, "model": model, "procs": procs, "global_batch": batch, "constraints": cons}
@@ -112,27 +144,32 @@ def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, r
     plan.save(plan_path)
     pred = plan["predicted"]["step_time_s"]
     row["predicted"] = {k: plan["predicted"].get(k) for k in ("compute_s", "comm_s", "bubble_s", "host_s")}
-    factor = drift(procs, ref_s)
-    res, status, row["wall_s"] = run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s)
+    factor = drift(procs, ref_s) if probe else None
+    res, status, row["wall_s"] = _run(plan_path, model, procs, steps, res_path, timeout_s, paired)
     if res is None:
         row["status"] = status
         row["predicted_s"] = pred
         return row
-    row["rounds"] = [round_record(pred, factor, res)]
+    row["rounds"] = [round_record(pred, factor, res, ref_s)]
     row["status"] = "ok"
     return row
 
 
-def round_record(pred, factor, res):
+def round_record(pred, factor, res, ref_s=None):
     med, best = step_statistics(res)
     rec = {"predicted_s": pred, "median_s": med, "best_s": best, "step_times_s": res.get("step_times_s")}
     if factor:
         rec["drift"] = factor
         rec["corrected_s"] = pred * factor
+    if ref_s and res.get("reference_median_s"):
+        # the machine's speed during the plan's steps (the reference timed between them, same
+        # processes) over its speed at calibration
+        rec["paired_drift"] = res["reference_median_s"] / ref_s
+        rec["paired_s"] = pred * rec["paired_drift"]
     return rec
 
 
-def measure_again(row, cluster, out, steps, timeout_s, ref_s=None):
+def measure_again(row, cluster, out, steps, timeout_s, ref_s=None, probe=True, paired=False):
     """Another round for a plan `run_plan` made: re-score it on this round's calibrated cluster and
     run it again.  Returns the round's record or None."""
     from sapp.api import evaluate
@@ -140,15 +177,17 @@ def measure_again(row, cluster, out, steps, timeout_s, ref_s=None):
     plan_path, res_path = _paths(out, row["label"])
     plan = Plan.load(plan_path)
     pred = evaluate(row["model"], cluster, plan, graph=_GRAPHS.get(row["model"]))["step_time_s"]
-    factor = drift(row["procs"], ref_s)
-    res, _, _ = run_saved_plan(plan_path, row["model"], row["procs"], steps, res_path, timeout_s)
-    return round_record(pred, factor, res) if res else None
+    factor = drift(row["procs"], ref_s) if probe else None
+    res, _, _ = _run(plan_path, row["model"], row["procs"], steps, res_path, timeout_s, paired)
+    return round_record(pred, factor, res, ref_s) if res else None
 
 
 # statistic -> (the round's prediction, the round's measurement) it compares
 STATISTICS = {"median": ("predicted_s", "median_s"), "best": ("predicted_s", "best_s"),
               # the prediction scaled by the drift probe taken just before the run, against the median step
-              "drift-corrected": ("corrected_s", "median_s")}
+              "drift-corrected": ("corrected_s", "median_s"),
+              # scaled by the reference block timed between the plan's steps in the same processes (--paired)
+              "paired": ("paired_s", "median_s")}
 
 
 def _pairs(row, st):
@@ -186,7 +225,8 @@ def summary(rows, st):
 
 
 _TITLES = {"median": "the median step (raw prediction)", "best": "the best step (raw prediction)",
-           "drift-corrected": "the median step, prediction scaled by the drift probe"}
+           "drift-corrected": "the median step, prediction scaled by the drift probe",
+           "paired": "the median step, prediction scaled by the reference block timed between the plan's steps"}
 
 
 def _err(x, st):
@@ -202,11 +242,14 @@ def to_markdown(rows, clusters, command, stats):
                    f"(element-wise {c.memory_efficiency:.0%}), {c.op_overhead * 1e6:.0f} us per graph op, "
                    f"all_reduce alpha {c.intra_latency * 1e6:.0f} us, beta {c.intra_bw / 1e9:.2f} GB/s")
     sts = [st for st in STATISTICS if stats.get(st)]
+    paired = "paired" in sts
+    drift_how = ("the reference block timed between the plan's steps in the same processes (bench.paired_run)"
+                 if paired else "the reference block timed again in as many processes just before the run")
     out += ["", "Measured: per run the median step (what a user sees) and the best step (the machine at its least "
-            "disturbed). Drift: the reference block timed again in as many processes just before the "
-            "run, over its time at calibration (> 1: the machine is slower now). Errors are medians over rounds of "
-            "predicted / measured - 1.", "",
-            "| plan | procs | batch | predicted ms | median ms | error | best ms | error | drift | drift-corrected error "
+            f"disturbed). Drift: {drift_how}, over its time at calibration (> 1: the machine is slower now). "
+            "Errors are medians over rounds of predicted / measured - 1.", "",
+            "| plan | procs | batch | predicted ms | median ms | error | best ms | error | drift | "
+            + ("paired" if paired else "drift-corrected") + " error "
             "| per-round errors (" + "; ".join(sts) + ") | compute / comm / bubble predicted ms |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
@@ -214,8 +257,10 @@ def to_markdown(rows, clusters, command, stats):
             p = r["predicted"]
             parts = " / ".join(f"{(p.get(k) or 0) * 1e3:.1f}" for k in ("compute_s", "comm_s", "bubble_s"))
             rounds = "; ".join(" ".join(_err(x, st) for x in r["rounds"]) for st in sts)
-            drifts = " ".join(f"{x['drift']:.2f}" for x in r["rounds"] if x.get("drift")) or "-"
-            corr = f"{r['error_drift-corrected'] * 100:+.0f}%" if "error_drift-corrected" in r else "-"
+            drifts = " ".join(f"{x.get('drift') or x.get('paired_drift'):.2f}" for x in r["rounds"]
+                              if x.get("drift") or x.get("paired_drift")) or "-"
+            key = "error_drift-corrected" if "error_drift-corrected" in r else "error_paired"
+            corr = f"{r[key] * 100:+.0f}%" if key in r else "-"
             out.append(f"| {r['label']} | {r['procs']} | {r['global_batch']} | {r['predicted_s'] * 1e3:.1f} | "
                        f"{r['measured_median_s'] * 1e3:.1f} | {r['error_median'] * 100:+.0f}% | "
                        f"{r['measured_best_s'] * 1e3:.1f} | {r['error_best'] * 100:+.0f}% | {drifts} | {corr} | "
@@ -238,7 +283,9 @@ def _line(rd):
     return (f"predicted {rd['predicted_s'] * 1e3:.1f} ms, measured median {rd['median_s'] * 1e3:.1f} ms "
             f"({(rd['predicted_s'] / rd['median_s'] - 1) * 100:+.0f}%), best {rd['best_s'] * 1e3:.1f} ms "
             f"({(rd['predicted_s'] / rd['best_s'] - 1) * 100:+.0f}%)"
-            + (f", drift {rd['drift']:.2f} ({(rd['corrected_s'] / rd['median_s'] - 1) * 100:+.0f}%)" if rd.get("drift") else ""))
+            + (f", drift {rd['drift']:.2f} ({(rd['corrected_s'] / rd['median_s'] - 1) * 100:+.0f}%)" if rd.get("drift") else "")
+            + (f", paired drift {rd['paired_drift']:.2f} ({(rd['paired_s'] / rd['median_s'] - 1) * 100:+.0f}%)"
+               if rd.get("paired_drift") else ""))
 
 
 def main(argv=None):
@@ -254,6 +301,11 @@ def main(argv=None):
                          "median of the paired errors (a shared machine's load drifts within minutes)")
     ap.add_argument("--no-probe", action="store_true",
                     help="skip the drift probe (the reference block timed again before each run, ~4 s)")
+    ap.add_argument("--paired", action="store_true",
+                    help="run each plan with bench.paired_run instead of `sapp run`: its steps alternate with the "
+                         "calibration's reference block in the same processes, and a 'paired' statistic scales "
+                         "the prediction by the reference's time then over its time at calibration (implies "
+                         "--no-probe)")
     args = ap.parse_args(argv)
     from sapp import Cluster
     os.makedirs(args.out, exist_ok=True)
@@ -269,7 +321,7 @@ def main(argv=None):
     rows = []
     for label, model, procs, batch, cons in variants:
         r = run_plan(label, model, procs, batch, cons, clusters[procs], args.out, args.steps, args.timeout,
-                     None if args.no_probe else refs.get(procs))
+                     refs.get(procs), probe=not (args.no_probe or args.paired), paired=args.paired)
         rows.append(r)
         msg = _line(r["rounds"][0]) if r["status"] == "ok" else r["status"][:200]
         print(f"{label:28} {msg}", file=sys.stderr, flush=True)
@@ -280,8 +332,8 @@ def main(argv=None):
         for r in rows:
             if r["status"] != "ok":
                 continue
-            got = measure_again(r, clusters[r["procs"]], args.out, args.steps, args.timeout,
-                                None if args.no_probe else refs.get(r["procs"]))
+            got = measure_again(r, clusters[r["procs"]], args.out, args.steps, args.timeout, refs.get(r["procs"]),
+                                probe=not (args.no_probe or args.paired), paired=args.paired)
             if got:
                 r["rounds"].append(got)
                 print(f"{r['label']:28} round {rnd}: {_line(got)}", file=sys.stderr, flush=True)
@@ -290,7 +342,7 @@ def main(argv=None):
             combine_rounds(r)
     stats = {st: summary(rows, st) for st in STATISTICS}
     command = ("python -m bench.calibration_accuracy" + (" --quick" if args.quick else "") + f" --steps {args.steps}"
-               + (f" --rounds {args.rounds}" if args.rounds > 1 else ""))
+               + (f" --rounds {args.rounds}" if args.rounds > 1 else "") + (" --paired" if args.paired else ""))
     import torch
     machine = (f"{len(os.sched_getaffinity(0))} usable CPUs of {os.cpu_count()} (affinity), torch {torch.__version__}, "
                f"{os.uname().machine}")

@@ -101,6 +101,14 @@ def test_calibration_accuracy_report_helpers():
     rec = ca.round_record(0.1, 1.2, {"measured_step_time_s": 0.13, "step_times_s": [1.0, 0.12, 0.13, 0.14]})
     assert rec["corrected_s"] == pytest.approx(0.12) and (rec["median_s"], rec["best_s"]) == (0.13, 0.12)
     assert "drift" not in ca.round_record(0.1, None, {"measured_step_time_s": 0.13})
+    # a paired run (bench.paired_run): its reference block ran 1.1x slower than at calibration; all its
+    # timed steps are steady (warm-ups untimed), so the best is the minimum of all of them
+    paired = {"measured_step_time_s": 0.13, "step_times_s": [0.12, 0.13, 0.14], "reference_s": [0.2, 0.22, 0.23],
+              "reference_median_s": 0.22}
+    rec = ca.round_record(0.1, None, paired, ref_s=0.2)
+    assert rec["paired_drift"] == pytest.approx(1.1) and rec["paired_s"] == pytest.approx(0.11)
+    assert rec["best_s"] == 0.12 and "drift" not in rec
+    assert "paired_s" not in ca.round_record(0.1, None, paired) and "paired" in ca.STATISTICS
 
     def rd(p, med, best, drift=None):
         r = {"predicted_s": p, "median_s": med, "best_s": best}
@@ -160,3 +168,23 @@ def test_invalid_prediction_is_flagged_not_ranked(tmp_path):
     assert all("speedup" not in row[b] for b in ("dp", "zero3", "megatron"))
     md = bench_run.to_markdown([row], "python -m bench", 1.0)
     assert "| invalid |" in md and "geometric mean" not in md
+
+
+def test_paired_run_alternates_the_plan_and_the_reference_block(tmp_path):
+    # ~15 s (torchrun, 2 gloo processes): the --paired statistic rests on this worker's output
+    pytest.importorskip("sapp.api")
+    import sapp
+    from bench import calibration_accuracy as ca
+    from sapp.api import search
+    plan = search("gpt-tiny", sapp.Cluster.parse("cpu:gpus=2"), global_batch=8, constraints={"dp": 2})
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    res, status, wall = ca.run_paired(path, "gpt-tiny", 2, 5, tmp_path / "res.json", timeout_s=150, rounds=2)
+    assert status is None, status
+    # (5 - 1) // 2 = 2 timed steps per round, one reference figure (a median of 7 steps) per round
+    assert len(res["step_times_s"]) == 4 and len(res["reference_s"]) == 2
+    assert all(t > 0 for t in res["step_times_s"] + res["reference_s"])
+    assert res["reference_median_s"] == pytest.approx(sorted(res["reference_s"])[0] / 2 + sorted(res["reference_s"])[1] / 2)
+    # a bad plan path ends in a one-line status, not an exception
+    res, status, _ = ca.run_paired(tmp_path / "missing.json", "gpt-tiny", 2, 5, tmp_path / "r2.json", timeout_s=150)
+    assert res is None and status.startswith("paired run failed")
