@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from .sapp_run import run_saved_plan
+from .sapp_run import run_paired, run_saved_plan
 
 # (label, model, processes, global batch, constraints).  Batches vary so step times spread over a
 # decade: a rank correlation over plans that all take the same time would measure only noise.
@@ -102,30 +102,6 @@ def _run(plan_path, model, procs, steps, res_path, timeout_s, paired):
     if paired:
         return run_paired(plan_path, model, procs, steps, res_path, timeout_s)
     return run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s)
-
-
-def run_paired(plan_path, model, procs, steps, res_path, timeout_s, rounds=3):
-    """`bench.paired_run` under torchrun: the plan's steps and the calibration's reference block
-    alternately in the same processes.  (result JSON, None) or (None, status), and the wall time."""
-    import subprocess
-    import time
-    if os.path.exists(res_path):
-        os.remove(res_path)
-    per_round = max(2, (steps - 1) // rounds)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
-           "-m", "bench.paired_run", str(plan_path), "--model", model, "--steps", str(per_round),
-           "--rounds", str(rounds), "--out", str(res_path)]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None, f"paired run timed out after {timeout_s} s", time.perf_counter() - t0
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0 or not os.path.exists(res_path):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-        return None, f"paired run failed (exit {proc.returncode}): {' | '.join(tail)}", wall
-    with open(res_path) as f:
-        return json.load(f), None, wall
 
 
 def run_plan(label, model, procs, batch, cons, cluster, out, steps, timeout_s, ref_s=None, probe=True,

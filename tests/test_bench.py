@@ -174,17 +174,17 @@ def test_paired_run_alternates_the_plan_and_the_reference_block(tmp_path):
     # ~15 s (torchrun, 2 gloo processes): the --paired statistic rests on this worker's output
     pytest.importorskip("sapp.api")
     import sapp
-    from bench import calibration_accuracy as ca
+    from bench.sapp_run import run_paired
     from sapp.api import search
     plan = search("gpt-tiny", sapp.Cluster.parse("cpu:gpus=2"), global_batch=8, constraints={"dp": 2})
     path = tmp_path / "plan.json"
     plan.save(path)
-    res, status, wall = ca.run_paired(path, "gpt-tiny", 2, 5, tmp_path / "res.json", timeout_s=150, rounds=2)
+    res, status, wall = run_paired(path, "gpt-tiny", 2, 5, tmp_path / "res.json", timeout_s=150, rounds=2)
     assert status is None, status
     # (5 - 1) // 2 = 2 timed steps per round, one reference figure (a median of 7 steps) per round
     assert len(res["step_times_s"]) == 4 and len(res["reference_s"]) == 2
     assert all(t > 0 for t in res["step_times_s"] + res["reference_s"])
     assert res["reference_median_s"] == pytest.approx(sorted(res["reference_s"])[0] / 2 + sorted(res["reference_s"])[1] / 2)
     # a bad plan path ends in a one-line status, not an exception
-    res, status, _ = ca.run_paired(tmp_path / "missing.json", "gpt-tiny", 2, 5, tmp_path / "r2.json", timeout_s=150)
+    res, status, _ = run_paired(tmp_path / "missing.json", "gpt-tiny", 2, 5, tmp_path / "r2.json", timeout_s=150)
     assert res is None and status.startswith("paired run failed")
