@@ -294,10 +294,11 @@ def main(argv=None):
         else:
             clusters[procs], path, refs[procs] = calibrated_cluster(procs, args.out, args.quick)
         print(f"cluster for {procs} processes: {clusters[procs].notes}", file=sys.stderr, flush=True)
+    probe = not (args.no_probe or args.paired)
     rows = []
     for label, model, procs, batch, cons in variants:
         r = run_plan(label, model, procs, batch, cons, clusters[procs], args.out, args.steps, args.timeout,
-                     refs.get(procs), probe=not (args.no_probe or args.paired), paired=args.paired)
+                     refs.get(procs), probe=probe, paired=args.paired)
         rows.append(r)
         msg = _line(r["rounds"][0]) if r["status"] == "ok" else r["status"][:200]
         print(f"{label:28} {msg}", file=sys.stderr, flush=True)
@@ -309,7 +310,7 @@ def main(argv=None):
             if r["status"] != "ok":
                 continue
             got = measure_again(r, clusters[r["procs"]], args.out, args.steps, args.timeout, refs.get(r["procs"]),
-                                probe=not (args.no_probe or args.paired), paired=args.paired)
+                                probe=probe, paired=args.paired)
             if got:
                 r["rounds"].append(got)
                 print(f"{r['label']:28} round {rnd}: {_line(got)}", file=sys.stderr, flush=True)

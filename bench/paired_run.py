@@ -4,7 +4,8 @@
 
 Runs the emitted program of PLAN and the calibration's reference block (`sapp.calibrate.REFERENCE`,
 forward + backward in lockstep, exactly as `sapp calibrate` times it) alternately in the same
-processes: R rounds of N training steps then N reference steps.  On a shared machine whose speed
+processes: R rounds of an untimed warm-up step, N timed training steps, then the reference's figure
+(the median of `REFERENCE_STEPS` steps).  On a shared machine whose speed
 moves by 20% within minutes, the reference timed seconds apart from the plan, in the same processes,
 says how fast the machine runs *during* the plan's steps; the calibration's reference time says how
 fast it ran when calibrated.  Rank 0 writes the step times of both to RESULT (JSON)."""
@@ -29,7 +30,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     import sapp.models as models
-    from sapp.calibrate import REFERENCE, _lockstep, _measure_reference
+    from sapp.calibrate import reference_step_seconds
     from sapp.emit import data as data_mod
     from sapp.emit import dist as dist_mod
     from sapp.emit import emit
@@ -44,7 +45,6 @@ def main(argv=None) -> int:
     if world > 1:
         dist_mod.init(device, timeout_s=120)
     prog = emit(model, plan, device=device, example_inputs=batches(0)[0], name=args.model)
-    lockstep = _lockstep(torch, dist, world)
     steps, refs, i = [], [], 0
     for _ in range(args.rounds):
         # the first step of a round follows reference steps (other tensors in cache): warm-up, untimed
@@ -57,8 +57,7 @@ def main(argv=None) -> int:
             now = time.perf_counter()
             steps.append(now - last)
             last = now
-        # REFERENCE_STEPS lockstep steps, their median: the calibration's own figure
-        refs.append(_measure_reference(torch, device, {"min_time": 0.1}, lambda: None, REFERENCE, lockstep))
+        refs.append(reference_step_seconds(torch, dist, world, min_time=0.1))
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"step_times_s": steps, "reference_s": refs, "measured_step_time_s": statistics.median(steps),

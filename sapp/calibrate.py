@@ -485,7 +485,8 @@ def _worker(rank, procs, port, cfg, threads, results):
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
         if dev.type != "cuda":       # GPUs: these ops are memory- or launch-bound, as the roofline says
             local["op_rates"] = _measure_op_rates(torch, dev, cfg, sync)
-            local["reference_s"] = _measure_reference(torch, dev, cfg, sync, lockstep=_lockstep(torch, dist, procs))
+            lock = _lockstep(torch, dist, procs)
+            local["reference_s"] = _measure_reference(torch, dev, cfg, sync, lockstep=lock)
             local["tiny_s"] = _measure_reference(torch, dev, cfg, sync, TINY)
         if procs > 1:
             local["launch"]["sharded"] = _measure_sharded_launch(torch, dev, cfg, sync, procs)
@@ -506,8 +507,7 @@ def _worker(rank, procs, port, cfg, threads, results):
             # end and keep each one's better pass (what the machine does undisturbed)
             again = _measure_gemm(torch, dev, cfg, sync)
             local["gemm_flops"] = {n: max(r, again[n]) for n, r in local["gemm_flops"].items()}
-            local["reference_s"] = min(local["reference_s"],
-                                       _measure_reference(torch, dev, cfg, sync, lockstep=_lockstep(torch, dist, procs)))
+            local["reference_s"] = min(local["reference_s"], _measure_reference(torch, dev, cfg, sync, lockstep=lock))
             local["tiny_s"] = min(local["tiny_s"], _measure_reference(torch, dev, cfg, sync, TINY))
         info = {"cuda": cuda, "backend": ("nccl" if cuda else "gloo") if procs > 1 else None,
                 "device_memory": float(torch.cuda.get_device_properties(dev).total_memory) if cuda else None,
@@ -527,15 +527,21 @@ def _lockstep(torch, dist, procs):
     return lambda: dist.all_reduce(flag)
 
 
+def reference_step_seconds(torch, dist, procs, min_time=0.3) -> float:
+    """The reference block's training step on this CPU rank now, timed as calibration times it (in
+    lockstep over `procs` initialised processes; `min_time` only matters for a single one)."""
+    return _measure_reference(torch, torch.device("cpu"), {"min_time": min_time}, lambda: None,
+                              lockstep=_lockstep(torch, dist, procs))
+
+
 def _probe_worker(rank, procs, port, cfg, threads, results):
     try:
         import torch
         import torch.distributed as dist
         torch.set_num_threads(threads)
-        dev = torch.device("cpu")
         if procs > 1:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=procs)
-        ref = _measure_reference(torch, dev, cfg, lambda: None, lockstep=_lockstep(torch, dist, procs))
+        ref = reference_step_seconds(torch, dist, procs, cfg["min_time"])
         if procs > 1:
             dist.destroy_process_group()
         results.put((rank, {"reference_s": ref}))

@@ -125,6 +125,8 @@ class _Ctx:
         self.placement_relevant = bool(cons.placement) or any(
             getattr(p, "sparse_grad", False) for p in graph.params.values())
         self.cap = cluster.usable_memory
+        # the step's closing loss all-reduce: the same for every configuration
+        self.loss_sync_s = _loss_sync_time(cluster)
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
         per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
@@ -504,9 +506,7 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings,
                                     tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
-    # the emitted step ends with one scalar all-reduce of the loss over every rank (the global-batch
-    # loss it reports): latency only, ~0.8 ms on gloo, microseconds on NCCL
-    loss_s = _loss_sync_time(ctx.cluster)
+    loss_s = ctx.loss_sync_s
     step = step_pipe + gs + opt_s + loss_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
@@ -531,7 +531,8 @@ def _evaluate(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
 
 
 def _loss_sync_time(cluster) -> float:
-    """The step's closing all-reduce of one fp32 loss over every rank."""
+    """The emitted step's closing all-reduce of one fp32 loss over every rank (the global-batch loss
+    it reports): latency only, ~0.8 ms on gloo, microseconds on NCCL."""
     n = cluster.devices
     if n <= 1:
         return 0.0
