@@ -10,7 +10,7 @@ from sapp.costmodel.layouts import P, R
 from sapp.costmodel.primitives import staging_copy_time
 from sapp.errors import SappError
 from sapp.mesh import Level, Mesh
-from sapp.search.random_graphs import gpt_graph, mlp_graph
+from bench.random_graphs import gpt_graph, mlp_graph
 
 A100 = PRESETS["a100-80g"]
 BF16 = CostSettings()

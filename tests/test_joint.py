@@ -4,8 +4,9 @@ import pytest
 
 from sapp.cluster import Cluster
 from sapp.errors import ConstraintError, InfeasibleError
-from sapp.search.joint import exhaustive_search, joint_search
-from sapp.search.random_graphs import gpt_graph
+from bench.joint_exhaustive import exhaustive_search
+from sapp.search.joint import joint_search
+from bench.random_graphs import gpt_graph
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings
 from sapp.pipeline import profile as P
-from sapp.search.random_graphs import gpt_graph
+from bench.random_graphs import gpt_graph
 
 
 @pytest.fixture(scope="module")
