@@ -99,3 +99,13 @@ def test_fewer_micro_batches_than_stages_run_gpipe(graph):
     # torch's 1F1B schedules refuse m < pp; pinned m=1 over 2 stages is searched as GPipe
     r = joint_search(graph, cl("a100-80g:nodes=1"), global_batch=64, constraints={"pp": 2, "micro_batches": 1})
     assert r.config.pp == 2 and r.config.m == 1 and r.config.schedule == "gpipe"
+
+
+def test_divisors_match_a_hand_list_and_stay_fast_on_huge_inputs():
+    from sapp.search.joint import divisors
+    assert divisors(1) == [1]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(97) == [1, 97]
+    # 2^40: a linear loop would take ~10^12 steps; sqrt is 2^20
+    assert divisors(2 ** 40) == [2 ** k for k in range(41)]

@@ -13,10 +13,11 @@ Structure (branch and bound, deterministic):
   4. stop when the next bound is no better than the best found.
 Ties are broken by (step time, peak memory, pp, tp, micro-batches, schedule, zero).
 """
-from .configs import enumerate_configs
+from .configs import divisors, enumerate_configs
+from .configs import divisors as _divisors  # noqa: F401  (the name before the package split)
 from .context import SearchContext
 from .placement import evaluate_config
 from .result import Config, JointResult, StageResult
 from .search import joint_search
 
-__all__ = ["joint_search", "evaluate_config", "enumerate_configs", "SearchContext", "Config", "JointResult", "StageResult"]
+__all__ = ["joint_search", "divisors", "evaluate_config", "enumerate_configs", "SearchContext", "Config", "JointResult", "StageResult"]

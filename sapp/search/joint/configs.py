@@ -7,7 +7,18 @@ from .result import Config
 
 
 def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n in increasing order, in O(sqrt n) steps (device counts and batches can be huge)."""
+    if n < 1:
+        return []
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def enumerate_configs(ctx):
