@@ -51,9 +51,9 @@ def test_memory_pressure_turns_on_recompute_or_zero(graph):
 
 def test_pinned_configuration_is_scored_as_given(graph):
     c = cl("a100-80g:nodes=1")
-    pins = {"tp": 2, "pp": 2, "dp": 2, "micro_batches": 8, "schedule": "gpipe", "zero": 1, "recompute": "full"}
+    pins = {"tp": 2, "pp": 2, "dp": 2, "micro_batches": 8, "schedule": "gpipe", "zero": 2, "recompute": "full"}
     r = joint_search(graph, c, global_batch=32, constraints=pins)
-    assert (r.config.tp, r.config.pp, r.config.dp, r.config.m, r.config.schedule, r.config.zero) == (2, 2, 2, 8, "gpipe", 1)
+    assert (r.config.tp, r.config.pp, r.config.dp, r.config.m, r.config.schedule, r.config.zero) == (2, 2, 2, 8, "gpipe", 2)
     assert {p for s in r.stages for p in s.recompute.values()} == {"full"}
     assert [s.in_flight for s in r.stages] == [8, 8]
     staged = joint_search(graph, c, global_batch=32, constraints=dict(pins, stages={"layers.0": 0, "layers.2": 1}))

@@ -16,7 +16,7 @@ class UnitNumbers:
             r = per_rep.get(key)
             if r is None:
                 f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
-                st = u.states[cfg.zero]
+                st = held_states(u, cfg)
                 r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
                      u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
                 per_rep[key] = r
@@ -26,8 +26,24 @@ class UnitNumbers:
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
 
+def held_states(unit, cfg):
+    """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
+    emitter runs, not only the ZeRO formula.  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
+    keeps the unsharded gradients between them (the emitted accumulation loop turns
+    set_requires_gradient_sync off until the last one; torch.distributed.pipelining's stages do the
+    same), and the final reduce-scatter writes the sharded ones beside them; a pipeline stage also
+    keeps the parameters unsharded between micro-batches (set_reshard_after_backward(False)) until
+    the step's last backward."""
+    st = dict(unit.states[cfg.zero])
+    if cfg.zero >= 2 and cfg.m > 1:
+        st["grads"] += unit.states[1]["grads"]
+        if cfg.zero == 3 and cfg.pp > 1:
+            st["params"] += unit.states[2]["params"]
+    return st
+
+
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

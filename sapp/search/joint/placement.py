@@ -3,6 +3,7 @@ the best placement."""
 from __future__ import annotations
 
 from ...costmodel.optimizer import updated_params
+from ...errors import ConstraintError
 from .evaluate import price_config
 from .numbers import unit_numbers
 from .stage import memory_needed
@@ -35,9 +36,16 @@ def weigh_placements(ctx, cfg, prof, res_dev, exact, policy):
     key = (cfg.dp, cfg.tp, cfg.zero, cfg.m, cfg.mbs)
     opts = ctx.placements.get(key)
     if opts is None:
-        opts = ctx.placements[key] = placement_options(
-            ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
-            micro_batches=cfg.m, compute_s=compute, pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
+        try:
+            opts = placement_options(
+                ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
+                micro_batches=cfg.m, compute_s=compute, pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
+        except ConstraintError:
+            # pins this ZeRO stage cannot run (placement refuses them there); another ZeRO stage may
+            if ctx.cons.zero is not None:
+                raise
+            opts = []
+        ctx.placements[key] = opts
     best = res_dev if any(o.name == "device" for o in opts) else None
     if best is not None:
         remember_placement(ctx, "device", best)

@@ -21,8 +21,9 @@ class Config:
         return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero)
 
     def describe(self):
-        s = self.schedule + (f"(v={self.v})" if self.v > 1 else "")
-        return f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs} {s} zero={self.zero}"
+        # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
+        s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
+        return f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
 
 
 @dataclass

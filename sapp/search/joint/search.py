@@ -62,7 +62,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     if best is None:
         need, cfg = closest
         raise InfeasibleError(
-            f"no configuration fits {fmt_bytes(ctx.cap)} per device even with full recomputation and ZeRO-3; "
+            f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(cons)}; "
             f"the closest ({cfg.describe()}) needs {fmt_bytes(need)} per device: use devices with more "
             f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
     best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
@@ -95,3 +95,11 @@ def _alternatives(best, seen, k=5):
         if len(out) >= k:
             break
     return out
+
+
+def _tried(cons):
+    """What the infeasible message may claim was tried: only what the pins left free."""
+    rec = ("even with full recomputation" if cons.recompute is None
+           else f"with recomputation pinned to {cons.recompute!r}")
+    zero = " and ZeRO-3" if cons.zero is None else f" at ZeRO-{cons.zero}"
+    return rec + zero

@@ -6,7 +6,7 @@ import math
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import p2p_time, unit_numbers
+from .numbers import held_states, p2p_time, unit_numbers
 from .result import StageResult
 
 
@@ -114,7 +114,7 @@ class StageEvaluator:
                 policies[u.name] = al[0]
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in self.units[j].states[self.cfg.zero].items():
+            for k2, v2 in held_states(self.units[j], self.cfg).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx)
         return StageResult(
