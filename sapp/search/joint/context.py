@@ -29,7 +29,10 @@ class SearchContext:
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
         per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
-        self.work_per_sample = per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
+        # (x compute_scale: every operator's time is scaled by it, and a calibrated scale < 1 would
+        # otherwise put the bound above the real time and prune the optimum)
+        self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
+                                * getattr(cluster, "compute_scale", 1.0))
         self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
         self.policy_pins = {b: cons.recompute_policy(b) for b in self.block_names} if cons.recompute is not None else {}
         self.stage_pins = cons.stage_starts(self.block_names) if cons.stages else None
