@@ -248,6 +248,7 @@ def _plan_splits(plan, graph):
 def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
     stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
+    from .calibrate.status import uncalibrated_note
     from .search.joint import joint_search
     if not isinstance(plan, Plan):
         raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
@@ -276,4 +277,5 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
         "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
                     "memory_bytes": s.memory_bytes} for s in res.stages],
         "config": res.config.describe(),
+        "notes": [n for n in (uncalibrated_note(cl),) if n],
     }

@@ -22,7 +22,7 @@ _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_ov
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
-PRECISIONS = ("bf16-mixed", "fp32")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 
 
 @dataclass(frozen=True)
@@ -361,7 +361,8 @@ PRESETS = {
     "h200": Cluster("h200", 1, 8, 989e12, 141e9, 4.8e12, 450e9, 5e-6, 50e9, 10e-6,
                     2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5"),
     "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,
-                        512e9, 100e9, 12e9, 1.5e12, notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
+                        512e9, 100e9, 12e9, 1.5e12, precision="fp16-mixed",   # no bf16 units: fp16 + loss scaling
+                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
     # One "device" per process on a CPU box, talking over gloo/loopback.  Rough figures for this 2-core
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,

@@ -182,12 +182,12 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
                         f"(the model zoo could not make them: {type(e).__name__})") from None
 
 
-def _autocast_stage(mod: nn.Module, device) -> None:
-    """A pipeline stage's forward in bf16 autocast, its floating outputs back in fp32."""
+def _autocast_stage(mod: nn.Module, device, dtype=torch.bfloat16) -> None:
+    """A pipeline stage's forward in bf16 (fp16) autocast, its floating outputs back in fp32."""
     inner = mod.forward
 
     def forward(*args, **kwargs):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=dtype):
             out = inner(*args, **kwargs)
         if isinstance(out, (tuple, list)):
             return type(out)(o.float() if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
@@ -200,8 +200,8 @@ def plan_precision(plan) -> str:
     """The training precision the plan was priced for; a plan that names none (hand-written) trains
     in fp32."""
     prec = (plan._d.get("settings") or {}).get("precision", "fp32")
-    if prec not in ("bf16-mixed", "fp32"):
-        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed' or 'fp32'")
+    if prec not in ("bf16-mixed", "fp16-mixed", "fp32"):
+        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed', 'fp16-mixed' or 'fp32'")
     return prec
 
 
@@ -242,8 +242,11 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     # bf16-mixed as priced: fp32 weights, bf16 compute (autocast) and bf16 gradient communication.
     # Pipeline stages run their forward under autocast themselves and hand fp32 activations to the
     # next stage (a stage's boundary dtype is fixed when it is built).
-    mixed = plan_precision(plan) == "bf16-mixed"
-    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext)
+    # fp16-mixed (GPUs without bf16, e.g. V100): the same with fp16 autocast; loss scaling is not emitted
+    prec = plan_precision(plan)
+    mixed = prec in ("bf16-mixed", "fp16-mixed")
+    half = torch.float16 if prec == "fp16-mixed" else torch.bfloat16
+    autocast = ((lambda: torch.autocast(device.type, dtype=half)) if mixed else contextlib.nullcontext)
     placement = plan.placement or {}
     host_groups = bool((placement.get("groups") or {}))
 
@@ -265,7 +268,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], [], zero
     if mixed and traced is not None:
         for mod in raw.values():
-            _autocast_stage(mod, device)
+            _autocast_stage(mod, device, half)
     for s, mod in raw.items():
         if host_groups:
             from . import host      # engineer H4's host placement: host tables stay on the CPU
@@ -312,5 +315,5 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
                    grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=recomputed,
                    micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero, autocast=autocast,
-                   precision="bf16-mixed" if mixed else "fp32",
+                   precision=prec,
                    first_stage=0 in mine, last_stage=(n_stages - 1) in mine)

@@ -1,6 +1,7 @@
 """The plan notes that say why the joint search chose what it chose."""
 from __future__ import annotations
 
+from ...calibrate.status import uncalibrated_note
 from ...units import fmt_bytes, fmt_time
 
 
@@ -35,4 +36,10 @@ def notes(ctx, res):
             f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
             + f" -> {ranked[0][0]} wins")
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
+    if ctx.settings.precision == "fp16-mixed":
+        out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "
+                   "(torch.amp.GradScaler), whose skipped steps on overflow are not priced")
+    note = uncalibrated_note(ctx.cluster)
+    if note:
+        out.append(note)
     return out
