@@ -78,11 +78,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     cl = resolve_cluster(cluster)
     module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
+    gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision)
     capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs)
-    gb = int(global_batch) if global_batch is not None else default_global_batch(info, cl.devices)
     t0 = time.perf_counter()
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress)
     search_s = time.perf_counter() - t0
@@ -312,7 +312,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
     if not isinstance(plan, Plan):
         raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
-    cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"])
+    cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
     module, name, _ = resolve_model(model)
     if graph is None:
         graph, _ = capture_graph(module, example_inputs)
@@ -327,6 +327,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")
+    gb = Constraints.check_global_batch(gb, "model.global_batch")
     res = _score(graph, cl, gb, cons, settings, _plan_splits(plan, graph), _plan_config(plan, gb))
     fits = res.peak_memory_bytes <= cl.usable_memory
     return {
