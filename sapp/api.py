@@ -6,13 +6,14 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 
 from .cluster import Cluster
 from .constraints import Constraints
 from .costmodel import CostSettings
 from .costmodel.layouts import layout_str, output_layout
-from .errors import PlanError, SappError
+from .errors import CaptureError, PlanError, SappError
 from .plan import SCHEMA, Plan
 
 CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
@@ -39,13 +40,46 @@ def resolve_model(model):
     return model, type(model).__name__, None
 
 
+def _check_inputs_bind(module, example_inputs):
+    """Positional example inputs must fit forward's signature: torch.fx would otherwise trace a
+    keyword-only forward from positional inputs that the real call could never pass."""
+    import inspect
+    fwd = getattr(module, "forward", None)
+    if example_inputs is None or fwd is None:
+        return
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    try:
+        sig = inspect.signature(fwd)
+    except (TypeError, ValueError):     # a C-level forward: nothing to check against
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        raise CaptureError(f"example_inputs ({len(args)} positional) do not fit {type(module).__name__}.forward"
+                           f"{sig}: {e}; pass inputs in forward's order") from None
+
+
 def capture_graph(module, example_inputs=None):
+    import contextlib
+    import io
     from .capture import capture
+    _check_inputs_bind(module, example_inputs)
     t0 = time.perf_counter()
-    if example_inputs is None:
-        g = capture(module, batch=CAPTURE_BATCH)
-    else:
-        g = capture(module, example_inputs)
+    # torch prints tracebacks of its own while a trace fails (fx ShapeProp); the CaptureError says
+    # what failed in one line, so that noise is shown only if capture succeeds after all
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise):
+            if example_inputs is None:
+                g = capture(module, batch=CAPTURE_BATCH)
+            else:
+                g = capture(module, example_inputs)
+    except CaptureError:
+        raise
+    except BaseException:
+        sys.stderr.write(noise.getvalue())
+        raise
+    sys.stderr.write(noise.getvalue())
     return g, time.perf_counter() - t0
 
 
