@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from .errors import ConstraintError
 
 # Largest global batch sapp plans for: the joint search enumerates its divisors, and the biggest
-# recommendation-model batches in use are ~10^6 samples.
-MAX_GLOBAL_BATCH = 1 << 24
+# recommendation-model batches in use are ~10^6 samples (4,194,304 here).
+MAX_GLOBAL_BATCH = 1 << 22
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
 POLICIES = ("none", "selective", "full")

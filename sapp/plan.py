@@ -171,6 +171,12 @@ def _semantic(d):
         if len(stages) not in (par["pp"], par["pp"] * v):
             raise PlanError(f"pipeline.stages lists {len(stages)} stages but pp={par['pp']}"
                             + (f" (x virtual_chunks={v})" if v > 1 else "") + f" needs {par['pp'] * v}")
+        if sorted(st["index"] for st in stages) != list(range(len(stages))):
+            raise PlanError(f"pipeline.stages indices must be 0..{len(stages) - 1}, each once; got "
+                            f"{[st['index'] for st in stages][:8]}")
+        for i, st in enumerate(stages):
+            if st.get("device_stage", 0) >= par["pp"]:
+                raise PlanError(f"pipeline.stages[{i}].device_stage={st['device_stage']} is not a stage of pp={par['pp']}")
         seen = {}
         for i, st in enumerate(stages):
             for b in st.get("blocks") or []:
