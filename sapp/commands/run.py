@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from ..errors import PlanError, SappError
+from ..errors import PlanError, SappError, UsageError
 
 PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port",
                 "max_restarts", "monitor_interval")
@@ -42,12 +42,54 @@ def add_arguments(p):
 
 
 def _nodes(args) -> int:
-    if not args.nnodes:
+    if args.nnodes is None:
         return 1
+    parts = str(args.nnodes).split(":")
     try:
-        return int(str(args.nnodes).split(":")[-1])
+        nums = [int(p) for p in parts]
     except ValueError:
-        raise PlanError(f"--nnodes {args.nnodes!r} is not a number or MIN:MAX range") from None
+        raise UsageError(f"--nnodes {args.nnodes!r} is not a number or MIN:MAX range") from None
+    if len(nums) > 2 or any(n < 1 for n in nums) or nums[0] > nums[-1]:
+        raise UsageError(f"--nnodes {args.nnodes!r} must be a positive number N or a range MIN:MAX with 1 <= MIN <= MAX")
+    return nums[-1]
+
+
+def _check_numbers(args):
+    import math
+    if args.nproc is not None and args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise UsageError(f"--lr must be a positive finite number, got {args.lr}")
+
+
+def _model_args(name, pairs) -> dict:
+    """--model-arg KEY=VALUE overrides checked against the zoo model's own settings: the key must be
+    one of them and the value of the same kind (a number for a number), so the worker never builds a
+    model from `dropout=abc`."""
+    import math
+    import sapp.models as models
+    from ..emit.worker import model_overrides
+    config = models.info(name).get("config") or {}
+    for kv in pairs:
+        if "=" not in kv:
+            raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
+    out = model_overrides(pairs)
+    for k, v in out.items():
+        if k not in config:
+            raise UsageError(f"--model-arg {k}: {name} has no setting {k!r}; it has {', '.join(sorted(config))}")
+        default = config[k]
+        ok = (isinstance(v, bool) if isinstance(default, bool) else
+              isinstance(v, int) and not isinstance(v, bool) if isinstance(default, int) else
+              isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) if isinstance(default, float) else
+              isinstance(v, list) if isinstance(default, (list, tuple)) else
+              isinstance(v, str) if isinstance(default, str) else True)
+        if not ok:
+            raise UsageError(f"--model-arg {k}={v!r}: {name}'s {k} is a {type(default).__name__} like {default!r}")
+    return out
 
 
 def precheck(args):
@@ -55,16 +97,23 @@ def precheck(args):
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
     from ..emit import checks
     from ..plan import Plan
-    from ..emit.worker import model_overrides
-    plan = Plan.load(args.plan)
+    from ._paths import check_out
+    _check_numbers(args)
     nodes = _nodes(args)
+    if args.out:
+        check_out(args.out)
+    plan = Plan.load(args.plan)
     nproc = args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
     if nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
     if args.model not in models.names():
         raise SappError(f"unknown model {args.model!r}; choose one of {', '.join(models.names())}")
-    meta = models.get(args.model, device="meta", **model_overrides(args.model_arg))
+    overrides = _model_args(args.model, args.model_arg)
+    try:
+        meta = models.get(args.model, device="meta", **overrides)
+    except (TypeError, ValueError, ArithmeticError) as e:     # an in-range override the model still refuses
+        raise UsageError(f"--model-arg: {args.model} cannot be built with {overrides}: {str(e)[:120]}") from None
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
