@@ -24,7 +24,7 @@ import re
 import shutil
 import zlib
 
-from .train_state import CheckpointError, LoadTargets, save_entries
+from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
 MARKER = "sapp-checkpoint.json"
 _NAME = re.compile(r"^step-(\d{8})$")
@@ -155,10 +155,11 @@ def _collective(fn, world: int):
 class Checkpointer:
     """Save and find checkpoints of one run in `directory` (every call is collective over all ranks)."""
 
-    def __init__(self, directory: str, *, keep: int = 2, aliases: dict = None, world: int = 1, log=print):
+    def __init__(self, directory: str, *, keep: int = 2, names: Names = None, world: int = 1, log=print):
+        """`names`: sapp.emit.train_state.model_names(model) of the model given to emit."""
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
-        self.directory, self.keep, self.aliases, self.world, self.log = directory, keep, aliases or {}, world, log
+        self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
 
     def check(self, need_bytes: int) -> None:
         _collective(lambda: check_directory(self.directory, need_bytes), self.world)
@@ -169,7 +170,7 @@ class Checkpointer:
         tmp = os.path.join(self.directory, f".tmp-step-{step:08d}")
         if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
             shutil.rmtree(tmp, ignore_errors=True)
-        dcp.save(save_entries(prog, self.aliases), checkpoint_id=tmp)
+        dcp.save(save_entries(prog, self.names), checkpoint_id=tmp)
         return _collective(lambda: self._commit(tmp, final, step, meta), self.world)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
@@ -207,6 +208,6 @@ class Checkpointer:
     def load(self, prog, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         available = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-        targets = LoadTargets(prog, self.aliases, available)
+        targets = LoadTargets(prog, self.names, available)
         dcp.load(targets.entries, checkpoint_id=path)
         targets.finish()

@@ -27,12 +27,28 @@ class CheckpointError(SappError, RuntimeError):
     """A checkpoint cannot be written or does not fit this training run."""
 
 
-def tied_aliases(model: nn.Module) -> dict:
-    """{name: (all names of the same tensor)} for parameters the original model ties."""
+class Names:
+    """What the ORIGINAL model calls its state: `keys`, its state_dict keys (parameters and persistent
+    buffers: a traced pipeline stage also lists constants such as attention masks, which are not
+    state), and `aliases`, {name: all names of the same tensor} for tied parameters."""
+
+    def __init__(self, keys=None, aliases=None):
+        self.keys, self.aliases = keys, aliases or {}
+
+    def saved(self, k: str) -> bool:
+        return self.keys is None or k in self.keys
+
+    def of(self, k: str) -> tuple:
+        return self.aliases.get(k, (k,))
+
+
+def model_names(model: nn.Module) -> Names:
+    """Names of `model` before emit (call it on the model you pass to emit)."""
     by_obj = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         by_obj.setdefault(id(p), []).append(name)
-    return {n: tuple(sorted(ns)) for ns in by_obj.values() if len(ns) > 1 for n in ns}
+    aliases = {n: tuple(sorted(ns)) for ns in by_obj.values() if len(ns) > 1 for n in ns}
+    return Names(set(model.state_dict().keys()), aliases)
 
 
 def _unwrap(m):
@@ -40,15 +56,15 @@ def _unwrap(m):
     return inner if isinstance(inner, nn.Module) else m
 
 
-def _names(prog, aliases) -> dict:
+def _names(prog, names: Names) -> dict:
     """id(parameter) -> every name it is saved under."""
     out = {}
     for mod in prog.modules:
         for n, p in _unwrap(mod).named_parameters(remove_duplicate=False):
-            names = out.setdefault(id(p), [])
-            for a in aliases.get(n, (n,)):
-                if a not in names:
-                    names.append(a)
+            names_ = out.setdefault(id(p), [])
+            for a in names.of(n):
+                if a not in names_:
+                    names_.append(a)
     return out
 
 
@@ -111,21 +127,27 @@ def _rng_entries(rank: int, device) -> dict:
     return out
 
 
-def save_entries(prog, aliases: dict) -> dict:
-    """This rank's state, ready for dcp.save."""
-    out = {}
+def _model_state(prog, names: Names):
     for mod in prog.modules:
         for k, v in _unwrap(mod).state_dict(keep_vars=True).items():
-            for a in aliases.get(k, (k,)):
-                out[f"model.{a}"] = v.detach()
-    names = _names(prog, aliases)
+            if names.saved(k):
+                yield k, v.detach()
+
+
+def save_entries(prog, names: Names) -> dict:
+    """This rank's state, ready for dcp.save."""
+    out = {}
+    for k, v in _model_state(prog, names):
+        for a in names.of(k):
+            out[f"model.{a}"] = v
+    names_of = _names(prog, names)
     for opt in prog.optimizers:
         inner, pairs = _optimizer_pairs(opt)
         for sp, np_ in pairs:
             for key, v in inner.state.get(sp, {}).items():
                 if v is None:
                     continue
-                for n in names[id(np_)]:
+                for n in names_of[id(np_)]:
                     out[f"optim.{n}.{key}"] = _disk(key, v)
     out.update(_rng_entries(prog.rank, prog.device))
     return out
@@ -135,20 +157,19 @@ class LoadTargets:
     """The dict dcp.load fills (live parameters in place, fresh optimizer state, RNG), and `finish()`
     that puts the loaded optimizer state and RNG back where the program keeps them."""
 
-    def __init__(self, prog, aliases: dict, available: set):
+    def __init__(self, prog, names: Names, available: set):
         self.prog, self.entries, self._optim, self._rng = prog, {}, [], {}
-        for mod in prog.modules:
-            for k, v in _unwrap(mod).state_dict(keep_vars=True).items():
-                if f"model.{k}" not in available:
-                    raise CheckpointError(f"the checkpoint has no entry for {k}: it was written for another model; "
-                                          "resume with the model (and --model-arg settings) it was trained with")
-                self.entries[f"model.{k}"] = v.detach()
-        names = _names(prog, aliases)
+        for k, v in _model_state(prog, names):
+            if f"model.{k}" not in available:
+                raise CheckpointError(f"the checkpoint has no entry for {k}: it was written for another model; "
+                                      "resume with the model (and --model-arg settings) it was trained with")
+            self.entries[f"model.{k}"] = v
+        names_of = _names(prog, names)
         for opt in prog.optimizers:
             inner, pairs = _optimizer_pairs(opt)
             for sp, np_ in pairs:
                 fresh = _fresh_state(inner, sp)
-                name = next((n for n in names[id(np_)] if any(f"optim.{n}.{k}" in available for k in fresh)), None)
+                name = next((n for n in names_of[id(np_)] if any(f"optim.{n}.{k}" in available for k in fresh)), None)
                 if name is None:     # never stepped when the checkpoint was written: stays fresh
                     continue
                 missing = [k for k in fresh if f"optim.{name}.{k}" not in available]

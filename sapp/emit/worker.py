@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from ..plan import Plan
     from . import checkpoint as ckpt_mod, dist as dist_mod, emit
     from .train_log import StepLog
-    from .train_state import tied_aliases
+    from .train_state import model_names
     rank, world = dist_mod.rank_world()
     resume = args.resume or (_restarted() and args.checkpoint_dir and "latest")
     try:
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
             raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
         if args.checkpoint_dir or resume:
             ckpt = ckpt_mod.Checkpointer(args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume)),
-                                         keep=args.keep, aliases=tied_aliases(model), world=world)
+                                         keep=args.keep, names=model_names(model), world=world)
         if args.checkpoint_dir:      # before any training: an unwritable or full directory is refused now
             ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer))
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
