@@ -1,6 +1,6 @@
 """Resume under the same plan (bitwise) and under other plans (DCP reshards; within 1e-5 relative of
 the uninterrupted run): dp2 -> dp2, dp2 -> pp2, tp2 -> dp2, ZeRO-3 -> ZeRO-0, host tables (SparseAdam)
--> device (Adam).  All scenarios run in one spawned 2-process gloo job (tests/emit_workers/resume_job.py)."""
+-> device (Adam), dp2 -> ZeRO-1; FTRL tables and OffloadAdam resume bitwise under their own plan.  All scenarios run in one spawned 2-process gloo job (tests/emit_workers/resume_job.py)."""
 import json
 import os
 import subprocess
@@ -22,12 +22,15 @@ def results(tmp_path_factory):
     return res
 
 
-def test_same_plan_resume_is_bitwise(results):
-    r = results["dp2"]
+@pytest.mark.parametrize("scenario", ["dp2", "host-mixed"])
+def test_same_plan_resume_is_bitwise(results, scenario):
+    """host-mixed: SparseAdam and FTRL host tables, OffloadAdam's host masters and moments."""
+    r = results[scenario]
     assert r["same"] == r["ref"][3:]
 
 
-@pytest.mark.parametrize("scenario,target", [("dp2", "pp2"), ("tp2", "dp2"), ("zero3", "zero0"), ("host", "device")])
+@pytest.mark.parametrize("scenario,target", [("dp2", "pp2"), ("tp2", "dp2"), ("zero3", "zero0"),
+                                                     ("host", "device"), ("dp2", "zero1")])
 def test_resume_under_another_plan(results, scenario, target):
     r = results[scenario]
     assert len(r[target]) == 3

@@ -170,7 +170,14 @@ class Checkpointer:
         tmp = os.path.join(self.directory, f".tmp-step-{step:08d}")
         if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
             shutil.rmtree(tmp, ignore_errors=True)
-        dcp.save(save_entries(prog, self.names), checkpoint_id=tmp)
+        try:
+            dcp.save(save_entries(prog, self.names), checkpoint_id=tmp)
+        except CheckpointError:
+            raise
+        except Exception as e:     # DCP gathers any rank's write error and raises it on every rank
+            first = next((ln for ln in str(e).splitlines() if "Error" in ln), str(e).splitlines()[0] if str(e) else "")
+            raise CheckpointError(f"writing checkpoint {tmp} failed ({type(e).__name__}: {first.strip()[:200]}); "
+                                  "free space in --checkpoint-dir or choose another") from None
         return _collective(lambda: self._commit(tmp, final, step, meta), self.world)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:

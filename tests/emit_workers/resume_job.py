@@ -17,11 +17,16 @@ import traceback
 STEPS, SAVE_AT, BATCH = 6, 3, 8
 HOST = {t: {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": "sparse_adam"}
         for t in ("deep_emb.weight", "wide_emb.weight")}
+# FTRL on the wide table, OffloadAdam (host master + moments) on the deep MLP's first layer
+MIXED = {"deep_emb.weight": HOST["deep_emb.weight"],
+         "wide_emb.weight": {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": "ftrl"},
+         "deep.0.*": {"weights": "device", "grads": "host", "master_weights": "host", "optimizer": "host",
+                      "optimizer_kind": "adam"}}
 ROWS = 4     # rows per wide-deep field: every row is looked up in every batch (see _wd_batch)
 
 # scenario: (model kind, source plan, {target name: target plan (and "kind" when the model differs)})
 SCENARIOS = {
-    "dp2": ("gpt", {"dp": 2}, {"same": {"dp": 2},
+    "dp2": ("gpt", {"dp": 2}, {"same": {"dp": 2}, "zero1": {"dp": 2, "zero": 1},
                                "pp2": {"pp": 2, "schedule": "1f1b", "micro_batches": 2, "split_before": ["layers.1"]}}),
     "tp2": ("gpt", {"tp": 2, "tp_modules": {"layers.0.attn.qkv": "colwise", "layers.0.attn.proj": "rowwise",
                                             "layers.1.mlp.fc1": "colwise", "layers.1.mlp.fc2": "rowwise"}},
@@ -32,6 +37,7 @@ SCENARIOS = {
               # control: the same load with the optimizer state then dropped must NOT match the
               # reference (what the test proves is carried, the moments included, could be lost)
               "device-no-moments": {"dp": 2, "kind": "wd-device", "drop_optimizer_state": True}}),
+    "host-mixed": ("wd-host", {"dp": 2, "placement_groups": MIXED}, {"same": {"dp": 2, "placement_groups": MIXED}}),
 }
 
 
