@@ -72,6 +72,11 @@ def test_directory_refused_before_training(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="is not writable .*choose another --checkpoint-dir"):
         ck.check_directory(str(tmp_path / "file" / "ckpt"))
+    (tmp_path / "old" / "step-00000005").mkdir(parents=True)
+    (tmp_path / "old" / "step-00000005" / ck.MARKER).write_text("{}")
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints \(up to step 5\); pass --resume"):
+        ck.check_directory(str(tmp_path / "old"), resuming=False)
+    ck.check_directory(str(tmp_path / "old"), resuming=True)
     monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 100 - 4096, 4096))
     with pytest.raises(CheckpointError, match="has 4.10 KB free but one checkpoint needs about 1.06 MB; free space"):
         ck.check_directory(str(tmp_path / "ok"), ck.estimate_bytes(1000))

@@ -101,7 +101,8 @@ def precheck_training(args, plan):
             raise SappError(f"cannot resume from {args.resume}: {why}; pass another checkpoint to --resume")
     if getattr(args, "checkpoint_dir", None):
         checkpoint.check_directory(args.checkpoint_dir,
-                                   checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer))
+                                   checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer),
+                                   resuming=bool(args.resume))
 
 
 def command(args, nproc: int) -> list:

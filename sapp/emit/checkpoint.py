@@ -111,8 +111,10 @@ def estimate_bytes(params: int, optimizer: str = "adam") -> int:
     return int(params * 4 * (1 + states) * 1.1) + (1 << 20)
 
 
-def check_directory(directory: str, need_bytes: int = 0) -> None:
-    """Refuse an unwritable or too-full checkpoint directory before any training (creates it)."""
+def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) -> None:
+    """Refuse an unwritable or too-full checkpoint directory before any training (creates it), and,
+    for a run that starts afresh, one that holds another run's checkpoints (retention orders by step:
+    the old run's later steps would outlive the new run's and be what a restart resumes from)."""
     from ..units import fmt_bytes
     try:
         os.makedirs(directory, exist_ok=True)
@@ -123,6 +125,10 @@ def check_directory(directory: str, need_bytes: int = 0) -> None:
     except OSError as e:
         raise CheckpointError(f"checkpoint directory {directory} is not writable ({e.strerror or type(e).__name__}); "
                               "choose another --checkpoint-dir") from None
+    old = committed(directory)
+    if old and not resuming:
+        raise CheckpointError(f"checkpoint directory {directory} already holds checkpoints (up to step {old[-1][0]}); "
+                              "pass --resume to continue from them, or choose an empty --checkpoint-dir")
     free = shutil.disk_usage(directory).free
     if free < need_bytes:
         raise CheckpointError(f"checkpoint directory {directory} has {fmt_bytes(free)} free but one checkpoint needs "
@@ -161,8 +167,8 @@ class Checkpointer:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
 
-    def check(self, need_bytes: int) -> None:
-        _collective(lambda: check_directory(self.directory, need_bytes), self.world)
+    def check(self, need_bytes: int, resuming: bool) -> None:
+        _collective(lambda: check_directory(self.directory, need_bytes, resuming), self.world)
 
     def save(self, prog, step: int, meta: dict) -> str:
         import torch.distributed.checkpoint as dcp

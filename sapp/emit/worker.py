@@ -84,6 +84,9 @@ def _resume(args, ckpt, prog, gb, log):
         log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
         return 0, []
     path, meta = found
+    if meta.get("data", "synthetic") != (args.data or "synthetic"):
+        log(f"sapp run: note: {path} was trained on --data {meta.get('data', 'synthetic')}; continuing on "
+            f"{args.data or 'synthetic'} data from sample {meta.get('data_position')}")
     if meta.get("global_batch") != gb:
         raise CheckpointError(f"checkpoint {path} was trained with global batch {meta.get('global_batch')}, this plan "
                               f"has {gb}; search the new plan with --global-batch {meta.get('global_batch')}")
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
             ckpt = ckpt_mod.Checkpointer(args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume)),
                                          keep=args.keep, names=model_names(model), world=world)
         if args.checkpoint_dir:      # before any training: an unwritable or full directory is refused now
-            ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer))
+            ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer), bool(resume))
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
                     name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1")
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
         log.bar.update(start)
     fault = _fault()
     times = []
-    meta = {"global_batch": gb, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
+    meta = {"global_batch": gb, "data": args.data or "synthetic", "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
             "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world}
     # a step's time runs from the end of the one before (the first: from its own start).  Each step
     # ends in a loss all-reduce every rank leaves together, so this is the cadence all ranks share;
