@@ -27,6 +27,10 @@ import zlib
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
 MARKER = "sapp-checkpoint.json"
+# Checkpoint collectives wait for the slowest rank's writes: minutes for a large model, far beyond the
+# training group's short hang timeout (sapp/emit/dist.py).  They run on their own gloo group (object
+# collectives on the CPU, also under nccl); a rank that dies meanwhile is ended by torchrun's agent.
+TIMEOUT_S = 600.0
 _NAME = re.compile(r"^step-(\d{8})$")
 
 
@@ -135,7 +139,7 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
                               f"about {fmt_bytes(need_bytes)}; free space or choose another --checkpoint-dir")
 
 
-def _collective(fn, world: int):
+def _collective(fn, world: int, group=None):
     """Run `fn` on rank 0 only and give every rank its result (or its CheckpointError)."""
     import torch.distributed as dist
     if world == 1 or not dist.is_initialized():
@@ -151,7 +155,7 @@ def _collective(fn, world: int):
             box[0] = ("error", str(e))
         except OSError as e:         # the disk filled up or went away mid-run: every rank stops cleanly
             box[0] = ("error", f"checkpoint I/O failed in {getattr(e, 'filename', None) or '?'}: {e.strerror or e}")
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     kind, value = box[0]
     if kind == "error":
         raise CheckpointError(value)
@@ -166,9 +170,14 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
+        self.group = None
+        import torch.distributed as dist
+        if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
+            from datetime import timedelta
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
 
     def check(self, need_bytes: int, resuming: bool) -> None:
-        _collective(lambda: check_directory(self.directory, need_bytes, resuming), self.world)
+        _collective(lambda: check_directory(self.directory, need_bytes, resuming), self.world, self.group)
 
     def save(self, prog, step: int, meta: dict) -> str:
         import torch.distributed.checkpoint as dcp
@@ -177,14 +186,14 @@ class Checkpointer:
         if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
             shutil.rmtree(tmp, ignore_errors=True)
         try:
-            dcp.save(save_entries(prog, self.names), checkpoint_id=tmp)
+            dcp.save(save_entries(prog, self.names), checkpoint_id=tmp, process_group=self.group)
         except CheckpointError:
             raise
         except Exception as e:     # DCP gathers any rank's write error and raises it on every rank
             first = next((ln for ln in str(e).splitlines() if "Error" in ln), str(e).splitlines()[0] if str(e) else "")
             raise CheckpointError(f"writing checkpoint {tmp} failed ({type(e).__name__}: {first.strip()[:200]}); "
                                   "free space in --checkpoint-dir or choose another") from None
-        return _collective(lambda: self._commit(tmp, final, step, meta), self.world)
+        return _collective(lambda: self._commit(tmp, final, step, meta), self.world, self.group)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
         files = {n: [os.path.getsize(os.path.join(tmp, n)), _crc(os.path.join(tmp, n))] for n in sorted(os.listdir(tmp))}
@@ -216,11 +225,11 @@ class Checkpointer:
                     raise CheckpointError(f"cannot resume from {path}: {why}; pass another checkpoint to --resume")
                 return path, meta
             return choose(self.directory, log=self.log)
-        return _collective(pick, self.world)
+        return _collective(pick, self.world, self.group)
 
     def load(self, prog, path: str) -> None:
         import torch.distributed.checkpoint as dcp
         available = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
         targets = LoadTargets(prog, self.names, available)
-        dcp.load(targets.entries, checkpoint_id=path)
+        dcp.load(targets.entries, checkpoint_id=path, process_group=self.group)
         targets.finish()
