@@ -132,6 +132,11 @@ def run(args):
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
     env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
+    # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
+    # elastic restart the new workers can read the dead attempt's gloo/NCCL addresses from it and fail
+    # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection
+    # refused" in 1 of 2 restarts).  A store per attempt, hosted by worker rank 0, avoids that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         print(f"sapp run: error: training failed (exit code {rc}): a rank died or raised; its message is above",
