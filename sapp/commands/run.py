@@ -21,7 +21,9 @@ def add_arguments(p):
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="model setting override, e.g. dropout=0 (repeatable)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    p.add_argument("--data", help="torch.save'd (inputs, targets) with a leading sample axis (default: synthetic)")
+    p.add_argument("--data", help="torch.save'd (inputs, targets) with a leading sample axis, or pkg.module:factory "
+                   "returning a map-style dataset or an iterable of (inputs, target) (default: synthetic)")
+    p.add_argument("--shuffle", action="store_true", help="map-style data: a fresh seeded permutation every epoch")
     p.add_argument("--out", help="write measured step times and losses as JSON here")
     p.add_argument("--nproc", type=int, help="processes on this node (default: the plan's devices / nnodes)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -29,6 +31,14 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0,
                    help="seconds a collective may wait before the job is failed (default 20)")
+    p.add_argument("--log-json", dest="log_json", help="append one JSON line per step here (loss, step time, samples/s, peak memory)")
+    c = p.add_argument_group("checkpoints (torch.distributed.checkpoint; any plan resumes any checkpoint)")
+    c.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="save here (shared by all nodes)")
+    c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
+                   help="save every N steps (and always after the last)")
+    c.add_argument("--keep", type=int, default=2, help="committed checkpoints kept (default 2)")
+    c.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
+                   help="continue from the newest intact checkpoint in --checkpoint-dir, or from CHECKPOINT")
     g = p.add_argument_group("torchrun options (passed through)")
     g.add_argument("--nnodes")
     g.add_argument("--node-rank", dest="node_rank")
@@ -119,7 +129,29 @@ def precheck(args):
     checks.check_names(meta, plan)
     if not plan.model.get("global_batch"):
         raise PlanError("plan has no model.global_batch; search it with a global batch")
+    precheck_training(args, plan)
     return plan, nproc
+
+
+def precheck_training(args, plan):
+    """Data source, checkpoint directory (writable, room for one checkpoint) and resume target."""
+    from ..emit import checkpoint, data
+    if args.data and data.is_factory(args.data) and not os.path.exists(args.data):
+        data.resolve_factory(args.data)
+    elif args.data and not os.path.isfile(args.data):
+        raise data.DataError(f"data file {args.data} not found; pass a torch.save'd file or pkg.module:factory")
+    if getattr(args, "keep", 1) < 1:
+        raise SappError(f"--keep {args.keep} would delete every checkpoint; keep at least 1")
+    if getattr(args, "resume", None) == "latest" and not args.checkpoint_dir:
+        raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
+    if getattr(args, "resume", None) not in (None, "latest"):
+        _, why = checkpoint.verify(args.resume)
+        if why:
+            raise SappError(f"cannot resume from {args.resume}: {why}; pass another checkpoint to --resume")
+    if getattr(args, "checkpoint_dir", None):
+        checkpoint.check_directory(args.checkpoint_dir,
+                                   checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer),
+                                   resuming=bool(args.resume))
 
 
 def command(args, nproc: int) -> list:
@@ -134,10 +166,13 @@ def command(args, nproc: int) -> list:
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
     for kv in args.model_arg:
         cmd += ["--model-arg", kv]
-    if args.data:
-        cmd += ["--data", args.data]
-    if args.out:
-        cmd += ["--out", args.out]
+    for flag in ("data", "out", "log_json", "checkpoint_dir", "resume"):
+        if getattr(args, flag, None):
+            cmd += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    if getattr(args, "shuffle", False):
+        cmd.append("--shuffle")
+    if getattr(args, "checkpoint_dir", None):
+        cmd += ["--checkpoint-every", str(args.checkpoint_every), "--keep", str(args.keep)]
     return cmd
 
 
@@ -146,6 +181,11 @@ def run(args):
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
     env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
+    # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
+    # elastic restart the new workers can read the dead attempt's gloo/NCCL addresses from it and fail
+    # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection
+    # refused" in 1 of 2 restarts).  A store per attempt, hosted by worker rank 0, avoids that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         print(f"sapp run: error: training failed (exit code {rc}): a rank died or raised; its message is above",
