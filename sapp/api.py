@@ -264,7 +264,7 @@ def _interleaved_rename(pipe, pp, v):
     return out
 
 
-def constraints_from_plan(plan: Plan) -> Constraints:
+def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     """The plan's choices as pins: re-scoring it is a search with exactly one configuration left."""
     par, pipe = plan["parallel"], plan["pipeline"]
     sched = pipe.get("schedule", "none")
@@ -282,7 +282,31 @@ def constraints_from_plan(plan: Plan) -> Constraints:
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
-                       recompute=recompute, zero=plan["zero"], stages=stages)
+                       recompute=recompute, zero=plan["zero"], stages=stages,
+                       placement=_placement_pins(plan, graph) if graph is not None else None)
+
+
+def _placement_pins(plan, graph):
+    """The plan's host placement as pins, so re-scoring prices the placement the plan chose (evaluate
+    ignores capacity, so an unpinned placement would fall back to the fastest, usually all-device).
+    Host-capable tables the plan leaves on the device are pinned there; the dense optimizer is
+    pinned to where the plan's non-table entries keep it.  A plan whose stages offload differently
+    cannot be said with global pins: the optimizer is then left to the evaluator."""
+    from .placement.groups import _host_capable
+    from .placement.schema import resolve
+    section = plan._d.get("placement") or {}
+    pins, offload = {}, set()
+    for name, info in sorted(graph.params.items()):
+        if not info.trainable:
+            continue
+        entry = resolve(section, name) or {}
+        if _host_capable(graph, name):
+            pins[name] = "host" if entry.get("weights") == "host" else "device"
+        else:
+            offload.add(entry.get("optimizer") == "host")
+    if len(offload) == 1:
+        pins["optimizer"] = "host" if offload.pop() else "device"
+    return pins or None
 
 
 def _plan_splits(plan, graph):
@@ -355,7 +379,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "
                         f"search a plan for this cluster")
-    cons = constraints_from_plan(plan)
+    cons = constraints_from_plan(plan, graph)
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0))

@@ -46,8 +46,6 @@ def enumerate_configs(ctx):
                 continue
             if pp > 1 and pp > ctx.L:
                 continue
-            if pp > 1 and c.placement:
-                continue            # placement pins are honoured on single-stage configurations
             if ctx.stage_pins is not None and pp != ctx.stage_pins[-1] + 1:
                 continue
             S = N // pp
