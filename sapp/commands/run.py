@@ -29,6 +29,8 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0,
                    help="seconds a collective may wait before the job is failed (default 20)")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
     g.add_argument("--nnodes")
     g.add_argument("--node-rank", dest="node_rank")
@@ -83,6 +85,8 @@ def command(args, nproc: int) -> list:
             cmd.append(f"--{key.replace('_', '-')}={v}")
     cmd += ["-m", "sapp.emit.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
+    if getattr(args, "allow_mismatch", False):
+        cmd.append("--allow-mismatch")
     for kv in args.model_arg:
         cmd += ["--model-arg", kv]
     if args.data:

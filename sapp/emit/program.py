@@ -335,7 +335,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     prog = Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
                    grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=sorted(
-                       d["region"] for d in recomputed.values()), recompute_done=recomputed,
+                       d["region"] for d in recomputed.values() if d["region"]), recompute_done=recomputed,
                    micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero, autocast=autocast,
                    precision="bf16-mixed" if mixed else "fp32", plan_precision=plan_precision(plan),
                    first_stage=0 in mine, last_stage=(n_stages - 1) in mine,

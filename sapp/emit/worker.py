@@ -25,6 +25,7 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--allow-mismatch", action="store_true")
     return p.parse_args(argv)
 
 
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
             dist_mod.init(device, timeout_s=args.timeout)
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
-                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1")
+                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
+                    allow_mismatch=args.allow_mismatch)
     except SappError as e:
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         os._exit(2)
