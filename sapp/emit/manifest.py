@@ -136,7 +136,7 @@ def expected(plan, prog, regions: dict) -> dict:
                 if any(f"{b}.{n}" not in host_params for n, _ in names[b].named_parameters()):
                     units.append(pre + b)
             units.append(pre + ROOT)
-        for name, style in styles.items():
+        for name, style in {**priced_tp(plan, prog.full_modules), **styles}.items():
             if name in names:
                 tp[name] = "vocab" if issubclass(prog.full_modules.get(name, nn.Module), nn.Embedding) and style == "rowwise" else style
         for b in sorted(modes):
@@ -159,6 +159,35 @@ def expected(plan, prog, regions: dict) -> dict:
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
             "precision": prog.plan_precision}
+
+
+def priced_tp(plan, types: dict) -> dict:
+    """{module: style} of the layers whose weights the plan's operators split over the tp level -- what
+    the cost model priced as sharded, whether or not tp_modules names them: a Linear split on its
+    output features (n) is colwise, on its input features (k) rowwise; an Embedding split on the
+    vocabulary (v) is vocab, on the hidden size (h) colwise."""
+    if plan.parallel["tp"] <= 1:
+        return {}
+    roles = list((plan._d.get("mesh") or {}).get("roles") or [])
+    if "tp" not in roles:
+        return {}
+    lv = roles.index("tp")
+    out = {}
+    for op in (plan._d.get("operators") or {}).values():
+        split, mod = op.get("split") or [], op.get("module")
+        d = split[lv] if lv < len(split) else None
+        t = types.get(mod)
+        if d is None or t is None:
+            continue
+        if issubclass(t, nn.Linear) and op.get("kind") == "matmul":
+            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
+        elif issubclass(t, nn.Embedding) and op.get("kind") == "embedding":
+            style = "vocab" if d == "v" else ("colwise" if d == "h" else None)
+        else:
+            style = None
+        if style:
+            out.setdefault(mod, style)
+    return out
 
 
 # ---- comparison ------------------------------------------------------------------------------------

@@ -177,8 +177,10 @@ class MemoryMeter:
         for opt in self.prog.optimizers:
             if getattr(opt, "sapp_where", "device") == "host":
                 continue
-            inner = getattr(opt, "optim", None)
-            state = inner.state if isinstance(inner, torch.optim.Optimizer) else getattr(opt, "state", {})
+            # ZeroRedundancyOptimizer keeps this rank's shard in .optim; zero1.LocalShardZero1 wraps one
+            while isinstance(getattr(opt, "optim", None), torch.optim.Optimizer):
+                opt = opt.optim
+            state = getattr(opt, "state", {})
             for st in state.values():
                 for v in st.values():
                     if torch.is_tensor(v) and v.numel() > 1:       # Adam's step counter is a scalar

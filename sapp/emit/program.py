@@ -281,9 +281,10 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         traced, mine, raw = None, [0], {0: model}
 
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
-    # ZeRO-1 under tensor parallelism: gradients all-reduced like ZeRO-0, optimizer states sharded
-    # over the local shards (sapp/emit/zero1.py), not FSDP's ZeRO-2
-    local_zero1 = zero == 1 and tp > 1 and dp > 1 and not host_groups
+    # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
+    # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
+    # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
+    local_zero1 = zero == 1 and dp > 1
     if mixed and traced is not None:
         for mod in raw.values():
             _autocast_stage(mod, device)
@@ -317,9 +318,16 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     for s, mod in raw.items():
         if host_groups:
             from . import host
-            optimizers += list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
-            if eff_zero == 1 and dp > 1:
-                notes.append("zero 1 with host placement keeps full optimizer state per rank (placement's optimizers)")
+            opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
+            if local_zero1:     # the device part's optimizer states sharded over dp, as priced
+                dense = [p for o in opts if o.sapp_where == "device" for g in o.param_groups for p in g["params"]]
+                opts = [o for o in opts if o.sapp_where != "device"]
+                if dense:
+                    z1 = zero1.make(dense, optimizer, lr, mesh["dp"].get_group())
+                    z1.sapp_where = "device"
+                    opts.append(z1)
+                eff_zero = 1
+            optimizers += opts
         elif local_zero1:
             eff_zero = 1
             optimizers.append(zero1.make(mod.parameters(), optimizer, lr, mesh["dp"].get_group()))
