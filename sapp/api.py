@@ -165,6 +165,8 @@ def operator_section(graph, prof):
                 tp_modules.setdefault(node.module, style)
         elif node.kind == "embedding" and tp_dims == {"v"}:
             tp_modules.setdefault(node.module, "vocab")
+        elif node.kind == "embedding" and tp_dims == {"h"}:     # priced sharded: emit it so (issue 14)
+            tp_modules.setdefault(node.module, "colwise")
     return ops, tp_modules
 
 

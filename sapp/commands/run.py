@@ -39,6 +39,8 @@ def add_arguments(p):
     c.add_argument("--keep", type=int, default=2, help="committed checkpoints kept (default 2)")
     c.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from the newest intact checkpoint in --checkpoint-dir, or from CHECKPOINT")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
     g.add_argument("--nnodes")
     g.add_argument("--node-rank", dest="node_rank")
@@ -164,6 +166,8 @@ def command(args, nproc: int) -> list:
             cmd.append(f"--{key.replace('_', '-')}={v}")
     cmd += ["-m", "sapp.emit.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
+    if getattr(args, "allow_mismatch", False):
+        cmd.append("--allow-mismatch")
     for kv in args.model_arg:
         cmd += ["--model-arg", kv]
     for flag in ("data", "out", "log_json", "checkpoint_dir", "resume"):

@@ -42,6 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--keep", type=int, default=2)
     p.add_argument("--resume", nargs="?", const="latest")
+    p.add_argument("--allow-mismatch", action="store_true")
     return p.parse_args(argv)
 
 
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
             ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer), bool(resume))
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
-                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1")
+                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
+                    allow_mismatch=args.allow_mismatch)
         log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
         start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
