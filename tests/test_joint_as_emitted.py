@@ -48,22 +48,18 @@ def test_fsdp_accumulation_keeps_unsharded_gradients(graph):
     assert acc.stages[0].memory["grads"] == pytest.approx(n * grad_bytes * 1.5, rel=1e-6)
 
 
-def test_zero_one_is_not_offered_with_tensor_parallelism(graph):
+def test_zero_one_is_offered_with_tensor_parallelism_and_priced_as_sharded_states(graph):
+    """The emitter shards ZeRO-1's optimizer states element-wise over dp under TP too (sapp/emit/zero1.py),
+    so the search offers it and prices the optimizer states / dp (REFERENCE: ZeRO-1 4Ψ + KΨ/d)."""
     c = Cluster.parse("a100-80g:nodes=1")
     ctx = SearchContext(graph, c, 32, Constraints.from_dict(None), CostSettings(), None)
-    configs = enumerate_configs(ctx)
-    assert any(k.zero == 1 and k.tp == 1 for k in configs)
-    assert not any(k.zero == 1 and k.tp > 1 for k in configs)
-    # pinned zero 1 alone: tensor parallelism is simply not combined with it
-    r = joint_search(graph, c, global_batch=32, constraints={"zero": 1, "dp": 2})
-    assert r.config.zero == 1 and r.config.tp == 1
-
-
-def test_zero_one_pinned_with_tensor_parallelism_is_a_one_line_error(graph):
-    with pytest.raises(ConstraintError, match="runs as ZeRO-2") as e:
-        joint_search(graph, Cluster.parse("a100-80g:nodes=1"), global_batch=32,
-                     constraints={"zero": 1, "tp": 2, "dp": 2})
-    assert "\n" not in str(e.value)
+    assert any(k.zero == 1 and k.tp > 1 for k in enumerate_configs(ctx))
+    z0 = joint_search(graph, c, global_batch=32, constraints={"zero": 0, "tp": 2, "dp": 4})
+    z1 = joint_search(graph, c, global_batch=32, constraints={"zero": 1, "tp": 2, "dp": 4})
+    assert z1.config.zero == 1 and z1.config.tp == 2
+    m0, m1 = z0.stages[0].memory, z1.stages[0].memory
+    assert m1["optimizer"] == pytest.approx(m0["optimizer"] / 4, rel=1e-6)
+    assert m1["params"] == pytest.approx(m0["params"], rel=1e-6) and m1["grads"] == pytest.approx(m0["grads"], rel=1e-6)
 
 
 def test_zero_three_never_offers_optimizer_offload(graph):

@@ -2,7 +2,6 @@
 cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
-from ...errors import ConstraintError
 from ...pipeline.profile import stage_mesh
 from .result import Config
 
@@ -22,19 +21,9 @@ def divisors(n):
     return small + large[::-1]
 
 
-def zero_one_with_tp(cons):
-    """ZeRO-1 with tensor parallelism is not offered: ZeroRedundancyOptimizer cannot hold DTensors, so
-    the emitter runs it as ZeRO-2 (FSDP2, sapp/emit/parallel.py), which the search prices and offers
-    as itself.  Pinning both is a user error."""
-    if cons.zero == 1 and cons.tp is not None and cons.tp > 1 and (cons.dp is None or cons.dp > 1):
-        raise ConstraintError(f"ZeRO-1 with tp={cons.tp} runs as ZeRO-2 (ZeroRedundancyOptimizer cannot hold "
-                              f"tensor-parallel DTensors); pin --zero 2 (or 0), or tp 1")
-
-
 def enumerate_configs(ctx):
     """Every configuration the cluster, batch and constraints allow (no costs yet)."""
     c, cl = ctx.cons, ctx.cluster
-    zero_one_with_tp(c)
     N, gpn = cl.devices, cl.gpus_per_node
     out = []
     tps = [t for t in divisors(gpn) if (c.tp is None or t == c.tp) and (c.max_tp is None or t <= c.max_tp)]
@@ -82,7 +71,5 @@ def enumerate_configs(ctx):
                     for z in ((0, 1, 2, 3) if dp > 1 else (0,)):
                         if c.zero is not None and z != c.zero and dp > 1:
                             continue
-                        if z == 1 and tp > 1:
-                            continue    # the emitter runs it as ZeRO-2 (see zero_one_with_tp), priced there
                         out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z))
     return out
