@@ -22,7 +22,7 @@ def results(tmp_path_factory):
     return res
 
 
-@pytest.mark.parametrize("scenario", ["dp2", "host-mixed"])
+@pytest.mark.parametrize("scenario", ["dp2", "host-mixed", "zero1"])
 def test_same_plan_resume_is_bitwise(results, scenario):
     """host-mixed: SparseAdam and FTRL host tables, OffloadAdam's host masters and moments."""
     r = results[scenario]
@@ -30,7 +30,8 @@ def test_same_plan_resume_is_bitwise(results, scenario):
 
 
 @pytest.mark.parametrize("scenario,target", [("dp2", "pp2"), ("tp2", "dp2"), ("zero3", "zero0"),
-                                                     ("host", "device"), ("dp2", "zero1")])
+                                                     ("host", "device"), ("dp2", "zero1"),
+                                                     ("zero1", "zero0")])
 def test_resume_under_another_plan(results, scenario, target):
     r = results[scenario]
     assert len(r[target]) == 3

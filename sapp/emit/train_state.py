@@ -142,6 +142,12 @@ def save_entries(prog, names: Names) -> dict:
             out[f"model.{a}"] = v
     names_of = _names(prog, names)
     for opt in prog.optimizers:
+        if getattr(opt, "zero_stage", None) == 1:     # sapp/emit/zero1.py: gathered per parameter
+            for i, p in enumerate(opt.params):
+                for key, v in opt.full_state(i).items():
+                    for n in names_of[id(p)]:
+                        out[f"optim.{n}.{key}"] = v
+            continue
         inner, pairs = _optimizer_pairs(opt)
         for sp, np_ in pairs:
             for key, v in inner.state.get(sp, {}).items():
@@ -165,7 +171,11 @@ class LoadTargets:
                                       "resume with the model (and --model-arg settings) it was trained with")
             self.entries[f"model.{k}"] = v
         names_of = _names(prog, names)
+        self._zero1 = []
         for opt in prog.optimizers:
+            if getattr(opt, "zero_stage", None) == 1:
+                self._zero1_targets(opt, names_of, available)
+                continue
             inner, pairs = _optimizer_pairs(opt)
             for sp, np_ in pairs:
                 fresh = _fresh_state(inner, sp)
@@ -186,7 +196,22 @@ class LoadTargets:
                 self.entries[k] = v.clone()
                 self._rng[k] = self.entries[k]
 
+    def _zero1_targets(self, opt, names_of, available):
+        """Whole per-parameter state to load, sliced into the ZeRO-1 shards by finish()."""
+        keys = opt.state_keys()
+        for i, p in enumerate(opt.params):
+            name = next((n for n in names_of[id(p)] if all(f"optim.{n}.{k}" in available for k in keys)), None)
+            if name is None or not keys:
+                continue
+            st = {k: (torch.tensor(0.0, dtype=torch.float64) if k == "step" else torch.zeros_like(p.detach()))
+                  for k in keys}
+            for k, v in st.items():
+                self.entries[f"optim.{name}.{k}"] = v
+            self._zero1.append((opt, i, name, keys))
+
     def finish(self) -> None:
+        for opt, i, name, keys in self._zero1:
+            opt.load_full_state(i, {k: self.entries[f"optim.{name}.{k}"] for k in keys})
         for inner, sp, name, fresh in self._optim:
             st = {}
             for k, v in fresh.items():

@@ -51,6 +51,7 @@ class LocalShardZero1:
         self.mine = [(i, a, b) for i, a, b, o in self.pieces if o == me]
         self.aliases = [nn.Parameter(flat[i][a:b], requires_grad=True) for i, a, b in self.mine]
         self.optim = optimizer_class(self.aliases, **kw) if self.aliases else None
+        self.optimizer_class, self.steps = optimizer_class, 0
 
     @property
     def state(self):
@@ -63,6 +64,7 @@ class LocalShardZero1:
             alias.grad = None if g is None else _local(g).reshape(-1)[a:b]
         if self.optim is not None:
             self.optim.step()
+        self.steps += 1
         for alias in self.aliases:
             alias.grad = None
         for i, a, b, o in self.pieces:       # the same order on every rank
@@ -78,6 +80,54 @@ class LocalShardZero1:
     def load_state_dict(self, sd):
         if self.optim is not None:
             self.optim.load_state_dict(sd)
+
+    # Checkpoints name optimizer state per parameter (sapp/emit/train_state.py), so that a checkpoint
+    # written under one plan loads under any other: the shards are gathered to whole per-parameter
+    # tensors on save and sliced back on load.  Collective over the dp group: every rank calls these
+    # for the same parameters in the same order.
+    def state_keys(self) -> tuple:
+        return ("step", "exp_avg", "exp_avg_sq") if self.optimizer_class in (torch.optim.Adam, torch.optim.AdamW) else ()
+
+    @torch.no_grad()
+    def full_state(self, i: int) -> dict:
+        """{key: whole state of parameter i} ({} before the first step); a DTensor parameter's state is
+        a DTensor with its placements, so DCP reshards it over tp too."""
+        keys = [k for k in self.state_keys() if k != "step"]
+        if not self.steps or not keys:
+            return {}
+        p = self.params[i]
+        local = _local(p)
+        full = {k: torch.zeros_like(local) for k in keys}
+        mine = {(j, a, b): alias for alias, (j, a, b) in zip(self.aliases, self.mine)}
+        for j, a, b, o in self.pieces:
+            if j != i:
+                continue
+            alias = mine.get((j, a, b))
+            for k in keys:
+                buf = full[k].view(-1)[a:b]
+                if alias is not None:
+                    buf.copy_(self.optim.state[alias][k])
+                dist.broadcast(buf, src=self.src[o], group=self.group)
+        if hasattr(p, "to_local"):
+            from torch.distributed.tensor import DTensor
+            full = {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False) for k, v in full.items()}
+        full["step"] = torch.tensor(float(self.steps), dtype=torch.float64)
+        return full
+
+    @torch.no_grad()
+    def load_full_state(self, i: int, st: dict) -> None:
+        """Take this rank's pieces of parameter i's whole state `st` (as full_state returns it)."""
+        from torch.optim.optimizer import _get_scalar_dtype
+        self.steps = int(float(st["step"]))
+        for alias, (j, a, b) in zip(self.aliases, self.mine):
+            if j != i:
+                continue
+            g = self.optim.param_groups[0]
+            fused = bool(g.get("fused")) or bool(g.get("capturable"))
+            step = (torch.tensor(float(self.steps), dtype=_get_scalar_dtype(is_fused=g.get("fused")), device=alias.device)
+                    if fused else torch.tensor(float(self.steps), dtype=_get_scalar_dtype()))
+            self.optim.state[alias] = {"step": step, **{k: _local(st[k]).reshape(-1)[a:b].clone().to(alias.dtype)
+                                                        for k in self.state_keys() if k != "step"}}
 
 
 def make(params, kind: str, lr: float, dp_group) -> LocalShardZero1:

@@ -32,6 +32,8 @@ SCENARIOS = {
                                             "layers.1.mlp.fc1": "colwise", "layers.1.mlp.fc2": "rowwise"}},
             {"dp2": {"dp": 2}}),
     "zero3": ("gpt", {"dp": 2, "zero": 3}, {"zero0": {"dp": 2, "zero": 0}}),
+    # ZeRO-1's element-wise state shards (sapp/emit/zero1.py) are gathered per parameter on save
+    "zero1": ("gpt", {"dp": 2, "zero": 1}, {"same": {"dp": 2, "zero": 1}, "zero0": {"dp": 2, "zero": 0}}),
     "host": ("wd-host", {"dp": 2, "placement_groups": HOST},
              {"device": {"dp": 2, "kind": "wd-device"},
               # control: the same load with the optimizer state then dropped must NOT match the
