@@ -83,7 +83,7 @@ def test_directory_refused_before_training(tmp_path, monkeypatch):
 
 
 # ---- through sapp run ----------------------------------------------------------------------------
-def _sapp(*args, env=None, timeout=180):
+def _sapp(*args, env=None, timeout=300):   # generous: six engineers share two cores
     return subprocess.run(SAPP + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                                    **(env or {})))

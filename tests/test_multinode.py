@@ -50,7 +50,7 @@ def test_two_agents_on_localhost_match_single_process(tmp_path):
     outs = []
     try:
         for a in agents:
-            outs.append(a.communicate(timeout=180))
+            outs.append(a.communicate(timeout=300))
     finally:
         for a in agents:
             if a.poll() is None:
