@@ -83,7 +83,7 @@ def test_directory_refused_before_training(tmp_path, monkeypatch):
 
 
 # ---- through sapp run ----------------------------------------------------------------------------
-def _sapp(*args, env=None, timeout=180):
+def _sapp(*args, env=None, timeout=300):   # generous: six engineers share two cores
     return subprocess.run(SAPP + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                                    **(env or {})))
@@ -147,3 +147,20 @@ def test_unwritable_checkpoint_dir_refused_before_launch(reference, tmp_path):
     p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--checkpoint-dir", str(tmp_path / "file" / "c"))
     assert p.returncode == 2 and "is not writable" in p.stderr and "Traceback" not in p.stderr
     assert "launching" not in p.stdout
+
+
+def test_resume_a_named_checkpoint_under_another_plan(reference):
+    """dp2's step-4 checkpoint continued under a 2-stage pipeline plan with --resume PATH."""
+    import sapp.models as models
+    from tests.emit_workers.plans import make_plan
+    d, ref, _ = reference
+    make_plan(name="gpt-tiny", params=models.info("gpt-tiny")["params"], global_batch=8, pp=2, schedule="1f1b",
+              micro_batches=2, split_before=["layers.1"]).save(d / "pp2.json")
+    p = _sapp("run", str(d / "pp2.json"), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6",
+              "--data", DATA, "--resume", str(d / "ref" / "step-00000004"), "--out", str(d / "pp2.json.out"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "written under dp=2 tp=1 pp=1 zero=0" in p.stdout
+    res = json.loads((d / "pp2.json.out").read_text())
+    assert res["parallel"]["pp"] == 2 and res["start_step"] == 4
+    assert res["losses"][:4] == ref["losses"][:4]
+    assert res["losses"][4:] == pytest.approx(ref["losses"][4:], rel=1e-5)

@@ -1,8 +1,10 @@
 """`sapp run plan.json --model NAME`: launch the plan's training program with torchrun, one process per
 device (gloo on CPU, nccl with CUDA), and report measured vs predicted step time.
 
-Checks that need no processes (plan file, world size, model name and size) run before the launch; a
-rank that dies ends the job (torchrun's agent stops the others, max-restarts 0) with a non-zero exit."""
+Checks that need no processes (plan file, world size, model name and size, data source, checkpoint
+directory) run before the launch; a rank that dies ends the job (torchrun's agent stops the others,
+max-restarts 0) with a non-zero exit, or with --max-restarts N and --checkpoint-dir, restarts every
+worker from the last checkpoint.  --resume continues a run, under this plan or any other."""
 from __future__ import annotations
 
 import os
@@ -49,7 +51,8 @@ def add_arguments(p):
     g.add_argument("--rdzv-id", dest="rdzv_id")
     g.add_argument("--master-addr", dest="master_addr")
     g.add_argument("--master-port", dest="master_port")
-    g.add_argument("--max-restarts", dest="max_restarts", default="0")
+    g.add_argument("--max-restarts", dest="max_restarts", default="0",
+                   help="restart all workers up to N times after a failure (from the last checkpoint with --checkpoint-dir)")
     g.add_argument("--monitor-interval", dest="monitor_interval", default="0.1")
 
 
