@@ -84,7 +84,9 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         graph, capture_s = capture_graph(module, example_inputs)
     gb = int(global_batch) if global_batch is not None else default_global_batch(info, cl.devices)
     t0 = time.perf_counter()
-    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress)
+    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
+    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
+                       search_fn=tp_search_fn())
     search_s = time.perf_counter() - t0
     plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
     # wall times are printed, never stored in the plan (byte-identical files)
@@ -92,6 +94,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if return_result:
         return plan, res
     return plan
+
+
+def tp_search_fn():
+    from .search import tp_layout
+    return tp_layout.search_fn
 
 
 # ---- plan building --------------------------------------------------------------------------------
@@ -111,27 +118,19 @@ def template_map(graph, prof):
 
 
 def operator_section(graph, prof):
+    """(operators, tp_modules, tp_layout) of the plan; tp_modules and tp_layout are derived from the
+    graph and the searched splits by sapp.search.tp_layout (not from module names)."""
+    from .search import tp_layout
     tmap = template_map(graph, prof)
-    ops, tp_modules = {}, {}
-    roles = list(prof.roles or ())
-    tp_levels = [i for i, r in enumerate(roles) if r == "tp"]
+    ops, strategies = {}, {}
     for name, node in graph.nodes.items():
         s = tuple(prof.strategies[tmap[name]])
+        strategies[name] = s
         lay = output_layout(node, s)
         ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
-        if not tp_levels or not node.module:
-            continue
-        tp_dims = {s[i] for i in tp_levels if s[i] is not None}
-        if not tp_dims or not node.params:
-            continue
-        if node.kind == "matmul" and len(tp_dims) == 1:
-            d = next(iter(tp_dims))
-            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
-            if style:
-                tp_modules.setdefault(node.module, style)
-        elif node.kind == "embedding" and tp_dims == {"v"}:
-            tp_modules.setdefault(node.module, "vocab")
-    return ops, tp_modules
+    tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
+    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels)
+    return ops, tp_modules, {"source": "graph", "groups": groups, "notes": notes}
 
 
 def pipeline_section(res, devices):
@@ -176,7 +175,7 @@ def recompute_section(res):
 
 def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings) -> Plan:
     cfg, prof = res.config, res.profile
-    ops, tp_modules = operator_section(graph, prof)
+    ops, tp_modules, tp_layout = operator_section(graph, prof)
     mem = res.memory
     placement = {"groups": {}, "predicted": {}}
     if res.placement is not None and getattr(res.placement, "section", None):
@@ -191,6 +190,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
+        "tp_layout": tp_layout,
         "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
                      "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
                      "stages": pipeline_section(res, cluster.devices)},
@@ -207,7 +207,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes),
+        "notes": list(res.notes) + tp_layout["notes"],
     }
     return Plan(data)
 

@@ -275,7 +275,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         recomputed += recompute.apply(mod, modes)
         if tp > 1 and tp_styles:
             parallel.apply_tp(mod, tp_styles, mesh["tp"], notes,
-                              originals=dict(model.named_modules()) if traced is not None else None)
+                              originals=dict(model.named_modules()) if traced is not None else None,
+                              groups=checks.tp_groups(plan))
         host_names = ()
         if host_groups and dp > 1:
             from . import host
