@@ -50,7 +50,11 @@ def _restore_leaf(module: nn.Module, name: str, original: nn.Module) -> nn.Modul
     with the stage's current weights (same call signature: one tensor in, one out)."""
     import copy
     leaf = copy.deepcopy(original)
-    leaf.load_state_dict(module.get_submodule(name).state_dict())
+    state = module.get_submodule(name).state_dict()
+    if all(state[k].shape == v.shape for k, v in leaf.state_dict().items() if k in state):
+        leaf.load_state_dict(state)
+    # else the stage was traced with a local-shape stand-in (see local_layers): the original's
+    # values are the stage's, as nothing has trained yet
     parent, _, child = name.rpartition(".")
     setattr(module.get_submodule(parent) if parent else module, child, leaf)
     return leaf
@@ -65,7 +69,7 @@ def _tp_leaf(module, mods, name, originals):
     return mods[name] if isinstance(mods[name], (nn.Linear, nn.Embedding)) else None
 
 
-def _derived_styles(module, mods, styles, groups, originals, notes):
+def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False):
     """Styles of a plan whose layout came from the graph (sapp/search/tp_layout.py): a group (one
     region: column-split openers, row-split closers) is sharded whole or, when one of its layers is
     not a Linear/Embedding DTensor can split, not at all (a half-sharded region computes wrong
@@ -80,7 +84,8 @@ def _derived_styles(module, mods, styles, groups, originals, notes):
         here = [n for n in group if n in mods and n in styles]
         if not here:
             continue
-        leaves = {n: _tp_leaf(module, mods, n, originals) for n in here}
+        leaves = {n: (mods[n] if isinstance(mods[n], (nn.Linear, nn.Embedding)) else None) if dry
+                  else _tp_leaf(module, mods, n, originals) for n in here}
         odd = [n for n, leaf in leaves.items() if leaf is None]
         tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1]
         if tied:
@@ -94,7 +99,9 @@ def _derived_styles(module, mods, styles, groups, originals, notes):
             continue
         for n in here:
             style = styles[n]
-            if style == "colwise":              # output stays split for the ops up to the closer
+            if dry:
+                plan[n] = style
+            elif style == "colwise":              # output stays split for the ops up to the closer
                 plan[n] = ColwiseParallel()
             elif style == "colwise_gather":     # a lone column split (LM head): output gathered
                 plan[n] = ColwiseParallel(output_layouts=Replicate())
@@ -103,6 +110,26 @@ def _derived_styles(module, mods, styles, groups, originals, notes):
             else:                               # vocab: embedding rows split, partial sums reduced
                 plan[n] = RowwiseParallel(input_layouts=Replicate())
     return plan
+
+
+def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
+    """Stand-ins with this rank's shapes for the layers a derived layout splits with a sharded side
+    ({name: module}), for tracing a pipeline: torch.export bakes shapes read in forward into the
+    graph (HF's repeat_kv expands to the global head count), so a stage traced on full-width layers
+    cannot run on split ones.  Traced on these, every later op sees local head counts; emit then
+    puts the real layer back and shards it (apply_tp).  Hand-written plans (no groups): none."""
+    if not groups or tp <= 1:
+        return {}
+    mods = dict(model.named_modules())
+    plan = _derived_styles(model, dict(mods), styles, groups, None, None, dry=True)
+    out = {}
+    for name, style in plan.items():
+        lin = mods[name]
+        if style == "colwise":
+            out[name] = nn.Linear(lin.in_features, lin.out_features // tp, bias=lin.bias is not None)
+        elif style == "rowwise":
+            out[name] = nn.Linear(lin.in_features // tp, lin.out_features, bias=lin.bias is not None)
+    return out
 
 
 def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,

@@ -33,9 +33,25 @@ def micro_example(inputs: tuple, mbs: int) -> tuple:
     return tuple(out)
 
 
-def trace(model: nn.Module, example_mb: tuple, points: list):
+def trace(model: nn.Module, example_mb: tuple, points: list, local: dict = None):
     """torch.export the model once and cut it BEFORE each split point; every stage is then checked
-    in-process (preflight) so a stage torch cannot run fails here, on every rank alike, as one line."""
+    in-process (preflight) so a stage torch cannot run fails here, on every rank alike, as one line.
+    `local`: {module name: stand-in} traced in place of those modules (tensor-parallel layers at
+    this rank's shapes, sapp.emit.parallel.local_layers); the model is restored afterwards."""
+    saved = {}
+    for name, stand_in in (local or {}).items():
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        saved[name] = (owner, child, getattr(owner, child))
+        setattr(owner, child, stand_in)
+    try:
+        return _trace(model, example_mb, points)
+    finally:
+        for owner, child, original in saved.values():
+            setattr(owner, child, original)
+
+
+def _trace(model: nn.Module, example_mb: tuple, points: list):
     from torch.distributed.pipelining import Pipe
     from torch.distributed.pipelining._IR import annotate_split_points
     from torch.distributed.pipelining import SplitPoint
