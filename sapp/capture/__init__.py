@@ -18,6 +18,8 @@ from ..errors import CaptureError
 from ..ir import OpGraph, ParamInfo
 from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
 from .convert import Converter, canonical_names, dtype_str, prune
+from .fuse import fuse_rms_norms
+from .unknown import unknown_ops
 
 __all__ = ["capture"]
 
@@ -58,7 +60,8 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     example_inputs = tuple(_to(x, device) for x in example_inputs)
     first = next((x for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
     batch = batch or (int(first.shape[0]) if first is not None else 1)
-    if spec is not None:
+    data = getattr(model, "sapp_data", None)          # a factory's or HF config's example data
+    if spec is not None and (data is None or data.loss_fn is not None or loss_fn is not None):
         loss_fn = loss_fn or zoo.loss_fn(model)
         if target is None:
             target = zoo.example_targets(model, batch, device)
@@ -190,7 +193,7 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
             conv.call(n)
         elif n.op == "output":
             conv.output(n)
-    nodes = prune(conv.nodes, conv.outputs)
+    nodes = prune(fuse_rms_norms(conv.nodes, conv.outputs), conv.outputs)
     blocks = assign_blocks(nodes, conv.scopes, container_children(root, strip))
     outputs = conv.outputs
     params = _params(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
@@ -301,6 +304,7 @@ def _finish(graph, model, spec, batch, inputs, path):
         "batch": int(batch),
         "capture": path,
     })
+    graph.meta["unknown_ops"] = unknown_ops(graph)
     graph.batch_size = int(batch)
     return graph
 
