@@ -31,21 +31,26 @@ def resolve_model(model):
     """(module, name, zoo config or None)."""
     import importlib
     zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
-    if isinstance(model, str):
-        return zoo.get(model, device="meta"), model, zoo.info(model)
+    if isinstance(model, str):       # zoo name | pkg.module:factory | HF config.json (sapp/models/resolve.py)
+        from .models import resolve
+        return resolve.build(model, device="meta"), model, resolve.info(model)
     spec = getattr(model, "sapp_spec", None)
     if spec is not None:
         return model, spec.name, dict(spec.config)
     return model, type(model).__name__, None
 
 
-def capture_graph(module, example_inputs=None):
+def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
+    """The module's OpGraph (with its loss when `loss_fn` and `targets` are given) and the seconds it took."""
     from .capture import capture
+    if (loss_fn is None) != (targets is None):
+        raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
+                        "or neither")
     t0 = time.perf_counter()
     if example_inputs is None:
-        g = capture(module, batch=CAPTURE_BATCH)
+        g = capture(module, batch=CAPTURE_BATCH, loss_fn=loss_fn, target=targets)
     else:
-        g = capture(module, example_inputs)
+        g = capture(module, example_inputs, loss_fn=loss_fn, target=targets)
     return g, time.perf_counter() - t0
 
 
@@ -70,9 +75,11 @@ def default_global_batch(info, devices) -> int:
 
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
-           precision=None, progress=None, graph=None, return_result=False):
-    """Find the fastest plan that fits.  `model`: an nn.Module or a zoo name; `cluster`: a Cluster or
-    a spec string.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
+           precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None):
+    """Find the fastest plan that fits.  `model`: an nn.Module, a zoo name, "pkg.module:factory" or an
+    HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
+    `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
+    captured graph.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
     constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`)."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
@@ -81,7 +88,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     settings = CostSettings(precision=precision or cl.precision)
     capture_s = 0.0
     if graph is None:
-        graph, capture_s = capture_graph(module, example_inputs)
+        graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     gb = int(global_batch) if global_batch is not None else default_global_batch(info, cl.devices)
     t0 = time.perf_counter()
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
@@ -207,9 +214,16 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes) + tp_layout["notes"],
+        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph),
     }
     return Plan(data)
+
+
+def _capture_notes(graph) -> list:
+    """Ops capture priced without knowing them (never silent: sapp/capture/unknown.py)."""
+    from .capture.unknown import unknown_note
+    note = unknown_note(graph.meta.get("unknown_ops") or [])
+    return [note] if note else []
 
 
 # ---- evaluate -------------------------------------------------------------------------------------
@@ -245,7 +259,7 @@ def _plan_splits(plan, graph):
     return out
 
 
-def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
+def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None) -> dict:
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
     stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
     from .search.joint import joint_search
@@ -254,7 +268,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"])
     module, name, _ = resolve_model(model)
     if graph is None:
-        graph, _ = capture_graph(module, example_inputs)
+        graph, _ = capture_graph(module, example_inputs, loss_fn, targets)
     plan.check_model(graph.fingerprint(), name)
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "

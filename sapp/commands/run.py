@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 
-from ..errors import PlanError, SappError
+from ..errors import PlanError
+from ._model import add_model_arguments, model_spec
 
 PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port",
                 "max_restarts", "monitor_interval")
@@ -17,7 +18,7 @@ PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id
 
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON from `sapp search`")
-    p.add_argument("--model", required=True, help="zoo model name (see `sapp models`)")
+    add_model_arguments(p)
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="model setting override, e.g. dropout=0 (repeatable)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
@@ -62,9 +63,8 @@ def precheck(args):
     if nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
-    if args.model not in models.names():
-        raise SappError(f"unknown model {args.model!r}; choose one of {', '.join(models.names())}")
-    meta = models.get(args.model, device="meta", **model_overrides(args.model_arg))
+    args.model, args.hf_config = model_spec(args), None     # one spec string, passed on to every rank
+    meta = models.build(args.model, device="meta", **model_overrides(args.model_arg))
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
