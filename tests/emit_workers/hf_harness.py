@@ -30,10 +30,14 @@ def _run_case(case, rank):
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
                 "phase": "emit"}
     losses = []
-    for i in range(case["steps"]):
-        x, y = hf_models.batch(case["kind"], case["batch"], i)
-        losses.append(prog.step(*prog.shard(x, y)))
-    dist.barrier()
+    try:
+        for i in range(case["steps"]):
+            x, y = hf_models.batch(case["kind"], case["batch"], i)
+            losses.append(prog.step(*prog.shard(x, y)))
+        dist.barrier()
+    except Exception as e:          # one line for the table; the next case may still run
+        return {"error": f"step {len(losses)}: {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements"))}
 
