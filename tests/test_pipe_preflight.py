@@ -80,3 +80,14 @@ def test_hf_stages_run_and_match_the_whole_model(kind):
         ref = model(*x).logits
     out = out[0] if isinstance(out, (tuple, list)) else out
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_run_precheck_refuses_a_split_torch_cannot_run_on_meta():
+    from sapp.emit import checks
+    from tests.emit_workers.plans import make_plan
+    with torch.device("meta"):
+        m = Net()
+    plan = make_plan(params=1, pp=2, schedule="1f1b", micro_batches=2, split_before=["layers.1"], global_batch=4)
+    with pytest.raises(PlanError, match=r"stage 1 of 2 .* in module 'layers.1'"):
+        checks.check_pipeline_split(m, plan, (torch.empty(4, 8, device="meta"),))
+    checks.check_pipeline_split(m, make_plan(params=1))          # pp = 1: nothing to check

@@ -68,6 +68,7 @@ def precheck(args):
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
+    checks.check_pipeline_split(meta, plan)        # trace the split once here, not on the ranks
     if not plan.model.get("global_batch"):
         raise PlanError("plan has no model.global_batch; search it with a global batch")
     return plan, nproc

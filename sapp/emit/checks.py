@@ -191,3 +191,23 @@ def check_placement(plan: Plan) -> None:
     if offload and plan.zero == 3:
         raise PlanError("the plan offloads the optimizer under ZeRO-3 (ZeRO-3-Offload), which sapp does not emit yet; "
                         "search again with --zero 2 (or pin placement to the device) to get an emittable plan")
+
+
+def check_pipeline_split(model: nn.Module, plan: Plan, example_inputs=None) -> None:
+    """`sapp run`'s pre-flight of a pipeline plan, before launching: trace the split on `model`
+    (meta weights are fine) and run every stage on fake tensors (sapp/emit/preflight.py), so a
+    split torch cannot run is refused here in one line rather than on the ranks.  Without example
+    inputs (and none from the model zoo) it returns: the ranks run the same check in emit."""
+    if plan.parallel["pp"] == 1:
+        return
+    from . import pipe
+    mbs = plan.pipeline.get("micro_batch_size") or 1
+    dev = next((p.device for p in model.parameters()), None)
+    if example_inputs is None:
+        try:
+            import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+            example_inputs = models.example_inputs(model, mbs, dev or "cpu")
+        except Exception:
+            return
+    ex = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    pipe.trace(model, pipe.micro_example(ex, mbs), split_points(plan))
