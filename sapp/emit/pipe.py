@@ -1,8 +1,9 @@
 """Pipeline parallelism with torch.distributed.pipelining.
 
-The whole model is traced once per rank with `pipeline(model, mb_args, split_spec)` (torch.export
-under the hood) and cut BEFORE each plan split point; stage modules keep the original parameter
-names.  Stage i of S runs on pipeline rank i % pp (interleaved: v = S / pp stages per rank).
+The whole model is traced once per rank (torch.export via `Pipe.from_tracing`, repaired by
+graph_fix.py) and cut BEFORE each plan split point; stage modules keep the original parameter names.
+Every stage is run once in-process before any rank communicates (preflight.py).  Stage i of S runs on
+pipeline rank i % pp (interleaved: v = S / pp stages per rank).
 
 Tied weights (GPT-2's embedding and head) are silently duplicated into every stage that uses them;
 TiedGrads adds their gradients across the owning stages after backward so every copy gets the
