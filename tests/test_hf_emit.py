@@ -3,7 +3,8 @@ case's losses equal single-process training within 1e-5 relative over 3 Adam ste
 
 A representative subset of bench/hf_matrix.py (8 models x 5 configurations), two spawned jobs:
 2 ranks: PP=2 1F1B of GPT-NeoX (rotary embedding shared by every layer), BERT (a sub-module named
-`self`, tied decoder across stages), ViT (strided CLS output); TP=2 from the searched layout of Qwen2
+`self`, tied decoder across stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied
+under four names, two of them in one stage); TP=2 from the searched layout of Qwen2
 (GQA attention + gated MLP) and BERT (tied decoder kept whole).  4 ranks: Qwen2 PP x TP (the split
 traced at each rank's layer shapes).  About 1.5 minutes on an idle 2-core box; the timeouts are
 generous because a loaded one runs several times slower."""
@@ -22,7 +23,7 @@ from tests.emit_workers import hf_plans  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
-CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("qwen2", "tp2"), ("bert", "tp2")],
+CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2")],
          4: [("qwen2", "pp2xtp2")]}
 
 

@@ -119,6 +119,9 @@ class TiedGrads:
                     if me in ranks:
                         local = [p for mod in my_stages.values() for n, p in mod.named_parameters(remove_duplicate=False)
                                  if alias.get(n) == key]
+                        # one object may sit under several tied names in a stage (T5's decoder
+                        # embedding and LM head): count its gradient once
+                        local = list({id(p): p for p in local}.values())
                         if local:
                             self.ties.append((local, group))
 
