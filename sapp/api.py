@@ -32,8 +32,9 @@ def resolve_model(model):
     """(module, name, zoo config or None)."""
     import importlib
     zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
-    if isinstance(model, str):
-        return zoo.get(model, device="meta"), model, zoo.info(model)
+    if isinstance(model, str):       # zoo name | pkg.module:factory | HF config.json (sapp/models/resolve.py)
+        from .models import resolve
+        return resolve.build(model, device="meta"), model, resolve.info(model)
     spec = getattr(model, "sapp_spec", None)
     if spec is not None:
         return model, spec.name, dict(spec.config)
@@ -59,10 +60,14 @@ def _check_inputs_bind(module, example_inputs):
                            f"{sig}: {e}; pass inputs in forward's order") from None
 
 
-def capture_graph(module, example_inputs=None):
+def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
+    """The module's OpGraph (with its loss when `loss_fn` and `targets` are given) and the seconds it took."""
     import contextlib
     import io
     from .capture import capture
+    if (loss_fn is None) != (targets is None):
+        raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
+                        "or neither")
     _check_inputs_bind(module, example_inputs)
     t0 = time.perf_counter()
     # torch prints tracebacks of its own while a trace fails (fx ShapeProp); the CaptureError says
@@ -71,9 +76,9 @@ def capture_graph(module, example_inputs=None):
     try:
         with contextlib.redirect_stderr(noise):
             if example_inputs is None:
-                g = capture(module, batch=CAPTURE_BATCH)
+                g = capture(module, batch=CAPTURE_BATCH, loss_fn=loss_fn, target=targets)
             else:
-                g = capture(module, example_inputs)
+                g = capture(module, example_inputs, loss_fn=loss_fn, target=targets)
     except CaptureError:
         raise
     except BaseException:
@@ -104,9 +109,11 @@ def default_global_batch(info, devices) -> int:
 
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
-           precision=None, progress=None, graph=None, return_result=False):
-    """Find the fastest plan that fits.  `model`: an nn.Module or a zoo name; `cluster`: a Cluster or
-    a spec string.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
+           precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None):
+    """Find the fastest plan that fits.  `model`: an nn.Module, a zoo name, "pkg.module:factory" or an
+    HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
+    `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
+    captured graph.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
     constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`)."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
@@ -116,9 +123,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     settings = CostSettings(precision=precision or cl.precision)
     capture_s = 0.0
     if graph is None:
-        graph, capture_s = capture_graph(module, example_inputs)
+        graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     t0 = time.perf_counter()
-    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress)
+    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
+    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
+                       search_fn=tp_search_fn())
     search_s = time.perf_counter() - t0
     plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
     # wall times are printed, never stored in the plan (byte-identical files)
@@ -126,6 +135,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if return_result:
         return plan, res
     return plan
+
+
+def tp_search_fn():
+    from .search import tp_layout
+    return tp_layout.search_fn
 
 
 # ---- plan building --------------------------------------------------------------------------------
@@ -145,29 +159,19 @@ def template_map(graph, prof):
 
 
 def operator_section(graph, prof):
+    """(operators, tp_modules, tp_layout) of the plan; tp_modules and tp_layout are derived from the
+    graph and the searched splits by sapp.search.tp_layout (not from module names)."""
+    from .search import tp_layout
     tmap = template_map(graph, prof)
-    ops, tp_modules = {}, {}
-    roles = list(prof.roles or ())
-    tp_levels = [i for i, r in enumerate(roles) if r == "tp"]
+    ops, strategies = {}, {}
     for name, node in graph.nodes.items():
         s = tuple(prof.strategies[tmap[name]])
+        strategies[name] = s
         lay = output_layout(node, s)
         ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
-        if not tp_levels or not node.module:
-            continue
-        tp_dims = {s[i] for i in tp_levels if s[i] is not None}
-        if not tp_dims or not node.params:
-            continue
-        if node.kind == "matmul" and len(tp_dims) == 1:
-            d = next(iter(tp_dims))
-            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
-            if style:
-                tp_modules.setdefault(node.module, style)
-        elif node.kind == "embedding" and tp_dims == {"v"}:
-            tp_modules.setdefault(node.module, "vocab")
-        elif node.kind == "embedding" and tp_dims == {"h"}:     # priced sharded: emit it so (issue 14)
-            tp_modules.setdefault(node.module, "colwise")
-    return ops, tp_modules
+    tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
+    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels)
+    return ops, tp_modules, {"source": "graph", "groups": groups, "notes": notes}
 
 
 def pipeline_section(res, devices):
@@ -212,7 +216,7 @@ def recompute_section(res):
 
 def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings) -> Plan:
     cfg, prof = res.config, res.profile
-    ops, tp_modules = operator_section(graph, prof)
+    ops, tp_modules, tp_layout = operator_section(graph, prof)
     mem = res.memory
     placement = {"groups": {}, "predicted": {}}
     if res.placement is not None and getattr(res.placement, "section", None):
@@ -227,6 +231,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
+        "tp_layout": tp_layout,
         "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
                      "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
                      "stages": pipeline_section(res, cluster.devices)},
@@ -243,9 +248,16 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes),
+        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph),
     }
     return Plan(data)
+
+
+def _capture_notes(graph) -> list:
+    """Ops capture priced without knowing them (never silent: sapp/capture/unknown.py)."""
+    from .capture.unknown import unknown_note
+    note = unknown_note(graph.meta.get("unknown_ops") or [])
+    return [note] if note else []
 
 
 # ---- evaluate -------------------------------------------------------------------------------------
@@ -367,7 +379,7 @@ def _score(graph, cl, gb, cons, settings, splits, cfg):
     return res
 
 
-def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
+def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None) -> dict:
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
     stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
     from .calibrate.status import uncalibrated_note
@@ -376,7 +388,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None) -> dict:
     cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
     module, name, _ = resolve_model(model)
     if graph is None:
-        graph, _ = capture_graph(module, example_inputs)
+        graph, _ = capture_graph(module, example_inputs, loss_fn, targets)
     plan.check_model(graph.fingerprint(), name)
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "

@@ -18,6 +18,8 @@ from ..errors import CaptureError
 from ..ir import OpGraph, ParamInfo
 from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
 from .convert import Converter, canonical_names, dtype_str, prune
+from .fuse import fuse_rms_norms
+from .unknown import unknown_ops
 
 __all__ = ["capture"]
 
@@ -58,7 +60,8 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     example_inputs = tuple(_to(x, device) for x in example_inputs)
     first = next((x for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
     batch = batch or (int(first.shape[0]) if first is not None else 1)
-    if spec is not None:
+    data = getattr(model, "sapp_data", None)          # a factory's or HF config's example data
+    if spec is not None and (data is None or data.loss_fn is not None or loss_fn is not None):
         loss_fn = loss_fn or zoo.loss_fn(model)
         if target is None:
             target = zoo.example_targets(model, batch, device)
@@ -135,7 +138,7 @@ def _capture_fast(root, model, stack, inputs, kwargs, strip, batch, gname):
 
 def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None, method="auto"):
     import torch
-    err, where = None, None
+    err, where, ours = None, None, False
     with _ModuleTracker(root, strip) as tracker:
         try:
             if method == "fx":
@@ -143,22 +146,26 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
+        except _SkipExport:
+            ep = None
+        except Exception as e:        # noqa: BLE001 - any tracing failure goes to the fallback
+            ep, err, where = None, e, tracker.failed_at()
+    if ep is not None:
+        try:
             return _from_export(ep, root, strip, batch, gname, model, expand)
         except CaptureError:
             raise
-        except _SkipExport:
-            pass
-        except Exception as e:        # noqa: BLE001 - any tracing failure goes to the fallback
-            err, where = e, tracker.failed_at()
+        except Exception as e:        # noqa: BLE001 - torch traced the model; sapp could not read the graph
+            err, ours = e, True
     if expand is not None or method == "export":
-        raise CaptureError(_explain(err, where, root))
+        raise CaptureError(_explain(err, where, root, ours))
     from .fxpath import capture_fx
     try:
         return capture_fx(root, inputs, kwargs, strip, batch, gname, model)
     except Exception as e:            # noqa: BLE001 - report the export error, the clearer one
         if err is None:
             err, where = e, None
-    raise CaptureError(_explain(err, where, root))
+    raise CaptureError(_explain(err, where, root, ours))
 
 
 class _SkipExport(Exception):
@@ -190,7 +197,7 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
             conv.call(n)
         elif n.op == "output":
             conv.output(n)
-    nodes = prune(conv.nodes, conv.outputs)
+    nodes = prune(fuse_rms_norms(conv.nodes, conv.outputs), conv.outputs)
     blocks = assign_blocks(nodes, conv.scopes, container_children(root, strip))
     outputs = conv.outputs
     params = _params(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
@@ -301,6 +308,7 @@ def _finish(graph, model, spec, batch, inputs, path):
         "batch": int(batch),
         "capture": path,
     })
+    graph.meta["unknown_ops"] = unknown_ops(graph)
     graph.batch_size = int(batch)
     return graph
 
@@ -339,9 +347,13 @@ class _ModuleTracker:
         return False
 
 
-def _explain(err, where, root):
+def _explain(err, where, root, ours=False):
     msg = " ".join(str(err).split())
     low = msg.lower()
+    if ours:
+        short = msg[:160] + ("..." if len(msg) > 160 else "")
+        return (f"sapp could not read the traced graph of {type(root).__name__}: {type(err).__name__}: {short}; "
+                "torch traced your model and inputs fine - this is a gap in sapp's capture: report it with this line")
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
     elif "data-dependent" in low or "data dependent" in low or "guard" in low or "item()" in low:

@@ -15,6 +15,8 @@ from .ops import OpCall, Tin, TRef, spec_for
 
 SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split"}
 # Ops that only check or annotate; they produce no tensor the model computes with.
+# Higher-order ops that run a subgraph under a mode: position of the subgraph among their args.
+INLINE_HOPS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
 SKIP_OPS = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
             "_set_grad_enabled", "_enter_autocast", "_exit_autocast"}
 
@@ -104,6 +106,8 @@ class Converter:
         if n.target is operator.getitem:
             return self._getitem(n, val)
         name = op_name(n.target)
+        if name in INLINE_HOPS:
+            return self._inline(n, name)
         if name in SKIP_OPS or val is None:
             self.ref[n.name] = ("const",)
             return
@@ -127,11 +131,49 @@ class Converter:
             return
         self._make(n, name, str(n.target), n.args, n.kwargs, val)
 
+    def _inline(self, n, name):
+        """A higher-order op that only wraps a subgraph in a mode (grad enabled/disabled, autocast):
+        convert the subgraph's calls in place, as if they had been traced inline.  Inner nodes get
+        fresh names that canonical_names turns into fx-style ones."""
+        at = INLINE_HOPS[name]
+        sub_node, args = n.args[at], n.args[at + 1:]
+        gm = getattr(sub_node.graph.owning_module, str(sub_node.target), None)
+        if gm is None or not hasattr(gm, "graph"):
+            raise TypeError(f"{name}: subgraph {sub_node.target!r} not found")
+        outer_scope = n.meta.get("nn_module_stack")
+        phs = [x for x in gm.graph.nodes if x.op == "placeholder"]
+        for ph, a in zip(phs, args):
+            ph.name = self._fresh(ph.name)
+            self.ref[ph.name] = self.ref.get(a.name, ("const",)) if isinstance(a, torch.fx.Node) else ("const",)
+        for x in gm.graph.nodes:
+            if x.op == "placeholder":
+                continue
+            x.name = self._fresh(x.name)
+            if outer_scope and not x.meta.get("nn_module_stack"):
+                x.meta["nn_module_stack"] = outer_scope
+            if x.op == "call_function":
+                self.call(x)
+            elif x.op == "output":
+                outs = x.args[0] if isinstance(x.args[0], (tuple, list)) else (x.args[0],)
+                refs = tuple(self.ref.get(o.name, ("const",)) if isinstance(o, torch.fx.Node) else ("const",)
+                             for o in outs)
+                self.ref[n.name] = ("tuple", refs)
+
+    def _fresh(self, name):
+        self._inlined = getattr(self, "_inlined", 0) + 1
+        return f"{name}__rep{100000 + self._inlined}"
+
     def _getitem(self, n, val):
         src, idx = n.args
         r = self.ref.get(src.name, ("const",))
         if r[0] == "multi":
-            self.ref[n.name] = ("node", r[1]) if idx == 0 else ("const",)
+            # further outputs of the same shape (topk / sort / max.dim indices) share the node: the
+            # same iteration space and layout; others (a norm's saved statistics) carry nothing
+            same = idx == 0 or (_is_tensor(val) and r[1] in self.nodes
+                                and tuple(int(x) for x in val.shape) == self.nodes[r[1]].out.shape)
+            self.ref[n.name] = ("node", r[1]) if same else ("const",)
+        elif r[0] == "tuple":
+            self.ref[n.name] = r[1][idx] if idx < len(r[1]) else ("const",)
         elif r[0] == "split" and _is_tensor(val):
             _, x, dim, op, target = r
             if op == "unbind":
@@ -164,10 +206,11 @@ class Converter:
                     operands.append((shape, dt, None, r[1]))
                     in_batch.append((False,) * len(shape))
                 elif r[0] == "node" and r[1] in self.nodes:
-                    ins.append(Tin(shape, dt, is_act=True))
-                    operands.append((shape, dt, r[1], None))
                     pb = self.batch_axes[r[1]]
-                    in_batch.append(pb if len(pb) == len(shape) else (False,) * len(shape))
+                    pb = pb if len(pb) == len(shape) else (False,) * len(shape)
+                    ins.append(Tin(shape, dt, is_act=True, batch=pb))
+                    operands.append((shape, dt, r[1], None))
+                    in_batch.append(pb)
                 else:
                     ins.append(Tin(shape, dt))
                     operands.append((shape, dt, None, None))
@@ -191,7 +234,8 @@ class Converter:
         for i, ax, dn in spec.also:
             if dn in is_batch and i < len(in_batch) and ax < len(in_batch[i]) and in_batch[i][ax]:
                 is_batch[dn] = True
-        dims = tuple(Dim(nm, sz, (is_batch[nm] if spec.generic else sp), is_batch[nm])
+        local = set(spec.local)
+        dims = tuple(Dim(nm, sz, (is_batch[nm] if (spec.generic or nm in local) else sp), is_batch[nm])
                      for nm, sz, sp in spec.dims)
         ops = tuple(Operand(s, dt, dd, p, q) for (s, dt, p, q), dd in zip(operands, in_dims))
         out = TensorSpec(out_shape, call.out_dtype, spec.out_dims)

@@ -11,6 +11,7 @@ from torch import nn
 from ..ir import OpGraph
 from .blocks import assign_blocks, container_children, group_blocks
 from .convert import Converter, ParamArg, canonical_names, prune
+from .fuse import fuse_rms_norms
 
 _ACT = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid",
         nn.LeakyReLU: "leaky_relu", nn.ELU: "elu", nn.Softplus: "softplus", nn.Hardtanh: "hardtanh",
@@ -49,7 +50,7 @@ def capture_fx(root, inputs, kwargs, strip, batch, gname, model):
             _call(conv, n, root, gm)
         elif n.op == "output":
             conv.output(n)
-    nodes = prune(conv.nodes, conv.outputs)
+    nodes = prune(fuse_rms_norms(conv.nodes, conv.outputs), conv.outputs)
     blocks = assign_blocks(nodes, conv.scopes, container_children(root, strip))
     ins = [k for k, v in nodes.items() if v.kind == "input"]
     nodes, outputs, mapping = canonical_names(nodes, conv.outputs, keep=ins)

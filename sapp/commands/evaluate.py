@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from ..units import fmt_bytes, fmt_time
+from ._model import add_model_arguments, model_spec
 
 
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--model", help="zoo model name (default: the plan's model)")
+    add_model_arguments(p, default_help=" (default: the plan's model)")
     p.add_argument("--cluster", help="cluster spec (default: the plan's cluster)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 
@@ -15,7 +16,7 @@ def run(args):
     from .. import api
     from ..plan import Plan
     plan = Plan.load(args.plan)
-    model = args.model or plan["model"].get("name")
+    model = model_spec(args, default=plan["model"].get("name"))
     res = api.evaluate(model, args.cluster, plan)
     if args.json:
         import json

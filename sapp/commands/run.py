@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from ..errors import PlanError, SappError, UsageError
+from ._model import add_model_arguments, model_spec
 
 PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port",
                 "max_restarts", "monitor_interval")
@@ -19,7 +20,7 @@ PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id
 
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON from `sapp search`")
-    p.add_argument("--model", required=True, help="zoo model name (see `sapp models`)")
+    add_model_arguments(p)
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="model setting override, e.g. dropout=0 (repeatable)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
@@ -122,16 +123,23 @@ def precheck(args):
     if nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
-    if args.model not in models.names():
-        raise SappError(f"unknown model {args.model!r}; choose one of {', '.join(models.names())}")
-    overrides = _model_args(args.model, args.model_arg)
+    args.model, args.hf_config = model_spec(args), None     # one spec string, passed on to every rank
+    if args.model in models.names():
+        overrides = _model_args(args.model, args.model_arg)
+    else:                                   # a factory or an HF config: its own keyword arguments
+        from ..emit.worker import model_overrides
+        for kv in args.model_arg:
+            if "=" not in kv:
+                raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
+        overrides = model_overrides(args.model_arg)
     try:
-        meta = models.get(args.model, device="meta", **overrides)
+        meta = models.build(args.model, device="meta", **overrides)
     except (TypeError, ValueError, ArithmeticError) as e:     # an in-range override the model still refuses
         raise UsageError(f"--model-arg: {args.model} cannot be built with {overrides}: {str(e)[:120]}") from None
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
+    checks.check_pipeline_split(meta, plan)        # trace the split once here, not on the ranks
     if not plan.model.get("global_batch"):
         raise PlanError("plan has no model.global_batch; search it with a global batch")
     precheck_training(args, plan)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from ..units import fmt_bytes, fmt_time
+from ._model import add_model_arguments, model_spec
 
 
 def add_constraint_arguments(p):
@@ -26,7 +27,7 @@ def constraints_from_args(args) -> dict:
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="zoo model name (see `sapp models`)")
+    add_model_arguments(p)
     p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
     p.add_argument("--out", help="write the plan JSON here")
@@ -82,7 +83,7 @@ def run(args):
         check_out(args.out)          # before the search, not after it
     t0 = time.perf_counter()
     with Progress(label="joint search") as prog:      # draws on a terminal only
-        plan = api.search(args.model, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
+        plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog)
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:

@@ -8,7 +8,9 @@ from torch import nn
 from ..errors import PlanError
 from ..plan import Plan
 
-TP_STYLES = ("colwise", "rowwise", "vocab")     # vocab: an embedding split over its rows
+# colwise_gather: a column split whose output is gathered (a lone LM head); vocab: an embedding
+# split over its rows
+TP_STYLES = ("colwise", "colwise_gather", "rowwise", "vocab")
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
 
 
@@ -92,7 +94,8 @@ def check_names(model: nn.Module, plan: Plan) -> None:
     mods = dict(model.named_modules())
     for name, style in sorted(tp_modules(plan).items()):
         if style not in TP_STYLES:
-            raise PlanError(f"tp_modules[{name!r}] is {style!r}; use 'colwise', 'rowwise' or 'vocab'")
+            raise PlanError(f"tp_modules[{name!r}] is {style!r}; use 'colwise', 'rowwise' or 'vocab' "
+                            f"('colwise_gather': a column split whose output is gathered)")
         if name not in mods:
             raise PlanError(f"tp_modules names {name!r}, which this model does not have; regenerate the plan for this model")
         if style == "vocab" and not isinstance(mods[name], nn.Embedding):
@@ -113,6 +116,14 @@ def tp_modules(plan: Plan) -> dict:
         return dict(plan["tp_modules"] or {})
     except KeyError:
         return {}
+
+
+def tp_groups(plan: Plan):
+    """The regions of a layout derived from the graph (plans from sapp's search), or None for a
+    hand-written tp_modules (emit then pairs layers by their parent module)."""
+    layout = plan._d.get("tp_layout") or {}
+    groups = layout.get("groups")
+    return [list(g) for g in groups] if isinstance(groups, list) else None
 
 
 def split_points(plan: Plan) -> list:
@@ -180,3 +191,23 @@ def check_placement(plan: Plan) -> None:
     if offload and plan.zero == 3:
         raise PlanError("the plan offloads the optimizer under ZeRO-3 (ZeRO-3-Offload), which sapp does not emit yet; "
                         "search again with --zero 2 (or pin placement to the device) to get an emittable plan")
+
+
+def check_pipeline_split(model: nn.Module, plan: Plan, example_inputs=None) -> None:
+    """`sapp run`'s pre-flight of a pipeline plan, before launching: trace the split on `model`
+    (meta weights are fine) and run every stage on fake tensors (sapp/emit/preflight.py), so a
+    split torch cannot run is refused here in one line rather than on the ranks.  Without example
+    inputs (and none from the model zoo) it returns: the ranks run the same check in emit."""
+    if plan.parallel["pp"] == 1:
+        return
+    from . import pipe
+    mbs = plan.pipeline.get("micro_batch_size") or 1
+    dev = next((p.device for p in model.parameters()), None)
+    if example_inputs is None:
+        try:
+            import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+            example_inputs = models.example_inputs(model, mbs, dev or "cpu")
+        except Exception:
+            return
+    ex = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    pipe.trace(model, pipe.micro_example(ex, mbs), split_points(plan))

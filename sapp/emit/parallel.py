@@ -50,36 +50,118 @@ def _restore_leaf(module: nn.Module, name: str, original: nn.Module) -> nn.Modul
     with the stage's current weights (same call signature: one tensor in, one out)."""
     import copy
     leaf = copy.deepcopy(original)
-    leaf.load_state_dict(module.get_submodule(name).state_dict())
+    state = module.get_submodule(name).state_dict()
+    if all(state[k].shape == v.shape for k, v in leaf.state_dict().items() if k in state):
+        leaf.load_state_dict(state)
+    # else the stage was traced with a local-shape stand-in (see local_layers): the original's
+    # values are the stage's, as nothing has trained yet
     parent, _, child = name.rpartition(".")
     setattr(module.get_submodule(parent) if parent else module, child, leaf)
     return leaf
 
 
-def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None) -> list:
-    """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.  Other
-    layer types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
+def _tp_leaf(module, mods, name, originals):
+    """The Linear/Embedding at `name` in `module` (a pipeline stage's traced stand-in replaced by a
+    copy of the original layer), or None when it is another layer type."""
+    orig = (originals or {}).get(name)
+    if not isinstance(mods[name], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
+        mods[name] = _restore_leaf(module, name, orig)
+    return mods[name] if isinstance(mods[name], (nn.Linear, nn.Embedding)) else None
+
+
+def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False):
+    """Styles of a plan whose layout came from the graph (sapp/search/tp_layout.py): a group (one
+    region: column-split openers, row-split closers) is sharded whole or, when one of its layers is
+    not a Linear/Embedding DTensor can split, not at all (a half-sharded region computes wrong
+    values)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    plan = {}
+    owners = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), set()).add(n.rpartition(".")[0])
+    for group in groups:
+        here = [n for n in group if n in mods and n in styles]
+        if not here:
+            continue
+        leaves = {n: (mods[n] if isinstance(mods[n], (nn.Linear, nn.Embedding)) else None) if dry
+                  else _tp_leaf(module, mods, n, originals) for n in here}
+        odd = [n for n, leaf in leaves.items() if leaf is None]
+        tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1]
+        if tied:
+            if notes is not None:
+                notes.append(f"tp region {here[0]} .. runs replicated: {tied[0]}'s weight is tied to another module")
+            continue
+        if odd:
+            if notes is not None:
+                notes.append(f"tp region {here[0]} .. runs replicated: {odd[0]} is a {type(mods[odd[0]]).__name__}, "
+                             f"and DTensor splits only Linear and Embedding")
+            continue
+        for n in here:
+            style = styles[n]
+            if dry:
+                plan[n] = style
+            elif style == "colwise":              # output stays split for the ops up to the closer
+                plan[n] = ColwiseParallel()
+            elif style == "colwise_gather":     # a lone column split (LM head): output gathered
+                plan[n] = ColwiseParallel(output_layouts=Replicate())
+            elif style == "rowwise":            # input arrives split from the region's openers
+                plan[n] = RowwiseParallel()
+            else:                               # vocab: embedding rows split, partial sums reduced
+                plan[n] = RowwiseParallel(input_layouts=Replicate())
+    return plan
+
+
+def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
+    """Stand-ins with this rank's shapes for the layers a derived layout splits with a sharded side
+    ({name: module}), for tracing a pipeline: torch.export bakes shapes read in forward into the
+    graph (HF's repeat_kv expands to the global head count), so a stage traced on full-width layers
+    cannot run on split ones.  Traced on these, every later op sees local head counts; emit then
+    puts the real layer back and shards it (apply_tp).  Hand-written plans (no groups): none."""
+    if not groups or tp <= 1:
+        return {}
+    mods = dict(model.named_modules())
+    plan = _derived_styles(model, dict(mods), styles, groups, None, None, dry=True)
+    out = {}
+    for name, style in plan.items():
+        lin = mods[name]
+        if style == "colwise":
+            out[name] = nn.Linear(lin.in_features, lin.out_features // tp, bias=lin.bias is not None)
+        elif style == "rowwise":
+            out[name] = nn.Linear(lin.in_features // tp, lin.out_features, bias=lin.bias is not None)
+    return out
+
+
+def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,
+             groups: list = None) -> list:
+    """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.
+    `groups` (plans from sapp's search): the layout's regions, each sharded whole or not at all, with
+    the styles meaning exactly what tp_layout derived.  Without groups (hand-written plans) a colwise
+    layer keeps its output split when a rowwise sibling follows it (same parent), and other layer
+    types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
     `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     mods = dict(module.named_modules())
+    if groups is not None:
+        plan = _derived_styles(module, mods, styles, groups, originals, notes)
+        if plan:
+            parallelize_module(module, tp_mesh, plan)
+        return sorted(plan)
     present = {}
     for n, s in sorted(styles.items()):
         if n not in mods:
             continue
-        orig = (originals or {}).get(n)
-        if not isinstance(mods[n], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
-            mods[n] = _restore_leaf(module, n, orig)
-        if not isinstance(mods[n], (nn.Linear, nn.Embedding)):
+        if _tp_leaf(module, mods, n, originals) is None:
             if notes is not None:
                 notes.append(f"tp_modules[{n}] is a {type(mods[n]).__name__}; DTensor splits only Linear and "
                              f"Embedding, so it runs replicated")
             continue
-        present[n] = "rowwise" if s == "vocab" else s
+        present[n] = "rowwise" if s == "vocab" else ("colwise" if s == "colwise_gather" else s)
     plan = {}
     for name, style in present.items():
         if style == "colwise":
-            keep = _partnered(name, present, "rowwise")
+            keep = _partnered(name, present, "rowwise") and styles[name] != "colwise_gather"
             plan[name] = ColwiseParallel() if keep else ColwiseParallel(output_layouts=Replicate())
         else:
             fed = _partnered(name, present, "colwise")

@@ -1,8 +1,9 @@
 """Pipeline parallelism with torch.distributed.pipelining.
 
-The whole model is traced once per rank with `pipeline(model, mb_args, split_spec)` (torch.export
-under the hood) and cut BEFORE each plan split point; stage modules keep the original parameter
-names.  Stage i of S runs on pipeline rank i % pp (interleaved: v = S / pp stages per rank).
+The whole model is traced once per rank (torch.export via `Pipe.from_tracing`, repaired by
+graph_fix.py) and cut BEFORE each plan split point; stage modules keep the original parameter names.
+Every stage is run once in-process before any rank communicates (preflight.py).  Stage i of S runs on
+pipeline rank i % pp (interleaved: v = S / pp stages per rank).
 
 Tied weights (GPT-2's embedding and head) are silently duplicated into every stage that uses them;
 TiedGrads adds their gradients across the owning stages after backward so every copy gets the
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
+from . import graph_fix, preflight
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 
@@ -32,18 +34,50 @@ def micro_example(inputs: tuple, mbs: int) -> tuple:
     return tuple(out)
 
 
-def trace(model: nn.Module, example_mb: tuple, points: list):
-    from torch.distributed.pipelining import SplitPoint, pipeline
+def trace(model: nn.Module, example_mb: tuple, points: list, local: dict = None):
+    """torch.export the model once and cut it BEFORE each split point; every stage is then checked
+    in-process (preflight) so a stage torch cannot run fails here, on every rank alike, as one line.
+    `local`: {module name: stand-in} traced in place of those modules (tensor-parallel layers at
+    this rank's shapes, sapp.emit.parallel.local_layers); the model is restored afterwards."""
+    saved = {}
+    for name, stand_in in (local or {}).items():
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        saved[name] = (owner, child, getattr(owner, child))
+        setattr(owner, child, stand_in)
     try:
-        pipe = pipeline(model, mb_args=example_mb, split_spec={p: SplitPoint.BEGINNING for p in points})
+        return _trace(model, example_mb, points)
+    finally:
+        for owner, child, original in saved.values():
+            setattr(owner, child, original)
+
+
+def _trace(model: nn.Module, example_mb: tuple, points: list):
+    from torch.distributed.pipelining import Pipe
+    from torch.distributed.pipelining._IR import annotate_split_points
+    from torch.distributed.pipelining import SplitPoint
+    try:
+        annotate_split_points(model, {p: SplitPoint.BEGINNING for p in points})
+        # split_policy runs on the exported graph before it is cut: there we inline the grad-mode
+        # regions (the split's module outliner cannot call them, see graph_fix.inline_grad_regions)
+        pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.inline_grad_regions)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the model must be "
-                        f"traceable by torch.export with these example inputs") from e
+                        f"({_cause(e)}); the model must be traceable by torch.export with these example "
+                        f"inputs, or pin pp=1") from e
     if pipe.num_stages != len(points) + 1:
         raise PlanError(f"splitting before {points} gave {pipe.num_stages} stages, expected {len(points) + 1}; "
                         f"split points must be modules called in this order in forward")
+    preflight.check_stages(pipe, example_mb, points)
     return pipe
+
+
+def _cause(e: BaseException) -> str:
+    """The innermost exception of a chain, as 'Type: first line' (torch wraps the real cause)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"
 
 
 def stage_modules(pipe, indices: list) -> dict:
@@ -55,11 +89,7 @@ def stage_modules(pipe, indices: list) -> dict:
     which ~50 ms interpreter).  Each of them also holds the generated code of the same graph; run that."""
     out = {}
     for i in indices:
-        mod = copy.deepcopy(pipe.get_stage_module(i))
-        for sub in mod.modules():
-            if getattr(sub, "graph_module", None) is not None and hasattr(sub, "_run_with_interpreter"):
-                sub._run_with_interpreter = False
-        out[i] = mod
+        out[i] = graph_fix.compiled_stage(copy.deepcopy(pipe.get_stage_module(i)))
     return out
 
 
@@ -89,6 +119,9 @@ class TiedGrads:
                     if me in ranks:
                         local = [p for mod in my_stages.values() for n, p in mod.named_parameters(remove_duplicate=False)
                                  if alias.get(n) == key]
+                        # one object may sit under several tied names in a stage (T5's decoder
+                        # embedding and LM head): count its gradient once
+                        local = list({id(p): p for p in local}.values())
                         if local:
                             self.ties.append((local, group))
 

@@ -277,7 +277,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if not mbs:
             raise PlanError("pipeline plans need pipeline.micro_batch_size or model.global_batch")
         ex = pipe_mod.micro_example(tuple(x.to("cpu") for x in _example_inputs(model, plan, example_inputs, mbs, "cpu")), mbs)
-        traced = pipe_mod.trace(model, ex, checks.split_points(plan))
+        local = parallel.local_layers(model, tp_styles, tp, checks.tp_groups(plan)) if tp > 1 else None
+        traced = pipe_mod.trace(model, ex, checks.split_points(plan), local=local)
         mine = [s for s in range(n_stages) if s % pp == me[0]]
         raw = pipe_mod.stage_modules(traced, mine)
     else:
@@ -300,7 +301,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         recomputed.update(recompute.apply(mod, run_modes, regions))
         if tp > 1 and tp_styles:
             parallel.apply_tp(mod, tp_styles, mesh["tp"], notes,
-                              originals=dict(model.named_modules()) if traced is not None else None)
+                              originals=dict(model.named_modules()) if traced is not None else None,
+                              groups=checks.tp_groups(plan))
         host_names = ()
         if host_groups and dp > 1:
             from . import host

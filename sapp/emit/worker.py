@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     try:
         plan = Plan.load(args.plan)
         torch.manual_seed(args.seed)     # identical initial weights on every rank
-        model = models.get(args.model, device="cpu", **model_overrides(args.model_arg))
+        model = models.build(args.model, device="cpu", **model_overrides(args.model_arg))   # zoo | factory | HF config
         gb = plan.model.get("global_batch")
         if not gb:
             raise SappError("plan has no model.global_batch; search it with --global-batch")

@@ -14,17 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SappError
+from .data import DataSpec
 from .registry import BUILDERS, NAMED
+from .resolve import Bundle, build
 
 __all__ = ["ModelSpec", "get", "names", "info", "example_inputs", "example_targets", "loss_fn",
-           "WithLoss", "spec_of"]
+           "WithLoss", "spec_of", "build", "Bundle", "DataSpec"]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     config: dict = field(default_factory=dict)
-    kind: str = "gpt"          # gpt | bert | resnet | widedeep | mlp
+    kind: str = "gpt"          # gpt | bert | resnet | widedeep | mlp; hf | custom (sapp.models.build)
 
 
 def names() -> list:
@@ -114,6 +116,9 @@ def _randn(shape, device, seed):
 
 def example_inputs(model, batch: int, device=None) -> tuple:
     """Positional inputs for model.forward at `batch` (ids within the vocabulary / table rows)."""
+    data = _data(model)
+    if data is not None:
+        return data.inputs_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
     if spec.kind in ("gpt", "bert"):
@@ -126,6 +131,9 @@ def example_inputs(model, batch: int, device=None) -> tuple:
 
 
 def example_targets(model, batch: int, device=None):
+    data = _data(model)
+    if data is not None:
+        return data.targets_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
     if spec.kind in ("gpt", "bert"):
@@ -151,7 +159,21 @@ def click_bce(output, target):
     return F.binary_cross_entropy_with_logits(output, target)
 
 
+def _data(model):
+    """The example data a non-zoo model was built with (sapp.models.build), or None."""
+    data = getattr(model, "sapp_data", None)
+    if data is None and isinstance(model, WithLoss):
+        data = getattr(model.model, "sapp_data", None)
+    return data
+
+
 def loss_fn(model):
+    data = _data(model)
+    if data is not None:
+        if data.loss_fn is None:
+            raise SappError(f"{spec_of(model).name} has no loss: return (module, example_inputs, targets, loss_fn) "
+                            "from the factory")
+        return data.loss_fn
     kind = spec_of(model).kind
     if kind in ("gpt", "bert"):
         return token_cross_entropy

@@ -162,7 +162,13 @@ def explain(plan) -> str:
         out.append("Next-best alternatives (predicted)")
         for i, alt in enumerate(alts[:5], 1):
             out.append(_alt_line(i, alt, step))
-    notes = opt(plan, "notes", [])
+    unknown = (opt(plan, "model", {}).get("meta") or {}).get("unknown_ops") or []
+    if unknown:
+        out.append("")
+        out.append("Ops capture does not know (priced at 1 FLOP per output element, split only along the batch)")
+        out += [f"  {u['op']:<44} x{u['count']:<4} {100 * u['flops_share']:8.4f}% of FLOPs {100 * u['bytes_share']:8.4f}% of bytes"
+                for u in unknown]
+    notes = [x for x in opt(plan, "notes", []) if not (unknown and x.startswith("unknown ops"))]
     if notes:
         out.append("")
         out.append("Notes")

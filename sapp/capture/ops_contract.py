@@ -1,0 +1,177 @@
+"""Contractions: linear / addmm / matmul / bmm, attention, convolution, embedding lookups.  FLOPs 2
+per multiply-add (bias adds not counted, as torch.utils.flop_counter)."""
+from __future__ import annotations
+
+from .opspec import Spec, _act_saves, _arg, _bias_dims, generic, prod
+
+def linear(c):
+    x, w = c.ins[0], c.ins[1]
+    lead = x.shape[:-1]
+    k, n = x.shape[-1], w.shape[0]
+    bd = [f"b{i}" for i in range(len(lead))]
+    dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [("n", int(n), True), ("k", int(k), True)]
+    ind = [tuple(bd) + ("k",), ("n", "k")]
+    if len(c.ins) > 2:
+        ind.append(_bias_dims(c.ins[2].shape, tuple(bd) + ("n",)))
+    return Spec("matmul", dims, ind, tuple(bd) + ("n",), 2.0 * prod(lead) * n * k, _act_saves(c, [0, 1]))
+
+
+
+def addmm(c):
+    bias, a, b = c.ins[0], c.ins[1], c.ins[2]
+    m, k = a.shape
+    n = b.shape[1]
+    dims = [("b0", int(m), True), ("n", int(n), True), ("k", int(k), True)]
+    ind = [_bias_dims(bias.shape, ("b0", "n")), ("b0", "k"), ("k", "n")]
+    return Spec("matmul", dims, ind, ("b0", "n"), 2.0 * m * n * k, _act_saves(c, [1, 2]))
+
+
+def matmul(c):
+    a, b = c.ins[0], c.ins[1]
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        return generic(c)
+    k = a.shape[-1]
+    if len(b.shape) == 2 and c.op == "matmul":       # x @ W: linear-style naming
+        lead = a.shape[:-1]
+        n = b.shape[1]
+        bd = [f"b{i}" for i in range(len(lead))]
+        dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [("n", int(n), True), ("k", int(k), True)]
+        return Spec("matmul", dims, [tuple(bd) + ("k",), ("k", "n")], tuple(bd) + ("n",),
+                    2.0 * prod(lead) * n * k, _act_saves(c, [0, 1]))
+    out = c.out_shape
+    lead = out[:-2]
+    m, n = out[-2], out[-1]
+    bd = [f"b{i}" for i in range(len(lead))]
+    dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [("m", int(m), True), ("n", int(n), True),
+                                                                    ("k", int(k), True)]
+
+    def lead_map(shape):
+        nl = len(shape) - 2
+        return tuple(bd[len(lead) - nl + j] if shape[j] == lead[len(lead) - nl + j] and shape[j] != 1 else None
+                     for j in range(nl))
+    ind = [lead_map(a.shape) + ("m", "k"), lead_map(b.shape) + ("k", "n")]
+    if c.op == "baddbmm":                              # baddbmm(input, b1, b2): input is added
+        bias, a, b = c.ins[0], c.ins[1], c.ins[2]
+        ind = [_bias_dims(bias.shape, tuple(bd) + ("m", "n")), lead_map(a.shape) + ("m", "k"),
+               lead_map(b.shape) + ("k", "n")]
+        k = a.shape[-1]
+        dims[-1] = ("k", int(k), True)
+        saves = _act_saves(c, [1, 2])
+    else:
+        saves = _act_saves(c, [0, 1])
+    return Spec("matmul", dims, ind, tuple(bd) + ("m", "n"), 2.0 * prod(lead) * m * n * k, saves)
+
+
+def sdpa(c):
+    q, k, v = c.ins[0], c.ins[1], c.ins[2]
+    out = c.out_shape
+    lead = out[:-2]
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    bd = [f"b{i}" for i in range(len(lead))]
+    # The key/value sequence and head dims stay whole: splitting them needs ring/flash-decoding
+    # style kernels that emit does not produce.
+    dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [
+        ("m", int(L), True), ("n", int(S), False), ("k", int(E), False), ("j", int(Ev), False)]
+
+    def lead_map(shape):
+        nl = len(shape) - 2
+        return tuple(bd[len(lead) - nl + j] if 0 <= len(lead) - nl + j and shape[j] == lead[len(lead) - nl + j]
+                     and shape[j] != 1 else None for j in range(nl))
+    ind = [lead_map(q.shape) + ("m", "k"), lead_map(k.shape) + ("n", "k"), lead_map(v.shape) + ("n", "j")]
+    for t in c.ins[3:]:                                # attn_mask broadcast to [..., L, S]
+        sh = t.shape
+        full = tuple(bd) + ("m", "n")
+        fs = tuple(lead) + (L, S)
+        ind.append(tuple(full[len(full) - len(sh) + j] if sh[j] == fs[len(fs) - len(sh) + j] and sh[j] != 1 else None
+                         for j in range(len(sh))))
+    flops = 2.0 * prod(lead) * L * S * (E + Ev)
+    causal = bool(_arg(c, 5, "is_causal", False))
+    return Spec("attention", dims, ind, tuple(bd) + ("m", "j"), flops, _act_saves(c, [0, 1, 2]) + ("out",),
+                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0)})
+
+
+def conv(c):
+    x, w = c.ins[0], c.ins[1]
+    out = c.out_shape
+    nsp = len(out) - 2
+    groups = int(_arg(c, 6, "groups", 1) if c.op != "convolution" else _arg(c, 8, "groups", 1))
+    names = ["y", "x"] if nsp == 2 else [f"s{i}" for i in range(nsp)]
+    N, O = out[0], out[1]
+    C = x.shape[1]
+    cname = "c" if groups == 1 else None
+    dims = [("b0", int(N), True), ("o", int(O), True), ("c", int(C), groups == 1)] + \
+        [(nm, int(s), False) for nm, s in zip(names, out[2:])]
+    ind = [("b0", cname) + (None,) * nsp, ("o", cname) + (None,) * nsp]
+    if len(c.ins) > 2:
+        ind.append(("o",))
+    flops = 2.0 * N * O * prod(out[2:]) * (C // groups) * prod(w.shape[2:])
+    return Spec("conv", dims, ind, ("b0", "o") + tuple(names), flops, _act_saves(c, [0]),
+                extra={"groups": groups, "kernel": tuple(int(s) for s in w.shape[2:])})
+
+
+def embedding(c):
+    w, ids = c.ins[0], c.ins[1]
+    V, H = w.shape
+    bd = [f"b{i}" for i in range(len(ids.shape))]
+    dims = [(bd[i], int(s), True) for i, s in enumerate(ids.shape)] + [("v", int(V), True), ("h", int(H), True)]
+    return Spec("embedding", dims, [("v", "h"), tuple(bd)], tuple(bd) + ("h",), 0.0, ("in1",),
+                extra={"sparse": bool(_arg(c, 4, "sparse", False))})
+
+
+
+
+def conv_transpose(c):
+    """Transposed convolution x[N,C,*] · w[C,O/g,*k] -> [N,O,*]: every input element scatters a
+    kernel's worth of multiply-adds (2·N·C·(O/g)·prod(in spatial)·prod(kernel)), as flop_counter."""
+    x, w = c.ins[0], c.ins[1]
+    out = c.out_shape
+    nsp = len(out) - 2
+    groups = int(_arg(c, 6, "groups", 1)) if c.op != "convolution" else int(_arg(c, 8, "groups", 1))
+    names = ["y", "x"] if nsp == 2 else [f"s{i}" for i in range(nsp)]
+    N, O, C = out[0], out[1], x.shape[1]
+    cname = "c" if groups == 1 else None
+    dims = [("b0", int(N), True), ("o", int(O), groups == 1), ("c", int(C), groups == 1)] + \
+        [(nm, int(s), False) for nm, s in zip(names, out[2:])]
+    ind = [("b0", cname) + (None,) * nsp, (cname, "o" if groups == 1 else None) + (None,) * nsp]
+    if len(c.ins) > 2:
+        ind.append(("o",))
+    flops = 2.0 * N * C * (O // groups) * prod(x.shape[2:]) * prod(w.shape[2:])
+    return Spec("conv", dims, ind, ("b0", "o") + tuple(names), flops, _act_saves(c, [0]),
+                extra={"groups": groups, "kernel": tuple(int(s) for s in w.shape[2:]), "transposed": True})
+
+
+def convolution(c):
+    """aten.convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)."""
+    return conv_transpose(c) if bool(_arg(c, 6, "transposed", False)) else conv(c)
+
+
+def embedding_bag(c):
+    """Bags of rows summed / averaged / maxed: ids [B, L] (or flat ids + offsets) -> [B, H].  One
+    add per row read; the table splits like an embedding's (vocabulary: Partial out; width: sharded)."""
+    w, ids = c.ins[0], c.ins[1]
+    V, H = w.shape
+    B = c.out_shape[0]
+    dims = [("b0", int(B), True), ("v", int(V), True), ("h", int(H), True)]
+    ind = [("v", "h"), ("b0", None) if len(ids.shape) == 2 and ids.shape[0] == B else (None,) * len(ids.shape)]
+    ind += [(None,) * len(t.shape) for t in c.ins[2:]]
+    return Spec("embedding", dims, ind, ("b0", "h"), float(prod(ids.shape) * H), ("in1",),
+                extra={"sparse": bool(_arg(c, 4, "sparse", False)), "bag": True})
+
+
+def grouped_mm(c):
+    """Grouped (expert) GEMM: rows x[R, k] sorted by expert, weights w[E, k, n], group ends offs[E]
+    -> out[R, n]; every row meets exactly one expert's matrix, so FLOPs are 2·R·k·n (R = tokens ×
+    top-k), not E times that.  Dims: b0 the routed rows (batch-like), n, k as a linear's, e the
+    experts (kept whole: splitting them is expert parallelism, which needs an all-to-all of the
+    rows that is not priced yet).  Weights given as [E, n, k] (transposed) map the same way."""
+    x, w = c.ins[0], c.ins[1]
+    R, k = x.shape[-2], x.shape[-1]
+    n = c.out_shape[-1]
+    E = w.shape[0] if len(w.shape) == 3 else 1
+    if len(x.shape) != 2 or len(w.shape) != 3 or k not in w.shape[1:] or n not in w.shape[1:]:
+        return generic(c)
+    wd = ("e", "k", "n") if (w.shape[1] == k and w.shape[2] == n) else ("e", "n", "k")
+    dims = [("b0", int(R), True), ("n", int(n), True), ("k", int(k), True), ("e", int(E), False)]
+    ind = [("b0", "k"), wd] + [(None,) * len(t.shape) for t in c.ins[2:]]
+    return Spec("matmul", dims, ind, ("b0", "n"), 2.0 * R * k * n, _act_saves(c, [0, 1]),
+                extra={"experts": int(E), "rows_per_expert": R / max(E, 1)})

@@ -1,0 +1,141 @@
+"""Views and data movement: reshape / permute / expand / slice / select / cat, copies and tensor
+creation.  No FLOPs; views move no bytes."""
+from __future__ import annotations
+
+from .opspec import Spec, _adims, _arg, _axis, _bcast, generic
+
+def reshape_groups(ish, osh):
+    """Pair up runs of input and output axes with equal products.  Size-1 axes on one side only
+    get their own group with nothing on the other side."""
+    groups, i, j = [], 0, 0
+    while i < len(ish) or j < len(osh):
+        if i < len(ish) and ish[i] == 1 and (j >= len(osh) or osh[j] != 1):
+            groups.append(([i], []))
+            i += 1
+            continue
+        if j < len(osh) and osh[j] == 1 and (i >= len(ish) or ish[i] != 1):
+            groups.append(([], [j]))
+            j += 1
+            continue
+        if i >= len(ish) or j >= len(osh):
+            return None
+        gi, gj, pi, pj = [i], [j], ish[i], osh[j]
+        i += 1
+        j += 1
+        while pi != pj:
+            if pi < pj and i < len(ish):
+                gi.append(i)
+                pi *= ish[i]
+                i += 1
+            elif pj < pi and j < len(osh):
+                gj.append(j)
+                pj *= osh[j]
+                j += 1
+            else:
+                return None
+        groups.append((gi, gj))
+    return groups
+
+
+def _view_spec(c, in_dims, unsplit, also=(), copies=False):
+    r = c.out_shape
+    return Spec("view", _adims(r, unsplit), in_dims, tuple(f"a{i}" for i in range(len(r))), 0.0, (),
+                copies=copies, also=list(also))
+
+
+def reshape(c):
+    ish, osh = tuple(c.ins[0].shape), tuple(c.out_shape)
+    groups = reshape_groups(ish, osh)
+    if groups is None:
+        return generic(c)
+    ind = [None] * len(ish)
+    unsplit, also = set(), []
+    for gi, gj in groups:
+        if not gj:
+            continue
+        if not gi:
+            unsplit.add(gj[0])
+            continue
+        # Merged axes take the first input axis's dim; split-off output axes after the first
+        # cannot be split (their shards would not be contiguous in the input).
+        ind[gi[0]] = f"a{gj[0]}"
+        unsplit.update(gj[1:])
+        also += [(0, a, f"a{gj[0]}") for a in gi[1:]]
+    s = _view_spec(c, [tuple(ind)] + [() for _ in c.ins[1:]], unsplit, also)
+    s.trusted = True
+    return s
+
+
+def permute(c):
+    n = len(c.ins[0].shape)
+    if c.op in ("transpose", "swapaxes", "swapdims"):
+        d0, d1 = _axis(int(c.args[1]), n), _axis(int(c.args[2]), n)
+        perm = list(range(n))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    elif c.op in ("t", "numpy_T"):
+        perm = list(range(n))[::-1]
+    else:
+        perm = [_axis(int(p), n) for p in _arg(c, 1, "dims")]
+    ind = [None] * n
+    for i, p in enumerate(perm):
+        ind[p] = f"a{i}"
+    return _view_spec(c, [tuple(ind)], set())
+
+
+def expand(c):
+    r = c.out_shape
+    return _view_spec(c, [_bcast(c.ins[0].shape, r)] + [() for _ in c.ins[1:]], set(),
+                      copies=c.op in ("repeat", "expand_copy"))
+
+
+def identity(c):
+    r = c.out_shape
+    same = tuple(c.ins[0].shape) == tuple(r)
+    ind = tuple(f"a{i}" for i in range(len(r))) if same else _bcast(c.ins[0].shape, r)
+    return _view_spec(c, [ind] + [() for _ in c.ins[1:]], set(),
+                      copies=c.op in ("clone", "contiguous", "_to_copy", "to", "copy"))
+
+
+def slice_(c):
+    """slice / narrow / split pieces: the cut axis stays whole unless the slice is the full axis."""
+    x = c.ins[0]
+    n = len(x.shape)
+    r = c.out_shape
+    d = _axis(int(_arg(c, 1, "dim", 0)), n)
+    ind = tuple(f"a{i}" if (i != d or x.shape[i] == r[i]) else None for i in range(n))
+    unsplit = set() if x.shape[d] == r[d] else {d}
+    return _view_spec(c, [ind], unsplit)
+
+
+def select(c):
+    x = c.ins[0]
+    n = len(x.shape)
+    d = _axis(int(_arg(c, 1, "dim", 0)), n)
+    ind, j = [], 0
+    for i in range(n):
+        if i == d:
+            ind.append(None)
+        else:
+            ind.append(f"a{j}")
+            j += 1
+    return _view_spec(c, [tuple(ind)] + [() for _ in c.ins[1:]], set())
+
+
+def cat(c):
+    r = c.out_shape
+    d = _axis(int(_arg(c, 1, "dim", 0)), len(r))
+    ind = [tuple(f"a{i}" if (i != d and t.shape[i] == r[i]) else None for i in range(len(t.shape)))
+           if len(t.shape) == len(r) else tuple(None for _ in t.shape) for t in c.ins]
+    return _view_spec(c, ind, {d}, copies=True)
+
+
+def creation(c):
+    r = c.out_shape
+    # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data
+    # batch flag follows (`also`), so a buffer a router fills per shard splits with the batch
+    also = [(i, ax, f"a{ax}") for i, t in enumerate(c.ins) if tuple(t.shape) == tuple(r)
+            for ax in range(len(r))] if c.op.endswith("_like") else []
+    return Spec("other", _adims(r), [tuple(None for _ in t.shape) for t in c.ins],
+                tuple(f"a{i}" for i in range(len(r))), 0.0, (), also=also)
+
+

@@ -1,0 +1,118 @@
+"""Hugging Face models from a config file: config.json -> AutoConfig -> AutoModelFor... built on the
+requested device (meta for search: nothing allocated, no download), plus example data.
+
+The model class is the config's `architectures[0]` when transformers has it, else the first Auto
+class that accepts the config (causal LM, seq2seq LM, masked LM, image classification).  Example
+data follows the task: token ids [b, seq] with next-token targets for language models (seq2seq
+models also get an all-ones attention mask and decoder ids), images [b, 3, size, size] with class
+targets for image classifiers.  seq is the config's context (max_position_embeddings / n_positions,
+512 where it has none) unless the overrides set `seq`; `batch` sets the example batch (default 8);
+any other override replaces a config field (num_hidden_layers=4)."""
+from __future__ import annotations
+
+import json
+
+from ..errors import SappError
+from .data import DataSpec, class_loss, token_loss
+
+AUTO = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForMaskedLM", "AutoModelForImageClassification")
+DEFAULT_SEQ = 512
+
+
+class HFConfigError(SappError):
+    """A Hugging Face config sapp cannot build a model from."""
+
+
+def load_config(path: str, overrides: dict):
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise HFConfigError(f"HF config {path} not found; pass the path of a config.json") from None
+    except (OSError, ValueError) as e:
+        raise HFConfigError(f"HF config {path} is not readable JSON ({type(e).__name__}); pass a config.json") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise HFConfigError(f"HF config {path} has no model_type; give a transformers config.json (e.g. \"model_type\": \"llama\")")
+    try:
+        import transformers
+    except ImportError:
+        raise HFConfigError("--hf-config needs transformers: pip install transformers") from None
+    raw = dict(raw, **{k: v for k, v in overrides.items() if k not in ("seq", "batch")})
+    raw["use_cache"] = False          # a KV cache is for generation; training graphs have none
+    mt = raw.pop("model_type")
+    try:
+        return transformers.AutoConfig.for_model(mt, **raw)
+    except (ValueError, KeyError) as e:
+        raise HFConfigError(f"HF config {path}: model_type {mt!r} is not known to transformers "
+                            f"{transformers.__version__} ({str(e).splitlines()[0][:80]}); use a supported "
+                            "architecture or pass your own factory with --model pkg.module:factory") from None
+
+
+def model_class(cfg):
+    import transformers
+    for name in getattr(cfg, "architectures", None) or ():
+        cls = getattr(transformers, name, None)
+        if cls is not None and any(name.endswith(s) for s in ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration",
+                                                            "ForMaskedLM", "ForImageClassification")):
+            return cls
+    for auto in AUTO:
+        mapping = getattr(transformers, auto)._model_mapping
+        try:
+            return mapping[type(cfg)]
+        except KeyError:
+            continue
+    raise HFConfigError(f"model_type {cfg.model_type!r} has no causal-LM, seq2seq, masked-LM or image-classification "
+                        "class in transformers; pass your own factory with --model pkg.module:factory")
+
+
+def build(path: str, device="meta", **overrides):
+    """(module, DataSpec, facts) for the config at `path`."""
+    import torch
+    cfg = load_config(path, overrides)
+    cls = model_class(cfg)
+    try:
+        with torch.device(device):
+            model = cls(cfg)
+    except Exception as e:        # noqa: BLE001 - a config transformers itself rejects
+        raise HFConfigError(f"HF config {path}: {cls.__name__} could not be built ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:120]}); fix the config") from None
+    batch = int(overrides.get("batch", 8))
+    data, seq = _data(cls.__name__, cfg, batch, device, overrides.get("seq"))
+    facts = {"source": "hf-config", "model_type": cfg.model_type, "class": cls.__name__, "s": seq}
+    return model, data, facts
+
+
+def _seq(cfg, seq):
+    if seq is not None:
+        return int(seq)
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return DEFAULT_SEQ
+
+
+def _ids(high, shape, device, seed):
+    import torch
+    if str(device) == "meta":
+        return torch.empty(shape, dtype=torch.long, device="meta")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, shape, generator=g).to(device)
+
+
+def _data(clsname, cfg, b, device, seq):
+    import torch
+    if clsname.endswith("ForImageClassification"):
+        size, ch = int(getattr(cfg, "image_size", 224)), int(getattr(cfg, "num_channels", 3))
+        if str(device) == "meta":
+            x = torch.empty((b, ch, size, size), device="meta")
+        else:
+            x = torch.randn((b, ch, size, size), generator=torch.Generator().manual_seed(1)).to(device)
+        return DataSpec((x,), _ids(int(cfg.num_labels), (b,), device, 3), class_loss), None
+    s = _seq(cfg, seq)
+    V = int(cfg.vocab_size)
+    ids = _ids(V, (b, s), device, 1)
+    if getattr(cfg, "is_encoder_decoder", False):
+        mask = torch.ones((b, s), dtype=torch.long, device=device)
+        return DataSpec((ids, mask, _ids(V, (b, s), device, 2)), _ids(V, (b, s), device, 3), token_loss), s
+    return DataSpec((ids,), _ids(V, (b, s), device, 3), token_loss), s

@@ -1,0 +1,259 @@
+"""Tensor-parallel layouts derived from the operator graph, in the one form DTensor runs.
+
+The sharding search may cut a linear's out features (`n`: column split) or its contraction (`k`: row
+split) anywhere.  DTensor's ColwiseParallel / RowwiseParallel run one form: a *region* that opens with
+column-split linears (q/k/v, gate/up) and closes with row-split ones (o_proj, down), every op between
+them working on whole shards of the split features (views to heads, rotary, attention over heads,
+activations), one all-reduce at the closer.  The search's own pick can be another, equally priced form
+(at 7B dims, Llama's q/k/v split by rows and o_proj by columns around a hidden-sharded residual), which
+DTensor's sharding propagation cannot run.  So the tp level's strategies pass through `emittable`:
+
+1. regions are found on the graph, not by module names: from each weight-holding linear, follow its
+   consumers through ops without weights until the next linears (the closers); openers that reach
+   the same ops form one region;
+2. a region is *valid* when the split can be carried op by op: the op dim each op runs over the split
+   axis (from the IR's operand dims) is splittable, divides by tp, is not contracted before a closer,
+   meets no other operand that also has it (a replicated bias over heads, T5's position bias), and
+   reaches a closer's contraction `k`;
+3. a valid region is sharded when the search cut a weight in it (it judged tensor parallelism to pay
+   there); its ops get exactly the per-op dims of step 2, everything else is replicated on the tp
+   level.  A lone column-split linear (the LM head) is kept with its output gathered.
+
+The joint search prices these strategies (sapp.api passes `search_fn` below), so the plan's predicted
+time is that of the program emit runs, and a tp degree that shards nothing is priced as the
+replication it is.  Pure Python over the OpGraph: no torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Region:
+    openers: list                 # node names of column-split linears
+    closers: list                 # node names of row-split linears
+    dims: dict = field(default_factory=dict)   # node -> op dim split on the tp level (members too)
+    why: str = ""                 # why it is not valid ("" when valid)
+
+
+def _linear_weight(node):
+    """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None."""
+    if node.kind != "matmul" or not node.module:
+        return None
+    for op in node.operands:
+        if op.param is not None and tuple(op.dims) == ("n", "k"):
+            return op
+    return None
+
+
+def _param_uses(graph) -> dict:
+    uses = {}
+    for node in graph.nodes.values():
+        for p in set(node.params):
+            uses[p] = uses.get(p, 0) + 1
+    return uses
+
+
+def linears(graph) -> list:
+    """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
+    the word embedding) is not split: splitting one of its users would untie the two."""
+    uses = _param_uses(graph)
+    return [n for n, node in graph.nodes.items()
+            if (w := _linear_weight(node)) is not None and uses.get(w.param) == 1]
+
+
+def _members(graph, consumers, start, is_linear):
+    """Nodes reached from `start`'s output through ops without weights, and the linears met."""
+    seen, closers, stack = set(), set(), [start]
+    while stack:
+        cur = stack.pop()
+        for c, _ in consumers[cur]:
+            if c in seen or c in closers:
+                continue
+            if is_linear(c):
+                closers.add(c)
+            else:
+                seen.add(c)
+                stack.append(c)
+    return seen, closers
+
+
+def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
+    """Assign each member the op dim it runs over the split axis; '' when consistent, else why not."""
+    dims = {o: "n" for o in region.openers}
+    order = [n for n in graph.nodes if n in members or n in region.closers]
+    inside = set(region.openers) | members
+    for name in order:
+        node = graph.nodes[name]
+        got = set()
+        for j, op in enumerate(node.operands):
+            if op.producer not in inside:
+                continue
+            p = graph.nodes[op.producer]
+            pd = dims.get(op.producer)
+            if pd is None or pd not in p.out.dims:
+                return f"{op.producer} contracts the split before reaching a closer"
+            axis = p.out.dims.index(pd)
+            d = op.dims[axis] if axis < len(op.dims) else None
+            if d is None:
+                return f"{name} ({node.kind}) does not map the split axis of {op.producer}"
+            got.add(d)
+        if len(got) != 1:
+            return f"{name} meets the split on different dims {sorted(got)}"
+        d = got.pop()
+        if name in region.closers:
+            if d != "k":
+                return f"closer {name} meets the split on {d}, not its contraction k"
+            dims[name] = d
+            continue
+        dim = next((x for x in node.dims if x.name == d), None)
+        if dim is None or not dim.splittable or dim.batch or dim.size % tp:
+            return f"{name} ({node.kind}) cannot split {d} {tp} ways"
+        for op in node.operands:
+            if op.producer not in inside and d in op.dims and op.numel > 1:
+                src = op.param or op.producer or "an input"
+                return f"{name} combines the split with {src}, which runs over the same dim unsplit"
+        if name in graph.outputs:
+            return f"{name} is a model output"
+        dims[name] = d
+    region.dims = dims
+    return ""
+
+
+def regions(graph, tp: int) -> list:
+    """Every region of the graph (valid or not, `why` says), openers in graph order."""
+    lin = set(linears(graph))
+    consumers = graph.consumers()
+    reach = {}
+    for name in graph.nodes:
+        if name in lin:
+            reach[name] = _members(graph, consumers, name, lin.__contains__)
+    # openers whose reached ops overlap form one region (q, k and v meet in the attention)
+    groups = []
+    for o in (n for n in graph.nodes if n in lin):
+        mem, clo = reach[o]
+        hit = [g for g in groups if g["members"] & mem or g["closers"] & clo]
+        merged = {"openers": [o], "members": set(mem), "closers": set(clo)}
+        for g in hit:
+            merged["openers"] = g["openers"] + merged["openers"]
+            merged["members"] |= g["members"]
+            merged["closers"] |= g["closers"]
+            groups.remove(g)
+        groups.append(merged)
+    out = []
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for g in sorted(groups, key=lambda g: order[g["openers"][0]]):
+        r = Region(sorted(g["openers"], key=order.get), sorted(g["closers"], key=order.get))
+        if not r.closers:
+            r.why = "no row-split linear closes it"
+        else:
+            r.why = _propagate(graph, consumers, r, g["members"], tp)
+        out.append(r)
+    # a linear cannot be both: a closer of a valid region is not an opener of another
+    closing = {c for r in out if not r.why for c in r.closers}
+    for r in out:
+        if not r.why and closing & set(r.openers):
+            r.why = f"{sorted(closing & set(r.openers))[0]} already closes another region"
+    return out
+
+
+def emittable(graph, choice: dict, tp: int):
+    """(strategies for the tp level {node: dim or None}, [sharded Region], notes) from the search's
+    `choice` ({node: dim or None}): valid regions where the search cut a weight, lone column-split
+    linears the search chose (output gathered), vocab-split embeddings; the rest replicated."""
+    out = {n: None for n in graph.nodes}
+    used, notes = [], []
+    lin = set(linears(graph))
+    cut = {n for n, d in choice.items() if n in lin and d in ("n", "k")}
+    for r in regions(graph, tp):
+        chosen = cut & (set(r.openers) | set(r.closers))
+        if not chosen:
+            continue
+        if not r.why:
+            out.update(r.dims)
+            used.append(r)
+        elif len(r.openers) == 1 and choice.get(r.openers[0]) == "n":
+            out[r.openers[0]] = "n"             # e.g. the LM head: column split, output gathered
+            used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
+        else:
+            notes.append(f"tp layout: {graph.nodes[r.openers[0]].module} .. stays replicated ({r.why})")
+    tied = {p for p, k in _param_uses(graph).items() if k > 1}
+    for n, node in graph.nodes.items():
+        if node.kind == "embedding" and choice.get(n) == "v" and node.module and not (set(node.params) & tied):
+            dim = next((d for d in node.dims if d.name == "v"), None)
+            if dim is not None and dim.size % tp == 0:
+                out[n] = "v"
+    return out, used, notes
+
+
+class _Result:
+    def __init__(self, strategies, method, base):
+        self.strategies, self.method = strategies, method
+        self.cost = getattr(base, "cost", None)
+        self.feasible = getattr(base, "feasible", True)
+        self.memory_bytes = getattr(base, "memory_bytes", 0.0)
+        self.search_s = getattr(base, "search_s", 0.0)
+
+
+def search_fn(graph, mesh, cluster, settings, level_roles=None, **kw):
+    """The joint search's tp-level search: sapp's sharding search, then `emittable` (one tp level)."""
+    from .api import shard_search
+    res = shard_search(graph, mesh, cluster, settings, level_roles=level_roles, **kw)
+    if len(mesh.levels) != 1:
+        return res
+    tp = mesh.levels[0].size
+    choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
+    strategies, _, _ = emittable(graph, choice, tp)
+    return _Result({n: (d,) for n, d in strategies.items()}, f"{res.method}+emittable", res)
+
+
+def modules(graph, strategies: dict, tp_levels: list) -> tuple:
+    """(tp_modules {module: style}, groups [[module, ...]], notes) of a full graph whose tp-level
+    strategies came through `emittable`.  Styles: column-split linears feeding split ops 'colwise'
+    (output stays sharded), lone ones 'colwise_gather', row-split 'rowwise', vocabulary-split
+    embeddings 'vocab'.  A group is the linears of one region: emit shards all of them or none."""
+    styles = {}
+    consumers = graph.consumers()
+
+    def tp_dim(n):
+        s = strategies.get(n) or ()
+        ds = {s[i] for i in tp_levels if i < len(s) and s[i] is not None}
+        return ds.pop() if len(ds) == 1 else None
+
+    split = {n for n in graph.nodes if tp_dim(n) is not None}
+    lin = set(linears(graph))
+    parent = {n: n for n in split}
+
+    def find(n):
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in split:
+        for c, _ in consumers[n]:
+            if c in split and tp_dim(n) in graph.nodes[n].out.dims:    # the split flows on to c
+                parent[find(c)] = find(n)
+    for n, node in graph.nodes.items():
+        d = tp_dim(n)
+        if d is None or not node.module:
+            continue
+        if n in lin and d == "n":
+            fed = any(c in split for c, _ in consumers[n])
+            styles.setdefault(node.module, "colwise" if fed else "colwise_gather")
+        elif n in lin and d == "k":
+            styles.setdefault(node.module, "rowwise")
+        elif node.kind == "embedding" and d == "v":
+            styles.setdefault(node.module, "vocab")
+    by_root = {}
+    for n in graph.nodes:
+        node = graph.nodes[n]
+        if n in split and node.module in styles:
+            mods = by_root.setdefault(find(n), [])
+            if node.module not in mods:
+                mods.append(node.module)
+    groups = sorted(by_root.values())
+    notes = []
+    if tp_levels and not styles:
+        notes.append("tensor parallelism shards nothing here: every tp rank computes the whole model "
+                     "(priced as replication, no speed-up); pin tp=1 to use these devices for data parallelism")
+    return styles, groups, notes

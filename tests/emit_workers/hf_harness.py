@@ -1,0 +1,112 @@
+"""Emit Hugging Face models (tests/emit_workers/hf_models.py) under saved plans in ONE spawned gloo job.
+
+    python -m tests.emit_workers.hf_harness WORLD CASES.json OUT.json
+
+A case: {"id", "kind", "plan_path", "steps", "batch"}.  Each rank records its losses (or its error, as
+one line, and goes on with the next case when the failure was local to emit); the parent adds the
+single-process reference losses and the case's wall time.  Ranks end with os._exit (gloo teardown)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+
+def _run_case(case, rank):
+    import torch.distributed as dist
+    from sapp.emit import emit
+    from sapp.plan import Plan
+    from tests.emit_workers import hf_models
+    model, loss_fn = hf_models.build(case["kind"])
+    plan = Plan.load(case["plan_path"])
+    x0, _ = hf_models.batch(case["kind"], case["batch"], 0)
+    t0 = time.perf_counter()
+    try:
+        prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0, check_fingerprint=False)
+    except Exception as e:          # raised alike on every rank before any collective (checks, preflight)
+        return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                "phase": "emit"}
+    losses = []
+    try:
+        for i in range(case["steps"]):
+            x, y = hf_models.batch(case["kind"], case["batch"], i)
+            losses.append(prog.step(*prog.shard(x, y)))
+        dist.barrier()
+    except Exception as e:          # one line for the table; the next case may still run
+        return {"error": f"step {len(losses)}: {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
+    return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
+            "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements"))}
+
+
+def _worker(rank, world, cases, out_dir, store):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    results, code = {}, 0
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        for case in cases:
+            results[case["id"]] = _run_case(case, rank)
+            with open(path, "w") as f:
+                json.dump(results, f)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        results["error"] = traceback.format_exc()[-3000:]
+        with open(path, "w") as f:
+            json.dump(results, f)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(world: int, cases: list) -> dict:
+    """Spawn `world` ranks over `cases`; {"failed", "errors", "cases": {id: {"ref", "ranks"}}}."""
+    import torch.multiprocessing as mp
+    from tests.emit_workers import hf_models
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        ctx = mp.start_processes(_worker, args=(world, cases, tmp, store), nprocs=world, join=False,
+                                 start_method="fork")
+        failed = None
+        try:
+            while not ctx.join():
+                pass
+        except Exception as e:     # a rank exited non-zero: keep what the ranks wrote
+            failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+        per_rank = {}
+        for r in range(world):
+            p = os.path.join(tmp, f"rank{r}.json")
+            if os.path.exists(p):
+                with open(p) as f:
+                    per_rank[r] = json.load(f)
+    out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
+    refs = {}
+    for case in cases:
+        key = (case["kind"], case["steps"], case["batch"])
+        if key not in refs:
+            refs[key] = hf_models.reference(*key)
+        out["cases"][case["id"]] = {"ref": refs[key], "ranks": {str(r): v.get(case["id"]) for r, v in sorted(per_rank.items())}}
+    return out
+
+
+def main(argv):
+    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    out = run(world, cases)
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

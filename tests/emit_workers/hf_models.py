@@ -1,0 +1,107 @@
+"""Tiny Hugging Face models built from configs (no download): 2 layers, hidden 64, seq 16, dropout 0.
+
+One builder per architecture of issue #13's matrix; `build(kind)` gives (model, loss_fn), `batch(kind,
+b, step)` a seeded global batch, `reference(kind, steps, b)` single-process Adam training losses."""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+SEQ, HIDDEN, LAYERS, HEADS, VOCAB, FFN = 16, 64, 2, 4, 256, 128
+KINDS = ("llama", "mistral", "qwen2", "gpt_neox", "bert", "vit", "t5", "mixtral")
+
+
+def _decoder(cls_cfg, cls_model, **extra):
+    cfg = cls_cfg(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=64,
+                  use_cache=False, attention_dropout=0.0, tie_word_embeddings=False, **extra)
+    cfg._attn_implementation = "eager"
+    return cls_model(cfg)
+
+
+def _make(kind):
+    import transformers as T
+    if kind == "llama":
+        return _decoder(T.LlamaConfig, T.LlamaForCausalLM)
+    if kind == "mistral":
+        return _decoder(T.MistralConfig, T.MistralForCausalLM, sliding_window=None)
+    if kind == "qwen2":
+        return _decoder(T.Qwen2Config, T.Qwen2ForCausalLM)
+    if kind == "mixtral":
+        return _decoder(T.MixtralConfig, T.MixtralForCausalLM, num_local_experts=4, num_experts_per_tok=2,
+                        router_jitter_noise=0.0)
+    if kind == "gpt_neox":
+        cfg = T.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                              num_attention_heads=HEADS, max_position_embeddings=64, use_cache=False,
+                              hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)
+        cfg._attn_implementation = "eager"
+        return T.GPTNeoXForCausalLM(cfg)
+    if kind == "bert":
+        cfg = T.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0)
+        cfg._attn_implementation = "eager"
+        return T.BertForMaskedLM(cfg)
+    if kind == "vit":
+        cfg = T.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=HIDDEN, intermediate_size=FFN,
+                          num_hidden_layers=LAYERS, num_attention_heads=HEADS, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, num_labels=10)
+        cfg._attn_implementation = "eager"
+        return T.ViTForImageClassification(cfg)
+    if kind == "t5":
+        cfg = T.T5Config(vocab_size=VOCAB, d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=FFN, num_layers=LAYERS,
+                         num_decoder_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0, use_cache=False,
+                         decoder_start_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+        return Seq2Seq(T.T5ForConditionalGeneration(cfg))
+    raise ValueError(f"unknown model kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+class Seq2Seq(torch.nn.Module):
+    """T5 called positionally as (encoder ids, decoder ids): its own forward takes attention_mask second."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+
+
+def _ce(out, y):
+    out = out.logits if hasattr(out, "logits") else out
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+
+
+def build(kind: str, seed: int = 0, device="cpu"):
+    """(model in train mode, loss_fn(out, target)) with weights from `seed`."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        m = _make(kind)
+    return m.train(), _ce
+
+
+def batch(kind: str, b: int, step: int):
+    """(inputs tuple, targets) for step `step`: fresh seeded data each step."""
+    g = torch.Generator().manual_seed(2000 + step)
+    if kind == "vit":
+        return (torch.randn(b, 3, 16, 16, generator=g),), torch.randint(0, 10, (b,), generator=g)
+    ids = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
+    if kind == "t5":       # encoder ids and decoder ids; targets: the decoder ids shifted by one
+        dec = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
+        return (ids[:, :-1], dec[:, :-1]), dec[:, 1:]
+    return (ids[:, :-1],), ids[:, 1:]
+
+
+def reference(kind: str, steps: int, b: int, lr: float = 1e-3) -> list:
+    """Single-process full-batch Adam training: the losses every emitted plan must reproduce."""
+    m, loss_fn = build(kind)
+    opt = torch.optim.Adam(m.parameters(), lr=lr)
+    out = []
+    for i in range(steps):
+        x, y = batch(kind, b, i)
+        loss = loss_fn(m(*x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out

@@ -1,0 +1,36 @@
+"""Plans for the HF emission matrix: sapp's own search with the configuration's degrees pinned.
+
+At hidden 64 the CPU preset's collective latency makes tensor parallelism a loss, so for tp > 1 the
+search runs on a cluster whose links cost nothing and whose compute is slow: the tp level then shards
+what it can, and the emitted layout is the one the search chose (not a hand-written one)."""
+from __future__ import annotations
+
+CONFIGS = {
+    "dp2": {"dp": 2, "tp": 1, "pp": 1},
+    "pp2": {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b"},
+    "tp2": {"dp": 1, "tp": 2, "pp": 1},
+    "dp2xpp2": {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b"},
+    "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b"},
+}
+TP_CLUSTER = "cpu:gpus={n},peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
+BATCH = 8
+
+
+def world(config: str) -> int:
+    c = CONFIGS[config]
+    return c["dp"] * c["tp"] * c["pp"]
+
+
+def search_plan(kind: str, config: str, path) -> str:
+    """Search `kind` with `config` pinned and save the plan to `path`; returns the path.  Errors
+    (capture, search) propagate: the matrix reports them as the case's failure."""
+    from sapp.api import search
+    from tests.emit_workers import hf_models
+    cons = dict(CONFIGS[config], zero=0)
+    n = world(config)
+    cluster = TP_CLUSTER.format(n=n) if cons["tp"] > 1 else f"cpu:gpus={n}"
+    model, _ = hf_models.build(kind, device="meta")
+    x, _ = hf_models.batch(kind, BATCH, 0)
+    plan = search(model, cluster, global_batch=BATCH, example_inputs=x, constraints=cons)
+    plan.save(path)
+    return str(path)

@@ -1,0 +1,89 @@
+"""Hugging Face models (tiny configs, no download) planned by sapp's search and run on gloo: each
+case's losses equal single-process training within 1e-5 relative over 3 Adam steps.
+
+A representative subset of bench/hf_matrix.py (8 models x 5 configurations), two spawned jobs:
+2 ranks: PP=2 1F1B of GPT-NeoX (rotary embedding shared by every layer), BERT (a sub-module named
+`self`, tied decoder across stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied
+under four names, two of them in one stage); TP=2 from the searched layout of Qwen2
+(GQA attention + gated MLP) and BERT (tied decoder kept whole).  4 ranks: Qwen2 PP x TP (the split
+traced at each rank's layer shapes).  About 1.5 minutes on an idle 2-core box; the timeouts are
+generous because a loaded one runs several times slower."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.emit_workers import hf_plans  # noqa: E402
+
+REL_TOL = 1e-5
+STEPS = 3
+CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2")],
+         4: [("qwen2", "pp2xtp2")]}
+
+
+def _job(world, tmp_path):
+    cases = []
+    for kind, cfg in CASES[world]:
+        path = hf_plans.search_plan(kind, cfg, tmp_path / f"{kind}-{cfg}.json")
+        cases.append({"id": f"{kind}-{cfg}", "kind": kind, "plan_path": path, "steps": STEPS,
+                      "batch": hf_plans.BATCH})
+    cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
+    cpath.write_text(json.dumps(cases))
+    # hard timeout: a hung collective must fail the test, not the CI run
+    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=500)
+    assert opath.exists(), proc.stderr[-3000:]
+    out = json.loads(opath.read_text())
+    assert not out["errors"], "\n".join(out["errors"].values())[-3000:]
+    return out["cases"], {c["id"]: json.loads(open(c["plan_path"]).read()) for c in cases}
+
+
+@pytest.fixture(scope="module")
+def job2(tmp_path_factory):
+    return _job(2, tmp_path_factory.mktemp("hf2"))
+
+
+@pytest.fixture(scope="module")
+def job4(tmp_path_factory):
+    return _job(4, tmp_path_factory.mktemp("hf4"))
+
+
+def _matches(res, world):
+    ref = res["ref"]
+    assert ref[-1] != ref[0]
+    for r in range(world):
+        got = res["ranks"][str(r)]
+        assert got is not None and "error" not in got, got
+        for i, (a, b) in enumerate(zip(got["losses"], ref)):
+            assert abs(a - b) <= REL_TOL * abs(b), f"rank {r} step {i}: {a} vs single-process {b}"
+
+
+@pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in CASES[2]])
+def test_two_rank_hf_plans_match_single_process(job2, cid):
+    _matches(job2[0][cid], 2)
+
+
+@pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in CASES[4]])
+def test_four_rank_hf_plans_match_single_process(job4, cid):
+    _matches(job4[0][cid], 4)
+
+
+def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
+    cases, plans = job2
+    qwen = plans["qwen2-tp2"]["tp_modules"]
+    assert qwen["model.layers.0.self_attn.k_proj"] == "colwise" and qwen["model.layers.0.self_attn.o_proj"] == "rowwise"
+    assert qwen["model.layers.1.mlp.down_proj"] == "rowwise"
+    assert cases["qwen2-tp2"]["ranks"]["0"]["dtensor_params"] >= 14      # every region's weights are DTensors
+    bert = plans["bert-tp2"]["tp_modules"]
+    assert "cls.predictions.decoder" not in bert                          # tied to the word embedding
+    assert bert["bert.encoder.layer.0.attention.self.query"] == "colwise"
+    assert bert["bert.encoder.layer.0.attention.output.dense"] == "rowwise"
+    pptp = job4[1]["qwen2-pp2xtp2"]
+    assert pptp["parallel"] == {"dp": 1, "tp": 2, "pp": 2} and pptp["tp_modules"]
+    assert all(job4[0]["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))

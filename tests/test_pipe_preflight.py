@@ -1,0 +1,93 @@
+"""Pipeline pre-flight (sapp/emit/preflight.py) and the repairs of sapp/emit/graph_fix.py, in one
+process: a split torch cannot run is one PlanError line naming the stage and module and saying what to
+change; HF models' stages run (rotary embeddings under no_grad, a sub-module named `self`, strided
+outputs) and compute what the whole model does."""
+import os
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from sapp.emit import pipe
+from sapp.errors import PlanError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x.mul_(0.5)         # in place on its input: fine inside one graph, not on a stage's received input
+        return self.lin(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.layers = nn.ModuleList([nn.Linear(8, 8), Scale()])
+
+    def forward(self, x):
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+def test_split_that_torch_cannot_run_is_one_line_naming_the_module():
+    torch.manual_seed(0)
+    with pytest.raises(PlanError) as e:
+        pipe.trace(Net(), (torch.randn(2, 8),), ["layers.1"])
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "pipeline stage 1 of 2" in msg and "before 'layers.1'" in msg
+    assert "in module 'layers.1'" in msg and "pin pp=1" in msg
+
+
+def test_same_model_splits_elsewhere():
+    torch.manual_seed(0)
+    m = Net()
+    x = torch.randn(2, 8)
+    traced = pipe.trace(m, (x,), ["layers.0"])
+    s0, s1 = (pipe.stage_modules(traced, [0, 1])[i] for i in (0, 1))
+    with torch.no_grad():
+        out = s1(s0(x.clone()))
+        ref = m(x.clone())
+    assert torch.allclose(out if torch.is_tensor(out) else out[0], ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert", "vit"])
+def test_hf_stages_run_and_match_the_whole_model(kind):
+    pytest.importorskip("transformers")
+    from sapp.emit.recompute import block_names
+    from tests.emit_workers import hf_models
+    model, _ = hf_models.build(kind)
+    model.eval()
+    blocks = block_names(model)
+    x, _ = hf_models.batch(kind, 2, 0)
+    traced = pipe.trace(model, x, [blocks[len(blocks) // 2]])
+    stages = pipe.stage_modules(traced, [0, 1])
+    with torch.no_grad():
+        h = stages[0](*x)
+        h = h if isinstance(h, tuple) else (h,)
+        assert all(t.is_contiguous() for t in h)          # gloo's isend refuses strided tensors
+        out = stages[1](*h)
+        ref = model(*x).logits
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_run_precheck_refuses_a_split_torch_cannot_run_on_meta():
+    from sapp.emit import checks
+    from tests.emit_workers.plans import make_plan
+    with torch.device("meta"):
+        m = Net()
+    plan = make_plan(params=1, pp=2, schedule="1f1b", micro_batches=2, split_before=["layers.1"], global_batch=4)
+    with pytest.raises(PlanError, match=r"stage 1 of 2 .* in module 'layers.1'"):
+        checks.check_pipeline_split(m, plan, (torch.empty(4, 8, device="meta"),))
+    checks.check_pipeline_split(m, make_plan(params=1))          # pp = 1: nothing to check

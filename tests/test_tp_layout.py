@@ -1,0 +1,114 @@
+"""sapp.search.tp_layout: tensor-parallel layouts derived from the captured graph of models without
+the zoo's naming (tiny HF configs on meta), in the one form DTensor runs."""
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from sapp.search import tp_layout  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.emit_workers import hf_models  # noqa: E402
+
+_GRAPHS = {}
+
+
+def _graph(kind):
+    if kind not in _GRAPHS:
+        from sapp.api import capture_graph
+        model, _ = hf_models.build(kind, device="meta")
+        x, _ = hf_models.batch(kind, 8, 0)
+        _GRAPHS[kind] = capture_graph(model, x)[0]
+    return _GRAPHS[kind]
+
+
+def _by_module(graph, choice_by_suffix):
+    """{node: dim} choosing `dim` for linears whose module ends with a given suffix."""
+    out = {}
+    for n in tp_layout.linears(graph):
+        mod = graph.nodes[n].module
+        for suffix, d in choice_by_suffix.items():
+            if mod.endswith(suffix):
+                out[n] = d
+    return out
+
+
+def _styles(graph, choice, tp=2):
+    strategies, used, notes = tp_layout.emittable(graph, choice, tp)
+    styles, groups, more = tp_layout.modules(graph, {n: (d,) for n, d in strategies.items()}, [0])
+    return styles, groups, notes + more
+
+
+def test_transposed_llama_pick_becomes_the_megatron_form():
+    # what the search picks at 7B dims: q/k/v split by rows, o_proj by columns (DTensor cannot run it)
+    g = _graph("llama")
+    choice = _by_module(g, {"q_proj": "k", "k_proj": "k", "v_proj": "k", "o_proj": "n",
+                            "gate_proj": "n", "up_proj": "n", "down_proj": "k"})
+    styles, groups, _ = _styles(g, choice)
+    for i in (0, 1):
+        a = f"model.layers.{i}.self_attn."
+        assert [styles[a + p] for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == ["colwise"] * 3 + ["rowwise"]
+        m = f"model.layers.{i}.mlp."
+        assert [styles[m + p] for p in ("gate_proj", "up_proj", "down_proj")] == ["colwise", "colwise", "rowwise"]
+        assert [a + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")] in groups
+    assert "lm_head" not in styles          # not chosen: stays replicated
+
+
+def test_every_op_between_opener_and_closer_splits_whole_heads():
+    g = _graph("llama")
+    choice = _by_module(g, {"q_proj": "n", "o_proj": "k"})
+    strategies, used, _ = tp_layout.emittable(g, choice, 2)
+    attn = next(r for r in used if g.nodes[r.openers[0]].module.endswith("layers.0.self_attn.q_proj"))
+    assert [g.nodes[o].module.rsplit(".", 1)[1] for o in attn.openers] == ["q_proj", "k_proj", "v_proj"]
+    scores = [n for n in attn.dims if g.nodes[n].kind == "matmul" and not g.nodes[n].params]
+    assert scores and all(strategies[n] == "b1" for n in scores)       # the heads dim of q.k^T and p.v
+    softmax = [n for n in attn.dims if g.nodes[n].kind == "softmax"]
+    assert softmax and all(g.nodes[n].dim(strategies[n]).size == 4 for n in softmax)   # 4 heads, 2 per rank
+    # ops outside any region are replicated on the tp level
+    norms = [n for n, node in g.nodes.items() if node.module.endswith("input_layernorm")]
+    assert norms and all(strategies[n] is None for n in norms)
+
+
+def test_nothing_chosen_is_replication_and_says_so():
+    g = _graph("llama")
+    styles, groups, notes = _styles(g, {})
+    assert styles == {} and groups == []
+    assert any("shards nothing" in n and "replication" in n for n in notes)
+
+
+def test_lone_column_split_head_is_gathered():
+    g = _graph("vit")
+    styles, _, _ = _styles(g, _by_module(g, {"classifier": "n", "fc1": "n", "fc2": "k"}))
+    assert styles["classifier"] == "colwise_gather"
+    assert styles["vit.layers.0.mlp.fc1"] == "colwise" and styles["vit.layers.0.mlp.fc2"] == "rowwise"
+
+
+def test_tied_decoder_is_not_split():
+    g = _graph("bert")
+    lin = {g.nodes[n].module for n in tp_layout.linears(g)}
+    assert "cls.predictions.decoder" not in lin         # its weight is the word embedding's
+    assert "bert.encoder.layer.0.attention.self.query" in lin
+
+
+def test_heads_that_do_not_divide_keep_the_region_replicated():
+    g = _graph("llama")                  # 2 key/value heads: tp=4 cannot give each rank whole kv heads
+    choice = _by_module(g, {"q_proj": "n", "o_proj": "k", "gate_proj": "n", "down_proj": "k"})
+    styles, _, notes = _styles(g, choice, tp=4)
+    assert "model.layers.0.self_attn.q_proj" not in styles
+    assert styles["model.layers.0.mlp.gate_proj"] == "colwise"       # 128 features split 4 ways
+    assert any("self_attn.q_proj" in n and "stays replicated" in n for n in notes)
+
+
+def test_t5_attention_with_position_bias_stays_replicated():
+    try:
+        g = _graph("t5")
+    except Exception as e:                    # capture of T5 comes with the capture work of issue 13
+        pytest.skip(f"T5 does not capture here: {type(e).__name__}")
+    choice = _by_module(g, {".q": "n", ".k": "n", ".v": "n", ".o": "k", "wi": "n", "wo": "k"})
+    styles, _, notes = _styles(g, choice)
+    assert styles["model.encoder.block.0.layer.1.DenseReluDense.wi"] == "colwise"
+    assert "model.encoder.block.0.layer.0.SelfAttention.q" not in styles
+    assert any("SelfAttention" in n and "unsplit" in n for n in notes)
