@@ -75,7 +75,21 @@ def run_one(name, cluster, global_batch=GLOBAL_BATCH):
             "mfu": plan.predicted["mfu"]}
 
 
+def zoo_reference(cluster):
+    """The zoo's GPT-3 6.7B searched the same way: how fast this machine runs a 7B search (the load of a
+    shared box slows every search alike)."""
+    import sapp.models as zoo
+    from sapp.api import search
+    from sapp.capture import capture
+    g = capture(zoo.get("gpt3-6.7b"), batch=8)
+    t0 = time.perf_counter()
+    search(zoo.get("gpt3-6.7b"), cluster, global_batch=GLOBAL_BATCH, graph=g)
+    return time.perf_counter() - t0
+
+
 def main():
+    for cl in CLUSTERS:
+        print(f"reference: zoo gpt3-6.7b on {cl} searches in {zoo_reference(cl):.2f} s on this machine", flush=True)
     print(f"{'model':<14} {'cluster':<18} {'capture':>8} {'search':>8} {'unknown':>7} {'pred PFLOP':>11} "
           f"{'hand PFLOP':>11} {'error':>7}  plan")
     for name in MODELS:
