@@ -2,7 +2,7 @@
 
 For zoo models x {8, 64, 512} devices, the joint search's predicted step time against an exhaustive
 enumeration of (pp, dp, tp, micro-batches, schedule, uniform recompute policy, ZeRO) over the same
-cost model and the same stage profiles (sapp.search.joint.exhaustive_search).  gap = search / best - 1
+cost model and the same stage profiles (`exhaustive_search` below).  gap = search / best - 1
 (<= 1% is the target; negative when mixing recompute policies per block beats every uniform policy).
 `optimum(model, cluster, global_batch)` is what bench/run.py calls."""
 from __future__ import annotations
@@ -27,13 +27,39 @@ def _graph(model):
     return _GRAPHS[key][1]
 
 
+def exhaustive_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
+                      policies=None, exact_partition=True):
+    """Reference for the quality benchmark: every configuration x every uniform recompute policy,
+    no pruning, same cost model and stage profiles, exact partition (the O(p n^2) DP, or with
+    exact_partition=False the count bisection, which tests/test_pipeline_partition.py checks equal
+    to the DP for identical blocks).  Returns the best JointResult (or None) and the number of
+    (configuration, policy) pairs scored."""
+    from sapp.constraints import Constraints
+    from sapp.costmodel import CostSettings
+    from sapp.recompute.solver import POLICIES
+    from sapp.search.joint import SearchContext, enumerate_configs, evaluate_config
+    from sapp.search.joint.placement import rank_key
+    policies = POLICIES if policies is None else policies
+    cons = Constraints.from_dict(constraints)
+    ctx = SearchContext(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
+    best, scored = None, 0
+    for cfg in enumerate_configs(ctx):
+        prof = ctx.profile(cfg.dp, cfg.tp)
+        for pol in policies:
+            scored += 1
+            res = evaluate_config(ctx, cfg, prof, exact=exact_partition, policy=pol)
+            if res is not None and (best is None or rank_key(res) < rank_key(best)):
+                best = res
+    return best, scored
+
+
 def optimum(model, cluster, *, global_batch, constraints=None):
     """Exhaustive optimum as {"step_time_s", "config"}, or None when the case is too large."""
     from sapp.constraints import Constraints
-    from sapp.search.joint import _Ctx, enumerate_configs, exhaustive_search
     from sapp.costmodel import CostSettings
+    from sapp.search.joint import SearchContext, enumerate_configs
     graph = _graph(model) if not hasattr(model, "nodes") else model
-    ctx = _Ctx(graph, cluster, int(global_batch), Constraints.from_dict(constraints), CostSettings(), None)
+    ctx = SearchContext(graph, cluster, int(global_batch), Constraints.from_dict(constraints), CostSettings(), None)
     if len(enumerate_configs(ctx)) > MAX_CONFIGS:
         return None
     best, scored = exhaustive_search(graph, cluster, global_batch=global_batch, constraints=constraints,

@@ -6,7 +6,7 @@
 4. Host memory exhausted: the errors with the numbers.
 --measure: time the emitted host pieces on this CPU (lookup, sparse optimizers, offload) and put the
 cost model's prediction for the `cpu` cluster preset beside them.
-Decisions come from sapp.placement.standalone.decide (placement x per-block recomputation for one
+Decisions come from bench.placement_standalone.decide (placement x per-block recomputation for one
 data-parallel configuration; the joint search makes the same choice inside its loop)."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings
 from sapp.errors import InfeasibleError
-from sapp.placement.standalone import decide
+from bench.placement_standalone import decide
 from sapp.units import fmt_bytes, fmt_time
 
 S = CostSettings()

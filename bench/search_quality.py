@@ -27,7 +27,7 @@ def run(n_graphs=36, shapes=SHAPES, out=sys.stdout, exhaustive_max_nodes=4):
     from sapp.search.exact import exact_search
     from sapp.search.exhaustive import exhaustive_search
     from sapp.search.problem import Problem
-    from sapp.search.random_graphs import random_graph
+    from bench.random_graphs import random_graph
     from sapp.search.recursive import recursive_search
 
     rows = []
@@ -58,7 +58,7 @@ def run(n_graphs=36, shapes=SHAPES, out=sys.stdout, exhaustive_max_nodes=4):
               f"{'' if gap_exh is None else f'{gap_exh:.4%}':>9}{'' if optimal else '  (exact hit time limit)'}",
               file=out, flush=True)
     # structured cases: transformer layers and MLPs (residual DAGs, 17-80 ops)
-    from sapp.search.random_graphs import gpt_graph, mlp_graph
+    from bench.random_graphs import gpt_graph, mlp_graph
     structured = [
         ("gpt-2l-h1024", lambda: gpt_graph(layers=2, b=8, s=1024, h=1024, a=16, vocab=8192)),
         ("gpt-4l-h2048", lambda: gpt_graph(layers=4, b=8, s=2048, h=2048, a=16, vocab=51200)),

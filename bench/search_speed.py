@@ -1,7 +1,7 @@
 """Sharding-search speed: `python -m bench.search_speed [--hand] [--repeat N]`.
 
 Headline: GPT-3 175B (96 layers, captured from the zoo; --hand uses the hand-built GPT graph of
-sapp.search.random_graphs instead) on 1024 A100-80G devices (Mesh.for_devices(cluster, 1024): 7
+bench.random_graphs instead) on 1024 A100-80G devices (Mesh.for_devices(cluster, 1024): 7
 inter-node + 3 intra-node levels), recursive sharding search, target <= 2 s on a 2-core machine.
 Then the scaling over layers (12/24/48/96 at 1024 devices) and devices (8..4096 at 96 layers).
 Times are the median of --repeat runs of shard_search (graph capture excluded, printed apart)."""
@@ -18,7 +18,7 @@ TARGET_S = 2.0
 def build_graph(layers, batch, hand):
     t = time.perf_counter()
     if hand:
-        from sapp.search.random_graphs import gpt_graph
+        from bench.random_graphs import gpt_graph
         g = gpt_graph(layers=layers, b=batch, s=2048, h=12288, a=96, vocab=51200, name=f"gpt3-175b-hand-l{layers}")
     else:
         import sapp.models as M

@@ -6,13 +6,14 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 
 from .cluster import Cluster
 from .constraints import Constraints
 from .costmodel import CostSettings
 from .costmodel.layouts import layout_str, output_layout
-from .errors import PlanError, SappError
+from .errors import CaptureError, PlanError, SappError
 from .plan import SCHEMA, Plan
 
 CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
@@ -40,17 +41,50 @@ def resolve_model(model):
     return model, type(model).__name__, None
 
 
+def _check_inputs_bind(module, example_inputs):
+    """Positional example inputs must fit forward's signature: torch.fx would otherwise trace a
+    keyword-only forward from positional inputs that the real call could never pass."""
+    import inspect
+    fwd = getattr(module, "forward", None)
+    if example_inputs is None or fwd is None:
+        return
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    try:
+        sig = inspect.signature(fwd)
+    except (TypeError, ValueError):     # a C-level forward: nothing to check against
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        raise CaptureError(f"example_inputs ({len(args)} positional) do not fit {type(module).__name__}.forward"
+                           f"{sig}: {e}; pass inputs in forward's order") from None
+
+
 def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
     """The module's OpGraph (with its loss when `loss_fn` and `targets` are given) and the seconds it took."""
+    import contextlib
+    import io
     from .capture import capture
+    _check_inputs_bind(module, example_inputs)
     if (loss_fn is None) != (targets is None):
         raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
                         "or neither")
     t0 = time.perf_counter()
-    if example_inputs is None:
-        g = capture(module, batch=CAPTURE_BATCH, loss_fn=loss_fn, target=targets)
-    else:
-        g = capture(module, example_inputs, loss_fn=loss_fn, target=targets)
+    # torch prints tracebacks of its own while a trace fails (fx ShapeProp); the CaptureError says
+    # what failed in one line, so that noise is shown only if capture succeeds after all
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise):
+            if example_inputs is None:
+                g = capture(module, batch=CAPTURE_BATCH, loss_fn=loss_fn, target=targets)
+            else:
+                g = capture(module, example_inputs, loss_fn=loss_fn, target=targets)
+    except CaptureError:
+        raise
+    except BaseException:
+        sys.stderr.write(noise.getvalue())
+        raise
+    sys.stderr.write(noise.getvalue())
     return g, time.perf_counter() - t0
 
 
@@ -85,11 +119,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     cl = resolve_cluster(cluster)
     module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
+    gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision)
     capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
-    gb = int(global_batch) if global_batch is not None else default_global_batch(info, cl.devices)
     t0 = time.perf_counter()
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress)
     search_s = time.perf_counter() - t0
@@ -138,6 +172,8 @@ def operator_section(graph, prof):
                 tp_modules.setdefault(node.module, style)
         elif node.kind == "embedding" and tp_dims == {"v"}:
             tp_modules.setdefault(node.module, "vocab")
+        elif node.kind == "embedding" and tp_dims == {"h"}:     # priced sharded: emit it so (issue 14)
+            tp_modules.setdefault(node.module, "colwise")
     return ops, tp_modules
 
 
@@ -228,45 +264,131 @@ def _capture_notes(graph) -> list:
 
 
 # ---- evaluate -------------------------------------------------------------------------------------
-def constraints_from_plan(plan: Plan) -> Constraints:
+def _interleaved_rename(pipe, pp, v):
+    """{real block -> block at the same position of the contiguous layout the joint search prices}.
+    An interleaved plan gives device i the chunks c * pp + i; the search prices device i as the
+    contiguous run of L / pp blocks and renames them afterwards (sapp/search/joint/evaluate.py: _interleave_blocks), so a
+    per-block pin read back from the plan must be moved to the block it was priced as."""
+    st = sorted(pipe.get("stages") or [], key=lambda s: s["index"])
+    flat = [b for s in st for b in s.get("blocks") or []]
+    if not flat or len(flat) % pp:
+        return {}
+    k = len(flat) // pp
+    out = {}
+    for i in range(pp):
+        real = [b for s in st if s.get("device_stage", s["index"] % pp) == i for b in s.get("blocks") or []]
+        out.update({b: flat[i * k + q] for q, b in enumerate(real)})
+    return out
+
+
+def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
+    """The plan's choices as pins: re-scoring it is a search with exactly one configuration left."""
     par, pipe = plan["parallel"], plan["pipeline"]
     sched = pipe.get("schedule", "none")
+    v = pipe.get("virtual_chunks") or 1
     stages = None
     st = pipe.get("stages") or []
-    if par["pp"] > 1 and st:
-        per_dev = {}
-        for s in st:
-            i = s.get("device_stage", s.get("index", 0))
-            for b in s.get("blocks") or []:
-                per_dev[b] = i
-        if sched != "interleaved":
-            stages = {s["blocks"][0]: s.get("index", 0) for s in st if s.get("blocks")}
+    if par["pp"] > 1 and st and sched != "interleaved":
+        stages = {s["blocks"][0]: s.get("index", 0) for s in st if s.get("blocks")}
     rc = plan["recompute"] or {}
     recompute = dict(rc.get("blocks") or {})
+    if sched == "interleaved" and recompute:
+        rename = _interleaved_rename(pipe, par["pp"], v)
+        recompute = {rename.get(b, b): pol for b, pol in recompute.items()}
     recompute["default"] = rc.get("default", "none")
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
-                       virtual_chunks=pipe.get("virtual_chunks") if sched == "interleaved" else None,
-                       recompute=recompute, zero=plan["zero"], stages=stages)
+                       virtual_chunks=v if sched == "interleaved" else None,
+                       recompute=recompute, zero=plan["zero"], stages=stages,
+                       placement=_placement_pins(plan, graph) if graph is not None else None)
+
+
+def _placement_pins(plan, graph):
+    """The plan's host placement as pins, so re-scoring prices the placement the plan chose (evaluate
+    ignores capacity, so an unpinned placement would fall back to the fastest, usually all-device).
+    Host-capable tables the plan leaves on the device are pinned there; the dense optimizer is
+    pinned to where the plan's non-table entries keep it.  A plan whose stages offload differently
+    cannot be said with global pins: the optimizer is then left to the evaluator."""
+    from .placement.groups import _host_capable
+    from .placement.schema import resolve
+    section = plan._d.get("placement") or {}
+    pins, offload = {}, set()
+    for name, info in sorted(graph.params.items()):
+        if not info.trainable:
+            continue
+        entry = resolve(section, name) or {}
+        if _host_capable(graph, name):
+            pins[name] = "host" if entry.get("weights") == "host" else "device"
+        else:
+            offload.add(entry.get("optimizer") == "host")
+    if len(offload) == 1:
+        pins["optimizer"] = "host" if offload.pop() else "device"
+    return pins or None
 
 
 def _plan_splits(plan, graph):
+    """Per-node split tuples from the plan; every entry must be null or one of the node's op dims."""
     ops = plan["operators"]
     out = {}
-    for name in graph.nodes:
+    for name, node in graph.nodes.items():
         op = ops.get(name)
-        if op is not None:
-            out[name] = tuple(op.get("split") or ())
+        if op is None:
+            continue
+        split = op.get("split") or ()
+        dims = {d.name: d for d in node.dims}
+        for d in split:
+            if d is not None and d not in dims:
+                raise PlanError(f"operators.{name}.split names dim {d!r}, which operator {name} does not have "
+                                f"(its dims: {', '.join(dims) or 'none'}); use one of them or null")
+            if d is not None and not dims[d].splittable:
+                raise PlanError(f"operators.{name}.split splits dim {d!r}, which cannot be split; use null")
+        out[name] = tuple(split)
     return out
+
+
+def _plan_config(plan, gb):
+    from .search.joint import Config
+    par, pipe = plan["parallel"], plan["pipeline"]
+    sched = pipe.get("schedule", "none") if par["pp"] > 1 else "none"
+    m = pipe["micro_batches"]
+    per_rep = gb // par["dp"]
+    return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
+                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"])
+
+
+def _score(graph, cl, gb, cons, settings, splits, cfg):
+    """Price exactly `cfg` under the plan's pins (capacity ignored: a plan that does not fit is
+    reported, not refused).  Not joint_search: its enumeration leaves out interleaved schedules when
+    blocks carry different recompute pins, which every interleaved plan with per-block recomputation
+    has, so the flagship plan could not be re-scored."""
+    from .search import joint
+    import math
+    ctx = joint.SearchContext(graph, cl, gb, cons, settings, None)
+    ctx.fixed = splits
+    ctx.cap = math.inf
+    cons.check(cl.devices, cl.gpus_per_node, ctx.block_names, gb)
+    if cfg.schedule == "interleaved":
+        # pins are on the contiguous names the evaluator prices (constraints_from_plan); what
+        # interleaving needs is identical blocks, which the pins do not change
+        ctx.uniform = len({u.rep for u in ctx.block_units}) == 1 and ctx._glue_only_at_ends()
+    allowed = [c for c in joint.enumerate_configs(ctx) if c == cfg]
+    if not allowed:
+        raise PlanError(f"the plan's configuration ({cfg.describe()}) is not one this cluster, model and batch "
+                        f"allow (degrees, micro-batches and schedule must divide evenly); fix the plan or "
+                        f"regenerate it with `sapp search`")
+    res = joint.evaluate_config(ctx, cfg, ctx.profile(cfg.dp, cfg.tp))
+    if res is None:
+        raise PlanError(f"the plan's stages cannot be priced ({cfg.describe()}); regenerate it with `sapp search`")
+    return res
 
 
 def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None) -> dict:
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
     stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
-    from .search.joint import joint_search
+    from .calibrate.status import uncalibrated_note
     if not isinstance(plan, Plan):
         raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
-    cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"])
+    cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
     module, name, _ = resolve_model(model)
     if graph is None:
         graph, _ = capture_graph(module, example_inputs, loss_fn, targets)
@@ -274,15 +396,15 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "
                         f"search a plan for this cluster")
-    cons = constraints_from_plan(plan)
+    cons = constraints_from_plan(plan, graph)
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0))
     gb = plan["model"].get("global_batch")
-    if not gb:
-        raise PlanError("plan model.global_batch is missing; add it or regenerate the plan")
-    res = joint_search(graph, cl, global_batch=int(gb), constraints=cons, settings=settings,
-                       fixed_strategies=_plan_splits(plan, graph), ignore_capacity=True)
+    if gb is None:
+        raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")
+    gb = Constraints.check_global_batch(gb, "model.global_batch")
+    res = _score(graph, cl, gb, cons, settings, _plan_splits(plan, graph), _plan_config(plan, gb))
     fits = res.peak_memory_bytes <= cl.usable_memory
     return {
         "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,
@@ -291,4 +413,5 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
         "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
                     "memory_bytes": s.memory_bytes} for s in res.stages],
         "config": res.config.describe(),
+        "notes": [n for n in (uncalibrated_note(cl),) if n],
     }

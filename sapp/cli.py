@@ -15,6 +15,7 @@ COMMANDS = {
     "explain": "explain why a plan was chosen",
     "diff": "compare two plans",
     "plot": "draw a plan's pipeline schedule and memory",
+    "schema": "print the JSON Schema of plan or cluster files",
 }
 
 

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 
+from . import schema
 from .errors import ClusterError, SappError
 from .units import parse_quantity
+
+# Bounds that keep every search finite (the joint search enumerates divisors of these): the largest
+# clusters built have ~10^5 accelerators; a node (one NVLink domain) a few hundred.
+MAX_DEVICES = 1 << 20
+MAX_PER_NODE = 4096
+MAX_FILE_BYTES = 64 << 20
 
 _POSITIVE = (
     "nodes", "gpus_per_node", "peak_flops", "device_memory", "mem_bandwidth", "intra_bw", "inter_bw",
@@ -22,7 +30,7 @@ _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_ov
 _BOOLS = ("async_launch",)
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
-PRECISIONS = ("bf16-mixed", "fp32")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 
 
 @dataclass(frozen=True)
@@ -125,24 +133,32 @@ class Cluster:
     def validate(self) -> "Cluster":
         for key in _POSITIVE:
             v = getattr(self, key)
-            if not isinstance(v, (int, float)) or v != v or v <= 0:
-                raise ClusterError(f"cluster {self.name!r}: {key} must be a positive number, got {v!r}")
+            if not _is_number(v) or v <= 0:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be a positive finite number, got {v!r}")
         for key in ("nodes", "gpus_per_node"):
             if int(getattr(self, key)) != getattr(self, key):
                 raise ClusterError(f"cluster {self.name!r}: {key} must be a whole number, got {getattr(self, key)!r}")
+        if self.gpus_per_node > MAX_PER_NODE:
+            raise ClusterError(f"cluster {self.name!r}: gpus_per_node={self.gpus_per_node} is more than {MAX_PER_NODE} "
+                               f"devices in one node; give the devices per node")
+        if self.nodes * self.gpus_per_node > MAX_DEVICES:
+            raise ClusterError(f"cluster {self.name!r}: nodes x gpus = {self.nodes} x {self.gpus_per_node} is more than "
+                               f"{MAX_DEVICES} devices; sapp plans up to {MAX_DEVICES}")
         for key in _NON_NEGATIVE:
             v = getattr(self, key)
-            if not isinstance(v, (int, float)) or v != v or v < 0:
-                raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0, got {v!r}")
+            if not _is_number(v) or v < 0:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0 and finite, got {v!r}")
         for key in _BOOLS:
             if not isinstance(getattr(self, key), bool):
                 raise ClusterError(f"cluster {self.name!r}: {key} must be true or false, got {getattr(self, key)!r}")
-        if not isinstance(self.memory_headroom, (int, float)) or not 0 <= self.memory_headroom < 0.9:
+        if not _is_number(self.memory_headroom) or not 0 <= self.memory_headroom < 0.9:
             raise ClusterError(f"cluster {self.name!r}: memory_headroom must be in [0, 0.9), got {self.memory_headroom!r}")
         for key in _FRACTIONS:
             v = getattr(self, key)
-            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+            if not _is_number(v) or not 0 < v <= 1:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be in (0, 1], got {v!r}")
+        if not isinstance(self.name, str):
+            raise ClusterError(f"cluster name must be a string, got {self.name!r}")
         if self.precision not in PRECISIONS:
             raise ClusterError(f"cluster {self.name!r}: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for key in _CURVES:
@@ -167,13 +183,23 @@ class Cluster:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Cluster":
+    def from_dict(cls, d: dict, where: str = "") -> "Cluster":
+        """A cluster from its JSON form, checked against sapp/schema/cluster.schema.json first.
+        `where` prefixes messages (the file, or "cluster." for a plan's section)."""
         if not isinstance(d, dict):
-            raise ClusterError("cluster description must be a JSON object")
+            raise ClusterError(f"{where}cluster description must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(map(str, set(d) - known))
         if unknown:
             raise ClusterError(f"unknown cluster field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        bad = schema.non_finite_path(d)
+        if bad:
+            raise ClusterError(f"{where}{bad} is not a finite number")
+        err = schema.first_error("cluster", schema.plain(d))
+        if err:
+            raise ClusterError(f"{where}{err}" + ("; a cluster file must give nodes, gpus_per_node, peak_flops, "
+                                                  "device_memory, mem_bandwidth, intra_bw and inter_bw"
+                                                  if "missing field" in err else ""))
         kwargs = {}
         for k, v in d.items():
             if k in ("name", "notes", "precision"):
@@ -191,39 +217,62 @@ class Cluster:
         return cls(**kwargs).validate()
 
     def save(self, path) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
+        d = self.validate().to_dict()
+        err = schema.first_error("cluster", d)
+        if err:     # a field this class gained but the schema has not: fix the schema, not the file
+            raise ClusterError(f"cluster {self.name!r} does not match cluster.schema.json: {err}")
+        text = json.dumps(d, indent=2, sort_keys=True) + "\n"
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise ClusterError(f"cannot write cluster file {path}: {e.strerror or e}; choose another --out") from None
 
     @classmethod
     def load(cls, path) -> "Cluster":
         try:
-            with open(path) as f:
-                d = json.load(f)
+            with open(path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             raise ClusterError(f"cluster file {path} not found") from None
+        except OSError as e:
+            raise ClusterError(f"cannot read cluster file {path}: {e.strerror or e}") from None
+        if len(raw) > MAX_FILE_BYTES:
+            raise ClusterError(f"cluster file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a cluster description")
+        try:
+            d = schema.strict_loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ClusterError(f"cluster file {path} is not text (not UTF-8); give a JSON file from `sapp calibrate`") from None
         except json.JSONDecodeError as e:
             raise ClusterError(f"cluster file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(d)
+        except (ValueError, RecursionError) as e:
+            raise ClusterError(f"cluster file {path} is not usable JSON ({str(e)[:80]})") from None
+        return cls.from_dict(d, where=f"cluster file {path}: ")
 
     @classmethod
     def parse(cls, spec: str) -> "Cluster":
         """'a100-80g:nodes=128', 'h100-80g:nodes=4,gpus=8,inter_bw=50GB/s', 'cpu:gpus=2', or a JSON path."""
-        if not isinstance(spec, str) or not spec.strip():
+        if not isinstance(spec, str):
+            raise ClusterError(f"cluster spec must be a string like 'a100-80g:nodes=16' or a .json path, "
+                               f"got {type(spec).__name__} {spec!r:.40}")
+        if not spec.strip():
             raise ClusterError("empty cluster spec: write NAME[:nodes=N,gpus=G,key=value...], e.g. a100-80g:nodes=16")
         spec = spec.strip()
-        if spec.endswith(".json"):
+        if spec.lower().endswith(".json"):
             return cls.load(spec)
         name, _, rest = spec.partition(":")
         if name not in PRESETS:
             raise ClusterError(f"unknown cluster preset {name!r}; choose one of {', '.join(PRESETS)} or pass a .json file")
         base = PRESETS[name]
-        changes, devices = {}, None
+        changes, devices, given = {}, None, set()
         for item in filter(None, (p.strip() for p in rest.split(","))):
             key, eq, value = item.partition("=")
             key = _ALIASES.get(key.strip(), key.strip())
             if not eq:
                 raise ClusterError(f"cluster spec item {item!r} needs key=value, e.g. nodes=16")
+            if key in given:
+                raise ClusterError(f"cluster spec {spec!r} sets {key} twice; give it once")
+            given.add(key)
             if key == "devices":
                 devices = _to_int(value, "devices")
                 continue
@@ -322,12 +371,19 @@ def curve_rate(curve, size: float, default: float) -> float:
     return r0 + w * (r1 - r0)
 
 
+def _is_number(v) -> bool:
+    """A finite int or float; booleans are not numbers here (JSON true must not become 1 FLOP/s)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _to_int(v, key):
+    if isinstance(v, bool):
+        raise ClusterError(f"{key} must be a whole number, got {v!r}")
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ClusterError(f"{key} must be a whole number, got {v!r}") from None
-    if f != int(f):
+    if not math.isfinite(f) or f != int(f):
         raise ClusterError(f"{key} must be a whole number, got {v!r}")
     return int(f)
 
@@ -361,7 +417,8 @@ PRESETS = {
     "h200": Cluster("h200", 1, 8, 989e12, 141e9, 4.8e12, 450e9, 5e-6, 50e9, 10e-6,
                     2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5"),
     "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,
-                        512e9, 100e9, 12e9, 1.5e12, notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
+                        512e9, 100e9, 12e9, 1.5e12, precision="fp16-mixed",   # no bf16 units: fp16 + loss scaling
+                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
     # One "device" per process on a CPU box, talking over gloo/loopback.  Rough figures for this 2-core
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from .errors import ConstraintError
 
+# Largest global batch sapp plans for: the joint search enumerates its divisors, and the biggest
+# recommendation-model batches in use are ~10^6 samples (4,194,304 here).
+MAX_GLOBAL_BATCH = 1 << 22
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
 POLICIES = ("none", "selective", "full")
 
@@ -53,10 +57,15 @@ class Constraints:
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")
-        if self.zero is not None and self.zero not in (0, 1, 2, 3):
+        if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise ConstraintError(f"constraint zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.schedule is not None and self.schedule not in SCHEDULES:
+        if self.schedule is not None and (not isinstance(self.schedule, str) or self.schedule not in SCHEDULES):
             raise ConstraintError(f"schedule {self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule is None:
+            # chunks only exist in the interleaved schedule: pinning them pins it (else they were dropped)
+            object.__setattr__(self, "schedule", "interleaved")
+        if self.schedule == "interleaved" and self.virtual_chunks == 1:
+            raise ConstraintError("schedule 'interleaved' needs virtual_chunks >= 2; drop virtual_chunks=1 or use 1f1b")
         if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule not in (None, "interleaved"):
             raise ConstraintError(f"virtual_chunks={self.virtual_chunks} needs schedule 'interleaved', not {self.schedule!r}")
         r = self.recompute
@@ -66,21 +75,35 @@ class Constraints:
                     raise ConstraintError(f"recompute {r!r} is unknown; use none, selective, full or {{module: policy}}")
             elif isinstance(r, dict):
                 for k, v in r.items():
-                    if v not in POLICIES:
+                    if not isinstance(k, str):
+                        raise ConstraintError(f"recompute keys must be module patterns (strings), got {k!r}")
+                    if not isinstance(v, str) or v not in POLICIES:
                         raise ConstraintError(f"recompute policy {v!r} for {k!r} is unknown; use none, selective or full")
             else:
                 raise ConstraintError("recompute must be 'none', 'selective', 'full' or a {module: policy} dict")
         if self.stages is not None:
-            if not isinstance(self.stages, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                             for v in self.stages.values()):
+            if not isinstance(self.stages, dict) or not all(
+                    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for k, v in self.stages.items()):
                 raise ConstraintError("stages must map block names to stage indices >= 0, e.g. {'layers.0': 0}")
         if self.placement is not None:
-            if not isinstance(self.placement, dict) or not all(v in ("host", "device") for v in self.placement.values()):
+            if not isinstance(self.placement, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) and v in ("host", "device") for k, v in self.placement.items()):
                 raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
         if self.tp and self.max_tp and self.tp > self.max_tp:
             raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
         if self.dp and self.max_dp and self.dp > self.max_dp:
             raise ConstraintError(f"dp={self.dp} exceeds max_dp={self.max_dp}; drop one of them")
+
+    @staticmethod
+    def check_global_batch(value, field="global batch") -> int:
+        """A usable global batch (samples per step): a whole number in [1, MAX_GLOBAL_BATCH]."""
+        import numbers
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ConstraintError(f"{field} must be a whole number of samples, got {value!r:.40}")
+        if not 1 <= value <= MAX_GLOBAL_BATCH:
+            raise ConstraintError(f"{field} must be between 1 and {MAX_GLOBAL_BATCH} samples, got {value!r:.40}")
+        return int(value)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -101,6 +124,11 @@ class Constraints:
                                   f"devices; make the product {devices}")
         if devices % prod:
             raise ConstraintError(f"the pinned degrees multiply to {prod}, which does not divide {devices} devices")
+        if self.zero and (self.dp == 1 or devices == 1):
+            # ZeRO shards over the data-parallel group: with one replica the plan would say zero 0
+            # while these constraints still said otherwise
+            raise ConstraintError(f"zero={self.zero} shards model states over the dp group, but dp is 1; "
+                                  f"drop zero or allow dp > 1")
         if self.pp is not None and self.pp > 1:
             if not blocks:
                 raise ConstraintError(f"pp={self.pp} needs a model with repeated blocks (none were found); use pp=1")

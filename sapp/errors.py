@@ -30,3 +30,7 @@ class InfeasibleError(SappError):
         self.needed_bytes = needed_bytes
         self.capacity_bytes = capacity_bytes
         self.best = best
+
+
+class UsageError(SappError, ValueError):
+    """A command-line argument or API argument is out of range or names an unusable path."""

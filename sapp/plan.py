@@ -2,12 +2,14 @@
 
 Same inputs give byte-identical JSON: keys are sorted, floats are rounded to 6 significant digits,
 nothing time- or machine-dependent is stored (search time is printed, not saved).
-See docs/ARCHITECTURE.md for the schema."""
+The schema is sapp/schema/plan.schema.json (`sapp schema plan`), checked on every load and save;
+the checks that need the whole document follow it (`_semantic`).  See docs/ARCHITECTURE.md."""
 from __future__ import annotations
 
 import json
 import math
 
+from . import schema as _schema
 from .errors import PlanError
 
 SCHEMA = "sapp.plan/1"
@@ -45,6 +47,11 @@ def empty_sections() -> dict:
 
 class Plan:
     def __init__(self, data: dict):
+        if not isinstance(data, dict):
+            raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        bad = _schema.non_finite_path(data)
+        if bad:
+            raise PlanError(f"{bad} holds a non-finite number; write a finite value or regenerate the plan")
         self._d = _round(data)
         self._validate()
 
@@ -75,24 +82,43 @@ class Plan:
         return json.dumps(self._d, indent=1, sort_keys=True) + "\n"
 
     def save(self, path) -> None:
-        with open(path, "w") as f:
-            f.write(self.to_json())
+        # sections are plain dicts callers can edit in place: check again what is about to be written
+        self._d = _round(self._d)
+        self._validate()
+        text = self.to_json()
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise PlanError(f"cannot write plan to {path}: {e.strerror or e}; choose another --out") from None
 
     @classmethod
     def load(cls, path) -> "Plan":
         try:
-            with open(path) as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             raise PlanError(f"plan file {path} not found") from None
+        except IsADirectoryError:
+            raise PlanError(f"plan file {path} is a directory; give the plan's JSON file") from None
+        except OSError as e:
+            raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
+        if len(raw) > MAX_FILE_BYTES:
+            raise PlanError(f"plan file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a sapp plan")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PlanError(f"plan file {path} is not text (not UTF-8); give a JSON plan from `sapp search`") from None
         return cls.from_json(text, source=str(path))
 
     @classmethod
     def from_json(cls, text: str, source="plan") -> "Plan":
         try:
-            d = json.loads(text)
+            d = _schema.strict_loads(text)
         except json.JSONDecodeError as e:
             raise PlanError(f"{source} is not valid JSON ({e.msg} at line {e.lineno}); fix or regenerate it with `sapp search`") from None
+        except (ValueError, RecursionError) as e:
+            raise PlanError(f"{source} is not a usable JSON plan ({str(e)[:80]}); fix or regenerate it with `sapp search`") from None
         if not isinstance(d, dict):
             raise PlanError(f"{source} must hold a JSON object, found {type(d).__name__}")
         try:
@@ -115,28 +141,59 @@ class Plan:
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise PlanError(f"missing field(s) {', '.join(missing)}")
-        if not isinstance(d["model"], dict) or "fingerprint" not in d["model"]:
-            raise PlanError("model section needs a fingerprint")
-        par = d["parallel"]
-        if not isinstance(par, dict):
-            raise PlanError("parallel must be an object with dp, tp, pp")
-        for k in ("dp", "tp", "pp"):
-            v = par.get(k)
-            if not isinstance(v, int) or v < 1:
-                raise PlanError(f"parallel.{k} must be a positive integer, got {v!r}")
-        if not isinstance(d["devices"], int) or d["devices"] < 1:
-            raise PlanError(f"devices must be a positive integer, got {d['devices']!r}")
-        if par["dp"] * par["tp"] * par["pp"] != d["devices"]:
-            raise PlanError(f"dp x tp x pp = {par['dp']}x{par['tp']}x{par['pp']} does not equal devices={d['devices']}")
-        if not isinstance(d["predicted"], dict):
-            raise PlanError("predicted must be an object")
         for k in PREDICTED_KEYS:
-            if k not in d["predicted"]:
+            if isinstance(d["predicted"], dict) and k not in d["predicted"]:
                 raise PlanError(f"predicted.{k} is missing")
-        if d["zero"] not in (0, 1, 2, 3):
-            raise PlanError(f"zero must be 0, 1, 2 or 3, got {d['zero']!r}")
-        if not isinstance(d["operators"], dict):
-            raise PlanError("operators must be an object of node name -> layout")
-        pipe = d["pipeline"]
-        if not isinstance(pipe, dict) or not isinstance(pipe.get("micro_batches"), int) or pipe["micro_batches"] < 1:
-            raise PlanError("pipeline.micro_batches must be a positive integer")
+        err = _schema.first_error("plan", d)
+        if err:
+            raise PlanError(err)
+        _semantic(d)
+
+
+MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse a huge unrelated file
+
+
+def _semantic(d):
+    """What the schema cannot say: fields that must agree with each other."""
+    par = d["parallel"]
+    if par["dp"] * par["tp"] * par["pp"] != d["devices"]:
+        raise PlanError(f"dp x tp x pp = {par['dp']}x{par['tp']}x{par['pp']} does not equal devices={d['devices']}")
+    pipe, gb = d["pipeline"], d["model"].get("global_batch")
+    if gb is not None and pipe["micro_batches"] > gb:
+        raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "
+                        f"a micro-batch holds at least one sample")
+    if pipe.get("schedule") == "interleaved" and par["pp"] > 1 and (pipe.get("virtual_chunks") or 1) < 2:
+        raise PlanError("pipeline.virtual_chunks must be >= 2 for the interleaved schedule; set it or use 1f1b")
+    stages = pipe.get("stages") or []
+    if stages:
+        v = pipe.get("virtual_chunks") or 1 if pipe.get("schedule") == "interleaved" else 1
+        # interleaved plans list every virtual stage (what search writes) or one entry per device
+        if len(stages) not in (par["pp"], par["pp"] * v):
+            raise PlanError(f"pipeline.stages lists {len(stages)} stages but pp={par['pp']}"
+                            + (f" (x virtual_chunks={v})" if v > 1 else "") + f" needs {par['pp'] * v}")
+        if sorted(st["index"] for st in stages) != list(range(len(stages))):
+            raise PlanError(f"pipeline.stages indices must be 0..{len(stages) - 1}, each once; got "
+                            f"{[st['index'] for st in stages][:8]}")
+        for i, st in enumerate(stages):
+            if st.get("device_stage", 0) >= par["pp"]:
+                raise PlanError(f"pipeline.stages[{i}].device_stage={st['device_stage']} is not a stage of pp={par['pp']}")
+        seen = {}
+        for i, st in enumerate(stages):
+            for b in st.get("blocks") or []:
+                if b in seen:
+                    raise PlanError(f"pipeline.stages[{i}].blocks lists {b!r}, which stage {seen[b]} already holds")
+                seen[b] = i
+    levels = d["mesh"].get("levels") or []
+    if levels:
+        size = 1
+        for lv in levels:
+            size *= lv["size"]
+        if size != par["dp"] * par["tp"]:
+            raise PlanError(f"mesh.levels sizes multiply to {size} but one stage has dp x tp = {par['dp'] * par['tp']} devices")
+        roles = d["mesh"].get("roles")
+        if roles and len(roles) != len(levels):
+            raise PlanError(f"mesh.roles has {len(roles)} entries for {len(levels)} mesh levels")
+        for name, op in d["operators"].items():
+            split = op.get("split")
+            if split is not None and len(split) != len(levels):
+                raise PlanError(f"operators.{name}.split has {len(split)} entries but mesh.levels has {len(levels)}")

@@ -1,4 +1,5 @@
 """Parsing and printing of quantities with units (bytes, bytes/s, FLOP/s, seconds)."""
+import math
 import re
 
 from .errors import SappError
@@ -11,15 +12,22 @@ _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$
 
 def parse_quantity(text, what="value"):
     """'80GB' -> 8e10, '300GB/s' -> 3e11, '5us' -> 5e-6, '312T' -> 3.12e14, '1e9' -> 1e9.
-    Bits ('Gb/s') are converted to bytes.  Raises SappError naming `what` on anything else."""
+    Bits ('Gb/s') are converted to bytes.  Raises SappError naming `what` on anything else, including
+    true/false, NaN, infinities and values too large for a float."""
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise SappError(f"cannot read {what}={text!r}: write a number with an optional unit, e.g. 80GB, 300GB/s, 5us")
     if isinstance(text, (int, float)):
-        return float(text)
-    m = _NUM.match(str(text))
+        try:
+            value = float(text)
+        except OverflowError:
+            value = math.inf
+        return _finite(value, what, text)
+    m = _NUM.match(text[:200])
     if not m:
         raise SappError(f"cannot read {what}={text!r}: write a number with an optional unit, e.g. 80GB, 300GB/s, 5us")
     value, unit = float(m.group(1)), m.group(2)
     if unit in _TIME:
-        return value * _TIME[unit]
+        return _finite(value * _TIME[unit], what, text)
     unit = unit.replace("/s", "").replace("FLOPS", "").replace("FLOP", "").replace("flops", "")
     bits = unit.endswith("b") and not unit.endswith("B")
     unit = unit.rstrip("Bb")
@@ -29,7 +37,13 @@ def parse_quantity(text, what="value"):
         scale = _SI[unit]
     else:
         raise SappError(f"cannot read {what}={text!r}: unknown unit {m.group(2)!r} (use k/M/G/T, B or b, /s, s/ms/us)")
-    return value * scale / (8.0 if bits else 1.0)
+    return _finite(value * scale / (8.0 if bits else 1.0), what, text)
+
+
+def _finite(value, what, text):
+    if not math.isfinite(value):
+        raise SappError(f"cannot read {what}={text!r}: it is not a finite number; write a real value")
+    return value
 
 
 def fmt_bytes(n):

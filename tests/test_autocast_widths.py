@@ -8,7 +8,7 @@ from sapp.costmodel import CostSettings, evaluate_sharding, saved_activations
 from sapp.costmodel.dtypes import activation_widths, op_name
 from sapp.mesh import Mesh
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (a product test: a broken torch import must fail, not skip)
 AUTOCAST = CostSettings()                          # bf16-mixed, autocast_fp32=True (what sapp emits)
 MEGATRON = CostSettings(autocast_fp32=False)
 FP32 = CostSettings(precision="fp32")

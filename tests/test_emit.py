@@ -172,7 +172,7 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     assert r["gpt-zero3"]["module_types"][0].startswith("FSDP") and r["gpt-zero3"]["dtensor_params"] > 0
     # ZeRO-3 keeps half of each parameter per rank
     assert r["gpt-zero3"]["local_numel"] < 0.6 * r["gpt-dp2"]["local_numel"]
-    assert r["mlp-zero1"]["optimizers"] == ["ZeroRedundancyOptimizer"]
+    assert r["mlp-zero1"]["optimizers"] == ["LocalShardZero1"] and r["mlp-zero1"]["zero"] == 1
     assert r["gpt-tp2"]["dtensor_params"] == 2 * len(GPT_TP) - 1      # head has no bias
     assert r["gpt-tp2"]["local_numel"] < r["gpt-dp2"]["local_numel"]
     assert r["gpt-pp2-1f1b-recompute"]["recomputed"] == ["layers.0"]
@@ -180,9 +180,10 @@ def test_runtimes_chosen_per_plan_feature(job2, job4):
     assert r["gpt-zero2-selective"]["recomputed"] == ["layers.0.attn", "layers.1.attn"]
     assert r["widedeep-dp2-recompute"]["recomputed"] == ["deep"]
     assert r["gpt-interleaved"]["stages"] == [0, 2] and job2["gpt-interleaved"]["ranks"]["1"]["stages"] == [1, 3]
-    assert any("zero 2" in n for n in r["gpt-dp2xtp2-zero1"]["notes"])
+    # ZeRO-1 under TP: optimizer states sharded over the local shards, not FSDP's ZeRO-2 (issue 14)
+    assert r["gpt-dp2xtp2-zero1"]["zero"] == 1 and r["gpt-dp2xtp2-zero1"]["optimizers"] == ["LocalShardZero1"]
     pz = job4["gpt-dp2xpp2-zero1-selective"]["ranks"]
-    assert pz["0"]["optimizers"] == ["ZeroRedundancyOptimizer"] and pz["2"]["recomputed"] == ["layers.1.attn"]
+    assert pz["0"]["optimizers"] == ["LocalShardZero1"] and pz["2"]["recomputed"] == ["layers.1.attn"]
     # pipeline stages hold traced stand-ins for Linear layers: TP must still shard them
     ptp = job4["gpt-pp2xtp2"]["ranks"]
     assert ptp["0"]["dtensor_params"] == 8 and ptp["2"]["dtensor_params"] == 5 and not ptp["0"]["notes"]
@@ -270,8 +271,11 @@ def test_recompute_modes_and_identical_gradients():
     modes = recompute.plan_modes({"default": "full", "blocks": {"layers.1": "selective"}}, m)
     assert modes == {"layers.0": "full", "layers.1": "selective"}
     ref, _ = zoo.build("gpt")
-    assert recompute.apply(m, modes) == ["layers.0", "layers.1.attn"]
     (x,), y = zoo.batch("gpt", 4, 0)
+    regions = recompute.priced_regions(m, modes, (x,))
+    done = recompute.apply(m, modes, regions)
+    # selective: the smallest module holding the priced attention core, under a SAC policy
+    assert {b: d["region"] for b, d in done.items()} == {"layers.0": "layers.0", "layers.1": "layers.1.attn"}
     for model in (m, ref):
         default_loss(model(x), y).backward()
     for (n, a), (_, b) in zip(m.named_parameters(), ref.named_parameters()):

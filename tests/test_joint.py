@@ -4,8 +4,9 @@ import pytest
 
 from sapp.cluster import Cluster
 from sapp.errors import ConstraintError, InfeasibleError
-from sapp.search.joint import exhaustive_search, joint_search
-from sapp.search.random_graphs import gpt_graph
+from bench.joint_exhaustive import exhaustive_search
+from sapp.search.joint import joint_search
+from bench.random_graphs import gpt_graph
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,9 @@ def test_memory_pressure_turns_on_recompute_or_zero(graph):
 
 def test_pinned_configuration_is_scored_as_given(graph):
     c = cl("a100-80g:nodes=1")
-    pins = {"tp": 2, "pp": 2, "dp": 2, "micro_batches": 8, "schedule": "gpipe", "zero": 1, "recompute": "full"}
+    pins = {"tp": 2, "pp": 2, "dp": 2, "micro_batches": 8, "schedule": "gpipe", "zero": 2, "recompute": "full"}
     r = joint_search(graph, c, global_batch=32, constraints=pins)
-    assert (r.config.tp, r.config.pp, r.config.dp, r.config.m, r.config.schedule, r.config.zero) == (2, 2, 2, 8, "gpipe", 1)
+    assert (r.config.tp, r.config.pp, r.config.dp, r.config.m, r.config.schedule, r.config.zero) == (2, 2, 2, 8, "gpipe", 2)
     assert {p for s in r.stages for p in s.recompute.values()} == {"full"}
     assert [s.in_flight for s in r.stages] == [8, 8]
     staged = joint_search(graph, c, global_batch=32, constraints=dict(pins, stages={"layers.0": 0, "layers.2": 1}))
@@ -98,3 +99,13 @@ def test_fewer_micro_batches_than_stages_run_gpipe(graph):
     # torch's 1F1B schedules refuse m < pp; pinned m=1 over 2 stages is searched as GPipe
     r = joint_search(graph, cl("a100-80g:nodes=1"), global_batch=64, constraints={"pp": 2, "micro_batches": 1})
     assert r.config.pp == 2 and r.config.m == 1 and r.config.schedule == "gpipe"
+
+
+def test_divisors_match_a_hand_list_and_stay_fast_on_huge_inputs():
+    from sapp.search.joint import divisors
+    assert divisors(1) == [1]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(97) == [1, 97]
+    # 2^40: a linear loop would take ~10^12 steps; sqrt is 2^20
+    assert divisors(2 ** 40) == [2 ** k for k in range(41)]

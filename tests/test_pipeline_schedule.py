@@ -91,3 +91,8 @@ def test_closed_form_bounds_nonuniform_simulation():
 def test_interleaved_needs_m_divisible_by_p():
     with pytest.raises(ValueError):
         simulate([1.0] * 4, [2.0] * 4, 6, "interleaved", v=2)
+
+
+def test_accumulation_without_a_pipeline_holds_one_micro_batch():
+    # schedule "none" (pp = 1, m micro-batches) runs each forward + backward before the next
+    assert in_flight("none", 1, 64) == [1.0]

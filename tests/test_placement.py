@@ -13,7 +13,7 @@ from sapp.placement import (choose, embedding_host_cost, host_infeasible_error, 
 from sapp.placement import cost as C
 from sapp.placement.cost import Table
 from sapp.plan import _round
-from sapp.search.random_graphs import GraphBuilder
+from bench.random_graphs import GraphBuilder
 
 S = CostSettings()
 A100 = Cluster.parse("a100-80g:devices=1")
@@ -215,7 +215,7 @@ def zoo_graph(name, batch):
     ("gpt3-760m", "v100-32g:devices=1", {"micro_batches": 8}, "device"),
 ])
 def test_zoo_decisions(name, cluster, kw, expect):
-    from sapp.placement.standalone import decide
+    from bench.placement_standalone import decide
     g = zoo_graph(name, 16000 if name.startswith("wide") else 1)
     d = decide(g, Cluster.parse(cluster), S, **kw)
     assert d.name == expect
@@ -231,7 +231,7 @@ def test_zoo_decisions(name, cluster, kw, expect):
 
 
 def test_gpt10b_on_8_v100_zero3_beats_offload_and_host_limit():
-    from sapp.placement.standalone import decide
+    from bench.placement_standalone import decide
     g, v8 = zoo_graph("gpt-10b", 1), Cluster.parse("v100-32g:devices=8")
     z3 = decide(g, v8, S, dp=8, zero=3, micro_batches=8)
     off = decide(g, v8, S, dp=8, zero=2, micro_batches=8)       # ZeRO-2 alone does not fit: offload

@@ -28,7 +28,7 @@ def test_roundtrip_is_byte_identical(tmp_path):
     (lambda d: d.update(schema="sapp.plan/0"), "schema is"),
     (lambda d: d.pop("predicted"), "missing field"),
     (lambda d: d["parallel"].update(dp=3), "does not equal devices"),
-    (lambda d: d["parallel"].update(tp=0), "parallel.tp must be a positive"),
+    (lambda d: d["parallel"].update(tp=0), "parallel.tp must be >= 1"),
     (lambda d: d.update(zero=5), "zero must be"),
     (lambda d: d["predicted"].pop("mfu"), "predicted.mfu is missing"),
     (lambda d: d["pipeline"].update(micro_batches=0), "micro_batches"),

@@ -10,7 +10,7 @@ from sapp.errors import SappError
 from sapp.mesh import Level, Mesh
 from sapp.search import shard_search
 from sapp.search.problem import Problem
-from sapp.search.random_graphs import gpt_graph, mlp_graph, random_graph
+from bench.random_graphs import gpt_graph, mlp_graph, random_graph
 
 A100 = PRESETS["a100-80g"]
 CPU = PRESETS["cpu"]

@@ -7,7 +7,6 @@ from sapp.costmodel import CostSettings, evaluate_sharding, saved_activations
 from sapp.mesh import Mesh
 from sapp.search import shard_search
 
-pytest.importorskip("torch")
 A100 = PRESETS["a100-80g"]
 
 

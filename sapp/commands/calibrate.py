@@ -11,13 +11,29 @@ def add_arguments(p):
 
 
 def run(args):
+    import math
+    import os
     from ..calibrate import calibrate
+    from ..errors import UsageError
     from ..units import fmt_bytes
+    from ._paths import check_out
+    # everything checked before measuring: a calibration takes seconds to minutes
+    check_out(args.out, suffixes=("json",))
+    if args.raw:
+        check_out(args.raw, "--raw")
+    limit = 4 * (os.cpu_count() or 1)
+    if not 1 <= args.procs <= limit:
+        raise UsageError(f"--procs must be between 1 and {limit} on this machine, got {args.procs}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     cluster, raw = calibrate(procs=args.procs, quick=args.quick, timeout_s=args.timeout, name=args.name)
     cluster.save(args.out)
     if args.raw:
-        with open(args.raw, "w") as f:
-            json.dump(raw, f, indent=1, sort_keys=True, default=str)
+        try:
+            with open(args.raw, "w") as f:
+                json.dump(raw, f, indent=1, sort_keys=True, default=str)
+        except OSError as e:
+            raise UsageError(f"cannot write --raw {args.raw}: {e.strerror or e}") from None
     c = cluster
     print(f"peak {c.peak_flops / 1e9:.1f} GFLOP/s per process (typical GEMM {c.compute_efficiency:.0%}), memory {fmt_bytes(c.mem_bandwidth)}/s "
           f"(element-wise {c.memory_efficiency:.0%}), host<->device {fmt_bytes(c.h2d_bw)}/s")

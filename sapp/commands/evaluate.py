@@ -30,4 +30,6 @@ def run(args):
     for s in res["stages"][:8]:
         print(f"  stage {s['index']}: {s['blocks']} blocks, fwd {fmt_time(s['fwd_s'])}, bwd {fmt_time(s['bwd_s'])}, "
               f"memory {fmt_bytes(s['memory_bytes'])}")
+    for n in res.get("notes", []):
+        print(f"  - {n}")
     return 0 if res["fits"] else 1

@@ -10,6 +10,10 @@ def add_arguments(p):
 
 def run(args):
     from ..report import plot
+    from ..report.plot import check_size, image_suffixes
+    from ._paths import check_out
+    check_size(args.width, args.height)
+    check_out(args.out, suffixes=image_suffixes())
     plot(Plan.load(args.plan), args.out, width=args.width, height=args.height)
     print(f"wrote {args.out}")
     return 0

@@ -78,6 +78,9 @@ def summary(plan, timing=None) -> str:
 def run(args):
     from .. import api
     from ..report.progress import Progress
+    from ._paths import check_out
+    if args.out:
+        check_out(args.out)          # before the search, not after it
     t0 = time.perf_counter()
     with Progress(label="joint search") as prog:      # draws on a terminal only
         plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),

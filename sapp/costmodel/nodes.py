@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ..errors import SappError
 from .dtypes import operand_bytes, out_bytes
-from .primitives import (collective_time, compute_time, flat_allreduce_staging_time, model_state_bytes, op_floor,
-                         staging_copy_time)
+from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
+from .primitives import compute_time, model_state_bytes, op_floor
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -132,40 +132,6 @@ def local_bytes(node, factors, settings) -> float:
     return loc
 
 
-def grad_sync_group(strategy, mesh, param_dims):
-    """(size, link) of a parameter's gradient-sync group: the levels where the op splits a dim the
-    parameter lacks (its gradient is Partial there); the link is the slowest one crossed."""
-    n, link = 1, "intra"
-    for d, lv in zip(strategy, mesh.levels):
-        if d is not None and d not in param_dims:
-            n *= lv.size
-            if lv.link == "inter":
-                link = "inter"
-    return n, link
-
-
-def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
-    """(gradient sync s per step, parameter all-gather s per forward or backward pass) for `gb`
-    gradient and `wb` weight bytes kept in step over a group of `n` on `link`, as the emitted runtime
-    does it: ZeRO-0 all-reduces (on a serial device through one flat buffer, emit.parallel.GradAllReduce);
-    ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3 gathers the weights before forward
-    and again before backward.  ZeRO-2/3 (FSDP2) stage every collective through flat buffers."""
-    if zero == 0:
-        sync = collective_time("all_reduce", gb, n, link, cluster)
-        if not getattr(cluster, "async_launch", True) and n > 1:
-            sync += flat_allreduce_staging_time(gb, cluster)
-        return sync, 0.0
-    sync = collective_time("reduce_scatter", gb, n, link, cluster)
-    if zero >= 2:
-        sync += staging_copy_time(gb, n, cluster)
-    if zero < 3:
-        sync += collective_time("all_gather", wb, n, link, cluster)
-        if zero == 2:
-            sync += staging_copy_time(wb, n, cluster)
-        return sync, 0.0
-    return sync, collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
-
-
 def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
     accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
@@ -215,9 +181,12 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
         c.grad_bytes += st["grads"]
         c.optimizer_bytes += st["optimizer"]
         if n > 1:
-            gb = numel * settings.grad_bytes
-            wb = numel * settings.weight_bytes
-            sync, ag = grad_sync_times(gb, wb, n, link, cluster, settings.zero)
+            # the bandwidth parts only: a bucket's latency is paid once per stage (costmodel.gradsync)
+            sp = sparse_gradient(node, f)
+            if sp is not None:
+                sync, ag = sparse_sync_time(numel, n, link, sp, 1.0, cluster, settings), 0.0
+            else:
+                sync, ag = param_sync(numel, n, link, cluster, settings)
             c.fwd_comm_s += ag
             c.bwd_comm_s += ag
             c.grad_sync_total_s += sync

@@ -127,12 +127,15 @@ def staging_copy_time(nbytes: float, n: int, cluster) -> float:
     rank's shard into the flat send buffer (read + write nbytes/n) and then the gathered buffer out
     into the separate parameter tensors (read + write nbytes); a reduce-scatter mirrors it
     (gradients concatenated into the flat buffer, the reduced shard copied out).  Memory-bound:
-    2·nbytes·(1 + 1/n) at the streaming bandwidth.  Negligible next to a network hop on GPUs; on a
-    CPU, where "communication" is a memcpy too, it is the same order as the collective itself."""
+    2·nbytes·(1 + 1/n) at the DRAM rate: linear in the bytes, so the sum over a unit's parameters is
+    the unit's flat buffer (costmodel.gradsync adds it up per parameter in the sharding search and
+    per unit in the joint search: one function for both), as for flat_allreduce_staging_time.
+    Negligible next to a network hop on GPUs; on a CPU, where "communication" is a memcpy too, it
+    is the same order as the collective itself."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     traffic = 2.0 * nbytes * (1.0 + 1.0 / n)
-    return traffic / stream_bandwidth(traffic, cluster)
+    return traffic / (cluster.mem_bandwidth * cluster.memory_efficiency)
 
 
 def flat_allreduce_staging_time(nbytes: float, cluster) -> float:

@@ -7,13 +7,14 @@ from ..errors import SappError
 from ..ir import DTYPE_BYTES
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 _OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4)}
 
 
 @dataclass(frozen=True)
 class CostSettings:
-    precision: str = "bf16-mixed"       # "bf16-mixed" | "fp32"
+    precision: str = "bf16-mixed"       # "bf16-mixed" | "fp16-mixed" | "fp32"
     optimizer: str = "adam"
     zero: int = 0                       # ZeRO stage 0..3 over each parameter's grad-sync group
     grad_sync_overlap: float = 0.0      # fraction of gradient synchronisation hidden behind backward
@@ -23,8 +24,8 @@ class CostSettings:
     autocast_fp32: bool = True
 
     def __post_init__(self):
-        if self.precision not in ("bf16-mixed", "fp32"):
-            raise SappError(f"precision {self.precision!r} is not supported; use 'bf16-mixed' or 'fp32'")
+        if self.precision not in PRECISIONS:
+            raise SappError(f"precision {self.precision!r} is not supported; use 'bf16-mixed', 'fp16-mixed' or 'fp32'")
         if self.optimizer not in _OPT_BYTES:
             raise SappError(f"optimizer {self.optimizer!r} is not supported; use one of {', '.join(_OPT_BYTES)}")
         if self.zero not in (0, 1, 2, 3):
@@ -36,7 +37,10 @@ class CostSettings:
 
     @property
     def mixed(self) -> bool:
-        return self.precision == "bf16-mixed"
+        """Half-precision compute with fp32 master weights: bf16, or fp16 on GPUs without bf16 (V100),
+        priced at the same widths (fp16 adds loss scaling: a multiply of the loss and an unscale
+        pass over the gradients, negligible next to the step, and skipped steps on overflow)."""
+        return self.precision in ("bf16-mixed", "fp16-mixed")
 
     @property
     def autocast(self) -> bool:

@@ -7,7 +7,9 @@
         loss = prog.step(*prog.shard(x, y))      # this rank's dp shard in, global mean loss out
 
 `sapp run plan.json --model NAME` (sapp/commands/run.py) does exactly this in one process per device
-with torchrun, running sapp/emit/worker.py in each.  Which torch runtime implements which plan
+with torchrun, running sapp/emit/worker.py in each.  `emit` compares what it built with the plan
+(sapp/emit/manifest.py, `prog.manifest`): a difference is a PlanError naming the field, or with
+allow_mismatch=True a loud note and `prog.repriced`, the prediction of what really runs.  Which torch runtime implements which plan
 feature is listed in sapp/emit/parallel.py and sapp/emit/pipe.py."""
 from .program import Program, emit
 

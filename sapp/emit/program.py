@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import PlanError
-from . import checks, parallel, pipe as pipe_mod, recompute
+from . import checks, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, zero1
 from .dist import default_device, rank_world
 
 
@@ -52,7 +52,9 @@ def _tuple(x):
 class Program:
     """One rank's training program.  Attributes: plan, rank, world, device, coords (pp_i, dp_i, tp_i),
     dp/tp/pp, modules (this rank's model or stage modules, wrapped), parameters, optimizers, mesh,
-    notes (what the emitter decided beyond the plan), recomputed (module names checkpointed)."""
+    notes (what the emitter decided beyond the plan), recomputed (module names checkpointed),
+    manifest (what runs: sapp/emit/manifest.py), mismatches (allowed differences from the plan),
+    repriced (sapp.evaluate of what runs, when it differs and that was allowed)."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -90,6 +92,10 @@ class Program:
             local = self._pipeline_step(inputs, targets)
         else:
             local = self._accumulate(inputs, targets)
+        if not self.runtime_checked:
+            # the recomputed operators are known once a forward ran: compare them with the plan now
+            self.runtime_checked = True
+            manifest_mod.check(self, runtime=True)
         for hook in self.grad_hooks:
             hook()
         for opt in self.optimizers:
@@ -182,12 +188,12 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
                         f"(the model zoo could not make them: {type(e).__name__})") from None
 
 
-def _autocast_stage(mod: nn.Module, device) -> None:
-    """A pipeline stage's forward in bf16 autocast, its floating outputs back in fp32."""
+def _autocast_stage(mod: nn.Module, device, dtype=torch.bfloat16) -> None:
+    """A pipeline stage's forward in bf16 (fp16) autocast, its floating outputs back in fp32."""
     inner = mod.forward
 
     def forward(*args, **kwargs):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=dtype):
             out = inner(*args, **kwargs)
         if isinstance(out, (tuple, list)):
             return type(out)(o.float() if torch.is_tensor(o) and o.is_floating_point() else o for o in out)
@@ -200,14 +206,14 @@ def plan_precision(plan) -> str:
     """The training precision the plan was priced for; a plan that names none (hand-written) trains
     in fp32."""
     prec = (plan._d.get("settings") or {}).get("precision", "fp32")
-    if prec not in ("bf16-mixed", "fp32"):
-        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed' or 'fp32'")
+    if prec not in ("bf16-mixed", "fp16-mixed", "fp32"):
+        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed', 'fp16-mixed' or 'fp32'")
     return prec
 
 
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
          optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
-         grad_sync: str = "auto") -> Program:
+         grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
     """Turn `plan` into this rank's training program for `model` (identically initialised on every
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
     plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
@@ -216,7 +222,9 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
     parameter-count and zoo-name checks still run), e.g. when a launcher already did it.
     grad_sync (data parallelism without ZeRO-2/3): "auto" = DDP on CUDA, one flat all-reduce after
-    backward on CPU; "ddp" or "allreduce" force one."""
+    backward on CPU; "ddp" or "allreduce" force one.
+    allow_mismatch: where what runs differs from the plan (see sapp/emit/manifest.py), keep going with
+    a loud note and a re-priced prediction instead of raising PlanError."""
     if grad_sync not in ("auto", "ddp", "allreduce"):
         raise PlanError(f"grad_sync must be 'auto', 'ddp' or 'allreduce', got {grad_sync!r}")
     plan = checks.as_plan(plan)
@@ -235,6 +243,16 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     loss = _resolve_loss(model, loss_fn)
     modes = recompute.plan_modes(plan.recompute, model)
     blocks = recompute.block_names(model)
+    try:
+        regions = recompute.priced_regions(model, modes, _tuple(example_inputs) if example_inputs is not None else None)
+    except PlanError:
+        if not allow_mismatch:
+            raise
+        regions = {b: None for b, m in modes.items() if m == "selective"}
+    run_modes = dict(modes)
+    for b, reg in regions.items():
+        if reg is None and allow_mismatch:      # strict: recompute.apply refuses the block
+            del run_modes[b]
     tp_styles = checks.tp_modules(plan)
     if tp > 1 and not tp_styles:
         notes.append(f"plan has tp={tp} but names no tp_modules: every tensor-parallel rank runs the whole model replicated")
@@ -242,8 +260,11 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     # bf16-mixed as priced: fp32 weights, bf16 compute (autocast) and bf16 gradient communication.
     # Pipeline stages run their forward under autocast themselves and hand fp32 activations to the
     # next stage (a stage's boundary dtype is fixed when it is built).
-    mixed = plan_precision(plan) == "bf16-mixed"
-    autocast = ((lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if mixed else contextlib.nullcontext)
+    # fp16-mixed (GPUs without bf16, e.g. V100): the same with fp16 autocast; loss scaling is not emitted
+    prec = plan_precision(plan)
+    mixed = prec in ("bf16-mixed", "fp16-mixed")
+    half = torch.float16 if prec == "fp16-mixed" else torch.bfloat16
+    autocast = ((lambda: torch.autocast(device.type, dtype=half)) if mixed else contextlib.nullcontext)
     placement = plan.placement or {}
     host_groups = bool((placement.get("groups") or {}))
 
@@ -262,17 +283,21 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     else:
         traced, mine, raw = None, [0], {0: model}
 
-    wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], [], zero
+    wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
+    # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
+    # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
+    # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
+    local_zero1 = zero == 1 and dp > 1
     if mixed and traced is not None:
         for mod in raw.values():
-            _autocast_stage(mod, device)
+            _autocast_stage(mod, device, half)
     for s, mod in raw.items():
         if host_groups:
             from . import host      # engineer H4's host placement: host tables stay on the CPU
             host.apply_placement(mod, placement, device)
         else:
             mod.to(device)
-        recomputed += recompute.apply(mod, modes)
+        recomputed.update(recompute.apply(mod, run_modes, regions))
         if tp > 1 and tp_styles:
             parallel.apply_tp(mod, tp_styles, mesh["tp"], notes,
                               originals=dict(model.named_modules()) if traced is not None else None)
@@ -282,7 +307,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             host_names = tuple(host.ignore_host_params_in_ddp(mod, placement))
             if host_names:
                 hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
-        w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=zero, mesh=mesh, blocks=blocks,
+        w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=0 if local_zero1 else zero, mesh=mesh, blocks=blocks,
                                              device=device, notes=notes, staged=traced is not None,
                                              host_names=host_names, mixed=mixed, grad_sync=grad_sync)
         wrapped[s] = w
@@ -296,9 +321,19 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     for s, mod in raw.items():
         if host_groups:
             from . import host
-            optimizers += list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
-            if eff_zero == 1 and dp > 1:
-                notes.append("zero 1 with host placement keeps full optimizer state per rank (placement's optimizers)")
+            opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
+            if local_zero1:     # the device part's optimizer states sharded over dp, as priced
+                dense = [p for o in opts if o.sapp_where == "device" for g in o.param_groups for p in g["params"]]
+                opts = [o for o in opts if o.sapp_where != "device"]
+                if dense:
+                    z1 = zero1.make(dense, optimizer, lr, mesh["dp"].get_group())
+                    z1.sapp_where = "device"
+                    opts.append(z1)
+                eff_zero = 1
+            optimizers += opts
+        elif local_zero1:
+            eff_zero = 1
+            optimizers.append(zero1.make(mod.parameters(), optimizer, lr, mesh["dp"].get_group()))
         else:
             dp_group = mesh["dp"].get_group() if (dp > 1 and eff_zero == 1) else None
             optimizers.append(parallel.make_optimizer(mod.parameters(), optimizer, lr, zero=eff_zero, dp_group=dp_group))
@@ -308,9 +343,19 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         from torch.distributed.pipelining import PipelineStage
         stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
-    return Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
+    prog = Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
-                   grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=recomputed,
+                   grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=sorted(
+                       d["region"] for d in recomputed.values() if d["region"]), recompute_done=recomputed,
                    micro_batches=plan.pipeline.get("micro_batches", 1), zero=eff_zero, autocast=autocast,
-                   precision="bf16-mixed" if mixed else "fp32",
-                   first_stage=0 in mine, last_stage=(n_stages - 1) in mine)
+                   # what runs (autocast's dtype) vs what was priced
+                   precision=("fp32" if not mixed else "fp16-mixed" if half == torch.float16 else "bf16-mixed"),
+                   plan_precision=plan_precision(plan),
+                   first_stage=0 in mine, last_stage=(n_stages - 1) in mine,
+                   # what the manifest needs of the whole model (a pipeline rank holds only its stages)
+                   block_list=blocks, recompute_modes=modes, full_modules={n: type(m) for n, m in model.named_modules()},
+                   full_model=model if traced is None else None, allow_mismatch=allow_mismatch, mismatches=[],
+                   repriced=None, runtime_checked=not any(m == "selective" for m in run_modes.values()))
+    prog.manifest_expected = manifest_mod.expected(plan, prog, regions)
+    manifest_mod.check(prog)
+    return prog

@@ -1,13 +1,24 @@
 """One rank of `sapp run` (started by torchrun):  python -m sapp.emit.worker PLAN --model NAME ...
 
-Logs `[rank r] step i loss x` every step; rank 0 ends with a summary of the measured step time next to
-the plan's prediction and, with --out, a JSON result.  SAPP_FAULT="RANK:STEP" makes that rank exit(1)
-at that step (used to test that a dead rank ends the whole job quickly)."""
+Order: plan -> model -> data -> process group -> checkpoint directory check -> emit -> resume ->
+steps (checkpoint every N) -> summary.  Logs each step (sapp/emit/train_log.py); rank 0 ends with the
+measured step time next to the plan's prediction and, with --out, a JSON result whose `losses` cover
+every step of the run, restored ones included.
+
+Checkpoints (sapp/emit/checkpoint.py): --checkpoint-dir D saves after every --checkpoint-every N steps
+and after the last; --resume continues from the newest intact checkpoint in D (or from the one named),
+under this plan whatever plan wrote it.  A worker restarted by torchrun (--max-restarts,
+TORCHELASTIC_RESTART_COUNT > 0) resumes from D by itself.
+
+SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself (tests:
+a dead rank ends the job; a killed rank restarts from the last checkpoint); only in a job's first
+attempt, so the restarted workers run through."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -20,11 +31,18 @@ def parse_args(argv=None):
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--data")
+    p.add_argument("--shuffle", action="store_true")
     p.add_argument("--out")
+    p.add_argument("--log-json")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--resume", nargs="?", const="latest")
+    p.add_argument("--allow-mismatch", action="store_true")
     return p.parse_args(argv)
 
 
@@ -39,12 +57,44 @@ def model_overrides(pairs) -> dict:
     return out
 
 
+def _restarted() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
 def _fault():
     spec = os.environ.get("SAPP_FAULT", "")
-    if not spec:
+    if not spec or _restarted():
         return None
-    r, _, s = spec.partition(":")
-    return int(r), int(s)
+    r, s, *how = spec.split(":")
+    return int(r), int(s), (how[0] if how else "exit")
+
+
+def _data(args, gb, model):
+    from . import data as data_mod
+    if args.data and data_mod.is_factory(args.data):
+        return data_mod.Batches(gb, dataset=data_mod.make_dataset(args.data), shuffle=args.shuffle, seed=args.seed)
+    return data_mod.Batches(gb, data=data_mod.load(args.data) if args.data else None, model=model,
+                            shuffle=args.shuffle, seed=args.seed)
+
+
+def _resume(args, ckpt, prog, gb, log):
+    """(first step, losses so far) from the checkpoint to resume from, or (0, [])."""
+    from .train_state import CheckpointError
+    found = ckpt.find(None if args.resume in (None, "latest") else args.resume)
+    if found is None:
+        log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
+        return 0, []
+    path, meta = found
+    if meta.get("data", "synthetic") != (args.data or "synthetic"):
+        log(f"sapp run: note: {path} was trained on --data {meta.get('data', 'synthetic')}; continuing on "
+            f"{args.data or 'synthetic'} data from sample {meta.get('data_position')}")
+    if meta.get("global_batch") != gb:
+        raise CheckpointError(f"checkpoint {path} was trained with global batch {meta.get('global_batch')}, this plan "
+                              f"has {gb}; search the new plan with --global-batch {meta.get('global_batch')}")
+    ckpt.load(prog, path)
+    log(f"sapp run: resumed from {path} (step {meta['step']}, {meta['data_position']} samples seen, "
+        f"written under dp={meta['parallel']['dp']} tp={meta['parallel']['tp']} pp={meta['parallel']['pp']} zero={meta['zero']})")
+    return int(meta["step"]), list(meta.get("losses", []))
 
 
 def main(argv=None) -> int:
@@ -54,8 +104,11 @@ def main(argv=None) -> int:
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
     from ..errors import SappError
     from ..plan import Plan
-    from . import data as data_mod, dist as dist_mod, emit
+    from . import checkpoint as ckpt_mod, dist as dist_mod, emit
+    from .train_log import StepLog
+    from .train_state import model_names
     rank, world = dist_mod.rank_world()
+    resume = args.resume or (_restarted() and args.checkpoint_dir and "latest")
     try:
         plan = Plan.load(args.plan)
         torch.manual_seed(args.seed)     # identical initial weights on every rank
@@ -63,19 +116,35 @@ def main(argv=None) -> int:
         gb = plan.model.get("global_batch")
         if not gb:
             raise SappError("plan has no model.global_batch; search it with --global-batch")
-        batches = data_mod.Batches(int(gb), data=data_mod.load(args.data) if args.data else None, model=model)
+        gb = int(gb)
+        batches = _data(args, gb, model)
         example = batches(0)[0]
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
+        ckpt = None
+        if resume == "latest" and not args.checkpoint_dir:
+            raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
+        if args.checkpoint_dir or resume:
+            ckpt = ckpt_mod.Checkpointer(args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume)),
+                                         keep=args.keep, names=model_names(model), world=world)
+        if args.checkpoint_dir:      # before any training: an unwritable or full directory is refused now
+            ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer), bool(resume))
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
-                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1")
+                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
+                    allow_mismatch=args.allow_mismatch)
+        log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
+        start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
         os._exit(2)
+    if log.bar is not None:
+        log.bar.update(start)
     fault = _fault()
-    losses, times = [], []
+    times = []
+    meta = {"global_batch": gb, "data": args.data or "synthetic", "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
+            "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world}
     # a step's time runs from the end of the one before (the first: from its own start).  Each step
     # ends in a loss all-reduce every rank leaves together, so this is the cadence all ranks share;
     # rank 0's own start can lag (its log line, the scheduler), and with more processes than cores
@@ -83,25 +152,38 @@ def main(argv=None) -> int:
     # 2x faster than the others (4 processes on 2 cores: 149 ms after a 404 ms one, median 290 ms)
     last_end = None
     try:
-        for i in range(args.steps):
-            if fault and fault == (rank, i):
-                print(f"[rank {rank}] SAPP_FAULT: exiting at step {i} at t={time.time():.3f}", file=sys.stderr, flush=True)
+        for i in range(start, args.steps):
+            if fault and fault[:2] == (rank, i):
+                print(f"[rank {rank}] SAPP_FAULT: {'killing itself' if fault[2] == 'kill' else 'exiting'} at step {i} "
+                      f"at t={time.time():.3f}", file=sys.stderr, flush=True)
+                if fault[2] == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(1)
-            x, y = prog.shard(*batches(i))
+            x, y = batches.local(i, prog.dp_rank, prog.dp)
             t0 = time.perf_counter()
             loss = prog.step(x, y)
             end = time.perf_counter()
             times.append(end - (t0 if last_end is None else last_end))
             last_end = end
             losses.append(loss)
-            print(f"[rank {rank}] step {i} loss {loss:.6f} ({times[-1] * 1e3:.1f} ms)", flush=True)
+            log.step(i, loss, times[-1])
+            done = i + 1
+            if args.checkpoint_dir and (done == args.steps or (args.checkpoint_every and done % args.checkpoint_every == 0)):
+                path = ckpt.save(prog, done, dict(meta, data_position=batches.position(done), losses=losses))
+                last_end = None      # the save is not a training step's time
+                if rank == 0 and log.quiet is False:
+                    print(f"sapp run: checkpoint {path}", flush=True)
+    except SappError as e:
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     except Exception as e:  # a peer died or timed out: say so in one line and end this rank
         msg = str(e).strip().splitlines()
         print(f"[rank {rank}] error at step {len(losses)}: {type(e).__name__}: {msg[0] if msg else ''}"
               f" (another rank probably died; see its log)", file=sys.stderr, flush=True)
         os._exit(1)
+    log.close()
     if rank == 0:
-        summary(args, plan, world, prog, losses, times)
+        summary(args, plan, world, prog, losses, times, start)
     if world > 1:
         try:
             dist.barrier()
@@ -114,7 +196,7 @@ def main(argv=None) -> int:
     os._exit(0)
 
 
-def summary(args, plan, world, prog, losses, times):
+def summary(args, plan, world, prog, losses, times, start=0):
     steady = times[1:] if len(times) > 1 else times
     measured = statistics.median(steady) if steady else float("nan")
     predicted = plan.predicted.get("step_time_s")
@@ -131,11 +213,11 @@ def summary(args, plan, world, prog, losses, times):
     for note in prog.notes:
         print(f"sapp run: note: {note}", flush=True)
     if args.out:
-        import torch
-        peak = torch.cuda.max_memory_allocated(prog.device) if prog.device.type == "cuda" else None
+        from .train_log import peak_memory
+        peak, kind = peak_memory(prog.device)
         res = {"model": args.model, "devices": world, "parallel": dict(par), "zero": prog.zero, "backend": backend,
-               "precision": prog.precision, "peak_memory_bytes": peak,
-               "steps": len(losses), "losses": losses, "step_times_s": times, "measured_step_time_s": measured,
+               "precision": prog.precision, "peak_memory_bytes": peak, "peak_memory_kind": kind,
+               "steps": len(losses), "losses": losses, "start_step": start, "step_times_s": times, "measured_step_time_s": measured,
                "predicted_step_time_s": predicted, "measured_over_predicted": ratio, "notes": prog.notes}
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
-from ..costmodel.nodes import grad_sync_group, grad_sync_times
+from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
 
@@ -237,26 +237,8 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
             for d in set(o.dims):
                 if d in f:
                     numel /= f[d]
-            sparse = None
-            if node.kind == "embedding" and node.extra.get("sparse") and node.out.shape:
-                elems = float(node.out.numel)
-                for d in set(node.out.dims):
-                    if d in f:
-                        elems /= f[d]
-                dim = max(float(node.out.shape[-1]) / f.get(node.out.dims[-1], 1), 1.0)
-                sparse = (elems / per_rank, elems / dim / per_rank)
-            out.append((numel, k, link, bool(owners[n][o.param]), sparse))
+            out.append((numel, k, link, bool(owners[n][o.param]), sparse_gradient(node, f, per_rank)))
     return out
-
-
-def sparse_sync_time(numel, k, link, sparse, samples, cluster, settings):
-    """Gradient sync of a sparse-gradient table: torch all-gathers every rank's (indices, rows)
-    instead of all-reducing the table, which is far cheaper while a step touches few rows; never
-    more than the dense all-reduce."""
-    elems, rows = sparse
-    local = samples * (elems * settings.grad_bytes + rows * 8)          # values + int64 row indices
-    gathered = collective_time("all_gather", k * local, k, link, cluster)
-    return min(gathered, collective_time("all_reduce", numel * settings.grad_bytes, k, link, cluster))
 
 
 def unit_states(params, zero, settings):
@@ -268,39 +250,6 @@ def unit_states(params, zero, settings):
         for key, v in model_state_bytes(numel, k, zero, settings).items():
             st[key] += v
     return st
-
-
-def bucketed_sync(params, cluster, settings, samples=1.0):
-    """Gradient sync (and ZeRO-3 gathers) of one unit as bucketed collectives - one per
-    (group size, link) per unit, as DDP buckets and FSDP per-module groups do - instead of one per
-    parameter: the cost model prices each parameter's collective with its own latency, which for a
-    CNN with ~160 small tensors over 64 ranks is 0.2 s of pure latency.  Returns
-    (grad_sync_s, param_gather_s per pass)."""
-    groups = {}
-    sparse_sync = 0.0
-    for numel, k, link, trainable, sparse in params:
-        if not trainable or k <= 1:
-            continue
-        if sparse is not None:      # `samples`: samples per rank per step (rows touched accumulate)
-            sparse_sync += sparse_sync_time(numel, k, link, sparse, samples, cluster, settings)
-            continue
-        g = groups.setdefault((k, link), [0.0, 0.0])
-        g[0] += numel * settings.grad_bytes
-        g[1] += numel * settings.weight_bytes
-    sync = gather = lat = 0.0
-    for (k, link), (gb, wb) in sorted(groups.items()):
-        alpha = cluster.inter_latency if link == "inter" else cluster.intra_latency
-        s, g = grad_sync_times(gb, wb, k, link, cluster, settings.zero)
-        sync += s
-        gather += g
-        # latency part: an all-reduce, or a reduce-scatter + all-gather, is 2(k-1) hops; ZeRO-3's sync k-1
-        lat += (1 if settings.zero == 3 else 2) * (k - 1) * alpha
-    if settings.zero >= 2 and groups and not cluster.async_launch:
-        # one FSDP unit per profile unit: its runtime's own per-step cost (measured by calibrate)
-        tensors = sum(1 for p in params if p[3] and p[1] > 1 and p[4] is None)
-        sync += getattr(cluster, "fsdp_unit_overhead", 0.0) + tensors * getattr(cluster, "fsdp_tensor_overhead", 0.0)
-    keep = 1.0 - settings.grad_sync_overlap
-    return (sync + sparse_sync) * keep, lat * keep, gather
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0):
@@ -316,7 +265,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
             continue
         pn = [cost.per_node[n] for n in names]
         core = attention_core(graph, names) if u.kind == "block" else set()
-        # the cost model's per-parameter sync / ZeRO-3 gathers, replaced by bucketed collectives
+        # the operators' ZeRO-3 gathers (bandwidth only), replaced by the unit's bucket (with its latency)
         pc = sum(d["param_comm_s"] for d in pn) / 2
         params = unit_params(graph, names, strategies, mesh, owners, dp)
         sync, lat, gather = bucketed_sync(params, cluster, st, samples)
@@ -327,7 +276,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
             "reshard": sum(d["reshard_s"] for d in pn),
-            "grad_sync": sync - lat, "sync_lat": lat, "param_list": params, "gather": gather,
+            "grad_sync": sync, "sync_lat": lat, "param_list": params, "gather": gather,
             "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
                        "optimizer": sum(d["optimizer_bytes"] for d in pn)},
             "out": _out_bytes(graph, names, dp, st),
@@ -453,7 +402,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
             sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)
             extra = gather - a0["gather"]
-            common = {"grad_sync": sync - lat, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz)}
+            common = {"grad_sync": sync, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz)}
             one[k] = dict(a0, fwd=a0["fwd"] + extra, bwd=a0["bwd"] + extra, **common)
             two[k] = dict(b0, fwd=b0["fwd"] + extra, bwd=b0["bwd"] + extra, **common)
         num[z] = (one, two)

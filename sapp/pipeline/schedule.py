@@ -62,8 +62,12 @@ def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0) -> float
 
 
 def in_flight(schedule, p, m, v=1) -> list:
-    """Peak micro-batches whose activations a stage holds at once (in whole-stage units)."""
-    if schedule in ("gpipe", "none"):
+    """Peak micro-batches whose activations a stage holds at once (in whole-stage units).  "none" is
+    gradient accumulation without a pipeline: the emitted loop runs each micro-batch's forward and
+    backward before the next one starts, so one micro-batch is held whatever m is."""
+    if schedule == "none":
+        return [1.0] * p
+    if schedule == "gpipe":
         return [float(m)] * p
     if schedule == "interleaved" and v > 1:
         out = []

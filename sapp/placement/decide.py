@@ -84,6 +84,10 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         plans.append(("embedding+optimizer-host", [("embedding", emb), ("optimizer", off)], {**ogroups, **tgroups}))
     if pin.optimizer == "host" and not off and emb:
         plans.append(("embedding-host", [("embedding", emb)], tgroups))
+    plans, refused = _emittable(plans, zero)
+    if not plans and refused:
+        raise ConstraintError(f"placement pins {pins!r} need {refused} at ZeRO-{zero}, which the emitter does not run; "
+                              f"{'use ZeRO 0 or 2' if zero in (1, 3) else 'relax a pin'}")
     if not plans:
         raise ConstraintError(f"placement pins {pins!r} leave no placement for this stage "
                               f"(tables: {', '.join(t.name for t in stage.tables) or 'none'}; "
@@ -105,6 +109,21 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         raise InfeasibleError(_host_msg(need, cap, cluster, sharers, "the pinned host placement"),
                               needed_bytes=need, capacity_bytes=cap)
     return opts if keep_host_infeasible else fits
+
+
+def _emittable(plans, zero):
+    """The plans the emitter runs as priced at this ZeRO stage, and the name of the first it does not.
+    Under ZeRO-3 it refuses optimizer offload (sapp/emit/checks.py: ZeRO-3-Offload is not emitted);
+    under ZeRO-1 a host placement builds the placement's own optimizers instead of
+    ZeroRedundancyOptimizer (sapp/emit/program.py), so the device optimizer state would not be
+    partitioned as ZeRO-1 prices it: only "device" stays."""
+    if zero == 1:
+        bad = [n for n, _, _ in plans if n != "device"]
+    elif zero == 3:
+        bad = [n for n, _, _ in plans if "optimizer" in n]
+    else:
+        bad = []
+    return [p for p in plans if p[0] not in bad], (bad[0] if bad else None)
 
 
 def _option(name, parts, groups, sharers, cap):

@@ -31,15 +31,20 @@ def table_kind(name: str) -> str:
     return "ftrl" if "wide" in name.split(".")[0] else "sparse_adam"
 
 
-_FACTS = {}   # id(graph) -> (weakref to graph, used_by, per-node facts): the joint search asks per config
+_FACTS = {}   # id(graph) -> (weakref to graph, used_by, per-node facts, stage memo): the joint search asks per config
 
 
 def _graph_facts(graph):
     """{param: kinds of the ops using it}, {node: (params, ids per lookup, kind, group)}; cached per
     graph object (graphs are not mutated after capture)."""
+    return _facts_entry(graph)[1:3]
+
+
+def _facts_entry(graph):
+    """(weakref, used_by, per_node, stage_params memo) of `graph`."""
     hit = _FACTS.get(id(graph))
     if hit is not None and hit[0]() is graph:
-        return hit[1], hit[2]
+        return hit
     used_by, per_node = {}, {}
     for n in graph.nodes.values():
         ps = [o.param for o in n.operands if o.param is not None]
@@ -49,12 +54,22 @@ def _graph_facts(graph):
             used_by.setdefault(p, set()).add(n.kind)
     if len(_FACTS) >= 16:
         _FACTS.clear()
-    _FACTS[id(graph)] = (weakref.ref(graph), used_by, per_node)
-    return used_by, per_node
+    _FACTS[id(graph)] = (weakref.ref(graph), used_by, per_node, {})
+    return _FACTS[id(graph)]
 
 
 def stage_params(graph, node_names, micro_batch_size=None) -> StageParams:
-    used_by, per_node = _graph_facts(graph)
+    """The stage's placement candidates; cached per graph, stage and micro-batch size (the joint
+    search asks for the same stages over many configurations)."""
+    _, used_by, per_node, memo = _facts_entry(graph)
+    key = (tuple(node_names), micro_batch_size)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _stage_params(graph, node_names, micro_batch_size, used_by, per_node)
+    return hit
+
+
+def _stage_params(graph, node_names, micro_batch_size, used_by, per_node) -> StageParams:
     scale = 1.0 if not micro_batch_size else micro_batch_size / max(1, graph.batch_size)
     lookups, owner_group = {}, {}
     for name in node_names:

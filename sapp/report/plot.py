@@ -26,13 +26,44 @@ def _pyplot():
     return plt
 
 
+MAX_PIXELS = 10_000        # per side: a 10k x 10k RGBA canvas is 400 MB already
+MAX_EVENTS = 200_000       # bars in the Gantt chart (2 per micro-batch per stage); more is unreadable
+FALLBACK_SUFFIXES = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
+
+
+def check_size(width, height):
+    for name, v in (("width", width), ("height", height)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 200 <= v <= MAX_PIXELS:
+            raise SappError(f"plot {name} must be a whole number of pixels in [200, {MAX_PIXELS}], got {v!r}")
+
+
+def image_suffixes():
+    """File extensions matplotlib can write (a fixed common list when it is not installed)."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return FALLBACK_SUFFIXES
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def check_events(plan):
+    """Refuse to simulate a schedule with more bars than a chart can show (micro_batches 1e9 would
+    allocate tens of GB of events before drawing anything)."""
+    pipe = plan["pipeline"]
+    n = 2 * int(pipe["micro_batches"]) * max(len(pipe.get("stages") or []), int(plan["parallel"]["pp"]))
+    if n > MAX_EVENTS:
+        raise SappError(f"pipeline.micro_batches={pipe['micro_batches']} gives {n} bars to draw (limit {MAX_EVENTS}); "
+                        f"plot a plan with fewer micro-batches or stages")
+
+
 def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     """Write a PNG (or any format matplotlib infers from `path`) of width x height pixels.
     `timeline`: events to draw instead of simulating the plan's schedule (Event, dict or
     (stage, micro_batch, kind, start, end) tuples).  Returns the path."""
-    if width < 200 or height < 200:
-        raise SappError(f"plot size {width}x{height} is too small; use at least 200x200 pixels")
+    check_size(width, height)
     plan = as_plan(plan)
+    if timeline is None:
+        check_events(plan)
     events = normalise_events(timeline) if timeline is not None else plan_timeline(plan)
     plt = _pyplot()
     p = int(plan["parallel"]["pp"])
@@ -50,6 +81,8 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
         fig.savefig(path, dpi=dpi)
     except OSError as e:
         raise SappError(f"cannot write plot to {path}: {e.strerror or e}") from None
+    except ValueError as e:        # matplotlib: "Format 'xyz' is not supported"
+        raise SappError(f"cannot write plot to {path}: {e}; use one of {', '.join(image_suffixes())}") from None
     finally:
         plt.close(fig)
     return path

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..costmodel import collective_time, compute_time, model_state_bytes, saved_activations
-from ..errors import InfeasibleError
-from ..mesh import Mesh
-from ..units import fmt_bytes, fmt_time
-from .decide import choose, host_infeasible_error, placement_options
+from sapp.costmodel import collective_time, compute_time, model_state_bytes, saved_activations
+from sapp.errors import InfeasibleError
+from sapp.mesh import Mesh
+from sapp.units import fmt_bytes, fmt_time
+from sapp.placement.decide import choose, host_infeasible_error, placement_options
 
 MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
 
@@ -51,8 +51,8 @@ def block_options(graph, cluster, settings):
     search's profiles do) and recomputes the core; "full" keeps the block input and recomputes the
     block's forward (during backward one block's activations exist at a time: the caller reserves
     the largest block's as transient)."""
-    from ..pipeline.profile import attention_core
-    from ..recompute.solver import BlockOption
+    from sapp.pipeline.profile import attention_core
+    from sapp.recompute.solver import BlockOption
     acts = saved_activations(graph, {n: () for n in graph.nodes}, Mesh(()), settings)
     block_of = {n: blk for blk, names in graph.blocks.items() for n in names}
     fwd = {n.name: compute_time(n.flops, n.bytes, cluster) for n in graph.nodes.values()}
@@ -93,7 +93,7 @@ def decide(graph, cluster, settings, *, dp=1, zero=0, micro_batches=1, pins=None
     `recompute`) for `graph` captured at the micro-batch size, dp data-parallel replicas and
     `micro_batches` per step.  Raises InfeasibleError with the numbers when nothing fits (naming the
     host when host memory is the limit)."""
-    from ..recompute.solver import POLICIES, choose_recompute
+    from sapp.recompute.solver import POLICIES, choose_recompute
     n = graph.param_count()
     st = model_state_bytes(n, dp, zero, settings)
     states = st["params"] + st["grads"] + st["optimizer"]

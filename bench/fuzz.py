@@ -1,0 +1,470 @@
+"""`python -m bench.fuzz [--n 10000] [--seed 0] [--roundtrip]`: bad input never crashes, hangs or lies.
+
+Generates plans (valid ones from `sapp.search`, then mutated: fields deleted, retyped, set to junk, the
+JSON text cut or corrupted), cluster specs, dicts and files, constraints, search arguments and whole
+`sapp` command lines, and feeds each to every entry point that takes it: Plan load, evaluate,
+explain, diff, plot, run's pre-checks, search, Cluster.parse/load, Constraints and the CLI.  Each
+input must end in success or a SappError whose message is one non-empty line, within TIMEOUT_S
+seconds and MEMORY_LIMIT bytes of address space (a MemoryError counts as a blow-up).  Prints the
+counts; any exception of another type is listed with the input that raised it.
+
+`--roundtrip`: every case of bench/RESULTS.md §1 (bench/run.py FULL_CASES) searched, then re-scored
+by `sapp.evaluate`; the prediction must be the same to the plan's 6 significant digits.
+
+tests/test_fuzz.py runs the same generators under hypothesis with a small budget."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from types import SimpleNamespace
+
+TIMEOUT_S = 20.0
+MEMORY_LIMIT = 6 << 30
+SMALL_MODELS = ("gpt-tiny", "mlp-tiny", "bert-tiny")
+
+
+# ---- junk values ------------------------------------------------------------------------------------
+ATOMS = [None, True, False, 0, 1, -1, 2, 3, 7, 8, 16, 0.0, 0.5, 1.5, -2.5, 1e-300, 1e300, 10**18, 10**30,
+         2**63, "", "abc", "0", "1", "8", "true", "null", "none", "full", "1f1b", "interleaved", "layers.0",
+         "a100-80g", "NaN", "inf", "\x00", "é", "x" * 300]
+
+
+def junk(rng: random.Random, depth=0):
+    r = rng.random()
+    if depth > 2 or r < 0.6:
+        return rng.choice(ATOMS)
+    if r < 0.8:
+        return [junk(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["a", "size", "blocks", "dp", "split", "", "0"]): junk(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))}
+
+
+def _paths(x, path=()):
+    yield path
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _paths(v, path + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x[:4]):          # lists of operators/stages: the first few stand for all
+            yield from _paths(v, path + (i,))
+
+
+def mutate(rng: random.Random, doc, n=None):
+    """A copy of a JSON document with 1-3 random edits: delete, replace by junk, retype, add a key."""
+    doc = json.loads(json.dumps(doc))
+    for _ in range(n or rng.randint(1, 3)):
+        paths = [p for p in _paths(doc) if p]
+        if not paths:
+            return junk(rng)
+        # operators hold most paths; pick among sections first so every section gets its share
+        top = rng.choice(sorted({p[0] for p in paths}, key=str))
+        path = rng.choice([p for p in paths if p[0] == top])
+        parent = doc
+        for k in path[:-1]:
+            parent = parent[k]
+        key, op = path[-1], rng.random()
+        if op < 0.25 and isinstance(parent, dict):
+            del parent[key]
+        elif op < 0.75:
+            parent[key] = junk(rng)
+        elif op < 0.85:
+            parent[key] = [parent[key]]
+        elif op < 0.95:
+            v = parent[key]
+            parent[key] = (str(v) if not isinstance(v, str) else (len(v) if rng.random() < 0.5 else None))
+        elif isinstance(parent, dict):
+            parent[rng.choice(["bogus", "zer0", "dp"])] = junk(rng)
+    return doc
+
+
+def corrupt_text(rng: random.Random, text: str):
+    r = rng.random()
+    if r < 0.3:
+        return text[:rng.randint(0, len(text))]
+    if r < 0.6:
+        i = rng.randrange(len(text))
+        return text[:i] + rng.choice(["\x00", "}", "{", "NaN", "Infinity", "1e999", '"', ",", "\ufffd"]) + text[i + 1:]
+    if r < 0.8:
+        return text.replace("1", "1e999", 1) if rng.random() < 0.5 else text.replace(": 2", ": -2", 1)
+    return rng.choice(["", "null", "[]", "42", '"plan"', "{}", "\x89PNG\r\n", "{" * 5000, "[" * 100000])
+
+
+# ---- generators -------------------------------------------------------------------------------------
+CLUSTER_KEYS = ["nodes", "gpus", "devices", "memory", "flops", "peak_flops", "intra_bw", "inter_bw", "mem_bandwidth",
+                "intra_latency", "memory_headroom", "compute_efficiency", "precision", "async_launch", "op_overhead",
+                "mem_bw_curve", "name", "bogus", ""]
+CLUSTER_VALUES = ["1", "2", "8", "0", "-1", "1.5", "inf", "nan", "1e999", "1e18", "1000000000", "80GB", "300GB/s",
+                  "5us", "200Gb/s", "true", "false", "yes", "abc", "", "bf16-mixed", "fp32", "0.99", "3e-300",
+                  "12.5TB", "1KiB", "9" * 400]
+
+
+def gen_cluster_spec(rng: random.Random):
+    if rng.random() < 0.05:
+        return rng.choice([5, None, 1.5, ["a100-80g"], b"cpu", {"nodes": 1}])
+    name = rng.choice(["a100-80g", "h100-80g", "h200", "v100-32g", "cpu", "A100-80G", "tpu", "", "x.json",
+                       "ok.JSON", "/nonexistent/c.json"])
+    items = [f"{rng.choice(CLUSTER_KEYS)}={rng.choice(CLUSTER_VALUES)}" if rng.random() < 0.9
+             else rng.choice(CLUSTER_KEYS) for _ in range(rng.randint(0, 4))]
+    return name + (":" + ",".join(items) if items or rng.random() < 0.2 else "")
+
+
+def gen_cluster_doc(rng: random.Random, base):
+    r = rng.random()
+    if r < 0.1:
+        return {}
+    if r < 0.2:
+        return {k: v for k, v in base.items() if rng.random() < 0.5}
+    return mutate(rng, base)
+
+
+CONSTRAINT_KEYS = ["tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "stages",
+                   "placement", "max_tp", "max_dp", "mb", "v", "bogus"]
+
+
+def gen_constraints(rng: random.Random):
+    if rng.random() < 0.05:
+        return junk(rng)
+    good = {"tp": [1, 2, 4, 8], "dp": [1, 2, 4], "pp": [1, 2], "micro_batches": [1, 2, 4], "schedule":
+            ["gpipe", "1f1b", "interleaved", "none"], "virtual_chunks": [1, 2, 4], "zero": [0, 1, 2, 3],
+            "recompute": ["none", "selective", "full", {"layers.0": "full"}, {"layers.*": "selective"}],
+            "stages": [{"layers.0": 0, "layers.1": 1}, {"layers.1": 0}], "placement": [{"*": "host"}],
+            "max_tp": [1, 2], "max_dp": [2, 8]}
+    out = {}
+    for _ in range(rng.randint(0, 4)):
+        k = rng.choice(CONSTRAINT_KEYS)
+        out[k] = rng.choice(good[k]) if k in good and rng.random() < 0.7 else junk(rng)
+    return out
+
+
+def gen_global_batch(rng: random.Random):
+    return rng.choice([None, None, 8, 16, 64, 1, 0, -8, 1.5, 8.0, "8", "abc", float("nan"), float("inf"), [16],
+                       10**30, 1 << 22, (1 << 22) + 1, True, 10**12])
+
+
+def gen_argv(rng: random.Random, files):
+    cmd = rng.choice(["search", "evaluate", "explain", "diff", "plot", "run", "calibrate", "models", "clusters",
+                      "schema", "nosuch", "--help"])
+    models = list(SMALL_MODELS) + ["nosuch", "", "gpt-tiny"]
+    pool = {
+        "--model": models, "--cluster": ["cpu", "a100-80g:nodes=1", gen_cluster_spec(rng), files["cluster"]],
+        "--batch": ["8", "0", "-1", "1e12", "abc", "1000000000000", "16"],
+        "--out": [files["out"], "/nonexistent/dir/p.json", files["dir"], files["dir"] + "/x.unknownext", ""],
+        "--tp": ["1", "2", "0", "x"], "--dp": ["1", "2", "-2"], "--pp": ["1", "2", "99"],
+        "--zero": ["0", "3", "5"], "--micro-batches": ["1", "2", "0"], "--virtual-chunks": ["1", "2", "3"],
+        "--schedule": ["1f1b", "interleaved", "bogus"], "--recompute": ["full", "x"],
+        "--precision": ["fp32", "bf16-mixed", "fp8"], "--nnodes": ["0", "1", "2:1", "x", "1:2"],
+        "--nproc": ["0", "1", "2", "-1"], "--model-arg": ["dropout=abc", "dropout=0", "l=2", "x", "dropout=NaN"],
+        "--steps": ["0", "1"], "--width": ["100", "400", "100000"], "--height": ["300", "0"],
+        "--procs": ["0", "1", "1000"], "--timeout": ["0", "-1", "nan", "5"], "--json": None, "--quick": None,
+    }
+    argv = [cmd]
+    if cmd in ("evaluate", "explain", "plot", "run"):
+        argv.append(rng.choice(files["plans"]))
+    if cmd == "diff":
+        argv += [rng.choice(files["plans"]), rng.choice(files["plans"])]
+    if cmd == "schema":
+        argv.append(rng.choice(["plan", "cluster", "nope"]))
+    flags = {"search": ["--model", "--cluster", "--batch", "--out", "--tp", "--dp", "--pp", "--zero", "--micro-batches",
+                        "--virtual-chunks", "--schedule", "--recompute", "--precision", "--json"],
+             "evaluate": ["--model", "--cluster", "--json"], "plot": ["--out", "--width", "--height"],
+             "run": ["--model", "--nnodes", "--nproc", "--model-arg", "--steps", "--out", "--timeout"],
+             "calibrate": ["--out", "--procs", "--timeout", "--quick"], "models": ["--json"], "clusters": ["--json"]}
+    if cmd == "search":
+        argv += ["--model", rng.choice(models), "--cluster", rng.choice(pool["--cluster"])]
+    if cmd == "run" and rng.random() < 0.8:
+        argv += ["--model", "gpt-tiny"]
+    for _ in range(rng.randint(0, 4)):
+        allowed = flags.get(cmd) if rng.random() < 0.9 else None
+        flag = rng.choice(allowed or list(pool))
+        argv.append(flag)
+        if pool[flag] is not None:
+            argv.append(str(rng.choice(pool[flag])))
+    if cmd == "calibrate" and "--out" not in argv and rng.random() < 0.8:
+        argv += ["--out", rng.choice(pool["--out"])]
+    return argv
+
+
+# ---- the run ----------------------------------------------------------------------------------------
+class Timeout(BaseException):
+    """Raised by the alarm; a BaseException so that no `except Exception` in sapp swallows it."""
+
+
+def _alarm(signum, frame):
+    raise Timeout()
+
+
+class Fuzzer:
+    def __init__(self, rng, *, plot_every=5, precheck_every=5, quiet=True):
+        from sapp.api import capture_graph, resolve_model, search
+        self.rng = rng
+        self.plot_every, self.precheck_every = plot_every, precheck_every
+        self.tmp = tempfile.mkdtemp(prefix="sapp-fuzz-")
+        self.graphs = {m: capture_graph(resolve_model(m)[0])[0] for m in ("gpt-tiny", "gpt-small")}
+        self.seeds = [  # valid plans: plain, pipelined, interleaved with per-block recomputation, CPU
+            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, graph=self.graphs["gpt-tiny"]).to_dict(),
+            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2},
+                   graph=self.graphs["gpt-small"]).to_dict(),
+            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2, "schedule": "interleaved"},
+                   graph=self.graphs["gpt-small"]).to_dict(),
+            search("gpt-tiny", "cpu", global_batch=8, graph=self.graphs["gpt-tiny"]).to_dict(),
+        ]
+        self.cluster_base = self.seeds[0]["cluster"]
+        self.files = self._files()
+        self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
+                       "bad_message": 0, "clean_exit": 0}
+        self.by_kind = {}
+        self.failures = []
+        self.slowest = (0.0, None)
+        self.quiet = quiet
+
+    def _files(self):
+        from sapp.plan import Plan
+        plans = []
+        for i, s in enumerate(self.seeds):
+            p = os.path.join(self.tmp, f"seed{i}.json")
+            Plan(s).save(p)
+            plans.append(p)
+        for i in range(3):
+            p = os.path.join(self.tmp, f"bad{i}.json")
+            with open(p, "w") as f:
+                f.write(json.dumps(mutate(random.Random(i), self.seeds[0])))
+            plans.append(p)
+        plans += ["/nonexistent/plan.json", self.tmp]
+        cl = os.path.join(self.tmp, "cluster.json")
+        with open(cl, "w") as f:
+            json.dump(self.cluster_base, f)
+        return {"plans": plans, "cluster": cl, "out": os.path.join(self.tmp, "out.json"), "dir": self.tmp}
+
+    # -- entry points --
+    def plan_entry(self, doc, text=None):
+        from sapp.api import evaluate
+        from sapp.plan import Plan
+        from sapp.report import diff, explain, plot
+        plan = Plan.from_json(text) if text is not None else Plan(doc)
+        explain(plan)
+        diff(plan, Plan(self.seeds[0]))
+        n = self.counts["inputs"]
+        if n % self.plot_every == 0:
+            plot(plan, os.path.join(self.tmp, "p.png"), width=400, height=300)
+        name = plan["model"].get("name")
+        graph = self.graphs.get(name) if isinstance(name, str) else None
+        evaluate(name if graph is not None else "gpt-tiny", None, plan, graph=graph or self.graphs["gpt-tiny"])
+        if n % self.precheck_every == 0:
+            self.run_precheck(plan)
+
+    def run_precheck(self, plan):
+        from sapp.commands.run import precheck
+        path = os.path.join(self.tmp, "pre.json")
+        plan.save(path)
+        args = SimpleNamespace(plan=path, model=plan["model"].get("name") or "gpt-tiny", model_arg=[], steps=1,
+                               data=None, out=None, nproc=None, lr=1e-3, optimizer="adam", seed=0, timeout=5.0,
+                               nnodes=None)
+        precheck(args)
+
+    def cluster_entry(self, kind, value):
+        from sapp.api import search
+        from sapp.cluster import Cluster
+        if kind == "spec":
+            cl = Cluster.parse(value)
+        elif kind == "dict":
+            cl = Cluster.from_dict(value)
+        else:
+            path = os.path.join(self.tmp, "fuzz-cluster.json")
+            with open(path, "wb") as f:
+                f.write(value)
+            cl = Cluster.load(path)
+        if self.rng.random() < 0.3:
+            search("gpt-tiny", cl, global_batch=gen_global_batch(self.rng), graph=self.graphs["gpt-tiny"])
+
+    def search_entry(self, spec, gb, cons, precision):
+        from sapp.api import search
+        model = self.rng.choice(["gpt-tiny", "gpt-small", "gpt-tiny"])
+        search(model, spec, global_batch=gb, constraints=cons, precision=precision, graph=self.graphs[model])
+
+    def cli_entry(self, argv):
+        import sapp.calibrate
+        import subprocess
+        from sapp.cli import main
+        from sapp.cluster import PRESETS
+        real_call, real_cal = subprocess.call, sapp.calibrate.calibrate
+        subprocess.call = lambda *a, **k: 0                       # never launch training
+        sapp.calibrate.calibrate = lambda **k: (PRESETS["cpu"], {})   # never measure
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    rc = main(argv)
+                except SystemExit as e:      # argparse: usage line + exit 2 (or --help: 0)
+                    return "clean_exit" if e.code in (0, 2) else None
+        finally:
+            subprocess.call, sapp.calibrate.calibrate = real_call, real_cal
+        if "Traceback" in err.getvalue():
+            raise AssertionError(f"traceback printed: {err.getvalue()[-300:]}")
+        if rc == 2:
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            if len(lines) != 1:
+                raise AssertionError(f"error output is not one line: {err.getvalue()[-300:]!r}")
+        return None
+
+    # -- one generated input --
+    def one(self):
+        rng = self.rng
+        r = rng.random()
+        if r < 0.40:
+            seed = rng.choice(self.seeds)
+            if rng.random() < 0.2:
+                kind, call = "plan-text", lambda t=corrupt_text(rng, json.dumps(mutate(rng, seed, 1) if rng.random() < 0.5 else seed)): self.plan_entry(None, t)
+            else:
+                kind, call = "plan", lambda d=(mutate(rng, seed) if rng.random() < 0.9 else seed): self.plan_entry(d)
+        elif r < 0.55:
+            kind, call = "cluster-spec", lambda s=gen_cluster_spec(rng): self.cluster_entry("spec", s)
+        elif r < 0.65:
+            if rng.random() < 0.7:
+                kind, call = "cluster-dict", lambda d=gen_cluster_doc(rng, self.cluster_base): self.cluster_entry("dict", d)
+            else:
+                blob = corrupt_text(rng, json.dumps(gen_cluster_doc(rng, self.cluster_base))).encode("utf-8", "surrogatepass")
+                if rng.random() < 0.2:
+                    blob = bytes(rng.randrange(256) for _ in range(64))
+                kind, call = "cluster-file", lambda b=blob: self.cluster_entry("file", b)
+        elif r < 0.80:
+            spec = rng.choice(["a100-80g:nodes=1", "cpu", "v100-32g:nodes=2", gen_cluster_spec(rng)])
+            prec = rng.choice([None, None, "fp32", "bf16-mixed", "fp8", 5])
+            kind, call = "search", lambda a=(spec, gen_global_batch(rng), gen_constraints(rng), prec): self.search_entry(*a)
+        else:
+            kind, call = "cli", lambda a=gen_argv(rng, self.files): self.cli_entry(a)
+        return kind, call
+
+    def step(self):
+        import resource
+        from sapp.errors import SappError
+        kind, call = self.one()
+        self.counts["inputs"] += 1
+        per = self.by_kind.setdefault(kind, {"inputs": 0, "errors": 0})
+        per["inputs"] += 1
+        t0 = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
+        outcome, detail = "ok", None
+        try:
+            res = call()
+            if res == "clean_exit":
+                outcome = "clean_exit"
+        except SappError as e:
+            msg = str(e)
+            outcome = "sapp_error" if msg.strip() and "\n" not in msg else "bad_message"
+            detail = msg
+        except Timeout:
+            outcome = "timeout"
+        except MemoryError:
+            outcome = "memory"
+        except Exception as e:       # noqa: BLE001 - what the bench counts
+            outcome, detail = "other_exception", "".join(traceback.format_exception_only(type(e), e)).strip()
+            detail += " @ " + traceback.extract_tb(e.__traceback__)[-1].filename.split("site-packages/")[-1] + ":" + \
+                str(traceback.extract_tb(e.__traceback__)[-1].lineno)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        dt = time.perf_counter() - t0
+        if dt > self.slowest[0]:
+            self.slowest = (dt, kind)
+        self.counts[outcome] += 1
+        if outcome not in ("ok", "clean_exit", "sapp_error"):
+            per["errors"] += 1
+            self.failures.append((kind, outcome, (detail or "")[:300], _describe(call)))
+            if not self.quiet:
+                print(f"  {kind}: {outcome}: {(detail or '')[:200]}", flush=True)
+        return outcome
+
+    def report(self, elapsed):
+        import resource
+        c = self.counts
+        lines = [f"inputs {c['inputs']} in {elapsed:.0f} s: ok {c['ok']}, clean SappError {c['sapp_error']}, "
+                 f"argparse usage exit {c['clean_exit']}",
+                 f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} s) {c['timeout']}, "
+                 f"memory blow-ups (> {MEMORY_LIMIT >> 30} GB) {c['memory']}, multi-line or empty messages {c['bad_message']}",
+                 f"slowest input {self.slowest[0]:.2f} s ({self.slowest[1]}); peak RSS "
+                 f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
+                 "by kind: " + ", ".join(f"{k} {v['inputs']}" + (f" ({v['errors']} failed)" if v["errors"] else "")
+                                         for k, v in sorted(self.by_kind.items()))]
+        seen = set()
+        for kind, outcome, detail, what in self.failures:
+            key = (kind, outcome, detail[:120])
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"  FAIL {kind} {outcome}: {detail}\n       input: {what}")
+        return "\n".join(lines)
+
+
+def _describe(call):
+    d = call.__defaults__ or ()
+    return repr(d[0] if len(d) == 1 else d)[:300]
+
+
+def install_limits():
+    import resource
+    signal.signal(signal.SIGALRM, _alarm)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+# ---- round trip of bench/RESULTS.md §1 ----------------------------------------------------------------
+def roundtrip_results_table():
+    """(case, ok, detail) for every FULL_CASES case: search, then evaluate the plan it wrote."""
+    from sapp.api import capture_graph, evaluate, search
+    from sapp.plan import Plan
+
+    from .run import FULL_CASES, cluster_for
+    import sapp.models
+    keys = ("step_time_s", "peak_memory_bytes", "mfu", "compute_s", "comm_s", "bubble_s")
+    out = []
+    for model, batch, preset, devs in FULL_CASES:
+        graph = capture_graph(sapp.models.get(model, device="meta"))[0]
+        for n in devs:
+            cl = cluster_for(preset, n)
+            plan = search(model, cl, global_batch=batch, graph=graph)
+            again = Plan.from_json(plan.to_json())
+            ev = evaluate(model, None, again, graph=graph)
+            pr = again["predicted"]
+            diff = {k: (float(f"{ev[k]:.6g}"), pr[k]) for k in keys if float(f"{ev[k]:.6g}") != pr[k]}
+            ok = not diff and again == plan
+            out.append((f"{model} {preset} x{n}", ok, diff or f"step {pr['step_time_s']} s, peak "
+                                                          f"{pr['peak_memory_bytes'] / 1e9:.2f} GB"))
+            print(f"  {'ok  ' if ok else 'FAIL'} {model} {preset} x{n}: {out[-1][2]}", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=10000, help="generated inputs (default 10000)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--roundtrip", action="store_true", help="also round-trip every bench/RESULTS.md §1 plan")
+    ap.add_argument("--verbose", action="store_true", help="print each failure as it happens")
+    args = ap.parse_args(argv)
+    if args.roundtrip:
+        t0 = time.perf_counter()
+        res = roundtrip_results_table()
+        print(f"round trip: {sum(ok for _, ok, _ in res)} of {len(res)} plans re-scored identically "
+              f"({time.perf_counter() - t0:.0f} s)")
+    install_limits()
+    fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose)
+    t0 = time.perf_counter()
+    for i in range(args.n):
+        fz.step()
+        if (i + 1) % 500 == 0:
+            print(f"  {i + 1} inputs, {time.perf_counter() - t0:.0f} s, failures {len(fz.failures)}", flush=True)
+    print(fz.report(time.perf_counter() - t0))
+    bad = fz.counts["other_exception"] + fz.counts["timeout"] + fz.counts["memory"] + fz.counts["bad_message"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Whether a cluster's figures were measured: a plan priced on an uncalibrated preset says so."""
+from __future__ import annotations
+
+from ..cluster import PRESETS
+
+# what `sapp calibrate` measures; a cluster that still has every one of them at its preset's value
+# was not calibrated (node counts and memory sizes may differ: `a100-80g:nodes=4` is still the preset)
+MEASURED = ("peak_flops", "compute_efficiency", "mem_bandwidth", "memory_efficiency", "intra_bw", "intra_latency",
+            "op_overhead", "compute_scale", "mem_bw_curve", "op_rates", "collective_fits")
+
+
+def uncalibrated_note(cluster) -> str | None:
+    """A one-line warning for a prediction from a preset's rough figures, or None when the cluster
+    carries measurements (or is not a preset)."""
+    preset = PRESETS.get(cluster.name)
+    if preset is None or any(getattr(cluster, f, None) != getattr(preset, f, None) for f in MEASURED):
+        return None
+    if not getattr(cluster, "async_launch", True):
+        # the CPU preset is this machine, priced with guesses: the mlp dp2 plan measured 102 ms per
+        # step against 21 ms predicted (4.8x)
+        return (f"uncalibrated '{cluster.name}' preset: rough figures, not this machine's (an mlp dp2 plan "
+                f"measured 4.8x its prediction); run `sapp calibrate --procs {cluster.devices}` and search "
+                f"with its JSON for step times that hold")
+    return (f"uncalibrated '{cluster.name}' preset: datasheet figures, not measured; `sapp calibrate` on "
+            f"the machine measures them")

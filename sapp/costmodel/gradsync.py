@@ -1,0 +1,135 @@
+"""Gradient synchronisation and ZeRO-3 parameter gathers: the one pricing every search uses.
+
+The emitted runtimes sync gradients in buckets (DDP's buckets, one flat all-reduce on a serial device
+or under TP/pipelines, one FSDP2 group per block).  A bucket's collective pays its latency once and
+its bandwidth per byte, so its time splits into
+  - a bandwidth part, linear in the bytes and therefore additive over parameters (`param_sync`):
+    what the sharding searches add up operator by operator (`node_cost`), and what the joint
+    search's stage profile adds up unit by unit (`bucketed_sync`);
+  - a latency part per bucket, one per (group size, link) (`sync_latency`), which the joint search
+    pays once per stage;
+plus FSDP2's runtime cost on a serial device: per parameter tensor (additive, in `param_sync`) and
+per unit (in `bucketed_sync`).  A sparse-gradient embedding table is synced by its own all-gather of
+the touched rows (`sparse_sync_time`), latency included.  Pure: no torch, no I/O."""
+from __future__ import annotations
+
+from .primitives import _alpha_beta, collective_time, flat_allreduce_staging_time, staging_copy_time
+
+
+def grad_sync_group(strategy, mesh, param_dims):
+    """(size, link) of a parameter's gradient-sync group: the levels where the op splits a dim the
+    parameter lacks (its gradient is Partial there); the link is the slowest one crossed."""
+    n, link = 1, "intra"
+    for d, lv in zip(strategy, mesh.levels):
+        if d is not None and d not in param_dims:
+            n *= lv.size
+            if lv.link == "inter":
+                link = "inter"
+    return n, link
+
+
+def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
+    """(gradient sync s per step, parameter all-gather s per forward or backward pass) of one bucket
+    of `gb` gradient and `wb` weight bytes over a group of `n` on `link`, latency included, as the
+    emitted runtime does it: ZeRO-0 all-reduces (on a serial device through one flat buffer,
+    emit.parallel.GradAllReduce); ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3
+    gathers the weights before forward and again before backward.  ZeRO-2/3 (FSDP2) stage every
+    collective through flat buffers."""
+    if zero == 0:
+        sync = collective_time("all_reduce", gb, n, link, cluster)
+        if not getattr(cluster, "async_launch", True) and n > 1:
+            sync += flat_allreduce_staging_time(gb, cluster)
+        return sync, 0.0
+    sync = collective_time("reduce_scatter", gb, n, link, cluster)
+    if zero >= 2:
+        sync += staging_copy_time(gb, n, cluster)
+    if zero < 3:
+        sync += collective_time("all_gather", wb, n, link, cluster)
+        if zero == 2:
+            sync += staging_copy_time(wb, n, cluster)
+        return sync, 0.0
+    return sync, collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
+
+
+def sync_latency(n, link, cluster, zero) -> tuple:
+    """(sync latency per step, gather latency per pass) of one bucket: the alpha terms of the ring
+    collectives `grad_sync_times` runs (an all-reduce is 2(n-1) hops, a reduce-scatter or an
+    all-gather n-1 each)."""
+    if n <= 1:
+        return 0.0, 0.0
+    alpha = lambda kind: _alpha_beta(kind, link, cluster)[0]  # noqa: E731
+    if zero == 0:
+        return 2 * (n - 1) * alpha("all_reduce"), 0.0
+    if zero < 3:
+        return (n - 1) * (alpha("reduce_scatter") + alpha("all_gather")), 0.0
+    return (n - 1) * alpha("reduce_scatter"), (n - 1) * alpha("all_gather")
+
+
+def param_sync(numel, n, link, cluster, settings) -> tuple:
+    """(sync s per step, gather s per pass) of one dense parameter of `numel` local elements whose
+    gradient syncs over a group of `n` on `link`: the bandwidth parts of its bucket's collectives
+    (latency is the bucket's, `sync_latency`) and, for FSDP2 on a serial device, its per-tensor
+    runtime.  Additive over parameters.  Before grad_sync_overlap."""
+    if n <= 1 or numel <= 0:
+        return 0.0, 0.0
+    zero = settings.zero
+    sync, gather = grad_sync_times(numel * settings.grad_bytes, numel * settings.weight_bytes, n, link, cluster, zero)
+    lat_s, lat_g = sync_latency(n, link, cluster, zero)
+    sync, gather = sync - lat_s, gather - lat_g
+    if zero >= 2 and not getattr(cluster, "async_launch", True):
+        sync += getattr(cluster, "fsdp_tensor_overhead", 0.0)
+    return sync, gather
+
+
+def sparse_gradient(node, factors, per_rank=1.0):
+    """(elements, rows) of gradient a sparse-gradient embedding table (nn.Embedding(sparse=True))
+    gets per `per_rank` samples of its node's batch on one rank, under the split `factors` of its
+    op dims; None for any other op."""
+    if node.kind != "embedding" or not node.extra.get("sparse") or not node.out.shape:
+        return None
+    elems = float(node.out.numel)
+    for d in set(node.out.dims):
+        if d in factors:
+            elems /= factors[d]
+    dim = max(float(node.out.shape[-1]) / factors.get(node.out.dims[-1], 1), 1.0)
+    return elems / per_rank, elems / dim / per_rank
+
+
+def sparse_sync_time(numel, k, link, sparse, samples, cluster, settings):
+    """Gradient sync of a sparse-gradient table: torch all-gathers every rank's (indices, rows)
+    instead of all-reducing the table, which is far cheaper while a step touches few rows; never
+    more than the dense all-reduce.  `sparse`: (elements, rows) of gradient per sample per rank."""
+    elems, rows = sparse
+    local = samples * (elems * settings.grad_bytes + rows * 8)          # values + int64 row indices
+    gathered = collective_time("all_gather", k * local, k, link, cluster)
+    return min(gathered, collective_time("all_reduce", numel * settings.grad_bytes, k, link, cluster))
+
+
+def bucketed_sync(params, cluster, settings, samples=1.0):
+    """Gradient sync and ZeRO-3 gathers of one FSDP unit / block's parameters `params`
+    ([(local numel, group size, link, trainable, sparse)]): the sum of `param_sync` over the dense
+    ones, the sparse tables' own syncs, FSDP2's per-unit runtime (ZeRO-2/3 on a serial device), and
+    the buckets' latencies.  Returns (sync bandwidth s per step, sync latency s per step, gather s
+    per pass, latency included: one gather per unit and pass); the sync parts after
+    grad_sync_overlap.  The caller pays the sync latency once per stage (one bucket per group)."""
+    sync = sparse = gather = lat = 0.0
+    buckets, tensors = set(), 0
+    for numel, k, link, trainable, sp in params:
+        if not trainable or k <= 1:
+            continue
+        if sp is not None:          # `samples`: samples per rank per step (rows touched accumulate)
+            sparse += sparse_sync_time(numel, k, link, sp, samples, cluster, settings)
+            continue
+        s, g = param_sync(numel, k, link, cluster, settings)
+        sync += s
+        gather += g
+        buckets.add((k, link))
+        tensors += 1
+    for k, link in sorted(buckets):
+        ls, lg = sync_latency(k, link, cluster, settings.zero)
+        lat += ls
+        gather += lg
+    if settings.zero >= 2 and buckets and not getattr(cluster, "async_launch", True):
+        sync += getattr(cluster, "fsdp_unit_overhead", 0.0)
+    keep = 1.0 - settings.grad_sync_overlap
+    return (sync + sparse) * keep, lat * keep, gather

@@ -1,0 +1,267 @@
+"""What a rank actually runs, read off the built program, next to what the plan says it should run.
+
+    observed(prog)          -> manifest of the running objects (FSDP modules, optimizers, DTensor
+                               placements, checkpointed regions, schedule class, host tables)
+    expected(plan, prog)    -> the same fields as the plan prices them, for this rank
+    differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
+
+Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
+stages {stage: [blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
+`observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
+FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
+DTensor sharded on dim 0 over "tp"); recompute regions and their operators come from the checkpoint
+wrapper, which records the ops its policy marked for recomputation during the first forward.
+`sapp.emit.emit` raises a PlanError naming the first differing field, or with allow_mismatch=True
+keeps going with a loud note and a re-priced prediction (see `reprice`)."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import PlanError
+from . import checks, recompute
+
+ROOT = "<root>"
+
+
+def _unwrap(m):
+    inner = getattr(m, "module", None)
+    return inner if isinstance(inner, nn.Module) else m
+
+
+def _stage_mods(prog) -> dict:
+    return {s: _unwrap(m) for s, m in zip(prog.stage_indices, prog.modules)}
+
+
+def _blocks_in(mod, blocks) -> list:
+    names = dict(mod.named_modules())
+    return [b for b in blocks if b in names]
+
+
+# ---- observed ------------------------------------------------------------------------------------
+def _is_fsdp(m) -> bool:
+    return type(m).__name__.startswith("FSDP")
+
+
+def _reshards(m) -> bool:
+    try:
+        group = m._get_fsdp_state()._fsdp_param_group
+        return group is not None and group.post_forward_mesh_info is not None
+    except Exception:
+        return True
+
+
+def _tp_style(mod, tp_dim):
+    w = getattr(mod, "weight", None)
+    if w is None or not hasattr(w, "placements"):
+        return None
+    names = getattr(w.device_mesh, "mesh_dim_names", None) or ()
+    if "tp" not in names:
+        return None
+    pl = w.placements[names.index("tp")]
+    dim = getattr(pl, "dim", None)
+    if dim is None:
+        return None
+    if isinstance(mod, nn.Embedding):
+        return "vocab" if dim == 0 else "colwise"
+    return "colwise" if dim == 0 else "rowwise"
+
+
+def observed(prog) -> dict:
+    mods = _stage_mods(prog)
+    units, tp, stages, host = [], {}, {}, {}
+    zero = 0
+    for s, mod in sorted(mods.items()):
+        pre = f"stage{s}:" if len(mods) > 1 else ""
+        stages[str(s)] = _blocks_in(mod, prog.block_list)
+        for name, m in mod.named_modules():
+            if _is_fsdp(m):
+                units.append(pre + (name or ROOT))
+                zero = max(zero, 3 if _reshards(m) else 2)
+            style = _tp_style(m, "tp") if isinstance(m, (nn.Linear, nn.Embedding)) else None
+            if style:
+                tp[name] = style
+            if type(m).__name__ == "HostEmbedding":
+                host[f"{name}.weight"] = "host-table"
+        names = {id(p): n for n, p in mod.named_parameters()}
+        for opt in prog.optimizers:
+            if type(opt).__name__ == "OffloadAdam":
+                for p in opt.device_params:
+                    if id(p) in names:
+                        host[names[id(p)]] = "offload"
+    if zero == 0 and any(type(o).__name__ == "ZeroRedundancyOptimizer" or getattr(o, "zero_stage", 0) == 1
+                         for o in prog.optimizers):
+        zero = 1
+    rc = {}
+    for b, d in sorted(prog.recompute_done.items()):
+        rc[b] = {"mode": d["mode"], "region": d["region"]}
+        if d["mode"] == "selective":
+            rc[b]["ops"] = ({} if d["region"] is None else
+                            recompute.op_signature(d["ops"]) if d["ops"] else None)     # None: no forward yet
+            if d.get("unpriced"):   # shown, not compared: copies and elementwise ops, no GEMM / softmax
+                prog.recompute_unpriced = dict(getattr(prog, "recompute_unpriced", {}), **{b: list(d["unpriced"])})
+    sched = type(prog.schedule).__name__ if prog.schedule is not None else None
+    kind = {v: k for k, v in _schedules().items()}.get(sched, "none")
+    n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
+    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
+            "host": dict(sorted(host.items())), "precision": prog.precision}
+
+
+def _schedules():
+    from .pipe import SCHEDULES
+    return SCHEDULES
+
+
+# ---- expected --------------------------------------------------------------------------------------
+def expected(plan, prog, regions: dict) -> dict:
+    """The plan's fields for this rank.  `regions`: recompute.priced_regions (selective blocks)."""
+    from ..placement.schema import resolve
+    mods = _stage_mods(prog)
+    dp = plan.parallel["dp"]
+    zero = plan.zero if dp > 1 else 0          # with one replica there is nothing to shard
+    units, tp, stages, host, rc = [], {}, {}, {}, {}
+    modes = prog.recompute_modes
+    styles = checks.tp_modules(plan) if plan.parallel["tp"] > 1 else {}
+    listed = {str(s.get("index")): s.get("blocks") for s in plan.pipeline.get("stages") or []}
+    placement = plan.placement or {}
+    for s, mod in sorted(mods.items()):
+        pre = f"stage{s}:" if len(mods) > 1 else ""
+        present = _blocks_in(mod, prog.block_list)
+        stages[str(s)] = list(listed.get(str(s)) or present) if plan.parallel["pp"] > 1 else present
+        names = dict(mod.named_modules())
+        if zero >= 2:
+            host_params = {n for n, _ in mod.named_parameters()
+                           if (resolve(placement, n) or {}).get("weights") == "host"} if placement.get("groups") else set()
+            for b in present:
+                if any(f"{b}.{n}" not in host_params for n, _ in names[b].named_parameters()):
+                    units.append(pre + b)
+            units.append(pre + ROOT)
+        for name, style in {**priced_tp(plan, prog.full_modules), **styles}.items():
+            if name in names:
+                tp[name] = "vocab" if issubclass(prog.full_modules.get(name, nn.Module), nn.Embedding) and style == "rowwise" else style
+        for b in sorted(modes):
+            if b in names:
+                if modes[b] == "full":
+                    rc[b] = {"mode": "full", "region": b}
+                else:
+                    reg = regions.get(b)
+                    rc[b] = {"mode": "selective", "region": reg["region"] if reg else None,
+                             "ops": reg["priced"] if reg else None}
+        if placement.get("groups"):
+            for n, _ in mod.named_parameters():
+                e = resolve(placement, n) or {}
+                if e.get("weights") == "host":
+                    host[n] = "host-table"
+                elif e.get("master_weights") == "host" or e.get("optimizer") == "host":
+                    host[n] = "offload"
+    pp = plan.parallel["pp"]
+    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
+            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
+            "precision": prog.plan_precision}
+
+
+def priced_tp(plan, types: dict) -> dict:
+    """{module: style} of the layers whose weights the plan's operators split over the tp level -- what
+    the cost model priced as sharded, whether or not tp_modules names them: a Linear split on its
+    output features (n) is colwise, on its input features (k) rowwise; an Embedding split on the
+    vocabulary (v) is vocab, on the hidden size (h) colwise."""
+    if plan.parallel["tp"] <= 1:
+        return {}
+    roles = list((plan._d.get("mesh") or {}).get("roles") or [])
+    if "tp" not in roles:
+        return {}
+    lv = roles.index("tp")
+    out = {}
+    for op in (plan._d.get("operators") or {}).values():
+        split, mod = op.get("split") or [], op.get("module")
+        d = split[lv] if lv < len(split) else None
+        t = types.get(mod)
+        if d is None or t is None:
+            continue
+        if issubclass(t, nn.Linear) and op.get("kind") == "matmul":
+            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
+        elif issubclass(t, nn.Embedding) and op.get("kind") == "embedding":
+            style = "vocab" if d == "v" else ("colwise" if d == "h" else None)
+        else:
+            style = None
+        if style:
+            out.setdefault(mod, style)
+    return out
+
+
+# ---- comparison ------------------------------------------------------------------------------------
+def differences(exp: dict, obs: dict, runtime: bool = False) -> list:
+    """One line per differing field.  Recompute ops are known only after the first forward: before
+    it (runtime=False) an op list still None on the observed side is not a difference."""
+    out = []
+    for key in exp:
+        e, o = exp[key], obs.get(key)
+        if key == "recompute" and not runtime:
+            o = {b: dict(d, ops=e.get(b, {}).get("ops")) if d.get("ops") is None and "ops" in d else d
+                 for b, d in (o or {}).items()}
+        if e != o:
+            out.append(f"{key}: plan {_short(e)}, emitted {_short(o)}")
+    return out
+
+
+def _short(v, n=160):
+    s = repr(v)
+    return s if len(s) <= n else s[:n - 3] + "..."
+
+
+def check(prog, runtime: bool = False) -> list:
+    """Compare and act: PlanError on a difference unless prog.allow_mismatch, then loud notes (and,
+    once, a re-priced prediction).  Returns the differences."""
+    diffs = differences(prog.manifest_expected, observed(prog), runtime=runtime)
+    prog.manifest = observed(prog)
+    if not diffs:
+        return []
+    if not prog.allow_mismatch:
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise PlanError(f"the emitted program differs from the plan: {diffs[0]}{more}; regenerate the plan, or pass "
+                        f"--allow-mismatch to run it anyway with a re-priced prediction")
+    new = [d for d in diffs if d not in prog.mismatches]
+    for d in new:
+        prog.notes.append(f"MISMATCH (allowed): {d}")
+    prog.mismatches += new
+    if new and prog.rank == 0:
+        reprice(prog)
+    return diffs
+
+
+def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
+    """The plan's data with the fields the cost model can express set to what runs (this rank's view:
+    ZeRO stage, per-block recompute modes, tensor-parallel layers)."""
+    import copy
+    d = copy.deepcopy(plan._d)
+    if plan.parallel["dp"] > 1:
+        d["zero"] = obs["zero"]
+    mine = {b for bs in obs["stages"].values() for b in bs}
+    blocks = {b: modes.get(b, "none") for b in blocks}
+    for b in mine:
+        blocks[b] = obs["recompute"].get(b, {}).get("mode", "none")     # planned here but not emitted: none
+    d["recompute"] = {"default": "none", "blocks": blocks}
+    if plan.parallel["tp"] > 1:
+        d["tp_modules"] = dict(obs["tp_modules"])
+    return d
+
+
+def reprice(prog) -> None:
+    """sapp.evaluate of the plan rewritten to what runs; the result goes to prog.repriced and a note."""
+    from ..plan import Plan
+    try:
+        import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+        from ..api import evaluate
+        name = prog.plan.model.get("name")
+        model = name if name in set(models.names()) else prog.full_model
+        if model is None:
+            raise PlanError("a pipeline rank of a model the zoo does not know keeps no whole model to capture")
+        res = evaluate(model, None, Plan(rewritten(prog.plan, prog.manifest, prog.block_list, prog.recompute_modes)))
+    except Exception as e:
+        prog.notes.append(f"MISMATCH: could not re-price what runs ({type(e).__name__}: {str(e)[:120]})")
+        return
+    prog.repriced = res
+    old = prog.plan.predicted.get("step_time_s")
+    prog.notes.append(f"MISMATCH: re-priced as run: step {res['step_time_s'] * 1e3:.3f} ms (plan said "
+                      f"{(old or float('nan')) * 1e3:.3f} ms), peak memory {res['peak_memory_bytes'] / 2**20:.2f} MiB")

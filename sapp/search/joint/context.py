@@ -1,0 +1,74 @@
+"""Everything fixed for one joint search: the graph's units, pins, caches and per-search constants."""
+from __future__ import annotations
+
+from ...costmodel.nodes import MATMUL_LIKE
+from ...costmodel.primitives import scalar_allreduce_time
+from ...pipeline.profile import build_profile, split_units
+from ...recompute.solver import POLICIES
+
+
+class SearchContext:
+    def __init__(self, graph, cluster, global_batch, cons, settings, search_fn):
+        self.graph, self.cluster, self.B, self.cons, self.settings = graph, cluster, global_batch, cons, settings
+        self.search_fn = search_fn
+        self.units = split_units(graph)
+        self.block_units = [u for u in self.units if u.kind == "block"]
+        self.block_names = [u.name for u in self.block_units]
+        self.L = len(self.block_units)
+        self.profiles = {}
+        self.strategy_cache = {}
+        self.numbers = {}
+        self.placements = {}
+        self.best_by_placement = {}   # option name -> (step, config) of the best feasible config using it
+        # host placement is worth pricing for sparse embedding tables or when the user pins it
+        self.placement_relevant = bool(cons.placement) or any(
+            getattr(p, "sparse_grad", False) for p in graph.params.values())
+        self.cap = cluster.usable_memory
+        # the step's closing loss all-reduce: the same for every configuration
+        self.loss_sync_s = loss_sync_time(cluster)
+        # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
+        # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
+        per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
+        # (x compute_scale: every operator's time is scaled by it, and a calibrated scale < 1 would
+        # otherwise put the bound above the real time and prune the optimum)
+        self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
+                                * getattr(cluster, "compute_scale", 1.0))
+        self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
+        self.policy_pins = {b: cons.recompute_policy(b) for b in self.block_names} if cons.recompute is not None else {}
+        self.stage_pins = cons.stage_starts(self.block_names) if cons.stages else None
+        # structurally identical blocks with no per-block pins: the count fast path applies
+        reps = {u.rep for u in self.block_units}
+        pins = set(self.policy_pins.values())
+        self.uniform = (len(reps) == 1 and len(pins) <= 1 and self.stage_pins is None
+                        and self._glue_only_at_ends())
+
+    def _glue_only_at_ends(self):
+        kinds = [u.kind for u in self.units]
+        if "block" not in kinds:
+            return False
+        i0 = kinds.index("block")
+        i1 = len(kinds) - 1 - kinds[::-1].index("block")
+        return all(k == "block" for k in kinds[i0:i1 + 1]) and i0 <= 1 and i1 >= len(kinds) - 2
+
+    def profile(self, dp, tp):
+        key = (dp, tp)
+        if key not in self.profiles:
+            self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp,
+                                               search_fn=self.search_fn, units=self.units,
+                                               strategy_cache=self.strategy_cache,
+                                               fixed_strategies=getattr(self, "fixed", None),
+                                               max_mbs=max(2, self.B // dp))
+        return self.profiles[key]
+
+    def allowed(self, block):
+        pin = self.policy_pins.get(block)
+        return (pin,) if pin else POLICIES
+
+
+def loss_sync_time(cluster) -> float:
+    """The emitted step's closing all-reduce of one fp32 loss over every rank (the global-batch loss
+    it reports): latency only, ~0.8 ms on gloo, microseconds on NCCL."""
+    n = cluster.devices
+    if n <= 1:
+        return 0.0
+    return scalar_allreduce_time(n, "inter" if cluster.nodes > 1 else "intra", cluster)

@@ -1,0 +1,126 @@
+"""Exact evaluation of one configuration on the device alone: stage partition, schedule, gradient
+sync, optimizer update."""
+from __future__ import annotations
+
+from ...costmodel.optimizer import optimizer_step_time
+from ...pipeline.partition import partition_counts, partition_dp
+from ...pipeline.schedule import step_time
+from .result import JointResult
+from .stage import StageEvaluator
+
+
+def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
+    ev = StageEvaluator(ctx, cfg, prof, policy, cap_extra)
+    n, p = ev.n, cfg.pp
+    starts = _partition(ctx, ev, cfg, exact)
+    if starts is None:
+        return None
+    ends = starts[1:] + [n]
+    stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
+    if any(s is None for s in stages):
+        return None
+    if cfg.schedule == "interleaved" and cfg.v > 1:
+        _interleave_blocks(ctx, cfg, stages)
+    fw = [s.fwd_s for s in stages]
+    bw = [s.bwd_s for s in stages]
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
+    gs = max(s.grad_sync_s for s in stages)
+    # the optimizer update runs after the last backward on every stage; the slowest one counts.
+    # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
+    # (FSDP2) and tensor parallelism hold every tensor as a sharded DTensor.
+    sharded = cfg.zero >= 2 or cfg.tp > 1
+    opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings,
+                                    tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=sharded)
+                for s in stages)
+    loss_s = ctx.loss_sync_s
+    step = step_pipe + gs + opt_s + loss_s
+    T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
+    busy = cfg.m * max(T)
+    compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
+    res = JointResult(cfg, step, stages)
+    res.bubble_s = max(0.0, step_pipe - busy)
+    res.grad_sync_s = gs
+    res.p2p_s = cfg.m * max(s.send_s for s in stages)
+    # tensor-parallel resharding is priced inside the units' fwd/bwd; report it as communication
+    by_name = {u.name: u for u in prof.units}
+    tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs) for n in s.units if n in by_name) for s in stages)
+    res.optimizer_s = opt_s
+    res.compute_s = compute_like + opt_s - tp_comm
+    res.comm_s = gs + res.p2p_s + tp_comm + loss_s
+    res.comm_by_kind = {"reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s, "loss_sync": loss_s}
+    res.peak_memory_bytes = max(s.memory_bytes for s in stages)
+    res.capacity_bytes = ctx.cap
+    res.model_flops = ctx.model_flops_per_sample * ctx.B
+    res.mfu = res.model_flops / (step * ctx.cluster.devices * ctx.cluster.peak_flops) if step > 0 else 0.0
+    res.profile = prof
+    return res
+
+
+def _interleave_blocks(ctx, cfg, stages):
+    """Priced as contiguous equal shares; the real interleaved layout gives device i the chunks
+    c * pp + i (identical blocks, so the numbers are the same).  Rename blocks to the real ones."""
+    flat = ctx.block_names
+    k = len(flat) // (cfg.pp * cfg.v)
+    for st in stages:
+        real = [b for c in range(cfg.v) for b in flat[(c * cfg.pp + st.index) * k:(c * cfg.pp + st.index + 1) * k]]
+        pols = [st.recompute.get(b, "none") for b in st.blocks]
+        st.recompute = dict(zip(real, pols))
+        st.blocks = real
+
+
+def _partition(ctx, ev, cfg, exact):
+    n, p = ev.n, cfg.pp
+    if ctx.stage_pins is not None:
+        return _pinned_starts(ctx, ev, p)
+    if p == 1:
+        return [0] if ev.seg(0, 0, n)[1] else None
+    units = ev.units
+    if cfg.schedule == "interleaved":
+        # v chunks per device, equal blocks per device (L divisible by p*v, checked when enumerating)
+        k = ctx.L // p
+        starts = _starts_from_counts(units, [k] * p)
+        ends = starts[1:] + [n]
+        if all(ev.seg(i, a, b)[1] for i, (a, b) in enumerate(zip(starts, ends))):
+            return starts
+        return None
+    if ctx.uniform and not exact:
+        first = next(i for i, u in enumerate(units) if u.kind == "block")
+        pre, post = first, n - first - ctx.L
+
+        def seg_k(i, k):
+            # identical blocks: only the count matters, plus the glue on the first / last stage
+            if i == 0:
+                return ev.seg(0, 0, pre + k)
+            if i == p - 1:
+                return ev.seg(i, n - post - k, n)
+            return ev.seg(i, pre, pre + k)
+        counts, _ = partition_counts(ctx.L, p, seg_k)
+        if counts is None:
+            return None
+        return _starts_from_counts(units, counts)
+    cut = [u.cut_before for u in units]
+    cut[0] = False
+    starts, _ = partition_dp(n, p, [True] + cut[1:], ev.seg)
+    return starts
+
+
+def _starts_from_counts(units, counts):
+    blocks = [i for i, u in enumerate(units) if u.kind == "block"]
+    starts, acc = [0], 0
+    for k in counts[:-1]:
+        acc += k
+        starts.append(blocks[acc])
+    return starts
+
+
+def _pinned_starts(ctx, ev, p):
+    per = ctx.stage_pins
+    blocks = [i for i, u in enumerate(ev.units) if u.kind == "block"]
+    starts = [0]
+    for bi in range(1, len(per)):
+        if per[bi] != per[bi - 1]:
+            starts.append(blocks[bi])
+    ends = starts[1:] + [ev.n]
+    if not all(ev.seg(i, a, b)[1] for i, (a, b) in enumerate(zip(starts, ends))):
+        return None
+    return starts

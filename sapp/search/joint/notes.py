@@ -1,0 +1,45 @@
+"""The plan notes that say why the joint search chose what it chose."""
+from __future__ import annotations
+
+from ...calibrate.status import uncalibrated_note
+from ...units import fmt_bytes, fmt_time
+
+
+def notes(ctx, res):
+    cfg = res.config
+    out = [f"searched {res.stats['configs']} configurations: {res.stats['evaluated']} evaluated, "
+           f"{res.stats['pruned']} pruned by lower bounds, {res.stats['profiles']} stage profiles from "
+           f"{res.stats['searches']} sharding searches"]
+    if cfg.pp > 1:
+        out.append(f"{cfg.pp} pipeline stages with {cfg.m} micro-batches ({cfg.schedule}"
+                   f"{', v=' + str(cfg.v) if cfg.v > 1 else ''}): bubble {res.bubble_s / res.step_time_s:.1%} of the step")
+    else:
+        out.append("no pipeline: the model's states and activations fit one stage"
+                   + (f" with {cfg.m} accumulation steps" if cfg.m > 1 else ""))
+    pol = {}
+    for s in res.stages:
+        for b, v in s.recompute.items():
+            pol[v] = pol.get(v, 0) + 1
+    if pol.get("selective") or pol.get("full"):
+        out.append("recomputation: " + ", ".join(f"{k} x{v}" for k, v in sorted(pol.items())))
+    if cfg.zero:
+        out.append(f"ZeRO-{cfg.zero} over dp={cfg.dp}: model states per device "
+                   f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
+    pl = res.placement
+    if pl is not None and pl.name != "device":
+        pr = pl.section.get("predicted", {})
+        out.append(f"placement {pl.name}: saves {fmt_bytes(pl.device_bytes_saved)} per device, host work "
+                   f"{fmt_time(pr.get('host_s', 0.0))} of which {fmt_time(pl.extra_time_s)} is exposed")
+    if len(ctx.best_by_placement) > 1:
+        ranked = sorted(ctx.best_by_placement.items(), key=lambda kv: (kv[1][0], kv[0]))
+        out.append("placement weighed: " + "; ".join(
+            f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
+            + f" -> {ranked[0][0]} wins")
+    out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
+    if ctx.settings.precision == "fp16-mixed":
+        out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "
+                   "(torch.amp.GradScaler), whose skipped steps on overflow are not priced")
+    note = uncalibrated_note(ctx.cluster)
+    if note:
+        out.append(note)
+    return out

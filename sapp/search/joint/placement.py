@@ -1,0 +1,136 @@
+"""Host placement weighed inside the joint search, and `evaluate_config`: a configuration priced with
+the best placement."""
+from __future__ import annotations
+
+from ...costmodel.optimizer import updated_params
+from ...errors import ConstraintError
+from .evaluate import price_config
+from .numbers import unit_numbers
+from .stage import memory_needed
+
+
+def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=True):
+    """Exact evaluation of one configuration: JointResult, or None if nothing fits.  With
+    `placement`, host placements (sapp.placement) are weighed for any pipeline depth wherever they
+    can matter: sparse tables or placement pins, a device that does not fit, or a device plan that
+    recomputes (offloading the optimizer can buy the recomputation back)."""
+    prof = prof or ctx.profile(cfg.dp, cfg.tp)
+    res = price_config(ctx, cfg, prof, exact=exact, policy=policy)
+    if res is not None:
+        remember_placement(ctx, "device", res)
+    if not placement:
+        return res
+    recomputes = res is not None and any(v != "none" for s in res.stages for v in s.recompute.values())
+    if not (ctx.placement_relevant or res is None or recomputes):
+        return res
+    if res is None and not ctx.placement_relevant:
+        # host placement saves at most the model states: skip when even that cannot fit
+        num = unit_numbers(ctx, prof, cfg)
+        if memory_needed(ctx, cfg, prof) - sum(num.states) / cfg.pp > ctx.cap:
+            return None
+    return weigh_placements(ctx, cfg, prof, res, exact, policy)
+
+
+def _model_options(ctx, cfg, prof):
+    """placement_options for the whole model at this configuration (cached), [] where pins ask for
+    what this ZeRO stage cannot run."""
+    from ...placement import placement_options
+    key = (cfg.dp, cfg.tp, cfg.zero, cfg.m, cfg.mbs)
+    opts = ctx.placements.get(key)
+    if opts is None:
+        num = unit_numbers(ctx, prof, cfg)
+        try:
+            opts = placement_options(
+                ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
+                micro_batches=cfg.m, compute_s=cfg.m * sum(num.t), pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
+        except ConstraintError:
+            # pins this ZeRO stage cannot run (placement refuses them there); another ZeRO stage may
+            if ctx.cons.zero is not None:
+                raise
+            opts = []
+        ctx.placements[key] = opts
+    return opts
+
+
+def _stage_options(ctx, cfg, prof, res, name):
+    """The option `name` for every stage of the pipeline `res` (each stage places its own
+    parameters, over its own compute), or None when a stage has no such option or it does not fit."""
+    from ...placement import placement_options
+    nodes_of = {u.name: u.nodes for u in prof.units}
+    out = []
+    for st in res.stages:
+        names = [n for u in st.units for n in nodes_of.get(u, ())]
+        opts = placement_options(ctx.graph, names, ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
+                                 micro_batches=cfg.m, compute_s=cfg.m * (st.fwd_s + st.bwd_s),
+                                 micro_batch_size=cfg.mbs)
+        o = next((o for o in opts if o.name == name), None)
+        if o is None or st.memory_bytes - o.device_bytes_saved > ctx.cap * (1 + 1e-9):
+            return None
+        out.append(o)
+    return out
+
+
+def weigh_placements(ctx, cfg, prof, res_dev, exact, policy):
+    """Every placement the model offers (device first), each scored by re-running the partition with
+    the device bytes it saves per stage and adding its exposed host time (the slowest stage's); the
+    fastest feasible one wins (device on ties).  A pipeline places per stage (placement_options on
+    the stage's operators, sections merged); it offers optimizer offload only: its stages are traced
+    modules, with no nn.Embedding left to keep on the host (sapp/emit)."""
+    from ...placement import PlacementOption, merge_sections
+    opts = _model_options(ctx, cfg, prof)
+    best = res_dev if any(o.name == "device" for o in opts) else None
+    for o in opts:
+        if o.name == "device" or (cfg.pp > 1 and "embedding" in o.name):
+            continue
+        r = price_config(ctx, cfg, prof, exact=exact, policy=policy, cap_extra=o.device_bytes_saved / cfg.pp)
+        if r is None:
+            continue
+        per_stage = [o] if cfg.pp == 1 else _stage_options(ctx, cfg, prof, r, o.name)
+        if per_stage is None:
+            continue
+        if cfg.pp > 1:
+            o = PlacementOption(o.name, min(x.device_bytes_saved for x in per_stage),
+                                max(x.extra_time_s for x in per_stage), max(x.host_bytes for x in per_stage),
+                                merge_sections([x.section for x in per_stage]))
+        # the host now updates what it holds: drop that share of the device update time (the stage
+        # that keeps the largest share on the device still sets it)
+        moved = r.optimizer_s * min(_offloaded_share(x, st, r.config.tp, ctx) for x, st in zip(per_stage, r.stages))
+        r.step_time_s += o.extra_time_s - moved
+        r.compute_s -= moved
+        r.optimizer_s -= moved
+        r.host_s = o.extra_time_s
+        r.placement = o
+        for x, st in zip(per_stage, r.stages):
+            st.memory["host_offload"] = -x.device_bytes_saved
+        r.peak_memory_bytes = max(st.memory_bytes for st in r.stages)
+        if r.peak_memory_bytes > ctx.cap * (1 + 1e-9):
+            continue
+        r.mfu = r.model_flops / (r.step_time_s * ctx.cluster.devices * ctx.cluster.peak_flops)
+        remember_placement(ctx, o.name, r)
+        if best is None or rank_key(r) < rank_key(best):
+            best = r
+    return best
+
+
+def remember_placement(ctx, name, res):
+    """Best feasible configuration per placement option, for the note that says which won."""
+    cur = ctx.best_by_placement.get(name)
+    if cur is None or (res.step_time_s, res.config.key()) < (cur[0], cur[1].key()):
+        ctx.best_by_placement[name] = (res.step_time_s, res.config)
+
+
+def _offloaded_share(option, stage, tp, ctx):
+    """Share of a stage's device optimizer update no longer spent once `option` updates some of its
+    parameters on the host: the offloaded dense parameters and the host tables."""
+    comp = option.section.get("predicted", {}).get("components", {})
+    n_host = comp.get("optimizer", {}).get("params_on_host", 0.0)
+    for t in comp.get("embedding", {}).get("tables", {}).values():
+        n_host += t["rows"] * t["dim"] / tp
+    n_dev = updated_params(stage.memory["optimizer"], stage.memory["params"], ctx.settings)
+    if n_dev <= 0:
+        return 0.0
+    return min(1.0, n_host / n_dev)
+
+
+def rank_key(res):
+    return (res.step_time_s, res.peak_memory_bytes) + res.config.key()

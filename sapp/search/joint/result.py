@@ -1,0 +1,80 @@
+"""What the joint search returns: a configuration, its stages and the priced step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHED_ORDER = {"none": 0, "1f1b": 1, "interleaved": 2, "gpipe": 3}
+
+
+@dataclass(frozen=True)
+class Config:
+    pp: int
+    dp: int
+    tp: int
+    m: int                  # micro-batches per step
+    mbs: int                # micro-batch size per dp replica
+    schedule: str           # none | gpipe | 1f1b | interleaved
+    v: int                  # virtual chunks (interleaved), else 1
+    zero: int
+
+    def key(self):
+        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero)
+
+    def describe(self):
+        # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
+        s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
+        return f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+
+
+@dataclass
+class StageResult:
+    index: int
+    units: list             # unit names (blocks and glue)
+    blocks: list
+    fwd_s: float            # per micro-batch
+    bwd_s: float            # per micro-batch, recomputation included
+    recompute_s: float      # per micro-batch
+    send_s: float           # per micro-batch p2p charged to this stage
+    grad_sync_s: float      # per step
+    in_flight: float
+    memory: dict            # params, grads, optimizer, activations, transient
+    recompute: dict         # block -> policy
+    param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
+
+    @property
+    def memory_bytes(self):
+        return sum(self.memory.values())
+
+
+@dataclass
+class JointResult:
+    config: Config
+    step_time_s: float
+    stages: list
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    bubble_s: float = 0.0
+    grad_sync_s: float = 0.0
+    p2p_s: float = 0.0
+    host_s: float = 0.0
+    optimizer_s: float = 0.0          # device-side optimizer update (part of compute_s)
+    comm_by_kind: dict = field(default_factory=dict)   # reshard / dp_grad_sync / pp_p2p / loss_sync seconds
+    peak_memory_bytes: float = 0.0
+    capacity_bytes: float = 0.0
+    model_flops: float = 0.0          # per step (fwd + bwd, no recomputation)
+    mfu: float = 0.0
+    profile: object = None
+    placement: object = None
+    feasible: bool = True
+    stats: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    alternatives: list = field(default_factory=list)
+
+    @property
+    def memory(self):
+        worst = max(self.stages, key=lambda s: s.memory_bytes)
+        return dict(worst.memory)
+
+    def __repr__(self):
+        return (f"JointResult({self.config.describe()}, step_time_s={self.step_time_s:.6g}, "
+                f"peak_memory_bytes={self.peak_memory_bytes:.6g}, mfu={self.mfu:.3g})")
