@@ -69,6 +69,9 @@ def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
         raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
                         "or neither")
     _check_inputs_bind(module, example_inputs)
+    if (loss_fn is None) != (targets is None):
+        raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
+                        "or neither")
     t0 = time.perf_counter()
     # torch prints tracebacks of its own while a trace fails (fx ShapeProp); the CaptureError says
     # what failed in one line, so that noise is shown only if capture succeeds after all
@@ -246,6 +249,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
                       "grad_sync_s": res.grad_sync_s, "p2p_s": res.p2p_s,
                       "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
+                      "model_flops": res.model_flops,      # per step: forward + backward, no recomputation
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
         "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph),

@@ -17,6 +17,8 @@ SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "un
 # Ops that only check or annotate; they produce no tensor the model computes with.
 # Higher-order ops that run a subgraph under a mode: position of the subgraph among their args.
 INLINE_HOPS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
+# Ops that return their input unchanged when dtype, shape and device already match.
+ALIAS_OPS = {"to", "type_as", "alias", "detach"}
 SKIP_OPS = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
             "_set_grad_enabled", "_enter_autocast", "_exit_autocast"}
 
@@ -129,7 +131,27 @@ class Converter:
         if not _is_tensor(val):
             self.ref[n.name] = ("const",)
             return
+        if name in ALIAS_OPS and self._alias(n, val):
+            return
         self._make(n, name, str(n.target), n.args, n.kwargs, val)
+
+    def _alias(self, n, val) -> bool:
+        """`x.to(dtype)` / `type_as` / `alias` / `detach` that change nothing return x itself: no op
+        runs, so the result is x's node rather than a node of its own (HF models cast the residual
+        stream to float32 in every norm; it already is)."""
+        src = n.args[0] if n.args else None
+        if not isinstance(src, torch.fx.Node) or not _is_tensor(src.meta.get("val")):
+            return False
+        sv = src.meta["val"]
+        if sv.dtype != val.dtype or tuple(sv.shape) != tuple(val.shape) or sv.device != val.device:
+            return False
+        r = self.ref.get(src.name, ("const",))
+        if r[0] == "multi":
+            r = ("node", r[1])
+        if r[0] != "node":
+            return False
+        self.ref[n.name] = r
+        return True
 
     def _inline(self, n, name):
         """A higher-order op that only wraps a subgraph in a mode (grad enabled/disabled, autocast):

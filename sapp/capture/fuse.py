@@ -131,6 +131,7 @@ def _norm_node(last, m, x_op, weight, absorbed):
         numel *= s
     nbytes = float(sum(o.nbytes for o in ops) + last.out.nbytes)
     extra = dict(last.extra)
-    extra["fused"] = list(absorbed) + ([last.name] if last.name not in absorbed else [])
+    # how many captured ops the node stands for (a count, not names: blocks compare their extras)
+    extra["fused_ops"] = len(set(absorbed) | {last.name})
     return OpNode(last.name, "norm", "aten.rms_norm.default", dims, tuple(ops), last.out, 4.0 * numel, nbytes,
                   ("in0",), last.module or m.module, last.block, extra)

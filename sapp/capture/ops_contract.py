@@ -161,9 +161,11 @@ def embedding_bag(c):
 def grouped_mm(c):
     """Grouped (expert) GEMM: rows x[R, k] sorted by expert, weights w[E, k, n], group ends offs[E]
     -> out[R, n]; every row meets exactly one expert's matrix, so FLOPs are 2·R·k·n (R = tokens ×
-    top-k), not E times that.  Dims: b0 the routed rows (batch-like), n, k as a linear's, e the
-    experts (kept whole: splitting them is expert parallelism, which needs an all-to-all of the
-    rows that is not priced yet).  Weights given as [E, n, k] (transposed) map the same way."""
+    top-k), not E times that.  Dims: b0 the routed rows (batch-like: split with the data), n, k as a
+    linear's, e the experts.  Only b0 splits for now: splitting e is expert parallelism (an all-to-all
+    of the rows, its own issue) and splitting n / k is expert tensor parallelism, which needs DTensor
+    layouts for [E, k, n] parameters that emit does not produce - so tensor-parallel ranks hold every
+    expert whole, as the emitted program runs them.  Weights given as [E, n, k] map the same way."""
     x, w = c.ins[0], c.ins[1]
     R, k = x.shape[-2], x.shape[-1]
     n = c.out_shape[-1]
@@ -171,7 +173,7 @@ def grouped_mm(c):
     if len(x.shape) != 2 or len(w.shape) != 3 or k not in w.shape[1:] or n not in w.shape[1:]:
         return generic(c)
     wd = ("e", "k", "n") if (w.shape[1] == k and w.shape[2] == n) else ("e", "n", "k")
-    dims = [("b0", int(R), True), ("n", int(n), True), ("k", int(k), True), ("e", int(E), False)]
+    dims = [("b0", int(R), True), ("n", int(n), False), ("k", int(k), False), ("e", int(E), False)]
     ind = [("b0", "k"), wd] + [(None,) * len(t.shape) for t in c.ins[2:]]
     return Spec("matmul", dims, ind, ("b0", "n"), 2.0 * R * k * n, _act_saves(c, [0, 1]),
                 extra={"experts": int(E), "rows_per_expert": R / max(E, 1)})

@@ -89,11 +89,13 @@ def _model_args(name, pairs) -> dict:
     import math
     import sapp.models as models
     from ..emit.worker import model_overrides
-    config = models.info(name).get("config") or {}
     for kv in pairs:
         if "=" not in kv:
             raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
     out = model_overrides(pairs)
+    if name not in models.names():          # a factory / HF config takes its own keywords
+        return out
+    config = models.info(name).get("config") or {}
     for k, v in out.items():
         if k not in config:
             raise UsageError(f"--model-arg {k}: {name} has no setting {k!r}; it has {', '.join(sorted(config))}")
@@ -124,16 +126,9 @@ def precheck(args):
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
     args.model, args.hf_config = model_spec(args), None     # one spec string, passed on to every rank
-    if args.model in models.names():
-        overrides = _model_args(args.model, args.model_arg)
-    else:                                   # a factory or an HF config: its own keyword arguments
-        from ..emit.worker import model_overrides
-        for kv in args.model_arg:
-            if "=" not in kv:
-                raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
-        overrides = model_overrides(args.model_arg)
+    overrides = _model_args(args.model, args.model_arg)
     try:
-        meta = models.build(args.model, device="meta", **overrides)
+        meta = models.build(args.model, device="meta", **overrides)       # zoo | pkg.module:factory | HF config
     except (TypeError, ValueError, ArithmeticError) as e:     # an in-range override the model still refuses
         raise UsageError(f"--model-arg: {args.model} cannot be built with {overrides}: {str(e)[:120]}") from None
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
