@@ -24,10 +24,7 @@ def searched_plan(tmp_path_factory):
     """A plan from the real search for gpt-tiny on `cpu:gpus=2`, constrained to dp=2 (exactness of
     every parallel mode is tested in test_emit.py; here it is the launcher that matters)."""
     import sapp.models as models
-    try:
-        from sapp.api import search
-    except ImportError:
-        pytest.skip("sapp.api.search not available")
+    from sapp.api import search
     import sapp
     m = models.get("gpt-tiny", device="meta", dropout=0.0)
     plan = search(m, sapp.Cluster.parse("cpu:gpus=2"), global_batch=8, constraints={"dp": 2})

@@ -11,24 +11,37 @@ from .stage import memory_needed
 
 def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=True):
     """Exact evaluation of one configuration: JointResult, or None if nothing fits.  With
-    `placement`, host placements (sapp.placement) are weighed for any pipeline depth wherever they
-    can matter: sparse tables or placement pins, a device that does not fit, or a device plan that
-    recomputes (offloading the optimizer can buy the recomputation back)."""
+    `placement`, every host placement the model offers (sapp.placement) is weighed, for any pipeline
+    depth, unless a bound shows it cannot beat the device: placement only frees memory (less
+    recomputation), moves optimizer work to the host and adds exposed host time."""
     prof = prof or ctx.profile(cfg.dp, cfg.tp)
     res = price_config(ctx, cfg, prof, exact=exact, policy=policy)
     if res is not None:
         remember_placement(ctx, "device", res)
     if not placement:
         return res
-    recomputes = res is not None and any(v != "none" for s in res.stages for v in s.recompute.values())
-    if not (ctx.placement_relevant or res is None or recomputes):
-        return res
     if res is None and not ctx.placement_relevant:
         # host placement saves at most the model states: skip when even that cannot fit
         num = unit_numbers(ctx, prof, cfg)
         if memory_needed(ctx, cfg, prof) - sum(num.states) / cfg.pp > ctx.cap:
             return None
-    return weigh_placements(ctx, cfg, prof, res, exact, policy)
+    opts = [o for o in _model_options(ctx, cfg, prof) if o.name != "device"]
+    if res is not None and not ctx.cons.placement:
+        floor = _placement_floor(ctx, cfg, prof, res)
+        opts = [o for o in opts if floor + (o.extra_time_s if cfg.pp == 1 else 0.0) < res.step_time_s]
+        if not opts:
+            return res
+    return weigh_placements(ctx, cfg, prof, res, exact, policy, opts)
+
+
+def _placement_floor(ctx, cfg, prof, res):
+    """No placement of this configuration is faster than this (before its exposed host time).  One
+    stage: the device result less all its recomputation and its whole optimizer update (the stage's
+    base time is fixed); a pipeline may also re-partition with the freed memory: the profile bound."""
+    if cfg.pp == 1:
+        return res.step_time_s - cfg.m * sum(s.recompute_s for s in res.stages) - res.optimizer_s
+    from .bounds import profile_bound
+    return profile_bound(ctx, cfg, prof)
 
 
 def _model_options(ctx, cfg, prof):
@@ -70,8 +83,8 @@ def _stage_options(ctx, cfg, prof, res, name):
     return out
 
 
-def weigh_placements(ctx, cfg, prof, res_dev, exact, policy):
-    """Every placement the model offers (device first), each scored by re-running the partition with
+def weigh_placements(ctx, cfg, prof, res_dev, exact, policy, candidates=None):
+    """Every placement the model offers (device first; or the non-device `candidates`), each scored by re-running the partition with
     the device bytes it saves per stage and adding its exposed host time (the slowest stage's); the
     fastest feasible one wins (device on ties).  A pipeline places per stage (placement_options on
     the stage's operators, sections merged); it offers optimizer offload only: its stages are traced
@@ -79,7 +92,7 @@ def weigh_placements(ctx, cfg, prof, res_dev, exact, policy):
     from ...placement import PlacementOption, merge_sections
     opts = _model_options(ctx, cfg, prof)
     best = res_dev if any(o.name == "device" for o in opts) else None
-    for o in opts:
+    for o in (opts if candidates is None else candidates):
         if o.name == "device" or (cfg.pp > 1 and "embedding" in o.name):
             continue
         r = price_config(ctx, cfg, prof, exact=exact, policy=policy, cap_extra=o.device_bytes_saved / cfg.pp)
