@@ -190,7 +190,7 @@ def gen_argv(rng: random.Random, files):
             argv.append(str(rng.choice(pool[flag])))
     if cmd == "calibrate" and "--out" not in argv and rng.random() < 0.8:
         argv += ["--out", rng.choice(pool["--out"])]
-    return argv
+    return [str(a) for a in argv]          # a shell hands over strings only
 
 
 # ---- the run ----------------------------------------------------------------------------------------
@@ -203,20 +203,24 @@ def _alarm(signum, frame):
 
 
 class Fuzzer:
-    def __init__(self, rng, *, plot_every=5, precheck_every=5, quiet=True):
+    def __init__(self, rng, *, plot_every=5, precheck_every=5, quiet=True, light=False):
+        """`light`: seeds from gpt-tiny only (a few seconds to build; what the CI tests use)."""
         from sapp.api import capture_graph, resolve_model, search
         self.rng = rng
         self.plot_every, self.precheck_every = plot_every, precheck_every
         self.tmp = tempfile.mkdtemp(prefix="sapp-fuzz-")
-        self.graphs = {m: capture_graph(resolve_model(m)[0])[0] for m in ("gpt-tiny", "gpt-small")}
-        self.seeds = [  # valid plans: plain, pipelined, interleaved with per-block recomputation, CPU
-            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, graph=self.graphs["gpt-tiny"]).to_dict(),
-            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2},
-                   graph=self.graphs["gpt-small"]).to_dict(),
-            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2, "schedule": "interleaved"},
-                   graph=self.graphs["gpt-small"]).to_dict(),
-            search("gpt-tiny", "cpu", global_batch=8, graph=self.graphs["gpt-tiny"]).to_dict(),
+        models = ("gpt-tiny",) if light else ("gpt-tiny", "gpt-small")
+        self.graphs = {m: capture_graph(resolve_model(m)[0])[0] for m in models}
+        tiny = self.graphs["gpt-tiny"]
+        self.seeds = [  # valid plans: plain, pipelined, CPU, interleaved with per-block recomputation
+            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, graph=tiny).to_dict(),
+            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, constraints={"pp": 2, "zero": 1}, graph=tiny).to_dict(),
+            search("gpt-tiny", "cpu", global_batch=8, graph=tiny).to_dict(),
         ]
+        if not light:
+            self.seeds.append(search("gpt-small", "a100-80g:nodes=1,memory=15MB",
+                                     constraints={"pp": 2, "schedule": "interleaved"},
+                                     graph=self.graphs["gpt-small"]).to_dict())
         self.cluster_base = self.seeds[0]["cluster"]
         self.files = self._files()
         self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
@@ -287,7 +291,7 @@ class Fuzzer:
 
     def search_entry(self, spec, gb, cons, precision):
         from sapp.api import search
-        model = self.rng.choice(["gpt-tiny", "gpt-small", "gpt-tiny"])
+        model = self.rng.choice(sorted(self.graphs) + ["gpt-tiny"])
         search(model, spec, global_batch=gb, constraints=cons, precision=precision, graph=self.graphs[model])
 
     def cli_entry(self, argv):
@@ -295,9 +299,17 @@ class Fuzzer:
         import subprocess
         from sapp.cli import main
         from sapp.cluster import PRESETS
-        real_call, real_cal = subprocess.call, sapp.calibrate.calibrate
+        import sapp.api
+        real_call, real_cal, real_cap = subprocess.call, sapp.calibrate.calibrate, sapp.api.capture_graph
         subprocess.call = lambda *a, **k: 0                       # never launch training
         sapp.calibrate.calibrate = lambda **k: (PRESETS["cpu"], {})   # never measure
+
+        def cached_capture(module, example_inputs=None):          # the zoo graphs captured once
+            spec = getattr(module, "sapp_spec", None)
+            if example_inputs is None and spec is not None and spec.name in self.graphs:
+                return self.graphs[spec.name], 0.0
+            return real_cap(module, example_inputs)
+        sapp.api.capture_graph = cached_capture
         out, err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -306,7 +318,7 @@ class Fuzzer:
                 except SystemExit as e:      # argparse: usage line + exit 2 (or --help: 0)
                     return "clean_exit" if e.code in (0, 2) else None
         finally:
-            subprocess.call, sapp.calibrate.calibrate = real_call, real_cal
+            subprocess.call, sapp.calibrate.calibrate, sapp.api.capture_graph = real_call, real_cal, real_cap
         if "Traceback" in err.getvalue():
             raise AssertionError(f"traceback printed: {err.getvalue()[-300:]}")
         if rc == 2:
