@@ -385,7 +385,7 @@ class Fuzzer:
             signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
         if dt > self.slowest[0]:
-            self.slowest = (dt, kind)
+            self.slowest = (dt, f"{kind}: {_describe(call)[:160]}")
         self.counts[outcome] += 1
         if outcome not in ("ok", "clean_exit", "sapp_error"):
             per["errors"] += 1
