@@ -461,11 +461,15 @@ def main(argv=None):
     ap.add_argument("--roundtrip", action="store_true", help="also round-trip every bench/RESULTS.md §1 plan")
     ap.add_argument("--verbose", action="store_true", help="print each failure as it happens")
     args = ap.parse_args(argv)
+    rt_failed = 0
     if args.roundtrip:
         t0 = time.perf_counter()
         res = roundtrip_results_table()
-        print(f"round trip: {sum(ok for _, ok, _ in res)} of {len(res)} plans re-scored identically "
+        rt_failed = sum(not ok for _, ok, _ in res)
+        print(f"round trip: {len(res) - rt_failed} of {len(res)} plans re-scored identically "
               f"({time.perf_counter() - t0:.0f} s)")
+    if args.n <= 0:
+        return 1 if rt_failed else 0
     install_limits()
     fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose)
     t0 = time.perf_counter()
@@ -475,7 +479,7 @@ def main(argv=None):
             print(f"  {i + 1} inputs, {time.perf_counter() - t0:.0f} s, failures {len(fz.failures)}", flush=True)
     print(fz.report(time.perf_counter() - t0))
     bad = fz.counts["other_exception"] + fz.counts["timeout"] + fz.counts["memory"] + fz.counts["bad_message"]
-    return 1 if bad else 0
+    return 1 if bad or rt_failed else 0
 
 
 if __name__ == "__main__":
