@@ -27,7 +27,7 @@ import time
 import traceback
 from types import SimpleNamespace
 
-TIMEOUT_S = 20.0
+TIMEOUT_S = 20.0           # CPU seconds (ITIMER_PROF): the bound must not depend on how loaded the box is
 MEMORY_LIMIT = 6 << 30
 SMALL_MODELS = ("gpt-tiny", "mlp-tiny", "bert-tiny")
 
@@ -363,7 +363,7 @@ class Fuzzer:
         per = self.by_kind.setdefault(kind, {"inputs": 0, "errors": 0})
         per["inputs"] += 1
         t0 = time.perf_counter()
-        signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
+        signal.setitimer(signal.ITIMER_PROF, TIMEOUT_S)
         outcome, detail = "ok", None
         try:
             res = call()
@@ -382,7 +382,7 @@ class Fuzzer:
             detail += " @ " + traceback.extract_tb(e.__traceback__)[-1].filename.split("site-packages/")[-1] + ":" + \
                 str(traceback.extract_tb(e.__traceback__)[-1].lineno)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
         dt = time.perf_counter() - t0
         if dt > self.slowest[0]:
             self.slowest = (dt, f"{kind}: {_describe(call)[:160]}")
@@ -399,7 +399,7 @@ class Fuzzer:
         c = self.counts
         lines = [f"inputs {c['inputs']} in {elapsed:.0f} s: ok {c['ok']}, clean SappError {c['sapp_error']}, "
                  f"argparse usage exit {c['clean_exit']}",
-                 f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} s) {c['timeout']}, "
+                 f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} CPU s) {c['timeout']}, "
                  f"memory blow-ups (> {MEMORY_LIMIT >> 30} GB) {c['memory']}, multi-line or empty messages {c['bad_message']}",
                  f"slowest input {self.slowest[0]:.2f} s ({self.slowest[1]}); peak RSS "
                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
@@ -423,6 +423,7 @@ def _describe(call):
 def install_limits():
     import resource
     signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGPROF, _alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
@@ -460,6 +461,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--roundtrip", action="store_true", help="also round-trip every bench/RESULTS.md §1 plan")
     ap.add_argument("--verbose", action="store_true", help="print each failure as it happens")
+    ap.add_argument("--plot-every", type=int, default=10, help="draw every Nth valid plan (matplotlib is slow)")
     args = ap.parse_args(argv)
     rt_failed = 0
     if args.roundtrip:
@@ -471,7 +473,8 @@ def main(argv=None):
     if args.n <= 0:
         return 1 if rt_failed else 0
     install_limits()
-    fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose)
+    fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose, plot_every=args.plot_every,
+                precheck_every=args.plot_every)
     t0 = time.perf_counter()
     for i in range(args.n):
         fz.step()
