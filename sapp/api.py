@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -321,7 +322,6 @@ def _score(graph, cl, gb, cons, settings, splits, cfg):
     blocks carry different recompute pins, which every interleaved plan with per-block recomputation
     has, so the flagship plan could not be re-scored."""
     from .search import joint
-    import math
     ctx = joint._Ctx(graph, cl, gb, cons, settings, None)
     ctx.fixed = splits
     ctx.cap = math.inf
