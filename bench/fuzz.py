@@ -27,7 +27,7 @@ import time
 import traceback
 from types import SimpleNamespace
 
-TIMEOUT_S = 20.0
+TIMEOUT_S = 20.0           # CPU seconds (ITIMER_PROF): the bound must not depend on how loaded the box is
 MEMORY_LIMIT = 6 << 30
 SMALL_MODELS = ("gpt-tiny", "mlp-tiny", "bert-tiny")
 
@@ -190,7 +190,7 @@ def gen_argv(rng: random.Random, files):
             argv.append(str(rng.choice(pool[flag])))
     if cmd == "calibrate" and "--out" not in argv and rng.random() < 0.8:
         argv += ["--out", rng.choice(pool["--out"])]
-    return argv
+    return [str(a) for a in argv]          # a shell hands over strings only
 
 
 # ---- the run ----------------------------------------------------------------------------------------
@@ -203,20 +203,24 @@ def _alarm(signum, frame):
 
 
 class Fuzzer:
-    def __init__(self, rng, *, plot_every=5, precheck_every=5, quiet=True):
+    def __init__(self, rng, *, plot_every=5, precheck_every=5, quiet=True, light=False):
+        """`light`: seeds from gpt-tiny only (a few seconds to build; what the CI tests use)."""
         from sapp.api import capture_graph, resolve_model, search
         self.rng = rng
         self.plot_every, self.precheck_every = plot_every, precheck_every
         self.tmp = tempfile.mkdtemp(prefix="sapp-fuzz-")
-        self.graphs = {m: capture_graph(resolve_model(m)[0])[0] for m in ("gpt-tiny", "gpt-small")}
-        self.seeds = [  # valid plans: plain, pipelined, interleaved with per-block recomputation, CPU
-            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, graph=self.graphs["gpt-tiny"]).to_dict(),
-            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2},
-                   graph=self.graphs["gpt-small"]).to_dict(),
-            search("gpt-small", "a100-80g:nodes=1,memory=15MB", constraints={"pp": 2, "schedule": "interleaved"},
-                   graph=self.graphs["gpt-small"]).to_dict(),
-            search("gpt-tiny", "cpu", global_batch=8, graph=self.graphs["gpt-tiny"]).to_dict(),
+        models = ("gpt-tiny",) if light else ("gpt-tiny", "gpt-small")
+        self.graphs = {m: capture_graph(resolve_model(m)[0])[0] for m in models}
+        tiny = self.graphs["gpt-tiny"]
+        self.seeds = [  # valid plans: plain, pipelined, CPU, interleaved with per-block recomputation
+            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, graph=tiny).to_dict(),
+            search("gpt-tiny", "a100-80g:nodes=1", global_batch=16, constraints={"pp": 2, "zero": 1}, graph=tiny).to_dict(),
+            search("gpt-tiny", "cpu", global_batch=8, graph=tiny).to_dict(),
         ]
+        if not light:
+            self.seeds.append(search("gpt-small", "a100-80g:nodes=1,memory=15MB",
+                                     constraints={"pp": 2, "schedule": "interleaved"},
+                                     graph=self.graphs["gpt-small"]).to_dict())
         self.cluster_base = self.seeds[0]["cluster"]
         self.files = self._files()
         self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
@@ -287,7 +291,7 @@ class Fuzzer:
 
     def search_entry(self, spec, gb, cons, precision):
         from sapp.api import search
-        model = self.rng.choice(["gpt-tiny", "gpt-small", "gpt-tiny"])
+        model = self.rng.choice(sorted(self.graphs) + ["gpt-tiny"])
         search(model, spec, global_batch=gb, constraints=cons, precision=precision, graph=self.graphs[model])
 
     def cli_entry(self, argv):
@@ -295,9 +299,17 @@ class Fuzzer:
         import subprocess
         from sapp.cli import main
         from sapp.cluster import PRESETS
-        real_call, real_cal = subprocess.call, sapp.calibrate.calibrate
+        import sapp.api
+        real_call, real_cal, real_cap = subprocess.call, sapp.calibrate.calibrate, sapp.api.capture_graph
         subprocess.call = lambda *a, **k: 0                       # never launch training
         sapp.calibrate.calibrate = lambda **k: (PRESETS["cpu"], {})   # never measure
+
+        def cached_capture(module, example_inputs=None):          # the zoo graphs captured once
+            spec = getattr(module, "sapp_spec", None)
+            if example_inputs is None and spec is not None and spec.name in self.graphs:
+                return self.graphs[spec.name], 0.0
+            return real_cap(module, example_inputs)
+        sapp.api.capture_graph = cached_capture
         out, err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -306,7 +318,7 @@ class Fuzzer:
                 except SystemExit as e:      # argparse: usage line + exit 2 (or --help: 0)
                     return "clean_exit" if e.code in (0, 2) else None
         finally:
-            subprocess.call, sapp.calibrate.calibrate = real_call, real_cal
+            subprocess.call, sapp.calibrate.calibrate, sapp.api.capture_graph = real_call, real_cal, real_cap
         if "Traceback" in err.getvalue():
             raise AssertionError(f"traceback printed: {err.getvalue()[-300:]}")
         if rc == 2:
@@ -351,7 +363,7 @@ class Fuzzer:
         per = self.by_kind.setdefault(kind, {"inputs": 0, "errors": 0})
         per["inputs"] += 1
         t0 = time.perf_counter()
-        signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
+        signal.setitimer(signal.ITIMER_PROF, TIMEOUT_S)
         outcome, detail = "ok", None
         try:
             res = call()
@@ -370,10 +382,10 @@ class Fuzzer:
             detail += " @ " + traceback.extract_tb(e.__traceback__)[-1].filename.split("site-packages/")[-1] + ":" + \
                 str(traceback.extract_tb(e.__traceback__)[-1].lineno)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
         dt = time.perf_counter() - t0
         if dt > self.slowest[0]:
-            self.slowest = (dt, kind)
+            self.slowest = (dt, f"{kind}: {_describe(call)[:160]}")
         self.counts[outcome] += 1
         if outcome not in ("ok", "clean_exit", "sapp_error"):
             per["errors"] += 1
@@ -387,7 +399,7 @@ class Fuzzer:
         c = self.counts
         lines = [f"inputs {c['inputs']} in {elapsed:.0f} s: ok {c['ok']}, clean SappError {c['sapp_error']}, "
                  f"argparse usage exit {c['clean_exit']}",
-                 f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} s) {c['timeout']}, "
+                 f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} CPU s) {c['timeout']}, "
                  f"memory blow-ups (> {MEMORY_LIMIT >> 30} GB) {c['memory']}, multi-line or empty messages {c['bad_message']}",
                  f"slowest input {self.slowest[0]:.2f} s ({self.slowest[1]}); peak RSS "
                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
@@ -411,6 +423,7 @@ def _describe(call):
 def install_limits():
     import resource
     signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGPROF, _alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
@@ -448,14 +461,20 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--roundtrip", action="store_true", help="also round-trip every bench/RESULTS.md §1 plan")
     ap.add_argument("--verbose", action="store_true", help="print each failure as it happens")
+    ap.add_argument("--plot-every", type=int, default=10, help="draw every Nth valid plan (matplotlib is slow)")
     args = ap.parse_args(argv)
+    rt_failed = 0
     if args.roundtrip:
         t0 = time.perf_counter()
         res = roundtrip_results_table()
-        print(f"round trip: {sum(ok for _, ok, _ in res)} of {len(res)} plans re-scored identically "
+        rt_failed = sum(not ok for _, ok, _ in res)
+        print(f"round trip: {len(res) - rt_failed} of {len(res)} plans re-scored identically "
               f"({time.perf_counter() - t0:.0f} s)")
+    if args.n <= 0:
+        return 1 if rt_failed else 0
     install_limits()
-    fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose)
+    fz = Fuzzer(random.Random(args.seed), quiet=not args.verbose, plot_every=args.plot_every,
+                precheck_every=args.plot_every)
     t0 = time.perf_counter()
     for i in range(args.n):
         fz.step()
@@ -463,7 +482,7 @@ def main(argv=None):
             print(f"  {i + 1} inputs, {time.perf_counter() - t0:.0f} s, failures {len(fz.failures)}", flush=True)
     print(fz.report(time.perf_counter() - t0))
     bad = fz.counts["other_exception"] + fz.counts["timeout"] + fz.counts["memory"] + fz.counts["bad_message"]
-    return 1 if bad else 0
+    return 1 if bad or rt_failed else 0
 
 
 if __name__ == "__main__":

@@ -88,8 +88,9 @@ def describe(err) -> str:
 
 
 def _rank(err):
-    # the shallowest, most specific message first; `required` last: a wrong type explains more
-    return (len(err.absolute_path), err.validator == "required", err.validator in ("anyOf", "oneOf"))
+    # a value of the wrong kind first (it explains more than a field missing beside it), then the
+    # shallowest; anyOf's summary last
+    return (err.validator == "required", err.validator in ("anyOf", "oneOf"), len(err.absolute_path))
 
 
 def first_error(name: str, doc):
