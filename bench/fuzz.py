@@ -271,7 +271,7 @@ class Fuzzer:
         plan.save(path)
         args = SimpleNamespace(plan=path, model=plan["model"].get("name") or "gpt-tiny", model_arg=[], steps=1,
                                data=None, out=None, nproc=None, lr=1e-3, optimizer="adam", seed=0, timeout=5.0,
-                               nnodes=None)
+                               nnodes=None, hf_config=None)
         precheck(args)
 
     def cluster_entry(self, kind, value):
@@ -304,11 +304,11 @@ class Fuzzer:
         subprocess.call = lambda *a, **k: 0                       # never launch training
         sapp.calibrate.calibrate = lambda **k: (PRESETS["cpu"], {})   # never measure
 
-        def cached_capture(module, example_inputs=None):          # the zoo graphs captured once
+        def cached_capture(module, example_inputs=None, loss_fn=None, targets=None):   # zoo graphs captured once
             spec = getattr(module, "sapp_spec", None)
-            if example_inputs is None and spec is not None and spec.name in self.graphs:
+            if example_inputs is None and loss_fn is None and spec is not None and spec.name in self.graphs:
                 return self.graphs[spec.name], 0.0
-            return real_cap(module, example_inputs)
+            return real_cap(module, example_inputs, loss_fn, targets)
         sapp.api.capture_graph = cached_capture
         out, err = io.StringIO(), io.StringIO()
         try:

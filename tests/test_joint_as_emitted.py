@@ -69,7 +69,7 @@ def test_zero_three_never_offers_optimizer_offload(graph):
                for z in (0, 1, 2, 3)}
     assert "optimizer-host" in by_zero[0] and "optimizer-host" in by_zero[2]
     assert not any("optimizer" in n for n in by_zero[3])        # emit/checks.py refuses ZeRO-3-Offload
-    assert by_zero[1] == {"device"}          # emitted ZeRO-1 + placement keeps full optimizer state
+    assert not any("optimizer" in n for n in by_zero[1])   # OffloadAdam would keep full host state per rank
 
 
 def test_zero_three_pinned_with_offload_pinned_is_an_error(graph):
@@ -97,3 +97,13 @@ def test_gpt_10b_batch_8_fits_one_v100_with_accumulation_and_offload():
     assert p["pipeline"]["micro_batches"] > 1 and p["parallel"] == {"dp": 1, "tp": 1, "pp": 1}
     assert p["predicted"]["peak_memory_bytes"] <= 32e9
     assert any(g.get("master_weights") == "host" for g in p["placement"]["groups"].values())
+
+
+def test_pinned_zero_is_the_plans_zero_even_with_dp_free(graph):
+    """--zero 3 with dp left free: every configuration the search may return has ZeRO-3 (a dp = 1
+    configuration used to be written as zero 0 beside constraints saying 3)."""
+    c = Cluster.parse("a100-80g:nodes=1")
+    ctx = SearchContext(graph, c, 32, Constraints.from_dict({"zero": 3}), CostSettings(), None)
+    configs = enumerate_configs(ctx)
+    assert configs and all(k.zero == 3 and k.dp > 1 for k in configs)
+    assert joint_search(graph, c, global_batch=32, constraints={"zero": 3}).config.zero == 3

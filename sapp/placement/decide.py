@@ -114,11 +114,11 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
 def _emittable(plans, zero):
     """The plans the emitter runs as priced at this ZeRO stage, and the name of the first it does not.
     Under ZeRO-3 it refuses optimizer offload (sapp/emit/checks.py: ZeRO-3-Offload is not emitted);
-    under ZeRO-1 a host placement builds the placement's own optimizers instead of
-    ZeroRedundancyOptimizer (sapp/emit/program.py), so the device optimizer state would not be
-    partitioned as ZeRO-1 prices it: only "device" stays."""
+    under ZeRO-1 host tables run as priced (the device part's optimizer states are sharded over dp by
+    sapp/emit/zero1.py, the tables' sparse optimizers live on the host), but an offloaded optimizer
+    would keep its whole host state on every rank (OffloadAdam), so offload is not offered there."""
     if zero == 1:
-        bad = [n for n, _, _ in plans if n != "device"]
+        bad = [n for n, _, _ in plans if "optimizer" in n]
     elif zero == 3:
         bad = [n for n, _, _ in plans if "optimizer" in n]
     else:

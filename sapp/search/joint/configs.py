@@ -69,7 +69,9 @@ def enumerate_configs(ctx):
                     if c.virtual_chunks is not None and s == "interleaved" and v != c.virtual_chunks:
                         continue
                     for z in ((0, 1, 2, 3) if dp > 1 else (0,)):
-                        if c.zero is not None and z != c.zero and dp > 1:
+                        # a pinned ZeRO stage is what the plan must say: a dp = 1 configuration
+                        # (nothing to shard over) would be written as zero 0 beside the pin
+                        if c.zero is not None and z != c.zero:
                             continue
                         out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z))
     return out
