@@ -62,6 +62,10 @@ def case_list(models=MODELS, layouts=tuple(LAYOUTS), zeros=(0, 1, 2, 3), recompu
                         cons = {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "recompute": rc}
                         if model == "wide-deep-tiny":
                             cons["placement"] = dict(HOST if host else DEVICE)
+                        else:
+                            # the search weighs optimizer offload everywhere now; a case without
+                            # "/host" checks the device-only program its id names
+                            cons["placement"] = {"optimizer": "device"}
                         cid = f"{model}/{lay}/z{zero}/{rc}" + ("/host" if host else "")
                         out.append({"id": cid, "model": model, "world": dp * tp * pp, "constraints": cons})
     return out
