@@ -250,8 +250,15 @@ class OffloadAdam(torch.optim.Optimizer):
             raise PlanError(f"optimizer offload supports adam and adamw, not {kind!r}")
         extra = {"weight_decay": weight_decay} if weight_decay or kind == "adamw" else {}
         # fused: torch's vectorised CPU Adam kernel (~2x its per-tensor loop here; DeepSpeed's CPU Adam
-        # plays this role there)
-        self.inner = cls(self.masters, lr=lr, betas=betas, eps=eps, fused=True, **extra)
+        # plays this role there) on the plain masters.  A tensor-parallel parameter's master is a DTensor
+        # (its local shard, with the parameter's placements, so checkpoints reshard it over tp): the fused
+        # kernel refuses a mix of DTensors and plain tensors, so those run in their own param group on
+        # torch's per-tensor loop, as emit runs DTensor parameters everywhere else.
+        plain = [m for m in self.masters if not hasattr(m, "placements")]
+        dtensors = [m for m in self.masters if hasattr(m, "placements")]
+        groups = ([{"params": plain, "fused": True}] if plain else []) + \
+                 ([{"params": dtensors, "fused": False}] if dtensors else [])
+        self.inner = cls(groups, lr=lr, betas=betas, eps=eps, **extra)
         self.stream = stream_grads
         self._hooks = []
         if stream_grads:

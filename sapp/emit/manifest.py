@@ -6,10 +6,11 @@
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
 Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
-stages {stage: [blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
+stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
-DTensor sharded on dim 0 over "tp"); recompute regions and their operators come from the checkpoint
+DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
+brings its output back to Replicate); recompute regions and their operators come from the checkpoint
 wrapper, which records the ops its policy marked for recomputation during the first forward.
 `sapp.emit.emit` raises a PlanError naming the first differing field, or with allow_mismatch=True
 keeps going with a loud note and a re-priced prediction (see `reprice`)."""
@@ -37,6 +38,15 @@ def _blocks_in(mod, blocks) -> list:
     return [b for b in blocks if b in names]
 
 
+def _stage_blocks(mod, blocks) -> list:
+    """The blocks a stage holds as a plan lists them: the outermost ones.  `blocks` (every
+    ModuleList's children) also names blocks nested in blocks (T5's `encoder.block.0.layer.0`);
+    capture assigns each operator to its outermost block (capture/blocks.py), and the plan's stages
+    list those."""
+    present = _blocks_in(mod, blocks)
+    return [b for b in present if not any(b.startswith(o + ".") for o in present)]
+
+
 # ---- observed ------------------------------------------------------------------------------------
 def _is_fsdp(m) -> bool:
     return type(m).__name__.startswith("FSDP")
@@ -62,8 +72,31 @@ def _tp_style(mod, tp_dim):
     if dim is None:
         return None
     if isinstance(mod, nn.Embedding):
-        return "vocab" if dim == 0 else "colwise"
-    return "colwise" if dim == 0 else "rowwise"
+        style = "vocab" if dim == 0 else "colwise"
+    else:
+        style = "colwise" if dim == 0 else "rowwise"
+    if style == "colwise" and _gathers_output(mod):
+        return "colwise_gather"
+    return style
+
+
+def _gathers_output(mod) -> bool:
+    """Whether a column-split layer's output is brought back to Replicate (ColwiseParallel with
+    output_layouts=Replicate(): an LM head) rather than left split for a row-split closer.  Read off
+    the forward hook DTensor's distribute_module registered on the module: a closure over
+    partial(_prepare_output_fn, output_layouts, use_local_output)."""
+    import functools
+    from torch.distributed.tensor import Replicate
+    for hook in getattr(mod, "_forward_hooks", {}).values():
+        for cell in getattr(hook, "__closure__", None) or ():
+            try:
+                fn = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_prepare_output_fn" \
+                    and fn.args and isinstance(fn.args[0], tuple):
+                return all(isinstance(p, Replicate) for p in fn.args[0])
+    return False
 
 
 def observed(prog) -> dict:
@@ -72,7 +105,7 @@ def observed(prog) -> dict:
     zero = 0
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
-        stages[str(s)] = _blocks_in(mod, prog.block_list)
+        stages[str(s)] = _stage_blocks(mod, prog.block_list)
         for name, m in mod.named_modules():
             if _is_fsdp(m):
                 units.append(pre + (name or ROOT))
@@ -122,12 +155,14 @@ def expected(plan, prog, regions: dict) -> dict:
     units, tp, stages, host, rc = [], {}, {}, {}, {}
     modes = prog.recompute_modes
     styles = checks.tp_modules(plan) if plan.parallel["tp"] > 1 else {}
+    groups = checks.tp_groups(plan)
     listed = {str(s.get("index")): s.get("blocks") for s in plan.pipeline.get("stages") or []}
     placement = plan.placement or {}
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
         present = _blocks_in(mod, prog.block_list)
-        stages[str(s)] = list(listed.get(str(s)) or present) if plan.parallel["pp"] > 1 else present
+        stages[str(s)] = (list(listed.get(str(s)) or _stage_blocks(mod, prog.block_list)) if plan.parallel["pp"] > 1
+                          else _stage_blocks(mod, prog.block_list))
         names = dict(mod.named_modules())
         if zero >= 2:
             host_params = {n for n, _ in mod.named_parameters()
@@ -136,9 +171,9 @@ def expected(plan, prog, regions: dict) -> dict:
                 if any(f"{b}.{n}" not in host_params for n, _ in names[b].named_parameters()):
                     units.append(pre + b)
             units.append(pre + ROOT)
-        for name, style in {**priced_tp(plan, prog.full_modules), **styles}.items():
-            if name in names:
-                tp[name] = "vocab" if issubclass(prog.full_modules.get(name, nn.Module), nn.Embedding) and style == "rowwise" else style
+        wanted = {n: s for n, s in {**priced_tp(plan, prog.full_modules), **styles}.items() if n in names}
+        for name, style in wanted.items():
+            tp[name] = _meant(name, style, wanted, prog.full_modules, groups)
         for b in sorted(modes):
             if b in names:
                 if modes[b] == "full":
@@ -159,6 +194,25 @@ def expected(plan, prog, regions: dict) -> dict:
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
             "precision": prog.plan_precision}
+
+
+def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
+    """What a plan's style for one layer means, in the manifest's vocabulary (the one `_tp_style`
+    reads off the running layer).  A layout from sapp's search (tp_layout groups) means its styles
+    literally: colwise keeps the output split for the region's closer, colwise_gather gathers it.  A
+    hand-written tp_modules (no groups) is read as apply_tp documents it: a colwise layer keeps its
+    output split only when a rowwise sibling (same parent) follows it, otherwise (an output head) its
+    output is gathered; rowwise on an Embedding is the vocabulary split."""
+    from .parallel import _partnered
+    t = types.get(name, nn.Module)
+    if style == "rowwise" and issubclass(t, nn.Embedding):
+        return "vocab"
+    if groups is None and style in ("colwise", "colwise_gather"):
+        splittable = {n: ("rowwise" if s == "vocab" else "colwise" if s == "colwise_gather" else s)
+                      for n, s in wanted.items() if issubclass(types.get(n, nn.Module), (nn.Linear, nn.Embedding))}
+        keep = style == "colwise" and _partnered(name, splittable, "rowwise")
+        return "colwise" if keep else "colwise_gather"
+    return style
 
 
 def priced_tp(plan, types: dict) -> dict:
