@@ -58,12 +58,15 @@ def optimum(model, cluster, *, global_batch, constraints=None):
     from sapp.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import SearchContext, enumerate_configs
+    from sapp.api import tp_search_fn
     graph = _graph(model) if not hasattr(model, "nodes") else model
-    ctx = SearchContext(graph, cluster, int(global_batch), Constraints.from_dict(constraints), CostSettings(), None)
+    settings = CostSettings(precision=cluster.precision)
+    ctx = SearchContext(graph, cluster, int(global_batch), Constraints.from_dict(constraints), settings, None)
     if len(enumerate_configs(ctx)) > MAX_CONFIGS:
         return None
+    # the same stage profiles sapp.search prices: its tp level in the form DTensor runs
     best, scored = exhaustive_search(graph, cluster, global_batch=global_batch, constraints=constraints,
-                                     exact_partition=False)
+                                     settings=settings, search_fn=tp_search_fn(), exact_partition=False)
     if best is None:
         return None
     return {"step_time_s": best.step_time_s, "config": best.config.describe(), "scored": scored}
@@ -77,6 +80,8 @@ def main(argv=None):
     import sapp.models as zoo
     from sapp.cluster import Cluster
     from sapp.errors import SappError
+    from sapp.api import tp_search_fn
+    from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
 
     print(f"{'model':<11} {'devices':>7} {'search_s':>8} {'exhaustive_s':>12} {'scored':>7} {'search_step':>11} "
@@ -88,7 +93,8 @@ def main(argv=None):
             cl = Cluster.parse(f"a100-80g:devices={n}")
             t0 = time.perf_counter()
             try:
-                r = joint_search(g, cl, global_batch=batch)
+                r = joint_search(g, cl, global_batch=batch, settings=CostSettings(precision=cl.precision),
+                                 search_fn=tp_search_fn())
             except SappError as e:
                 print(f"{name:<11} {n:>7}  search: {e}")
                 continue
