@@ -14,17 +14,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import PlanError
+from ..models.data import logits_of
 from . import checks, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, zero1
 from .dist import default_device, rank_world
-
-
-def logits_of(out):
-    """Models return logits, a (logits, ...) tuple or an object with .logits (HF)."""
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out
 
 
 def default_loss(out, target):

@@ -76,15 +76,14 @@ def _worker(rank, world, cases, out_dir, store):
     os._exit(code)
 
 
-def main(argv):
-    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
-    with open(cases_path) as f:
-        cases = json.load(f)
+def fork_ranks(worker, world: int, cases: list):
+    """Fork `world` ranks running worker(rank, world, cases, tmp, store) (each writes tmp/rank<r>.json);
+    returns (the first line of a rank's failure or None, {rank: what it wrote}).  A rank that exits
+    non-zero does not lose what the others wrote."""
     import torch.multiprocessing as mp
-    from tests.emit_workers import zoo
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        ctx = mp.start_processes(_worker, args=(world, cases, tmp, store), nprocs=world, join=False,
+        ctx = mp.start_processes(worker, args=(world, cases, tmp, store), nprocs=world, join=False,
                                  start_method="fork")
         failed = None
         try:
@@ -98,6 +97,15 @@ def main(argv):
             if os.path.exists(p):
                 with open(p) as f:
                     per_rank[r] = json.load(f)
+    return failed, per_rank
+
+
+def main(argv):
+    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    from tests.emit_workers import zoo
+    failed, per_rank = fork_ranks(_worker, world, cases)
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
+from tests.emit_workers.harness import fork_ranks
 
 
 def _run_case(case, rank):
@@ -70,24 +70,8 @@ def _worker(rank, world, cases, out_dir, store):
 
 def run(world: int, cases: list) -> dict:
     """Spawn `world` ranks over `cases`; {"failed", "errors", "cases": {id: {"ref", "ranks"}}}."""
-    import torch.multiprocessing as mp
     from tests.emit_workers import hf_models
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        ctx = mp.start_processes(_worker, args=(world, cases, tmp, store), nprocs=world, join=False,
-                                 start_method="fork")
-        failed = None
-        try:
-            while not ctx.join():
-                pass
-        except Exception as e:     # a rank exited non-zero: keep what the ranks wrote
-            failed = str(e).splitlines()[0] if str(e) else type(e).__name__
-        per_rank = {}
-        for r in range(world):
-            p = os.path.join(tmp, f"rank{r}.json")
-            if os.path.exists(p):
-                with open(p) as f:
-                    per_rank[r] = json.load(f)
+    failed, per_rank = fork_ranks(_worker, world, cases)
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:

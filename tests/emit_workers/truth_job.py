@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import traceback
+from tests.emit_workers.harness import fork_ranks
 
 
 def predicted_memory(plan, stage: int) -> dict:
@@ -84,23 +84,7 @@ def _worker(rank, world, cases, out_dir, store):
 
 def run_job(world: int, cases: list, out_path: str) -> dict:
     """In this process (the parent must not have run torch work yet: the ranks are forked)."""
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        ctx = mp.start_processes(_worker, args=(world, cases, tmp, store), nprocs=world, join=False,
-                                 start_method="fork")
-        failed = None
-        try:
-            while not ctx.join():
-                pass
-        except Exception as e:
-            failed = str(e).splitlines()[0] if str(e) else type(e).__name__
-        per_rank = {}
-        for r in range(world):
-            p = os.path.join(tmp, f"rank{r}.json")
-            if os.path.exists(p):
-                with open(p) as f:
-                    per_rank[r] = json.load(f)
+    failed, per_rank = fork_ranks(_worker, world, cases)
     out = {"failed": failed, "cases": {c["id"]: {str(r): v.get(c["id"]) for r, v in sorted(per_rank.items())}
                                        for c in cases},
            "job_errors": {r: v["__job__"]["error"] for r, v in per_rank.items() if "__job__" in v}}
