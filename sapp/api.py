@@ -359,26 +359,13 @@ def _plan_config(plan, gb):
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):
-    """Price exactly `cfg` under the plan's pins (capacity ignored: a plan that does not fit is
-    reported, not refused).  Not joint_search: its enumeration leaves out interleaved schedules when
-    blocks carry different recompute pins, which every interleaved plan with per-block recomputation
-    has, so the flagship plan could not be re-scored."""
-    from .search import joint
-    import math
-    ctx = joint.SearchContext(graph, cl, gb, cons, settings, None)
-    ctx.fixed = splits
-    ctx.cap = math.inf
-    cons.check(cl.devices, cl.gpus_per_node, ctx.block_names, gb)
-    if cfg.schedule == "interleaved":
-        # pins are on the contiguous names the evaluator prices (constraints_from_plan); what
-        # interleaving needs is identical blocks, which the pins do not change
-        ctx.uniform = len({u.rep for u in ctx.block_units}) == 1 and ctx._glue_only_at_ends()
-    allowed = [c for c in joint.enumerate_configs(ctx) if c == cfg]
+    """Price exactly the plan's configuration `cfg` with its own splits (sapp/search/joint/single.py)."""
+    from .search.joint.single import score_config
+    allowed, res = score_config(graph, cl, gb, cons, settings, cfg, fixed_strategies=splits)
     if not allowed:
         raise PlanError(f"the plan's configuration ({cfg.describe()}) is not one this cluster, model and batch "
                         f"allow (degrees, micro-batches and schedule must divide evenly); fix the plan or "
                         f"regenerate it with `sapp search`")
-    res = joint.evaluate_config(ctx, cfg, ctx.profile(cfg.dp, cfg.tp))
     if res is None:
         raise PlanError(f"the plan's stages cannot be priced ({cfg.describe()}); regenerate it with `sapp search`")
     return res
