@@ -15,6 +15,21 @@ from .primitives import compute_time, model_state_bytes, op_floor
 # forward but touches twice the memory (grad-out + saved tensor in, grad-in out): backward FLOPs =
 # 1x forward, bytes = 2x forward for every op.
 MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
+# A fused attention operator (SDPA: flash attention on GPUs) saves q, k, v and its output, not the s²
+# scores, so its backward first recomputes q·kᵀ and then runs the four gradient GEMMs (dV, dP, dQ,
+# dK): 5 score-sized GEMMs against the forward's 2, backward FLOPs = 2.5x forward (FlashAttention-2's
+# count).  A causal kernel skips the key blocks above the diagonal: it runs about half the score
+# FLOPs in both passes.  Model FLOPs (MFU) keep counting the whole s², as Megatron's formula does.
+ATTENTION_BWD = 2.5
+CAUSAL_WORK = 0.5
+
+
+def time_flops(node, flops) -> tuple:
+    """(forward, backward) FLOPs the kernels of `node` execute for `flops` forward model FLOPs."""
+    if node.kind == "attention":
+        f = flops * (CAUSAL_WORK if node.extra.get("causal") else 1.0)
+        return f, f * ATTENTION_BWD
+    return flops, flops * (2 if node.kind in MATMUL_LIKE else 1)
 
 
 def launches_of(kind: str, backward: bool, async_launch: bool) -> int:
@@ -160,8 +175,9 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
             o = node.operands[0]
             elems = max(elems, _local_numel(o.shape, o.dims, f))
         floor_f, floor_b = op_floor(node.target, elems, cluster)
-    c.fwd_s = compute_time(flops, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms, floor_f)
-    c.bwd_s = compute_time(flops * (2 if node.kind in MATMUL_LIKE else 1), 2 * nbytes, cluster,
+    ff, fb = time_flops(node, flops)
+    c.fwd_s = compute_time(ff, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms, floor_f)
+    c.bwd_s = compute_time(fb, 2 * nbytes, cluster,
                            launches_of(node.kind, True, async_launch), floor=floor_b)
     seen = set()
     for o in node.operands:

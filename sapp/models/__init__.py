@@ -1,4 +1,4 @@
-"""The built-in model zoo: GPT sizes (gpt-tiny .. gpt3-175b), BERT, ResNet-50, Wide&Deep, MLP.
+"""The built-in model zoo: GPT sizes (gpt-tiny .. gpt3-175b), Llama 3 (llama-tiny, llama3-8b/70b/405b), BERT, ResNet-50, Wide&Deep, MLP.
 
     model = sapp.models.get("gpt3-175b")              # meta device: no memory is allocated
     model = sapp.models.get("gpt-tiny", device="cpu", dropout=0.0)   # real weights
@@ -26,7 +26,7 @@ __all__ = ["ModelSpec", "get", "names", "info", "example_inputs", "example_targe
 class ModelSpec:
     name: str
     config: dict = field(default_factory=dict)
-    kind: str = "gpt"          # gpt | bert | resnet | widedeep | mlp; hf | custom (sapp.models.build)
+    kind: str = "gpt"          # gpt | llama | bert | resnet | widedeep | mlp; hf | custom (sapp.models.build)
 
 
 def names() -> list:
@@ -49,8 +49,10 @@ def _config(name, overrides):
         if "vocab" in overrides and "rows_per_field" not in overrides:
             cfg["rows_per_field"] = -(-int(cfg["vocab"]) // cfg["fields"])
         cfg["vocab"] = cfg["fields"] * cfg["rows_per_field"]
-    if kind in ("gpt", "bert") and cfg["h"] % cfg["a"]:
+    if kind in ("gpt", "bert", "llama") and cfg["h"] % cfg["a"]:
         raise SappError(f"model {name!r}: hidden h={cfg['h']} must be divisible by heads a={cfg['a']}")
+    if kind == "llama" and (cfg["kv"] < 1 or cfg["a"] % cfg["kv"]):
+        raise SappError(f"model {name!r}: key/value heads kv={cfg['kv']} must divide heads a={cfg['a']}")
     return kind, cfg
 
 
@@ -121,7 +123,7 @@ def example_inputs(model, batch: int, device=None) -> tuple:
         return data.inputs_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
-    if spec.kind in ("gpt", "bert"):
+    if spec.kind in ("gpt", "bert", "llama"):
         return (_randint(c["V"], (batch, c["s"]), dev, 1),)
     if spec.kind == "resnet":
         return (_randn((batch, 3, c["image"], c["image"]), dev, 1),)
@@ -136,7 +138,7 @@ def example_targets(model, batch: int, device=None):
         return data.targets_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
-    if spec.kind in ("gpt", "bert"):
+    if spec.kind in ("gpt", "bert", "llama"):
         return _randint(c["V"], (batch, c["s"]), dev, 3)
     if spec.kind in ("resnet", "mlp"):
         return _randint(c["classes"], (batch,), dev, 3)
@@ -175,7 +177,7 @@ def loss_fn(model):
                             "from the factory")
         return data.loss_fn
     kind = spec_of(model).kind
-    if kind in ("gpt", "bert"):
+    if kind in ("gpt", "bert", "llama"):
         return token_cross_entropy
     if kind in ("resnet", "mlp"):
         return class_cross_entropy

@@ -3,7 +3,13 @@ masks and the dropouts (the activation formula 34sbh + 5as^2b is counted over ex
 
 Module names are part of the contract: emit and pipeline split on `embed`, `layers.<i>`, `ln_f`,
 `head`; tensor parallelism shards `attn.qkv`/`mlp.fc1` column-wise and `attn.proj`/`mlp.fc2`
-row-wise, which works because attention reshapes with `view(b, t, -1, hd)` (local head count)."""
+row-wise, which works because attention reshapes with `view(b, t, -1, hd)` (local head count).
+
+`attn="eager"` (the default) writes attention out as q·kᵀ, causal mask, softmax, dropout, ·v: the s²
+scores are saved tensors (the 5as²b term).  `attn="sdpa"` calls `F.scaled_dot_product_attention(
+is_causal=True)`, one fused operator (flash attention on GPUs): nothing of size s² is saved and the
+backward recomputes the scores (priced so by sapp.costmodel).  Both mask causally with the same
+lower-triangular pattern, so the two train to the same numbers."""
 import math
 
 import torch
@@ -24,16 +30,23 @@ class Embed(nn.Module):
         return self.drop(self.tok(ids) + self.pos(pos))
 
 
+ATTN_KINDS = ("eager", "sdpa")
+
+
 class Attention(nn.Module):
-    def __init__(self, h, a, s, dropout):
+    def __init__(self, h, a, s, dropout, attn="eager"):
         super().__init__()
         self.hd = h // a
+        self.kind = attn
+        self.p = dropout
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
         self.attn_drop = nn.Dropout(dropout)
         self.resid_drop = nn.Dropout(dropout)
         # Not persistent: it is derived from `s`, not learned, and must not appear in checkpoints.
-        self.register_buffer("mask", torch.tril(torch.ones(s, s, dtype=torch.bool)), persistent=False)
+        # SDPA masks inside the kernel (is_causal): no s x s buffer.
+        if attn == "eager":
+            self.register_buffer("mask", torch.tril(torch.ones(s, s, dtype=torch.bool)), persistent=False)
 
     def forward(self, x):
         b, t, _ = x.shape
@@ -41,6 +54,9 @@ class Attention(nn.Module):
         # their q, k and v, so tensor parallelism needs no re-arrangement of the weight.
         qkv = self.qkv(x).view(b, t, -1, 3 * self.hd).transpose(1, 2)
         q, k, v = qkv.split(self.hd, dim=-1)
+        if self.kind == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
+            return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
         att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
         att = self.attn_drop(F.softmax(att, dim=-1))
@@ -61,10 +77,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, h, a, s, ffn, dropout):
+    def __init__(self, h, a, s, ffn, dropout, attn="eager"):
         super().__init__()
         self.ln1 = nn.LayerNorm(h)
-        self.attn = Attention(h, a, s, dropout)
+        self.attn = Attention(h, a, s, dropout, attn)
         self.ln2 = nn.LayerNorm(h)
         self.mlp = MLP(h, ffn, dropout)
 
@@ -74,11 +90,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, l, h, a, V, s, ffn=None, dropout=0.1, tie_embeddings=False):
+    def __init__(self, l, h, a, V, s, ffn=None, dropout=0.1, tie_embeddings=False, attn="eager"):
         super().__init__()
+        if attn not in ATTN_KINDS:
+            from ..errors import SappError
+            raise SappError(f"attn={attn!r} is not an attention kind: use 'eager' or 'sdpa'")
         ffn = ffn or 4 * h
         self.embed = Embed(V, s, h, dropout)
-        self.layers = nn.ModuleList(Block(h, a, s, ffn, dropout) for _ in range(l))
+        self.layers = nn.ModuleList(Block(h, a, s, ffn, dropout, attn) for _ in range(l))
         self.ln_f = nn.LayerNorm(h)
         self.head = nn.Linear(h, V, bias=False)
         if tie_embeddings:

@@ -1,17 +1,22 @@
 """Named model sizes and their builders.  GPT vocabularies are 51200: GPT-2's 50257 padded up to a
 multiple of 1024 (as Megatron does) so vocab-parallel splits divide evenly on 2..1024 ways."""
-from . import bert, gpt, mlp, resnet, widedeep
+from . import bert, gpt, llama, mlp, resnet, widedeep
 
 GPT_V = 51200
 GPT_S = 2048
 
 
 def _gpt(l, h, a, V=GPT_V, s=GPT_S):
-    return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "dropout": 0.1, "tie_embeddings": False}
+    return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "dropout": 0.1, "tie_embeddings": False,
+            "attn": "eager"}
 
 
 def _bert(l, h, a, V=30522, s=512):
     return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "dropout": 0.1}
+
+
+def _llama(l, h, a, kv, ffn, V=128256, s=8192):
+    return {"l": l, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn}
 
 
 def _wd(rows_per_field=1_000_000, dim=80, deep=(1024, 512, 256), vocab=None):
@@ -36,6 +41,12 @@ NAMED = {
     "gpt-10b": ("gpt", _gpt(48, 4096, 32)),
     "gpt3-13b": ("gpt", _gpt(40, 5120, 40)),
     "gpt3-175b": ("gpt", _gpt(96, 12288, 96)),
+    # Llama 3 shapes as Meta published them (rope theta 500000, RMSNorm eps 1e-5, seq 8192 in
+    # pre-training; override s for the long-context phase, e.g. s=131072).
+    "llama-tiny": ("llama", _llama(2, 64, 4, 2, 128, V=256, s=32)),
+    "llama3-8b": ("llama", _llama(32, 4096, 32, 8, 14336)),
+    "llama3-70b": ("llama", _llama(80, 8192, 64, 8, 28672)),
+    "llama3-405b": ("llama", _llama(126, 16384, 128, 8, 53248)),
     "bert-tiny": ("bert", _bert(2, 64, 4, V=256, s=32)),
     "bert-base": ("bert", _bert(12, 768, 12)),
     "bert-large": ("bert", _bert(24, 1024, 16)),
@@ -51,6 +62,7 @@ NAMED = {
 
 BUILDERS = {
     "gpt": (gpt.GPT, gpt.param_count),
+    "llama": (llama.Llama, llama.param_count),
     "bert": (bert.Bert, bert.param_count),
     "resnet": (resnet.ResNet, resnet.param_count),
     "widedeep": (widedeep.WideDeep, widedeep.param_count),

@@ -1,7 +1,7 @@
 """Everything fixed for one joint search: the graph's units, pins, caches and per-search constants."""
 from __future__ import annotations
 
-from ...costmodel.nodes import MATMUL_LIKE
+from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
 from ...pipeline.profile import build_profile, split_units
 from ...recompute.solver import POLICIES
@@ -27,8 +27,8 @@ class SearchContext:
         # the step's closing loss all-reduce: the same for every configuration
         self.loss_sync_s = loss_sync_time(cluster)
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
-        # numerator (backward = 2x forward FLOPs for GEMM-like ops, 1x otherwise, as the cost model)
-        per = sum(n.flops * (3.0 if n.kind in MATMUL_LIKE else 2.0) for n in graph.nodes.values())
+        # numerator (the FLOPs the cost model's kernels run: costmodel.nodes.time_flops)
+        per = sum(sum(time_flops(n, n.flops)) for n in graph.nodes.values())
         # (x compute_scale: every operator's time is scaled by it, and a calibrated scale < 1 would
         # otherwise put the bound above the real time and prune the optimum)
         self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
