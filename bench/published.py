@@ -1,0 +1,274 @@
+"""Published training runs, predicted vs published: `python -m bench.published [--only TEXT] [--write]
+[--runtime fused|eager] [--no-free]`.
+
+Each row is a public run with a published figure (TF/GPU, a step or layer time).  sapp prices the
+run PINNED to the published configuration (tp, pp, dp, ZeRO, micro-batch size, recompute as given)
+and, for reference, what the free search would pick on the same cluster and batch.  `--write`
+replaces the "Published runs" section of bench/RESULTS.md with the table.
+
+Rows live in ROWS (a list of `Row` dataclasses); other modules add theirs: `bench/published_moe.py`
+and `bench/published_sp.py`, if present, are imported and their `ROWS` appended.  A row needing a
+strategy sapp cannot express yet says so in `needs` (it is priced as well as possible without it and
+marked in the table).  The runtime profile (`CostSettings.runtime`, docs/ARCHITECTURE.md "Runtime
+profiles") is one setting for every row: no per-row correction."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from dataclasses import dataclass, field
+
+# ---- the rows ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str                 # table section ("Megatron-LM H100 weak scaling", ...)
+    name: str                  # row label
+    model: str                 # zoo name the shape starts from
+    config: dict               # zoo overrides (the shape of the published model)
+    cluster: str               # Cluster spec string
+    global_batch: int          # samples per step
+    pins: dict                 # sapp constraints: the published configuration
+    metric: str                # "tf_per_gpu_model" | "tf_per_gpu_hw_recompute" | "layer_ms"
+    published: float           # the published figure in the metric's unit
+    source: str                # where the figure is printed
+    needs: str = ""            # a strategy the run used that sapp does not price yet ("" = none)
+    note: str = ""
+    free: bool = True          # also price the free search's choice
+
+
+def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
+    return {"l": l, "h": h, "a": a, "V": V, "s": s, "ffn": 4 * h, "tie_embeddings": not untied,
+            "attn": attn, "dropout": dropout}
+
+
+# Megatron-LM repository, H100 weak scaling (Megatron-Core, seq 4096, vocab 131072, DP 48, bf16).
+# The table gives only sizes; the shapes are ours, fitted to the names with Megatron's GPT conventions
+# (ffn 4h, head dim 128, untied 131072 vocabulary): 177B is GPT-3 175B's shape (l96 h12288) and 314B
+# the 2021 paper's 310B shape (l96 h16384) once the untied 131072 vocabulary is added; the others are
+# the (l, h) with l a multiple of PP closest to the name.  Parameter counts (zoo formula):
+# 1.74B 7.11B 16.1B 32.7B 69.8B 119B 177B 314B 461B.  Micro-batch 1, distributed optimizer (ZeRO-1).
+_MEGATRON_H100 = [
+    # name, l, h, a, tp, pp, global batch, TF/GPU
+    ("1.7B", 24, 2048, 16, 1, 1, 192, 408.8),
+    ("7.1B", 30, 4096, 32, 2, 1, 192, 465.9),
+    ("16B", 32, 6144, 48, 4, 1, 192, 489.1),
+    ("32B", 38, 8192, 64, 8, 1, 192, 459.6),
+    ("70B", 84, 8192, 64, 8, 2, 384, 419.7),
+    ("119B", 64, 12288, 96, 8, 4, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 1152, 432.8),
+    ("314B", 96, 16384, 128, 8, 8, 1536, 474.4),
+    ("462B", 112, 18432, 144, 8, 16, 3072, 459.9),
+]
+
+ROWS: list = []
+for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
+    _gpus = 48 * _t * _p
+    ROWS.append(Row(
+        "Megatron-LM H100 weak scaling", f"GPT {_n} t{_t} p{_p} d48", "gpt3-175b",
+        gpt_shape(_l, _h, _a, 131072, 4096), f"h100-80g:devices={_gpus}", _gb,
+        {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48}, "tf_per_gpu_model", _tf,
+        "Megatron-LM README (REFERENCE.md §5)", needs="sp" if _t > 1 else "",
+        note="shape derived (see bench/published.py)"))
+
+# Korthikanti et al. 2022, Table 4: one 22B layer (h6144 a64 s2048, micro-batch 4) at t=8 on A100.
+_K22 = gpt_shape(1, 6144, 64, 51200, 2048, attn="eager")
+for _n, _rc, _ms, _needs in (("no recompute", "none", 19.6, ""), ("full recompute", "full", 27.2, ""),
+                             ("SP + selective", "selective", 20.3, "sp")):
+    ROWS.append(Row("Korthikanti 2022 Table 4 (one 22B layer, fwd+bwd)", f"22B layer t8 {_n}", "gpt3-175b", _K22,
+                    "a100-80g:devices=8", 4, {"tp": 8, "pp": 1, "dp": 1, "micro_batches": 1, "recompute": _rc},
+                    "layer_ms", _ms, "Korthikanti et al. 2022 Table 4", needs=_needs, free=False,
+                    note="2021-era kernels: eager attention (no flash)"))
+
+# Megatron-LM 2021 (Narayanan et al.), Table 2: PTD-P, batch fixed, A100, TF/GPU incl. recomputation.
+for _n, _shape, _gb, _t, _p, _runs in (
+        ("175B", gpt_shape(96, 12288, 96, 51200, 2048, attn="eager"), 1536, 8, 8, ((384, 153), (768, 149), (1536, 141))),
+        ("530B", gpt_shape(105, 20480, 128, 51200, 2048, attn="eager"), 2240, 8, 35, ((560, 171), (1120, 167), (2240, 159)))):
+    for _g, _tf in _runs:
+        ROWS.append(Row("Megatron-LM 2021 Table 2 (PTD-P)", f"GPT {_n} {_g} GPUs t{_t} p{_p}", "gpt3-175b", _shape,
+                        f"a100-80g:devices={_g}", _gb, {"tp": _t, "pp": _p, "dp": _g // (_t * _p), "recompute": "full"},
+                        "tf_per_gpu_hw_recompute", _tf, "Narayanan et al. 2021 Table 2", note="eager attention (2021)"))
+
+
+def _extra_rows():
+    """Rows other engineers add from their own modules (absent modules are skipped)."""
+    out = []
+    for mod in ("bench.published_moe", "bench.published_sp"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        out.extend(getattr(m, "ROWS", []))
+    return out
+
+
+# ---- figures ------------------------------------------------------------------------------------------
+def gpt_flops_per_step(cfg, batch, recompute=False):
+    """Megatron's FLOPs per iteration (REFERENCE §2): 72·B·s·l·h²·(1 + s/6h + V/12lh), or with full
+    recomputation 96·B·s·l·h²·(1 + s/6h + V/16lh)."""
+    l, h, s, V = cfg["l"], cfg["h"], cfg["s"], cfg["V"]
+    if recompute:
+        return 96.0 * batch * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72.0 * batch * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+@dataclass
+class Priced:
+    value: float = float("nan")
+    step_s: float = float("nan")
+    mfu: float = float("nan")
+    fits: bool = False
+    memory_gb: float = float("nan")
+    config: str = ""
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _graph(row, cache):
+    import sapp.models as zoo
+    from sapp.api import capture_graph
+    key = (row.model, tuple(sorted(row.config.items())))
+    if key not in cache:
+        cache[key] = capture_graph(zoo.get(row.model, **row.config))[0]
+    return cache[key]
+
+
+def _search(graph, row, pins, settings):
+    from sapp.api import tp_search_fn
+    from sapp.cluster import Cluster
+    from sapp.search.joint import joint_search
+    cl = Cluster.parse(row.cluster)
+    return cl, joint_search(graph, cl, global_batch=row.global_batch, constraints=pins, settings=settings,
+                            search_fn=tp_search_fn())
+
+
+def _value(row, cl, res, per_layer=None):
+    cfg = row.config
+    if row.metric == "layer_ms":
+        return per_layer * 1e3
+    rc = row.metric == "tf_per_gpu_hw_recompute"
+    return gpt_flops_per_step(cfg, row.global_batch, recompute=rc) / (res.step_time_s * cl.devices) / 1e12
+
+
+def _stage_time(res):
+    st = res.stages[0]
+    return st.fwd_s + st.bwd_s
+
+
+def price(row, settings, cache, pins=None) -> Priced:
+    """The row's figure under `pins` (default: the published configuration)."""
+    from sapp.errors import SappError
+    pins = row.pins if pins is None else pins
+    out = Priced()
+    try:
+        graph = _graph(row, cache)
+        cl, res = _search(graph, row, pins, settings)
+        per_layer = None
+        if row.metric == "layer_ms":
+            # one layer = the same run with two layers minus the run with one (embedding, head, loss and
+            # optimizer cancel; tp=8 resharding of the layer stays in)
+            g2 = _graph(Row(**{**row.__dict__, "config": {**row.config, "l": 2}}), cache)
+            _, res2 = _search(g2, row, pins, settings)
+            per_layer = _stage_time(res2) - _stage_time(res)
+        out.value = _value(row, cl, res, per_layer)
+        out.step_s, out.mfu = res.step_time_s, res.mfu
+        out.fits = bool(res.feasible) and res.peak_memory_bytes <= res.capacity_bytes
+        out.memory_gb = res.peak_memory_bytes / 1e9
+        rc = sorted(set(v for s in res.stages for v in s.recompute.values()))
+        out.config = res.config.describe() + (f" rc={'/'.join(rc)}" if rc else "")
+    except SappError as e:
+        out.error = str(e).splitlines()[0][:120]
+    return out
+
+
+def run(rows, settings, free=True, out=sys.stdout):
+    cache, results = {}, []
+    for row in rows:
+        t0 = time.perf_counter()
+        pinned = price(row, settings, cache)
+        fr = price(row, settings, cache, pins={}) if (free and row.free) else None
+        results.append((row, pinned, fr, time.perf_counter() - t0))
+        print(_line(row, pinned, fr), file=out, flush=True)
+    return results
+
+
+def _err(pred, pub):
+    return (pred / pub - 1.0) * 100.0 if pred == pred and pub else float("nan")
+
+
+_UNITS = {"tf_per_gpu_model": "TF/GPU (model)", "tf_per_gpu_hw_recompute": "TF/GPU (hw, incl. recompute)",
+          "layer_ms": "ms"}
+
+
+def _line(row, p, fr):
+    e = _err(p.value, row.published)
+    flag = "" if abs(e) <= 10 else " (outside ±10%)"
+    free = "" if fr is None else (f"{fr.value:.1f} ({fr.config})" if not fr.error else f"— ({fr.error})")
+    pred = f"{p.value:.1f}" if not p.error else f"— ({p.error})"
+    mark = f" [needs {row.needs}]" if row.needs else ""
+    mfu = f"{100 * p.mfu:.1f}%" if p.mfu == p.mfu else "—"
+    return (f"| {row.name}{mark} | {_UNITS[row.metric]} | {row.published:g} | {pred} | {e:+.1f}%{flag} | {mfu} | "
+            f"{'yes' if p.fits else 'no'} ({p.memory_gb:.1f} GB) | {p.config} | {free} |")
+
+
+HEADER = ("| run | unit | published | predicted (pinned) | error | MFU (pred) | fits (peak) | pinned configuration "
+          "as priced | free search: value (configuration) |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def table(results):
+    lines, group = [], None
+    for row, p, fr, _ in results:
+        if row.group != group:
+            group = row.group
+            lines += ["", f"**{group}** — {row.source}", "", HEADER]
+        lines.append(_line(row, p, fr))
+    return "\n".join(lines)
+
+
+def write_section(text, path="bench/RESULTS.md"):
+    title = "## Published runs (`python -m bench.published`)"
+    with open(path) as f:
+        doc = f.read()
+    start = doc.find(title)
+    if start >= 0:
+        nxt = doc.find("\n## ", start + len(title))
+        doc = doc[:start] + text + (doc[nxt:] if nxt >= 0 else "\n")
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="rows whose group or name contains this text")
+    ap.add_argument("--runtime", default="fused", help="runtime profile every row is priced with")
+    ap.add_argument("--no-free", action="store_true", help="skip the free search's prediction")
+    ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
+    args = ap.parse_args(argv)
+    from sapp.costmodel import CostSettings
+    rows = ROWS + _extra_rows()
+    if args.only:
+        rows = [r for r in rows if args.only in r.name or args.only in r.group]
+    kw = {"runtime": args.runtime} if "runtime" in CostSettings.__dataclass_fields__ else {}
+    settings = CostSettings(precision="bf16-mixed", **kw)
+    t0 = time.perf_counter()
+    print(HEADER)
+    results = run(rows, settings, free=not args.no_free)
+    within = [r for r in results if abs(_err(r[1].value, r[0].published)) <= 10]
+    summary = (f"{len(within)}/{len(results)} rows within ±10% (runtime={args.runtime}); "
+               f"{time.perf_counter() - t0:.0f} s")
+    print(summary)
+    if args.write:
+        text = ("## Published runs (`python -m bench.published`)\n\n" + summary + ".  Rows marked [needs sp] ran "
+                "with sequence parallelism, which this table prices without (see the notes below).\n" + table(results))
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
