@@ -133,10 +133,17 @@ _STAMPED: dict = {}      # id(graph) -> graph (held, so the id cannot be reused 
 
 
 def ensure_widths(graph) -> None:
-    """Stamp the autocast widths on the graph's nodes (once per graph object)."""
+    """Stamp the autocast widths on the graph's nodes (once per graph object), and with them the
+    kernel-fusion marks of the "fused" runtime (costmodel.fusion): a node that already carries marks
+    (copied from the whole model into a sub-graph) keeps them."""
     if _STAMPED.get(id(graph)) is graph:
         return
+    from .fusion import fusion_marks
+    marks = None
     for name, w in propagate(graph).items():
+        if len(w) < 4:
+            marks = marks if marks is not None else fusion_marks(graph)
+            w = tuple(w[:3]) + (marks[name],)
         graph.nodes[name].extra[WIDTHS_KEY] = w
     if len(_STAMPED) >= 64:
         _STAMPED.clear()
@@ -148,6 +155,16 @@ def _stamp(node):
     if w is None or len(w[1]) != len(node.operands):
         w = node_widths(node, {})
     return w
+
+
+NO_FUSION = ((), False)
+
+
+def fusion_of(node) -> tuple:
+    """(operand indices read inside a fused kernel, output kept inside it) as stamped by ensure_widths;
+    no fusion for a node never seen inside a graph."""
+    w = node.extra.get(WIDTHS_KEY)
+    return w[3] if w is not None and len(w) > 3 and len(w[1]) == len(node.operands) else NO_FUSION
 
 
 def out_bytes(node, settings) -> int:

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SappError
-from .dtypes import operand_bytes, out_bytes
+from .dtypes import fusion_of, operand_bytes, out_bytes
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
 from .primitives import compute_time, model_state_bytes, op_floor
 
@@ -125,6 +125,8 @@ def local_bytes(node, factors, settings) -> float:
     its dispatch."""
     if node.kind == "view":
         return 0.0
+    # the fused runtime keeps a fused chain's intermediates inside one kernel (costmodel.fusion)
+    fin, fout = fusion_of(node) if settings.fused else ((), False)
     full_cap = full = loc = 0.0
     for i, o in enumerate(node.operands):
         if o.producer is None and o.param is None:
@@ -137,11 +139,13 @@ def local_bytes(node, factors, settings) -> float:
             eb = c if a == c else a + 2 * c
         full_cap += o.nbytes
         full += o.numel * eb
-        loc += _local_numel(o.shape, o.dims, factors) * eb
+        if i not in fin:
+            loc += _local_numel(o.shape, o.dims, factors) * eb
     eb = out_bytes(node, settings)
     full_cap += node.out.nbytes
     full += node.out.numel * eb
-    loc += _local_numel(node.out.shape, node.out.dims, factors) * eb
+    if not fout:
+        loc += _local_numel(node.out.shape, node.out.dims, factors) * eb
     if node.bytes > 0 and full_cap > 0:
         return node.bytes * (full / full_cap) * (loc / full) if full > 0 else 0.0
     return loc
@@ -176,9 +180,11 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
             elems = max(elems, _local_numel(o.shape, o.dims, f))
         floor_f, floor_b = op_floor(node.target, elems, cluster)
     ff, fb = time_flops(node, flops)
-    c.fwd_s = compute_time(ff, nbytes, cluster, launches_of(node.kind, False, async_launch), randoms, floor_f)
+    # a node fused into its consumer's kernel launches nothing of its own
+    own = 0 if settings.fused and fusion_of(node)[1] else 1
+    c.fwd_s = compute_time(ff, nbytes, cluster, own * launches_of(node.kind, False, async_launch), randoms, floor_f)
     c.bwd_s = compute_time(fb, 2 * nbytes, cluster,
-                           launches_of(node.kind, True, async_launch), floor=floor_b)
+                           own * launches_of(node.kind, True, async_launch), floor=floor_b)
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:

@@ -8,6 +8,14 @@ from ..ir import DTYPE_BYTES
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
+# The runtime a plan is priced for (docs/ARCHITECTURE.md "Runtime profiles"):
+#   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
+#            losses, fp32 spreading through element-wise ops), one kernel per operator;
+#   "fused": what Megatron-Core runs - fused point-wise chains (scale-mask-softmax, bias-dropout-add,
+#            bias-GeLU, rotary; costmodel.fusion: fewer launches and memory passes) and every float
+#            activation in the half precision (as autocast_fp32=False).  Flash attention (SDPA) is priced
+#            as the fused kernel in both: it is what torch dispatches on a GPU too.
+RUNTIMES = ("eager", "fused")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 _OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4)}
 
@@ -22,6 +30,7 @@ class CostSettings:
     # in fp32, fp32 spreading through element-wise ops; costmodel.dtypes), what sapp emits;
     # False = every float activation in bf16 (fused half-precision kernels, Megatron's formulas).
     autocast_fp32: bool = True
+    runtime: str = "eager"              # "eager" | "fused" (RUNTIMES above)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -34,6 +43,13 @@ class CostSettings:
             raise SappError(f"grad_sync_overlap must be in [0, 1], got {self.grad_sync_overlap!r}")
         if not isinstance(self.autocast_fp32, bool):
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
+        if self.runtime not in RUNTIMES:
+            raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use 'eager' or 'fused'")
+
+    @property
+    def fused(self) -> bool:
+        """Point-wise chains run fused (costmodel.fusion)."""
+        return self.runtime == "fused"
 
     @property
     def mixed(self) -> bool:
@@ -44,8 +60,9 @@ class CostSettings:
 
     @property
     def autocast(self) -> bool:
-        """Activation widths follow torch.autocast (some activations fp32), see costmodel.dtypes."""
-        return self.mixed and self.autocast_fp32
+        """Activation widths follow torch.autocast (some activations fp32), see costmodel.dtypes; the
+        fused runtime keeps every float activation in the half precision."""
+        return self.mixed and self.autocast_fp32 and not self.fused
 
     @property
     def weight_bytes(self) -> int:
