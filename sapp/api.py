@@ -113,18 +113,21 @@ def default_global_batch(info, devices) -> int:
 
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
-           precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None):
+           precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
+           runtime=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
     captured graph.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
-    constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`)."""
+    constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`).
+    `runtime`: the runtime profile priced, "eager" (default: what sapp's emitter runs) or "fused"
+    (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles")."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
     module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
-    settings = CostSettings(precision=precision or cl.precision)
+    settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager")
     capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
@@ -244,7 +247,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "placement": placement,
         "constraints": constraints.to_dict(),
         "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
-                     "grad_sync_overlap": settings.grad_sync_overlap},
+                     "grad_sync_overlap": settings.grad_sync_overlap, "runtime": settings.runtime},
         "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
                       "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
                       "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
@@ -388,7 +391,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     cons = constraints_from_plan(plan, graph)
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
-                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0))
+                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"))
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")

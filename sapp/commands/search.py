@@ -33,6 +33,9 @@ def add_arguments(p):
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
+    p.add_argument("--runtime", default=None, choices=("eager", "fused"),
+                   help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
+                        "executes) or fused (Megatron-Core: fused point-wise kernels, bf16 activations)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     add_constraint_arguments(p)
 
@@ -84,7 +87,7 @@ def run(args):
     t0 = time.perf_counter()
     with Progress(label="joint search") as prog:      # draws on a terminal only
         plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
-                          precision=args.precision, progress=prog)
+                          precision=args.precision, progress=prog, runtime=args.runtime)
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:
         plan.save(args.out)

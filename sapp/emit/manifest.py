@@ -6,7 +6,9 @@
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
 Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
-stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
+stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision,
+runtime (always "eager": a plan priced for the "fused" runtime is a prediction for Megatron-Core-like
+kernels that the emitted torch program does not run).
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
 DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
@@ -137,7 +139,9 @@ def observed(prog) -> dict:
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision}
+            "host": dict(sorted(host.items())), "precision": prog.precision,
+            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
+            "runtime": "eager"}
 
 
 def _schedules():
@@ -193,7 +197,7 @@ def expected(plan, prog, regions: dict) -> dict:
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision}
+            "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager")}
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
@@ -289,6 +293,8 @@ def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
     ZeRO stage, per-block recompute modes, tensor-parallel layers)."""
     import copy
     d = copy.deepcopy(plan._d)
+    if "runtime" in obs:
+        d.setdefault("settings", {})["runtime"] = obs["runtime"]
     if plan.parallel["dp"] > 1:
         d["zero"] = obs["zero"]
     mine = {b for bs in obs["stages"].values() for b in bs}

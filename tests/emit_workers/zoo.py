@@ -6,6 +6,7 @@ import torch
 from torch.nn import functional as F
 
 TINY = {"gpt": ("gpt-tiny", {"dropout": 0.0}), "mlp": ("mlp-tiny", {}),
+        "gpt-sdpa": ("gpt-tiny", {"dropout": 0.0, "attn": "sdpa"}), "llama": ("llama-tiny", {}),
         # dense tables: the reference's torch.optim.Adam takes no sparse gradients (host placement
         # with sparse tables is tested with H4's sapp/emit/host.py)
         "widedeep": ("wide-deep-tiny", {"sparse": False}),
@@ -33,7 +34,7 @@ def build(kind: str, seed: int = 0):
 def batch(kind: str, b: int, step: int):
     """(inputs tuple, targets) for the global batch of `step`: a fresh seeded batch every step."""
     g = torch.Generator().manual_seed(1000 + step)
-    if kind in ("gpt", "gpt2"):
+    if kind in ("gpt", "gpt2", "gpt-sdpa", "llama"):
         ids = torch.randint(0, 256, (b, 17), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
     if kind == "mlp":
