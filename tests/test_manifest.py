@@ -40,7 +40,7 @@ def test_single_device_manifest_matches_a_hand_plan():
     prog = emit(m, plan, rank=0, world=1)
     assert prog.manifest == {"zero": 0, "fsdp_units": [], "recompute": {"layers.0": {"mode": "full", "region": "layers.0"}},
                              "tp_modules": {}, "stages": {"0": ["layers.0", "layers.1"]}, "schedule": "none",
-                             "micro_batches": 1, "host": {}, "precision": "fp32"}
+                             "micro_batches": 1, "host": {}, "precision": "fp32", "runtime": "eager"}
     assert prog.mismatches == []
 
 
@@ -75,3 +75,18 @@ def test_run_passes_allow_mismatch_to_every_rank():
     args = p.parse_args(["plan.json", "--model", "gpt-tiny", "--allow-mismatch"])
     assert "--allow-mismatch" in run.command(args, 2)
     assert "--allow-mismatch" not in run.command(p.parse_args(["plan.json", "--model", "gpt-tiny"]), 2)
+
+
+def test_a_fused_runtime_plan_is_a_runtime_mismatch():
+    """A plan priced for the "fused" runtime (Megatron-Core kernels) predicts a program sapp's emitter
+    does not run: emit says so in one line, and with allow_mismatch re-prices it as eager."""
+    plan = sapp.search(models.get("gpt-tiny", device="meta"), sapp.Cluster.parse("cpu:gpus=1"), global_batch=4,
+                       runtime="fused")
+    assert plan._d["settings"]["runtime"] == "fused"
+    torch.manual_seed(0)
+    with pytest.raises(PlanError, match=r"^the emitted program differs from the plan: runtime: plan 'fused', emitted 'eager'"):
+        emit(models.get("gpt-tiny", device="cpu"), plan, rank=0, world=1)
+    prog = emit(models.get("gpt-tiny", device="cpu"), plan, rank=0, world=1, allow_mismatch=True)
+    assert prog.repriced is not None
+    # unfused point-wise chains move more bytes: the eager re-price is slower
+    assert prog.repriced["step_time_s"] > plan.predicted["step_time_s"]
