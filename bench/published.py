@@ -92,6 +92,19 @@ for _n, _shape, _gb, _t, _p, _runs in (
                         "tf_per_gpu_hw_recompute", _tf, "Narayanan et al. 2021 Table 2", note="eager attention (2021)"))
 
 
+NOTES = """
+Every row is priced PINNED to the published configuration (tp, pp, dp; ZeRO-1 = Megatron's distributed
+optimizer; micro-batch 1 where the source says so; the recomputation the source used) on the datasheet
+preset of its GPU, with one runtime profile for all rows (`--runtime`, default `fused`: Megatron-Core's
+fused kernels, docs/ARCHITECTURE.md "Runtime profiles"); the "eager runtime" column is the same
+configuration priced as torch eager under autocast, to show what the profile changes.  The last column
+is what sapp's free search picks for the same model, cluster and batch.  "[needs sp]": the run used
+sequence parallelism, priced here without it (sp15's issue-15 work adds it).  The weak-scaling shapes
+are derived (see `_MEGATRON_H100` in bench/published.py); Korthikanti Table 4 is one layer
+(the 2-layer run minus the 1-layer run, forward + backward per micro-batch).
+"""
+
+
 def _extra_rows():
     """Rows other engineers add from their own modules (absent modules are skipped)."""
     out = []
@@ -180,17 +193,23 @@ def price(row, settings, cache, pins=None) -> Priced:
         out.memory_gb = res.peak_memory_bytes / 1e9
         rc = sorted(set(v for s in res.stages for v in s.recompute.values()))
         out.config = res.config.describe() + (f" rc={'/'.join(rc)}" if rc else "")
+        cb = res.comm_by_kind or {}
+        out.extra = {"compute_s": res.compute_s, "tp_s": cb.get("reshard", 0.0), "dp_s": cb.get("dp_grad_sync", 0.0),
+                     "pp_s": cb.get("pp_p2p", 0.0), "bubble_s": res.bubble_s}
     except SappError as e:
         out.error = str(e).splitlines()[0][:120]
     return out
 
 
-def run(rows, settings, free=True, out=sys.stdout):
+def run(rows, settings, free=True, compare=None, out=sys.stdout):
+    """Price every row pinned (and free); `compare`: other settings priced pinned for a side column."""
     cache, results = {}, []
     for row in rows:
         t0 = time.perf_counter()
         pinned = price(row, settings, cache)
         fr = price(row, settings, cache, pins={}) if (free and row.free) else None
+        if compare is not None:
+            pinned.extra["compare"] = price(row, compare, cache).value
         results.append((row, pinned, fr, time.perf_counter() - t0))
         print(_line(row, pinned, fr), file=out, flush=True)
     return results
@@ -211,12 +230,18 @@ def _line(row, p, fr):
     pred = f"{p.value:.1f}" if not p.error else f"— ({p.error})"
     mark = f" [needs {row.needs}]" if row.needs else ""
     mfu = f"{100 * p.mfu:.1f}%" if p.mfu == p.mfu else "—"
-    return (f"| {row.name}{mark} | {_UNITS[row.metric]} | {row.published:g} | {pred} | {e:+.1f}%{flag} | {mfu} | "
-            f"{'yes' if p.fits else 'no'} ({p.memory_gb:.1f} GB) | {p.config} | {free} |")
+    cmp_v = p.extra.get("compare")
+    cmp_s = f"{cmp_v:.1f} ({_err(cmp_v, row.published):+.0f}%)" if cmp_v is not None and cmp_v == cmp_v else "—"
+    x = p.extra
+    brk = (f"{x['compute_s']:.3g} / {x['tp_s']:.3g} / {x['dp_s']:.3g} / {x['bubble_s']:.3g}"
+           if x.get("compute_s") is not None and row.metric != "layer_ms" else "—")
+    return (f"| {row.name}{mark} | {_UNITS[row.metric]} | {row.published:g} | {pred} | {e:+.1f}%{flag} | {cmp_s} | {mfu} | "
+            f"{'yes' if p.fits else 'no'} ({p.memory_gb:.1f} GB) | {p.config} | {brk} | {free} |")
 
 
-HEADER = ("| run | unit | published | predicted (pinned) | error | MFU (pred) | fits (peak) | pinned configuration "
-          "as priced | free search: value (configuration) |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| run | unit | published | predicted (pinned) | error | eager runtime (error) | MFU (pred) | fits (peak) | "
+          "pinned configuration as priced | step s: compute / TP comm / DP sync / bubble | free search: value "
+          "(configuration) |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table(results):
@@ -248,24 +273,25 @@ def main(argv=None):
     ap.add_argument("--only", help="rows whose group or name contains this text")
     ap.add_argument("--runtime", default="fused", help="runtime profile every row is priced with")
     ap.add_argument("--no-free", action="store_true", help="skip the free search's prediction")
+    ap.add_argument("--compare", default="eager", help="a second runtime priced pinned beside ('' for none)")
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     args = ap.parse_args(argv)
     from sapp.costmodel import CostSettings
     rows = ROWS + _extra_rows()
     if args.only:
         rows = [r for r in rows if args.only in r.name or args.only in r.group]
-    kw = {"runtime": args.runtime} if "runtime" in CostSettings.__dataclass_fields__ else {}
-    settings = CostSettings(precision="bf16-mixed", **kw)
+    settings = CostSettings(precision="bf16-mixed", runtime=args.runtime)
+    compare = CostSettings(precision="bf16-mixed", runtime=args.compare) if args.compare else None
     t0 = time.perf_counter()
     print(HEADER)
-    results = run(rows, settings, free=not args.no_free)
+    results = run(rows, settings, free=not args.no_free, compare=compare)
     within = [r for r in results if abs(_err(r[1].value, r[0].published)) <= 10]
     summary = (f"{len(within)}/{len(results)} rows within ±10% (runtime={args.runtime}); "
                f"{time.perf_counter() - t0:.0f} s")
     print(summary)
     if args.write:
-        text = ("## Published runs (`python -m bench.published`)\n\n" + summary + ".  Rows marked [needs sp] ran "
-                "with sequence parallelism, which this table prices without (see the notes below).\n" + table(results))
+        text = ("## Published runs (`python -m bench.published`)\n\n" + summary + ".\n\n" + NOTES.strip() + "\n"
+                + table(results) + "\n")
         write_section(text)
     return 0
 
