@@ -1,4 +1,4 @@
-"""Test models, data and the single-process reference run: the sapp zoo's gpt-tiny, mlp-tiny and
+"""Test models, data and the single-process reference run: the sapp zoo's gpt-tiny (eager and SDPA attention), llama-tiny, mlp-tiny and
 wide-deep-tiny, and HF GPT-2 from a transformers config (no download)."""
 from __future__ import annotations
 
