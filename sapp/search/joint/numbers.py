@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...costmodel import collective_time
+from .cp import CPTerms
 
 
 class UnitNumbers:
@@ -9,13 +10,23 @@ class UnitNumbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
+        cp = getattr(cfg, "cp", 1)
+        cpt = CPTerms(ctx, prof, cfg) if cp > 1 else None
+        b_rank = cfg.mbs / cp          # samples' worth of tokens per rank (sapp/search/joint/cp.py)
         self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat = (
             [] for _ in range(9))
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
             if r is None:
-                f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
+                f, b, act, extra, out = u.at(b_rank, cfg.zero)
+                if cpt is not None:
+                    # K/V all-gather (forward, and again in a full recompute), reduce-scatter of
+                    # their gradients (backward), gathered K/V saved unless the block recomputes
+                    cf, cb, ca = cpt.of(u)
+                    f, b = f + cf, b + cb
+                    act = (act[0] + ca, act[1] + ca, act[2])
+                    extra = (extra[0], extra[1], extra[2] + cf)
                 st = held_states(u, cfg)
                 r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
                      u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
@@ -43,7 +54,7 @@ def held_states(unit, cfg):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, getattr(cfg, "cp", 1))
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)
