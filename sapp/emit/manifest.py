@@ -6,7 +6,8 @@
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
 Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
-stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
+stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision,
+cp (context-parallel degree the attention modules were rewritten for, sapp/emit/cp.py).
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
 DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
@@ -135,9 +136,11 @@ def observed(prog) -> dict:
     sched = type(prog.schedule).__name__ if prog.schedule is not None else None
     kind = {v: k for k, v in _schedules().items()}.get(sched, "none")
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
+    from .cp import observed_cp
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision}
+            "host": dict(sorted(host.items())), "precision": prog.precision,
+            "cp": observed_cp(mods.values())}       # read off the rewritten attention modules
 
 
 def _schedules():
@@ -150,7 +153,7 @@ def expected(plan, prog, regions: dict) -> dict:
     """The plan's fields for this rank.  `regions`: recompute.priced_regions (selective blocks)."""
     from ..placement.schema import resolve
     mods = _stage_mods(prog)
-    dp = plan.parallel["dp"]
+    dp = plan.parallel["dp"] * plan.parallel.get("cp", 1)   # ZeRO shards over dp x cp
     zero = plan.zero if dp > 1 else 0          # with one replica there is nothing to shard
     units, tp, stages, host, rc = [], {}, {}, {}, {}
     modes = prog.recompute_modes
@@ -193,7 +196,7 @@ def expected(plan, prog, regions: dict) -> dict:
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision}
+            "precision": prog.plan_precision, "cp": plan.parallel.get("cp", 1)}
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:

@@ -46,7 +46,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
         if progress is not None:
-            progress(evaluated, len(ranked))
+            progress(evaluated, len(configs))
         if res is None:
             need = memory_needed(ctx, cfg, prof)
             if closest is None or need < closest[0]:
