@@ -137,10 +137,11 @@ def observed(prog) -> dict:
     kind = {v: k for k, v in _schedules().items()}.get(sched, "none")
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
     from .cp import observed_cp
-    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
-            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision,
-            "cp": observed_cp(mods.values())}       # read off the rewritten attention modules
+    out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+           "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
+           "host": dict(sorted(host.items())), "precision": prog.precision}
+    cp = observed_cp(mods.values())      # read off the rewritten attention modules; absent when 1
+    return dict(out, cp=cp) if cp > 1 else out
 
 
 def _schedules():
@@ -193,10 +194,12 @@ def expected(plan, prog, regions: dict) -> dict:
                 elif e.get("master_weights") == "host" or e.get("optimizer") == "host":
                     host[n] = "offload"
     pp = plan.parallel["pp"]
-    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
-            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
-            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision, "cp": plan.parallel.get("cp", 1)}
+    out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+           "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
+           "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
+           "precision": prog.plan_precision}
+    cp = plan.parallel.get("cp", 1)
+    return dict(out, cp=cp) if cp > 1 else out
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
