@@ -166,6 +166,16 @@ class CPProgram(Program):
             if b % self.dp_only:
                 raise PlanError(f"global batch {b} does not divide over dp={self.dp_only}; use a multiple of {self.dp_only}")
             n = b // self.dp_only
-            rows = t[self.dp_rank * n:(self.dp_rank + 1) * n]
-            out.append(shard_sequence(rows, self.cp, self.cp_rank) if rows.dim() >= 2 else rows)
+            out.append(self.shard_tokens(t[self.dp_rank * n:(self.dp_rank + 1) * n]))
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def shard_tokens(self, *tensors):
+        """This cp rank's tokens (load-balanced chunks) of [batch, seq, ...] tensors already cut to
+        its dp rows; tensors without a sequence axis pass unchanged."""
+        out = []
+        for t in tensors:
+            if isinstance(t, (tuple, list)):
+                out.append(type(t)(self.shard_tokens(*t)) if len(t) != 1 else (self.shard_tokens(t[0]),))
+                continue
+            out.append(shard_sequence(t, self.cp, self.cp_rank) if t.dim() >= 2 else t)
         return out[0] if len(out) == 1 else tuple(out)
