@@ -11,7 +11,8 @@ import argparse
 import sys
 import time
 
-CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024)]
+CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024),
+         ("gpt3-1.3b", 8)]          # 8 sequences: more devices than samples, context parallelism searched
 # --all: every zoo model of the benchmark set (the tiny test models aside)
 ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("wide-deep", 16384)]
 DEVICES = (8, 64, 512)
@@ -44,7 +45,7 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
     ctx = SearchContext(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
     best, scored = None, 0
     for cfg in enumerate_configs(ctx):
-        prof = ctx.profile(cfg.dp, cfg.tp)
+        prof = ctx.profile(cfg.dp_cp, cfg.tp)     # a cp configuration prices on dp·cp's profile
         for pol in policies:
             scored += 1
             res = evaluate_config(ctx, cfg, prof, exact=exact_partition, policy=pol)

@@ -234,7 +234,8 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+        # cp only when used: plans without it load as cp = 1
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, **({"cp": cfg.cp} if cfg.cp > 1 else {})},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -305,7 +306,8 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
                        recompute=recompute, zero=plan["zero"], stages=stages,
-                       placement=_placement_pins(plan, graph) if graph is not None else None)
+                       placement=_placement_pins(plan, graph) if graph is not None else None,
+                       cp=par.get("cp", 1))
 
 
 def _placement_pins(plan, graph):
@@ -358,7 +360,8 @@ def _plan_config(plan, gb):
     m = pipe["micro_batches"]
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
-                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"])
+                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
+                  par.get("cp", 1))
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):

@@ -31,6 +31,7 @@ class Constraints:
     placement: dict | None = None         # {"embed.*": "host"} pins
     max_tp: int | None = None
     max_dp: int | None = None
+    cp: int | None = None                 # context-parallel ranks per sample (the sequence split over them)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -53,7 +54,7 @@ class Constraints:
         return cls(**kw)
 
     def __post_init__(self):
-        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp"):
+        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp"):
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")
@@ -116,15 +117,18 @@ class Constraints:
                 raise ConstraintError(f"tp={self.tp} does not divide a node of {gpus_per_node} devices; "
                                       f"use a divisor of {gpus_per_node}")
         fixed = [v for v in (self.tp, self.dp, self.pp) if v is not None]
-        prod = 1
+        prod = self.cp or 1
         for v in fixed:
             prod *= v
+        if len(fixed) == 3 and prod != devices and self.cp not in (None, 1):
+            raise ConstraintError(f"tp*dp*pp*cp = {self.tp}*{self.dp}*{self.pp}*{self.cp} = {prod} but the cluster has "
+                                  f"{devices} devices; make the product {devices}")
         if len(fixed) == 3 and prod != devices:
             raise ConstraintError(f"tp*dp*pp = {self.tp}*{self.dp}*{self.pp} = {prod} but the cluster has {devices} "
                                   f"devices; make the product {devices}")
         if devices % prod:
             raise ConstraintError(f"the pinned degrees multiply to {prod}, which does not divide {devices} devices")
-        if self.zero and (self.dp == 1 or devices == 1):
+        if self.zero and ((self.dp == 1 and (self.cp or 1) == 1) or devices == 1):
             # ZeRO shards over the data-parallel group: with one replica the plan would say zero 0
             # while these constraints still said otherwise
             raise ConstraintError(f"zero={self.zero} shards model states over the dp group, but dp is 1; "

@@ -156,8 +156,11 @@ MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse
 def _semantic(d):
     """What the schema cannot say: fields that must agree with each other."""
     par = d["parallel"]
-    if par["dp"] * par["tp"] * par["pp"] != d["devices"]:
-        raise PlanError(f"dp x tp x pp = {par['dp']}x{par['tp']}x{par['pp']} does not equal devices={d['devices']}")
+    cp = par.get("cp", 1)          # plans before context parallelism have none: 1
+    if par["dp"] * par["tp"] * par["pp"] * cp != d["devices"]:
+        what = "dp x tp x pp" + (" x cp" if cp > 1 else "")
+        vals = f"{par['dp']}x{par['tp']}x{par['pp']}" + (f"x{cp}" if cp > 1 else "")
+        raise PlanError(f"{what} = {vals} does not equal devices={d['devices']}")
     pipe, gb = d["pipeline"], d["model"].get("global_batch")
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "

@@ -55,5 +55,5 @@ def test_readme_main_command(tmp_path, capsys):
     assert "global batch 1536" in text and "1024 devices" in text
     d = json.loads(out.read_text())
     assert d["predicted"]["peak_memory_bytes"] <= 80e9
-    assert d["parallel"]["dp"] * d["parallel"]["tp"] * d["parallel"]["pp"] == 1024
+    assert d["parallel"]["dp"] * d["parallel"]["tp"] * d["parallel"]["pp"] * d["parallel"].get("cp", 1) == 1024
     assert 0.3 < d["predicted"]["mfu"] < 0.9

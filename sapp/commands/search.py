@@ -19,10 +19,11 @@ def add_constraint_arguments(p):
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the dp group")
     g.add_argument("--max-tp", type=int, help="largest tensor-parallel degree to consider")
     g.add_argument("--max-dp", type=int, help="largest data-parallel degree to consider")
+    g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
 
 
 def constraints_from_args(args) -> dict:
-    keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp")
+    keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp", "cp")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 

@@ -8,7 +8,8 @@
 Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
 stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision,
 runtime (always "eager": a plan priced for the "fused" runtime is a prediction for Megatron-Core-like
-kernels that the emitted torch program does not run).
+kernels that the emitted torch program does not run), cp (context-parallel degree the attention modules
+were rewritten for, sapp/emit/cp.py).
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
 DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
@@ -137,11 +138,14 @@ def observed(prog) -> dict:
     sched = type(prog.schedule).__name__ if prog.schedule is not None else None
     kind = {v: k for k, v in _schedules().items()}.get(sched, "none")
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
-    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
-            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision,
-            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
-            "runtime": "eager"}
+    from .cp import observed_cp
+    out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+           "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
+           "host": dict(sorted(host.items())), "precision": prog.precision,
+           # torch eager kernels under autocast: the emitter runs no fused point-wise chains
+           "runtime": "eager"}
+    cp = observed_cp(mods.values())      # read off the rewritten attention modules; absent when 1
+    return dict(out, cp=cp) if cp > 1 else out
 
 
 def _schedules():
@@ -154,7 +158,7 @@ def expected(plan, prog, regions: dict) -> dict:
     """The plan's fields for this rank.  `regions`: recompute.priced_regions (selective blocks)."""
     from ..placement.schema import resolve
     mods = _stage_mods(prog)
-    dp = plan.parallel["dp"]
+    dp = plan.parallel["dp"] * plan.parallel.get("cp", 1)   # ZeRO shards over dp x cp
     zero = plan.zero if dp > 1 else 0          # with one replica there is nothing to shard
     units, tp, stages, host, rc = [], {}, {}, {}, {}
     modes = prog.recompute_modes
@@ -194,10 +198,12 @@ def expected(plan, prog, regions: dict) -> dict:
                 elif e.get("master_weights") == "host" or e.get("optimizer") == "host":
                     host[n] = "offload"
     pp = plan.parallel["pp"]
-    return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
-            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
-            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager")}
+    out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
+           "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
+           "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
+           "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager")}
+    cp = plan.parallel.get("cp", 1)
+    return dict(out, cp=cp) if cp > 1 else out
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:

@@ -229,6 +229,13 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     device = torch.device(device) if device is not None else default_device()
     par = plan.parallel
     pp, dp, tp = par["pp"], par["dp"], par["tp"]
+    cp = par.get("cp", 1)
+    if cp > 1:
+        # context parallelism (sapp/emit/cp.py): parameters are replicated over dp x cp, so from here
+        # on "dp" is that gradient group; the data shard and the attention know the split
+        from . import cp as cp_mod
+        cp_mod.check_plan(plan)
+        dp = dp * cp
     me = parallel.coords(rank, pp, dp, tp)
     mesh = parallel.build_mesh(device, pp, dp, tp) if world > 1 else None
     notes = []
@@ -276,6 +283,9 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     else:
         traced, mine, raw = None, [0], {0: model}
 
+    if cp > 1:
+        cp_group = cp_mod.cp_groups(world, cp)[me[1] // cp]
+        cp_mod.apply(model, cp_group, cp, me[1] % cp)
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
     # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
     # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
@@ -337,7 +347,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         from torch.distributed.pipelining import PipelineStage
         stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
-    prog = Program(plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
+    extra = {"cp": cp, "dp_only": dp // cp, "cp_rank": me[1] % cp} if cp > 1 else {}
+    prog = (cp_mod.CPProgram if cp > 1 else Program)(**extra, plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
                    grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=sorted(
                        d["region"] for d in recomputed.values() if d["region"]), recompute_done=recomputed,

@@ -159,7 +159,9 @@ def main(argv=None) -> int:
                 if fault[2] == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(1)
-            x, y = batches.local(i, prog.dp_rank, prog.dp)
+            x, y = batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp))
+            if getattr(prog, "cp", 1) > 1:          # context parallelism: this rank's tokens of them
+                x, y = prog.shard_tokens(x, y)
             t0 = time.perf_counter()
             loss = prog.step(x, y)
             end = time.perf_counter()

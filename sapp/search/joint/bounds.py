@@ -2,7 +2,7 @@
 the stage profile."""
 from __future__ import annotations
 
-from .numbers import p2p_time, unit_numbers
+from .numbers import bound_numbers, p2p_time
 
 
 def analytic_bound(ctx, cfg):
@@ -20,13 +20,13 @@ def profile_bound(ctx, cfg, prof):
     """Tighter bound from the profile: real per-micro-batch unit times (no recomputation), the
     stage-boundary sends every pipeline pays, the cheapest possible gradient sync (bandwidth spread
     evenly, latency once) and the bubble."""
-    num = unit_numbers(ctx, prof, cfg)
+    num = bound_numbers(ctx, prof, cfg)
     p, m = cfg.pp, cfg.m
     c = p2p_time(ctx, cfg, num.boundary)
     sends = (2 * cfg.v * p - 2) if cfg.schedule == "interleaved" else 2 * (p - 1)
-    tot = sum(num.t) + sends * c
-    tmax = max(tot / p, max(num.t))
-    gs = sum(num.gs) / p + max(num.lat, default=0.0)
+    tot = num.tot + sends * c
+    tmax = max(tot / p, num.tmax)
+    gs = num.gs / p + num.lat
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":

@@ -1,5 +1,5 @@
-"""Enumeration of the (pp, dp, tp, micro-batches, schedule, virtual chunks, ZeRO) configurations the
-cluster, the batch and the constraints allow."""
+"""Enumeration of the (pp, dp, tp, micro-batches, schedule, virtual chunks, ZeRO, cp) configurations
+the cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
@@ -26,6 +26,7 @@ def enumerate_configs(ctx):
     c, cl = ctx.cons, ctx.cluster
     N, gpn = cl.devices, cl.gpus_per_node
     out = []
+    cp_ok = _cp_filter(ctx)
     tps = [t for t in divisors(gpn) if (c.tp is None or t == c.tp) and (c.max_tp is None or t <= c.max_tp)]
     for tp in tps:
         if N % tp:
@@ -40,38 +41,68 @@ def enumerate_configs(ctx):
             S = N // pp
             if not (gpn % S == 0 or S % gpn == 0):
                 continue
-            dp = N // (pp * tp)
-            if (c.dp is not None and dp != c.dp) or (c.max_dp is not None and dp > c.max_dp):
-                continue
-            if ctx.B % dp:
-                continue
-            if stage_mesh(cl, dp, tp)[0] is None:  # noqa: E501 (tp must fit a node)
-                continue
-            per_rep = ctx.B // dp
-            for m in divisors(per_rep):
-                if c.micro_batches is not None and m != c.micro_batches:
+            for cp in cp_ok(N // (pp * tp)):
+                dp = N // (pp * tp * cp)
+                if (c.dp is not None and dp != c.dp) or (c.max_dp is not None and dp > c.max_dp):
                     continue
-                if pp > 1 and m < pp and c.micro_batches is None:
-                    continue            # fewer micro-batches than stages: idle stages, never better
-                scheds = []
-                if pp == 1:
-                    scheds = [("none", 1)]
-                else:
-                    scheds = [("1f1b", 1), ("gpipe", 1)]
-                    for v in (2, 4):
-                        if m % pp == 0 and ctx.uniform and ctx.L % (pp * v) == 0:
-                            scheds.append(("interleaved", v))
-                for s, v in scheds:
-                    if c.schedule is not None and s != c.schedule:
-                        continue
-                    if s != "gpipe" and m < pp:
-                        continue        # torch's 1F1B schedules need micro-batches >= stages
-                    if c.virtual_chunks is not None and s == "interleaved" and v != c.virtual_chunks:
-                        continue
-                    for z in ((0, 1, 2, 3) if dp > 1 else (0,)):
-                        # a pinned ZeRO stage is what the plan must say: a dp = 1 configuration
-                        # (nothing to shard over) would be written as zero 0 beside the pin
-                        if c.zero is not None and z != c.zero:
-                            continue
-                        out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z))
+                if ctx.B % dp:
+                    continue
+                if stage_mesh(cl, dp * cp, tp)[0] is None:  # noqa: E501 (tp must fit a node)
+                    continue
+                _configs_at(ctx, c, out, pp, dp, tp, cp)
     return out
+
+
+def _cp_filter(ctx):
+    """n -> the cp degrees to try on n devices (1 only for models CP cannot split, or when pinned)."""
+    from .cp import cp_degrees
+    pin = getattr(ctx.cons, "cp", None)
+    cache = {}
+
+    def degrees(n):
+        if n not in cache:
+            cache[n] = [x for x in cp_degrees(ctx.graph, n) if pin is None or x == pin] if pin != 1 else [1]
+        return cache[n]
+    return degrees
+
+
+def _configs_at(ctx, c, out, pp, dp, tp, cp):
+    per_rep = ctx.B // dp
+    for m in divisors(per_rep):
+        if c.micro_batches is not None and m != c.micro_batches:
+            continue
+        if pp > 1 and m < pp and c.micro_batches is None:
+            continue            # fewer micro-batches than stages: idle stages, never better
+        scheds = []
+        if pp == 1:
+            scheds = [("none", 1)]
+        else:
+            scheds = [("1f1b", 1), ("gpipe", 1)]
+            for v in (2, 4):
+                if m % pp == 0 and ctx.uniform and ctx.L % (pp * v) == 0:
+                    scheds.append(("interleaved", v))
+        for s, v in scheds:
+            if c.schedule is not None and s != c.schedule:
+                continue
+            if s != "gpipe" and m < pp:
+                continue        # torch's 1F1B schedules need micro-batches >= stages
+            if c.virtual_chunks is not None and s == "interleaved" and v != c.virtual_chunks:
+                continue
+            if cp > 1 and _plain_dp_equivalent(c, dp, cp, per_rep // m):
+                continue
+            for z in ((0, 1, 2, 3) if dp * cp > 1 else (0,)):  # ZeRO shards over dp x cp
+                # a pinned ZeRO stage is what the plan must say: a dp = 1 configuration
+                # (nothing to shard over) would be written as zero 0 beside the pin
+                if c.zero is not None and z != c.zero:
+                    continue
+                out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z, cp))
+
+
+def _plain_dp_equivalent(c, dp, cp, mbs):
+    """A cp configuration whose micro-batch splits over cp whole samples is dominated: dp·cp plain
+    data-parallel replicas at mbs/cp samples run the same tokens per rank, the same gradient-sync
+    group and link, the same activations, without the K/V exchange and its saved copies
+    (sapp/search/joint/cp.py).  Kept when the pins forbid that dp."""
+    if c.dp is not None or (c.max_dp is not None and dp * cp > c.max_dp) or getattr(c, "cp", None) is not None:
+        return False
+    return mbs % cp == 0

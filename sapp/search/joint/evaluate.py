@@ -30,7 +30,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     # (FSDP2) and tensor parallelism hold every tensor as a sharded DTensor.
     sharded = cfg.zero >= 2 or cfg.tp > 1
     opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings,
-                                    tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=sharded)
+                                    tensors=s.param_tensors / (cfg.dp_cp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
     loss_s = ctx.loss_sync_s
     step = step_pipe + gs + opt_s + loss_s
@@ -43,7 +43,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     res.p2p_s = cfg.m * max(s.send_s for s in stages)
     # tensor-parallel resharding is priced inside the units' fwd/bwd; report it as communication
     by_name = {u.name: u for u in prof.units}
-    tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs) for n in s.units if n in by_name) for s in stages)
+    tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs / cfg.cp) for n in s.units if n in by_name) for s in stages)
     res.optimizer_s = opt_s
     res.compute_s = compute_like + opt_s - tp_comm
     res.comm_s = gs + res.p2p_s + tp_comm + loss_s

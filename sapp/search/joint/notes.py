@@ -22,8 +22,11 @@ def notes(ctx, res):
             pol[v] = pol.get(v, 0) + 1
     if pol.get("selective") or pol.get("full"):
         out.append("recomputation: " + ", ".join(f"{k} x{v}" for k, v in sorted(pol.items())))
+    if cfg.cp > 1:
+        out.append(cp_note(ctx, res))
     if cfg.zero:
-        out.append(f"ZeRO-{cfg.zero} over dp={cfg.dp}: model states per device "
+        over = f"dp x cp = {cfg.dp}x{cfg.cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
+        out.append(f"ZeRO-{cfg.zero} over {over}: model states per device "
                    f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
     pl = res.placement
     if pl is not None and pl.name != "device":
@@ -43,3 +46,14 @@ def notes(ctx, res):
     if note:
         out.append(note)
     return out
+
+
+def cp_note(ctx, res):
+    """What context parallelism does in this plan and what its K/V exchange costs per step."""
+    from .cp import sequence_length
+    cfg = res.config
+    seq = sequence_length(ctx.graph)
+    return (f"context parallel cp={cfg.cp}: each sample's {seq} tokens split into {2 * cfg.cp} chunks, rank r "
+            f"holds chunks r and {2 * cfg.cp - 1}-r (even causal work); K/V all-gathered before attention, "
+            f"their gradients reduce-scattered; parameters replicated over cp, gradients averaged over "
+            f"dp x cp = {cfg.dp * cfg.cp}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...costmodel import collective_time
+from .cp import CPTerms
 
 
 class UnitNumbers:
@@ -9,21 +10,68 @@ class UnitNumbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
+        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat = (
             [] for _ in range(9))
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
             if r is None:
-                f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
-                st = held_states(u, cfg)
-                r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-                     u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
-                per_rep[key] = r
+                r = per_rep[key] = _values(u, cfg, cpt)
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
                                  self.fwd, self.lat), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
+
+
+def _values(u, cfg, cpt):
+    """(time, act, extra, out, states, grad sync, param bytes, fwd, sync latency) of one unit."""
+    f, b, act, extra, out = u.at(cfg.mbs / cfg.cp, cfg.zero)   # a cp rank runs mbs/cp samples' tokens
+    if cpt is not None:
+        # K/V all-gather (forward, and again in a full recompute), reduce-scatter of their
+        # gradients (backward), gathered K/V saved unless the block recomputes
+        cf, cb, ca = cpt.of(u)
+        f, b = f + cf, b + cb
+        act = (act[0] + ca, act[1] + ca, act[2])
+        extra = (extra[0], extra[1], extra[2] + cf)
+    st = held_states(u, cfg)
+    return (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
+            u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
+
+
+class BoundNumbers:
+    """What the profile bound needs (sum and max of unit times, gradient sync, largest latency,
+    boundary bytes), from each distinct unit once times its count: O(distinct units), not O(units),
+    because the bound is computed for every configuration."""
+
+    def __init__(self, prof, cfg, ctx):
+        counts = getattr(prof, "_rep_counts", None)
+        if counts is None:
+            counts = {}
+            for u in prof.units:
+                key = u.rep if u.kind == "block" else u.name
+                if key not in counts:
+                    counts[key] = [u, 0]
+                counts[key][1] += 1
+            prof._rep_counts = counts
+        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
+        self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
+        for u, k in counts.values():
+            t, _, _, out, _, gs, _, _, lat = _values(u, cfg, cpt)
+            self.tot += k * t
+            self.tmax = max(self.tmax, t)
+            self.gs += k * gs
+            self.lat = max(self.lat, lat)
+            if u.kind == "block":
+                self.boundary = max(self.boundary, out)
+
+
+def bound_numbers(ctx, prof, cfg):
+    key = ("bound", prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.cp)
+    n = ctx.numbers.get(key)
+    if n is None:
+        n = ctx.numbers[key] = BoundNumbers(prof, cfg, ctx)
+    return n
 
 
 def held_states(unit, cfg):
@@ -43,7 +91,7 @@ def held_states(unit, cfg):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

@@ -16,14 +16,21 @@ class Config:
     schedule: str           # none | gpipe | 1f1b | interleaved
     v: int                  # virtual chunks (interleaved), else 1
     zero: int
+    cp: int = 1             # context-parallel ranks sharing each sample's sequence (sapp/costmodel/context.py)
+
+    @property
+    def dp_cp(self):
+        """Ranks a stage's parameters are replicated over (gradient sync and ZeRO group): dp x cp."""
+        return self.dp * self.cp
 
     def key(self):
-        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero)
+        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp)
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
         s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
-        return f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+        c = f" cp={self.cp}" if self.cp > 1 else ""
+        return f"pp={self.pp} dp={self.dp}{c} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
 
 
 @dataclass

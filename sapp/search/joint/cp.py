@@ -1,0 +1,129 @@
+"""Context parallelism inside the joint search: which cp degrees a model admits, and the per-block
+terms a cp > 1 configuration adds to the stage profile (sapp/costmodel/context.py prices them).
+
+How a CP configuration is priced.  cp ranks share each sample's sequence, every op of the layer runs
+on 1/cp of the tokens and (load-balanced causal chunks) every rank does 1/cp of the attention pairs,
+and parameters are replicated over cp with gradients averaged over dp x cp.  That is the stage profile
+of a dp·cp-way data-parallel stage evaluated at micro-batch mbs/cp samples per rank: the same token
+count, the same gradient-sync group (dp·cp ranks, ZeRO sharding over them), the same link.  So a CP
+configuration shares the profile of (dp·cp, tp) with the plain data-parallel configurations (no new
+sharding search), and adds per block the K/V all-gather (forward, again when a fully recomputed
+block reruns its forward), the gradients' reduce-scatter (backward) and the gathered K/V it saves."""
+from __future__ import annotations
+
+from ...costmodel.context import check_sequence, cp_link, kv_exchange_time, kv_saved_bytes
+from ...costmodel.dtypes import operand_bytes
+from ...pipeline.profile import attention_core
+
+# walked through when looking for the un-expanded K/V a grouped-query attention repeats per head
+_PASS_KINDS = ("view", "elementwise")
+
+
+def sequence_length(graph):
+    """The model's sequence length: the zoo's / HF config's `seq`, else the token ids' second axis."""
+    meta = graph.meta or {}
+    for k in ("seq", "s"):
+        v = meta.get(k)
+        if isinstance(v, int) and v > 0:
+            return v
+    cfg = meta.get("config") or {}
+    if isinstance(cfg.get("s"), int):
+        return cfg["s"]
+    for node in graph.nodes.values():
+        if node.kind == "embedding" and node.operands:
+            ids = [o for o in node.operands if o.param is None]
+            if ids and len(ids[0].dims) >= 2:
+                d = {x.name: x.size for x in node.dims}
+                return d.get(ids[0].dims[1])
+    return None
+
+
+def _kv_operands(graph, names):
+    """[(node, operand index)] of a block's K and V inputs to attention, [] if it has none."""
+    attn = [n for n in names if graph.nodes[n].kind == "attention"]
+    if attn:                                                   # a fused SDPA node: (q, k, v)
+        return [(attn[0], 1), (attn[0], 2)]
+    core = attention_core(graph, names)
+    if not core:
+        return []
+    bmm = [n for n in names if graph.nodes[n].kind in ("matmul", "attention")
+           and not graph.nodes[n].params and len(graph.nodes[n].producers) >= 2]
+    return [(bmm[0], 1), (bmm[1], 1)]                          # q·kᵀ's kᵀ, p·v's v
+
+
+def _unexpanded_numel(graph, node_name, i):
+    """Elements of operand i before any repeat/expand (grouped-query K/V are gathered un-repeated)."""
+    o = graph.nodes[node_name].operands[i]
+    best, prod = o.numel, o.producer
+    for _ in range(8):
+        if prod is None or prod not in graph.nodes:
+            break
+        p = graph.nodes[prod]
+        # views, expands and single-input copies (a reshape of an expanded tensor is a clone);
+        # never a two-input op (rotary's k·cos: cos would look like a smaller K)
+        if p.kind not in _PASS_KINDS or len([x for x in p.operands if x.param is None]) != 1:
+            break
+        src = p.operands[0]
+        if src.param is not None:
+            break
+        best = min(best, src.numel)
+        prod = src.producer
+    return best
+
+
+def kv_bytes_per_sample(graph, names, strategies, tp_index, tp, settings):
+    """Bytes of a block's K and V for one whole sample on one tensor-parallel rank (0: no attention).
+    `strategies` may be the template's (a block's representative carries the block's splits)."""
+    out = 0.0
+    for node_name, i in _kv_operands(graph, names):
+        node = graph.nodes[node_name]
+        _, kept = operand_bytes(node, i, settings)
+        b = _unexpanded_numel(graph, node_name, i) * kept / graph.batch_size
+        s = strategies.get(node_name)
+        if tp > 1 and s is not None and tp_index is not None and s[tp_index] in node.operands[i].dims:
+            b /= tp                                            # heads split over tp
+        out += b
+    return out
+
+
+def admits_cp(graph):
+    """True when the model has attention blocks and a known sequence length (cp splits it)."""
+    if not graph.blocks or sequence_length(graph) is None:
+        return False
+    return any(_kv_operands(graph, names) for names in graph.blocks.values())
+
+
+def cp_degrees(graph, n):
+    """cp degrees to try with n devices left after pp and tp: 1, and the divisors of n that split the
+    sequence into 2·cp equal chunks."""
+    from .configs import divisors
+    if not admits_cp(graph):
+        return [1]
+    seq = sequence_length(graph)
+    return [c for c in divisors(n) if check_sequence(seq, c)]
+
+
+class CPTerms:
+    """Per-unit additions of a cp > 1 configuration at micro-batch size `mbs` (samples per cp group)."""
+
+    def __init__(self, ctx, prof, cfg):
+        self.fwd, self.bwd, self.act = {}, {}, {}
+        cl = ctx.cluster
+        link = cp_link(cfg.cp, cfg.tp, cl.gpus_per_node)
+        roles = tuple(prof.roles or ())
+        tp_index = roles.index("tp") if "tp" in roles else None
+        for u in prof.units:
+            if u.kind != "block" or u.rep in self.fwd:
+                continue
+            names = ctx.graph.blocks.get(u.rep) or []
+            per = kv_bytes_per_sample(ctx.graph, names, prof.strategies, tp_index, cfg.tp, ctx.settings)
+            kv = per * cfg.mbs          # the whole sequence of the micro-batch's samples on this rank
+            f, b = kv_exchange_time(kv, cfg.cp, link, cl)
+            self.fwd[u.rep], self.bwd[u.rep] = f, b
+            self.act[u.rep] = kv_saved_bytes(kv, cfg.cp)
+
+    def of(self, unit):
+        """(forward s, backward s, saved bytes) a unit adds."""
+        if unit.kind != "block":
+            return 0.0, 0.0, 0.0
+        return self.fwd.get(unit.rep, 0.0), self.bwd.get(unit.rep, 0.0), self.act.get(unit.rep, 0.0)

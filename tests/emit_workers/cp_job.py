@@ -1,0 +1,120 @@
+"""Context-parallel plans (sapp search pinned to cp) emitted on gloo and compared with single-process
+training of the same model on the same batches (tests/test_cp_emit.py).
+
+    python -m tests.emit_workers.cp_job WORLD CASES.json OUT.json
+
+A case: {"id", "plan_path", "steps", "batch"}.  The model is the zoo's gpt-tiny without dropout (its
+attention is causal); the data: seeded token ids of the model's full sequence (32) per step.  Each
+rank trains `steps` steps, the last under the memory meter, and writes its losses, its final
+parameters' values, the manifest and measured vs predicted memory.  The parent adds the
+single-process reference (plain Adam on the whole batch)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+from tests.emit_workers.harness import fork_ranks
+
+SEQ = 32
+
+
+def model():
+    import torch
+    import sapp.models as models
+    torch.manual_seed(0)
+    return models.get("gpt-tiny", device="cpu", dropout=0.0)
+
+
+def batch(b, step):
+    import torch
+    g = torch.Generator().manual_seed(500 + step)
+    ids = torch.randint(0, 256, (b, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def reference(steps, b):
+    """Single-process training: losses and the final parameters (flattened, in named order)."""
+    import torch
+    import sapp.models as models
+    m = model()
+    loss_fn = models.loss_fn(m)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses = []
+    for i in range(steps):
+        x, y = batch(b, i)
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses, {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
+
+
+def run_case(case):
+    from sapp.emit import emit
+    from sapp.emit.memory_meter import MemoryMeter
+    from sapp.plan import Plan
+    from tests.emit_workers.truth_job import predicted_memory
+    plan = Plan.load(case["plan_path"])
+    m = model()
+    prog = emit(m, plan, lr=1e-3, check_fingerprint=False)
+    losses = []
+    for i in range(case["steps"]):
+        x, y = batch(case["batch"], i)
+        xs, ys = prog.shard(x, y)
+        if i == case["steps"] - 1:
+            with MemoryMeter(prog) as meter:
+                losses.append(prog.step(xs, ys))
+        else:
+            losses.append(prog.step(xs, ys))
+    return {"losses": losses, "coords": list(prog.coords), "local_tokens": list(xs.shape),
+            "params": {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()},
+            "manifest": prog.manifest, "expected": prog.manifest_expected, "measured": meter.result(),
+            "predicted": predicted_memory(plan, 0)}
+
+
+def _worker(rank, world, cases, out_dir, store):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    results, code = {}, 0
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=30))
+        for case in cases:
+            try:
+                results[case["id"]] = run_case(case)
+            except Exception as e:
+                results[case["id"]] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+            dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        results["__job__"] = {"error": traceback.format_exc()}
+        code = 1
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv):
+    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    failed, per_rank = fork_ranks(_worker, world, cases)
+    out = {"failed": failed, "cases": {}}
+    for case in cases:
+        losses, params = reference(case["steps"], case["batch"])
+        out["cases"][case["id"]] = {"ref_losses": losses, "ref_params": params,
+                                    "ranks": {r: v.get(case["id"], v.get("__job__")) for r, v in sorted(per_rank.items())}}
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
