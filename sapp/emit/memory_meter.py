@@ -8,7 +8,8 @@
 On a CPU there is no allocator to ask (tracemalloc does not see torch), so each component is counted
 from the objects that hold it, in device bytes, each storage once:
   params       local parameter storages (FSDP2 / DTensor shards), host tables excluded
-  grads        local gradient storages when the optimizers step (their peak), host tables excluded
+  grads        local gradient storages, host tables excluded: the most alive when the optimizers step or
+               at the activation peak (where FSDP2 accumulating micro-batches holds unsharded ones)
   optimizer    the device optimizers' state tensors after their step (host optimizers excluded)
   activations  peak live bytes of tensors saved for backward: saved-tensor hooks (autograd, and the
                inputs a non-reentrant checkpoint keeps) plus what selective checkpointing caches
@@ -101,10 +102,13 @@ class MemoryMeter:
         if e is None:
             self.live[key] = [1, nb]
             self.live_bytes += nb
-            if self.live_bytes > self.peak_act:
+            # ties sampled too: a pipeline stage reaches the same peak again with every steady-state
+            # forward, then next to the gradients its earlier backwards accumulated
+            if self.live_bytes >= self.peak_act:
                 self.peak_act = self.live_bytes
                 if self._fsdp:
                     self.peak_transient = max(self.peak_transient, self._unsharded_bytes())
+                    self.grads = max(self.grads, self._grad_bytes(unsharded=True))
         else:
             e[0] += 1
         return key
@@ -127,22 +131,25 @@ class MemoryMeter:
     def _unpack(h):
         return h.t if isinstance(h, _Held) else h
 
-    def _unsharded_bytes(self) -> int:
-        seen, total = set(), 0
+    def _fsdp_params(self):
         for m in self._fsdp:
             try:
                 group = m._get_fsdp_state()._fsdp_param_group
                 params = group.fsdp_params if group is not None else []
             except Exception:
                 continue
-            for fp in params:
-                t = getattr(fp, "_unsharded_param", None)
-                if t is None:
-                    continue
-                key, nb = _key_bytes(t)
-                if key not in seen and nb:
-                    seen.add(key)
-                    total += nb
+            yield from params
+
+    def _unsharded_bytes(self) -> int:
+        seen, total = set(), 0
+        for fp in self._fsdp_params():
+            t = getattr(fp, "_unsharded_param", None)
+            if t is None:
+                continue
+            key, nb = _key_bytes(t)
+            if key not in seen and nb:
+                seen.add(key)
+                total += nb
         return total
 
     # ---- states ------------------------------------------------------------------------------
@@ -159,15 +166,21 @@ class MemoryMeter:
                     total += nb
         return total
 
-    def _grad_bytes(self) -> int:
+    def _grad_bytes(self, unsharded=False) -> int:
+        """Gradient storages of this rank's parameters; `unsharded` adds FSDP2's unsharded gradient
+        accumulators (set_requires_gradient_sync(False) between micro-batches keeps them on the
+        unsharded parameters, which FSDP2 registers on the modules while they are gathered)."""
         host = self._host_params()
         seen, total = set(), 0
-        for mod in self.mods:
-            for p in mod.parameters():
-                if id(p) in host or p.grad is None:
-                    continue
-                key, nb = _key_bytes(p.grad)
-                if key not in seen:
+        grads = [p.grad for mod in self.mods for p in mod.parameters() if id(p) not in host]
+        if unsharded:
+            for fp in self._fsdp_params():
+                grads.append(getattr(fp, "unsharded_accumulated_grad", None))
+                grads.append(getattr(getattr(fp, "_unsharded_param", None), "grad", None))
+        for g in grads:
+            if torch.is_tensor(g):
+                key, nb = _key_bytes(g)
+                if key not in seen and nb:
                     seen.add(key)
                     total += nb
         return total

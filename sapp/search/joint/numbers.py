@@ -28,18 +28,35 @@ class UnitNumbers:
 
 def held_states(unit, cfg):
     """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
-    emitter runs, not only the ZeRO formula.  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
+    emitter runs, not only the ZeRO formula.  ZeRO-2 is FSDP2 with reshard_after_forward=False: its
+    parameters are the P/dp shards (the gathered copy it holds from forward to backward is priced by
+    `gathered_params`, as the meter sees it).  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
     keeps the unsharded gradients between them (the emitted accumulation loop turns
     set_requires_gradient_sync off until the last one; torch.distributed.pipelining's stages do the
-    same), and the final reduce-scatter writes the sharded ones beside them; a pipeline stage also
-    keeps the parameters unsharded between micro-batches (set_reshard_after_backward(False)) until
-    the step's last backward."""
+    same): the whole G is alive next to the activations, where the G/dp shards are not (the step's
+    zero_grad(set_to_none) dropped them; the last backward's reduce-scatter writes them when the
+    stage's activations are gone, and releases the accumulators right after)."""
     st = dict(unit.states[cfg.zero])
+    if cfg.zero == 2:
+        st["params"] = unit.states[3]["params"]
     if cfg.zero >= 2 and cfg.m > 1:
-        st["grads"] += unit.states[1]["grads"]
-        if cfg.zero == 3 and cfg.pp > 1:
-            st["params"] += unit.states[2]["params"]
+        st["grads"] = unit.states[0]["grads"]
     return st
+
+
+def gathered_params(units, pbytes, cfg):
+    """Bytes of FSDP2's gathered (unsharded) parameters alive at a stage's activation peak.
+    ZeRO-2: every unit's, held from its forward to its backward.  ZeRO-3: the root unit (the stage's
+    non-block units: fully_shard on the stage module, which FSDP2 does not reshard after forward,
+    as backward starts with it) plus the largest block (gathered again for its backward, or for
+    its recomputation); a pipeline stage running several micro-batches keeps them all
+    (set_reshard_after_backward(False) until the step's last backward)."""
+    if cfg.zero < 2:
+        return 0.0
+    if cfg.zero == 2 or (cfg.pp > 1 and cfg.m > 1):
+        return sum(pbytes)
+    root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
+    return root + max((b for u, b in zip(units, pbytes) if u.kind == "block"), default=0.0)
 
 
 def unit_numbers(ctx, prof, cfg):

@@ -6,7 +6,7 @@ import math
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import held_states, p2p_time, unit_numbers
+from .numbers import gathered_params, held_states, p2p_time, unit_numbers
 from .result import StageResult
 
 
@@ -38,6 +38,27 @@ class StageEvaluator:
             s = 2 * self.cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
         return s
 
+    def transient(self, idx, policies):
+        """Bytes a recomputation adds above the stage's stashed activations: while block j is recomputed
+        in backward, what j stashed plus what its recomputation saves again is alive, and the stashes
+        of every unit after j (later blocks, the head and loss) are already freed:
+        max(0, max_j (rematerialised_j - stash after j)).  Recomputed again: selective, the attention
+        core's saved tensors (act none - act selective); full, the whole block's beside its kept input
+        (none - full).  `policies` None: the most any allowed choice could need (each block at its
+        largest rematerialisation, stashing its least)."""
+        num, worst, after = self.num, 0.0, 0.0
+        for j in reversed(idx):
+            u = self.units[j]
+            act = num.act[j]
+            if u.kind != "block":
+                after += act[0]
+                continue
+            al = self.allowed(u) if policies is None else (policies.get(u.name, "none"),)
+            rc = max((act[0] - act[POLICIES.index(p)] for p in al if p != "none"), default=0.0)
+            worst = max(worst, rc - after)
+            after += min(act[POLICIES.index(p)] for p in al)
+        return worst
+
     def seg(self, i, a, b, detail=False):
         key = (i, a, b)
         if not detail and key in self.cache:
@@ -50,7 +71,7 @@ class StageEvaluator:
             return r
         t = sum(num.t[j] for j in idx) + self.sends(i) * self.c
         states = sum(num.states[j] for j in idx)
-        z3 = max((num.pbytes[j] for j in idx), default=0.0) if self.cfg.zero == 3 else 0.0
+        z3 = gathered_params([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         infl = self.infl[i]
         types, fixed_act, fixed_extra = {}, 0.0, 0.0
         for j in idx:
@@ -77,7 +98,8 @@ class StageEvaluator:
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            transient = max((num.act[j][0] for j in idx if self.units[j].kind == "block"), default=0.0)
+            # the budget holds the largest transient any choice could need; the plan reports the chosen one's
+            transient = self.transient(idx, None)
             budget = (base - transient) / infl - fixed_act
             if budget >= 0:
                 tl = list(types.values())
@@ -112,6 +134,7 @@ class StageEvaluator:
             al = self.allowed(u)
             if u.kind == "block" and len(al) == 1:
                 policies[u.name] = al[0]
+        transient = self.transient(idx, policies)
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
             for k2, v2 in held_states(self.units[j], self.cfg).items():
@@ -166,6 +189,8 @@ def memory_needed(ctx, cfg, prof):
         for j in idx:
             al = ev.allowed(ev.units[j])
             act += min(num.act[j][POLICIES.index(x)] for x in al)
-        tr = max((num.act[j][0] for j in idx if ev.units[j].kind == "block"), default=0.0)
-        worst = max(worst, st + act * ev.infl[i] + tr)
+        z = gathered_params([ev.units[j] for j in idx], [num.pbytes[j] for j in idx], cfg)
+        least = {ev.units[j].name: min(ev.allowed(ev.units[j]), key=lambda x: num.act[j][POLICIES.index(x)])
+                 for j in idx}
+        worst = max(worst, st + act * ev.infl[i] + ev.transient(idx, least) + z)
     return worst
