@@ -13,9 +13,10 @@ of the secants between consecutive samples, which for a convex function is its e
 linear interpolation.  A profile thus serves every micro-batch size without another search."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from ..costmodel import (CostSettings, collective_time, evaluate_sharding, first_savers, model_state_bytes,
+from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
@@ -253,8 +254,7 @@ def unit_states(params, zero, settings):
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0):
-    st = CostSettings(settings.precision, settings.optimizer, zero, settings.grad_sync_overlap,
-                      settings.autocast_fp32)
+    st = dataclasses.replace(settings, zero=zero)
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
     owners = param_owners(graph)
     savers = first_savers(graph, mesh, st) if acts else None
@@ -366,7 +366,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     template = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
     t1 = rebatch(template, dp * 1)
     t2 = rebatch(template, dp * 2)
-    base = CostSettings(settings.precision, settings.optimizer, 0, settings.grad_sync_overlap, settings.autocast_fp32)
+    base = dataclasses.replace(settings, zero=0)
     if search_fn is None and tp > 1 and fixed_strategies is None:
         from ..search import shard_search
         search_fn = shard_search
@@ -397,7 +397,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False)
         for b in points[2:]]
     for z in zeros[1:]:
-        sz = CostSettings(settings.precision, settings.optimizer, z, settings.grad_sync_overlap, settings.autocast_fp32)
+        sz = dataclasses.replace(settings, zero=z)
         one, two = {}, {}
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
             sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)

@@ -9,8 +9,8 @@ class UnitNumbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
-        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat = (
-            [] for _ in range(9))
+        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = (
+            [] for _ in range(10))
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
@@ -18,15 +18,16 @@ class UnitNumbers:
                 f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
                 st = held_states(u, cfg)
                 r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-                     u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
+                     u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0),
+                     st["grads"] - held_states(u, cfg, False)["grads"])
                 per_rep[key] = r
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
-                                 self.fwd, self.lat), r):
+                                 self.fwd, self.lat, self.gacc), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
 
-def held_states(unit, cfg):
+def held_states(unit, cfg, accumulators=True):
     """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
     emitter runs, not only the ZeRO formula.  ZeRO-2 is FSDP2 with reshard_after_forward=False: its
     parameters are the P/dp shards (the gathered copy it holds from forward to backward is priced by
@@ -34,12 +35,14 @@ def held_states(unit, cfg):
     keeps the unsharded gradients between them (the emitted accumulation loop turns
     set_requires_gradient_sync off until the last one; torch.distributed.pipelining's stages do the
     same): the whole G is alive next to the activations, where the G/dp shards are not (the step's
-    zero_grad(set_to_none) dropped them; the last backward's reduce-scatter writes them when the
-    stage's activations are gone, and releases the accumulators right after)."""
+    zero_grad(set_to_none) dropped them; the last backward's reduce-scatter writes them unit by unit,
+    freeing each unit's accumulators).  `accumulators` False: a stage whose activation peak comes
+    before its first backward (m <= micro-batches in flight) holds no gradient then, and after it
+    at least one micro-batch less of activations: priced with the shards."""
     st = dict(unit.states[cfg.zero])
     if cfg.zero == 2:
         st["params"] = unit.states[3]["params"]
-    if cfg.zero >= 2 and cfg.m > 1:
+    if cfg.zero >= 2 and cfg.m > 1 and accumulators:
         st["grads"] = unit.states[0]["grads"]
     return st
 

@@ -70,9 +70,10 @@ class StageEvaluator:
             self.cache[key] = r
             return r
         t = sum(num.t[j] for j in idx) + self.sends(i) * self.c
-        states = sum(num.states[j] for j in idx)
-        z3 = gathered_params([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         infl = self.infl[i]
+        acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
+        states = sum(num.states[j] for j in idx) - (0.0 if acc else sum(num.gacc[j] for j in idx))
+        z3 = gathered_params([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         types, fixed_act, fixed_extra = {}, 0.0, 0.0
         for j in idx:
             u = self.units[j]
@@ -137,7 +138,7 @@ class StageEvaluator:
         transient = self.transient(idx, policies)
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in held_states(self.units[j], self.cfg).items():
+            for k2, v2 in held_states(self.units[j], self.cfg, acc).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx)
         return StageResult(
@@ -184,7 +185,7 @@ def memory_needed(ctx, cfg, prof):
             a = 0 if i == 0 else bl[0]
             b = n if i == p - 1 else bl[-1] + 1
             idx = range(a, b)
-        st = sum(num.states[j] for j in idx)
+        st = sum(num.states[j] for j in idx) - (0.0 if cfg.m > ev.infl[i] else sum(num.gacc[j] for j in idx))
         act = 0.0
         for j in idx:
             al = ev.allowed(ev.units[j])
