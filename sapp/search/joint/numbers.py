@@ -48,18 +48,25 @@ def held_states(unit, cfg, accumulators=True):
 
 
 def gathered_params(units, pbytes, cfg):
-    """Bytes of FSDP2's gathered (unsharded) parameters alive at a stage's activation peak.
-    ZeRO-2: every unit's, held from its forward to its backward.  ZeRO-3: the root unit (the stage's
-    non-block units: fully_shard on the stage module, which FSDP2 does not reshard after forward,
-    as backward starts with it) plus the largest block (gathered again for its backward, or for
-    its recomputation); a pipeline stage running several micro-batches keeps them all
-    (set_reshard_after_backward(False) until the step's last backward)."""
-    if cfg.zero < 2:
-        return 0.0
-    if cfg.zero == 2 or (cfg.pp > 1 and cfg.m > 1):
+    """Bytes of FSDP2's gathered (unsharded) parameters alive at and after a stage's activation peak,
+    beyond what `zero3_gathered` prices per unit.  ZeRO-2 (reshard_after_forward=False): every unit's,
+    held from its forward to its backward.  ZeRO-3 in a pipeline stage running several micro-batches:
+    all of them too (torch.distributed.pipelining turns set_reshard_after_backward off until the
+    step's last backward).  Plain ZeRO-3: none here (the emitter shards the root with
+    reshard_after_forward=True too: nothing stays gathered after forward)."""
+    if cfg.zero == 2 or (cfg.zero == 3 and cfg.pp > 1 and cfg.m > 1):
         return sum(pbytes)
+    return 0.0
+
+
+def zero3_gathered(units, pbytes, cfg):
+    """Plain ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
+    non-block units, gathered by the root's pre-backward and resharded by its post-backward, the
+    last to run) plus the block itself; None where `gathered_params` prices them all."""
+    if cfg.zero != 3 or (cfg.pp > 1 and cfg.m > 1):
+        return None
     root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
-    return root + max((b for u, b in zip(units, pbytes) if u.kind == "block"), default=0.0)
+    return [root + (b if u.kind == "block" else 0.0) for u, b in zip(units, pbytes)]
 
 
 def unit_numbers(ctx, prof, cfg):

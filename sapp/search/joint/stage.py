@@ -6,7 +6,7 @@ import math
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import gathered_params, held_states, p2p_time, unit_numbers
+from .numbers import gathered_params, held_states, p2p_time, unit_numbers, zero3_gathered
 from .result import StageResult
 
 
@@ -39,23 +39,28 @@ class StageEvaluator:
         return s
 
     def transient(self, idx, policies):
-        """Bytes a recomputation adds above the stage's stashed activations: while block j is recomputed
-        in backward, what j stashed plus what its recomputation saves again is alive, and the stashes
-        of every unit after j (later blocks, the head and loss) are already freed:
-        max(0, max_j (rematerialised_j - stash after j)).  Recomputed again: selective, the attention
-        core's saved tensors (act none - act selective); full, the whole block's beside its kept input
-        (none - full).  `policies` None: the most any allowed choice could need (each block at its
-        largest rematerialisation, stashing its least)."""
+        """Bytes above the stage's stashed activations while its backward runs: at unit j's backward
+        (block j recomputed first, if it is), what j stashed, what its recomputation saves again and
+        (plain ZeRO-3) the parameters gathered for it are alive, while the stashes of every unit after
+        j (later blocks, the head and loss) are already freed:
+        max(0, max_j (rematerialised_j + gathered_j - stash after j)).  Recomputed again: selective,
+        the attention core's saved tensors (act none - act selective); full, the whole block's beside
+        its kept input (none - full).  `policies` None: the most any allowed choice could need (each
+        block at its largest rematerialisation, stashing its least)."""
         num, worst, after = self.num, 0.0, 0.0
-        for j in reversed(idx):
+        gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
+        for q in range(len(idx) - 1, -1, -1):
+            j = idx[q]
             u = self.units[j]
             act = num.act[j]
+            g = gath[q] if gath else 0.0
             if u.kind != "block":
+                worst = max(worst, g - after)
                 after += act[0]
                 continue
             al = self.allowed(u) if policies is None else (policies.get(u.name, "none"),)
             rc = max((act[0] - act[POLICIES.index(p)] for p in al if p != "none"), default=0.0)
-            worst = max(worst, rc - after)
+            worst = max(worst, rc + g - after)
             after += min(act[POLICIES.index(p)] for p in al)
         return worst
 
@@ -89,11 +94,13 @@ class StageEvaluator:
             types[tk][0] += 1
             types[tk][3].append(u.name)
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
+        # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
+        still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
         base = cap - states - z3
-        choice, transient = None, 0.0
+        choice, transient = None, still
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
         pinned = any(len(al) == 1 and al[0] != "none" for al in (self.allowed(self.units[j]) for j in idx))
-        if not pinned and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
+        if not pinned and fixed_act + free_act0 <= (base - still) / infl + 1e-9 * cap:
             extra = fixed_extra
             acts = fixed_act + free_act0
             counts = [(tv[0], 0, 0) for tv in types.values()]
