@@ -164,3 +164,75 @@ def test_fsdp2_accumulation_holds_unsharded_gradients_at_the_next_forward(fsdp):
                                    3: {"params": 2.0, "grads": 2.0, "optimizer": 4.0}})
     assert held_states(unit, SimpleNamespace(zero=2, m=4, pp=1)) == {"params": 2.0, "grads": 4.0, "optimizer": 4.0}
     assert held_states(unit, SimpleNamespace(zero=2, m=4, pp=1), False)["grads"] == 2.0
+
+
+# ---- selective recomputation ---------------------------------------------------------------------
+class _Attn(nn.Module):
+    def __init__(self, d=D, s=16):
+        super().__init__()
+        self.qkv, self.proj, self.s = nn.Linear(d, 3 * d), nn.Linear(d, d), s
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)
+        return self.proj(att @ v)
+
+
+class _AttnBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = _Attn()
+
+    def forward(self, x):
+        return x + self.attn(x)
+
+
+class _AttnModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([_AttnBlock()])
+
+    def forward(self, x):
+        return self.blocks[0](x).pow(2).mean()
+
+
+def _unit_acts(model, x):
+    from sapp.api import capture_graph
+    from sapp.costmodel import first_savers
+    from sapp.pipeline.profile import unit_activations
+    g, _ = capture_graph(model, x, None, None)
+    st = CostSettings(precision="fp32")
+    mesh = Mesh.for_devices(PRESETS["cpu"], 1)
+    strat = {n: () for n in g.nodes}
+    block = [n for n, nd in g.nodes.items() if (nd.module or "").startswith("blocks.0")]
+    return unit_activations(g, block, strat, mesh, st, first_savers(g, mesh, st))
+
+
+def test_selective_recompute_rematerialises_only_the_attention_core():
+    from sapp.emit.recompute import apply, priced_regions
+    x = torch.randn(2, 16, D)
+    torch.manual_seed(0)
+    none, sel, _ = _unit_acts(_AttnModel(), x)
+    peaks = {}
+    for mode in ("none", "selective"):
+        torch.manual_seed(0)
+        m = _AttnModel()
+        if mode == "selective":
+            modes = {"blocks.0": "selective"}
+            apply(m, modes, priced_regions(m, modes, (x,)))
+        with _meter(m) as meter:
+            m(x).backward()
+        peaks[mode] = meter.peak_act
+    scores = 2 * 16 * 16 * 4            # one (B, S, S) fp32 tensor: the softmax output
+    # the core keeps the softmax output (its matmul keeps q and k, views of the qkv output kept anyway
+    # for v): selective drops exactly that, and recomputing it in backward brings it back, after the
+    # loss's stash (the block's output, the size of x) is freed
+    assert none - sel == scores
+    loss_stash = x.numel() * 4
+    assert peaks["none"] == none + loss_stash
+    # SAC also caches the output of every MUST_SAVE operator in the region, the attn module's output
+    # (proj) too, which no backward keeps: one (B, S, D) more than the cost model's `sel` (not priced
+    # yet: bench/RESULTS.md section 6).  The recomputed scores (2 KiB) come back after the loss's stash
+    # (8 KiB) is freed: no transient above the forward peak.
+    region_out = x.numel() * 4
+    assert peaks["selective"] == max(sel + loss_stash, sel + scores) + region_out
