@@ -38,7 +38,7 @@ class StageEvaluator:
             s = 2 * self.cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
         return s
 
-    def transient(self, idx, policies):
+    def transient(self, idx, policies, no_full=False):
         """Bytes above the stage's stashed activations while its backward runs: at unit j's backward
         (block j recomputed first, if it is), what j stashed, what its recomputation saves again and
         (plain ZeRO-3) the parameters gathered for it are alive, while the stashes of every unit after
@@ -46,7 +46,7 @@ class StageEvaluator:
         max(0, max_j (rematerialised_j + gathered_j - stash after j)).  Recomputed again: selective,
         the attention core's saved tensors (act none - act selective); full, the whole block's beside
         its kept input (none - full).  `policies` None: the most any allowed choice could need (each
-        block at its largest rematerialisation, stashing its least)."""
+        block at its largest rematerialisation, stashing its least; `no_full`: free blocks not full)."""
         num, worst, after = self.num, 0.0, 0.0
         gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         for q in range(len(idx) - 1, -1, -1):
@@ -59,6 +59,8 @@ class StageEvaluator:
                 after += act[0]
                 continue
             al = self.allowed(u) if policies is None else (policies.get(u.name, "none"),)
+            if no_full and len(al) > 1:
+                al = tuple(p for p in al if p != "full")
             rc = max((act[0] - act[POLICIES.index(p)] for p in al if p != "none"), default=0.0)
             worst = max(worst, rc + g - after)
             after += min(act[POLICIES.index(p)] for p in al)
@@ -106,21 +108,29 @@ class StageEvaluator:
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            # the budget holds the largest transient any choice could need; the plan reports the chosen one's
-            transient = self.transient(idx, None)
-            budget = (base - transient) / infl - fixed_act
-            if budget >= 0:
-                tl = list(types.values())
-                if len(tl) == 1 and tl[0][2] == POLICIES:
-                    rc = choose_uniform(tl[0][0], tl[0][1], budget)
-                elif not tl:
+            # the budget holds the largest transient any choice could need (the plan reports the chosen
+            # one's), in two classes: choices without full recomputation of a free block (their
+            # transient is the selective core's), and all choices (full's).  Either class contains the
+            # uniform policy at its exact transient, so no uniform choice that fits is lost.
+            tl = list(types.values())
+            for no_full in ((True, False) if tl else (False,)):
+                tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
+                if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
+                    continue            # no free block may use full: the second class is the same
+                tr = self.transient(idx, None, no_full)
+                budget = (base - tr) / infl - fixed_act
+                if budget < 0:
+                    continue
+                if len(tlc) == 1 and tlc[0][2] == POLICIES:
+                    rc = choose_uniform(tlc[0][0], tlc[0][1], budget)
+                elif not tlc:
                     rc = None
-                    choice = (fixed_act, fixed_extra, [])
+                    choice, transient = (fixed_act, fixed_extra, []), tr
                 else:
-                    rc = choose_recompute([(tv[0], tv[1]) for tv in tl], budget) if all(
-                        tv[2] == POLICIES for tv in tl) else choose_restricted(tl, budget)
-                if rc is not None:
-                    choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
+                    rc = choose_recompute([(tv[0], tv[1]) for tv in tlc], budget) if all(
+                        tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
+                if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
+                    choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
