@@ -49,24 +49,30 @@ def held_states(unit, cfg, accumulators=True):
 
 def gathered_params(units, pbytes, cfg):
     """Bytes of FSDP2's gathered (unsharded) parameters alive at and after a stage's activation peak,
-    beyond what `zero3_gathered` prices per unit.  ZeRO-2 (reshard_after_forward=False): every unit's,
-    held from its forward to its backward.  ZeRO-3 in a pipeline stage running several micro-batches:
-    all of them too (torch.distributed.pipelining turns set_reshard_after_backward off until the
-    step's last backward).  Plain ZeRO-3: none here (the emitter shards the root with
-    reshard_after_forward=True too: nothing stays gathered after forward)."""
-    if cfg.zero == 2 or (cfg.zero == 3 and cfg.pp > 1 and cfg.m > 1):
-        return sum(pbytes)
-    return 0.0
+    beyond what `zero3_gathered` prices per unit: ZeRO-2 (reshard_after_forward=False), every unit's,
+    held from its forward to its backward.  ZeRO-3: none here (the emitter shards the root with
+    reshard_after_forward=True too: nothing stays gathered after a forward)."""
+    return sum(pbytes) if cfg.zero == 2 else 0.0
 
 
 def zero3_gathered(units, pbytes, cfg):
-    """Plain ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
+    """ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
     non-block units, gathered by the root's pre-backward and resharded by its post-backward, the
-    last to run) plus the block itself; None where `gathered_params` prices them all."""
-    if cfg.zero != 3 or (cfg.pp > 1 and cfg.m > 1):
+    last to run) plus the block itself; in a pipeline stage running several micro-batches, every
+    block from this one to the stage's end (torch.distributed.pipelining turns reshard-after-backward
+    off until the step's last backward, so a unit stays gathered from its backward until the next
+    forward reshards it).  None without ZeRO-3."""
+    if cfg.zero != 3:
         return None
     root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
-    return [root + (b if u.kind == "block" else 0.0) for u, b in zip(units, pbytes)]
+    blocks = [b if u.kind == "block" else 0.0 for u, b in zip(units, pbytes)]
+    if cfg.pp > 1 and cfg.m > 1:
+        held, out = 0.0, []
+        for b in reversed(blocks):
+            held += b
+            out.append(root + held)
+        return out[::-1]
+    return [root + b for b in blocks]
 
 
 def unit_numbers(ctx, prof, cfg):
