@@ -236,3 +236,19 @@ def test_selective_recompute_rematerialises_only_the_attention_core():
     # (8 KiB) is freed: no transient above the forward peak.
     region_out = x.numel() * 4
     assert peaks["selective"] == max(sel + loss_stash, sel + scores) + region_out
+
+
+def test_fsdp2_leaves_a_host_table_whole_and_ungathered(fsdp):
+    from sapp.placement.cost import Table, embedding_host_cost
+    r = fsdp["ignored"]
+    assert r["gathered_after_forward"] == 2 * P_BLOCK + P_HEAD      # the table is not among FSDP's gathers
+    assert r["table_local_bytes"] == 100 * D * 4                     # nor sharded
+    # so placing it on the host sheds, beyond its ZeRO-formula states, what the stage prices for its
+    # FSDP2 handling: ZeRO-2 the P/dp shard next to the gathered P, ZeRO-3 the root's gathered P
+    st = CostSettings(precision="fp32")
+    t = Table("table.weight", 100, D, 8)
+    n, dp = 100 * D, 2
+    z1 = embedding_host_cost([t], PRESETS["cpu"], st, dp=dp, zero=1).saved_bytes
+    assert z1 == 4 * n + 4 * n + 8 * n / dp
+    assert embedding_host_cost([t], PRESETS["cpu"], st, dp=dp, zero=2).saved_bytes == 4 * n + 4 * n / dp + 4 * n / dp + 8 * n / dp
+    assert embedding_host_cost([t], PRESETS["cpu"], st, dp=dp, zero=3).saved_bytes == (4 * n / dp + 4 * n) + 4 * n / dp + 8 * n / dp

@@ -71,6 +71,19 @@ def _worker(rank, world, out, store):
             r["gathered_in_first_block_backward"] = seen[-1]
             r["gathered_in_backward_max"] = max(seen)
             res[name] = r
+        # a host table: fully_shard(ignored_params=...) neither shards nor gathers it (sapp/emit/parallel.py)
+        from torch.distributed.fsdp import fully_shard
+        m = _model()
+        m.table = torch.nn.Embedding(100, D)
+        for b in m.blocks:
+            fully_shard(b, reshard_after_forward=False)
+        fully_shard(m, reshard_after_forward=False, ignored_params={m.table.weight})
+        meter = MemoryMeter(SimpleNamespace(modules=[m], optimizers=[], grad_hooks=[]))
+        loss = m(x + m.table(torch.arange(8)))
+        res["ignored"] = {"gathered_after_forward": meter._unsharded_bytes(),
+                          "table_local_bytes": m.table.weight.numel() * 4 if type(m.table.weight).__name__ != "DTensor"
+                          else m.table.weight.to_local().numel() * 4}
+        loss.backward()
         m = _sharded(False)
         meter = MemoryMeter(SimpleNamespace(modules=[m], optimizers=[], grad_hooks=[]))
         m.set_requires_gradient_sync(False)
