@@ -20,8 +20,11 @@ statement of what torch does:
     resharded after forward too): the root + one block gathered at that block's backward.
   - FSDP2 accumulating micro-batches: the whole unsharded G next to the activations where a forward
     follows a backward of the same step; the meter reads gradients in forwards and at the step.
-Left (not priced): selective checkpointing also caches MUST_SAVE outputs no backward needs (the
-attention module's output).
+  - host tables under ZeRO-2/3: FSDP2 ignores them, so a host placement also sheds their shard and
+    gathered copy.
+Left: host placements with tp > 1 (the saving is priced per tp shard while the stage may price the
+tables whole); selective checkpointing also caches MUST_SAVE outputs no backward needs (the attention
+module's output; inside 10%).
 Emitter-side differences the manifest refuses: ZeRO >= 1 with the optimizer offloaded to the host
 (OffloadAdam keeps the whole host state on every rank), ZeRO-3 + offload (not emitted).
 """
