@@ -127,7 +127,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
-    settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager")
+    settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
+                            dropout_noise=not cl.fused_dropout)
     capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
@@ -394,7 +395,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     cons = constraints_from_plan(plan, graph)
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
-                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"))
+                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
+                            dropout_noise=not cl.fused_dropout)
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")

@@ -27,7 +27,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
                  "fsdp_unit_overhead", "fsdp_tensor_overhead")
-_BOOLS = ("async_launch",)
+_BOOLS = ("async_launch", "fused_dropout")
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
@@ -108,6 +108,11 @@ class Cluster:
     fsdp_unit_overhead: float = 0.0
     fsdp_tensor_overhead: float = 0.0    # the same, per parameter tensor the unit holds
     notes: str = field(default="", compare=False)
+    # Whether training dropout runs torch's fused kernel (native_dropout: CUDA and other accelerators),
+    # which keeps a 1-byte bool mask for backward.  A CPU runs the unfused form
+    # (input * empty_like(input).bernoulli_(1 - p).div_(1 - p)) and keeps that scaled noise, a tensor
+    # of the input's dtype: 4 bytes per element in fp32.
+    fused_dropout: bool = True
 
     def __post_init__(self):
         # JSON and dataclasses.replace hand curves over as lists: keep them hashable tuples
@@ -423,6 +428,6 @@ PRESETS = {
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,
                    16e9, 10e9, 10e9, 50e9, compute_efficiency=0.5, memory_efficiency=0.5,
-                   op_overhead=10e-6, async_launch=False, rng_rate=1.2e8, precision="fp32",
+                   op_overhead=10e-6, async_launch=False, rng_rate=1.2e8, precision="fp32", fused_dropout=False,
                    notes="processes on this CPU machine (gloo); calibrate for real figures"),
 }

@@ -44,8 +44,10 @@ def test_fsdp_accumulation_keeps_unsharded_gradients(graph):
     # one micro-batch per step: FSDP2 reduce-scatters during backward, each rank keeps its half
     assert single.stages[0].memory["grads"] == pytest.approx(n * grad_bytes / 2, rel=1e-6)
     # accumulation: set_requires_gradient_sync(False) keeps the full unsharded gradients between
-    # micro-batches, and the last reduce-scatter writes the half beside them
-    assert acc.stages[0].memory["grads"] == pytest.approx(n * grad_bytes * 1.5, rel=1e-6)
+    # micro-batches, alive at the activation peak of micro-batches 2..m; the halves are written by
+    # the last backward's reduce-scatter unit by unit, each freeing that unit's accumulators
+    # (measured: tests/test_memory_rules.py)
+    assert acc.stages[0].memory["grads"] == pytest.approx(n * grad_bytes, rel=1e-6)
 
 
 def test_zero_one_is_offered_with_tensor_parallelism_and_priced_as_sharded_states(graph):

@@ -26,7 +26,9 @@ def saved_items(node, strategy, mesh, settings):
             out.append((node.name, _sharded(node.out.numel * out_bytes(node, settings), lay, mesh)))
         elif s == "mask":
             lay = output_layout(node, strategy)
-            out.append((node.name + ":mask", _sharded(node.out.numel * 1, lay, mesh)))
+            # a bool mask (fused dropout) or the scaled noise at the output's width (a CPU's dropout)
+            width = out_bytes(node, settings) if settings.dropout_noise else 1
+            out.append((node.name + ":mask", _sharded(node.out.numel * width, lay, mesh)))
         elif s.startswith("in"):
             i = int(s[2:])
             if i >= len(node.operands):

@@ -30,6 +30,9 @@ class CostSettings:
     # in fp32, fp32 spreading through element-wise ops; costmodel.dtypes), what sapp emits;
     # False = every float activation in bf16 (fused half-precision kernels, Megatron's formulas).
     autocast_fp32: bool = True
+    # What dropout keeps for backward (Cluster.fused_dropout): False = a 1-byte bool mask (the fused
+    # kernel of GPUs), True = the scaled noise at the input's width (a CPU's unfused dropout).
+    dropout_noise: bool = False
     runtime: str = "eager"              # "eager" | "fused" (RUNTIMES above)
 
     def __post_init__(self):

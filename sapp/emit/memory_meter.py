@@ -8,12 +8,15 @@
 On a CPU there is no allocator to ask (tracemalloc does not see torch), so each component is counted
 from the objects that hold it, in device bytes, each storage once:
   params       local parameter storages (FSDP2 / DTensor shards), host tables excluded
-  grads        local gradient storages when the optimizers step (their peak), host tables excluded
+  grads        local gradient storages, host tables excluded: the most alive when the optimizers step or
+               during a forward (one after an earlier micro-batch's backward runs next to FSDP2's
+               unsharded accumulators); not inside a backward, see `acquire`
   optimizer    the device optimizers' state tensors after their step (host optimizers excluded)
   activations  peak live bytes of tensors saved for backward: saved-tensor hooks (autograd, and the
                inputs a non-reentrant checkpoint keeps) plus what selective checkpointing caches
                (sapp/emit/recompute.py reports its cache here), parameters and their views excluded
-  transient    FSDP2's gathered (unsharded) parameters alive at the activation peak
+  transient    how far saved + FSDP2's gathered (unsharded) parameters ever rise above the activation
+               peak (sampled whenever a tensor is saved, or used by backward)
   buffers      the flat gradient all-reduce buffer the CPU data-parallel path keeps (not priced)
 Storages are keyed by data pointer; a view saved for backward holds its whole storage."""
 from __future__ import annotations
@@ -62,7 +65,7 @@ class MemoryMeter:
         self.live = {}            # storage key -> [refs, bytes]
         self.live_bytes = 0
         self.peak_act = 0
-        self.peak_transient = 0
+        self.peak_with_gathered = 0
         self.grads = 0
         self.optimizer = 0
         self._params = self._param_keys()
@@ -101,13 +104,23 @@ class MemoryMeter:
         if e is None:
             self.live[key] = [1, nb]
             self.live_bytes += nb
-            if self.live_bytes > self.peak_act:
-                self.peak_act = self.live_bytes
-                if self._fsdp:
-                    self.peak_transient = max(self.peak_transient, self._unsharded_bytes())
+            self.peak_act = max(self.peak_act, self.live_bytes)
+            if self._fsdp and torch._C._current_graph_task_id() == -1:
+                # a forward after an earlier micro-batch's backward (accumulation, a pipeline's steady
+                # state) runs next to FSDP2's unsharded gradient accumulators.  Not read inside a
+                # backward (a recomputation): gradients there are partly unit gradients waiting for their
+                # reduce-scatter, alive while the activations are below their forward peak
+                self.grads = max(self.grads, self._grad_bytes(unsharded=True))
+            self._sample()
         else:
             e[0] += 1
         return key
+
+    def _sample(self):
+        """FSDP2 gathers parameters after the activation peak too (each unit again for its backward):
+        the transient is the most that saved + gathered bytes ever exceed the saved peak."""
+        if self._fsdp:
+            self.peak_with_gathered = max(self.peak_with_gathered, self.live_bytes + self._unsharded_bytes())
 
     def _release(self, key):
         e = self.live.get(key)
@@ -118,31 +131,38 @@ class MemoryMeter:
             self.live_bytes -= e[1]
             del self.live[key]
 
+    @property
+    def peak_transient(self):
+        return max(0, self.peak_with_gathered - self.peak_act)
+
     def _pack(self, t):
         if not torch.is_tensor(t) or self._is_param(t):
             return t
         return _Held(t, self, self.acquire(t))
 
-    @staticmethod
-    def _unpack(h):
+    def _unpack(self, h):
+        self._sample()          # backward uses a saved tensor: the unit's parameters are gathered now
         return h.t if isinstance(h, _Held) else h
 
-    def _unsharded_bytes(self) -> int:
-        seen, total = set(), 0
+    def _fsdp_params(self):
         for m in self._fsdp:
             try:
                 group = m._get_fsdp_state()._fsdp_param_group
                 params = group.fsdp_params if group is not None else []
             except Exception:
                 continue
-            for fp in params:
-                t = getattr(fp, "_unsharded_param", None)
-                if t is None:
-                    continue
-                key, nb = _key_bytes(t)
-                if key not in seen and nb:
-                    seen.add(key)
-                    total += nb
+            yield from params
+
+    def _unsharded_bytes(self) -> int:
+        seen, total = set(), 0
+        for fp in self._fsdp_params():
+            t = getattr(fp, "_unsharded_param", None)
+            if t is None:
+                continue
+            key, nb = _key_bytes(t)
+            if key not in seen and nb:
+                seen.add(key)
+                total += nb
         return total
 
     # ---- states ------------------------------------------------------------------------------
@@ -159,15 +179,21 @@ class MemoryMeter:
                     total += nb
         return total
 
-    def _grad_bytes(self) -> int:
+    def _grad_bytes(self, unsharded=False) -> int:
+        """Gradient storages of this rank's parameters; `unsharded` adds FSDP2's unsharded gradient
+        accumulators (set_requires_gradient_sync(False) between micro-batches keeps them on the
+        unsharded parameters, which FSDP2 registers on the modules while they are gathered)."""
         host = self._host_params()
         seen, total = set(), 0
-        for mod in self.mods:
-            for p in mod.parameters():
-                if id(p) in host or p.grad is None:
-                    continue
-                key, nb = _key_bytes(p.grad)
-                if key not in seen:
+        grads = [p.grad for mod in self.mods for p in mod.parameters() if id(p) not in host]
+        if unsharded:
+            for fp in self._fsdp_params():
+                grads.append(getattr(fp, "unsharded_accumulated_grad", None))
+                grads.append(getattr(getattr(fp, "_unsharded_param", None), "grad", None))
+        for g in grads:
+            if torch.is_tensor(g):
+                key, nb = _key_bytes(g)
+                if key not in seen and nb:
                     seen.add(key)
                     total += nb
         return total

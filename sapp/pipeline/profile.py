@@ -14,7 +14,6 @@ linear interpolation.  A profile thus serves every micro-batch size without anot
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass, field
 
 from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes,

@@ -114,6 +114,11 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
     for t in tables:
         st = model_state_bytes(t.rows * t.dim / tp, dp, zero, settings)
         saved += st["params"] + st["grads"] + st["optimizer"]
+        # FSDP2 ignores a host table: the device also sheds what the stage prices for it beyond the
+        # ZeRO formula (sapp/search/joint/numbers.py): ZeRO-2, its P/dp shard next to the gathered P held
+        # from forward to backward; ZeRO-3, the gathered P of the root unit it belonged to
+        w = t.rows * t.dim / tp * settings.weight_bytes
+        saved += w / max(1, dp) if zero == 2 else (w if zero == 3 else 0.0)
         host_bytes += t.rows * t.dim / tp * HOST_TABLE_BYTES
     host_bytes += touched * 4 + 2 * elems * ab                    # sparse grad buffer + staging
     detail = {"lookup_s": m * t_lookup, "h2d_s": m * t_h2d, "d2h_s": m * t_d2h, "optimizer_s": t_opt,

@@ -11,21 +11,22 @@ class UnitNumbers:
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
-        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat = (
-            [] for _ in range(9))
+        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = (
+            [] for _ in range(10))
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
             if r is None:
                 r = per_rep[key] = _values(u, cfg, cpt)
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
-                                 self.fwd, self.lat), r):
+                                 self.fwd, self.lat, self.gacc), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
 
 def _values(u, cfg, cpt):
-    """(time, act, extra, out, states, grad sync, param bytes, fwd, sync latency) of one unit."""
+    """(time, act, extra, out, states, grad sync, param bytes, fwd, sync latency, held accumulators)
+    of one unit."""
     f, b, act, extra, out = u.at(cfg.mbs / cfg.cp, cfg.zero)   # a cp rank runs mbs/cp samples' tokens
     if cpt is not None:
         # K/V all-gather (forward, and again in a full recompute), reduce-scatter of their
@@ -36,7 +37,8 @@ def _values(u, cfg, cpt):
         extra = (extra[0], extra[1], extra[2] + cf)
     st = held_states(u, cfg)
     return (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-            u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
+            u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0),
+            st["grads"] - held_states(u, cfg, False)["grads"])
 
 
 class BoundNumbers:
@@ -57,7 +59,7 @@ class BoundNumbers:
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         for u, k in counts.values():
-            t, _, _, out, _, gs, _, _, lat = _values(u, cfg, cpt)
+            t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt)
             self.tot += k * t
             self.tmax = max(self.tmax, t)
             self.gs += k * gs
@@ -74,20 +76,52 @@ def bound_numbers(ctx, prof, cfg):
     return n
 
 
-def held_states(unit, cfg):
+def held_states(unit, cfg, accumulators=True):
     """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
-    emitter runs, not only the ZeRO formula.  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
+    emitter runs, not only the ZeRO formula.  ZeRO-2 is FSDP2 with reshard_after_forward=False: its
+    parameters are the P/dp shards (the gathered copy it holds from forward to backward is priced by
+    `gathered_params`, as the meter sees it).  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
     keeps the unsharded gradients between them (the emitted accumulation loop turns
     set_requires_gradient_sync off until the last one; torch.distributed.pipelining's stages do the
-    same), and the final reduce-scatter writes the sharded ones beside them; a pipeline stage also
-    keeps the parameters unsharded between micro-batches (set_reshard_after_backward(False)) until
-    the step's last backward."""
+    same): the whole G is alive next to the activations, where the G/dp shards are not (the step's
+    zero_grad(set_to_none) dropped them; the last backward's reduce-scatter writes them unit by unit,
+    freeing each unit's accumulators).  `accumulators` False: a stage whose activation peak comes
+    before its first backward (m <= micro-batches in flight) holds no gradient then, and after it
+    at least one micro-batch less of activations: priced with the shards."""
     st = dict(unit.states[cfg.zero])
-    if cfg.zero >= 2 and cfg.m > 1:
-        st["grads"] += unit.states[1]["grads"]
-        if cfg.zero == 3 and cfg.pp > 1:
-            st["params"] += unit.states[2]["params"]
+    if cfg.zero == 2:
+        st["params"] = unit.states[3]["params"]
+    if cfg.zero >= 2 and cfg.m > 1 and accumulators:
+        st["grads"] = unit.states[0]["grads"]
     return st
+
+
+def gathered_params(units, pbytes, cfg):
+    """Bytes of FSDP2's gathered (unsharded) parameters alive at and after a stage's activation peak,
+    beyond what `zero3_gathered` prices per unit: ZeRO-2 (reshard_after_forward=False), every unit's,
+    held from its forward to its backward.  ZeRO-3: none here (the emitter shards the root with
+    reshard_after_forward=True too: nothing stays gathered after a forward)."""
+    return sum(pbytes) if cfg.zero == 2 else 0.0
+
+
+def zero3_gathered(units, pbytes, cfg):
+    """ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
+    non-block units, gathered by the root's pre-backward and resharded by its post-backward, the
+    last to run) plus the block itself; in a pipeline stage running several micro-batches, every
+    block from this one to the stage's end (torch.distributed.pipelining turns reshard-after-backward
+    off until the step's last backward, so a unit stays gathered from its backward until the next
+    forward reshards it).  None without ZeRO-3."""
+    if cfg.zero != 3:
+        return None
+    root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
+    blocks = [b if u.kind == "block" else 0.0 for u, b in zip(units, pbytes)]
+    if cfg.pp > 1 and cfg.m > 1:
+        held, out = 0.0, []
+        for b in reversed(blocks):
+            held += b
+            out.append(root + held)
+        return out[::-1]
+    return [root + b for b in blocks]
 
 
 def unit_numbers(ctx, prof, cfg):

@@ -6,7 +6,7 @@ import math
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import held_states, p2p_time, unit_numbers
+from .numbers import gathered_params, held_states, p2p_time, unit_numbers, zero3_gathered
 from .result import StageResult
 
 
@@ -38,6 +38,34 @@ class StageEvaluator:
             s = 2 * self.cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
         return s
 
+    def transient(self, idx, policies, no_full=False):
+        """Bytes above the stage's stashed activations while its backward runs: at unit j's backward
+        (block j recomputed first, if it is), what j stashed, what its recomputation saves again and
+        (plain ZeRO-3) the parameters gathered for it are alive, while the stashes of every unit after
+        j (later blocks, the head and loss) are already freed:
+        max(0, max_j (rematerialised_j + gathered_j - stash after j)).  Recomputed again: selective,
+        the attention core's saved tensors (act none - act selective); full, the whole block's beside
+        its kept input (none - full).  `policies` None: the most any allowed choice could need (each
+        block at its largest rematerialisation, stashing its least; `no_full`: free blocks not full)."""
+        num, worst, after = self.num, 0.0, 0.0
+        gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
+        for q in range(len(idx) - 1, -1, -1):
+            j = idx[q]
+            u = self.units[j]
+            act = num.act[j]
+            g = gath[q] if gath else 0.0
+            if u.kind != "block":
+                worst = max(worst, g - after)
+                after += act[0]
+                continue
+            al = self.allowed(u) if policies is None else (policies.get(u.name, "none"),)
+            if no_full and len(al) > 1:
+                al = tuple(p for p in al if p != "full")
+            rc = max((act[0] - act[POLICIES.index(p)] for p in al if p != "none"), default=0.0)
+            worst = max(worst, rc + g - after)
+            after += min(act[POLICIES.index(p)] for p in al)
+        return worst
+
     def seg(self, i, a, b, detail=False):
         key = (i, a, b)
         if not detail and key in self.cache:
@@ -49,9 +77,10 @@ class StageEvaluator:
             self.cache[key] = r
             return r
         t = sum(num.t[j] for j in idx) + self.sends(i) * self.c
-        states = sum(num.states[j] for j in idx)
-        z3 = max((num.pbytes[j] for j in idx), default=0.0) if self.cfg.zero == 3 else 0.0
         infl = self.infl[i]
+        acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
+        states = sum(num.states[j] for j in idx) - (0.0 if acc else sum(num.gacc[j] for j in idx))
+        z3 = gathered_params([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         types, fixed_act, fixed_extra = {}, 0.0, 0.0
         for j in idx:
             u = self.units[j]
@@ -67,30 +96,41 @@ class StageEvaluator:
             types[tk][0] += 1
             types[tk][3].append(u.name)
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
+        # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
+        still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
         base = cap - states - z3
-        choice, transient = None, 0.0
+        choice, transient = None, still
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
         pinned = any(len(al) == 1 and al[0] != "none" for al in (self.allowed(self.units[j]) for j in idx))
-        if not pinned and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
+        if not pinned and fixed_act + free_act0 <= (base - still) / infl + 1e-9 * cap:
             extra = fixed_extra
             acts = fixed_act + free_act0
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            transient = max((num.act[j][0] for j in idx if self.units[j].kind == "block"), default=0.0)
-            budget = (base - transient) / infl - fixed_act
-            if budget >= 0:
-                tl = list(types.values())
-                if len(tl) == 1 and tl[0][2] == POLICIES:
-                    rc = choose_uniform(tl[0][0], tl[0][1], budget)
-                elif not tl:
+            # the budget holds the largest transient any choice could need (the plan reports the chosen
+            # one's), in two classes: choices without full recomputation of a free block (their
+            # transient is the selective core's), and all choices (full's).  Either class contains the
+            # uniform policy at its exact transient, so no uniform choice that fits is lost.
+            tl = list(types.values())
+            for no_full in ((True, False) if tl else (False,)):
+                tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
+                if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
+                    continue            # no free block may use full: the second class is the same
+                tr = self.transient(idx, None, no_full)
+                budget = (base - tr) / infl - fixed_act
+                if budget < 0:
+                    continue
+                if len(tlc) == 1 and tlc[0][2] == POLICIES:
+                    rc = choose_uniform(tlc[0][0], tlc[0][1], budget)
+                elif not tlc:
                     rc = None
-                    choice = (fixed_act, fixed_extra, [])
+                    choice, transient = (fixed_act, fixed_extra, []), tr
                 else:
-                    rc = choose_recompute([(tv[0], tv[1]) for tv in tl], budget) if all(
-                        tv[2] == POLICIES for tv in tl) else choose_restricted(tl, budget)
-                if rc is not None:
-                    choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
+                    rc = choose_recompute([(tv[0], tv[1]) for tv in tlc], budget) if all(
+                        tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
+                if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
+                    choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
@@ -112,9 +152,10 @@ class StageEvaluator:
             al = self.allowed(u)
             if u.kind == "block" and len(al) == 1:
                 policies[u.name] = al[0]
+        transient = self.transient(idx, policies)
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in held_states(self.units[j], self.cfg).items():
+            for k2, v2 in held_states(self.units[j], self.cfg, acc).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx)
         return StageResult(
@@ -161,11 +202,13 @@ def memory_needed(ctx, cfg, prof):
             a = 0 if i == 0 else bl[0]
             b = n if i == p - 1 else bl[-1] + 1
             idx = range(a, b)
-        st = sum(num.states[j] for j in idx)
+        st = sum(num.states[j] for j in idx) - (0.0 if cfg.m > ev.infl[i] else sum(num.gacc[j] for j in idx))
         act = 0.0
         for j in idx:
             al = ev.allowed(ev.units[j])
             act += min(num.act[j][POLICIES.index(x)] for x in al)
-        tr = max((num.act[j][0] for j in idx if ev.units[j].kind == "block"), default=0.0)
-        worst = max(worst, st + act * ev.infl[i] + tr)
+        z = gathered_params([ev.units[j] for j in idx], [num.pbytes[j] for j in idx], cfg)
+        least = {ev.units[j].name: min(ev.allowed(ev.units[j]), key=lambda x: num.act[j][POLICIES.index(x)])
+                 for j in idx}
+        worst = max(worst, st + act * ev.infl[i] + ev.transient(idx, least) + z)
     return worst
