@@ -56,4 +56,11 @@ def cp_note(ctx, res):
     return (f"context parallel cp={cfg.cp}: each sample's {seq} tokens split into {2 * cfg.cp} chunks, rank r "
             f"holds chunks r and {2 * cfg.cp - 1}-r (even causal work); K/V all-gathered before attention, "
             f"their gradients reduce-scattered; parameters replicated over cp, gradients averaged over "
-            f"dp x cp = {cfg.dp * cfg.cp}")
+            f"dp x cp = {cfg.dp * cfg.cp}"
+            + ("" if emits_cp(cfg) else "; priced only: sapp run emits cp with pp=1, tp=1 and ZeRO 0/1 (pin "
+               "those, or cp=1, for a plan it runs)"))
+
+
+def emits_cp(cfg):
+    """Whether sapp/emit/cp.py runs this configuration's cp (it checks the same rule on the plan)."""
+    return cfg.cp <= 1 or (cfg.pp == 1 and cfg.tp == 1 and cfg.zero <= 1)
