@@ -231,7 +231,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+        "parallel": dict({"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp}, **({"ep": cfg.ep} if cfg.ep > 1 else {})),
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -298,7 +298,7 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
         rename = _interleaved_rename(pipe, par["pp"], v)
         recompute = {rename.get(b, b): pol for b, pol in recompute.items()}
     recompute["default"] = rc.get("default", "none")
-    return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
+    return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1), micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
                        recompute=recompute, zero=plan["zero"], stages=stages,

@@ -31,6 +31,7 @@ class Constraints:
     placement: dict | None = None         # {"embed.*": "host"} pins
     max_tp: int | None = None
     max_dp: int | None = None
+    ep: int | None = None                 # expert parallelism (MoE models): EP group size, divides dp
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -53,7 +54,7 @@ class Constraints:
         return cls(**kw)
 
     def __post_init__(self):
-        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp"):
+        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "ep"):
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")

@@ -155,7 +155,9 @@ class MoE(nn.Module):
             pos = torch.arange(ids.numel(), device=x.device) - (offs - counts)[ids[order]]
             w = w.index_put((order,), w[order] * (pos < cap).to(w.dtype))
         y = self.experts_fn(rows, self.w_in, self.w_out, offs)
-        out = torch.zeros_like(y).index_put((order,), y)                      # back to token-major order
+        # back to token-major order by the inverse permutation: a gather of each shard's own rows
+        # (a scatter into a fresh buffer would be priced as resharding the whole buffer)
+        out = y[torch.argsort(order)]
         out = (out.view(b * t, self.k, h) * w.view(b * t, self.k, 1)).sum(dim=1)
         if self.shared is not None:
             out = out + self.shared(flat)

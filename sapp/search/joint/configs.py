@@ -3,6 +3,7 @@ cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
+from .ep import ep_configs
 from .result import Config
 
 
@@ -73,5 +74,8 @@ def enumerate_configs(ctx):
                         # (nothing to shard over) would be written as zero 0 beside the pin
                         if c.zero is not None and z != c.zero:
                             continue
-                        out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z))
+                        cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z)
+                        if c.ep is None or c.ep == 1:
+                            out.append(cfg)
+                        out += ep_configs(ctx, cfg)
     return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...costmodel import collective_time
+from .ep import unit_delta
 
 
 class UnitNumbers:
@@ -16,9 +17,11 @@ class UnitNumbers:
             r = per_rep.get(key)
             if r is None:
                 f, b, act, extra, out = u.at(cfg.mbs, cfg.zero)
-                st = held_states(u, cfg)
-                r = (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-                     u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0))
+                st = held_states(u, cfg, ctx)
+                d = unit_delta(ctx, u, cfg)      # expert parallelism: all-to-alls, load, expert-DP states
+                r = (f + b + d["fwd_s"] + d["bwd_s"], act, extra, out, st["params"] + st["grads"] + st["optimizer"],
+                     u.grad_sync[cfg.zero] + d["sync_s"], u.states[0]["params"], f + d["fwd_s"],
+                     u.sync_lat.get(cfg.zero, 0.0))
                 per_rep[key] = r
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
                                  self.fwd, self.lat), r):
@@ -26,7 +29,7 @@ class UnitNumbers:
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
 
-def held_states(unit, cfg):
+def held_states(unit, cfg, ctx=None):
     """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
     emitter runs, not only the ZeRO formula.  FSDP2 (ZeRO-2/3) accumulating over several micro-batches
     keeps the unsharded gradients between them (the emitted accumulation loop turns
@@ -39,11 +42,14 @@ def held_states(unit, cfg):
         st["grads"] += unit.states[1]["grads"]
         if cfg.zero == 3 and cfg.pp > 1:
             st["params"] += unit.states[2]["params"]
+    if ctx is not None and getattr(cfg, "ep", 1) > 1:
+        for k, v in unit_delta(ctx, unit, cfg)["states"].items():
+            st[k] += v
     return st
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, getattr(cfg, "ep", 1))
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

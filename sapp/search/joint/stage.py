@@ -114,7 +114,7 @@ class StageEvaluator:
                 policies[u.name] = al[0]
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in held_states(self.units[j], self.cfg).items():
+            for k2, v2 in held_states(self.units[j], self.cfg, self.ctx).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx)
         return StageResult(
