@@ -137,7 +137,9 @@ def observed(prog) -> dict:
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision}
+            "host": dict(sorted(host.items())), "precision": prog.precision,
+            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
+            "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
 
 
 def _schedules():
@@ -193,7 +195,7 @@ def expected(plan, prog, regions: dict) -> dict:
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision}
+            "precision": prog.plan_precision, "ep": int(plan.parallel.get("ep", 1) or 1)}
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
