@@ -38,10 +38,77 @@ class StageEvaluator:
             s = 2 * self.cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
         return s
 
+    def _tables(self):
+        """Per-unit lists the summary path of `seg` slices (sums over slices add the same floats in
+        the same order as the loop, so the results are identical)."""
+        num = self.num
+        isblock, fa, fe, pinned, tid, a0, keys, opts = [], [], [], [], [], [], {}, []
+        for j, u in enumerate(self.units):
+            al = self.allowed(u)
+            isblock.append(u.kind == "block")
+            a0.append(num.act[j][0] if u.kind == "block" else -math.inf)
+            if len(al) == 1:
+                k = POLICIES.index(al[0])
+                fa.append(num.act[j][k])
+                fe.append(num.extra[j][k])
+                pinned.append(al[0] != "none")
+                tid.append(None)
+                continue
+            fa.append(0.0)
+            fe.append(0.0)
+            pinned.append(False)
+            key = (u.rep, al)
+            if key not in keys:
+                keys[key] = len(opts)
+                opts.append((BlockOption(num.act[j], num.extra[j]), al))
+            tid.append(keys[key])
+        self._tab = (isblock, fa, fe, pinned, tid, a0, opts)
+        return self._tab
+
+    def _fast(self, i, a, b):
+        """seg(i, a, b) without detail, from the per-unit tables."""
+        isblock, fa, fe, pinned, tid, a0, opts = getattr(self, "_tab", None) or self._tables()
+        num, cap = self.num, self.cap
+        if self.cfg.pp > 1 and not any(isblock[a:b]):
+            return (math.inf, False)
+        t = sum(num.t[a:b]) + self.sends(i) * self.c
+        states = sum(num.states[a:b])
+        z3 = max(num.pbytes[a:b], default=0.0) if self.cfg.zero == 3 else 0.0
+        infl = self.infl[i]
+        fixed_act, fixed_extra = sum(fa[a:b]), sum(fe[a:b])
+        counts = {}
+        for x in tid[a:b]:
+            if x is not None:
+                counts[x] = counts.get(x, 0) + 1
+        tl = [[n, opts[x][0], opts[x][1]] for x, n in counts.items()]
+        free_act0 = sum(tv[0] * tv[1].act[0] for tv in tl)
+        base = cap - states - z3
+        if not any(pinned[a:b]) and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
+            return (t + fixed_extra, True)
+        m = max(a0[a:b], default=-math.inf)
+        transient = m if m != -math.inf else 0.0
+        budget = (base - transient) / infl - fixed_act
+        if budget < 0:
+            return (math.inf, False)
+        if not tl:
+            return (t + fixed_extra, True)
+        if len(tl) == 1 and tl[0][2] == POLICIES:
+            rc = choose_uniform(tl[0][0], tl[0][1], budget)
+        elif all(tv[2] == POLICIES for tv in tl):
+            rc = choose_recompute([(tv[0], tv[1]) for tv in tl], budget)
+        else:
+            rc = choose_restricted([tv + [[]] for tv in tl], budget)
+        if rc is None:
+            return (math.inf, False)
+        return (t + (fixed_extra + rc.extra_s), True)
+
     def seg(self, i, a, b, detail=False):
         key = (i, a, b)
         if not detail and key in self.cache:
             return self.cache[key]
+        if not detail:
+            r = self.cache[key] = self._fast(i, a, b)
+            return r
         num, cap = self.num, self.cap
         idx = range(a, b)
         if not any(self.units[j].kind == "block" for j in idx) and self.cfg.pp > 1:
@@ -169,3 +236,16 @@ def memory_needed(ctx, cfg, prof):
         tr = max((num.act[j][0] for j in idx if ev.units[j].kind == "block"), default=0.0)
         worst = max(worst, st + act * ev.infl[i] + tr)
     return worst
+
+
+def memory_floor(ctx, cfg, prof):
+    """A lower bound on the device memory of the fullest stage under any partition and recompute
+    choice: the stages together hold every unit's states and at least its smallest activations times
+    the fewest micro-batches in flight on any stage, so the fullest holds at least 1/pp of that and at
+    least its largest unit.  Above the capacity, the exact partition cannot fit (skipped: MoE models
+    at scale otherwise spend most of the search proving configurations infeasible)."""
+    ev = StageEvaluator(ctx, cfg, prof)
+    num, infl = ev.num, min(ev.infl)
+    per = [num.states[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
+           for j, u in enumerate(ev.units)]
+    return max(sum(per) / cfg.pp, max(per, default=0.0))
