@@ -62,28 +62,38 @@ class StageEvaluator:
                 keys[key] = len(opts)
                 opts.append((BlockOption(num.act[j], num.extra[j]), al))
             tid.append(keys[key])
-        self._tab = (isblock, fa, fe, pinned, tid, a0, opts)
+        n = len(self.units)
+        # prefix counts (blocks, pinned units, units of each type) and each type's next occurrence
+        pb, pp_, pc = [0] * (n + 1), [0] * (n + 1), [[0] * (n + 1) for _ in opts]
+        nxt = [[n] * (n + 1) for _ in opts]
+        for j in range(n):
+            pb[j + 1] = pb[j] + isblock[j]
+            pp_[j + 1] = pp_[j] + pinned[j]
+            for x in range(len(opts)):
+                pc[x][j + 1] = pc[x][j] + (tid[j] == x)
+        for j in range(n - 1, -1, -1):
+            for x in range(len(opts)):
+                nxt[x][j] = j if tid[j] == x else nxt[x][j + 1]
+        self._tab = (pb, fa, fe, pp_, pc, nxt, a0, opts)
         return self._tab
 
     def _fast(self, i, a, b):
         """seg(i, a, b) without detail, from the per-unit tables."""
-        isblock, fa, fe, pinned, tid, a0, opts = getattr(self, "_tab", None) or self._tables()
+        pb, fa, fe, pinned, pc, nxt, a0, opts = getattr(self, "_tab", None) or self._tables()
         num, cap = self.num, self.cap
-        if self.cfg.pp > 1 and not any(isblock[a:b]):
+        if self.cfg.pp > 1 and pb[b] == pb[a]:
             return (math.inf, False)
         t = sum(num.t[a:b]) + self.sends(i) * self.c
         states = sum(num.states[a:b])
         z3 = max(num.pbytes[a:b], default=0.0) if self.cfg.zero == 3 else 0.0
         infl = self.infl[i]
         fixed_act, fixed_extra = sum(fa[a:b]), sum(fe[a:b])
-        counts = {}
-        for x in tid[a:b]:
-            if x is not None:
-                counts[x] = counts.get(x, 0) + 1
-        tl = [[n, opts[x][0], opts[x][1]] for x, n in counts.items()]
+        # the block types present, in order of first appearance (the loop's dict order)
+        present = sorted((nxt[x][a], x) for x in range(len(opts)) if pc[x][b] > pc[x][a])
+        tl = [[pc[x][b] - pc[x][a], opts[x][0], opts[x][1]] for _, x in present]
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in tl)
         base = cap - states - z3
-        if not any(pinned[a:b]) and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
+        if pinned[b] == pinned[a] and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
             return (t + fixed_extra, True)
         m = max(a0[a:b], default=-math.inf)
         transient = m if m != -math.inf else 0.0
