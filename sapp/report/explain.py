@@ -46,7 +46,8 @@ def binding_constraint(plan):
 
 def _alt_line(i, alt, best_step):
     par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
-    bits = [f"dp={par.get('dp')} tp={par.get('tp')} pp={par.get('pp')}" if par else ""]
+    bits = [f"dp={par.get('dp')} tp={par.get('tp')} pp={par.get('pp')}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
+            if par else ""]
     pipe = alt.get("pipeline") if isinstance(alt.get("pipeline"), dict) else {}
     sched = alt.get("schedule", pipe.get("schedule"))
     mb = alt.get("micro_batches", pipe.get("micro_batches"))
@@ -88,7 +89,12 @@ def explain(plan) -> str:
                f"{model.get('global_batch', '?')}) on {n} x {cname} ({cl.get('nodes')} nodes x {cl.get('gpus_per_node')})")
     levels = get(plan["mesh"], "levels", default=[]) or []
     mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"
-    out.append(f"  parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    ep = par.get("ep", 1)
+    out.append(f"  parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}" + (f" ep={ep}" if ep > 1 else "")
+               + f"   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    if ep > 1:
+        out.append(f"  experts   each MoE layer's experts over EP groups of {ep} dp ranks (all-to-all dispatch/combine); "
+                   f"expert gradients synced over {par['dp'] // ep} expert-DP ranks")
     mbs = pipe.get("micro_batch_size")
     out.append(f"  pipeline  {pipe.get('schedule', 'none')}, {pipe['micro_batches']} micro-batches"
                + (f" of {mbs}" if mbs else "")
