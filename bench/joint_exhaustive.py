@@ -11,7 +11,8 @@ import argparse
 import sys
 import time
 
-CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024)]
+CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024),
+         ("mixtral-8x7b", 256)]     # MoE: expert parallelism (ep) is a searched dimension
 # --all: every zoo model of the benchmark set (the tiny test models aside)
 ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("wide-deep", 16384)]
 DEVICES = (8, 64, 512)

@@ -244,7 +244,8 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "placement": placement,
         "constraints": constraints.to_dict(),
         "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
-                     "grad_sync_overlap": settings.grad_sync_overlap},
+                     "grad_sync_overlap": settings.grad_sync_overlap,
+                     **({"moe_imbalance": settings.moe_imbalance} if settings.moe_imbalance != 1.0 else {})},
         "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
                       "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
                       "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
@@ -355,7 +356,8 @@ def _plan_config(plan, gb):
     m = pipe["micro_batches"]
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
-                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"])
+                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
+                  ep=par.get("ep", 1))
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):
@@ -388,7 +390,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     cons = constraints_from_plan(plan, graph)
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
-                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0))
+                            grad_sync_overlap=st.get("grad_sync_overlap", 0.0),
+                            moe_imbalance=st.get("moe_imbalance", 1.0))
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")
