@@ -5,8 +5,8 @@ configuration and free, and prints predicted vs published TF/GPU.
 Megatron-Core's Mixtral-8x7B run (Megatron-LM MoE README, "Performance": 64 H100, TP1 EP8 PP4 with
 virtual pipeline stages (8 chunks over 4 stages: v = 2), global batch 256, sequence 4096, bf16,
 dropless routing; 438-468 TFLOP/s per GPU).  Pinned here: tp 1, pp 4, dp 16, ep 8, interleaved v 2,
-16 micro-batches of 1; ZeRO-0 (sapp emits EP with ZeRO-0 only; Megatron ran its distributed optimizer,
-which changes memory, not the step's compute).  TF/GPU = the model's FLOPs per step (3 x forward, no
+16 micro-batches of 1; ZeRO-1 (Megatron's distributed optimizer; the experts' states sharded over
+expert-DP).  TF/GPU = the model's FLOPs per step (3 x forward, no
 recomputation) / step / GPUs, i.e. the plan's MFU x peak."""
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ TOLERANCE = 0.15
 ROWS = [Row("Megatron-Core MoE (H100)", "Mixtral-8x7B 64 GPUs t1 ep8 p4 v2", "mixtral-8x7b", {},
             "h100-80g:devices=64", 256,
             {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "schedule": "interleaved", "virtual_chunks": 2,
-             "micro_batches": 16, "zero": 0},
+             "micro_batches": 16, "zero": 1},
             "tf_per_gpu_model", sum(PUBLISHED_RANGE) / 2, "Megatron-LM MoE README (438-468 TF/GPU)",
-            note="dropless, balanced routing (moe_imbalance 1.0); ZeRO-0 (EP is emitted with ZeRO-0)")]
+            note="dropless, balanced routing (moe_imbalance 1.0); ZeRO-1 = the distributed optimizer")]
 
 
 def tf_per_gpu(plan) -> float:

@@ -8,7 +8,8 @@ Contract with the model (sapp/models/moe.py): an MoE module has `E`, `w_in` [E, 
 [E, f, h] and `experts_fn(rows, w_in, w_out, offs)` taking the rows sorted by expert with group ends
 `offs`; this module swaps `experts_fn` and replaces the weights by this rank's slice.
 
-Emitted for pp = 1, tp = 1, ZeRO-0 (what the joint search offers ep > 1 with); anything else is a
+Emitted for pp = 1, tp = 1, ZeRO-0 or ZeRO-1 (experts' optimizer states sharded over expert-DP,
+sapp/emit/zero1.py; what the joint search offers ep > 1 with); anything else is a
 PlanError naming what to change."""
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def check(plan, model) -> int:
     ep = int(par.get("ep", 1) or 1)
     if ep == 1:
         return 1
-    if par["pp"] > 1 or par["tp"] > 1 or plan.zero != 0:
-        raise PlanError(f"expert parallelism (ep={ep}) is emitted with pp=1, tp=1 and zero 0 only; the plan has "
+    if par["pp"] > 1 or par["tp"] > 1 or plan.zero not in (0, 1):
+        raise PlanError(f"expert parallelism (ep={ep}) is emitted with pp=1, tp=1 and zero 0 or 1 only; the plan has "
                         f"pp={par['pp']} tp={par['tp']} zero={plan.zero}: pin ep=1 or those")
     mods = moe_modules(model)
     if not mods:

@@ -283,6 +283,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     local_zero1 = zero == 1 and dp > 1
     ep = ep_mod.check(plan, model)
     ep_groups = ep_mod.groups(pp, dp, tp, ep, rank) if ep > 1 else None
+    expert_params = {}
     if mixed and traced is not None:
         for mod in raw.values():
             _autocast_stage(mod, device, half)
@@ -307,7 +308,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             expert_names = ep_mod.apply(mod, ep, ep_groups[0], ep_groups[2])
             host_names = tuple(host_names) + tuple(expert_names)
             named = dict(mod.named_parameters())
-            hooks.append(ep_mod.ExpertGradSync([named[n] for n in expert_names], ep_groups[1], dp, dp // ep))
+            expert_params[s] = [named[n] for n in expert_names]
+            hooks.append(ep_mod.ExpertGradSync(expert_params[s], ep_groups[1], dp, dp // ep))
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=0 if local_zero1 else zero, mesh=mesh, blocks=blocks,
                                              device=device, notes=notes, staged=traced is not None,
                                              host_names=host_names, mixed=mixed,
@@ -333,6 +335,13 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                     opts.append(z1)
                 eff_zero = 1
             optimizers += opts
+        elif local_zero1 and expert_params.get(s):
+            # ZeRO-1 over expert-DP for the experts (as priced), over dp for the rest
+            eff_zero = 1
+            ex = {id(p) for p in expert_params[s]}
+            optimizers.append(zero1.make([p for p in mod.parameters() if id(p) not in ex], optimizer, lr,
+                                         mesh["dp"].get_group()))
+            optimizers.append(zero1.make(expert_params[s], optimizer, lr, ep_groups[1]))
         elif local_zero1:
             eff_zero = 1
             optimizers.append(zero1.make(mod.parameters(), optimizer, lr, mesh["dp"].get_group()))

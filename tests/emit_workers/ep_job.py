@@ -2,7 +2,7 @@
 
     python -m tests.emit_workers.ep_job WORLD CASES.json OUT.json
 
-A case: {"id", "dp", "ep", "steps", "batch"}; every rank writes its losses per step."""
+A case: {"id", "dp", "ep", "steps", "batch", "zero" (optional, 0)}; every rank writes its losses per step."""
 from __future__ import annotations
 
 import json
@@ -29,9 +29,9 @@ def _batch(step, batch):
     return x, y
 
 
-def _plan(dp, ep, batch, params):
+def _plan(dp, ep, batch, params, zero=0):
     from tests.emit_workers.plans import make_plan
-    plan = make_plan(name="moe-tiny", params=params, global_batch=batch, dp=dp)
+    plan = make_plan(name="moe-tiny", params=params, global_batch=batch, dp=dp, zero=zero)
     d = plan.to_dict() if hasattr(plan, "to_dict") else plan._d
     if ep > 1:
         d["parallel"]["ep"] = ep
@@ -68,7 +68,8 @@ def _worker(rank, world, cases, out_dir, store):
         import sapp.models as zoo
         for case in cases:
             m = _model()
-            plan = _plan(case["dp"], case["ep"], case["batch"], sum(p.numel() for p in m.parameters()))
+            plan = _plan(case["dp"], case["ep"], case["batch"], sum(p.numel() for p in m.parameters()),
+                         case.get("zero", 0))
             prog = emit(m, plan, loss_fn=zoo.loss_fn(m), lr=1e-3, check_fingerprint=False)
             losses = []
             for i in range(case["steps"]):
@@ -76,7 +77,7 @@ def _worker(rank, world, cases, out_dir, store):
                 xs, ys = prog.shard(x, y)
                 losses.append(prog.step(xs, ys))
             experts = sum(p.numel() for n, p in prog.modules[0].named_parameters() if n.endswith(("w_in", "w_out")))
-            results[case["id"]] = {"losses": losses, "expert_numel": experts, "ep": prog.ep,
+            results[case["id"]] = {"losses": losses, "expert_numel": experts, "ep": prog.ep, "zero": prog.zero,
                                    "manifest_ep": (getattr(prog, "manifest", None) or {}).get("ep")}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)

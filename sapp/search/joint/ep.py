@@ -4,8 +4,8 @@ captured graph).
 
 ep is a dimension beside dp: it divides a stage's dp ranks (EP groups of ep consecutive dp ranks) and
 the expert count.  Offered only where the emitter runs it (sapp/emit/ep.py): tensor parallelism 1
-(experts at expert-TP 1 and attention unsplit) and ZeRO-0 (expert gradients all-reduced over the
-expert-DP group, the rest over dp)."""
+(experts at expert-TP 1 and attention unsplit) and ZeRO-0/1 (expert gradients all-reduced over the
+expert-DP group, the rest over dp; ZeRO-1 shards the experts' optimizer states over expert-DP)."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +54,7 @@ def _topk_from_dims(node):
 def ep_configs(ctx, cfg) -> list:
     """cfg with each expert-parallel degree > 1 it may take (none for dense models)."""
     facts = moe_facts(ctx)
-    if not facts or cfg.tp != 1 or cfg.zero != 0 or cfg.dp < 2:
+    if not facts or cfg.tp != 1 or cfg.zero > 1 or cfg.dp < 2:
         return []
     E = min(f["experts"] for f in facts.values())
     pin = ctx.cons.ep
