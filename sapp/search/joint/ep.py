@@ -72,3 +72,14 @@ def unit_delta(ctx, unit, cfg) -> dict:
         cache[key] = ep_unit_delta(facts, dp=cfg.dp, tp=cfg.tp, ep=ep, mbs=cfg.mbs, zero=cfg.zero,
                                    cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp)
     return cache[key]
+
+
+def ep_note(ctx, cfg) -> str:
+    """The plan's note on expert parallelism (and, under a pipeline, that emit does not run it yet)."""
+    facts = moe_facts(ctx)
+    E = min(f["experts"] for f in facts.values())
+    s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "
+         f"over {cfg.ep} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP ranks")
+    if cfg.pp > 1:
+        s += "; priced, but sapp's emitter runs EP without pipelines only (sapp run refuses this plan)"
+    return s
