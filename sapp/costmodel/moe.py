@@ -25,6 +25,9 @@ All-to-all on real links: the EP group's members inside one node exchange over N
 the network, concurrently; the slower part sets the time (REFERENCE.md §2's α-β all-to-all on each)."""
 from __future__ import annotations
 
+import dataclasses
+
+from .gradsync import param_sync
 from .primitives import _alpha_beta, collective_time, compute_time, model_state_bytes
 
 DEFAULT_IMBALANCE = 1.0
@@ -150,8 +153,11 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     P = facts["expert_params"]
     before = model_state_bytes(P, dp, zero, settings)
     after = expert_state_bytes(P, dp, ep, zero, settings)
-    full = (collective_time("all_reduce", P * settings.grad_bytes, dp, dp_link, cluster)
-            - 2 * (dp - 1) * _alpha_beta("all_reduce", dp_link, cluster)[0]) if dp > 1 else 0.0
+    # the experts' share of the profile's gradient sync (gradsync.param_sync, as the profile prices
+    # every parameter) swapped for 1/ep of them over expert-DP
+    zs = dataclasses.replace(settings, zero=zero)
+    full = param_sync(P, dp, dp_link, cluster, zs)[0]
+    mine = param_sync(P / ep, max(1, dp // ep), edp_link, cluster, zs)[0]
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
-            "sync_s": expert_sync_time(P, dp, ep, edp_link, cluster, settings) - full,
+            "sync_s": mine - full,
             "states": {k: after[k] - before[k] for k in before}}

@@ -20,7 +20,8 @@ class UnitNumbers:
                 st = held_states(u, cfg, ctx)
                 d = unit_delta(ctx, u, cfg)      # expert parallelism: all-to-alls, load, expert-DP states
                 r = (f + b + d["fwd_s"] + d["bwd_s"], act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-                     u.grad_sync[cfg.zero] + d["sync_s"], u.states[0]["params"], f + d["fwd_s"],
+                     # (never below zero: the profile's sync of this unit holds the experts' share)
+                     max(0.0, u.grad_sync[cfg.zero] + d["sync_s"]), u.states[0]["params"], f + d["fwd_s"],
                      u.sync_lat.get(cfg.zero, 0.0))
                 per_rep[key] = r
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
