@@ -79,7 +79,7 @@ def main(argv=()):
                   f"{free['pipeline']['schedule']} v={free['pipeline'].get('virtual_chunks')} "
                   f"m={free['pipeline']['micro_batches']} zero={free['zero']} recompute={free['recompute']['default']}: "
                   f"{tf:.1f} TF/GPU, step {free['predicted']['step_time_s']:.3f} s "
-                  f"({'at least as fast' if free['predicted']['step_time_s'] <= pinned['predicted']['step_time_s'] * (1 + 1e-9) else 'SLOWER'} than pinned)")
+                  f"({'at least as fast as' if free['predicted']['step_time_s'] <= pinned['predicted']['step_time_s'] * (1 + 1e-9) else 'SLOWER than'} pinned)")
             ok &= free["predicted"]["step_time_s"] <= pinned["predicted"]["step_time_s"] * (1 + 1e-9)
         print(f"  ({s:.1f} s to capture and price)")
     print("OK" if ok else "FAIL")
