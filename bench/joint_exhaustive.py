@@ -12,7 +12,8 @@ import sys
 import time
 
 CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.7b", 1024),
-         ("gpt3-1.3b", 8)]          # 8 sequences: more devices than samples, context parallelism searched
+         ("gpt3-1.3b", 8),          # 8 sequences: more devices than samples, context parallelism searched
+         ("mixtral-8x7b", 256)]     # MoE: expert parallelism (ep) is a searched dimension
 # --all: every zoo model of the benchmark set (the tiny test models aside)
 ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("wide-deep", 16384)]
 DEVICES = (8, 64, 512)

@@ -235,8 +235,9 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        # cp only when used: plans without it load as cp = 1
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, **({"cp": cfg.cp} if cfg.cp > 1 else {})},
+        # cp and ep only when used: plans without them load as 1
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, **({"cp": cfg.cp} if cfg.cp > 1 else {}),
+                     **({"ep": cfg.ep} if cfg.ep > 1 else {})},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -249,7 +250,8 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "placement": placement,
         "constraints": constraints.to_dict(),
         "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
-                     "grad_sync_overlap": settings.grad_sync_overlap, "runtime": settings.runtime},
+                     "grad_sync_overlap": settings.grad_sync_overlap, "runtime": settings.runtime,
+                     **({"moe_imbalance": settings.moe_imbalance} if settings.moe_imbalance != 1.0 else {})},
         "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
                       "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
                       "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
@@ -303,7 +305,7 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
         rename = _interleaved_rename(pipe, par["pp"], v)
         recompute = {rename.get(b, b): pol for b, pol in recompute.items()}
     recompute["default"] = rc.get("default", "none")
-    return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
+    return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1), micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
                        recompute=recompute, zero=plan["zero"], stages=stages,
@@ -362,7 +364,7 @@ def _plan_config(plan, gb):
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
                   (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
-                  par.get("cp", 1))
+                  cp=par.get("cp", 1), ep=par.get("ep", 1))
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):
@@ -396,7 +398,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
-                            dropout_noise=not cl.fused_dropout)
+                            dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0))
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")

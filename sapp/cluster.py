@@ -419,6 +419,13 @@ PRESETS = {
                         1e12, 200e9, 25e9, 3e12, notes="A100 SXM 80GB, NVLink3, 8x200Gb/s IB, PCIe Gen4"),
     "h100-80g": Cluster("h100-80g", 1, 8, 989e12, 80e9, 3.35e12, 450e9, 5e-6, 50e9, 10e-6,
                         2e12, 400e9, 50e9, 4e12, notes="H100 SXM 80GB, NVLink4, 8x400Gb/s IB, PCIe Gen5"),
+    # H800 (the export-control H100 DeepSeek-V3 trained on): H100 SXM compute and memory (989 dense
+    # bf16 TFLOP/s, 80 GB HBM3, 3.35 TB/s) with NVLink cut to 400 GB/s bidirectional, i.e. 200 GB/s a
+    # direction on the convention of h100-80g's 450 (= 900 / 2); DeepSeek-V3's report (arXiv
+    # 2412.19437, section 3.2.2) measures ~160 GB/s achievable over NVLink and 50 GB/s per GPU over
+    # IB: 8 x 400 Gb/s InfiniBand NICs a node, one per GPU (inter_bw = 400 Gb/s = 50 GB/s a GPU).
+    "h800": Cluster("h800", 1, 8, 989e12, 80e9, 3.35e12, 200e9, 5e-6, 50e9, 10e-6,
+                    2e12, 400e9, 50e9, 4e12, notes="H800 SXM 80GB, NVLink 400GB/s, 8x400Gb/s IB, PCIe Gen5"),
     "h200": Cluster("h200", 1, 8, 989e12, 141e9, 4.8e12, 450e9, 5e-6, 50e9, 10e-6,
                     2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5"),
     "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,

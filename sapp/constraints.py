@@ -32,6 +32,7 @@ class Constraints:
     max_tp: int | None = None
     max_dp: int | None = None
     cp: int | None = None                 # context-parallel ranks per sample (the sequence split over them)
+    ep: int | None = None                 # expert parallelism (MoE models): EP group size, divides dp
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -54,7 +55,7 @@ class Constraints:
         return cls(**kw)
 
     def __post_init__(self):
-        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp"):
+        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp", "ep"):
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")

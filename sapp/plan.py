@@ -161,6 +161,8 @@ def _semantic(d):
         what = "dp x tp x pp" + (" x cp" if cp > 1 else "")
         vals = f"{par['dp']}x{par['tp']}x{par['pp']}" + (f"x{cp}" if cp > 1 else "")
         raise PlanError(f"{what} = {vals} does not equal devices={d['devices']}")
+    if par["dp"] % par.get("ep", 1):
+        raise PlanError(f"parallel.ep={par['ep']} must divide dp={par['dp']} (EP groups are made of data-parallel ranks)")
     pipe, gb = d["pipeline"], d["model"].get("global_batch")
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "

@@ -34,6 +34,9 @@ class CostSettings:
     # kernel of GPUs), True = the scaled noise at the input's width (a CPU's unfused dropout).
     dropout_noise: bool = False
     runtime: str = "eager"              # "eager" | "fused" (RUNTIMES above)
+    # MoE under expert parallelism: the busiest EP rank's routed rows over the mean (dropless routing;
+    # costmodel/moe.py).  1.0 = balanced routing
+    moe_imbalance: float = 1.0
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -44,6 +47,9 @@ class CostSettings:
             raise SappError(f"zero stage must be 0, 1, 2 or 3, got {self.zero!r}")
         if not 0.0 <= self.grad_sync_overlap <= 1.0:
             raise SappError(f"grad_sync_overlap must be in [0, 1], got {self.grad_sync_overlap!r}")
+        if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) or not (
+                1.0 <= self.moe_imbalance <= 64.0):
+            raise SappError(f"moe_imbalance must be a number in [1, 64] (busiest EP rank over the mean), got {self.moe_imbalance!r}")
         if not isinstance(self.autocast_fp32, bool):
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
         if self.runtime not in RUNTIMES:

@@ -143,7 +143,9 @@ def observed(prog) -> dict:
            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
            "host": dict(sorted(host.items())), "precision": prog.precision,
            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
-           "runtime": "eager"}
+           "runtime": "eager",
+           # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
+           "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
     cp = observed_cp(mods.values())      # read off the rewritten attention modules; absent when 1
     return dict(out, cp=cp) if cp > 1 else out
 
@@ -201,7 +203,8 @@ def expected(plan, prog, regions: dict) -> dict:
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-           "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager")}
+           "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
+           "ep": int(plan.parallel.get("ep", 1) or 1)}
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out
 

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from ..errors import PlanError
 from ..models.data import logits_of
-from . import checks, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, zero1
+from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, zero1
 from .dist import default_device, rank_world
 
 
@@ -291,6 +291,9 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
     # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
     local_zero1 = zero == 1 and dp > 1
+    ep = ep_mod.check(plan, model)
+    ep_groups = ep_mod.groups(pp, dp, tp, ep, rank) if ep > 1 else None
+    expert_params = {}
     if mixed and traced is not None:
         for mod in raw.values():
             _autocast_stage(mod, device, half)
@@ -311,9 +314,16 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             host_names = tuple(host.ignore_host_params_in_ddp(mod, placement))
             if host_names:
                 hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
+        if ep > 1:      # experts spread over EP groups: kept out of the dp sync, synced over expert-DP
+            expert_names = ep_mod.apply(mod, ep, ep_groups[0], ep_groups[2])
+            host_names = tuple(host_names) + tuple(expert_names)
+            named = dict(mod.named_parameters())
+            expert_params[s] = [named[n] for n in expert_names]
+            hooks.append(ep_mod.ExpertGradSync(expert_params[s], ep_groups[1], dp, dp // ep))
         w, hook, eff_zero = parallel.wrap_dp(mod, dp=dp, tp=tp, zero=0 if local_zero1 else zero, mesh=mesh, blocks=blocks,
                                              device=device, notes=notes, staged=traced is not None,
-                                             host_names=host_names, mixed=mixed, grad_sync=grad_sync)
+                                             host_names=host_names, mixed=mixed,
+                                             grad_sync="allreduce" if ep > 1 else grad_sync)
         wrapped[s] = w
         if hook:
             hooks.append(hook)
@@ -335,6 +345,13 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                     opts.append(z1)
                 eff_zero = 1
             optimizers += opts
+        elif local_zero1 and expert_params.get(s):
+            # ZeRO-1 over expert-DP for the experts (as priced), over dp for the rest
+            eff_zero = 1
+            ex = {id(p) for p in expert_params[s]}
+            optimizers.append(zero1.make([p for p in mod.parameters() if id(p) not in ex], optimizer, lr,
+                                         mesh["dp"].get_group()))
+            optimizers.append(zero1.make(expert_params[s], optimizer, lr, ep_groups[1]))
         elif local_zero1:
             eff_zero = 1
             optimizers.append(zero1.make(mod.parameters(), optimizer, lr, mesh["dp"].get_group()))
@@ -348,7 +365,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
     extra = {"cp": cp, "dp_only": dp // cp, "cp_rank": me[1] % cp} if cp > 1 else {}
-    prog = (cp_mod.CPProgram if cp > 1 else Program)(**extra, plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp,
+    prog = (cp_mod.CPProgram if cp > 1 else Program)(**extra, plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp, ep=ep,
                    mesh=mesh, modules=[wrapped[s] for s in mine], stage_indices=mine, optimizers=optimizers,
                    grad_hooks=hooks, schedule=schedule, loss_fn=loss, notes=notes, recomputed=sorted(
                        d["region"] for d in recomputed.values() if d["region"]), recompute_done=recomputed,

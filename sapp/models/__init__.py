@@ -49,6 +49,8 @@ def _config(name, overrides):
         if "vocab" in overrides and "rows_per_field" not in overrides:
             cfg["rows_per_field"] = -(-int(cfg["vocab"]) // cfg["fields"])
         cfg["vocab"] = cfg["fields"] * cfg["rows_per_field"]
+    if kind == "moe" and (cfg["a"] % cfg["kv"] or cfg["experts"] < cfg["top_k"]):
+        raise SappError(f"model {name!r}: kv heads must divide heads a={cfg['a']} and top_k <= experts")
     if kind in ("gpt", "bert", "llama") and cfg["h"] % cfg["a"]:
         raise SappError(f"model {name!r}: hidden h={cfg['h']} must be divisible by heads a={cfg['a']}")
     if kind == "llama" and (cfg["kv"] < 1 or cfg["a"] % cfg["kv"]):
@@ -123,7 +125,7 @@ def example_inputs(model, batch: int, device=None) -> tuple:
         return data.inputs_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
-    if spec.kind in ("gpt", "bert", "llama"):
+    if spec.kind in ("gpt", "bert", "llama", "moe"):
         return (_randint(c["V"], (batch, c["s"]), dev, 1),)
     if spec.kind == "resnet":
         return (_randn((batch, 3, c["image"], c["image"]), dev, 1),)
@@ -138,7 +140,7 @@ def example_targets(model, batch: int, device=None):
         return data.targets_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
-    if spec.kind in ("gpt", "bert", "llama"):
+    if spec.kind in ("gpt", "bert", "llama", "moe"):
         return _randint(c["V"], (batch, c["s"]), dev, 3)
     if spec.kind in ("resnet", "mlp"):
         return _randint(c["classes"], (batch,), dev, 3)
@@ -177,7 +179,7 @@ def loss_fn(model):
                             "from the factory")
         return data.loss_fn
     kind = spec_of(model).kind
-    if kind in ("gpt", "bert", "llama"):
+    if kind in ("gpt", "bert", "llama", "moe"):
         return token_cross_entropy
     if kind in ("resnet", "mlp"):
         return class_cross_entropy

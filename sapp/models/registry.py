@@ -1,6 +1,6 @@
 """Named model sizes and their builders.  GPT vocabularies are 51200: GPT-2's 50257 padded up to a
 multiple of 1024 (as Megatron does) so vocab-parallel splits divide evenly on 2..1024 ways."""
-from . import bert, gpt, llama, mlp, resnet, widedeep
+from . import bert, gpt, llama, mlp, moe, resnet, widedeep
 
 GPT_V = 51200
 GPT_S = 2048
@@ -25,6 +25,12 @@ def _wd(rows_per_field=1_000_000, dim=80, deep=(1024, 512, 256), vocab=None):
         rows_per_field = -(-vocab // fields)
     return {"rows_per_field": rows_per_field, "vocab": fields * rows_per_field, "dense": 13,
             "fields": fields, "dim": dim, "deep": tuple(deep), "sparse": True}
+
+
+def _moe(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0, hd=None, capacity_factor=0.0):
+    return {"l": l, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn, "experts": experts, "top_k": top_k,
+            "expert_ffn": expert_ffn, "shared": shared, "dense": dense, "hd": hd or h // a,
+            "capacity_factor": capacity_factor}
 
 
 # name -> (kind, default config).  Sizes follow the GPT-3 paper table (1.3B uses a=16, hd=128;
@@ -58,6 +64,15 @@ NAMED = {
     "wide-deep-100m": ("widedeep", _wd(vocab=100_000_000)),
     "mlp-tiny": ("mlp", {"dims": (32, 64, 64), "classes": 10, "act": "relu"}),
     "mlp": ("mlp", {"dims": (1024, 1024, 1024, 1024), "classes": 1000, "act": "relu"}),
+    # MoE (sapp/models/moe.py).  Mixtral-8x7B: 46.7B total, 12.9B active.  DeepSeek-V3-like: its 61
+    # layers (3 dense, 58 MoE with 256 routed experts top-8 + 1 shared, expert ffn 2048), h 7168,
+    # V 129280, but plain multi-head attention (128 heads of width 48: 176M parameters a layer, near
+    # MLA's ~187M) instead of multi-head latent attention: 670.4B total, 36.9B active (671B / 37B).
+    "moe-tiny": ("moe", _moe(2, 32, 4, 2, V=128, s=16, ffn=64, experts=4, top_k=2, expert_ffn=16, shared=1)),
+    "mixtral-8x7b": ("moe", _moe(32, 4096, 32, 8, V=32000, s=4096, ffn=14336, experts=8, top_k=2,
+                                 expert_ffn=14336)),
+    "deepseek-v3-like": ("moe", _moe(61, 7168, 128, 128, V=129280, s=4096, ffn=18432, experts=256, top_k=8,
+                                     expert_ffn=2048, shared=1, dense=3, hd=48)),
 }
 
 BUILDERS = {
@@ -67,4 +82,5 @@ BUILDERS = {
     "resnet": (resnet.ResNet, resnet.param_count),
     "widedeep": (widedeep.WideDeep, widedeep.param_count),
     "mlp": (mlp.MLP, mlp.param_count),
+    "moe": (moe.MoEModel, moe.param_count),
 }

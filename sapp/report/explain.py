@@ -47,7 +47,8 @@ def binding_constraint(plan):
 def _alt_line(i, alt, best_step):
     par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
     cp = f" cp={par['cp']}" if par and (par.get("cp") or 1) > 1 else ""
-    bits = [f"dp={par.get('dp')}{cp} tp={par.get('tp')} pp={par.get('pp')}" if par else ""]
+    bits = [f"dp={par.get('dp')}{cp} tp={par.get('tp')} pp={par.get('pp')}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
+            if par else ""]
     pipe = alt.get("pipeline") if isinstance(alt.get("pipeline"), dict) else {}
     sched = alt.get("schedule", pipe.get("schedule"))
     mb = alt.get("micro_batches", pipe.get("micro_batches"))
@@ -91,11 +92,16 @@ def explain(plan) -> str:
     mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"
     cp = par.get("cp", 1)
     cp_s = f" cp={cp}" if cp > 1 else ""
-    out.append(f"  parallel  dp={par['dp']}{cp_s} tp={par['tp']} pp={par['pp']}   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    ep = par.get("ep", 1)
+    out.append(f"  parallel  dp={par['dp']}{cp_s} tp={par['tp']} pp={par['pp']}" + (f" ep={ep}" if ep > 1 else "")
+               + f"   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
     if cp > 1:
         # the stage mesh's data level is dp x cp: parameters are replicated over both
         out.append(f"  context   cp={cp}: each sample's sequence split over {cp} ranks (load-balanced causal chunks), "
                    f"K/V all-gathered for attention; gradients averaged over dp x cp = {par['dp'] * cp}")
+    if ep > 1:
+        out.append(f"  experts   each MoE layer's experts over EP groups of {ep} dp ranks (all-to-all dispatch/combine); "
+                   f"expert gradients synced over {par['dp'] // ep} expert-DP ranks")
     mbs = pipe.get("micro_batch_size")
     out.append(f"  pipeline  {pipe.get('schedule', 'none')}, {pipe['micro_batches']} micro-batches"
                + (f" of {mbs}" if mbs else "")

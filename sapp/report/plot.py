@@ -75,7 +75,8 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     _memory(ax2, plan)
     par = plan["parallel"]
     fig.suptitle(f"{plan['model'].get('name', '?')} on {plan['devices']} x {plan['cluster'].get('name', '?')}: "
-                 f"dp={par['dp']} tp={par['tp']} pp={par['pp']}, {_schedule_label(plan)}, predicted step {fmt_time(plan['predicted']['step_time_s'])}",
+                 f"dp={par['dp']} tp={par['tp']} pp={par['pp']}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
+                 + f", {_schedule_label(plan)}, predicted step {fmt_time(plan['predicted']['step_time_s'])}",
                  fontsize=11)
     try:
         fig.savefig(path, dpi=dpi)

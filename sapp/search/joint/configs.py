@@ -3,6 +3,7 @@ the cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
+from .ep import ep_configs
 from .result import Config
 
 
@@ -95,7 +96,11 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                 # (nothing to shard over) would be written as zero 0 beside the pin
                 if c.zero is not None and z != c.zero:
                     continue
-                out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z, cp))
+                cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp)
+                if c.ep is None or c.ep == 1:
+                    out.append(cfg)
+                if cp == 1:             # expert parallelism is searched (and emitted) without cp
+                    out += ep_configs(ctx, cfg)
 
 
 def _plain_dp_equivalent(c, dp, cp, mbs):

@@ -16,6 +16,9 @@ def notes(ctx, res):
     else:
         out.append("no pipeline: the model's states and activations fit one stage"
                    + (f" with {cfg.m} accumulation steps" if cfg.m > 1 else ""))
+    if cfg.ep > 1:
+        from .ep import ep_note
+        out.append(ep_note(ctx, cfg))
     pol = {}
     for s in res.stages:
         for b, v in s.recompute.items():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...costmodel import collective_time
 from .cp import CPTerms
+from .ep import unit_delta
 
 
 class UnitNumbers:
@@ -17,14 +18,14 @@ class UnitNumbers:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
             if r is None:
-                r = per_rep[key] = _values(u, cfg, cpt)
+                r = per_rep[key] = _values(u, cfg, cpt, ctx)
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
                                  self.fwd, self.lat, self.gacc), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
 
 
-def _values(u, cfg, cpt):
+def _values(u, cfg, cpt, ctx):
     """(time, act, extra, out, states, grad sync, param bytes, fwd, sync latency, held accumulators)
     of one unit."""
     f, b, act, extra, out = u.at(cfg.mbs / cfg.cp, cfg.zero)   # a cp rank runs mbs/cp samples' tokens
@@ -35,10 +36,16 @@ def _values(u, cfg, cpt):
         f, b = f + cf, b + cb
         act = (act[0] + ca, act[1] + ca, act[2])
         extra = (extra[0], extra[1], extra[2] + cf)
-    st = held_states(u, cfg)
+    sync = u.grad_sync[cfg.zero]
+    if cfg.ep > 1:
+        d = unit_delta(ctx, u, cfg)      # expert parallelism: all-to-alls, load, expert-DP states
+        f, b = f + d["fwd_s"], b + d["bwd_s"]
+        # (never below zero: the profile's sync of this unit holds the experts' share)
+        sync = max(0.0, sync + d["sync_s"])
+    st = held_states(u, cfg, ctx=ctx)
     return (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-            u.grad_sync[cfg.zero], u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0),
-            st["grads"] - held_states(u, cfg, False)["grads"])
+            sync, u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0),
+            st["grads"] - held_states(u, cfg, False, ctx)["grads"])
 
 
 class BoundNumbers:
@@ -59,7 +66,7 @@ class BoundNumbers:
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         for u, k in counts.values():
-            t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt)
+            t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt, ctx)
             self.tot += k * t
             self.tmax = max(self.tmax, t)
             self.gs += k * gs
@@ -69,14 +76,14 @@ class BoundNumbers:
 
 
 def bound_numbers(ctx, prof, cfg):
-    key = ("bound", prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.cp)
+    key = ("bound", prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.cp, cfg.ep)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = BoundNumbers(prof, cfg, ctx)
     return n
 
 
-def held_states(unit, cfg, accumulators=True):
+def held_states(unit, cfg, accumulators=True, ctx=None):
     """Model-state bytes ({"params", "grads", "optimizer"}) a device holds for `unit` under what the
     emitter runs, not only the ZeRO formula.  ZeRO-2 is FSDP2 with reshard_after_forward=False: its
     parameters are the P/dp shards (the gathered copy it holds from forward to backward is priced by
@@ -93,6 +100,9 @@ def held_states(unit, cfg, accumulators=True):
         st["params"] = unit.states[3]["params"]
     if cfg.zero >= 2 and cfg.m > 1 and accumulators:
         st["grads"] = unit.states[0]["grads"]
+    if ctx is not None and cfg.ep > 1:
+        for k, v in unit_delta(ctx, unit, cfg)["states"].items():
+            st[k] += v
     return st
 
 
@@ -125,7 +135,7 @@ def zero3_gathered(units, pbytes, cfg):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

@@ -6,7 +6,7 @@ from ...costmodel.optimizer import updated_params
 from ...errors import ConstraintError
 from .evaluate import price_config
 from .numbers import unit_numbers
-from .stage import memory_needed
+from .stage import memory_floor, memory_needed
 
 
 def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=True):
@@ -15,7 +15,9 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     depth, unless a bound shows it cannot beat the device: placement only frees memory (less
     recomputation), moves optimizer work to the host and adds exposed host time."""
     prof = prof or ctx.profile(cfg.dp_cp, cfg.tp)
-    res = price_config(ctx, cfg, prof, exact=exact, policy=policy)
+    # the exact partition only where no lower bound already shows the device cannot hold it
+    hopeless = memory_floor(ctx, cfg, prof) > ctx.cap * (1 + 1e-6)
+    res = None if hopeless else price_config(ctx, cfg, prof, exact=exact, policy=policy)
     if res is not None:
         remember_placement(ctx, "device", res)
     if not placement or cfg.cp > 1:        # host placement is not emitted beside context parallelism

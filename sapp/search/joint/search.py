@@ -98,10 +98,11 @@ def _best_first(ctx, configs, cutoff):
 
 def _alternatives(best, seen, k=5):
     """The next-best evaluated configurations (one per pp/dp/tp/schedule), for `sapp explain`."""
-    out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule, best.config.cp)}
+    out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule, best.config.cp,
+                      best.config.ep)}
     for r in sorted(seen, key=rank_key):
         c = r.config
-        key = (c.pp, c.dp, c.tp, c.schedule, c.cp)
+        key = (c.pp, c.dp, c.tp, c.schedule, c.cp, c.ep)
         if key in keys:
             continue
         keys.add(key)
@@ -109,7 +110,8 @@ def _alternatives(best, seen, k=5):
         for s in r.stages:
             for v in s.recompute.values():
                 pol[v] = pol.get(v, 0) + 1
-        par = {"dp": c.dp, "tp": c.tp, "pp": c.pp, **({"cp": c.cp} if c.cp > 1 else {})}
+        par = {"dp": c.dp, "tp": c.tp, "pp": c.pp, **({"cp": c.cp} if c.cp > 1 else {}),
+               **({"ep": c.ep} if c.ep > 1 else {})}
         out.append({"parallel": par, "schedule": c.schedule,
                     "micro_batches": c.m, "virtual_chunks": c.v, "zero": c.zero,
                     "recompute": max(sorted(pol), key=lambda x: pol[x]) if pol else "none",

@@ -155,7 +155,7 @@ class StageEvaluator:
         transient = self.transient(idx, policies)
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in held_states(self.units[j], self.cfg, acc).items():
+            for k2, v2 in held_states(self.units[j], self.cfg, acc, self.ctx).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx)
         return StageResult(
@@ -212,3 +212,17 @@ def memory_needed(ctx, cfg, prof):
                  for j in idx}
         worst = max(worst, st + act * ev.infl[i] + ev.transient(idx, least) + z)
     return worst
+
+
+def memory_floor(ctx, cfg, prof):
+    """A lower bound on the device memory of the fullest stage under any partition and recompute
+    choice: the stages together hold every unit's states and at least its smallest activations times
+    the fewest micro-batches in flight on any stage, so the fullest holds at least 1/pp of that and at
+    least its largest unit.  Above the capacity, the exact partition cannot fit (skipped: MoE models
+    at scale otherwise spend most of the search proving configurations infeasible)."""
+    ev = StageEvaluator(ctx, cfg, prof)
+    num, infl = ev.num, min(ev.infl)
+    # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
+    per = [num.states[j] - num.gacc[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
+           for j, u in enumerate(ev.units)]
+    return max(sum(per) / cfg.pp, max(per, default=0.0))

@@ -1,0 +1,90 @@
+"""Published MoE runs for bench/published.py's table (its ROWS registry imports this module's ROWS),
+and a standalone check: `python -m bench.published_moe` prices each row pinned to the published
+configuration and free, and prints predicted vs published TF/GPU.
+
+Megatron-Core's Mixtral-8x7B run (Megatron-LM MoE README, "Performance": 64 H100, TP1 EP8 PP4 with
+virtual pipeline stages (8 chunks over 4 stages: v = 2), global batch 256, sequence 4096, bf16,
+dropless routing; 438-468 TFLOP/s per GPU).  Pinned here: tp 1, pp 4, dp 16, ep 8, interleaved v 2,
+16 micro-batches of 1; ZeRO-1 (Megatron's distributed optimizer; the experts' states sharded over
+expert-DP).  TF/GPU = the model's FLOPs per step (3 x forward, no
+recomputation) / step / GPUs, i.e. the plan's MFU x peak."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+try:
+    from bench.published import Row
+except ImportError:         # bench/published.py not on this branch yet: the same fields
+    @dataclass(frozen=True)
+    class Row:
+        group: str
+        name: str
+        model: str
+        config: dict
+        cluster: str
+        global_batch: int
+        pins: dict
+        metric: str
+        published: float
+        source: str
+        needs: str = ""
+        note: str = ""
+        free: bool = True
+
+PUBLISHED_RANGE = (438.0, 468.0)       # TFLOP/s per GPU, Megatron-Core MoE README (Mixtral 8x7B, 64 H100)
+TOLERANCE = 0.15
+
+ROWS = [Row("Megatron-Core MoE (H100)", "Mixtral-8x7B 64 GPUs t1 ep8 p4 v2", "mixtral-8x7b", {},
+            "h100-80g:devices=64", 256,
+            {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "schedule": "interleaved", "virtual_chunks": 2,
+             "micro_batches": 16, "zero": 1},
+            "tf_per_gpu_model", sum(PUBLISHED_RANGE) / 2, "Megatron-LM MoE README (438-468 TF/GPU)",
+            note="dropless, balanced routing (moe_imbalance 1.0); ZeRO-1 = the distributed optimizer")]
+
+
+def tf_per_gpu(plan) -> float:
+    return plan["predicted"]["mfu"] * plan["cluster"]["peak_flops"] / 1e12
+
+
+def price(row):
+    """(pinned plan, free plan, seconds) for one row."""
+    import sapp.models as zoo
+    from sapp.api import search
+    from sapp.capture import capture
+    model = zoo.get(row.model, **row.config)
+    t0 = time.perf_counter()
+    g = capture(model, batch=1)
+    pinned = search(model, row.cluster, global_batch=row.global_batch, graph=g, constraints=row.pins)
+    free = search(model, row.cluster, global_batch=row.global_batch, graph=g) if row.free else None
+    return pinned, free, time.perf_counter() - t0
+
+
+def main(argv=()):
+    lo, hi = PUBLISHED_RANGE
+    ok = True
+    for row in ROWS:
+        pinned, free, s = price(row)
+        tp = tf_per_gpu(pinned)
+        err = tp / row.published - 1
+        print(f"{row.name}: published {lo:.0f}-{hi:.0f} TF/GPU; pinned {tp:.1f} TF/GPU ({100 * err:+.1f}% vs "
+              f"{row.published:.0f}), step {pinned['predicted']['step_time_s']:.3f} s, peak "
+              f"{pinned['predicted']['peak_memory_bytes'] / 1e9:.1f} GB")
+        ok &= abs(err) <= TOLERANCE
+        if free is not None:
+            par = free["parallel"]
+            tf = tf_per_gpu(free)
+            print(f"  free search: dp={par['dp']} tp={par['tp']} pp={par['pp']} ep={par.get('ep', 1)} "
+                  f"{free['pipeline']['schedule']} v={free['pipeline'].get('virtual_chunks')} "
+                  f"m={free['pipeline']['micro_batches']} zero={free['zero']} recompute={free['recompute']['default']}: "
+                  f"{tf:.1f} TF/GPU, step {free['predicted']['step_time_s']:.3f} s "
+                  f"({'at least as fast as' if free['predicted']['step_time_s'] <= pinned['predicted']['step_time_s'] * (1 + 1e-9) else 'SLOWER than'} pinned)")
+            ok &= free["predicted"]["step_time_s"] <= pinned["predicted"]["step_time_s"] * (1 + 1e-9)
+        print(f"  ({s:.1f} s to capture and price)")
+    print("OK" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,163 @@
+"""Mixture-of-Experts under expert parallelism (EP): what changes when the experts of each MoE layer
+are spread over `ep` data-parallel ranks.  Pure: plain numbers in, seconds and bytes out.
+
+Layout (Megatron-Core's, and what sapp/emit/ep.py runs): a stage's dp ranks form dp/ep EP groups of
+`ep` consecutive dp ranks; rank j of a group holds experts [j·E/ep, (j+1)·E/ep).  Each rank routes
+its own tokens (router, top-k, sort by expert: priced in the captured graph like any op), sends every
+routed row to the rank holding its expert (all-to-all *dispatch*), runs its experts' grouped GEMMs on
+the rows it receives, and sends the results back (all-to-all *combine*); backward runs the same two
+all-to-alls on the gradients.  Experts use no tensor parallelism (expert TP = 1).  The expert
+parameters' gradients are complete within an EP group (every token that met an expert reached its
+owner), so they are all-reduced only over the *expert-DP* group: the dp/ep ranks holding the same
+experts; their weights, gradients and optimizer states are 1/ep of the layer's experts, ZeRO-sharded
+over expert-DP.
+
+Load.  Routed rows per rank per micro-batch have mean T·k (T local tokens, k = top-k): each of the ep
+ranks sends T·k rows spread over E experts, E/ep of them local.  The step waits for the busiest rank,
+so expert compute is priced at `load` × the mean, where
+  - dropless routing (capacity_factor 0, Megatron-Core's default): load = `imbalance`, the busiest
+    EP rank's rows over the mean.  A setting (CostSettings.moe_imbalance, default
+    DEFAULT_IMBALANCE = 1.0: routing kept balanced by an auxiliary loss, Mixtral / DeepSeek-V3's
+    practice); measured routers run 1.05-1.3 early in training;
+  - a capacity factor c > 0: every expert computes capacity = c · mean rows (short groups padded,
+    overflow dropped), so load = c whatever the imbalance.
+All-to-all on real links: the EP group's members inside one node exchange over NVLink, the rest over
+the network, concurrently; the slower part sets the time (REFERENCE.md §2's α-β all-to-all on each)."""
+from __future__ import annotations
+
+import dataclasses
+
+from .gradsync import param_sync
+from .primitives import _alpha_beta, collective_time, compute_time, model_state_bytes
+
+DEFAULT_IMBALANCE = 1.0
+
+
+def expert_load(capacity_factor: float = 0.0, imbalance: float = DEFAULT_IMBALANCE) -> float:
+    """The busiest EP rank's routed rows over the mean (see the module text)."""
+    return float(capacity_factor) if capacity_factor > 0 else float(imbalance)
+
+
+def routed_rows(tokens: float, top_k: int, experts: int, ep: int, capacity_factor: float = 0.0,
+                imbalance: float = DEFAULT_IMBALANCE) -> dict:
+    """Rows one EP rank's experts compute per micro-batch when each rank routes `tokens` tokens:
+    {"per_expert": rows of one expert, "per_rank": rows on the busiest rank}."""
+    load = expert_load(capacity_factor, imbalance)
+    per_expert = ep * tokens * top_k / experts * load
+    return {"per_expert": per_expert, "per_rank": per_expert * experts / ep}
+
+
+def ep_local(ep: int, tp: int, gpus_per_node: int) -> int:
+    """Members of one EP group inside a node (the group is ep consecutive dp ranks, tp apart)."""
+    return max(1, min(ep, gpus_per_node // max(1, tp)))
+
+
+def all_to_all_time(nbytes: float, ep: int, local: int, cluster) -> float:
+    """One all-to-all of a rank's `nbytes` send buffer over an EP group of `ep` ranks, `local` of them
+    in each node: (local-1) peers over the intra-node link and (ep-local) over the network, at once."""
+    if ep <= 1 or nbytes <= 0:
+        return 0.0
+    if local >= ep:
+        return collective_time("all_to_all", nbytes, ep, "intra", cluster)
+    a_i, b_i = _alpha_beta("all_to_all", "intra", cluster)
+    a_n, b_n = _alpha_beta("all_to_all", "inter", cluster)
+    intra = (local - 1) * a_i + nbytes * (local - 1) / ep / b_i if local > 1 else 0.0
+    inter = (ep - local) * a_n + nbytes * (ep - local) / ep / b_n
+    return max(intra, inter)
+
+
+def dispatch_combine_time(tokens: float, top_k: int, hidden: int, act_bytes: float, ep: int, local: int,
+                          cluster) -> tuple:
+    """(forward s, backward s) of one MoE layer's all-to-alls per micro-batch: dispatch + combine in
+    forward, their gradients in backward; each moves the rank's T·k rows of `hidden` values."""
+    one = all_to_all_time(tokens * top_k * hidden * act_bytes, ep, local, cluster)
+    return 2 * one, 2 * one
+
+
+def router_flops(tokens: float, hidden: int, experts: int) -> float:
+    """Forward FLOPs of the router's linear layer (backward: twice that)."""
+    return 2.0 * tokens * hidden * experts
+
+
+def permute_bytes(tokens: float, top_k: int, hidden: int, act_bytes: float, ep: int = 1) -> float:
+    """Memory traffic of one forward's row permutations: gather the rows into expert order and scatter
+    them back (read + write each); under EP also the received rows re-sorted by local expert and
+    back.  Backward moves the same."""
+    passes = 2 + (2 if ep > 1 else 0)
+    return passes * 2.0 * tokens * top_k * hidden * act_bytes
+
+
+def expert_gemm_flops(rows: float, hidden: int, expert_ffn: int) -> float:
+    """Forward FLOPs of a SwiGLU expert over `rows` rows: [rows, h]·[h, 2f] and [rows, f]·[f, h]."""
+    return 2.0 * rows * hidden * 2 * expert_ffn + 2.0 * rows * expert_ffn * hidden
+
+
+def moe_layer_time(tokens, hidden, experts, top_k, expert_ffn, ep, local, cluster, act_bytes=2.0,
+                   capacity_factor=0.0, imbalance=DEFAULT_IMBALANCE) -> dict:
+    """One MoE layer's forward and backward seconds per micro-batch on the busiest EP rank, by part
+    (router GEMM, permutations, expert GEMMs at the routed load, all-to-alls)."""
+    rows = routed_rows(tokens, top_k, experts, ep, capacity_factor, imbalance)["per_rank"]
+    rf = router_flops(tokens, hidden, experts)
+    ef = expert_gemm_flops(rows, hidden, expert_ffn)
+    pb = permute_bytes(tokens, top_k, hidden, act_bytes, ep)
+    a_f, a_b = dispatch_combine_time(tokens, top_k, hidden, act_bytes, ep, local, cluster)
+    fwd = {"router": compute_time(rf, 0.0, cluster), "permute": compute_time(0.0, pb, cluster),
+           "experts": compute_time(ef, 0.0, cluster), "all_to_all": a_f}
+    bwd = {"router": compute_time(2 * rf, 0.0, cluster), "permute": compute_time(0.0, pb, cluster),
+           "experts": compute_time(2 * ef, 0.0, cluster), "all_to_all": a_b}
+    return {"fwd": fwd, "bwd": bwd, "fwd_s": sum(fwd.values()), "bwd_s": sum(bwd.values()), "rows": rows}
+
+
+def expert_state_bytes(expert_params: float, dp: int, ep: int, zero: int, settings) -> dict:
+    """Weights, gradients and optimizer states per device for a layer set's `expert_params`: 1/ep of
+    them per EP rank, ZeRO-sharded over the expert-DP group of dp/ep ranks."""
+    return model_state_bytes(expert_params / ep, max(1, dp // ep), zero, settings)
+
+
+def expert_sync_time(expert_params: float, dp: int, ep: int, link: str, cluster, settings) -> float:
+    """Bandwidth part of the expert gradients' all-reduce per step (ZeRO-0): 1/ep of the experts over
+    the expert-DP group of dp/ep ranks (the latency is the bucket's, paid once a stage)."""
+    edp = max(1, dp // ep)
+    if edp <= 1 or expert_params <= 0:
+        return 0.0
+    nbytes = expert_params / ep * settings.grad_bytes
+    return (collective_time("all_reduce", nbytes, edp, link, cluster)
+            - 2 * (edp - 1) * _alpha_beta("all_reduce", link, cluster)[0])
+
+
+def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int, cluster, settings,
+                  stage_devices: int) -> dict:
+    """What EP changes in one block's priced numbers against the ep = 1 profile (every dp rank holding
+    every expert, its expert gradients all-reduced over all dp): per micro-batch seconds added to
+    forward and backward (all-to-alls, the EP re-sort, expert GEMMs at the routed load), per-step
+    gradient-sync seconds (expert gradients over expert-DP instead of dp), model-state bytes.
+    `facts`: the block's MoE layers as captured, per sample: {"rows", "hidden", "top_k",
+    "expert_flops" (forward), "expert_params", "capacity_factor"}."""
+    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
+    if ep <= 1 or not facts:
+        return zero_delta
+    gpn = cluster.gpus_per_node
+    local = ep_local(ep, tp, gpn)
+    act = 2.0 if settings.mixed else 4.0
+    rows = facts["rows"] * mbs                            # T·k routed rows this rank sends
+    tokens = rows / facts["top_k"]
+    a_f, a_b = dispatch_combine_time(tokens, facts["top_k"], facts["hidden"], act, ep, local, cluster)
+    resort = compute_time(0.0, permute_bytes(tokens, facts["top_k"], facts["hidden"], act, ep)
+                          - permute_bytes(tokens, facts["top_k"], facts["hidden"], act, 1), cluster)
+    load = expert_load(facts.get("capacity_factor", 0.0), getattr(settings, "moe_imbalance", DEFAULT_IMBALANCE))
+    ef = facts["expert_flops"] * mbs * (load - 1.0)        # the busiest rank's extra rows (or fewer)
+    e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
+    S = stage_devices
+    dp_link = "inter" if S > gpn else "intra"
+    edp_link = "inter" if (S > gpn and ep * tp < S and ep * tp * max(1, dp // ep) > gpn) else "intra"
+    P = facts["expert_params"]
+    before = model_state_bytes(P, dp, zero, settings)
+    after = expert_state_bytes(P, dp, ep, zero, settings)
+    # the experts' share of the profile's gradient sync (gradsync.param_sync, as the profile prices
+    # every parameter) swapped for 1/ep of them over expert-DP
+    zs = dataclasses.replace(settings, zero=zero)
+    full = param_sync(P, dp, dp_link, cluster, zs)[0]
+    mine = param_sync(P / ep, max(1, dp // ep), edp_link, cluster, zs)[0]
+    return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
+            "sync_s": mine - full,
+            "states": {k: after[k] - before[k] for k in before}}

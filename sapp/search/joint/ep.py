@@ -1,0 +1,85 @@
+"""Expert parallelism in the joint search: which ep each configuration may take, and what it changes
+in a block's priced numbers (sapp/costmodel/moe.py's `ep_unit_delta` on the facts read off the
+captured graph).
+
+ep is a dimension beside dp: it divides a stage's dp ranks (EP groups of ep consecutive dp ranks) and
+the expert count.  Offered only where the emitter runs it (sapp/emit/ep.py): tensor parallelism 1
+(experts at expert-TP 1 and attention unsplit) and ZeRO-0/1 (expert gradients all-reduced over the
+expert-DP group, the rest over dp; ZeRO-1 shards the experts' optimizer states over expert-DP)."""
+from __future__ import annotations
+
+import dataclasses
+
+from ...costmodel.moe import ep_unit_delta
+
+
+def moe_facts(ctx) -> dict:
+    """{block name: per-sample MoE facts} for every block holding grouped expert GEMMs, cached on ctx.
+    Per sample: routed rows (tokens x top-k) sent, the row width (hidden), expert GEMM forward FLOPs,
+    expert parameters; and the expert count and top-k."""
+    facts = getattr(ctx, "_moe_facts", None)
+    if facts is not None:
+        return facts
+    g, facts = ctx.graph, {}
+    B = max(1, g.batch_size)
+    for block, names in (g.blocks or {}).items():
+        nodes = [g.nodes[n] for n in names if n in g.nodes]
+        gemms = [n for n in nodes if n.extra.get("experts")]
+        if not gemms:
+            continue
+        topk = [n for n in nodes if ".topk" in n.target]
+        first = gemms[0]
+        rows = first.dim("b0").size
+        k = topk[0].out.shape[-1] if topk and getattr(topk[0], "out", None) is not None else None
+        if k is None:
+            k = _topk_from_dims(topk[0]) if topk else 1
+        # a block with several MoE layers sends every layer's rows: count rows per layer pair
+        layers = max(1, len(gemms) // 2)
+        facts[block] = {"rows": rows * layers / B, "hidden": first.dim("k").size, "top_k": int(k),
+                        "experts": int(first.extra["experts"]),
+                        "expert_flops": sum(n.flops for n in gemms) / B,
+                        "expert_params": float(sum(n.dim("e").size * n.dim("k").size * n.dim("n").size
+                                                   for n in gemms)),
+                        "capacity_factor": float(g.meta.get("moe_capacity_factor", 0.0) or 0.0)}
+    ctx._moe_facts = facts
+    return facts
+
+
+def _topk_from_dims(node):
+    """top-k's k: the last output axis of the topk node (dims a0, a1, ...)."""
+    last = [d for d in node.dims if d.name.startswith("a")]
+    return last[-1].size if last else 1
+
+
+def ep_configs(ctx, cfg) -> list:
+    """cfg with each expert-parallel degree > 1 it may take (none for dense models)."""
+    facts = moe_facts(ctx)
+    if not facts or cfg.tp != 1 or cfg.zero > 1 or cfg.dp < 2:
+        return []
+    E = min(f["experts"] for f in facts.values())
+    pin = ctx.cons.ep
+    return [dataclasses.replace(cfg, ep=e) for e in range(2, cfg.dp + 1)
+            if cfg.dp % e == 0 and E % e == 0 and (pin is None or e == pin)]
+
+
+def unit_delta(ctx, unit, cfg) -> dict:
+    """What ep changes in `unit`'s numbers under cfg (zeros for ep = 1 and for blocks without experts)."""
+    ep = getattr(cfg, "ep", 1)
+    facts = moe_facts(ctx).get(unit.name) if ep > 1 and unit.kind == "block" else None
+    key = (unit.name, cfg.dp, cfg.tp, ep, cfg.mbs, cfg.zero)
+    cache = ctx.__dict__.setdefault("_ep_delta", {})
+    if key not in cache:
+        cache[key] = ep_unit_delta(facts, dp=cfg.dp, tp=cfg.tp, ep=ep, mbs=cfg.mbs, zero=cfg.zero,
+                                   cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp)
+    return cache[key]
+
+
+def ep_note(ctx, cfg) -> str:
+    """The plan's note on expert parallelism (and, under a pipeline, that emit does not run it yet)."""
+    facts = moe_facts(ctx)
+    E = min(f["experts"] for f in facts.values())
+    s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "
+         f"over {cfg.ep} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP ranks")
+    if cfg.pp > 1:
+        s += "; priced, but sapp's emitter runs EP without pipelines only (sapp run refuses this plan)"
+    return s

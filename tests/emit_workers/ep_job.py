@@ -1,0 +1,110 @@
+"""Expert-parallel moe-tiny runs on gloo in one forked job, and the single-process reference.
+
+    python -m tests.emit_workers.ep_job WORLD CASES.json OUT.json
+
+A case: {"id", "dp", "ep", "steps", "batch", "zero" (optional, 0)}; every rank writes its losses per step."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+SEED = 0
+
+
+def _model():
+    import torch
+    import sapp.models as zoo
+    torch.manual_seed(SEED)
+    return zoo.get("moe-tiny", device="cpu")
+
+
+def _batch(step, batch):
+    import sapp.models as zoo
+    m = _model()
+    g = step + 1      # a different batch each step (example_* are seeded, so offset the ids)
+    x = zoo.example_inputs(m, batch * (g + 1))[0][batch * g:]
+    y = zoo.example_targets(m, batch * (g + 1))[batch * g:]
+    return x, y
+
+
+def _plan(dp, ep, batch, params, zero=0):
+    from tests.emit_workers.plans import make_plan
+    plan = make_plan(name="moe-tiny", params=params, global_batch=batch, dp=dp, zero=zero)
+    d = plan.to_dict() if hasattr(plan, "to_dict") else plan._d
+    if ep > 1:
+        d["parallel"]["ep"] = ep
+    from sapp.plan import Plan
+    return Plan(d)
+
+
+def reference(steps, batch):
+    import torch
+    import sapp.models as zoo
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    out = []
+    for i in range(steps):
+        x, y = _batch(i, batch)
+        loss = zoo.loss_fn(m)(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+def _worker(rank, world, cases, out_dir, store):
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    results, code = {}, 0
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=20))
+        from sapp.emit import emit
+        import sapp.models as zoo
+        for case in cases:
+            m = _model()
+            plan = _plan(case["dp"], case["ep"], case["batch"], sum(p.numel() for p in m.parameters()),
+                         case.get("zero", 0))
+            prog = emit(m, plan, loss_fn=zoo.loss_fn(m), lr=1e-3, check_fingerprint=False)
+            losses = []
+            for i in range(case["steps"]):
+                x, y = _batch(i, case["batch"])
+                xs, ys = prog.shard(x, y)
+                losses.append(prog.step(xs, ys))
+            experts = sum(p.numel() for n, p in prog.modules[0].named_parameters() if n.endswith(("w_in", "w_out")))
+            results[case["id"]] = {"losses": losses, "expert_numel": experts, "ep": prog.ep, "zero": prog.zero,
+                                   "manifest_ep": (getattr(prog, "manifest", None) or {}).get("ep")}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        results["error"] = traceback.format_exc()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv):
+    from tests.emit_workers.harness import fork_ranks
+    world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    failed, per_rank = fork_ranks(_worker, world, cases)
+    out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v},
+           "ranks": per_rank, "ref": {c["id"]: reference(c["steps"], c["batch"]) for c in cases}}
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
