@@ -3,7 +3,7 @@ sync, optimizer update."""
 from __future__ import annotations
 
 from ...costmodel.optimizer import optimizer_step_time
-from ...pipeline.partition import partition_counts, partition_dp
+from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
 from ...pipeline.schedule import step_time
 from .result import JointResult
 from .stage import StageEvaluator
@@ -19,11 +19,13 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
     if any(s is None for s in stages):
         return None
+    shares = None
     if cfg.schedule == "interleaved" and cfg.v > 1:
+        shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
-    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c, chunk_shares=shares)
     gs = max(s.grad_sync_s for s in stages)
     # the optimizer update runs after the last backward on every stage; the slowest one counts.
     # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
@@ -56,16 +58,38 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     return res
 
 
+def _chunk_shares(ev, cfg, st, a, b):
+    """Fractions of stage st's time its v chunks take: chunk c holds chunk_counts(k, v)[c] of its k
+    identical blocks, the prologue goes with chunk 0 of the first stage and the epilogue with the
+    last chunk of the last stage (the real layout, where the search priced the stage contiguous)."""
+    t, units = ev.num.t, ev.units
+    blocks = [j for j in range(a, b) if units[j].kind == "block"]
+    per = chunk_counts(len(blocks), cfg.v)
+    tb = t[blocks[0]]
+    w = [n * tb for n in per]
+    for j in range(a, b):
+        if units[j].kind != "block":
+            w[0 if j < blocks[0] else cfg.v - 1] += t[j]
+    tot = sum(w)
+    return [x / tot for x in w] if tot > 0 else [1.0 / cfg.v] * cfg.v
+
+
 def _interleave_blocks(ctx, cfg, stages):
-    """Priced as contiguous equal shares; the real interleaved layout gives device i the chunks
-    c * pp + i (identical blocks, so the numbers are the same).  Rename blocks to the real ones."""
+    """Priced as contiguous runs of blocks (identical blocks, so the numbers are the same); the real
+    interleaved layout gives device i the chunks c * pp + i (partition.interleaved_layout).  Rename
+    the blocks to the real ones, in chunk order, and record the chunk sizes."""
+    from ...pipeline.partition import interleaved_layout
     flat = ctx.block_names
-    k = len(flat) // (cfg.pp * cfg.v)
+    real = {st.index: [] for st in stages}
+    pos = 0
+    for i, _, n in interleaved_layout([len(st.blocks) for st in stages], cfg.v):
+        real[i].extend(flat[pos:pos + n])
+        pos += n
     for st in stages:
-        real = [b for c in range(cfg.v) for b in flat[(c * cfg.pp + st.index) * k:(c * cfg.pp + st.index + 1) * k]]
         pols = [st.recompute.get(b, "none") for b in st.blocks]
-        st.recompute = dict(zip(real, pols))
-        st.blocks = real
+        st.chunks = chunk_counts(len(st.blocks), cfg.v)
+        st.recompute = dict(zip(real[st.index], pols))
+        st.blocks = real[st.index]
 
 
 def _partition(ctx, ev, cfg, exact):
@@ -75,15 +99,9 @@ def _partition(ctx, ev, cfg, exact):
     if p == 1:
         return [0] if ev.seg(0, 0, n)[1] else None
     units = ev.units
-    if cfg.schedule == "interleaved":
-        # v chunks per device, equal blocks per device (L divisible by p*v, checked when enumerating)
-        k = ctx.L // p
-        starts = _starts_from_counts(units, [k] * p)
-        ends = starts[1:] + [n]
-        if all(ev.seg(i, a, b)[1] for i, (a, b) in enumerate(zip(starts, ends))):
-            return starts
-        return None
-    if ctx.uniform and not exact:
+    kmin = cfg.v if cfg.schedule == "interleaved" else 1
+    if ctx.uniform and (not exact or kmin > 1):
+        # (interleaved: identical blocks, checked when enumerating; every stage holds >= v blocks)
         first = next(i for i, u in enumerate(units) if u.kind == "block")
         pre, post = first, n - first - ctx.L
 
@@ -94,7 +112,7 @@ def _partition(ctx, ev, cfg, exact):
             if i == p - 1:
                 return ev.seg(i, n - post - k, n)
             return ev.seg(i, pre, pre + k)
-        counts, _ = partition_counts(ctx.L, p, seg_k)
+        counts, _ = partition_counts(ctx.L, p, seg_k, kmin=kmin)
         if counts is None:
             return None
         return _starts_from_counts(units, counts)

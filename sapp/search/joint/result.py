@@ -40,6 +40,7 @@ class StageResult:
     memory: dict            # params, grads, optimizer, activations, transient
     recompute: dict         # block -> policy
     param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
+    chunks: list = None     # interleaved: blocks per chunk (chunk c runs as virtual stage c * pp + i)
 
     @property
     def memory_bytes(self):

@@ -10,7 +10,7 @@ from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
 from .bounds import analytic_bound, profile_bound
-from .configs import enumerate_configs
+from .configs import enumerate_configs, interleave_problem
 from .context import SearchContext
 from .notes import notes
 from .placement import evaluate_config, rank_key
@@ -32,6 +32,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
     configs = enumerate_configs(ctx)
+    if not configs and interleave_problem(ctx):
+        raise ConstraintError(interleave_problem(ctx))
     if not configs:
         raise ConstraintError(f"no (pp, dp, tp, micro-batch) combination fits {cluster.devices} devices with global "
                               f"batch {global_batch} under the constraints; relax them or change the batch")

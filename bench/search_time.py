@@ -1,0 +1,68 @@
+"""End-to-end search time of the headline case: `python -m bench.search_time [--runs N] [--profile]`.
+
+GPT-3 175B (zoo, captured once, capture time printed apart) on 1024 a100-80g (`a100-80g:nodes=128`),
+global batch 1536, exactly what `sapp search --model gpt3-175b --cluster a100-80g:nodes=128` runs:
+the joint search (pp x dp x tp x micro-batches x schedule x recompute x ZeRO x placement) with the tp
+level searched in the form DTensor runs (sharding searches included), then the plan built.  Prints
+the median of --runs fresh searches (default 5; nothing is cached between runs), the spread, the
+chosen configuration and the search statistics.  Target: <= 2 s on the 2-core reference machine,
+~1.2 s to leave room for the sp / cp / ep dimensions.  `--profile` prints a pyinstrument profile of
+one more run."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+TARGET_S = 2.0
+
+
+def one_search(graph, cluster, batch):
+    from sapp.api import search
+    t = time.perf_counter()
+    plan, res = search("gpt3-175b", cluster, global_batch=batch, graph=graph, return_result=True)
+    return time.perf_counter() - t, plan, res
+
+
+def main(argv=None, out=sys.stdout):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--model", default="gpt3-175b")
+    ap.add_argument("--cluster", default="a100-80g:nodes=128")
+    ap.add_argument("--batch", type=int, default=1536)
+    ap.add_argument("--profile", action="store_true", help="print a pyinstrument profile of one more run")
+    args = ap.parse_args(argv)
+    import sapp.models as zoo
+    from sapp.api import capture_graph
+    from sapp.cluster import Cluster
+    t = time.perf_counter()
+    graph, _ = capture_graph(zoo.get(args.model))
+    cap_s = time.perf_counter() - t
+    cl = Cluster.parse(args.cluster)
+    times, res = [], None
+    for _ in range(max(1, args.runs)):
+        dt, plan, res = one_search(graph, cl, args.batch)
+        times.append(dt)
+    med = statistics.median(times)
+    st = res.stats
+    print(f"{args.model} on {args.cluster} ({cl.devices} devices), batch {args.batch}: capture {cap_s:.2f} s (once)",
+          file=out)
+    print(f"search (joint + sharding + plan), median of {len(times)}: {med:.3f} s  "
+          f"[min {min(times):.3f}, max {max(times):.3f}]  target <= {TARGET_S:.1f} s: "
+          f"{'met' if med <= TARGET_S else 'NOT met'}", file=out)
+    print(f"chosen: {res.config.describe()}  step {res.step_time_s:.4f} s  MFU {res.mfu:.3f}", file=out)
+    print(f"configs {st['configs']}  evaluated {st['evaluated']}  pruned {st['pruned']}  "
+          f"profiles {st['profiles']}  sharding searches {st['searches']}", file=out)
+    if args.profile:
+        from pyinstrument import Profiler
+        p = Profiler(interval=0.001)
+        p.start()
+        one_search(graph, cl, args.batch)
+        p.stop()
+        print(p.output_text(unicode=False, color=False, show_all=False), file=out)
+    return med
+
+
+if __name__ == "__main__":
+    main()
