@@ -79,9 +79,9 @@ def interleave_values(ctx, pp, m):
     """Virtual chunk counts v to price for pp stages and m micro-batches.  Interleaving needs
     identical blocks (glue only at the ends: the search prices a stage as a contiguous run and
     deals the blocks out afterwards) and at least v blocks on every stage.  Searched: the v that
-    split the even stage (floor(L / pp) blocks) into equal chunks, with m a multiple of pp (the
-    closed form is exact there); pinned: any v from 2 to floor(L / pp) and any m torch's
-    interleaved 1F1B runs (priced by the schedule simulator)."""
+    divide the L blocks (every stage then holds a multiple of v: equal chunks), with m a multiple
+    of pp (the closed form is exact there); pinned: any v from 2 to floor(L / pp) (chunks as equal
+    as they go) and any m torch's interleaved 1F1B runs (both priced by the schedule simulator)."""
     if pp < 2 or not ctx.uniform:
         return []
     k = ctx.L // pp
@@ -91,7 +91,9 @@ def interleave_values(ctx, pp, m):
         return [pin_v] if ok else []
     if m % pp and not (pin_m is not None and interleave_rounds(pp, m) is not None):
         return []
-    return [v for v in divisors(k) if v >= 2]
+    # v dividing the blocks: stages hold multiples of v (equal chunks; the first / last stage may
+    # hold fewer), at least one chunk-row of v blocks per stage
+    return [v for v in divisors(ctx.L) if 2 <= v <= k]
 
 
 def interleave_problem(ctx):

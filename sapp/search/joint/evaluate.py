@@ -60,18 +60,11 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
 
 def _chunk_shares(ev, cfg, st, a, b):
     """Fractions of stage st's time its v chunks take: chunk c holds chunk_counts(k, v)[c] of its k
-    identical blocks, the prologue goes with chunk 0 of the first stage and the epilogue with the
-    last chunk of the last stage (the real layout, where the search priced the stage contiguous)."""
-    t, units = ev.num.t, ev.units
-    blocks = [j for j in range(a, b) if units[j].kind == "block"]
-    per = chunk_counts(len(blocks), cfg.v)
-    tb = t[blocks[0]]
-    w = [n * tb for n in per]
-    for j in range(a, b):
-        if units[j].kind != "block":
-            w[0 if j < blocks[0] else cfg.v - 1] += t[j]
-    tot = sum(w)
-    return [x / tot for x in w] if tot > 0 else [1.0 / cfg.v] * cfg.v
+    identical blocks.  The prologue / epilogue are spread over the chunks as the closed form does
+    (the real layout puts them on the model's first and last chunk): equal chunks, the closed form;
+    unequal ones (a pinned v that does not divide the blocks), the simulator."""
+    k = sum(1 for j in range(a, b) if ev.units[j].kind == "block")
+    return [n / k for n in chunk_counts(k, cfg.v)]
 
 
 def _interleave_blocks(ctx, cfg, stages):
@@ -99,23 +92,28 @@ def _partition(ctx, ev, cfg, exact):
     if p == 1:
         return [0] if ev.seg(0, 0, n)[1] else None
     units = ev.units
-    kmin = cfg.v if cfg.schedule == "interleaved" else 1
-    if ctx.uniform and (not exact or kmin > 1):
-        # (interleaved: identical blocks, checked when enumerating; every stage holds >= v blocks)
+    inter = cfg.schedule == "interleaved" and cfg.v > 1
+    if ctx.uniform and (not exact or inter):
+        # (interleaved: identical blocks, checked when enumerating).  Interleaving splits each stage
+        # into v chunks: when v divides the blocks, stages hold multiples of v (equal chunks, the
+        # closed-form schedule); otherwise (a pinned v) any count >= v, chunks as equal as they go
         first = next(i for i, u in enumerate(units) if u.kind == "block")
         pre, post = first, n - first - ctx.L
+        step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
+        kmin = cfg.v if inter and step == 1 else 1
 
         def seg_k(i, k):
             # identical blocks: only the count matters, plus the glue on the first / last stage
+            k *= step
             if i == 0:
                 return ev.seg(0, 0, pre + k)
             if i == p - 1:
                 return ev.seg(i, n - post - k, n)
             return ev.seg(i, pre, pre + k)
-        counts, _ = partition_counts(ctx.L, p, seg_k, kmin=kmin)
+        counts, _ = partition_counts(ctx.L // step, p, seg_k, kmin=kmin)
         if counts is None:
             return None
-        return _starts_from_counts(units, counts)
+        return _starts_from_counts(units, [k * step for k in counts])
     cut = [u.cut_before for u in units]
     cut[0] = False
     starts, _ = partition_dp(n, p, [True] + cut[1:], ev.seg)

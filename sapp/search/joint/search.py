@@ -2,6 +2,7 @@
 of the survivors."""
 from __future__ import annotations
 
+import heapq
 import math
 import time
 
@@ -9,7 +10,7 @@ from ...constraints import Constraints
 from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
-from .bounds import analytic_bound, profile_bound
+from .bounds import analytic_bound, memory_infeasible, profile_bound
 from .configs import enumerate_configs, interleave_problem
 from .context import SearchContext
 from .notes import notes
@@ -37,31 +38,46 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     if not configs:
         raise ConstraintError(f"no (pp, dp, tp, micro-batch) combination fits {cluster.devices} devices with global "
                               f"batch {global_batch} under the constraints; relax them or change the batch")
+    # Best-first branch and bound: a configuration first enters with its analytic bound; popped, it
+    # gets its profile bound (its (dp, tp) profile built on first use) and goes back; popped again
+    # it is evaluated.  Configurations are thus evaluated in profile-bound order, so the optimum is
+    # met early and the rest pruned; every bound is a valid lower bound, so the optimum (and the
+    # plan) is what evaluating every configuration would give.  `exhaustive` evaluates them all.
     ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
+    heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
     best, evaluated, pruned = None, 0, 0
     feasible_seen = []
-    closest = None            # (memory needed, config) of the best infeasible attempt
-    for lb, _, cfg in ranked:
+    infeasible = []
+    while heap:
+        lb, phase, _, i = heapq.heappop(heap)
+        cfg = ranked[i][2]
         if best is not None and not exhaustive and lb > best.step_time_s:
-            pruned += 1
-            continue
+            pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
+            break
         prof = ctx.profile(cfg.dp, cfg.tp)
-        if best is not None and not exhaustive and profile_bound(ctx, cfg, prof) > best.step_time_s:
+        if phase == 0 and not exhaustive:
+            heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
+            continue
+        if not exhaustive and memory_infeasible(ctx, cfg, prof):
             pruned += 1
+            infeasible.append((cfg, prof))
             continue
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
         if progress is not None:
             progress(evaluated, len(ranked))
         if res is None:
-            need = memory_needed(ctx, cfg, prof)
-            if closest is None or need < closest[0]:
-                closest = (need, cfg)
+            infeasible.append((cfg, prof))     # priced for the message only if nothing fits
             continue
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
             best = res
     if best is None:
+        closest = None            # (memory needed, config) of the best infeasible attempt
+        for cfg, prof in infeasible:
+            need = memory_needed(ctx, cfg, prof)
+            if closest is None or need < closest[0]:
+                closest = (need, cfg)
         need, cfg = closest
         raise InfeasibleError(
             f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(cons)}; "

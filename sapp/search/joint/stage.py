@@ -3,6 +3,7 @@ recomputation."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
@@ -23,6 +24,16 @@ class StageEvaluator:
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
+        # units with the same numbers (UnitNumbers' key: a block's type, a glue unit's name) and the
+        # same allowed policies form a class; seg() adds classes up by their counts in a range
+        ckey = (id(prof), policy)
+        cache = ctx.__dict__.setdefault("_unit_classes", {})
+        if ckey not in cache:
+            classes = {}
+            for j, u in enumerate(self.units):
+                classes.setdefault((u.rep if u.kind == "block" else u.name, self.allowed(u)), []).append(j)
+            cache[ckey] = (prof, list(classes.items()))      # (prof kept alive: its id stays unique)
+        self.classes = cache[ckey][1]
 
     def allowed(self, u):
         if u.kind != "block":
@@ -44,40 +55,44 @@ class StageEvaluator:
             return self.cache[key]
         num, cap = self.num, self.cap
         idx = range(a, b)
-        if not any(self.units[j].kind == "block" for j in idx) and self.cfg.pp > 1:
+        # the classes of units present in [a, b), in order of first appearance, with their counts:
+        # a stage's sums are over classes (a few), not units (up to hundreds of blocks)
+        present = []
+        for (ukey, al), pos in self.classes:
+            lo = bisect_left(pos, a)
+            if lo < len(pos) and pos[lo] < b:
+                present.append((pos[lo], bisect_left(pos, b, lo) - lo, al, lo))
+        present.sort()
+        is_block = [self.units[j0].kind == "block" for j0, _, _, _ in present]
+        if not any(is_block) and self.cfg.pp > 1:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
             return r
-        t = sum(num.t[j] for j in idx) + self.sends(i) * self.c
-        states = sum(num.states[j] for j in idx)
-        z3 = max((num.pbytes[j] for j in idx), default=0.0) if self.cfg.zero == 3 else 0.0
+        t = sum(cnt * num.t[j0] for j0, cnt, _, _ in present) + self.sends(i) * self.c
+        states = sum(cnt * num.states[j0] for j0, cnt, _, _ in present)
+        z3 = max((num.pbytes[j0] for j0, _, _, _ in present), default=0.0) if self.cfg.zero == 3 else 0.0
         infl = self.infl[i]
         types, fixed_act, fixed_extra = {}, 0.0, 0.0
-        for j in idx:
-            u = self.units[j]
-            al = self.allowed(u)
+        for j0, cnt, al, _ in present:
             if len(al) == 1:
                 k = POLICIES.index(al[0])
-                fixed_act += num.act[j][k]
-                fixed_extra += num.extra[j][k]
+                fixed_act += cnt * num.act[j0][k]
+                fixed_extra += cnt * num.extra[j0][k]
                 continue
-            tk = (u.rep, al)
-            if tk not in types:
-                types[tk] = [0, BlockOption(num.act[j], num.extra[j]), al, []]
-            types[tk][0] += 1
-            types[tk][3].append(u.name)
+            # (unit names filled in below, for the detailed result only)
+            types[(self.units[j0].rep, al)] = [cnt, BlockOption(num.act[j0], num.extra[j0]), al, j0]
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         base = cap - states - z3
         choice, transient = None, 0.0
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
-        pinned = any(len(al) == 1 and al[0] != "none" for al in (self.allowed(self.units[j]) for j in idx))
+        pinned = any(len(al) == 1 and al[0] != "none" for _, _, al, _ in present)
         if not pinned and fixed_act + free_act0 <= base / infl + 1e-9 * cap:
             extra = fixed_extra
             acts = fixed_act + free_act0
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            transient = max((num.act[j][0] for j in idx if self.units[j].kind == "block"), default=0.0)
+            transient = max((num.act[j0][0] for (j0, _, _, _), blk in zip(present, is_block) if blk), default=0.0)
             budget = (base - transient) / infl - fixed_act
             if budget >= 0:
                 tl = list(types.values())
@@ -103,7 +118,9 @@ class StageEvaluator:
         # detailed: per-block policies (recompute the last blocks of each type first: deterministic)
         policies = {}
         for (tv, cnt) in zip(types.values(), counts):
-            names = tv[3]
+            tk = (self.units[tv[3]].rep, tv[2])
+            names = [self.units[j].name for j in idx
+                     if self.units[j].kind == "block" and (self.units[j].rep, self.allowed(self.units[j])) == tk]
             nn, ns, nf = cnt
             for q, name in enumerate(names):
                 policies[name] = "none" if q < nn else ("selective" if q < nn + ns else "full")
@@ -144,7 +161,15 @@ def choose_restricted(types, budget):
 
 def memory_needed(ctx, cfg, prof):
     """Least per-device memory with which this configuration would fit (even split, full
-    recomputation where allowed)."""
+    recomputation where allowed).  Cached per configuration for the search."""
+    cache = ctx.__dict__.setdefault("_memory_needed", {})
+    key = (cfg, id(prof))
+    if key not in cache:
+        cache[key] = (_memory_needed(ctx, cfg, prof), prof)
+    return cache[key][0]
+
+
+def _memory_needed(ctx, cfg, prof):
     ev = StageEvaluator(ctx, cfg, prof)
     num = ev.num
     p, n = cfg.pp, ev.n
