@@ -2,6 +2,7 @@
 the stage profile."""
 from __future__ import annotations
 
+from ...costmodel.gradsync import overlap_rule
 from .numbers import p2p_time, unit_numbers
 
 
@@ -63,6 +64,8 @@ def profile_bound(ctx, cfg, prof):
         least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
         tmax = max(tmax, k * tb + least_sends * c)
     gs = sum(num.gs) / p + max(num.lat, default=0.0)
+    if overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp) != "none":
+        gs = 0.0         # the runtime may hide all but its last bucket under backward
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":

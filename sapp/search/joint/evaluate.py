@@ -2,6 +2,7 @@
 sync, optimizer update."""
 from __future__ import annotations
 
+from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
 from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
 from ...pipeline.schedule import step_time
@@ -23,6 +24,10 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     if cfg.schedule == "interleaved" and cfg.v > 1:
         shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
+    rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp)
+    if rule != "none":
+        for st, a, b in zip(stages, starts, ends):
+            st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c, chunk_shares=shares)
@@ -40,6 +45,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     busy = cfg.m * max(T)
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
     res = JointResult(cfg, step, stages)
+    res.overlap = rule
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)
@@ -56,6 +62,18 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     res.mfu = res.model_flops / (step * ctx.cluster.devices * ctx.cluster.peak_flops) if step > 0 else 0.0
     res.profile = prof
     return res
+
+
+def _exposed_sync(ev, rule, st, a, b):
+    """The stage's gradient sync left exposed by what the runtime overlaps (costmodel.gradsync): the
+    last bucket is the stage's glue (FSDP2's root unit) and its first block; the rest runs under
+    the last micro-batch's backward."""
+    num, units = ev.num, ev.units
+    idx = range(a, b)
+    first_block = next((j for j in idx if units[j].kind == "block"), None)
+    last = sum(num.gs[j] for j in idx if units[j].kind != "block" or j == first_block)
+    return exposed_grad_sync(rule, sum(num.gs[j] for j in idx), max((num.lat[j] for j in idx), default=0.0),
+                             st.bwd_s, last, st.memory.get("grads", 0.0))
 
 
 def _chunk_shares(ev, cfg, st, a, b):

@@ -70,6 +70,7 @@ class JointResult:
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     alternatives: list = field(default_factory=list)
+    overlap: str = "none"             # gradient sync overlap rule priced (costmodel.gradsync.overlap_rule)
 
     @property
     def memory(self):
