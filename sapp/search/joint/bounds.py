@@ -75,8 +75,8 @@ def profile_bound(ctx, cfg, prof):
 
 def memory_infeasible(ctx, cfg, prof):
     """True when no stage partition of this configuration can fit, before pricing it: a stage i
-    holding k identical blocks needs at least its parameters and gradients (optimizer states may
-    move to the host) plus its blocks' least activations (every block at its cheapest allowed
+    holding k identical blocks needs at least its parameters (gradients and optimizer states may
+    move to the host: optimizer offload) plus its blocks' least activations (every block at its cheapest allowed
     recomputation) times its in-flight micro-batches, so it holds at most K_i blocks, and the
     blocks fit only if sum K_i >= L.  Only for identical blocks without stage pins and when host
     placement of tables cannot free parameter memory (no sparse tables, no placement pins); the
@@ -97,7 +97,7 @@ def memory_infeasible(ctx, cfg, prof):
         key = units[j].rep if units[j].kind == "block" else units[j].name
         if key not in pg:
             st = held_states(units[j], cfg)
-            pg[key] = st["params"] + st["grads"]
+            pg[key] = st["params"]
         return pg[key]
 
     blocks = [j for j, u in enumerate(units) if u.kind == "block"]
