@@ -83,6 +83,9 @@ def memory_infeasible(ctx, cfg, prof):
     recomputation transient and ZeRO-3 gathers are left out (a necessary condition only)."""
     if not ctx.uniform or ctx.stage_pins is not None or ctx.placement_relevant:
         return False
+    from .placement import _model_options
+    # without a host option (optimizer offload) every model state stays on the device
+    offload = any(o.name != "device" for o in _model_options(ctx, cfg, prof))
     from ...pipeline.schedule import in_flight
     from ...recompute.solver import POLICIES
     from .numbers import held_states
@@ -97,7 +100,7 @@ def memory_infeasible(ctx, cfg, prof):
         key = units[j].rep if units[j].kind == "block" else units[j].name
         if key not in pg:
             st = held_states(units[j], cfg)
-            pg[key] = st["params"]
+            pg[key] = st["params"] if offload else st["params"] + st["grads"] + st["optimizer"]
         return pg[key]
 
     blocks = [j for j, u in enumerate(units) if u.kind == "block"]
