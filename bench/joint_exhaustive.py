@@ -24,7 +24,7 @@ ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("w
 DEVICES = (8, 64, 512)
 # (model, global batch, devices, pins): interleaving only pins reach
 PINNED = [("gpt3-1.3b", 512, 64, {"virtual_chunks": 5, "pp": 4}),            # 24 blocks: 6 per stage, chunks 1-2
-          ("gpt3-1.3b", 512, 64, {"virtual_chunks": 3, "pp": 4, "micro_batches": 6}),   # m = 6 over 4 stages
+          ("gpt3-1.3b", 768, 64, {"virtual_chunks": 3, "pp": 4, "micro_batches": 6}),   # m = 6 over 4 stages
           ("gpt3-6.7b", 1024, 64, {"schedule": "interleaved", "pp": 8})]
 MAX_CONFIGS = 4000          # beyond this the exhaustive enumeration takes minutes: skipped
 _GRAPHS = {}
