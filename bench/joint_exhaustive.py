@@ -4,7 +4,14 @@ For zoo models x {8, 64, 512} devices, the joint search's predicted step time ag
 enumeration of (pp, dp, tp, micro-batches, schedule, uniform recompute policy, ZeRO) over the same
 cost model and the same stage profiles (`exhaustive_search` below).  gap = search / best - 1
 (<= 1% is the target; negative when mixing recompute policies per block beats every uniform policy).
-`optimum(model, cluster, global_batch)` is what bench/run.py calls."""
+`optimum(model, cluster, global_batch)` is what bench/run.py calls.
+
+The enumeration is the search's own (`enumerate_configs`): interleaving with every v that divides the
+blocks (v = 2 .. L / pp) and stage partitions with uneven block counts are in it.  PINNED cases add
+what only pins reach: a v that does not divide the blocks (chunks of different sizes, priced by the
+schedule simulator) and micro-batch counts that are not a multiple of pp (torch's flex
+interleaving).  Each line says how many interleaved configurations the exhaustive side scored and
+whether the winner's stages hold different block counts."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +24,10 @@ CASES = [("gpt3-1.3b", 512), ("bert-large", 1024), ("resnet50", 1024), ("gpt3-6.
 # --all: every zoo model of the benchmark set (the tiny test models aside)
 ALL_CASES = CASES + [("gpt3-13b", 1024), ("gpt3-175b", 1536), ("mlp", 4096), ("wide-deep", 16384)]
 DEVICES = (8, 64, 512)
+# (model, global batch, devices, pins): interleaving only pins reach
+PINNED = [("gpt3-1.3b", 512, 64, {"virtual_chunks": 5, "pp": 4}),            # 24 blocks: 6 per stage, chunks 1-2
+          ("gpt3-1.3b", 768, 64, {"virtual_chunks": 3, "pp": 4, "micro_batches": 6}),   # m = 6 over 4 stages
+          ("gpt3-6.7b", 1024, 64, {"schedule": "interleaved", "pp": 8})]
 MAX_CONFIGS = 4000          # beyond this the exhaustive enumeration takes minutes: skipped
 _GRAPHS = {}
 
@@ -45,7 +56,9 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
     cons = Constraints.from_dict(constraints)
     ctx = SearchContext(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
     best, scored = None, 0
+    exhaustive_search.interleaved = 0
     for cfg in enumerate_configs(ctx):
+        exhaustive_search.interleaved += cfg.schedule == "interleaved"
         prof = ctx.profile(cfg.dp_cp, cfg.tp)     # a cp configuration prices on dp·cp's profile
         for pol in policies:
             scored += 1
@@ -71,13 +84,16 @@ def optimum(model, cluster, *, global_batch, constraints=None):
                                      settings=settings, search_fn=tp_search_fn(), exact_partition=False)
     if best is None:
         return None
-    return {"step_time_s": best.step_time_s, "config": best.config.describe(), "scored": scored}
+    counts = sorted({len(s.blocks) for s in best.stages})
+    return {"step_time_s": best.step_time_s, "config": best.config.describe(), "scored": scored,
+            "interleaved": exhaustive_search.interleaved, "uneven": len(counts) > 1}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="8 and 64 devices only")
     ap.add_argument("--all", action="store_true", help="every zoo model of the benchmark set")
+    ap.add_argument("--no-pinned", action="store_true", help="leave out the PINNED interleaving cases")
     args = ap.parse_args(argv)
     import sapp.models as zoo
     from sapp.cluster import Cluster
@@ -86,32 +102,35 @@ def main(argv=None):
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
 
-    print(f"{'model':<11} {'devices':>7} {'search_s':>8} {'exhaustive_s':>12} {'scored':>7} {'search_step':>11} "
-          f"{'best_step':>10} {'gap':>8}  configurations (search | exhaustive)")
+    print(f"{'model':<11} {'devices':>7} {'search_s':>8} {'exhaustive_s':>12} {'scored':>7} {'interl':>6} "
+          f"{'search_step':>11} {'best_step':>10} {'gap':>8}  configurations (search | exhaustive)")
     gaps = []
-    for name, batch in (ALL_CASES if args.all else CASES):
+    runs = [(name, batch, n, None) for name, batch in (ALL_CASES if args.all else CASES)
+            for n in (DEVICES[:2] if args.quick else DEVICES)] + ([] if args.no_pinned else PINNED)
+    for name, batch, n, pins in runs:
         g = _graph(zoo.get(name))
-        for n in DEVICES[:2] if args.quick else DEVICES:
-            cl = Cluster.parse(f"a100-80g:devices={n}")
-            t0 = time.perf_counter()
-            try:
-                r = joint_search(g, cl, global_batch=batch, settings=CostSettings(precision=cl.precision),
-                                 search_fn=tp_search_fn())
-            except SappError as e:
-                print(f"{name:<11} {n:>7}  search: {e}")
-                continue
-            ts = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            ex = optimum(g, cl, global_batch=batch)
-            te = time.perf_counter() - t0
-            if ex is None:
-                print(f"{name:<11} {n:>7} {ts:>8.2f} {'skipped':>12}")
-                continue
-            gap = r.step_time_s / ex["step_time_s"] - 1
-            gaps.append(gap)
-            print(f"{name:<11} {n:>7} {ts:>8.2f} {te:>12.2f} {ex['scored']:>7} {r.step_time_s:>11.4f} "
-                  f"{ex['step_time_s']:>10.4f} {gap:>+8.3%}  {r.config.describe()} | {ex['config']}")
-            sys.stdout.flush()
+        cl = Cluster.parse(f"a100-80g:devices={n}")
+        label = name if pins is None else f"{name} {pins}"
+        t0 = time.perf_counter()
+        try:
+            r = joint_search(g, cl, global_batch=batch, constraints=pins,
+                             settings=CostSettings(precision=cl.precision), search_fn=tp_search_fn())
+        except SappError as e:
+            print(f"{label:<11} {n:>7}  search: {e}")
+            continue
+        ts = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ex = optimum(g, cl, global_batch=batch, constraints=pins)
+        te = time.perf_counter() - t0
+        if ex is None:
+            print(f"{label:<11} {n:>7} {ts:>8.2f} {'skipped':>12}")
+            continue
+        gap = r.step_time_s / ex["step_time_s"] - 1
+        gaps.append(gap)
+        print(f"{label:<11} {n:>7} {ts:>8.2f} {te:>12.2f} {ex['scored']:>7} {ex['interleaved']:>6} "
+              f"{r.step_time_s:>11.4f} {ex['step_time_s']:>10.4f} {gap:>+8.3%}  {r.config.describe()} | "
+              f"{ex['config']}{' (uneven stages)' if ex['uneven'] else ''}")
+        sys.stdout.flush()
     if gaps:
         print(f"\nworst gap {max(gaps):+.3%} over {len(gaps)} cases (target <= +1%)")
     return 0

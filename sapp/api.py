@@ -187,17 +187,23 @@ def pipeline_section(res, devices):
     S = devices // cfg.pp
     stages = []
     if cfg.schedule == "interleaved" and cfg.v > 1:
-        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i)
-        flat = [u.name for u in res.profile.units if u.kind == "block"]     # model order
-        k = len(flat) // (cfg.pp * cfg.v)
-        for j in range(cfg.pp * cfg.v):
-            i = j % cfg.pp
-            blocks = flat[j * k:(j + 1) * k]
+        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i); a device's
+        # chunks may differ in size (pipeline.partition.chunk_counts), priced by block share
+        pp = cfg.pp
+        per = {}
+        for st in res.stages:
+            ch = st.chunks or [len(st.blocks) // cfg.v] * cfg.v
+            offs = [sum(ch[:c]) for c in range(cfg.v)]
+            per[st.index] = [st.blocks[o:o + n] for o, n in zip(offs, ch)]
+        order = [per[j % pp][j // pp] for j in range(pp * cfg.v)]
+        for j, blocks in enumerate(order):
+            i = j % pp
             st = res.stages[i]
-            stages.append({"index": j, "device_stage": i, "blocks": blocks,
-                           "split_before": flat[(j + 1) * k] if (j + 1) * k < len(flat) else None,
+            share = len(blocks) / max(1, len(st.blocks))
+            nxt = next((b[0] for b in order[j + 1:] if b), None)
+            stages.append({"index": j, "device_stage": i, "blocks": list(blocks), "split_before": nxt,
                            "devices": [i * S, (i + 1) * S],
-                           "predicted": {"fwd_s": st.fwd_s / cfg.v, "bwd_s": st.bwd_s / cfg.v,
+                           "predicted": {"fwd_s": st.fwd_s * share, "bwd_s": st.bwd_s * share,
                                          "memory_bytes": st.memory_bytes}})
         return stages
     for st in res.stages:
@@ -251,6 +257,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "constraints": constraints.to_dict(),
         "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
                      "grad_sync_overlap": settings.grad_sync_overlap, "runtime": settings.runtime,
+                     "grad_sync_overlap_rule": getattr(res, "overlap", "none"),
                      **({"moe_imbalance": settings.moe_imbalance} if settings.moe_imbalance != 1.0 else {})},
         "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
                       "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
@@ -280,13 +287,14 @@ def _interleaved_rename(pipe, pp, v):
     per-block pin read back from the plan must be moved to the block it was priced as."""
     st = sorted(pipe.get("stages") or [], key=lambda s: s["index"])
     flat = [b for s in st for b in s.get("blocks") or []]
-    if not flat or len(flat) % pp:
+    if not flat:
         return {}
-    k = len(flat) // pp
-    out = {}
+    out, pos = {}, 0
     for i in range(pp):
+        # device i was priced as the next contiguous run of as many blocks as its chunks hold
         real = [b for s in st if s.get("device_stage", s["index"] % pp) == i for b in s.get("blocks") or []]
-        out.update({b: flat[i * k + q] for q, b in enumerate(real)})
+        out.update({b: flat[pos + q] for q, b in enumerate(real)})
+        pos += len(real)
     return out
 
 
@@ -304,6 +312,16 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     if sched == "interleaved" and recompute:
         rename = _interleaved_rename(pipe, par["pp"], v)
         recompute = {rename.get(b, b): pol for b, pol in recompute.items()}
+    if par["pp"] > 1 and st and sched == "interleaved":
+        # the devices' block counts (they may differ), pinned on the contiguous layout priced
+        flat = [b for s in sorted(st, key=lambda s: s["index"]) for b in s.get("blocks") or []]
+        counts = [sum(len(s.get("blocks") or []) for s in st if s.get("device_stage", s["index"] % par["pp"]) == i)
+                  for i in range(par["pp"])]
+        if flat and all(counts):
+            stages, pos = {}, 0
+            for i, k in enumerate(counts):
+                stages[flat[pos]] = i
+                pos += k
     recompute["default"] = rc.get("default", "none")
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1), micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,

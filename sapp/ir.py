@@ -221,7 +221,8 @@ class OpGraph:
     def subgraph(self, names) -> "OpGraph":
         """Induced subgraph on `names` (kept in topological order).  Operands whose producer lies
         outside become graph inputs of the subgraph (producer=None, shape kept)."""
-        keep = [n for n in self.nodes if n in set(names)]
+        wanted = set(names)
+        keep = [n for n in self.nodes if n in wanted]
         ks = set(keep)
         nodes = {}
         for name in keep:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sapp.pipeline.schedule import in_flight, simulate, stage_totals, step_time
+from sapp.pipeline.schedule import in_flight, interleave_rounds, simulate, stage_totals, step_time
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -88,9 +88,69 @@ def test_closed_form_bounds_nonuniform_simulation():
         assert simulate(tf, tb, m, "gpipe").step_s == pytest.approx(step_time(tf, tb, m, "gpipe"))
 
 
-def test_interleaved_needs_m_divisible_by_p():
+def test_interleaved_refuses_what_torch_refuses():
+    # torch's flex interleaving: rounds = max(1, m // p), m a multiple of it (7 over 3: rounds 2)
     with pytest.raises(ValueError):
-        simulate([1.0] * 4, [2.0] * 4, 6, "interleaved", v=2)
+        simulate([1.0] * 3, [2.0] * 3, 7, "interleaved", v=2)
+    with pytest.raises(ValueError):
+        in_flight("interleaved", 3, 7, 2)
+    assert interleave_rounds(4, 6) == (1, 6) and interleave_rounds(4, 10) == (2, 5)
+    assert interleave_rounds(3, 7) is None
+
+
+def _torch_order(p, m, v, rank):
+    """torch 2.13's own per-rank compute order for ScheduleInterleaved1F1B, built without processes."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+    s = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
+    s.pp_group_size, s.n_local_stages, s._n_microbatches = p, v, m
+    s.number_of_rounds = max(1, m // p)
+    s.microbatches_per_round = m // s.number_of_rounds
+    out = []
+    for a in s._calculate_single_rank_operations(rank):
+        if a is not None:
+            kind = "fwd" if str(a.computation_type).endswith("F") or "FORWARD" in str(a.computation_type) else "bwd"
+            out.append((kind, a.microbatch_index, a.stage_index // p))
+    return out
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 3), (4, 8, 2), (4, 6, 3), (4, 10, 2), (3, 3, 4), (3, 5, 2), (4, 4, 5)])
+def test_interleaved_order_is_torchs(p, m, v):
+    from sapp.pipeline.schedule import _orders
+    ours = _orders("interleaved", p, m, v)
+    for rank in range(p):
+        assert ours[rank] == _torch_order(p, m, v, rank)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 6, 2), (3, 4, 3), (2, 3, 3), (4, 10, 2)])
+def test_flex_interleaving_uniform_stages(p, m, v):
+    """m not a multiple of p: no closed form; the step is at least m x the stage's work and the
+    first forward of the last micro-batch cannot start before the warm-up, and step_time says the
+    simulator's figure.  Hand check for (2, 3, 3) below."""
+    tf, tb = 1.0, 2.0
+    r = simulate([tf] * p, [tb] * p, m, "interleaved", v=v)
+    assert r.step_s >= m * (tf + tb) + (p - 1) * (tf + tb) / v - 1e-9
+    assert step_time([tf] * p, [tb] * p, m, "interleaved", v) == r.step_s
+
+
+def test_flex_interleaving_warmup_is_torchs():
+    # p=2, m=3, v=3: one round of 3 micro-batches; torch warms rank 0 up with (v-1)*3 + 2 = 8
+    # forwards and rank 1 with 6, so 9 and 7 chunks are held at the peak (stage units: /3)
+    r = simulate([3.0, 3.0], [6.0, 6.0], 3, "interleaved", v=3)
+    assert r.step_s >= 3 * 9.0
+    assert r.in_flight == [9 / 3, 7 / 3]
+
+
+def test_unequal_chunks_price_the_longer_chunk():
+    """Chunks of different sizes (a stage of 3 blocks in 2 chunks: 1/3 and 2/3) are slower than equal
+    ones with the same stage totals (the longer chunk sets the steady-state beat) and step_time
+    follows the simulator there."""
+    p, m, v = 2, 4, 2
+    eq = simulate([3.0] * p, [6.0] * p, m, "interleaved", v=v).step_s
+    sh = [[1 / 3, 2 / 3]] * p
+    un = simulate([3.0] * p, [6.0] * p, m, "interleaved", v=v, chunk_shares=sh).step_s
+    assert un > eq
+    assert step_time([3.0] * p, [6.0] * p, m, "interleaved", v, chunk_shares=sh) == un
+    assert step_time([3.0] * p, [6.0] * p, m, "interleaved", v, chunk_shares=[[0.5, 0.5]] * p) == pytest.approx(eq)
 
 
 def test_accumulation_without_a_pipeline_holds_one_micro_batch():

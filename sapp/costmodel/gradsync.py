@@ -133,3 +133,49 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
         sync += getattr(cluster, "fsdp_unit_overhead", 0.0)
     keep = 1.0 - settings.grad_sync_overlap
     return (sync + sparse) * keep, lat * keep, gather
+
+
+# ---- what the runtime overlaps ---------------------------------------------------------------------
+OVERLAP_RULES = ("none", "ddp-buckets", "fsdp-units")
+
+
+def overlap_rule(cluster, zero, pp, tp) -> str:
+    """How the emitted runtime (sapp/emit/parallel.wrap_dp) overlaps a stage's gradient sync with its
+    backward pass on `cluster`, one stated rule per cluster kind, not a knob:
+      - "none": a serial device (CPU eager, `async_launch` False: one stream, the flat all-reduce
+        runs after backward), or tensor parallelism / a pipeline under ZeRO-0/1 (DDP cannot run
+        there; one flat all-reduce after the last backward);
+      - "ddp-buckets": ZeRO-0/1 with neither TP nor a pipeline on an asynchronous device: DDP
+        all-reduces 25 MB buckets on its communication stream as backward fills them;
+      - "fsdp-units": ZeRO-2/3 (FSDP2) on an asynchronous device: each unit's reduce-scatter runs
+        on FSDP2's stream while backward goes on with the next unit.
+    Under both overlapping rules what the last backward cannot hide stays exposed
+    (`exposed_grad_sync`)."""
+    if not getattr(cluster, "async_launch", True):
+        return "none"
+    if zero >= 2:
+        return "fsdp-units"
+    if pp == 1 and tp == 1:
+        return "ddp-buckets"
+    return "none"
+
+
+DDP_BUCKET_BYTES = 25 * 2 ** 20      # torch DDP's bucket_cap_mb default
+
+
+def exposed_grad_sync(rule, sync_s, latency_s, backward_s, last_unit_s=0.0, grad_bytes=0.0) -> float:
+    """Seconds of a stage's gradient sync (`sync_s` bandwidth, `latency_s` latency: the priced
+    buckets, `bucketed_sync`) left after what `rule` overlaps with the step's last backward pass
+    (`backward_s`: gradients are synced on the last micro-batch only).  The last bucket starts only
+    when backward ends: FSDP2's is the stage's first unit and its root (glue) parameters
+    (`last_unit_s`), DDP's the first parameters' bucket: at least the 25 MB cap's share of the
+    gradients and never less than that first unit's own (a tensor is never split between buckets).
+    Everything else runs under backward, so the exposed time is max(last bucket, sync - backward)."""
+    total = sync_s + latency_s
+    if rule == "none" or total <= 0:
+        return total
+    last = last_unit_s
+    if rule == "ddp-buckets" and grad_bytes > 0:
+        last = max(last, sync_s * min(1.0, DDP_BUCKET_BYTES / grad_bytes))
+    last = min(sync_s, last) + latency_s
+    return max(last, total - backward_s)

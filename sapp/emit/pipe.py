@@ -155,6 +155,14 @@ def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     from torch.distributed import pipelining as P
     cls = getattr(P, SCHEDULES[kind])
     if kind == "interleaved":
+        # torch 2.13's flex interleaving: rounds = max(1, m // pp) must divide m (any v, any
+        # stage sizes); refused here in one line rather than by torch's ValueError on the ranks
+        from ..pipeline.schedule import interleave_rounds
+        pp = stages[0].group_size
+        if interleave_rounds(pp, n_micro) is None:
+            raise PlanError(f"interleaved 1F1B cannot run {n_micro} micro-batches over pp={pp} (torch needs a "
+                            f"multiple of max(1, m // pp) = {max(1, n_micro // pp)}); use micro_batches a "
+                            f"multiple of {pp}")
         return cls(stages, n_microbatches=n_micro, loss_fn=loss_fn)
     if len(stages) != 1:
         raise PlanError(f"schedule {kind!r} runs one stage per rank; use 'interleaved' for virtual_chunks > 1")

@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 
 
-def partition_counts(L, p, seg_k, rel_tol=1e-6):
-    """Identical blocks: stage i holds k_i >= 1 blocks (the first stage also the prologue, the last
-    the epilogue; `seg_k(i, k) -> (time, fits)` prices that).  For a bottleneck X stage i can hold at
+def partition_counts(L, p, seg_k, rel_tol=1e-6, kmin=1):
+    """Identical blocks: stage i holds k_i >= kmin blocks (the first stage also the prologue, the last
+    the epilogue; `seg_k(i, k) -> (time, fits)` prices that; `kmin` = v for interleaving, whose
+    stages split into v chunks of at least one block).  The first and last stages may hold fewer
+    blocks than the others (the embedding / head + loss make them heavier): nothing forces equal
+    counts.  For a bottleneck X stage i can hold at
     most K_i(X) blocks (time and memory grow with k), and a partition with bottleneck <= X exists
     iff sum_i K_i(X) >= L: exact.  Bisection on X over the candidate stage times.
     Returns (counts, bottleneck) or (None, inf)."""
-    if L < p:
+    if L < p * kmin:
         return None, math.inf
     cache = {}
 
@@ -26,7 +29,7 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6):
         return cache[key]
 
     def kmax(i, X):
-        lo, hi, best = 1, L - (p - 1), 0
+        lo, hi, best = kmin, L - (p - 1) * kmin, 0
         while lo <= hi:
             mid = (lo + hi) // 2
             t, fits = sk(i, mid)
@@ -39,15 +42,15 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6):
 
     def ok(X):
         ks = [kmax(i, X) for i in range(p)]
-        return ks if all(k >= 1 for k in ks) and sum(ks) >= L else None
+        return ks if all(k >= kmin for k in ks) and sum(ks) >= L else None
 
     ks = ok(math.inf)
     if ks is None:
         return None, math.inf
-    hi = max(sk(i, k)[0] for i, k in enumerate(_trim(ks, L, sk)))
-    # the first and last stages hold at least one block each (and the glue)
-    lo = max(sk(0, 1)[0], sk(p - 1, 1)[0]) * (1 - 1e-12)
-    if not (sk(0, 1)[1] and sk(p - 1, 1)[1]):
+    hi = max(sk(i, k)[0] for i, k in enumerate(_trim(ks, L, sk, kmin)))
+    # the first and last stages hold at least kmin blocks each (and the glue)
+    lo = max(sk(0, kmin)[0], sk(p - 1, kmin)[0]) * (1 - 1e-12)
+    if not (sk(0, kmin)[1] and sk(p - 1, kmin)[1]):
         lo = 0.0
     while hi - lo > rel_tol * hi:
         # exact stop: nothing strictly below the current bottleneck fits
@@ -59,26 +62,49 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6):
             lo = mid
         else:
             ks = r
-            hi = max(sk(i, k)[0] for i, k in enumerate(_trim(r, L, sk)))
-    counts = _trim(ks, L, sk)
+            hi = max(sk(i, k)[0] for i, k in enumerate(_trim(r, L, sk, kmin)))
+    counts = _trim(ks, L, sk, kmin)
     return counts, max(sk(i, k)[0] for i, k in enumerate(counts))
 
 
-def _trim(ks, L, sk):
+def _trim(ks, L, sk, kmin=1):
     """Reduce per-stage maxima to counts summing to L: repeatedly take a block from the slowest
-    stage that has more than one (ties: the lowest index)."""
+    stage that has more than kmin (ties: the lowest index)."""
     import heapq
     ks = list(ks)
     excess = sum(ks) - L
-    heap = [(-sk(i, k)[0], i) for i, k in enumerate(ks) if k > 1]
+    heap = [(-sk(i, k)[0], i) for i, k in enumerate(ks) if k > kmin]
     heapq.heapify(heap)
     while excess > 0:
         _, i = heapq.heappop(heap)
         ks[i] -= 1
         excess -= 1
-        if ks[i] > 1:
+        if ks[i] > kmin:
             heapq.heappush(heap, (-sk(i, ks[i])[0], i))
     return ks
+
+
+def chunk_counts(k, v):
+    """Blocks of each of the v chunks of a stage holding k >= v blocks: as equal as they go, the
+    extra blocks on the middle chunks first (chunk 0 of the first stage carries the embedding and
+    the last chunk of the last stage the head and the loss), then the last, then the first."""
+    if v < 1 or k < v:
+        raise ValueError(f"{k} blocks cannot form {v} chunks")
+    base, extra = divmod(k, v)
+    order = list(range(1, v - 1)) + ([v - 1, 0] if v > 1 else [0])
+    out = [base] * v
+    for c in order[:extra]:
+        out[c] += 1
+    return out
+
+
+def interleaved_layout(counts, v):
+    """Virtual stages of an interleaved pipeline in model order: [(device, chunk, blocks)], where
+    stage i holds counts[i] blocks in v chunks and virtual stage c * p + i is chunk c of device i
+    (what torch.distributed.pipelining runs on pp rank i)."""
+    p = len(counts)
+    per = [chunk_counts(k, v) for k in counts]
+    return [(i, c, per[i][c]) for c in range(v) for i in range(p)]
 
 
 def partition_dp(n, p, cut_before, seg):

@@ -314,6 +314,9 @@ def rebatch(graph, batch):
     return out
 
 
+_rebatch = rebatch       # build_profile shadows the name with its cached version
+
+
 def dp_split(node, dp):
     """The dp level's choice for a node: its first batch dim (sizes are multiples of dp after
     rebatching to dp x micro-batch), or None when it has none (e.g. a mask built from a buffer)."""
@@ -323,11 +326,12 @@ def dp_split(node, dp):
     return None
 
 
-def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None):
+def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None, rebatched=None):
     """Strategies of the template on the dp x tp stage mesh.  The dp level may only split batch
     dims, so it takes each node's batch dim; the tp level is searched once per tp (on the template
     at micro-batch 1, tp level only) and shared by every dp - the sharding search runs at most once
     per tensor-parallel degree."""
+    rebatch = rebatched or _rebatch
     method = "data-parallel"
     tp_choice = {}
     if tp > 1:
@@ -354,16 +358,26 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
 
 
 def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZEROS, units=None,
-                  strategy_cache=None, fixed_strategies=None, max_mbs=2):
+                  strategy_cache=None, fixed_strategies=None, max_mbs=2, graph_cache=None):
     """Search the template once on the dp x tp sub-mesh and fit every unit's costs in the
-    micro-batch size.  `graph` may be captured at any batch (rebatched here)."""
+    micro-batch size.  `graph` may be captured at any batch (rebatched here).  `graph_cache`: a
+    dict kept across the profiles of one search (same graph and units): the template and its
+    rebatched copies, which depend on the batch dp x b only, are built once."""
     mesh, roles = stage_mesh(cluster, dp, tp)
     if mesh is None:
         raise SappError(f"tp={tp} cannot be formed inside a node of {cluster.gpus_per_node} devices")
     units = units if units is not None else split_units(graph)
-    tnames = template_nodes(graph, units)
-    ensure_widths(graph)     # the template keeps the autocast widths its nodes have in the whole model
-    template = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
+    gc = graph_cache if graph_cache is not None else {}
+    if "template" not in gc:
+        tnames = template_nodes(graph, units)
+        ensure_widths(graph)     # the template keeps the autocast widths its nodes have in the whole model
+        gc["template"] = graph.subgraph(tnames) if len(tnames) < len(graph.nodes) else graph
+    template = gc["template"]
+
+    def rebatch(g, n):          # (only ever the template here) cached per batch
+        if ("rebatch", n) not in gc:
+            gc[("rebatch", n)] = _rebatch(g, n)
+        return gc[("rebatch", n)]
     t1 = rebatch(template, dp * 1)
     t2 = rebatch(template, dp * 2)
     base = dataclasses.replace(settings, zero=0)
@@ -382,7 +396,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         method = "plan"
     else:
         strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
-                                              strategy_cache)
+                                              strategy_cache, rebatched=rebatch)
     # Two batch sizes at the first ZeRO stage fit the batch-linear terms; the other stages only change
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}
@@ -411,12 +425,23 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     for u in units:
         per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
     out_units = []
+    made = {}          # key -> the first unit built for it: identical blocks copy its numbers
     for u in units:
         key = u.rep if u.kind == "block" else u.name
         a, b = num[z0][0].get(key), num[z0][1].get(key)
         if a is None:
             raise SappError(f"unit {u.name} has no operators in the template (internal)")
         nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
+        first = made.get(key)
+        if first is not None:
+            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors"):
+                setattr(nu, f, getattr(first, f))
+            for f in ("zfwd", "zbwd", "grad_sync", "sync_lat"):
+                setattr(nu, f, dict(getattr(first, f)))
+            nu.states = {z: dict(v) for z, v in first.states.items()}
+            out_units.append(nu)
+            continue
+        made[key] = nu
         sv = [smp[key] for smp in samples]
         nu.fwd = _pieces([x["fwd"] for x in sv], points)
         nu.bwd = _pieces([x["bwd"] for x in sv], points)

@@ -10,7 +10,11 @@ Recompute time (if any) is part of tb and shown as its own event just before the
 Closed form used by the search (exact on uniform stages, both GPipe and 1F1B):
     step = (m - 1) * max_i T_i + sum_i T_i                      T_i = tf_i + tb_i + its sends
 and interleaved 1F1B with v chunks:  m * max_i T_i + (sum_i T_i - max_i T_i) / v
-so the bubble fraction is (p - 1) / m, resp. (p - 1) / (v m).
+so the bubble fraction is (p - 1) / m, resp. (p - 1) / (v m).  The interleaved closed form holds
+when m is a multiple of p and every device's chunks take equal time; otherwise (torch's "flex"
+interleaving: m need only be a multiple of its rounds, max(1, m // p); chunks of different block
+counts) `step_time` runs the event simulator, which follows torch's own per-rank order
+(torch.distributed.pipelining.ScheduleInterleaved1F1B, torch 2.13).
 """
 from __future__ import annotations
 
@@ -52,13 +56,40 @@ def stage_totals(stage_fwd, stage_bwd, p2p_s=0.0, v=1) -> list:
     return out
 
 
-def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0) -> float:
-    """Closed-form step time of one pipeline (see module doc)."""
+def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, chunk_shares=None) -> float:
+    """Step time of one pipeline: the closed form (see module doc), or for interleaved schedules the
+    closed form cannot describe (m not a multiple of p; `chunk_shares[i]`: the fractions of stage
+    i's time its v chunks take, when they differ) the event simulator."""
+    p = len(stage_fwd)
+    if schedule == "interleaved" and v > 1 and (m % p or not _equal_shares(chunk_shares)):
+        return simulate(stage_fwd, stage_bwd, m, schedule, v=v, p2p_s=p2p_s, chunk_shares=chunk_shares).step_s
     T = stage_totals(stage_fwd, stage_bwd, p2p_s, v if schedule == "interleaved" else 1)
     tmax, tsum = max(T), sum(T)
     if schedule == "interleaved" and v > 1:
         return m * tmax + (tsum - tmax) / v
     return (m - 1) * tmax + tsum
+
+
+def _equal_shares(shares) -> bool:
+    if shares is None:
+        return True
+    return all(max(sh) - min(sh) <= 1e-12 * max(max(sh), 1e-300) for sh in shares)
+
+
+def interleave_rounds(p, m):
+    """(rounds, micro-batches per round) of torch's interleaved 1F1B, or None when torch refuses m:
+    rounds = max(1, m // p) and m must be a multiple of it."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        return None
+    return rounds, m // rounds
+
+
+def _warmup(i, p, m, v):
+    """Forwards rank i runs before its first backward in torch's interleaved 1F1B
+    (schedules._get_warmup_ops): (v - 1) rounds' worth on the last rank, 2 more per hop before it."""
+    mpr = interleave_rounds(p, m)[1]
+    return min((v - 1) * mpr + 2 * (p - 1 - i), m * v)
 
 
 def in_flight(schedule, p, m, v=1) -> list:
@@ -70,11 +101,11 @@ def in_flight(schedule, p, m, v=1) -> list:
     if schedule == "gpipe":
         return [float(m)] * p
     if schedule == "interleaved" and v > 1:
-        out = []
-        for i in range(p):
-            chunks = min((p - i - 1) * 2 + (v - 1) * p + 1, m * v)
-            out.append(chunks / v)
-        return out
+        if interleave_rounds(p, m) is None:
+            raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
+                             f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")
+        # one more forward than the warm-up before the first backward frees a chunk (in stage units)
+        return [min(_warmup(i, p, m, v) + 1, m * v) / v for i in range(p)]
     return [float(min(p - i, m)) for i in range(p)]
 
 
@@ -95,43 +126,54 @@ def _orders(schedule, p, m, v):
                     f += 1
                 ops.append(("bwd", b, 0))
                 b += 1
-        else:   # interleaved 1F1B (Megatron order; needs m % p == 0)
+        else:   # interleaved 1F1B in torch's order (Megatron's when m % p == 0)
             total = m * v
+            mpr = interleave_rounds(p, m)[1]
+            nxt = {("fwd", c): 0 for c in range(v)}
+            nxt.update({("bwd", c): 0 for c in range(v)})
 
-            def fwd_id(k):
-                return ((k // (p * v)) * p + k % p, (k // p) % v)
-
-            def bwd_id(k):
-                return ((k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
-            w = min((p - i - 1) * 2 + (v - 1) * p, total)
-            ops = [("fwd",) + fwd_id(k) for k in range(w)]
+            def op(kind, k):
+                # the k-th forward (backward) of this rank runs chunk (k // mpr) % v (counted from
+                # the last chunk for backwards), on that chunk's next micro-batch
+                c = (k // mpr) % v
+                if kind == "bwd":
+                    c = v - 1 - c
+                j = nxt[(kind, c)]
+                nxt[(kind, c)] = j + 1
+                return (kind, j, c)
+            w = _warmup(i, p, m, v)
+            ops = [op("fwd", k) for k in range(w)]
             f, b = w, 0
             while b < total:
                 if f < total:
-                    ops.append(("fwd",) + fwd_id(f))
+                    ops.append(op("fwd", f))
                     f += 1
-                ops.append(("bwd",) + bwd_id(b))
+                ops.append(op("bwd", b))
                 b += 1
         orders.append(ops)
     return orders
 
 
-def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None) -> SimResult:
+def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None,
+             chunk_shares=None) -> SimResult:
     """Simulate one training step.  `recompute_s[i]` (part of stage_bwd[i]) is drawn as a separate
-    event before each backward.  Returns the step time, per-stage peak in-flight micro-batches and
-    the timeline events (stage, mb, kind, start, end)."""
+    event before each backward.  `chunk_shares[i]` (interleaved): the fractions of stage i's times
+    its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
+    micro-batches (stage units) and the timeline events (stage, mb, kind, start, end)."""
     p = len(stage_fwd)
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}")
     if schedule != "interleaved":
         v = 1
-    if schedule == "interleaved" and m % p:
-        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) divisible by stages ({p})")
+    if schedule == "interleaved" and interleave_rounds(p, m) is None:
+        raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
+                         f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")
     rec = list(recompute_s) if recompute_s is not None else [0.0] * p
     n_chunks = p * v
-    tf = [stage_fwd[i] / v for i in range(p)]
-    tb = [stage_bwd[i] / v for i in range(p)]
-    rc = [rec[i] / v for i in range(p)]
+    sh = [list(chunk_shares[i]) if chunk_shares is not None else [1.0 / v] * v for i in range(p)]
+    tf = [[stage_fwd[i] * x for x in sh[i]] for i in range(p)]
+    tb = [[stage_bwd[i] * x for x in sh[i]] for i in range(p)]
+    rc = [[rec[i] * x for x in sh[i]] for i in range(p)]
     orders = _orders(schedule, p, m, v)
     done = {}            # (kind, global chunk, mb) -> time its output (incl. send) is available
     pos = [0] * p
@@ -154,7 +196,7 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
                     break
                 t = max(free[i], dep)
                 if kind == "fwd":
-                    end = t + tf[i]
+                    end = t + tf[i][c]
                     events.append(Event(i, j, "fwd", t, end, c))
                     held[i] += 1
                     peak[i] = max(peak[i], held[i])
@@ -162,10 +204,10 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
                         events.append(Event(i, j, "comm", end, end + p2p_s, c))
                         end += p2p_s
                 else:
-                    if rc[i] > 0:
-                        events.append(Event(i, j, "recompute", t, t + rc[i], c))
-                    end = t + tb[i]
-                    events.append(Event(i, j, "bwd", t + rc[i], end, c))
+                    if rc[i][c] > 0:
+                        events.append(Event(i, j, "recompute", t, t + rc[i][c], c))
+                    end = t + tb[i][c]
+                    events.append(Event(i, j, "bwd", t + rc[i][c], end, c))
                     held[i] -= 1
                     if g > 0 and p2p_s > 0:
                         events.append(Event(i, j, "comm", end, end + p2p_s, c))

@@ -47,8 +47,14 @@ def simulate_schedule(fwd_s, bwd_s, micro_batches, schedule="1f1b", *, virtual_c
     per_dev = lambda xs: [sum(xs[c * p + i] for c in range(v)) for i in range(p)]  # noqa: E731
     p2p = max(p2p_s) if isinstance(p2p_s, (list, tuple)) else float(p2p_s)
     sched = schedule if schedule in PIPE_SCHEDULES and schedule != "none" else "1f1b"
+    shares = None
+    if v > 1:     # chunks of different sizes (sapp.pipeline.partition.chunk_counts): their own shares
+        tot = per_dev([f + b for f, b in zip(fwd_s, bwd_s)])
+        shares = [[(fwd_s[c * p + i] + bwd_s[c * p + i]) / tot[i] if tot[i] > 0 else 1.0 / v for c in range(v)]
+                  for i in range(p)]
     try:
-        res = simulate(per_dev(fwd_s), per_dev(bwd_s), m, sched, v=v, p2p_s=p2p, recompute_s=per_dev(rc))
+        res = simulate(per_dev(fwd_s), per_dev(bwd_s), m, sched, v=v, p2p_s=p2p, recompute_s=per_dev(rc),
+                       chunk_shares=shares)
     except ValueError as e:
         raise PlanError(str(e)) from None
     events = sorted(normalise_events(res.events), key=lambda e: (e.stage, e.start, e.kind))

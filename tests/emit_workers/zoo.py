@@ -11,7 +11,9 @@ TINY = {"gpt": ("gpt-tiny", {"dropout": 0.0}), "mlp": ("mlp-tiny", {}),
         # with sparse tables is tested with H4's sapp/emit/host.py)
         "widedeep": ("wide-deep-tiny", {"sparse": False}),
         # sparse tables for host placement (trained by the placement's sparse optimizers)
-        "widedeep-sparse": ("wide-deep-tiny", {"sparse": True})}
+        "widedeep-sparse": ("wide-deep-tiny", {"sparse": True}),
+        # deeper gpt-tiny for interleaved pipelines (v = 3 chunks per stage, uneven stages)
+        "gpt6": ("gpt-tiny", {"dropout": 0.0, "l": 6}), "gpt7": ("gpt-tiny", {"dropout": 0.0, "l": 7})}
 
 
 def build(kind: str, seed: int = 0):
@@ -34,7 +36,7 @@ def build(kind: str, seed: int = 0):
 def batch(kind: str, b: int, step: int):
     """(inputs tuple, targets) for the global batch of `step`: a fresh seeded batch every step."""
     g = torch.Generator().manual_seed(1000 + step)
-    if kind in ("gpt", "gpt2", "gpt-sdpa", "llama"):
+    if kind in ("gpt", "gpt2", "gpt6", "gpt7", "gpt-sdpa", "llama"):
         ids = torch.randint(0, 256, (b, 17), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
     if kind == "mlp":

@@ -2,18 +2,47 @@
 the stage profile."""
 from __future__ import annotations
 
-from .numbers import bound_numbers, p2p_time
+from ...costmodel.gradsync import overlap_rule
+from .numbers import bound_numbers, p2p_time, unit_numbers
 
 
 def analytic_bound(ctx, cfg):
-    """Perfectly split compute plus the bubble: no configuration can be faster."""
+    """Perfectly split compute plus the bubble and the stage-boundary sends: no configuration can be
+    faster.  With T_i a stage's per-micro-batch time (its sends included), the schedules' step is
+    m tmax + (tsum - tmax) / v (v = 1: GPipe / 1F1B), increasing in tmax and tsum, and tmax >=
+    tsum / p, so the step is at least (tsum / p) (m + (p - 1) / v); tsum / p is at least the
+    perfectly split compute of a micro-batch plus the average sends per stage."""
     w = ctx.work_per_sample * ctx.B / ctx.cluster.devices
     p, m = cfg.pp, cfg.m
     if p == 1:
         return w
-    if cfg.schedule == "interleaved":
-        return w * (1 + (p - 1) / (cfg.v * m))
-    return w * (1 + (p - 1) / m)
+    v = cfg.v if cfg.schedule == "interleaved" else 1
+    sends = (2 * v * p - 2) / p
+    c = p2p_time(ctx, cfg, boundary_per_sample(ctx) * cfg.mbs)
+    return (w / m + sends * c) * (m + (p - 1) / v)
+
+
+def boundary_per_sample(ctx):
+    """A lower bound on the bytes per sample a stage boundary sends per device: the largest block
+    output's batch-proportional part (what the stage profile's `boundary` grows by per sample;
+    tensor-parallel ranks each send the whole tensor), computed once per search."""
+    got = getattr(ctx, "_boundary_ps", None)
+    if got is not None:
+        return got
+    from ...costmodel.dtypes import ensure_widths, out_bytes
+    g = ctx.graph
+    ensure_widths(g)
+    best = 0.0
+    for u in ctx.block_units:
+        node = g.nodes[u.nodes[-1]]
+        if not node.out.shape:
+            continue
+        batch = {d.name for d in node.dims if d.batch}
+        if not any(d in batch for d in node.out.dims):
+            continue
+        best = max(best, node.out.numel * out_bytes(node, ctx.settings) / g.batch_size)
+    ctx._boundary_ps = best * (1 - 1e-9)
+    return ctx._boundary_ps
 
 
 def profile_bound(ctx, cfg, prof):
@@ -26,9 +55,70 @@ def profile_bound(ctx, cfg, prof):
     sends = (2 * cfg.v * p - 2) if cfg.schedule == "interleaved" else 2 * (p - 1)
     tot = num.tot + sends * c
     tmax = max(tot / p, num.tmax)
+    if p > 1 and ctx.uniform and ctx.stage_pins is None and num.tblock is not None:
+        # identical blocks dealt in whole steps (interleaving: multiples of v when v divides them,
+        # sapp.search.joint.evaluate._partition): some stage holds ceil(L / (p step)) steps
+        step = cfg.v if cfg.schedule == "interleaved" and cfg.v > 1 and ctx.L % cfg.v == 0 else 1
+        k = -(-ctx.L // (p * step)) * step
+        least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
+        tmax = max(tmax, k * num.tblock + least_sends * c)
     gs = num.gs / p + num.lat
+    if overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp) != "none":
+        gs = 0.0         # the runtime may hide all but its last bucket under backward
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":
         return m * tmax + (tot - tmax) / cfg.v + gs
     return (m - 1) * tmax + tot + gs
+
+
+def memory_infeasible(ctx, cfg, prof):
+    """True when no stage partition of this configuration can fit, before pricing it: a stage i
+    holding k identical blocks needs at least its parameters (gradients and optimizer states may
+    move to the host: optimizer offload) plus its blocks' least activations (every block at its cheapest allowed
+    recomputation) times its in-flight micro-batches, so it holds at most K_i blocks, and the
+    blocks fit only if sum K_i >= L.  Only for identical blocks without stage pins and when host
+    placement of tables cannot free parameter memory (no sparse tables, no placement pins); the
+    recomputation transient and ZeRO-3 gathers are left out (a necessary condition only)."""
+    if not ctx.uniform or ctx.stage_pins is not None or ctx.placement_relevant:
+        return False
+    from .placement import _model_options
+    # without a host option (optimizer offload) every model state stays on the device
+    offload = any(o.name != "device" for o in _model_options(ctx, cfg, prof))
+    from ...pipeline.schedule import in_flight
+    from ...recompute.solver import POLICIES
+    from .numbers import held_states
+    num = unit_numbers(ctx, prof, cfg)
+    units = prof.units
+    p = cfg.pp
+    infl = in_flight(cfg.schedule, p, cfg.m, cfg.v)
+    cap = ctx.cap * (1 + 1e-6)
+    pg = {}
+
+    def states(j):
+        key = units[j].rep if units[j].kind == "block" else units[j].name
+        if key not in pg:
+            st = held_states(units[j], cfg, False, ctx)    # (accumulators may be gone at the peak: a bound)
+            pg[key] = st["params"] if offload else st["params"] + st["grads"] + st["optimizer"]
+        return pg[key]
+
+    blocks = [j for j, u in enumerate(units) if u.kind == "block"]
+    b0 = blocks[0]
+    sb = states(b0)
+    ab = min(num.act[b0][POLICIES.index(x)] for x in ctx.allowed(units[b0].name))
+    pre = [j for j in range(len(units)) if j < b0]
+    post = [j for j in range(len(units)) if j > blocks[-1]]
+    inter = cfg.schedule == "interleaved" and cfg.v > 1
+    step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
+    kmin = cfg.v if inter and step == 1 else step
+    total = 0
+    for i in range(p):
+        glue = (pre if i == 0 else []) + (post if i == p - 1 else [])
+        room = cap - sum(states(j) + num.act[j][0] * infl[i] for j in glue)
+        per = sb + ab * infl[i]
+        k = ctx.L if per <= 0 else int(max(room, -1.0) // per) if room >= 0 else -1
+        k = min(k, ctx.L) // step * step if k >= 0 else -1
+        if k < kmin:
+            return True
+        total += k
+    return total < ctx.L

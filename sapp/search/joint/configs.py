@@ -3,6 +3,7 @@ the cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
+from ...pipeline.schedule import interleave_rounds
 from .ep import ep_configs
 from .result import Config
 
@@ -78,10 +79,7 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
         if pp == 1:
             scheds = [("none", 1)]
         else:
-            scheds = [("1f1b", 1), ("gpipe", 1)]
-            for v in (2, 4):
-                if m % pp == 0 and ctx.uniform and ctx.L % (pp * v) == 0:
-                    scheds.append(("interleaved", v))
+            scheds = [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in interleave_values(ctx, pp, m)]
         for s, v in scheds:
             if c.schedule is not None and s != c.schedule:
                 continue
@@ -111,3 +109,50 @@ def _plain_dp_equivalent(c, dp, cp, mbs):
     if c.dp is not None or (c.max_dp is not None and dp * cp > c.max_dp) or getattr(c, "cp", None) is not None:
         return False
     return mbs % cp == 0
+
+
+def interleave_values(ctx, pp, m):
+    """Virtual chunk counts v to price for pp stages and m micro-batches.  Interleaving needs
+    identical blocks (glue only at the ends: the search prices a stage as a contiguous run and
+    deals the blocks out afterwards) and at least v blocks on every stage.  Searched: the v that
+    divide the L blocks (every stage then holds a multiple of v: equal chunks), with m a multiple
+    of pp (the closed form is exact there); pinned: any v from 2 to floor(L / pp) (chunks as equal
+    as they go) and any m torch's interleaved 1F1B runs (both priced by the schedule simulator)."""
+    if pp < 2 or not ctx.uniform:
+        return []
+    k = ctx.L // pp
+    pin_v, pin_m = ctx.cons.virtual_chunks, ctx.cons.micro_batches
+    if pin_v is not None:
+        ok = 2 <= pin_v <= k and (m % pp == 0 or (pin_m is not None and interleave_rounds(pp, m) is not None))
+        return [pin_v] if ok else []
+    if m % pp and not (pin_m is not None and interleave_rounds(pp, m) is not None):
+        return []
+    # v dividing the blocks: stages hold multiples of v (equal chunks; the first / last stage may
+    # hold fewer), at least one chunk-row of v blocks per stage
+    return [v for v in divisors(ctx.L) if 2 <= v <= k]
+
+
+def interleave_problem(ctx):
+    """Why a pinned virtual_chunks has no configuration (one line), or None."""
+    c = ctx.cons
+    v = c.virtual_chunks
+    if v is None or v < 2:
+        return None
+    if not ctx.uniform:
+        return (f"virtual_chunks={v}: interleaving needs structurally identical blocks with the other "
+                f"layers only before and after them (and no stage map); this model's blocks are not")
+    pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
+    fit = [p for p in pps if ctx.L // p >= v]
+    if not fit:
+        p = min(pps) if pps else 2
+        return (f"virtual_chunks={v} needs at least {v} blocks on each of the pp={p} stages, but the model's "
+                f"{ctx.L} blocks give {ctx.L // p}; use virtual_chunks <= {max(1, ctx.L // p)} or fewer stages")
+    if c.micro_batches is not None:
+        bad = [p for p in fit if interleave_rounds(p, c.micro_batches) is None]
+        if bad and len(bad) == len(fit):
+            p = bad[0]
+            r = max(1, c.micro_batches // p)
+            return (f"virtual_chunks={v}: torch's interleaved 1F1B runs m micro-batches over pp stages only when m "
+                    f"is a multiple of max(1, m // pp) ({c.micro_batches} over pp={p}: {r}); pin micro_batches "
+                    f"to a multiple of {p}")
+    return None

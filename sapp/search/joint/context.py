@@ -57,7 +57,8 @@ class SearchContext:
                                                search_fn=self.search_fn, units=self.units,
                                                strategy_cache=self.strategy_cache,
                                                fixed_strategies=getattr(self, "fixed", None),
-                                               max_mbs=max(2, self.B // dp))
+                                               max_mbs=max(2, self.B // dp),
+                                               graph_cache=self.__dict__.setdefault("_graph_cache", {}))
         return self.profiles[key]
 
     def allowed(self, block):

@@ -2,8 +2,9 @@
 sync, optimizer update."""
 from __future__ import annotations
 
+from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
-from ...pipeline.partition import partition_counts, partition_dp
+from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
 from ...pipeline.schedule import step_time
 from .result import JointResult
 from .stage import StageEvaluator
@@ -19,11 +20,17 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
     if any(s is None for s in stages):
         return None
+    shares = None
     if cfg.schedule == "interleaved" and cfg.v > 1:
+        shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
+    rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp)
+    if rule != "none":
+        for st, a, b in zip(stages, starts, ends):
+            st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
-    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c)
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c, chunk_shares=shares)
     gs = max(s.grad_sync_s for s in stages)
     # the optimizer update runs after the last backward on every stage; the slowest one counts.
     # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
@@ -38,6 +45,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     busy = cfg.m * max(T)
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
     res = JointResult(cfg, step, stages)
+    res.overlap = rule
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)
@@ -56,16 +64,43 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     return res
 
 
+def _exposed_sync(ev, rule, st, a, b):
+    """The stage's gradient sync left exposed by what the runtime overlaps (costmodel.gradsync): the
+    last bucket is the stage's glue (FSDP2's root unit) and its first block; the rest runs under
+    the last micro-batch's backward."""
+    num, units = ev.num, ev.units
+    idx = range(a, b)
+    first_block = next((j for j in idx if units[j].kind == "block"), None)
+    last = sum(num.gs[j] for j in idx if units[j].kind != "block" or j == first_block)
+    return exposed_grad_sync(rule, sum(num.gs[j] for j in idx), max((num.lat[j] for j in idx), default=0.0),
+                             st.bwd_s, last, st.memory.get("grads", 0.0))
+
+
+def _chunk_shares(ev, cfg, st, a, b):
+    """Fractions of stage st's time its v chunks take: chunk c holds chunk_counts(k, v)[c] of its k
+    identical blocks.  The prologue / epilogue are spread over the chunks as the closed form does
+    (the real layout puts them on the model's first and last chunk): equal chunks, the closed form;
+    unequal ones (a pinned v that does not divide the blocks), the simulator."""
+    k = sum(1 for j in range(a, b) if ev.units[j].kind == "block")
+    return [n / k for n in chunk_counts(k, cfg.v)]
+
+
 def _interleave_blocks(ctx, cfg, stages):
-    """Priced as contiguous equal shares; the real interleaved layout gives device i the chunks
-    c * pp + i (identical blocks, so the numbers are the same).  Rename blocks to the real ones."""
+    """Priced as contiguous runs of blocks (identical blocks, so the numbers are the same); the real
+    interleaved layout gives device i the chunks c * pp + i (partition.interleaved_layout).  Rename
+    the blocks to the real ones, in chunk order, and record the chunk sizes."""
+    from ...pipeline.partition import interleaved_layout
     flat = ctx.block_names
-    k = len(flat) // (cfg.pp * cfg.v)
+    real = {st.index: [] for st in stages}
+    pos = 0
+    for i, _, n in interleaved_layout([len(st.blocks) for st in stages], cfg.v):
+        real[i].extend(flat[pos:pos + n])
+        pos += n
     for st in stages:
-        real = [b for c in range(cfg.v) for b in flat[(c * cfg.pp + st.index) * k:(c * cfg.pp + st.index + 1) * k]]
         pols = [st.recompute.get(b, "none") for b in st.blocks]
-        st.recompute = dict(zip(real, pols))
-        st.blocks = real
+        st.chunks = chunk_counts(len(st.blocks), cfg.v)
+        st.recompute = dict(zip(real[st.index], pols))
+        st.blocks = real[st.index]
 
 
 def _partition(ctx, ev, cfg, exact):
@@ -75,29 +110,28 @@ def _partition(ctx, ev, cfg, exact):
     if p == 1:
         return [0] if ev.seg(0, 0, n)[1] else None
     units = ev.units
-    if cfg.schedule == "interleaved":
-        # v chunks per device, equal blocks per device (L divisible by p*v, checked when enumerating)
-        k = ctx.L // p
-        starts = _starts_from_counts(units, [k] * p)
-        ends = starts[1:] + [n]
-        if all(ev.seg(i, a, b)[1] for i, (a, b) in enumerate(zip(starts, ends))):
-            return starts
-        return None
-    if ctx.uniform and not exact:
+    inter = cfg.schedule == "interleaved" and cfg.v > 1
+    if ctx.uniform and (not exact or inter):
+        # (interleaved: identical blocks, checked when enumerating).  Interleaving splits each stage
+        # into v chunks: when v divides the blocks, stages hold multiples of v (equal chunks, the
+        # closed-form schedule); otherwise (a pinned v) any count >= v, chunks as equal as they go
         first = next(i for i, u in enumerate(units) if u.kind == "block")
         pre, post = first, n - first - ctx.L
+        step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
+        kmin = cfg.v if inter and step == 1 else 1
 
         def seg_k(i, k):
             # identical blocks: only the count matters, plus the glue on the first / last stage
+            k *= step
             if i == 0:
                 return ev.seg(0, 0, pre + k)
             if i == p - 1:
                 return ev.seg(i, n - post - k, n)
             return ev.seg(i, pre, pre + k)
-        counts, _ = partition_counts(ctx.L, p, seg_k)
+        counts, _ = partition_counts(ctx.L // step, p, seg_k, kmin=kmin)
         if counts is None:
             return None
-        return _starts_from_counts(units, counts)
+        return _starts_from_counts(units, [k * step for k in counts])
     cut = [u.cut_before for u in units]
     cut[0] = False
     starts, _ = partition_dp(n, p, [True] + cut[1:], ev.seg)

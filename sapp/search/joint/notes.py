@@ -41,6 +41,7 @@ def notes(ctx, res):
         out.append("placement weighed: " + "; ".join(
             f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
             + f" -> {ranked[0][0]} wins")
+    out.append(_OVERLAP_NOTES[getattr(res, "overlap", "none")])
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
     if ctx.settings.precision == "fp16-mixed":
         out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "
@@ -67,3 +68,8 @@ def cp_note(ctx, res):
 def emits_cp(cfg):
     """Whether sapp/emit/cp.py runs this configuration's cp (it checks the same rule on the plan)."""
     return cfg.cp <= 1 or (cfg.pp == 1 and cfg.tp == 1 and cfg.zero <= 1)
+_OVERLAP_NOTES = {
+    "none": "gradient sync priced whole after backward (serial device, or one flat all-reduce under TP / pipelines)",
+    "ddp-buckets": "gradient sync overlapped with the last backward in DDP's 25 MB buckets; the last bucket is exposed",
+    "fsdp-units": "gradient reduce-scatter overlapped per FSDP2 unit with the last backward; the last unit's is exposed",
+}

@@ -65,10 +65,13 @@ class BoundNumbers:
             prof._rep_counts = counts
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
+        self.tblock = None          # the cheapest block's time (whole blocks per stage)
         for u, k in counts.values():
             t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt, ctx)
             self.tot += k * t
             self.tmax = max(self.tmax, t)
+            if u.kind == "block":
+                self.tblock = t if self.tblock is None else min(self.tblock, t)
             self.gs += k * gs
             self.lat = max(self.lat, lat)
             if u.kind == "block":

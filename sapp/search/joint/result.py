@@ -49,6 +49,7 @@ class StageResult:
     memory: dict            # params, grads, optimizer, activations, transient
     recompute: dict         # block -> policy
     param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
+    chunks: list = None     # interleaved: blocks per chunk (chunk c runs as virtual stage c * pp + i)
 
     @property
     def memory_bytes(self):
@@ -78,6 +79,7 @@ class JointResult:
     stats: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     alternatives: list = field(default_factory=list)
+    overlap: str = "none"             # gradient sync overlap rule priced (costmodel.gradsync.overlap_rule)
 
     @property
     def memory(self):

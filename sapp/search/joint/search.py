@@ -2,6 +2,7 @@
 of the survivors."""
 from __future__ import annotations
 
+import heapq
 import math
 import time
 
@@ -9,8 +10,8 @@ from ...constraints import Constraints
 from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
-from .bounds import analytic_bound, profile_bound
-from .configs import enumerate_configs
+from .bounds import analytic_bound, memory_infeasible, profile_bound
+from .configs import enumerate_configs, interleave_problem
 from .context import SearchContext
 from .notes import notes
 from .placement import evaluate_config, rank_key
@@ -32,30 +33,51 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
     configs = enumerate_configs(ctx)
+    if not configs and interleave_problem(ctx):
+        raise ConstraintError(interleave_problem(ctx))
     if not configs:
         raise ConstraintError(f"no (pp, dp, tp, micro-batch) combination fits {cluster.devices} devices with global "
                               f"batch {global_batch} under the constraints; relax them or change the batch")
+    # Best-first branch and bound: a configuration first enters with its analytic bound; popped, it
+    # gets its profile bound (its (dp, tp) profile built on first use) and goes back; popped again
+    # it is evaluated.  Configurations are thus evaluated in profile-bound order, so the optimum is
+    # met early and the rest pruned; every bound is a valid lower bound, so the optimum (and the
+    # plan) is what evaluating every configuration would give.  `exhaustive` evaluates them all.
+    ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
+    heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
     best, evaluated, pruned = None, 0, 0
     feasible_seen = []
-    closest = None            # (memory needed, config) of the best infeasible attempt
-    cutoff = (lambda: math.inf) if exhaustive else (lambda: best.step_time_s if best is not None else math.inf)
-    for lb, cfg in _best_first(ctx, configs, cutoff):
-        if lb > cutoff():
-            continue
+    infeasible = []
+    while heap:
+        lb, phase, _, i = heapq.heappop(heap)
+        cfg = ranked[i][2]
+        if best is not None and not exhaustive and lb > best.step_time_s:
+            pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
+            break
         prof = ctx.profile(cfg.dp_cp, cfg.tp)      # a cp configuration shares dp·cp's profile
+        if phase == 0 and not exhaustive:
+            heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
+            continue
+        if not exhaustive and memory_infeasible(ctx, cfg, prof):
+            pruned += 1
+            infeasible.append((cfg, prof))
+            continue
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
         if progress is not None:
             progress(evaluated, len(configs))
         if res is None:
-            need = memory_needed(ctx, cfg, prof)
-            if closest is None or need < closest[0]:
-                closest = (need, cfg)
+            infeasible.append((cfg, prof))     # priced for the message only if nothing fits
             continue
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
             best = res
     if best is None:
+        closest = None            # (memory needed, config) of the best infeasible attempt
+        for cfg, prof in infeasible:
+            need = memory_needed(ctx, cfg, prof)
+            if closest is None or need < closest[0]:
+                closest = (need, cfg)
         need, cfg = closest
         raise InfeasibleError(
             f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(cons)}; "
@@ -69,31 +91,6 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best.notes = notes(ctx, best)
     best.alternatives = _alternatives(best, feasible_seen)
     return best
-
-
-def _best_first(ctx, configs, cutoff):
-    """(lower bound, config) in increasing order of the best bound known, computed lazily: a
-    configuration first enters with its analytic bound; when it comes up, its profile bound (the
-    real per-micro-batch unit times) replaces it, and it is yielded once that bound is the smallest
-    left.  Every configuration whose analytic bound is below the best profile bound gets its
-    profile bound before any exact evaluation, so the evaluations start near the optimum and the
-    branch and bound prunes the rest (the analytic bound alone is several times below real step
-    times on large models: on Llama-3-405B it let hundreds of configurations through).  The yielded
-    bounds never decrease: once the smallest is above `cutoff()` (the best step found) the rest is
-    pruned unseen.  Ties are broken by Config.key (deterministic)."""
-    import heapq
-    heap = [(analytic_bound(ctx, c), 0, c.key(), i) for i, c in enumerate(configs)]
-    heapq.heapify(heap)
-    while heap:
-        lb, refined, key, i = heapq.heappop(heap)
-        if lb > cutoff():
-            return
-        cfg = configs[i]
-        if refined:
-            yield lb, cfg
-            continue
-        pb = profile_bound(ctx, cfg, ctx.profile(cfg.dp_cp, cfg.tp))
-        heapq.heappush(heap, (max(lb, pb), 1, key, i))
 
 
 def _alternatives(best, seen, k=5):

@@ -185,7 +185,15 @@ def choose_restricted(types, budget):
 
 def memory_needed(ctx, cfg, prof):
     """Least per-device memory with which this configuration would fit (even split, full
-    recomputation where allowed)."""
+    recomputation where allowed).  Cached per configuration for the search."""
+    cache = ctx.__dict__.setdefault("_memory_needed", {})
+    key = (cfg, id(prof))
+    if key not in cache:
+        cache[key] = (_memory_needed(ctx, cfg, prof), prof)     # (prof kept alive: its id stays unique)
+    return cache[key][0]
+
+
+def _memory_needed(ctx, cfg, prof):
     ev = StageEvaluator(ctx, cfg, prof)
     num = ev.num
     p, n = cfg.pp, ev.n
