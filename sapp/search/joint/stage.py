@@ -47,6 +47,8 @@ class StageEvaluator:
         the attention core's saved tensors (act none - act selective); full, the whole block's beside
         its kept input (none - full).  `policies` None: the most any allowed choice could need (each
         block at its largest rematerialisation, stashing its least; `no_full`: free blocks not full)."""
+        if policies is None and self.cfg.zero != 3 and isinstance(idx, range) and idx.step == 1:
+            return self._transient_any(idx.start, idx.stop, no_full)
         num, worst, after = self.num, 0.0, 0.0
         gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
         for q in range(len(idx) - 1, -1, -1):
@@ -65,6 +67,33 @@ class StageEvaluator:
             worst = max(worst, rc + g - after)
             after += min(act[POLICIES.index(p)] for p in al)
         return worst
+
+    def _transient_any(self, a, b, no_full):
+        """`transient(range(a, b), None, no_full)` without ZeRO-3 gathers, in O(1) per segment after an
+        O(units) table: with after_j = P[b] - P[j+1] (P the prefix sums of each unit's least stash),
+        max_j (rc_j - after_j) = max_j (rc_j + P[j+1]) - P[b].  The search asks it for every segment
+        the exact partition tries, so the per-segment walk dominated the search time."""
+        tabs = self.__dict__.setdefault("_tr_tabs", {})
+        tab = tabs.get(no_full)
+        if tab is None:
+            num, P, V = self.num, [0.0], []
+            for j, u in enumerate(self.units):
+                act = num.act[j]
+                if u.kind != "block":
+                    rc, least = 0.0, act[0]
+                else:
+                    al = self.allowed(u)
+                    if no_full and len(al) > 1:
+                        al = tuple(p for p in al if p != "full")
+                    rc = max((act[0] - act[POLICIES.index(p)] for p in al if p != "none"), default=0.0)
+                    least = min(act[POLICIES.index(p)] for p in al)
+                P.append(P[-1] + least)
+                V.append(rc + P[-1])
+            tab = tabs[no_full] = (P, V)
+        P, V = tab
+        if b <= a:
+            return 0.0
+        return max(0.0, max(V[a:b]) - P[b])
 
     def seg(self, i, a, b, detail=False):
         key = (i, a, b)
