@@ -44,7 +44,7 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
     ctx = SearchContext(graph, cluster, int(global_batch), cons, settings or CostSettings(), search_fn)
     best, scored = None, 0
     for cfg in enumerate_configs(ctx):
-        prof = ctx.profile(cfg.dp, cfg.tp)
+        prof = ctx.profile(cfg.dp, cfg.tp, cfg.sp)
         for pol in policies:
             scored += 1
             res = evaluate_config(ctx, cfg, prof, exact=exact_partition, policy=pol)

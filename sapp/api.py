@@ -231,7 +231,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "sp": bool(cfg.sp)},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -301,7 +301,7 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
-                       recompute=recompute, zero=plan["zero"], stages=stages,
+                       recompute=recompute, zero=plan["zero"], stages=stages, sp=bool(par.get("sp", False)),
                        placement=_placement_pins(plan, graph) if graph is not None else None)
 
 
@@ -355,7 +355,8 @@ def _plan_config(plan, gb):
     m = pipe["micro_batches"]
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
-                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"])
+                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
+                  bool(par.get("sp", False)))
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):

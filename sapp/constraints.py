@@ -31,6 +31,7 @@ class Constraints:
     placement: dict | None = None         # {"embed.*": "host"} pins
     max_tp: int | None = None
     max_dp: int | None = None
+    sp: bool | None = None                # Megatron sequence parallelism on the tp level (tp > 1)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -90,6 +91,10 @@ class Constraints:
             if not isinstance(self.placement, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) and v in ("host", "device") for k, v in self.placement.items()):
                 raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
+        if self.sp is not None and not isinstance(self.sp, bool):
+            raise ConstraintError(f"constraint sp must be true or false, got {self.sp!r}")
+        if self.sp and self.tp == 1:
+            raise ConstraintError("sp=true needs tensor parallelism; pin tp > 1 or drop sp")
         if self.tp and self.max_tp and self.tp > self.max_tp:
             raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
         if self.dp and self.max_dp and self.dp > self.max_dp:

@@ -158,6 +158,9 @@ def _semantic(d):
     par = d["parallel"]
     if par["dp"] * par["tp"] * par["pp"] != d["devices"]:
         raise PlanError(f"dp x tp x pp = {par['dp']}x{par['tp']}x{par['pp']} does not equal devices={d['devices']}")
+    if par.get("sp") and par["tp"] < 2:
+        raise PlanError(f"parallel.sp is true but tp={par['tp']}; sequence parallelism splits within a tp group "
+                        f"of 2 or more: set sp to false or tp > 1")
     pipe, gb = d["pipeline"], d["model"].get("global_batch")
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "

@@ -46,7 +46,8 @@ def binding_constraint(plan):
 
 def _alt_line(i, alt, best_step):
     par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
-    bits = [f"dp={par.get('dp')} tp={par.get('tp')} pp={par.get('pp')}" if par else ""]
+    bits = [f"dp={par.get('dp')} tp={par.get('tp')} pp={par.get('pp')}" + (" sp" if par.get("sp") else "")
+            if par else ""]
     pipe = alt.get("pipeline") if isinstance(alt.get("pipeline"), dict) else {}
     sched = alt.get("schedule", pipe.get("schedule"))
     mb = alt.get("micro_batches", pipe.get("micro_batches"))
@@ -89,6 +90,11 @@ def explain(plan) -> str:
     levels = get(plan["mesh"], "levels", default=[]) or []
     mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"
     out.append(f"  parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    if int(par["tp"]) > 1:
+        out.append("  sequence parallel " + ("on: norms, dropouts and residual adds split along the sequence in the "
+                                             "tp group (region entry all-gather, exit reduce-scatter; activations "
+                                             "there 1/tp)" if par.get("sp") else
+                                             "off: the ops between tp regions run replicated (all-reduce at each exit)"))
     mbs = pipe.get("micro_batch_size")
     out.append(f"  pipeline  {pipe.get('schedule', 'none')}, {pipe['micro_batches']} micro-batches"
                + (f" of {mbs}" if mbs else "")

@@ -21,6 +21,14 @@ def divisors(n):
     return small + large[::-1]
 
 
+def _sp_options(cons, tp):
+    """Sequence parallelism is a choice per tp degree > 1 (off first: ties keep the plain layout)."""
+    pin = getattr(cons, "sp", None)
+    if tp == 1:
+        return (False,) if not pin else ()
+    return (pin,) if pin is not None else (False, True)
+
+
 def enumerate_configs(ctx):
     """Every configuration the cluster, batch and constraints allow (no costs yet)."""
     c, cl = ctx.cons, ctx.cluster
@@ -73,5 +81,6 @@ def enumerate_configs(ctx):
                         # (nothing to shard over) would be written as zero 0 beside the pin
                         if c.zero is not None and z != c.zero:
                             continue
-                        out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z))
+                        for sp in _sp_options(c, tp):
+                            out.append(Config(pp, dp, tp, m, per_rep // m, s, v, z, sp))
     return out

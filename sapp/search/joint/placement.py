@@ -14,7 +14,7 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     `placement`, every host placement the model offers (sapp.placement) is weighed, for any pipeline
     depth, unless a bound shows it cannot beat the device: placement only frees memory (less
     recomputation), moves optimizer work to the host and adds exposed host time."""
-    prof = prof or ctx.profile(cfg.dp, cfg.tp)
+    prof = prof or ctx.profile(cfg.dp, cfg.tp, cfg.sp)
     res = price_config(ctx, cfg, prof, exact=exact, policy=policy)
     if res is not None:
         remember_placement(ctx, "device", res)

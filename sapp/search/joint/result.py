@@ -16,14 +16,16 @@ class Config:
     schedule: str           # none | gpipe | 1f1b | interleaved
     v: int                  # virtual chunks (interleaved), else 1
     zero: int
+    sp: bool = False        # Megatron sequence parallelism on the tp level (tp > 1 only)
 
     def key(self):
-        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero)
+        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.sp)
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
         s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
-        return f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+        return (f"pp={self.pp} dp={self.dp} tp={self.tp} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+                + (" sp" if self.sp else ""))
 
 
 @dataclass

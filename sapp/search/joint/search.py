@@ -43,7 +43,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1
             continue
-        prof = ctx.profile(cfg.dp, cfg.tp)
+        prof = ctx.profile(cfg.dp, cfg.tp, cfg.sp)
         if best is not None and not exhaustive and profile_bound(ctx, cfg, prof) > best.step_time_s:
             pruned += 1
             continue
@@ -76,10 +76,10 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
 
 def _alternatives(best, seen, k=5):
     """The next-best evaluated configurations (one per pp/dp/tp/schedule), for `sapp explain`."""
-    out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule)}
+    out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule, best.config.sp)}
     for r in sorted(seen, key=rank_key):
         c = r.config
-        key = (c.pp, c.dp, c.tp, c.schedule)
+        key = (c.pp, c.dp, c.tp, c.schedule, c.sp)
         if key in keys:
             continue
         keys.add(key)
@@ -87,7 +87,7 @@ def _alternatives(best, seen, k=5):
         for s in r.stages:
             for v in s.recompute.values():
                 pol[v] = pol.get(v, 0) + 1
-        out.append({"parallel": {"dp": c.dp, "tp": c.tp, "pp": c.pp}, "schedule": c.schedule,
+        out.append({"parallel": {"dp": c.dp, "tp": c.tp, "pp": c.pp, "sp": c.sp}, "schedule": c.schedule,
                     "micro_batches": c.m, "virtual_chunks": c.v, "zero": c.zero,
                     "recompute": max(sorted(pol), key=lambda x: pol[x]) if pol else "none",
                     "predicted": {"step_time_s": r.step_time_s, "peak_memory_bytes": r.peak_memory_bytes},
