@@ -301,11 +301,21 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
                 stack.append((n, sd, "seed"))
     free = {n for n, node in graph.nodes.items()
             if node.kind in SP_KINDS and choice.get(n) is None and n not in graph.outputs}
-
     def ok(name, d):
         node = graph.nodes[name]
         dim = next((x for x in node.dims if x.name == d), None)
         return dim is not None and dim.splittable and not dim.batch and dim.size % tp == 0
+
+    # a template graph (sapp.pipeline.profile) cuts the blocks it leaves out: the epilogue's first op
+    # (the final norm) then reads the residual stream as an input without producer; it joins like the
+    # same op after a kept block would
+    for n in sorted(free, key=list(graph.nodes).index):
+        node = graph.nodes[n]
+        cut = [op for op in node.operands if op.producer is None and op.param is None and len(op.dims) >= 3]
+        sd = _seq_dim(node) if cut and len(cut[0].dims) == len(node.out.dims) else None
+        if sd is not None and sd in cut[0].dims and ok(n, sd):
+            stack.append((n, sd, "cut"))
+            assigned[n] = sd
 
     while stack:
         name, d, _ = stack.pop()
