@@ -21,6 +21,7 @@ from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
+from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
 
 ZEROS = (0, 1, 2, 3)
 
@@ -217,39 +218,6 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
     return none, sel, full
 
 
-def sp_regather(graph, strategies, mesh, roles, settings):
-    """{(opener, tensor id): tp} for the inputs of sequence-parallel region entries: a column-split
-    linear whose input arrives sequence-sharded all-gathers it in forward; like Megatron, the emitter
-    (sapp/emit/sp.py) saves only this rank's shard for backward and gathers it again there, so the
-    saved input costs 1/tp (Korthikanti 2022: 34/t) and backward pays one more all-gather
-    (`sp_regather_time`)."""
-    from ..search.tp_layout import sp_nodes
-    lv = (roles or ()).index("tp") if "tp" in (roles or ()) else None
-    if lv is None:
-        return {}
-    tp = mesh.levels[lv].size
-    sp = sp_nodes(graph, strategies, lv, tp)
-    out = {}
-    for n, node in graph.nodes.items():
-        s = strategies.get(n) or ()
-        if node.kind != "matmul" or lv >= len(s) or s[lv] != "n":
-            continue
-        for tid, nbytes in saved_items(node, tuple(s), mesh, settings):
-            if tid.split(":")[0] in sp and ":in" not in tid:     # also an autocast copy of its output
-                out[(n, tid)] = (tp, nbytes)
-    return out
-
-
-def sp_regather_time(graph, regather, names, mesh, roles, cluster, settings):
-    """Backward seconds of the re-gathers (see sp_regather) of the openers among `names`."""
-    if not regather:
-        return 0.0
-    tp = mesh.levels[roles.index("tp")].size
-    # saved_items' bytes are this rank's rows (the dp level shards the batch), gathered over tp
-    return sum(collective_time("all_gather", nbytes, tp, "intra", cluster)
-               for (n, _), (_, nbytes) in regather.items() if n in names)
-
-
 def unit_params(graph, names, strategies, mesh, owners, dp=1):
     """[(local numel, grad-sync group size, link, trainable, sparse)] of the parameters a unit
     accounts for (first user), after tensor sharding.  `sparse` is None, or for an embedding table
@@ -294,7 +262,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
                       settings.autocast_fp32)
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
     regather = sp_regather(graph, strategies, mesh, roles, st)
-    seq = _sp_out_shards(graph, strategies, mesh, roles)
+    seq = sp_out_shards(graph, strategies, mesh, roles)
     owners = param_owners(graph)
     savers = first_savers(graph, mesh, st) if acts else None
     out = {}
@@ -324,22 +292,10 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
     return out
 
 
-def _sp_out_shards(graph, strategies, mesh, roles):
-    """{node: tp} for the sequence-parallel nodes: a stage boundary after one sends its sequence shard
-    (1/tp of the activation per tp rank, Megatron's scatter/gather with the gather left to the next
-    region's entry, which all-gathers anyway)."""
-    from ..search.tp_layout import sp_nodes
-    if not roles or "tp" not in roles:
-        return {}
-    lv = roles.index("tp")
-    tp = mesh.levels[lv].size
-    return {n: tp for n in sp_nodes(graph, strategies, lv, tp)}
-
-
 def _out_bytes(graph, names, dp, settings):
     """Bytes per device of the unit's output (the tensor a stage boundary after it sends): the
     dp shard of the full tensor.  Without sequence parallelism every tensor-parallel rank sends its
-    replica (what the emitted pipeline stage does); with it, its sequence shard (see _sp_out_shards)."""
+    replica (what the emitted pipeline stage does); with it, its sequence shard (see sp_profile.sp_out_shards)."""
     node = graph.nodes[names[-1]]
     if not node.out.shape:
         return 0.0

@@ -1,0 +1,110 @@
+"""Megatron sequence parallelism (SP) on the tensor-parallel layouts of sapp/search/tp_layout.py.
+
+Between two tensor-parallel regions (the residual stream: layer norms, dropouts, residual adds) every
+tp rank computes and saves the same replicated tensor.  Sequence parallelism splits those ops along
+the sequence on the tp level instead: a region's entry becomes an all-gather (S(seq) -> R) and its
+exit a reduce-scatter (Partial -> S(seq)) in place of the all-reduce; the ops and what they save
+shrink by 1/tp.  The cost model prices exactly that from the strategies `sp_choice` returns
+(costmodel/layouts.py reshards), no special case: SP is a choice of per-op dims on the tp level, like
+the regions themselves.  `sp_section` tells the emitter (sapp/emit/sp.py) where each runtime piece
+goes.  Pure Python over the OpGraph: no torch."""
+from __future__ import annotations
+
+from .tp_layout import linears
+
+SP_KINDS = ("elementwise", "dropout", "norm")
+
+
+def _seq_dim(node):
+    """The sequence dim of a row-split closer's output y[b, s, n]: its last leading dim that is not the
+    batch (None for a 2-D [tokens, n] output: nothing to split along)."""
+    lead = [d for d in node.out.dims[:-1]]
+    dims = {d.name: d for d in node.dims}
+    cand = [d for d in lead if d in dims and not dims[d].batch and dims[d].splittable]
+    return cand[-1] if cand else None
+
+
+def sp_choice(graph, choice: dict, tp: int) -> dict:
+    """`choice` ({node: tp dim or None}, e.g. from `emittable`) with sequence parallelism added: from
+    the output of every row-split closer (a linear on `k`), the sequence axis is followed forward and
+    backward through element-wise ops, dropouts and norms that no region holds (the residual stream,
+    the embedding's sum and dropout, the final norm) up to the next regions' openers and anything else
+    (embeddings, the head, the loss), which stay as they are and meet the split through resharding.
+    An op joins only if that axis is a splittable, non-batch dim dividing by tp, it is not a model
+    output, and it does not meet the axis on a different dim from another joined op."""
+    out = dict(choice)
+    lin = set(linears(graph))
+    consumers = graph.consumers()
+    assigned = {}
+    stack = []
+    for n, d in choice.items():
+        if n in lin and d == "k":
+            sd = _seq_dim(graph.nodes[n])
+            if sd is not None:
+                stack.append((n, sd, "seed"))
+    free = {n for n, node in graph.nodes.items()
+            if node.kind in SP_KINDS and choice.get(n) is None and n not in graph.outputs}
+    def ok(name, d):
+        node = graph.nodes[name]
+        dim = next((x for x in node.dims if x.name == d), None)
+        return dim is not None and dim.splittable and not dim.batch and dim.size % tp == 0
+
+    # a template graph (sapp.pipeline.profile) cuts the blocks it leaves out: the epilogue's first op
+    # (the final norm) then reads the residual stream as an input without producer; it joins like the
+    # same op after a kept block would
+    for n in sorted(free, key=list(graph.nodes).index):
+        node = graph.nodes[n]
+        cut = [op for op in node.operands if op.producer is None and op.param is None and len(op.dims) >= 3]
+        sd = _seq_dim(node) if cut and len(cut[0].dims) == len(node.out.dims) else None
+        if sd is not None and sd in cut[0].dims and ok(n, sd):
+            stack.append((n, sd, "cut"))
+            assigned[n] = sd
+
+    while stack:
+        name, d, _ = stack.pop()
+        node = graph.nodes[name]
+        axis = node.out.dims.index(d) if d in node.out.dims else None
+        # forward: consumers see this axis through their operand's dims
+        if axis is not None:
+            for c, j in consumers[name]:
+                if c not in free:
+                    continue
+                op = graph.nodes[c].operands[j]
+                cd = op.dims[axis] if axis < len(op.dims) else None
+                if cd is None or not ok(c, cd) or assigned.get(c, cd) != cd:
+                    continue
+                if c not in assigned:
+                    assigned[c] = cd
+                    stack.append((c, cd, "fwd"))
+        # backward: producers of a joined op's operands that carry the same dim
+        if name in assigned:
+            for op in node.operands:
+                q = op.producer
+                if q is None or q not in free or d not in op.dims:
+                    continue
+                qa = op.dims.index(d)
+                qn = graph.nodes[q]
+                if qa >= len(qn.out.dims) or len(op.dims) != len(qn.out.dims):
+                    continue            # a broadcast operand: sliced locally, no need to split its producer
+                qd = qn.out.dims[qa]
+                if not ok(q, qd) or assigned.get(q, qd) != qd:
+                    continue
+                if q not in assigned:
+                    assigned[q] = qd
+                    stack.append((q, qd, "bwd"))
+    out.update(assigned)
+    return out
+
+
+def sp_nodes(graph, strategies: dict, tp_level, tp: int) -> set:
+    """Nodes running sequence-parallel under full-graph `strategies` (tp level `tp_level`): those
+    `sp_choice` would add to the regions (the SP kinds cleared first), split exactly that way."""
+    if tp_level is None or tp <= 1:
+        return set()
+
+    def dim(n):
+        s = strategies.get(n) or ()
+        return s[tp_level] if tp_level < len(s) else None
+    base = {n: (None if graph.nodes[n].kind in SP_KINDS else dim(n)) for n in graph.nodes}
+    want = sp_choice(graph, base, tp)
+    return {n for n, d in want.items() if d is not None and base[n] is None and dim(n) == d}
