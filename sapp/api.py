@@ -174,8 +174,13 @@ def operator_section(graph, prof):
         lay = output_layout(node, s)
         ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
     tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
-    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels)
-    return ops, tp_modules, {"source": "graph", "groups": groups, "notes": notes}
+    from .search.sp_layout import sp_nodes, sp_section
+    sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
+    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
+    section = {"source": "graph", "groups": groups, "notes": notes}
+    if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
+        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp)
+    return ops, tp_modules, section
 
 
 def pipeline_section(res, devices):

@@ -10,8 +10,6 @@ the regions themselves.  `sp_section` tells the emitter (sapp/emit/sp.py) where 
 goes.  Pure Python over the OpGraph: no torch."""
 from __future__ import annotations
 
-from .tp_layout import linears
-
 SP_KINDS = ("elementwise", "dropout", "norm")
 
 
@@ -32,6 +30,7 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
     (embeddings, the head, the loss), which stay as they are and meet the split through resharding.
     An op joins only if that axis is a splittable, non-batch dim dividing by tp, it is not a model
     output, and it does not meet the axis on a different dim from another joined op."""
+    from .tp_layout import linears      # (tp_layout re-exports this module's names)
     out = dict(choice)
     lin = set(linears(graph))
     consumers = graph.consumers()
@@ -108,3 +107,72 @@ def sp_nodes(graph, strategies: dict, tp_level, tp: int) -> set:
     base = {n: (None if graph.nodes[n].kind in SP_KINDS else dim(n)) for n in graph.nodes}
     want = sp_choice(graph, base, tp)
     return {n for n, d in want.items() if d is not None and base[n] is None and dim(n) == d}
+
+
+def _enclosing(module: str, outside: str) -> str:
+    """The outermost ancestor of `module` (itself included) that does not contain `outside`: where an
+    input arriving from `outside` can be gathered before any op of that module reads its shape."""
+    parts = module.split(".")
+    best = module
+    for i in range(len(parts) - 1, 0, -1):
+        anc = ".".join(parts[:i])
+        if outside == anc or outside.startswith(anc + "."):
+            break
+        best = anc
+    return best
+
+
+def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
+    """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
+    counted in the module's own tensor:
+      norms    {module: seq axis}  SequenceParallel: replicated weights, input and output sequence shards
+      entries  {module: seq axis}  the input arrives as a sequence shard and is all-gathered before the
+                                   module runs (a region's attention/MLP module, or a lone / replicated
+                                   linear such as the LM head): PrepareModuleInput, or ColwiseParallel's
+                                   input layout on a lone linear; its saved copy is re-gathered in backward
+      exits    {module: seq axis}  a row-split closer reduce-scatters to sequence shards
+      scatter  {module: seq axis}  a replicated (or vocabulary-split) producer's output is cut to this
+                                   rank's sequence shard (embeddings)
+      unsupported [why, ...]       edges the emitter cannot place (emit refuses such a plan)"""
+    sp = sp_nodes(graph, strategies, tp_level, tp)
+    if not sp:
+        return {}
+    sec = {"norms": {}, "entries": {}, "exits": {}, "scatter": {}, "unsupported": []}
+
+    def dim(n):
+        s = strategies.get(n) or ()
+        return s[tp_level] if tp_level < len(s) else None
+    consumers = graph.consumers()
+    for n in graph.nodes:
+        if n not in sp:
+            continue
+        node = graph.nodes[n]
+        d = dim(n)
+        if node.kind == "norm" and node.module:
+            sec["norms"][node.module] = node.out.dims.index(d)
+        for op in node.operands:
+            p = op.producer
+            if p is None or p in sp or d not in op.dims or graph.nodes[p].kind == "input":
+                continue
+            pn, axis = graph.nodes[p], op.dims.index(d)
+            if axis >= len(pn.out.dims) or not pn.module:
+                sec["unsupported"].append(f"{n} reads {p} without a module boundary")
+            elif dim(p) == "k":
+                sec["exits"][pn.module] = axis
+            elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul"):
+                sec["scatter"][pn.module] = axis
+            else:
+                sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
+        axis = node.out.dims.index(d)
+        for c, j in consumers[n]:
+            if c in sp:
+                continue
+            cn = graph.nodes[c]
+            if cn.kind == "matmul" and cn.module and dim(c) in ("n", None) and any(
+                    o.param is not None for o in cn.operands):
+                where = _enclosing(cn.module, node.module or "")
+                sec["entries"].setdefault(where, axis)
+            else:
+                sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+    sec["unsupported"] = sorted(set(sec["unsupported"]))
+    return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sec.items()}

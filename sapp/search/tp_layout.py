@@ -209,7 +209,7 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
     return _Result({n: (d,) for n, d in strategies.items()}, f"{res.method}+emittable", res)
 
 
-def modules(graph, strategies: dict, tp_levels: list) -> tuple:
+def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> tuple:
     """(tp_modules {module: style}, groups [[module, ...]], notes) of a full graph whose tp-level
     strategies came through `emittable`.  Styles: column-split linears feeding split ops 'colwise'
     (output stays sharded), lone ones 'colwise_gather', row-split 'rowwise', vocabulary-split
@@ -222,7 +222,8 @@ def modules(graph, strategies: dict, tp_levels: list) -> tuple:
         ds = {s[i] for i in tp_levels if i < len(s) and s[i] is not None}
         return ds.pop() if len(ds) == 1 else None
 
-    split = {n for n in graph.nodes if tp_dim(n) is not None}
+    # sequence-parallel ops (`sp`) join no region: they run between regions, whatever each region does
+    split = {n for n in graph.nodes if tp_dim(n) is not None and n not in sp}
     lin = set(linears(graph))
     parent = {n: n for n in split}
 
