@@ -5,7 +5,8 @@
     expected(plan, prog)    -> the same fields as the plan prices them, for this rank
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
-Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
+Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style}, sp
+{norms, entries} (sequence parallelism: sapp/emit/sp.py),
 stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision.
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
@@ -19,7 +20,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from . import checks, recompute
+from . import checks, recompute, sp as sp_mod
 
 ROOT = "<root>"
 
@@ -137,7 +138,7 @@ def observed(prog) -> dict:
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-            "host": dict(sorted(host.items())), "precision": prog.precision}
+            "host": dict(sorted(host.items())), "precision": prog.precision, "sp": sp_mod.observed(mods)}
 
 
 def _schedules():
@@ -193,7 +194,7 @@ def expected(plan, prog, regions: dict) -> dict:
     return {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
             "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
             "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-            "precision": prog.plan_precision}
+            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods)}
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:

@@ -180,15 +180,32 @@ def _contiguous_stride(shape):
     return tuple(reversed(st))
 
 
-def observed(module: nn.Module) -> bool:
-    """Whether SP runs in `module`: a SequenceParallel norm or an entry with re-gather hooks (the
-    manifest's reading of what runs)."""
-    import functools
-    for m in module.modules():
-        if getattr(m, "sapp_sp_regather", False):
-            return True
-        for fn in list(m._forward_pre_hooks.values()):
-            f = fn.func if isinstance(fn, functools.partial) else fn
-            if "SequenceParallel" in getattr(f, "__qualname__", ""):
-                return True
-    return False
+def observed(mods: dict) -> dict:
+    """What sequence parallelism runs in a rank's stage modules ({stage: module}), read off the objects:
+    norms whose own weights are replicated DTensors on "tp" (only SequenceParallel makes them so) and
+    entries carrying re-gather hooks.  {} when none."""
+    norms, entries = set(), set()
+    for mod in mods.values():
+        for name, m in mod.named_modules():
+            own = list(m.parameters(recurse=False))
+            if own and not isinstance(m, (nn.Linear, nn.Embedding)) and all(_replicated_on_tp(p) for p in own):
+                norms.add(name)
+            if getattr(m, "sapp_sp_regather", False):
+                entries.add(name)
+    return {"norms": sorted(norms), "entries": sorted(entries)} if (norms or entries) else {}
+
+
+def expected(sec: dict, mods: dict) -> dict:
+    """The plan's SP pieces present in this rank's stage modules (the manifest's vocabulary)."""
+    names = {n for mod in mods.values() for n, _ in mod.named_modules()}
+    norms = sorted(n for n in (sec or {}).get("norms", {}) if n in names)
+    entries = sorted(n for n in (sec or {}).get("entries", {}) if n in names)
+    return {"norms": norms, "entries": entries} if (norms or entries) else {}
+
+
+def _replicated_on_tp(p) -> bool:
+    from torch.distributed.tensor import DTensor, Replicate
+    if not isinstance(p, DTensor):
+        return False
+    names = p.device_mesh.mesh_dim_names or ()
+    return "tp" in names and isinstance(p.placements[names.index("tp")], Replicate)
