@@ -236,7 +236,9 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "sp": bool(cfg.sp)},
+        # sp only where a tp group exists (tp = 1 plans keep their old form)
+        "parallel": dict({"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp},
+                         **({"sp": bool(cfg.sp and "sp" in tp_layout)} if cfg.tp > 1 else {})),
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -258,7 +260,9 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "model_flops": res.model_flops,      # per step: forward + backward, no recomputation
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph),
+        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
+            ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
+             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
     }
     return Plan(data)
 

@@ -5,8 +5,9 @@
     norms            SequenceParallel(sequence_dim, use_local_output=True): replicated weights, input and
                      output this rank's sequence shard (dropouts and residual adds need nothing: they
                      run on the local shards as plain tensors)
-    entries          a region's module (attention, MLP) gets PrepareModuleInput(Shard(seq) -> Replicate):
-                     one all-gather before any op reads the input's shape; a lone linear (the LM head)
+    entries          a region's module (attention, MLP) all-gathers its input (Shard(seq) -> Replicate,
+                     PrepareModuleInput's job, here also for keyword inputs: `_gather_input`) before any
+                     op reads the input's shape; a lone linear (the LM head)
                      takes ColwiseParallel(input_layouts=Shard(seq)) instead
     exits            RowwiseParallel(output_layouts=Shard(seq)): reduce-scatter instead of all-reduce
     scatter          an embedding's output cut to this rank's shard: RowwiseParallel(output_layouts=
@@ -56,8 +57,7 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
     """The SP pieces present in `module` that the region styles (`tp_plan`: name -> style applied) do not
     already carry; then the re-gather hooks.  Returns the module names given an SP piece."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (PrepareModuleInput, PrepareModuleOutput, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
     if not sec:
         return []
     mods = dict(module.named_modules())
@@ -65,17 +65,16 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
     for name, axis in sec.get("norms", {}).items():
         if name in mods:
             extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=True)
-    for name, axis in sec.get("entries", {}).items():
-        if name in mods and name not in tp_plan:
-            extra[name] = PrepareModuleInput(input_layouts=(Shard(axis),), desired_input_layouts=(Replicate(),),
-                                             use_local_output=True)
+    gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
     for name, axis in sec.get("scatter", {}).items():
         if name in mods and name not in tp_plan:
             extra[name] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(axis),),
                                               use_local_output=True)
     if extra:
         parallelize_module(module, tp_mesh, extra)
-    done = sorted(set(extra) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
+    for name in gathers:
+        mods[name].register_forward_pre_hook(_gather_input(sec["entries"][name], tp_mesh), with_kwargs=True)
+    done = sorted(set(extra) | set(gathers) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
     for name, axis in sec.get("entries", {}).items():
         if name in mods:
             openers = [n for n, s in tp_plan.items() if n.startswith(name + ".") and s == "colwise"]
@@ -83,6 +82,29 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
                 openers.append(name)        # a lone or replicated linear gathers its own input
             _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh)
     return done
+
+
+def _gather_input(axis: int, tp_mesh):
+    """A forward pre-hook all-gathering a module's activation input along the sequence (autograd-aware:
+    DTensor Shard -> Replicate, reduce-scatter in backward): PrepareModuleInput's job, for modules
+    called with keyword arguments too (HF layers pass hidden_states=...).  The input is the first
+    positional tensor, else the `hidden_states` / first tensor keyword."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def gather(x):
+        d = DTensor.from_local(x, tp_mesh, (Shard(axis),), run_check=False)
+        return d.redistribute(tp_mesh, (Replicate(),)).to_local()
+
+    def hook(mod, args, kwargs):
+        if args and torch.is_tensor(args[0]):
+            return (gather(args[0]),) + tuple(args[1:]), kwargs
+        key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
+            (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
+        if key is None:
+            raise PlanError("sequence parallelism: a region entry got no tensor input to gather; search again with "
+                            "sp pinned to false")
+        return args, dict(kwargs, **{key: gather(kwargs[key])})
+    return hook
 
 
 def n_is_linear(m) -> bool:
@@ -115,8 +137,9 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
     n, me = dist.get_world_size(group), dist.get_rank(group)
     g = _Gathered()
 
-    def seen(mod, args):
-        x = args[0] if args else None
+    def seen(mod, args, kwargs):
+        x = args[0] if args else kwargs.get("hidden_states", next(
+            (v for v in kwargs.values() if torch.is_tensor(v) and v.dim() > axis), None))
         loc = _local(x) if torch.is_tensor(x) else None
         if loc is not None and loc.is_contiguous() and loc.dim() > axis and loc.shape[axis] % n == 0:
             g.ptr, g.shape, g.offset = _ptr(x), tuple(loc.shape), loc.storage_offset()
@@ -165,7 +188,7 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         if ctx:
             ctx.pop().__exit__(None, None, None)
 
-    entry.register_forward_pre_hook(seen)
+    entry.register_forward_pre_hook(seen, with_kwargs=True)
     for m in openers:
         m.register_forward_pre_hook(enter)
         m.register_forward_hook(leave)

@@ -351,9 +351,15 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             if cache is not None:
                 cache[key] = (tp_choice, method)
         if sp:      # the same regions, the ops between them split along the sequence (no new search)
-            from ..search.tp_layout import sp_choice
-            tp_choice = sp_choice(rebatch(template, 1), tp_choice, tp)
-            method += "+sp"
+            from ..search.sp_layout import sp_choice, sp_section
+            g1 = rebatch(template, 1)
+            with_sp = sp_choice(g1, tp_choice, tp)
+            # priced only where the emitter can place every piece (else this is the plain layout)
+            bad = (sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}).get("unsupported")
+            if not bad:
+                tp_choice, method = with_sp, method + "+sp"
+            else:
+                method += f"+sp-unavailable({bad[0]})"
     t1 = rebatch(template, dp)
     out = {}
     for name, node in t1.nodes.items():

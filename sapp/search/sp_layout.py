@@ -35,6 +35,7 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
     lin = set(linears(graph))
     consumers = graph.consumers()
     assigned = {}
+    scattered = set()
     stack = []
     for n, d in choice.items():
         if n in lin and d == "k":
@@ -79,13 +80,20 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
         if name in assigned:
             for op in node.operands:
                 q = op.producer
-                if q is None or q not in free or d not in op.dims:
+                if q is None or d not in op.dims:
                     continue
                 qa = op.dims.index(d)
                 qn = graph.nodes[q]
                 if qa >= len(qn.out.dims) or len(op.dims) != len(qn.out.dims):
                     continue            # a broadcast operand: sliced locally, no need to split its producer
                 qd = qn.out.dims[qa]
+                if q not in free:
+                    # an embedding (or other producer that stays whole) scattered to sequence shards: its
+                    # other readers (a first layer norm) take the shard as well
+                    if qn.kind in ("embedding", "matmul") and (q, qd) not in scattered:
+                        scattered.add((q, qd))
+                        stack.append((q, qd, "scatter"))
+                    continue
                 if not ok(q, qd) or assigned.get(q, qd) != qd:
                     continue
                 if q not in assigned:
@@ -109,14 +117,15 @@ def sp_nodes(graph, strategies: dict, tp_level, tp: int) -> set:
     return {n for n, d in want.items() if d is not None and base[n] is None and dim(n) == d}
 
 
-def _enclosing(module: str, outside: str) -> str:
-    """The outermost ancestor of `module` (itself included) that does not contain `outside`: where an
-    input arriving from `outside` can be gathered before any op of that module reads its shape."""
+def _enclosing(module: str, outside) -> str:
+    """The outermost ancestor of `module` (itself included) that contains none of the `outside` modules
+    (the sequence-split producer and its other sequence-split readers): where the input can be gathered
+    before any op of that module reads its shape, while they still see the shard."""
     parts = module.split(".")
     best = module
     for i in range(len(parts) - 1, 0, -1):
         anc = ".".join(parts[:i])
-        if outside == anc or outside.startswith(anc + "."):
+        if any(o == anc or o.startswith(anc + ".") for o in outside):
             break
         best = anc
     return best
@@ -170,9 +179,20 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
             cn = graph.nodes[c]
             if cn.kind == "matmul" and cn.module and dim(c) in ("n", None) and any(
                     o.param is not None for o in cn.operands):
-                where = _enclosing(cn.module, node.module or "")
+                others = [graph.nodes[x].module or "" for x, _ in consumers[n] if x in sp]
+                where = _enclosing(cn.module, [node.module or ""] + others)
                 sec["entries"].setdefault(where, axis)
             else:
                 sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+    # a scattered or reduce-scattered output is the shard for every reader: each must take the shard
+    owner = {graph.nodes[n].module: n for n in graph.nodes if graph.nodes[n].module}
+    for key in ("exits", "scatter"):
+        for mod in sec[key]:
+            p = next((n for n in graph.nodes if graph.nodes[n].module == mod and n not in sp
+                      and graph.nodes[n].kind in ("embedding", "matmul")), owner.get(mod))
+            for c, _ in consumers.get(p, ()):
+                cn = graph.nodes[c]
+                if c not in sp and not (cn.kind == "matmul" and any(o.param is not None for o in cn.operands)):
+                    sec["unsupported"].append(f"{c} ({cn.kind}) reads {p} whole, which runs sequence-sharded")
     sec["unsupported"] = sorted(set(sec["unsupported"]))
     return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sec.items()}
