@@ -100,10 +100,13 @@ def test_search_pins_sp_plan_roundtrip_and_explain(tmp_path):
     from sapp.errors import ConstraintError, PlanError
     from sapp.plan import Plan
     from sapp.report import explain
+    from tests.emit_workers.sp_plans import forced_plan
     cl = "a100-80g:nodes=1"
-    model = models.get("gpt-tiny", l=4, h=256, a=8, s=256, V=1024)
-    on = sapp.search(model, cl, global_batch=16, constraints={"tp": 4, "sp": True})
-    off = sapp.search(model, cl, global_batch=16, constraints={"tp": 4, "sp": False})
+    args = dict(l=4, h=256, a=8, s=256, V=1024)
+    model = models.get("gpt-tiny", **args)
+    # Megatron's regions forced (at this size the sharding search shards nothing)
+    on, off = (forced_plan("gpt-tiny", world=8, cluster=cl, global_batch=16, model_args=args,
+                           constraints={"tp": 4, "sp": sp}, precision="bf16-mixed") for sp in (True, False))
     assert on["parallel"]["sp"] is True and off["parallel"]["sp"] is False
     # SP holds less activation memory; the plans differ in the splits of the residual stream only
     assert on["predicted"]["memory"]["activations"] < off["predicted"]["memory"]["activations"]
@@ -126,6 +129,7 @@ def test_search_pins_sp_plan_roundtrip_and_explain(tmp_path):
         Plan(d)
     with pytest.raises(ConstraintError, match="sp"):
         sapp.search(model, cl, global_batch=16, constraints={"tp": 1, "sp": True})
-    # the free search weighs both and says which it chose
-    free = sapp.search(model, cl, global_batch=16, constraints={"tp": 4})
+    # the free search weighs both
+    free = forced_plan("gpt-tiny", world=8, cluster=cl, global_batch=16, model_args=args, constraints={"tp": 4},
+                       precision="bf16-mixed")
     assert free["predicted"]["step_time_s"] <= min(on["predicted"]["step_time_s"], off["predicted"]["step_time_s"]) * (1 + 1e-9)

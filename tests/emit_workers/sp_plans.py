@@ -17,7 +17,7 @@ def megatron_search_fn(graph, mesh, cluster, settings, level_roles=None, **kw):
     return tp_layout._Result({n: (d,) for n, d in strategies.items()}, "megatron", res)
 
 
-def forced_plan(model_name, *, world, constraints, global_batch=8, model_args=None, precision="fp32"):
+def forced_plan(model_name, *, world, constraints, global_batch=8, model_args=None, precision="fp32", cluster=None):
     import sapp
     import sapp.models as models
     from sapp.api import build_plan, capture_graph
@@ -26,7 +26,7 @@ def forced_plan(model_name, *, world, constraints, global_batch=8, model_args=No
     from sapp.search.joint import joint_search
     model = models.get(model_name, device="meta", **(model_args or {}))
     graph, _ = capture_graph(model)
-    cl = sapp.Cluster.parse(f"cpu:gpus={world}")
+    cl = sapp.Cluster.parse(cluster or f"cpu:gpus={world}")
     cons = Constraints.from_dict(constraints)
     settings = CostSettings(precision=precision)
     res = joint_search(graph, cl, global_batch=global_batch, constraints=cons, settings=settings,
