@@ -168,13 +168,13 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
                 sec["unsupported"].append(f"{n} reads {p} without a module boundary")
             elif dim(p) == "k":
                 sec["exits"][pn.module] = axis
-            elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
-                sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
             elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
                     node.module == pn.module.rpartition(".")[0]):
                 # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
                 # model's embed_tokens -> layers) may read the full length from it (masks, positions)
                 sec["scatter"][pn.module] = axis
+            elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
+                sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
             else:
                 sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
         axis = node.out.dims.index(d)
