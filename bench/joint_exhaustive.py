@@ -59,7 +59,7 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
     exhaustive_search.interleaved = 0
     for cfg in enumerate_configs(ctx):
         exhaustive_search.interleaved += cfg.schedule == "interleaved"
-        prof = ctx.profile(cfg.dp_cp, cfg.tp)     # a cp configuration prices on dp·cp's profile
+        prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)     # a cp configuration prices on dp·cp's profile
         for pol in policies:
             scored += 1
             res = evaluate_config(ctx, cfg, prof, exact=exact_partition, policy=pol)

@@ -178,8 +178,13 @@ def operator_section(graph, prof):
         lay = output_layout(node, s)
         ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
     tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
-    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels)
-    return ops, tp_modules, {"source": "graph", "groups": groups, "notes": notes}
+    from .search.sp_layout import sp_nodes, sp_section
+    sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
+    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
+    section = {"source": "graph", "groups": groups, "notes": notes}
+    if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
+        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp)
+    return ops, tp_modules, section
 
 
 def pipeline_section(res, devices):
@@ -241,9 +246,11 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                   "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
-        # cp and ep only when used: plans without them load as 1
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, **({"cp": cfg.cp} if cfg.cp > 1 else {}),
-                     **({"ep": cfg.ep} if cfg.ep > 1 else {})},
+        # cp and ep only when used: plans without them load as 1; sp only where a tp group exists
+        # (tp = 1 plans keep their old form)
+        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
+                     **({"sp": bool(cfg.sp and "sp" in tp_layout)} if cfg.tp > 1 else {}),
+                     **({"cp": cfg.cp} if cfg.cp > 1 else {}), **({"ep": cfg.ep} if cfg.ep > 1 else {})},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,
@@ -267,7 +274,9 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "model_flops": res.model_flops,      # per step: forward + backward, no recomputation
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph),
+        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
+            ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
+             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
     }
     return Plan(data)
 
@@ -326,7 +335,7 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1), micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
                        virtual_chunks=v if sched == "interleaved" else None,
-                       recompute=recompute, zero=plan["zero"], stages=stages,
+                       recompute=recompute, zero=plan["zero"], stages=stages, sp=bool(par.get("sp", False)),
                        placement=_placement_pins(plan, graph) if graph is not None else None,
                        cp=par.get("cp", 1))
 
@@ -382,7 +391,7 @@ def _plan_config(plan, gb):
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
                   (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
-                  cp=par.get("cp", 1), ep=par.get("ep", 1))
+                  cp=par.get("cp", 1), ep=par.get("ep", 1), sp=bool(par.get("sp", False)))
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):

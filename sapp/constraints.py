@@ -33,6 +33,7 @@ class Constraints:
     max_dp: int | None = None
     cp: int | None = None                 # context-parallel ranks per sample (the sequence split over them)
     ep: int | None = None                 # expert parallelism (MoE models): EP group size, divides dp
+    sp: bool | None = None                # Megatron sequence parallelism on the tp level (tp > 1)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -92,6 +93,10 @@ class Constraints:
             if not isinstance(self.placement, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) and v in ("host", "device") for k, v in self.placement.items()):
                 raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
+        if self.sp is not None and not isinstance(self.sp, bool):
+            raise ConstraintError(f"constraint sp must be true or false, got {self.sp!r}")
+        if self.sp and self.tp == 1:
+            raise ConstraintError("sp=true needs tensor parallelism; pin tp > 1 or drop sp")
         if self.tp and self.max_tp and self.tp > self.max_tp:
             raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
         if self.dp and self.max_dp and self.dp > self.max_dp:

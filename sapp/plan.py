@@ -163,6 +163,9 @@ def _semantic(d):
         raise PlanError(f"{what} = {vals} does not equal devices={d['devices']}")
     if par["dp"] % par.get("ep", 1):
         raise PlanError(f"parallel.ep={par['ep']} must divide dp={par['dp']} (EP groups are made of data-parallel ranks)")
+    if par.get("sp") and par["tp"] < 2:
+        raise PlanError(f"parallel.sp is true but tp={par['tp']}; sequence parallelism splits within a tp group "
+                        f"of 2 or more: set sp to false or tp > 1")
     pipe, gb = d["pipeline"], d["model"].get("global_batch")
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "

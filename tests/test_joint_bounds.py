@@ -34,7 +34,7 @@ def test_no_exact_time_is_below_its_bounds(big):
     c = Cluster.parse("a100-80g:nodes=1,gpus=4,compute_scale=0.3")
     ctx = SearchContext(big, c, 16, Constraints.from_dict(None), CostSettings(), None)
     for cfg in enumerate_configs(ctx)[::3]:
-        prof = ctx.profile(cfg.dp, cfg.tp)
+        prof = ctx.profile(cfg.dp, cfg.tp, cfg.sp)
         res = evaluate_config(ctx, cfg, prof)
         if res is None:
             continue

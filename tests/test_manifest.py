@@ -40,7 +40,8 @@ def test_single_device_manifest_matches_a_hand_plan():
     prog = emit(m, plan, rank=0, world=1)
     assert prog.manifest == {"zero": 0, "fsdp_units": [], "recompute": {"layers.0": {"mode": "full", "region": "layers.0"}},
                              "tp_modules": {}, "stages": {"0": ["layers.0", "layers.1"]}, "schedule": "none",
-                             "micro_batches": 1, "host": {}, "precision": "fp32", "runtime": "eager", "ep": 1}
+                             "micro_batches": 1, "host": {}, "precision": "fp32", "sp": {}, "runtime": "eager",
+                             "ep": 1}
     assert prog.mismatches == []
 
 

@@ -5,11 +5,12 @@
     expected(plan, prog)    -> the same fields as the plan prices them, for this rank
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
-Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style},
+Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style}, sp
+{norms, entries} (sequence parallelism: sapp/emit/sp.py),
 stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision,
 runtime (always "eager": a plan priced for the "fused" runtime is a prediction for Megatron-Core-like
-kernels that the emitted torch program does not run), cp (context-parallel degree the attention modules
-were rewritten for, sapp/emit/cp.py).
+kernels that the emitted torch program does not run), ep (expert-parallel degree), cp (context-parallel
+degree the attention modules were rewritten for, sapp/emit/cp.py).
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
 DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
@@ -22,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from . import checks, recompute
+from . import checks, recompute, sp as sp_mod
 
 ROOT = "<root>"
 
@@ -141,7 +142,7 @@ def observed(prog) -> dict:
     from .cp import observed_cp
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
-           "host": dict(sorted(host.items())), "precision": prog.precision,
+           "host": dict(sorted(host.items())), "precision": prog.precision, "sp": sp_mod.observed(mods),
            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
            "runtime": "eager",
            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
@@ -203,7 +204,8 @@ def expected(plan, prog, regions: dict) -> dict:
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
-           "precision": prog.plan_precision, "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
+           "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
+           "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
            "ep": int(plan.parallel.get("ep", 1) or 1)}
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import sp
 from .recompute import block_names
 
 
@@ -69,7 +70,7 @@ def _tp_leaf(module, mods, name, originals):
     return mods[name] if isinstance(mods[name], (nn.Linear, nn.Embedding)) else None
 
 
-def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False):
+def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False, sp_sec=None):
     """Styles of a plan whose layout came from the graph (sapp/search/tp_layout.py): a group (one
     region: column-split openers, row-split closers) is sharded whole or, when one of its layers is
     not a Linear/Embedding DTensor can split, not at all (a half-sharded region computes wrong
@@ -99,16 +100,18 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
             continue
         for n in here:
             style = styles[n]
+            # sequence parallelism (sapp/emit/sp.py) moves an entry's gather / an exit's reduction here
+            kw = sp.adjust(n, style, sp_sec or {}, {})
             if dry:
                 plan[n] = style
             elif style == "colwise":              # output stays split for the ops up to the closer
-                plan[n] = ColwiseParallel()
+                plan[n] = ColwiseParallel(**kw)
             elif style == "colwise_gather":     # a lone column split (LM head): output gathered
-                plan[n] = ColwiseParallel(output_layouts=Replicate())
+                plan[n] = ColwiseParallel(**dict({"output_layouts": Replicate()}, **kw))
             elif style == "rowwise":            # input arrives split from the region's openers
-                plan[n] = RowwiseParallel()
+                plan[n] = RowwiseParallel(**kw)
             else:                               # vocab: embedding rows split, partial sums reduced
-                plan[n] = RowwiseParallel(input_layouts=Replicate())
+                plan[n] = RowwiseParallel(**dict({"input_layouts": Replicate()}, **kw))
     return plan
 
 
@@ -133,7 +136,7 @@ def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
 
 
 def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,
-             groups: list = None) -> list:
+             groups: list = None, sp_sec: dict = None) -> list:
     """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.
     `groups` (plans from sapp's search): the layout's regions, each sharded whole or not at all, with
     the styles meaning exactly what tp_layout derived.  Without groups (hand-written plans) a colwise
@@ -144,9 +147,11 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     mods = dict(module.named_modules())
     if groups is not None:
-        plan = _derived_styles(module, mods, styles, groups, originals, notes)
+        plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         if plan:
             parallelize_module(module, tp_mesh, plan)
+        if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
+            sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes)
         return sorted(plan)
     present = {}
     for n, s in sorted(styles.items()):

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from ..errors import PlanError
 from ..models.data import logits_of
-from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, zero1
+from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, sp as sp_mod, zero1
 from .dist import default_device, rank_world
 
 
@@ -307,7 +307,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if tp > 1 and tp_styles:
             parallel.apply_tp(mod, tp_styles, mesh["tp"], notes,
                               originals=dict(model.named_modules()) if traced is not None else None,
-                              groups=checks.tp_groups(plan))
+                              groups=checks.tp_groups(plan), sp_sec=sp_mod.section(plan))
         host_names = ()
         if host_groups and dp > 1:
             from . import host

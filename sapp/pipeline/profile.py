@@ -22,6 +22,7 @@ from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
+from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
 
 ZEROS = (0, 1, 2, 3)
 
@@ -91,6 +92,7 @@ class Profile:
     template: object           # the template OpGraph (batch = dp)
     rep_of: dict               # block -> representative block
     method: str = ""
+    sp: bool = False           # sequence parallelism on the tp level (sapp.search.tp_layout.sp_choice)
 
     @property
     def n_blocks(self):
@@ -194,17 +196,20 @@ def _producer(tid):
     return tid.split(":")[0]       # "<producer>:mask", "<producer>:cast><saver>#<i>" (an autocast copy)
 
 
-def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers):
-    """(none, selective, full) activation bytes per device for one unit."""
+def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, regather=None):
+    """(none, selective, full) activation bytes per device for one unit.  `regather` ({(saver,
+    tensor id): shards}): inputs a sequence-parallel region entry keeps as its shard (sp_regather)."""
     names = list(unit_nodes)
     inside = set(names)
     core = attention_core(graph, names)
     none = sel = full = 0.0
+    regather = regather or {}
     for n in names:
         node = graph.nodes[n]
         for tid, b in saved_items(node, tuple(strategies[n]), mesh, settings):
             if savers.get(tid) != n:
                 continue
+            b /= regather.get((n, tid), (1, 0.0))[0]
             none += b
             prod = _producer(tid)
             if prod not in core:
@@ -253,9 +258,11 @@ def unit_states(params, zero, settings):
     return st
 
 
-def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0):
+def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None):
     st = dataclasses.replace(settings, zero=zero)
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
+    regather = sp_regather(graph, strategies, mesh, roles, st)
+    seq = sp_out_shards(graph, strategies, mesh, roles)
     owners = param_owners(graph)
     savers = first_savers(graph, mesh, st) if acts else None
     out = {}
@@ -270,23 +277,25 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         params = unit_params(graph, names, strategies, mesh, owners, dp)
         sync, lat, gather = bucketed_sync(params, cluster, st, samples)
         fwd = sum(d["fwd_s"] for d in pn) - pc + gather
-        bwd = sum(d["bwd_s"] for d in pn) - pc + gather
-        act = unit_activations(graph, names, strategies, mesh, st, savers) if acts else (0.0, 0.0, 0.0)
+        rg = sp_regather_time(graph, regather, set(names), mesh, roles, cluster, st)
+        bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg
+        act = unit_activations(graph, names, strategies, mesh, st, savers, regather) if acts else (0.0, 0.0, 0.0)
         sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
-            "reshard": sum(d["reshard_s"] for d in pn),
+            "reshard": sum(d["reshard_s"] for d in pn) + rg,
             "grad_sync": sync, "sync_lat": lat, "param_list": params, "gather": gather,
             "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
                        "optimizer": sum(d["optimizer_bytes"] for d in pn)},
-            "out": _out_bytes(graph, names, dp, st),
+            "out": _out_bytes(graph, names, dp, st) / seq.get(names[-1], 1),
         }
     return out
 
 
 def _out_bytes(graph, names, dp, settings):
     """Bytes per device of the unit's output (the tensor a stage boundary after it sends): the
-    dp shard of the full tensor (tensor-parallel ranks each send their replica, as Megatron does)."""
+    dp shard of the full tensor.  Without sequence parallelism every tensor-parallel rank sends its
+    replica (what the emitted pipeline stage does); with it, its sequence shard (see sp_profile.sp_out_shards)."""
     node = graph.nodes[names[-1]]
     if not node.out.shape:
         return 0.0
@@ -326,7 +335,8 @@ def dp_split(node, dp):
     return None
 
 
-def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None, rebatched=None):
+def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None, rebatched=None,
+                     sp=False):
     """Strategies of the template on the dp x tp stage mesh.  The dp level may only split batch
     dims, so it takes each node's batch dim; the tp level is searched once per tp (on the template
     at micro-batch 1, tp level only) and shared by every dp - the sharding search runs at most once
@@ -345,6 +355,16 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             method = getattr(res, "method", "")
             if cache is not None:
                 cache[key] = (tp_choice, method)
+        if sp:      # the same regions, the ops between them split along the sequence (no new search)
+            from ..search.sp_layout import sp_choice, sp_section
+            g1 = rebatch(template, 1)
+            with_sp = sp_choice(g1, tp_choice, tp)
+            # priced only where the emitter can place every piece (else this is the plain layout)
+            bad = (sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}).get("unsupported")
+            if not bad:
+                tp_choice, method = with_sp, method + "+sp"
+            else:
+                method += f"+sp-unavailable({bad[0]})"
     t1 = rebatch(template, dp)
     out = {}
     for name, node in t1.nodes.items():
@@ -358,7 +378,7 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
 
 
 def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZEROS, units=None,
-                  strategy_cache=None, fixed_strategies=None, max_mbs=2, graph_cache=None):
+                  strategy_cache=None, fixed_strategies=None, max_mbs=2, graph_cache=None, sp=False):
     """Search the template once on the dp x tp sub-mesh and fit every unit's costs in the
     micro-batch size.  `graph` may be captured at any batch (rebatched here).  `graph_cache`: a
     dict kept across the profiles of one search (same graph and units): the template and its
@@ -396,19 +416,20 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         method = "plan"
     else:
         strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
-                                              strategy_cache, rebatched=rebatch)
+                                              strategy_cache, rebatched=rebatch, sp=sp and tp > 1)
     # Two batch sizes at the first ZeRO stage fit the batch-linear terms; the other stages only change
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}
     z0 = zeros[0]
     # gradient sync is per step: a sparse table's touched rows accumulate over the rank's samples
     steps = max(1, max_mbs)
-    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp, samples=steps),
-               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp, samples=steps))
+    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles),
+               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles))
     # further time samples (activations are affine: no need), see the module docstring
     points = sample_points(max_mbs)
     samples = [num[z0][0], num[z0][1]] + [
-        _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False)
+        _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False,
+                      roles=roles)
         for b in points[2:]]
     for z in zeros[1:]:
         sz = dataclasses.replace(settings, zero=z)
@@ -461,4 +482,4 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         nu.flops = per_sample_flops.get(u.rep, 0.0)
         nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)
         out_units.append(nu)
-    return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method)
+    return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method, sp=bool(sp and tp > 1))

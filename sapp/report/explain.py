@@ -47,7 +47,8 @@ def binding_constraint(plan):
 def _alt_line(i, alt, best_step):
     par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
     cp = f" cp={par['cp']}" if par and (par.get("cp") or 1) > 1 else ""
-    bits = [f"dp={par.get('dp')}{cp} tp={par.get('tp')} pp={par.get('pp')}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
+    bits = [f"dp={par.get('dp')}{cp} tp={par.get('tp')} pp={par.get('pp')}" + (" sp" if par.get("sp") else "")
+            + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
             if par else ""]
     pipe = alt.get("pipeline") if isinstance(alt.get("pipeline"), dict) else {}
     sched = alt.get("schedule", pipe.get("schedule"))
@@ -95,6 +96,11 @@ def explain(plan) -> str:
     ep = par.get("ep", 1)
     out.append(f"  parallel  dp={par['dp']}{cp_s} tp={par['tp']} pp={par['pp']}" + (f" ep={ep}" if ep > 1 else "")
                + f"   (stage mesh {mesh_s}; i=intra-node, n=inter-node)")
+    if int(par["tp"]) > 1:
+        out.append("  sequence parallel " + ("on: norms, dropouts and residual adds split along the sequence in the "
+                                             "tp group (region entry all-gather, exit reduce-scatter; activations "
+                                             "there 1/tp)" if par.get("sp") else
+                                             "off: the ops between tp regions run replicated (all-reduce at each exit)"))
     if cp > 1:
         # the stage mesh's data level is dp x cp: parameters are replicated over both
         out.append(f"  context   cp={cp}: each sample's sequence split over {cp} ranks (load-balanced causal chunks), "

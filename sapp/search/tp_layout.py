@@ -194,8 +194,9 @@ class _Result:
         self.search_s = getattr(base, "search_s", 0.0)
 
 
-def search_fn(graph, mesh, cluster, settings, level_roles=None, **kw):
-    """The joint search's tp-level search: sapp's sharding search, then `emittable` (one tp level)."""
+def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
+    """The joint search's tp-level search: sapp's sharding search, then `emittable` (one tp level),
+    then, when `sp`, sequence parallelism over the ops between the regions (`sp_choice`)."""
     from .api import shard_search
     res = shard_search(graph, mesh, cluster, settings, level_roles=level_roles, **kw)
     if len(mesh.levels) != 1:
@@ -203,10 +204,12 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, **kw):
     tp = mesh.levels[0].size
     choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
     strategies, _, _ = emittable(graph, choice, tp)
+    if sp:
+        strategies = sp_choice(graph, strategies, tp)
     return _Result({n: (d,) for n, d in strategies.items()}, f"{res.method}+emittable", res)
 
 
-def modules(graph, strategies: dict, tp_levels: list) -> tuple:
+def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> tuple:
     """(tp_modules {module: style}, groups [[module, ...]], notes) of a full graph whose tp-level
     strategies came through `emittable`.  Styles: column-split linears feeding split ops 'colwise'
     (output stays sharded), lone ones 'colwise_gather', row-split 'rowwise', vocabulary-split
@@ -219,7 +222,8 @@ def modules(graph, strategies: dict, tp_levels: list) -> tuple:
         ds = {s[i] for i in tp_levels if i < len(s) and s[i] is not None}
         return ds.pop() if len(ds) == 1 else None
 
-    split = {n for n in graph.nodes if tp_dim(n) is not None}
+    # sequence-parallel ops (`sp`) join no region: they run between regions, whatever each region does
+    split = {n for n in graph.nodes if tp_dim(n) is not None and n not in sp}
     lin = set(linears(graph))
     parent = {n: n for n in split}
 
@@ -257,3 +261,6 @@ def modules(graph, strategies: dict, tp_levels: list) -> tuple:
         notes.append("tensor parallelism shards nothing here: every tp rank computes the whole model "
                      "(priced as replication, no speed-up); pin tp=1 to use these devices for data parallelism")
     return styles, groups, notes
+
+
+from .sp_layout import SP_KINDS, sp_choice, sp_nodes  # noqa: E402,F401  (sequence parallelism)

@@ -23,6 +23,14 @@ def divisors(n):
     return small + large[::-1]
 
 
+def _sp_options(cons, tp):
+    """Sequence parallelism is a choice per tp degree > 1 (off first: ties keep the plain layout)."""
+    pin = getattr(cons, "sp", None)
+    if tp == 1:
+        return (False,) if not pin else ()
+    return (pin,) if pin is not None else (False, True)
+
+
 def enumerate_configs(ctx):
     """Every configuration the cluster, batch and constraints allow (no costs yet)."""
     c, cl = ctx.cons, ctx.cluster
@@ -94,11 +102,12 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                 # (nothing to shard over) would be written as zero 0 beside the pin
                 if c.zero is not None and z != c.zero:
                     continue
-                cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp)
-                if c.ep is None or c.ep == 1:
-                    out.append(cfg)
-                if cp == 1:             # expert parallelism is searched (and emitted) without cp
-                    out += ep_configs(ctx, cfg)
+                for sp in _sp_options(c, tp):
+                    cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
+                    if c.ep is None or c.ep == 1:
+                        out.append(cfg)
+                    if cp == 1:         # expert parallelism is searched (and emitted) without cp
+                        out += ep_configs(ctx, cfg)
 
 
 def _plain_dp_equivalent(c, dp, cp, mbs):

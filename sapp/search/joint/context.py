@@ -50,10 +50,10 @@ class SearchContext:
         i1 = len(kinds) - 1 - kinds[::-1].index("block")
         return all(k == "block" for k in kinds[i0:i1 + 1]) and i0 <= 1 and i1 >= len(kinds) - 2
 
-    def profile(self, dp, tp):
-        key = (dp, tp)
+    def profile(self, dp, tp, sp=False):
+        key = (dp, tp, sp) if sp else (dp, tp)
         if key not in self.profiles:
-            self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp,
+            self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp, sp=sp,
                                                search_fn=self.search_fn, units=self.units,
                                                strategy_cache=self.strategy_cache,
                                                fixed_strategies=getattr(self, "fixed", None),

@@ -79,7 +79,7 @@ class BoundNumbers:
 
 
 def bound_numbers(ctx, prof, cfg):
-    key = ("bound", prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.cp, cfg.ep)
+    key = ("bound", prof.dp, prof.tp, getattr(prof, "sp", False), cfg.mbs, cfg.zero, cfg.cp, cfg.ep)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = BoundNumbers(prof, cfg, ctx)
@@ -138,7 +138,7 @@ def zero3_gathered(units, pbytes, cfg):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep, getattr(prof, "sp", False))
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

@@ -14,7 +14,7 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     `placement`, every host placement the model offers (sapp.placement) is weighed, for any pipeline
     depth, unless a bound shows it cannot beat the device: placement only frees memory (less
     recomputation), moves optimizer work to the host and adds exposed host time."""
-    prof = prof or ctx.profile(cfg.dp_cp, cfg.tp)
+    prof = prof or ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)
     # the exact partition only where no lower bound already shows the device cannot hold it
     hopeless = memory_floor(ctx, cfg, prof) > ctx.cap * (1 + 1e-6)
     res = None if hopeless else price_config(ctx, cfg, prof, exact=exact, policy=policy)

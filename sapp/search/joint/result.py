@@ -18,6 +18,7 @@ class Config:
     zero: int
     cp: int = 1             # context-parallel ranks sharing each sample's sequence (sapp/costmodel/context.py)
     ep: int = 1             # expert parallelism: EP groups of ep dp ranks share each MoE layer's experts
+    sp: bool = False        # Megatron sequence parallelism on the tp level (tp > 1 only)
 
     @property
     def dp_cp(self):
@@ -25,14 +26,15 @@ class Config:
         return self.dp * self.cp
 
     def key(self):
-        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp, self.ep)
+        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp, self.ep, self.sp)
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
         s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
         c = f" cp={self.cp}" if self.cp > 1 else ""
         e = f" ep={self.ep}" if self.ep > 1 else ""
-        return f"pp={self.pp} dp={self.dp}{c} tp={self.tp}{e} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+        return (f"pp={self.pp} dp={self.dp}{c} tp={self.tp}{e} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
+                + (" sp" if self.sp else ""))
 
 
 @dataclass

@@ -54,7 +54,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
-        prof = ctx.profile(cfg.dp_cp, cfg.tp)      # a cp configuration shares dp·cp's profile
+        prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
@@ -96,10 +96,10 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
 def _alternatives(best, seen, k=5):
     """The next-best evaluated configurations (one per pp/dp/tp/schedule), for `sapp explain`."""
     out, keys = [], {(best.config.pp, best.config.dp, best.config.tp, best.config.schedule, best.config.cp,
-                      best.config.ep)}
+                      best.config.ep, best.config.sp)}
     for r in sorted(seen, key=rank_key):
         c = r.config
-        key = (c.pp, c.dp, c.tp, c.schedule, c.cp, c.ep)
+        key = (c.pp, c.dp, c.tp, c.schedule, c.cp, c.ep, c.sp)
         if key in keys:
             continue
         keys.add(key)
@@ -107,7 +107,7 @@ def _alternatives(best, seen, k=5):
         for s in r.stages:
             for v in s.recompute.values():
                 pol[v] = pol.get(v, 0) + 1
-        par = {"dp": c.dp, "tp": c.tp, "pp": c.pp, **({"cp": c.cp} if c.cp > 1 else {}),
+        par = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "sp": c.sp, **({"cp": c.cp} if c.cp > 1 else {}),
                **({"ep": c.ep} if c.ep > 1 else {})}
         out.append({"parallel": par, "schedule": c.schedule,
                     "micro_batches": c.m, "virtual_chunks": c.v, "zero": c.zero,

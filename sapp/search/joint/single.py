@@ -24,4 +24,4 @@ def score_config(graph, cluster, global_batch, cons, settings, cfg, *, fixed_str
         ctx.uniform = len({u.rep for u in ctx.block_units}) == 1 and ctx._glue_only_at_ends()
     if not any(c == cfg for c in enumerate_configs(ctx)):
         return False, None
-    return True, evaluate_config(ctx, cfg, ctx.profile(cfg.dp_cp, cfg.tp))
+    return True, evaluate_config(ctx, cfg, ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp))

@@ -1,0 +1,52 @@
+"""Issue 15's 1T GPT repro: t=8, p=64 pinned on 512 a100-80g, global batch 512 (l=128, h=25600, a=160,
+s=2048, V=51200: Korthikanti 2022 Table 3).  Prices full recomputation, selective recomputation without
+and with sequence parallelism, and the free search, and prints step time and peak memory.  Korthikanti
+Table 4's shape: selective + SP is faster than full recomputation (it only fits with SP).
+
+    PYTHONPATH=. python -m bench.sp_1t
+"""
+from __future__ import annotations
+
+import time
+
+import sapp
+from sapp.errors import InfeasibleError
+
+MODEL = dict(l=128, h=25600, a=160, s=2048, V=51200)
+CLUSTER = "a100-80g:nodes=64"
+PINS = {"tp": 8, "pp": 64}
+
+
+def price(graph, **pins):
+    t0 = time.perf_counter()
+    try:
+        plan = sapp.search("gpt-tiny", CLUSTER, global_batch=512, graph=graph, constraints=dict(PINS, **pins))
+    except InfeasibleError as e:
+        return None, str(e)[:140], time.perf_counter() - t0
+    return plan, "", time.perf_counter() - t0
+
+
+def main():
+    from sapp.api import capture_graph, resolve_model
+    module, _, _ = resolve_model(sapp.models.get("gpt-tiny", **MODEL))
+    graph, cap = capture_graph(module)
+    print(f"1T GPT captured in {cap:.1f} s; {CLUSTER}, global batch 512, pins {PINS}")
+    print(f"{'case':34s} {'step s':>9s} {'peak GB':>8s} {'sp':>5s} {'recompute':>10s} {'m':>4s} {'search s':>8s}")
+    rows = [("full recompute, no SP", dict(recompute="full", sp=False)),
+            ("selective, no SP", dict(recompute="selective", sp=False)),
+            ("selective + SP", dict(recompute="selective", sp=True)),
+            ("full recompute + SP", dict(recompute="full", sp=True)),
+            ("free (sp and recompute searched)", {})]
+    for label, pins in rows:
+        plan, err, s = price(graph, **pins)
+        if plan is None:
+            print(f"{label:34s} {'does not fit':>9s}  {err}")
+            continue
+        pr = plan["predicted"]
+        print(f"{label:34s} {pr['step_time_s']:9.2f} {pr['peak_memory_bytes'] / 1e9:8.1f} "
+              f"{str(plan['parallel'].get('sp', False)):>5s} {plan['recompute']['default']:>10s} "
+              f"{plan['pipeline']['micro_batches']:4d} {s:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

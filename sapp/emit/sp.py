@@ -1,0 +1,234 @@
+"""Megatron sequence parallelism (SP) at run time, as the plan's `tp_layout.sp` section places it
+(derived from the graph by sapp/search/sp_layout.py, priced by sapp/pipeline/sp_profile.py).
+
+    plan piece       torch runtime (DTensor, mesh["tp"])
+    norms            SequenceParallel(sequence_dim, use_local_output=True): replicated weights, input and
+                     output this rank's sequence shard (dropouts and residual adds need nothing: they
+                     run on the local shards as plain tensors)
+    entries          a region's module (attention, MLP) all-gathers its input (Shard(seq) -> Replicate,
+                     PrepareModuleInput's job, here also for keyword inputs: `_gather_input`) before any
+                     op reads the input's shape; a lone linear (the LM head)
+                     takes ColwiseParallel(input_layouts=Shard(seq)) instead
+    exits            RowwiseParallel(output_layouts=Shard(seq)): reduce-scatter instead of all-reduce
+    scatter          an embedding's output cut to this rank's shard: RowwiseParallel(output_layouts=
+                     Shard(seq)) when vocabulary-split (reduce-scatter), else PrepareModuleOutput
+                     (Replicate -> Shard(seq): a local slice)
+    re-gather        the column-split linears of an entry save only this rank's shard of the gathered
+                     input for backward and all-gather it again there (saved-tensor hooks), as Megatron
+                     does and the cost model prices (34/t bytes per layer, Korthikanti 2022)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import PlanError
+
+
+def section(plan) -> dict:
+    """The plan's SP pieces ({} when sp is off).  A plan with sp on but pieces the emitter cannot place
+    is refused here, before any rank communicates."""
+    if not plan.parallel.get("sp") or plan.parallel["tp"] < 2:
+        return {}
+    sec = (plan._d.get("tp_layout") or {}).get("sp") or {}
+    bad = sec.get("unsupported") or []
+    if bad:
+        raise PlanError(f"sequence parallelism cannot be emitted here ({bad[0]}); search again with sp pinned "
+                        f"to false (constraints sp=false)")
+    return sec
+
+
+def adjust(name: str, style: str, sec: dict, kw: dict) -> dict:
+    """Layout keywords a region layer's DTensor style takes under SP (parallel._derived_styles)."""
+    from torch.distributed.tensor import Shard
+    if not sec:
+        return kw
+    if style in ("colwise", "colwise_gather") and name in sec.get("entries", {}):
+        kw["input_layouts"] = Shard(sec["entries"][name])
+    elif style == "rowwise" and name in sec.get("exits", {}):
+        kw["output_layouts"] = Shard(sec["exits"][name])
+    elif style == "vocab" and name in sec.get("scatter", {}):
+        kw["output_layouts"] = Shard(sec["scatter"][name])
+    return kw
+
+
+def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> list:
+    """The SP pieces present in `module` that the region styles (`tp_plan`: name -> style applied) do not
+    already carry; then the re-gather hooks.  Returns the module names given an SP piece."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
+    if not sec:
+        return []
+    mods = dict(module.named_modules())
+    extra = {}
+    for name, axis in sec.get("norms", {}).items():
+        if name in mods:
+            extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=True)
+    gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
+    for name, axis in sec.get("scatter", {}).items():
+        if name in mods and name not in tp_plan:
+            extra[name] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(axis),),
+                                              use_local_output=True)
+    if extra:
+        parallelize_module(module, tp_mesh, extra)
+    for name in gathers:
+        mods[name].register_forward_pre_hook(_gather_input(sec["entries"][name], tp_mesh), with_kwargs=True)
+    done = sorted(set(extra) | set(gathers) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
+    for name, axis in sec.get("entries", {}).items():
+        if name in mods:
+            openers = [n for n, s in tp_plan.items() if n.startswith(name + ".") and s == "colwise"]
+            if n_is_linear(mods[name]):
+                openers.append(name)        # a lone or replicated linear gathers its own input
+            _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh)
+    return done
+
+
+def _gather_input(axis: int, tp_mesh):
+    """A forward pre-hook all-gathering a module's activation input along the sequence (autograd-aware:
+    DTensor Shard -> Replicate, reduce-scatter in backward): PrepareModuleInput's job, for modules
+    called with keyword arguments too (HF layers pass hidden_states=...).  The input is the first
+    positional tensor, else the `hidden_states` / first tensor keyword."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def gather(x):
+        d = DTensor.from_local(x, tp_mesh, (Shard(axis),), run_check=False)
+        return d.redistribute(tp_mesh, (Replicate(),)).to_local()
+
+    def hook(mod, args, kwargs):
+        if args and torch.is_tensor(args[0]):
+            return (gather(args[0]),) + tuple(args[1:]), kwargs
+        key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
+            (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
+        if key is None:
+            raise PlanError("sequence parallelism: a region entry got no tensor input to gather; search again with "
+                            "sp pinned to false")
+        return args, dict(kwargs, **{key: gather(kwargs[key])})
+    return hook
+
+
+def n_is_linear(m) -> bool:
+    return isinstance(m, nn.Linear)
+
+
+def _local(t):
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _ptr(t):
+    try:
+        return _local(t).untyped_storage().data_ptr()
+    except Exception:
+        return None
+
+
+class _Gathered:
+    """The input an entry module all-gathered in this forward (its storage, shape, sequence axis)."""
+    ptr = None
+    shape = None
+    offset = 0
+
+
+def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
+    """Saved-tensor hooks around the entry's column-split linears: a saved tensor living in the gathered
+    input's storage is kept as this rank's sequence shard and all-gathered again when backward needs it."""
+    from . import memory_meter
+    group = tp_mesh.get_group()
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    g = _Gathered()
+
+    def seen(mod, args, kwargs):
+        x = args[0] if args else kwargs.get("hidden_states", next(
+            (v for v in kwargs.values() if torch.is_tensor(v) and v.dim() > axis), None))
+        loc = _local(x) if torch.is_tensor(x) else None
+        if loc is not None and loc.is_contiguous() and loc.dim() > axis and loc.shape[axis] % n == 0:
+            g.ptr, g.shape, g.offset = _ptr(x), tuple(loc.shape), loc.storage_offset()
+        else:
+            g.ptr = None
+
+    def pack(t):
+        meter = memory_meter.ACTIVE
+        if g.ptr is None or not torch.is_tensor(t) or _ptr(t) != g.ptr:
+            return ("plain", meter._pack(t) if meter is not None else t)
+        loc = _local(t)
+        base = loc.as_strided(g.shape, _contiguous_stride(g.shape), g.offset)
+        k = g.shape[axis] // n
+        shard = base.narrow(axis, me * k, k).clone()
+        dt = None
+        if hasattr(t, "_local_tensor"):
+            dt = (t.device_mesh, t.placements, t.shape, t.stride())
+        held = meter._pack(shard) if meter is not None else shard
+        return ("shard", held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
+
+    def unpack(p):
+        from .memory_meter import MemoryMeter
+        if p[0] == "plain":
+            return MemoryMeter._unpack(p[1])
+        _, held, (size, stride, off), dt = p
+        shard = MemoryMeter._unpack(held)
+        parts = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(parts, shard.contiguous(), group=group)
+        full = torch.cat(parts, dim=axis)
+        loc = full.as_strided(size, stride, off)
+        if dt is None:
+            return loc
+        from torch.distributed.tensor import DTensor
+        with torch.no_grad():
+            return DTensor.from_local(loc, dt[0], dt[1], run_check=False, shape=dt[2], stride=dt[3])
+
+    ctx = []
+
+    def enter(mod, args):
+        if g.ptr is not None and torch.is_grad_enabled():
+            h = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+            h.__enter__()
+            ctx.append(h)
+
+    def leave(mod, args, out):
+        if ctx:
+            ctx.pop().__exit__(None, None, None)
+
+    entry.register_forward_pre_hook(seen, with_kwargs=True)
+    for m in openers:
+        m.register_forward_pre_hook(enter)
+        m.register_forward_hook(leave)
+    entry.sapp_sp_regather = True         # read by the manifest
+
+
+def _contiguous_stride(shape):
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return tuple(reversed(st))
+
+
+def observed(mods: dict) -> dict:
+    """What sequence parallelism runs in a rank's stage modules ({stage: module}), read off the objects:
+    norms whose own weights are replicated DTensors on "tp" (only SequenceParallel makes them so) and
+    entries carrying re-gather hooks.  {} when none."""
+    norms, entries = set(), set()
+    for mod in mods.values():
+        for name, m in mod.named_modules():
+            own = list(m.parameters(recurse=False))
+            if own and not isinstance(m, (nn.Linear, nn.Embedding)) and all(_replicated_on_tp(p) for p in own):
+                norms.add(name)
+            if getattr(m, "sapp_sp_regather", False):
+                entries.add(name)
+    return {"norms": sorted(norms), "entries": sorted(entries)} if (norms or entries) else {}
+
+
+def expected(sec: dict, mods: dict) -> dict:
+    """The plan's SP pieces present in this rank's stage modules (the manifest's vocabulary)."""
+    names = {n for mod in mods.values() for n, _ in mod.named_modules()}
+    norms = sorted(n for n in (sec or {}).get("norms", {}) if n in names)
+    entries = sorted(n for n in (sec or {}).get("entries", {}) if n in names)
+    return {"norms": norms, "entries": entries} if (norms or entries) else {}
+
+
+def _replicated_on_tp(p) -> bool:
+    from torch.distributed.tensor import DTensor, Replicate
+    if not isinstance(p, DTensor):
+        return False
+    names = p.device_mesh.mesh_dim_names or ()
+    return "tp" in names and isinstance(p.placements[names.index("tp")], Replicate)

@@ -1,0 +1,203 @@
+"""Megatron sequence parallelism (SP) on the tensor-parallel layouts of sapp/search/tp_layout.py.
+
+Between two tensor-parallel regions (the residual stream: layer norms, dropouts, residual adds) every
+tp rank computes and saves the same replicated tensor.  Sequence parallelism splits those ops along
+the sequence on the tp level instead: a region's entry becomes an all-gather (S(seq) -> R) and its
+exit a reduce-scatter (Partial -> S(seq)) in place of the all-reduce; the ops and what they save
+shrink by 1/tp.  The cost model prices exactly that from the strategies `sp_choice` returns
+(costmodel/layouts.py reshards), no special case: SP is a choice of per-op dims on the tp level, like
+the regions themselves.  `sp_section` tells the emitter (sapp/emit/sp.py) where each runtime piece
+goes.  Pure Python over the OpGraph: no torch."""
+from __future__ import annotations
+
+SP_KINDS = ("elementwise", "dropout", "norm")
+
+
+def _seq_dim(node):
+    """The sequence dim of a row-split closer's output y[b, s, n]: its last leading dim that is not the
+    batch (None for a 2-D [tokens, n] output: nothing to split along)."""
+    lead = [d for d in node.out.dims[:-1]]
+    dims = {d.name: d for d in node.dims}
+    cand = [d for d in lead if d in dims and not dims[d].batch and dims[d].splittable]
+    return cand[-1] if cand else None
+
+
+def sp_choice(graph, choice: dict, tp: int) -> dict:
+    """`choice` ({node: tp dim or None}, e.g. from `emittable`) with sequence parallelism added: from
+    the output of every row-split closer (a linear on `k`), the sequence axis is followed forward and
+    backward through element-wise ops, dropouts and norms that no region holds (the residual stream,
+    the embedding's sum and dropout, the final norm) up to the next regions' openers and anything else
+    (embeddings, the head, the loss), which stay as they are and meet the split through resharding.
+    An op joins only if that axis is a splittable, non-batch dim dividing by tp, it is not a model
+    output, and it does not meet the axis on a different dim from another joined op."""
+    from .tp_layout import linears      # (tp_layout re-exports this module's names)
+    out = dict(choice)
+    lin = set(linears(graph))
+    consumers = graph.consumers()
+    assigned = {}
+    scattered = set()
+    stack = []
+    for n, d in choice.items():
+        if n in lin and d == "k":
+            sd = _seq_dim(graph.nodes[n])
+            if sd is not None:
+                stack.append((n, sd, "seed"))
+    free = {n for n, node in graph.nodes.items()
+            if node.kind in SP_KINDS and choice.get(n) is None and n not in graph.outputs}
+    def ok(name, d):
+        node = graph.nodes[name]
+        dim = next((x for x in node.dims if x.name == d), None)
+        return dim is not None and dim.splittable and not dim.batch and dim.size % tp == 0
+
+    # a template graph (sapp.pipeline.profile) cuts the blocks it leaves out: the epilogue's first op
+    # (the final norm) then reads the residual stream as an input without producer; it joins like the
+    # same op after a kept block would
+    for n in sorted(free, key=list(graph.nodes).index):
+        node = graph.nodes[n]
+        cut = [op for op in node.operands if op.producer is None and op.param is None and len(op.dims) >= 3]
+        sd = _seq_dim(node) if cut and len(cut[0].dims) == len(node.out.dims) else None
+        if sd is not None and sd in cut[0].dims and ok(n, sd):
+            stack.append((n, sd, "cut"))
+            assigned[n] = sd
+
+    while stack:
+        name, d, _ = stack.pop()
+        node = graph.nodes[name]
+        axis = node.out.dims.index(d) if d in node.out.dims else None
+        # forward: consumers see this axis through their operand's dims
+        if axis is not None:
+            for c, j in consumers[name]:
+                if c not in free:
+                    continue
+                op = graph.nodes[c].operands[j]
+                cd = op.dims[axis] if axis < len(op.dims) else None
+                if cd is None or not ok(c, cd) or assigned.get(c, cd) != cd:
+                    continue
+                if c not in assigned:
+                    assigned[c] = cd
+                    stack.append((c, cd, "fwd"))
+        # backward: producers of a joined op's operands that carry the same dim
+        if name in assigned:
+            for op in node.operands:
+                q = op.producer
+                if q is None or d not in op.dims:
+                    continue
+                qa = op.dims.index(d)
+                qn = graph.nodes[q]
+                if qa >= len(qn.out.dims) or len(op.dims) != len(qn.out.dims):
+                    continue            # a broadcast operand: sliced locally, no need to split its producer
+                qd = qn.out.dims[qa]
+                if q not in free:
+                    # an embedding (or other producer that stays whole) scattered to sequence shards: its
+                    # other readers (a first layer norm) take the shard as well
+                    if qn.kind in ("embedding", "matmul") and (q, qd) not in scattered:
+                        scattered.add((q, qd))
+                        stack.append((q, qd, "scatter"))
+                    continue
+                if not ok(q, qd) or assigned.get(q, qd) != qd:
+                    continue
+                if q not in assigned:
+                    assigned[q] = qd
+                    stack.append((q, qd, "bwd"))
+    out.update(assigned)
+    return out
+
+
+def sp_nodes(graph, strategies: dict, tp_level, tp: int) -> set:
+    """Nodes running sequence-parallel under full-graph `strategies` (tp level `tp_level`): those
+    `sp_choice` would add to the regions (the SP kinds cleared first), split exactly that way."""
+    if tp_level is None or tp <= 1:
+        return set()
+
+    def dim(n):
+        s = strategies.get(n) or ()
+        return s[tp_level] if tp_level < len(s) else None
+    base = {n: (None if graph.nodes[n].kind in SP_KINDS else dim(n)) for n in graph.nodes}
+    want = sp_choice(graph, base, tp)
+    return {n for n, d in want.items() if d is not None and base[n] is None and dim(n) == d}
+
+
+def _enclosing(module: str, outside) -> str:
+    """The outermost ancestor of `module` (itself included) that contains none of the `outside` modules
+    (the sequence-split producer and its other sequence-split readers): where the input can be gathered
+    before any op of that module reads its shape, while they still see the shard."""
+    parts = module.split(".")
+    best = module
+    for i in range(len(parts) - 1, 0, -1):
+        anc = ".".join(parts[:i])
+        if any(o == anc or o.startswith(anc + ".") for o in outside):
+            break
+        best = anc
+    return best
+
+
+def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
+    """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
+    counted in the module's own tensor:
+      norms    {module: seq axis}  SequenceParallel: replicated weights, input and output sequence shards
+      entries  {module: seq axis}  the input arrives as a sequence shard and is all-gathered before the
+                                   module runs (a region's attention/MLP module, or a lone / replicated
+                                   linear such as the LM head): PrepareModuleInput, or ColwiseParallel's
+                                   input layout on a lone linear; its saved copy is re-gathered in backward
+      exits    {module: seq axis}  a row-split closer reduce-scatters to sequence shards
+      scatter  {module: seq axis}  a replicated (or vocabulary-split) producer's output is cut to this
+                                   rank's sequence shard (embeddings)
+      unsupported [why, ...]       edges the emitter cannot place (emit refuses such a plan)"""
+    sp = sp_nodes(graph, strategies, tp_level, tp)
+    if not sp:
+        return {}
+    sec = {"norms": {}, "entries": {}, "exits": {}, "scatter": {}, "unsupported": []}
+
+    def dim(n):
+        s = strategies.get(n) or ()
+        return s[tp_level] if tp_level < len(s) else None
+    consumers = graph.consumers()
+    for n in graph.nodes:
+        if n not in sp:
+            continue
+        node = graph.nodes[n]
+        d = dim(n)
+        if node.kind == "norm" and node.module:
+            sec["norms"][node.module] = node.out.dims.index(d)
+        for op in node.operands:
+            p = op.producer
+            if p is None or p in sp or d not in op.dims or graph.nodes[p].kind == "input":
+                continue
+            pn, axis = graph.nodes[p], op.dims.index(d)
+            if axis >= len(pn.out.dims) or not pn.module:
+                sec["unsupported"].append(f"{n} reads {p} without a module boundary")
+            elif dim(p) == "k":
+                sec["exits"][pn.module] = axis
+            elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
+                    node.module == pn.module.rpartition(".")[0]):
+                # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
+                # model's embed_tokens -> layers) may read the full length from it (masks, positions)
+                sec["scatter"][pn.module] = axis
+            elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
+                sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
+            else:
+                sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
+        axis = node.out.dims.index(d)
+        for c, j in consumers[n]:
+            if c in sp:
+                continue
+            cn = graph.nodes[c]
+            if cn.kind == "matmul" and cn.module and dim(c) in ("n", None) and any(
+                    o.param is not None for o in cn.operands):
+                others = [graph.nodes[x].module or "" for x, _ in consumers[n] if x in sp]
+                where = _enclosing(cn.module, [node.module or ""] + others)
+                sec["entries"].setdefault(where, axis)
+            else:
+                sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+    # a scattered or reduce-scattered output is the shard for every reader: each must take the shard
+    owner = {graph.nodes[n].module: n for n in graph.nodes if graph.nodes[n].module}
+    for key in ("exits", "scatter"):
+        for mod in sec[key]:
+            p = next((n for n in graph.nodes if graph.nodes[n].module == mod and n not in sp
+                      and graph.nodes[n].kind in ("embedding", "matmul")), owner.get(mod))
+            for c, _ in consumers.get(p, ()):
+                cn = graph.nodes[c]
+                if c not in sp and not (cn.kind == "matmul" and any(o.param is not None for o in cn.operands)):
+                    sec["unsupported"].append(f"{c} ({cn.kind}) reads {p} whole, which runs sequence-sharded")
+    sec["unsupported"] = sorted(set(sec["unsupported"]))
+    return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sec.items()}
