@@ -97,17 +97,42 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                 continue
             if cp > 1 and _plain_dp_equivalent(c, dp, cp, per_rep // m):
                 continue
+            if cp > 1 and not _cp_searched(ctx, c, pp, tp):
+                continue
             for z in ((0, 1, 2, 3) if dp * cp > 1 else (0,)):  # ZeRO shards over dp x cp
                 # a pinned ZeRO stage is what the plan must say: a dp = 1 configuration
                 # (nothing to shard over) would be written as zero 0 beside the pin
                 if c.zero is not None and z != c.zero:
                     continue
+                if cp > 1 and z > 1 and c.cp is None and (_seq(ctx) or 0) < LONG_CONTEXT:
+                    continue        # (sapp run emits cp with ZeRO 0/1: _cp_searched)
                 for sp in _sp_options(c, tp):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
                     if c.ep is None or c.ep == 1:
                         out.append(cfg)
                     if cp == 1:         # expert parallelism is searched (and emitted) without cp
                         out += ep_configs(ctx, cfg)
+
+
+LONG_CONTEXT = 16384     # tokens per sample from which cp is searched in every form it is priced
+
+
+def _seq(ctx):
+    from .cp import sequence_length
+    return sequence_length(ctx.graph)
+
+
+def _cp_searched(ctx, c, pp, tp):
+    """Whether the free search tries cp > 1 here.  sapp run emits context parallelism with pp = 1 and
+    tp = 1 (sapp/emit/cp.py); a plan that uses it beside pipelines or tensor parallelism is priced but
+    cannot run yet.  So below LONG_CONTEXT tokens (where cp is one way among others to cut activation
+    traffic, not what makes a step fit) the search offers cp only in the form sapp run runs (ZeRO 0/1
+    are checked on the configuration itself); from LONG_CONTEXT on, or when cp is pinned, everywhere,
+    and the plan's note says when it is priced only."""
+    if c.cp is not None:
+        return True
+    seq = _seq(ctx) or 0
+    return seq >= LONG_CONTEXT or (pp == 1 and tp == 1)
 
 
 def _plain_dp_equivalent(c, dp, cp, mbs):

@@ -3,6 +3,7 @@ recomputation."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
@@ -23,6 +24,7 @@ class StageEvaluator:
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
+        self._tab = None
 
     def allowed(self, u):
         if u.kind != "block":
@@ -68,6 +70,29 @@ class StageEvaluator:
             after += min(act[POLICIES.index(p)] for p in al)
         return worst
 
+    def _tables(self):
+        """Prefix sums over the units (time, states, accumulators, gathered bytes, the fixed-policy
+        units' activations and recompute time, blocks, pinned blocks) and each free block type's unit
+        positions: `seg` prices any run [a, b) from them without walking its units (it is asked for
+        every run the exact partition tries)."""
+        num = self.num
+        keys = ("t", "states", "gacc", "pbytes", "fact", "fext", "blocks", "pinned")
+        T = {k: [0.0] for k in keys}
+        T["classes"] = {}
+        for j, u in enumerate(self.units):
+            al = self.allowed(u)
+            fixed = len(al) == 1
+            k = POLICIES.index(al[0]) if fixed else None
+            for name, v in (("t", num.t[j]), ("states", num.states[j]), ("gacc", num.gacc[j]),
+                            ("pbytes", num.pbytes[j]), ("fact", num.act[j][k] if fixed else 0.0),
+                            ("fext", num.extra[j][k] if fixed else 0.0), ("blocks", u.kind == "block"),
+                            ("pinned", fixed and al[0] != "none")):
+                T[name].append(T[name][-1] + v)
+            if not fixed:
+                T["classes"].setdefault((u.rep, al), ([], j))[0].append(j)
+        self._tab = T
+        return T
+
     def _transient_any(self, a, b, no_full):
         """`transient(range(a, b), None, no_full)` without ZeRO-3 gathers, in O(1) per segment after an
         O(units) table: with after_j = P[b] - P[j+1] (P the prefix sums of each unit's least stash),
@@ -101,36 +126,32 @@ class StageEvaluator:
             return self.cache[key]
         num, cap = self.num, self.cap
         idx = range(a, b)
-        if not any(self.units[j].kind == "block" for j in idx) and self.cfg.pp > 1:
+        T = self._tab if self._tab is not None else self._tables()
+        if self.cfg.pp > 1 and T["blocks"][b] == T["blocks"][a]:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
             return r
-        t = sum(num.t[j] for j in idx) + self.sends(i) * self.c
+        t = (T["t"][b] - T["t"][a]) + self.sends(i) * self.c
         infl = self.infl[i]
         acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
-        states = sum(num.states[j] for j in idx) - (0.0 if acc else sum(num.gacc[j] for j in idx))
-        z3 = gathered_params([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
-        types, fixed_act, fixed_extra = {}, 0.0, 0.0
-        for j in idx:
-            u = self.units[j]
-            al = self.allowed(u)
-            if len(al) == 1:
-                k = POLICIES.index(al[0])
-                fixed_act += num.act[j][k]
-                fixed_extra += num.extra[j][k]
-                continue
-            tk = (u.rep, al)
-            if tk not in types:
-                types[tk] = [0, BlockOption(num.act[j], num.extra[j]), al, []]
-            types[tk][0] += 1
-            types[tk][3].append(u.name)
+        states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
+        z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
+        fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
+        # free block types present in [a, b), in order of first appearance
+        types = {}
+        for first, (tk, pos, j0) in sorted((pos[bisect_left(pos, a)], (tk, pos, j0))
+                                           for tk, (pos, j0) in T["classes"].items()
+                                           if bisect_left(pos, a) < len(pos) and pos[bisect_left(pos, a)] < b):
+            lo = bisect_left(pos, a)
+            names = [self.units[j].name for j in pos[lo:bisect_left(pos, b, lo)]] if detail else None
+            types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names]
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
         still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
         base = cap - states - z3
         choice, transient = None, still
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
-        pinned = any(len(al) == 1 and al[0] != "none" for al in (self.allowed(self.units[j]) for j in idx))
+        pinned = T["pinned"][b] > T["pinned"][a]
         if not pinned and fixed_act + free_act0 <= (base - still) / infl + 1e-9 * cap:
             extra = fixed_extra
             acts = fixed_act + free_act0
