@@ -171,8 +171,8 @@ class StageEvaluator:
                 budget = (base - tr) / infl - fixed_act
                 if budget < 0:
                     continue
-                if len(tlc) == 1 and tlc[0][2] == POLICIES:
-                    rc = choose_uniform(tlc[0][0], tlc[0][1], budget)
+                if len(tlc) == 1:      # one block type: the O(n) exact path, any allowed subset
+                    rc = choose_uniform(tlc[0][0], tlc[0][1], budget, tlc[0][2])
                 elif not tlc:
                     rc = None
                     choice, transient = (fixed_act, fixed_extra, []), tr
