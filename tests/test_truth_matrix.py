@@ -26,6 +26,7 @@ SLICE = [  # (model, layout, zero, recompute, host)
     ("mlp-tiny", "dp", 2, "none", False),
     ("mlp-tiny", "tp", 0, "full", False),
     ("wide-deep-tiny", "dp", 1, "none", True),
+    ("wide-deep-tiny", "dpxtp", 0, "none", True),  # host tables + offload beside tp: was -31% (saving / tp)
     ("gpt-tiny", "dpxtp", 1, "none", False),       # was emitted as FSDP ZeRO-2
     ("gpt-tiny", "dpxpp", 2, "selective", False),
     ("bert-tiny", "dpxtp", 3, "none", False),

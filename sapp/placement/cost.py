@@ -89,7 +89,7 @@ def _sync_link(dp: int, tp: int, cluster) -> str:
 
 
 def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_batches=1,
-                        compute_s=0.0, sharers=1) -> HostCost:
+                        compute_s=0.0, sharers=1, device_split=None) -> HostCost:
     """Cost of holding `tables` (list of Table) on the host instead of the device."""
     m = max(1, int(micro_batches))
     ab = settings.act_bytes("float32")
@@ -112,12 +112,15 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
     saved = 0.0
     host_bytes = 0.0
     for t in tables:
-        st = model_state_bytes(t.rows * t.dim / tp, dp, zero, settings)
+        # what leaves the device is the table as the stage priced it there: split over tp only where
+        # the searched layout shards it (`device_split`: table -> ways), else whole on every tp rank
+        ways = (device_split or {}).get(t.name, tp)
+        st = model_state_bytes(t.rows * t.dim / ways, dp, zero, settings)
         saved += st["params"] + st["grads"] + st["optimizer"]
         # FSDP2 ignores a host table: the device also sheds what the stage prices for it beyond the
         # ZeRO formula (sapp/search/joint/numbers.py): ZeRO-2, its P/dp shard next to the gathered P held
         # from forward to backward; ZeRO-3, the gathered P of the root unit it belonged to
-        w = t.rows * t.dim / tp * settings.weight_bytes
+        w = t.rows * t.dim / ways * settings.weight_bytes
         saved += w / max(1, dp) if zero == 2 else (w if zero == 3 else 0.0)
         host_bytes += t.rows * t.dim / tp * HOST_TABLE_BYTES
     host_bytes += touched * 4 + 2 * elems * ab                    # sparse grad buffer + staging
@@ -129,12 +132,13 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
 
 
 def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_group=None, dp=1, tp=1,
-                           zero=0, micro_batches=1, compute_s=0.0, sharers=1) -> HostCost:
+                           zero=0, micro_batches=1, compute_s=0.0, sharers=1, local_params=None) -> HostCost:
     """Cost of ZeRO-Offload for `n_params` parameters of a stage (before tp sharding), split into
-    `groups` parameter groups (blocks) of at most `largest_group` parameters."""
+    `groups` parameter groups (blocks) of at most `largest_group` parameters.  `local_params`: what one
+    device holds of them under the stage's layout (default n_params / tp: every one split over tp)."""
     m = max(1, int(micro_batches))
     G = max(1, int(groups))
-    local = n_params / tp                                   # what the device holds
+    local = n_params / tp if local_params is None else local_params     # what the device holds
     shard = local / dp if (zero >= 1 and dp > 1) else local  # what its CPU updates
     g, w = settings.grad_bytes, settings.weight_bytes
     bw = host_bandwidth(cluster, sharers)

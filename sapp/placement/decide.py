@@ -43,12 +43,14 @@ def _offload_keys(graph, stage):
 
 
 def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=0, micro_batches=1,
-                      compute_s=0.0, pins=None, micro_batch_size=None, keep_host_infeasible=False):
+                      compute_s=0.0, pins=None, micro_batch_size=None, keep_host_infeasible=False,
+                      device_split=None):
     """Placements for the stage made of `node_names`, "device" first when allowed.
 
     graph: the OpGraph at the per-device micro-batch (or pass `micro_batch_size` to rescale the
     lookup counts from graph.batch_size); dp/tp/zero: the stage's degrees; compute_s: the stage's
-    device compute per step (forward + backward over all micro-batches), used for overlap.
+    device compute per step (forward + backward over all micro-batches), used for overlap.  device_split: table -> the ways the
+    stage's layout splits it over tp (default tp), for the bytes host placement frees.
     Options whose host memory exceeds the stage's share of a node are dropped (kept, marked
     predicted.host_fits = false, when keep_host_infeasible).  Pins force placements; a pin that
     cannot be honoured raises ConstraintError, pinned host placement without host memory raises
@@ -61,12 +63,13 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
 
     host_tables = [t for t in stage.tables if pin.tables.get(t.name) != "device"]
     forced_tables = any(v == "host" for v in pin.tables.values())
-    emb = C.embedding_host_cost(host_tables, cluster, settings, **kw) if host_tables else None
+    emb = C.embedding_host_cost(host_tables, cluster, settings, device_split=device_split, **kw) if host_tables else None
     off = None
     if stage.dense:
         n = sum(stage.dense.values())
+        local = None if device_split is None else sum(v / device_split.get(p, tp) for p, v in stage.dense.items())
         off = C.optimizer_offload_cost(n, cluster, settings, groups=len(stage.groups),
-                                       largest_group=max(stage.groups.values()), **kw)
+                                       largest_group=max(stage.groups.values()), local_params=local, **kw)
     opt_kind = settings.optimizer if settings.optimizer in ("adam", "adamw") else "adam"
 
     plans = []   # (name, [HostCost parts], groups)

@@ -50,14 +50,15 @@ def _model_options(ctx, cfg, prof):
     """placement_options for the whole model at this configuration (cached), [] where pins ask for
     what this ZeRO stage cannot run."""
     from ...placement import placement_options
-    key = (cfg.dp, cfg.tp, cfg.zero, cfg.m, cfg.mbs)
+    key = (cfg.dp, cfg.tp, cfg.zero, cfg.m, cfg.mbs, getattr(prof, "sp", False))
     opts = ctx.placements.get(key)
     if opts is None:
         num = unit_numbers(ctx, prof, cfg)
         try:
             opts = placement_options(
                 ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
-                micro_batches=cfg.m, compute_s=cfg.m * sum(num.t), pins=ctx.cons.placement, micro_batch_size=cfg.mbs)
+                micro_batches=cfg.m, compute_s=cfg.m * sum(num.t), pins=ctx.cons.placement, micro_batch_size=cfg.mbs,
+                device_split=table_split(ctx, prof))
         except ConstraintError:
             # pins this ZeRO stage cannot run (placement refuses them there); another ZeRO stage may
             if ctx.cons.zero is not None:
@@ -65,6 +66,25 @@ def _model_options(ctx, cfg, prof):
             opts = []
         ctx.placements[key] = opts
     return opts
+
+
+def table_split(ctx, prof):
+    """param -> the ways the stage's tp level splits it (1 where its owner's tp split is not one of its
+    dims: replicated on every tp rank), for the parameters the profile's layout prices; None without tp."""
+    roles = tuple(prof.roles or ())
+    if "tp" not in roles or not prof.strategies:
+        return None
+    ti, tp = roles.index("tp"), prof.tp
+    from ...costmodel import param_owners
+    out = {}
+    for name, ps in param_owners(ctx.graph).items():
+        strat = prof.strategies.get(name)
+        node = ctx.graph.nodes[name]
+        d = strat[ti] if strat is not None and len(strat) > ti else None
+        for p in ps:
+            dims = next((op.dims for op in node.operands if op.param == p), None)
+            out[p] = tp if d is not None and (dims is None or d in dims) else 1
+    return out
 
 
 def _stage_options(ctx, cfg, prof, res, name):
@@ -77,7 +97,7 @@ def _stage_options(ctx, cfg, prof, res, name):
         names = [n for u in st.units for n in nodes_of.get(u, ())]
         opts = placement_options(ctx.graph, names, ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
                                  micro_batches=cfg.m, compute_s=cfg.m * (st.fwd_s + st.bwd_s),
-                                 micro_batch_size=cfg.mbs)
+                                 micro_batch_size=cfg.mbs, device_split=table_split(ctx, prof))
         o = next((o for o in opts if o.name == name), None)
         if o is None or st.memory_bytes - o.device_bytes_saved > ctx.cap * (1 + 1e-9):
             return None
