@@ -160,12 +160,18 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         held = meter._pack(shard) if meter is not None else shard
         return ("shard", held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
 
+    def _open(h):
+        # the meter samples at every unpack (FSDP2 gathers are live then); no meter: unwrap its handle
+        meter = memory_meter.ACTIVE
+        if meter is not None:
+            return meter._unpack(h)
+        return h.t if isinstance(h, memory_meter._Held) else h
+
     def unpack(p):
-        from .memory_meter import MemoryMeter
         if p[0] == "plain":
-            return MemoryMeter._unpack(p[1])
+            return _open(p[1])
         _, held, (size, stride, off), dt = p
-        shard = MemoryMeter._unpack(held)
+        shard = _open(held)
         parts = [torch.empty_like(shard) for _ in range(n)]
         dist.all_gather(parts, shard.contiguous(), group=group)
         full = torch.cat(parts, dim=axis)
