@@ -20,11 +20,17 @@ def add_constraint_arguments(p):
     g.add_argument("--max-tp", type=int, help="largest tensor-parallel degree to consider")
     g.add_argument("--max-dp", type=int, help="largest data-parallel degree to consider")
     g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
+    g.add_argument("--ep", type=int, help="expert-parallel degree for MoE models (EP groups of dp ranks)")
+    g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
 
 
 def constraints_from_args(args) -> dict:
-    keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp", "cp")
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp", "cp",
+            "ep")
+    out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "sp", None) is not None:
+        out["sp"] = args.sp == "on"
+    return out
 
 
 def add_arguments(p):
@@ -32,7 +38,7 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
     p.add_argument("--out", help="write the plan JSON here")
-    p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
+    p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
     p.add_argument("--runtime", default=None, choices=("eager", "fused"),
                    help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
@@ -49,7 +55,8 @@ def summary(plan, timing=None) -> str:
              f"{d['model']['global_batch']}, {d['devices']} devices ({d['cluster']['name']}, "
              f"{d['cluster']['nodes']} x {d['cluster']['gpus_per_node']})"]
     sched = pipe["schedule"] + (f" v={pipe['virtual_chunks']}" if pipe.get("virtual_chunks", 1) > 1 else "")
-    lines.append(f"parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}  micro-batches {pipe['micro_batches']} x "
+    extra = "".join(f" {k}={par[k]}" for k in ("cp", "ep") if par.get(k, 1) > 1) + (" sp" if par.get("sp") else "")
+    lines.append(f"parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}{extra}  micro-batches {pipe['micro_batches']} x "
                  f"{pipe.get('micro_batch_size')}  schedule {sched}  ZeRO-{d['zero']}  recompute {d['recompute']['default']}"
                  + (f" (+{len(d['recompute']['blocks'])} blocks differ)" if d["recompute"]["blocks"] else ""))
     stages = pipe.get("stages") or []
