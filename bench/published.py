@@ -69,7 +69,8 @@ for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
     ROWS.append(Row(
         "Megatron-LM H100 weak scaling", f"GPT {_n} t{_t} p{_p} d48", "gpt3-175b",
         gpt_shape(_l, _h, _a, 131072, 4096), f"h100-80g:devices={_gpus}", _gb,
-        {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48}, "tf_per_gpu_model", _tf,
+        {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {})},
+        "tf_per_gpu_model", _tf,
         "Megatron-LM README (REFERENCE.md §5)", needs="sp" if _t > 1 else "",
         note="shape derived (see bench/published.py)"))
 
@@ -78,7 +79,8 @@ _K22 = gpt_shape(1, 6144, 64, 51200, 2048, attn="eager")
 for _n, _rc, _ms, _needs in (("no recompute", "none", 19.6, ""), ("full recompute", "full", 27.2, ""),
                              ("SP + selective", "selective", 20.3, "sp")):
     ROWS.append(Row("Korthikanti 2022 Table 4 (one 22B layer, fwd+bwd)", f"22B layer t8 {_n}", "gpt3-175b", _K22,
-                    "a100-80g:devices=8", 4, {"tp": 8, "pp": 1, "dp": 1, "micro_batches": 1, "recompute": _rc},
+                    "a100-80g:devices=8", 4, {"tp": 8, "pp": 1, "dp": 1, "micro_batches": 1, "recompute": _rc,
+                                              "sp": _needs == "sp"},
                     "layer_ms", _ms, "Korthikanti et al. 2022 Table 4", needs=_needs, free=False,
                     note="2021-era kernels: eager attention (no flash)"))
 
@@ -88,7 +90,8 @@ for _n, _shape, _gb, _t, _p, _runs in (
         ("530B", gpt_shape(105, 20480, 128, 51200, 2048, attn="eager"), 2240, 8, 35, ((560, 171), (1120, 167), (2240, 159)))):
     for _g, _tf in _runs:
         ROWS.append(Row("Megatron-LM 2021 Table 2 (PTD-P)", f"GPT {_n} {_g} GPUs t{_t} p{_p}", "gpt3-175b", _shape,
-                        f"a100-80g:devices={_g}", _gb, {"tp": _t, "pp": _p, "dp": _g // (_t * _p), "recompute": "full"},
+                        f"a100-80g:devices={_g}", _gb, {"tp": _t, "pp": _p, "dp": _g // (_t * _p), "recompute": "full",
+                                                                    "sp": False, "zero": 0},
                         "tf_per_gpu_hw_recompute", _tf, "Narayanan et al. 2021 Table 2", note="eager attention (2021)"))
 
 
@@ -99,7 +102,9 @@ preset of its GPU, with one runtime profile for all rows (`--runtime`, default `
 fused kernels, docs/ARCHITECTURE.md "Runtime profiles"); the "eager runtime" column is the same
 configuration priced as torch eager under autocast, to show what the profile changes.  The last column
 is what sapp's free search picks for the same model, cluster and batch.  "[needs sp]": the run used
-sequence parallelism, priced here without it (sp15's issue-15 work adds it).  The weak-scaling shapes
+sequence parallelism, pinned on here (2021 rows and Korthikanti's baseline / full-recompute rows pin it
+off; 2021 rows pin ZeRO 0: no distributed optimizer then); the interleaving depth is left to the search
+where the source does not give it.  The weak-scaling shapes
 are derived (see `_MEGATRON_H100` in bench/published.py); Korthikanti Table 4 is one layer
 (the 2-layer run minus the 1-layer run, forward + backward per micro-batch).
 
@@ -179,6 +184,8 @@ def _value(row, cl, res, per_layer=None):
     if row.metric == "layer_ms":
         return per_layer * 1e3
     rc = row.metric == "tf_per_gpu_hw_recompute"
+    if "l" not in cfg:          # not a GPT shape (MoE rows): the captured model FLOPs the plan's MFU counts
+        return res.model_flops / (res.step_time_s * cl.devices) / 1e12
     return gpt_flops_per_step(cfg, row.global_batch, recompute=rc) / (res.step_time_s * cl.devices) / 1e12
 
 
