@@ -44,6 +44,12 @@ def test_overlap_rule_per_cluster_and_runtime():
     assert overlap_rule(gpu, 0, 1, 1) == "ddp-buckets" and overlap_rule(gpu, 1, 1, 1) == "ddp-buckets"
     assert overlap_rule(gpu, 0, 1, 2) == "none" and overlap_rule(gpu, 1, 2, 1) == "none"   # flat all-reduce
     assert overlap_rule(gpu, 2, 4, 2) == "fsdp-units" and overlap_rule(gpu, 3, 1, 1) == "fsdp-units"
+    # the fused runtime prices Megatron-Core, whose distributed optimizer overlaps under TP / pipelines too
+    assert overlap_rule(gpu, 1, 2, 8, "fused") == "megatron-buckets" and overlap_rule(gpu, 0, 1, 2, "fused") == \
+        "megatron-buckets"
+    assert overlap_rule(gpu, 2, 2, 8, "fused") == "fsdp-units" and overlap_rule(cpu, 1, 2, 2, "fused") == "none"
+    g = 4 * DDP_BUCKET_BYTES      # its last bucket stays exposed as DDP's does
+    assert exposed_grad_sync("megatron-buckets", 1.0, 0.01, 5.0, grad_bytes=g) == pytest.approx(0.26)
 
 
 def test_exposed_grad_sync_by_hand():

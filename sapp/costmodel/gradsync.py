@@ -139,7 +139,7 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
 OVERLAP_RULES = ("none", "ddp-buckets", "fsdp-units")
 
 
-def overlap_rule(cluster, zero, pp, tp) -> str:
+def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
     """How the emitted runtime (sapp/emit/parallel.wrap_dp) overlaps a stage's gradient sync with its
     backward pass on `cluster`, one stated rule per cluster kind, not a knob:
       - "none": a serial device (CPU eager, `async_launch` False: one stream, the flat all-reduce
@@ -149,10 +149,15 @@ def overlap_rule(cluster, zero, pp, tp) -> str:
         all-reduces 25 MB buckets on its communication stream as backward fills them;
       - "fsdp-units": ZeRO-2/3 (FSDP2) on an asynchronous device: each unit's reduce-scatter runs
         on FSDP2's stream while backward goes on with the next unit.
-    Under both overlapping rules what the last backward cannot hide stays exposed
+    The "fused" runtime profile prices Megatron-Core (costmodel/settings.py), whose distributed
+    optimizer overlaps its bucketed gradient reduce-scatter with backward (--overlap-grad-reduce)
+    under tensor and pipeline parallelism too: "megatron-buckets" for ZeRO-0/1 there.
+    Under every overlapping rule what the last backward cannot hide stays exposed
     (`exposed_grad_sync`)."""
     if not getattr(cluster, "async_launch", True):
         return "none"
+    if runtime == "fused" and zero <= 1:
+        return "megatron-buckets"
     if zero >= 2:
         return "fsdp-units"
     if pp == 1 and tp == 1:
@@ -175,7 +180,7 @@ def exposed_grad_sync(rule, sync_s, latency_s, backward_s, last_unit_s=0.0, grad
     if rule == "none" or total <= 0:
         return total
     last = last_unit_s
-    if rule == "ddp-buckets" and grad_bytes > 0:
+    if rule in ("ddp-buckets", "megatron-buckets") and grad_bytes > 0:
         last = max(last, sync_s * min(1.0, DDP_BUCKET_BYTES / grad_bytes))
     last = min(sync_s, last) + latency_s
     return max(last, total - backward_s)

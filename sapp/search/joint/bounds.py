@@ -63,7 +63,7 @@ def profile_bound(ctx, cfg, prof):
         least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
         tmax = max(tmax, k * num.tblock + least_sends * c)
     gs = num.gs / p + num.lat
-    if overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp) != "none":
+    if overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime) != "none":
         gs = 0.0         # the runtime may hide all but its last bucket under backward
     if p == 1:
         return m * tot + gs

@@ -24,7 +24,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     if cfg.schedule == "interleaved" and cfg.v > 1:
         shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
-    rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp)
+    rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime)
     if rule != "none":
         for st, a, b in zip(stages, starts, ends):
             st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
