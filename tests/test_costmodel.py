@@ -269,11 +269,13 @@ def test_views_cost_only_their_dispatch():
 
 def test_search_prices_the_clusters_precision():
     from sapp.api import search
-    cpu = search("mlp-tiny", "cpu:gpus=2", global_batch=8)
+    # dp pinned: the gradients cross the wire (a free search may replicate this dispatch-bound model
+    # over tp=2 instead, which syncs no gradients at all)
+    cpu = search("mlp-tiny", "cpu:gpus=2", global_batch=8, constraints={"dp": 2})
     assert cpu["settings"]["precision"] == "fp32"
     gpu = search("mlp-tiny", "a100-80g:gpus=2", global_batch=8)
     assert gpu["settings"]["precision"] == "bf16-mixed"
-    forced = search("mlp-tiny", "cpu:gpus=2", global_batch=8, precision="bf16-mixed")
+    forced = search("mlp-tiny", "cpu:gpus=2", global_batch=8, precision="bf16-mixed", constraints={"dp": 2})
     assert forced["settings"]["precision"] == "bf16-mixed"
     assert forced["predicted"]["comm_s"] < cpu["predicted"]["comm_s"]        # 2-byte gradients on the wire
 

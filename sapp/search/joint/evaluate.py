@@ -35,7 +35,8 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     # the optimizer update runs after the last backward on every stage; the slowest one counts.
     # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
     # (FSDP2) and tensor parallelism hold every tensor as a sharded DTensor.
-    sharded = cfg.zero >= 2 or cfg.tp > 1
+    # (a tp level that shards nothing leaves plain parameters: fused Adam, as the emitter runs it)
+    sharded = cfg.zero >= 2 or (cfg.tp > 1 and tp_shards(prof))
     opt_s = max(optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctx.cluster, ctx.settings,
                                     tensors=s.param_tensors / (cfg.dp_cp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
@@ -158,3 +159,14 @@ def _pinned_starts(ctx, ev, p):
     if not all(ev.seg(i, a, b)[1] for i, (a, b) in enumerate(zip(starts, ends))):
         return None
     return starts
+
+
+def tp_shards(prof):
+    """Whether the profile's tp level splits any operator (cached on the profile)."""
+    got = getattr(prof, "_tp_shards", None)
+    if got is None:
+        roles = tuple(prof.roles or ())
+        ti = roles.index("tp") if "tp" in roles else None
+        got = ti is not None and any(len(s) > ti and s[ti] is not None for s in prof.strategies.values())
+        prof._tp_shards = got
+    return got

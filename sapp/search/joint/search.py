@@ -48,12 +48,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best, evaluated, pruned = None, 0, 0
     feasible_seen = []
     infeasible = []
-    idle_tp = []               # tp > 1 whose layout shards nothing: evaluated only if nothing else fits
-    while heap or (best is None and idle_tp):
-        if not heap:
-            heap, idle_tp = idle_tp, []
-            heapq.heapify(heap)
-            continue
+    while heap:
         lb, phase, _, i = heapq.heappop(heap)
         cfg = ranked[i][2]
         if best is not None and not exhaustive and lb > best.step_time_s:
@@ -61,14 +56,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             break
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
         if phase == 0 and not exhaustive:
-            item = (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i)
-            if cfg.tp > 1 and cons.tp is None and not _tp_shards(prof):
-                # every tp rank would compute the whole model on the same data: the devices are
-                # better used for data parallelism (and the replicated tp level prices no DTensor
-                # work the emitter would not do) - kept only for when nothing else fits
-                idle_tp.append(item)
-                continue
-            heapq.heappush(heap, item)
+            heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
         if not exhaustive and memory_infeasible(ctx, cfg, prof):
             pruned += 1
@@ -103,17 +91,6 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best.notes = notes(ctx, best)
     best.alternatives = _alternatives(best, feasible_seen)
     return best
-
-
-def _tp_shards(prof):
-    """Whether the profile's tp level splits any operator (cached on the profile)."""
-    got = getattr(prof, "_tp_shards", None)
-    if got is None:
-        roles = tuple(prof.roles or ())
-        ti = roles.index("tp") if "tp" in roles else None
-        got = ti is not None and any(len(s) > ti and s[ti] is not None for s in prof.strategies.values())
-        prof._tp_shards = got
-    return got
 
 
 def _alternatives(best, seen, k=5):
