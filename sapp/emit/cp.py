@@ -156,18 +156,12 @@ class CPProgram(Program):
     def dp_rank(self) -> int:
         return self.coords[1] // self.cp
 
-    def shard(self, *tensors):
-        out = []
-        for t in tensors:
-            if isinstance(t, (tuple, list)):
-                out.append(type(t)(self.shard(*t)) if len(t) != 1 else (self.shard(t[0]),))
-                continue
-            b = t.shape[0]
-            if b % self.dp_only:
-                raise PlanError(f"global batch {b} does not divide over dp={self.dp_only}; use a multiple of {self.dp_only}")
-            n = b // self.dp_only
-            out.append(self.shard_tokens(t[self.dp_rank * n:(self.dp_rank + 1) * n]))
-        return out[0] if len(out) == 1 else tuple(out)
+    @property
+    def data_ranks(self) -> int:
+        return self.dp_only
+
+    def _local(self, rows):
+        return self.shard_tokens(rows)
 
     def shard_tokens(self, *tensors):
         """This cp rank's tokens (load-balanced chunks) of [batch, seq, ...] tensors already cut to

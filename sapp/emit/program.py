@@ -64,12 +64,21 @@ class Program:
             if isinstance(t, (tuple, list)):
                 out.append(type(t)(self.shard(*t)) if len(t) != 1 else (self.shard(t[0]),))
                 continue
-            b = t.shape[0]
-            if b % self.dp:
-                raise PlanError(f"global batch {b} does not divide over dp={self.dp}; use a multiple of {self.dp}")
-            n = b // self.dp
-            out.append(t[self.dp_rank * n:(self.dp_rank + 1) * n])
+            b, d = t.shape[0], self.data_ranks
+            if b % d:
+                raise PlanError(f"global batch {b} does not divide over dp={d}; use a multiple of {d}")
+            n = b // d
+            out.append(self._local(t[self.dp_rank * n:(self.dp_rank + 1) * n]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks the global batch's rows are split over (context parallelism splits tokens instead)."""
+        return self.dp
+
+    def _local(self, rows):
+        """This rank's part of its rows (all of them; sapp/emit/cp.py keeps its tokens)."""
+        return rows
 
     @property
     def module(self):
