@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
-from ...pipeline.partition import chunk_counts, partition_counts
+from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
 from ...pipeline.schedule import step_time
-from .result import JointResult
 from .partition_bound import partition_bounded
+from .result import JointResult
 from .stage import StageEvaluator
 
 
@@ -136,6 +136,8 @@ def _partition(ctx, ev, cfg, exact):
         return _starts_from_counts(units, [k * step for k in counts])
     cut = [u.cut_before for u in units]
     cut[0] = False
+    if exact:          # the reference: the plain O(p n^2) program
+        return partition_dp(n, p, [True] + cut[1:], ev.seg)[0]
     # the plain program's starts, pricing only the segments its bounds leave able to matter
     return partition_bounded(ev, n, p, [True] + cut[1:])
 
