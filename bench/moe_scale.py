@@ -58,8 +58,8 @@ def main(argv=None):
     print(f"capture {cap_s:.1f} s; search (joint + plan), median of {len(cpu)}: {med:.2f} s CPU "
           f"[min {min(cpu):.2f}, max {max(cpu):.2f}], {statistics.median(wall):.2f} s wall; "
           f"target <= {TARGET_S:.0f} s: {'met' if med <= TARGET_S else 'NOT met'}")
-    print(f"configs {st['configs']}  evaluated {st['evaluated']}  pruned {st['pruned']}  profiles {st['profiles']}  "
-          f"sharding searches {st['searches']}")
+    print(f"configs {st['configs']}  evaluated {st['evaluated']}  pruned {st['pruned']}  "
+          f"profiles {st['profiles']}  sharding searches {st['searches']}")
     par, pipe, pr = plan["parallel"], plan["pipeline"], plan["predicted"]
     print(f"plan: dp={par['dp']} tp={par['tp']} pp={par['pp']} ep={par.get('ep', 1)} {pipe['schedule']} "
           f"m={pipe['micro_batches']} mbs={pipe.get('micro_batch_size')} zero={plan['zero']} "

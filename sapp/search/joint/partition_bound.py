@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+from ...pipeline.partition import partition_dp
 from ...recompute.solver import POLICIES
 from .numbers import gathered_params
 
@@ -44,6 +45,8 @@ def partition_bounded(ev, n, p, cut_before):
     """Starts of the stages (list of p unit indices) or None: what
     `partition_dp(n, p, cut_before, ev.seg)[0]` returns, for p > 1."""
     tab = _floor_tables(ev)
+    if not tab["tmono"]:
+        return partition_dp(n, p, cut_before, ev.seg)[0]
     Tt = tab["t"]
     sc = [ev.sends(i) * ev.c for i in range(p)]
     lb = (Tt[n] - Tt[0] + sum(sc)) / p
@@ -68,24 +71,27 @@ def partition_bounded(ev, n, p, cut_before):
 
 
 def _floor_tables(ev):
-    """Prefix sums the bounds read: unit time (the evaluator's own table, so `tfloor` is seg's exact
-    starting expression); per unit, the states less the accumulators a stage may free before its
-    peak plus FSDP2 ZeRO-2's gathered parameters (`numbers.gathered_params`, a sum over the stage's
-    units); the least activations over the allowed choices.  `mono`: every unit adds >= 0 to the
-    memory floor, so a longer segment's floor is never lower (the loops may stop early)."""
+    """Prefix sums the bounds read: unit time (accumulated as the evaluator's own table, so `tfloor`
+    is seg's exact starting expression); per unit, the states less the accumulators a stage may free
+    before its peak plus FSDP2 ZeRO-2's gathered parameters (`numbers.gathered_params`, a sum over
+    the stage's units); the least activations over the allowed choices.  `mono`: every unit adds
+    >= 0 to the memory floor, so a longer segment's floor is never lower (the loops may stop early);
+    `tmono`: every unit time >= 0 (the time floor grows with the segment; otherwise the plain
+    program runs)."""
     tab = ev.__dict__.get("_pb_tab")
     if tab is not None:
         return tab
-    T = ev._tab if ev._tab is not None else ev._tables()
     num, cfg = ev.num, ev.cfg
-    mem, act, mono = [0.0], [0.0], True
+    tt, mem, act, mono = [0.0], [0.0], [0.0], True
+    tmono = all(x >= 0 for x in num.t)
     for j, u in enumerate(ev.units):
+        tt.append(tt[-1] + num.t[j])       # built as seg's own prefix table: the same floats
         x = num.states[j] - num.gacc[j] + gathered_params([u], [num.pbytes[j]], cfg)
         a = min(num.act[j][POLICIES.index(pol)] for pol in ev.allowed(u))
         mono = mono and x >= 0 and a >= 0
         mem.append(mem[-1] + x)
         act.append(act[-1] + a)
-    tab = ev._pb_tab = {"t": T["t"], "mem": mem, "act": act, "mono": mono}
+    tab = ev._pb_tab = {"t": tt, "mem": mem, "act": act, "mono": mono, "tmono": tmono}
     return tab
 
 
