@@ -45,19 +45,20 @@ def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
 
 
 # Megatron-LM repository, H100 weak scaling (Megatron-Core, seq 4096, vocab 131072, DP 48, bf16).
-# The table gives only sizes; the shapes are ours, fitted to the names with Megatron's GPT conventions
-# (ffn 4h, head dim 128, untied 131072 vocabulary): 177B is GPT-3 175B's shape (l96 h12288) and 314B
-# the 2021 paper's 310B shape (l96 h16384) once the untied 131072 vocabulary is added; the others are
-# the (l, h) with l a multiple of PP closest to the name.  Parameter counts (zoo formula):
-# 1.74B 7.11B 16.1B 32.7B 69.8B 119B 177B 314B 461B.  Micro-batch 1, distributed optimizer (ZeRO-1).
+# Shapes (heads, hidden, layers) as the README's model table prints them (images/model_table.png in
+# NVIDIA/Megatron-LM, July 2024), with Megatron's GPT conventions for the rest: ffn 4h, untied 131072
+# vocabulary.  Parameters (REFERENCE §2 formula + the untied output layer): 1.75B 7.13B 16.1B
+# 31.5B 69.8B 118.5B 177B 314B 462B.
+# Micro-batch 1, distributed optimizer (ZeRO-1).  The table does not give the interleaving depth: the
+# search chooses it.
 _MEGATRON_H100 = [
     # name, l, h, a, tp, pp, global batch, TF/GPU
     ("1.7B", 24, 2048, 16, 1, 1, 192, 408.8),
     ("7.1B", 30, 4096, 32, 2, 1, 192, 465.9),
     ("16B", 32, 6144, 48, 4, 1, 192, 489.1),
-    ("32B", 38, 8192, 64, 8, 1, 192, 459.6),
+    ("32B", 48, 7168, 56, 8, 1, 192, 459.6),
     ("70B", 84, 8192, 64, 8, 2, 384, 419.7),
-    ("119B", 64, 12288, 96, 8, 4, 768, 420.5),
+    ("119B", 92, 10240, 80, 8, 4, 768, 420.5),
     ("177B", 96, 12288, 96, 8, 6, 1152, 432.8),
     ("314B", 96, 16384, 128, 8, 8, 1536, 474.4),
     ("462B", 112, 18432, 144, 8, 16, 3072, 459.9),
@@ -72,7 +73,7 @@ for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
         {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {})},
         "tf_per_gpu_model", _tf,
         "Megatron-LM README (REFERENCE.md §5)", needs="sp" if _t > 1 else "",
-        note="shape derived (see bench/published.py)"))
+        note="shape from the README's model table"))
 
 # Korthikanti et al. 2022, Table 4: one 22B layer (h6144 a64 s2048, micro-batch 4) at t=8 on A100.
 _K22 = gpt_shape(1, 6144, 64, 51200, 2048, attn="eager")
