@@ -112,3 +112,34 @@ def test_flash_attention_runs_at_the_published_rate():
     c = node_cost(node, (None,) * len(mesh.levels), mesh, cl, FUSED)
     assert c.fwd_s == pytest.approx(0.5 * node.flops / 518e12, rel=1e-9)
     assert c.bwd_s == pytest.approx(2.5 * 0.5 * node.flops / 499e12, rel=1e-9)
+
+
+class LMHead(nn.Module):
+    def __init__(self, h, v):
+        super().__init__()
+        self.out = nn.Linear(h, v, bias=False)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.out(x), y)
+
+
+def test_fused_runtime_prices_megatrons_fp32_cross_entropy():
+    """Megatron-Core's vocab-parallel cross entropy casts the bf16 logits to fp32 and keeps the fp32
+    softmax for backward: the loss reads T·V·2 B, writes and reads the fp32 copy (T·V·8 B), and saves
+    T·V·4 B.  T=64 tokens, V=1000."""
+    from sapp.costmodel.memory import saved_items
+    T, V = 64, 1000
+    g = capture(LMHead(32, V), (torch.randn(T, 32), torch.randint(0, V, (T,))), batch=T)
+    ensure_widths(g)
+    loss = next(nd for nd in g.nodes.values() if nd.kind == "loss")
+    mesh = Mesh.for_devices(Cluster(gpus_per_node=1), 1)
+    st = (None,) * len(mesh.levels)
+    cl = dataclasses.replace(H100, op_overhead=0.0)
+    c = node_cost(loss, st, mesh, cl, FUSED)
+    fwd_bytes = T * V * (2 + 2 * 4) + T * 8 + 2        # logits in, fp32 copy out and in; ids; scalar
+    assert c.fwd_s == pytest.approx(fwd_bytes / (3.35e12 * 0.8), rel=1e-9)
+    saved = dict(saved_items(loss, st, mesh, FUSED))
+    assert sum(saved.values()) == pytest.approx(T * V * 4 + T * 8)
+    # eager autocast prices the same cast (CUDA's autocast runs the loss in fp32 too)
+    eager = dict(saved_items(loss, st, mesh, CostSettings()))
+    assert sum(eager.values()) == pytest.approx(T * V * 4 + T * 8)
