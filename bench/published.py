@@ -105,26 +105,27 @@ configuration priced as torch eager under autocast, to show what the profile cha
 is what sapp's free search picks for the same model, cluster and batch.  "[needs sp]": the run used
 sequence parallelism, pinned on here (2021 rows and Korthikanti's baseline / full-recompute rows pin it
 off; 2021 rows pin ZeRO 0: no distributed optimizer then); the interleaving depth is left to the search
-where the source does not give it.  The weak-scaling shapes
-are derived (see `_MEGATRON_H100` in bench/published.py); Korthikanti Table 4 is one layer
-(the 2-layer run minus the 1-layer run, forward + backward per micro-batch).
+where the source does not give it.  The weak-scaling shapes (heads, hidden, layers) are the README's
+model table's; Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward +
+backward per micro-batch).
+
+Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"; one model for every
+row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
+the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
+scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
+backward, FlashAttention-3 paper), and the fused profile's loss in fp32 as Megatron-Core's vocab-parallel
+cross entropy runs it.
 
 Where it misses, and why (from the breakdown column; no row is corrected):
-- Weak scaling at t=4 and t=8 with p <= 2 (16B, 32B, 70B) is predicted too slow: sapp prices the
-  data-parallel gradient reduce-scatter / parameter all-gather (0.37-0.42 s) and the TP all-reduces
-  (0.12-0.47 s) fully exposed (`grad_sync_overlap=0`, no TP comm overlap), while Megatron-Core overlaps
-  them with compute (`--overlap-grad-reduce`, `--overlap-param-gather`, TP comm overlap).  Without the
-  DP term the 32B step would be 0.89 s against the published 0.92 s.  Pricing that overlap is the
-  "Overlap" item of issue 15, not in this table's runtime profile.  Sequence parallelism, which these
-  runs also used, moves the same bytes as the all-reduce and would not close this gap.
-- 1.7B is predicted too fast (+13%): the roofline runs every GEMM at 80% of peak; h=2048 GEMMs and
-  flash attention at head dim 128 reach less on an H100.  A GEMM efficiency by size (measured by
-  `sapp calibrate`) is the fix, not a per-row factor.
-- Megatron 2021 Table 2 (A100, 2021 kernels) is predicted 7-17% too fast with the fused profile and
-  10-23% too slow with the eager one: those runs had fused softmax / bias-GeLU kernels but no flash
-  attention and fp16 activations, between the two profiles, and the same flat GEMM efficiency.
+- Weak scaling 16B (t=4) and 32B (t=8) at p=1 are predicted too slow: the sequence-parallel
+  all-gathers / reduce-scatters of the TP group (0.14 s and 0.30 s a step) are priced exposed, while
+  the published runs overlap them with the GEMMs (`--tp-comm-overlap`).  With that term hidden the
+  two rows would be -6.6% and -1.7%.  TP communication overlap is not in this table's runtime
+  profile (issue 15's "Overlap" item); the DP gradient sync with 4 micro-batches overlaps only the
+  last micro-batch's backward, as Megatron's `--overlap-grad-reduce` does.
+- The interleaving depth of the pinned weak-scaling rows is the search's (the README does not state
+  it); a shallower real v would lower the 70B-462B predictions by the extra bubble.
 """
-
 
 def _extra_rows():
     """Rows other engineers add from their own modules (absent modules are skipped)."""
