@@ -434,6 +434,8 @@ _ALIASES = {"gpus": "gpus_per_node", "per_node": "gpus_per_node", "memory": "dev
 # through Transformer Engine, bf16, head dim 128, sequence 4k, as FlashAttention-3's paper measures it
 # on an H100 SXM5 (Shah et al. 2024, arXiv 2407.08608, Fig. 5 causal forward: 518 TFLOP/s; Fig. 6
 # backward: 499 TFLOP/s) over the 989 TFLOP/s peak.  (FlashAttention-3 itself: 579 / 542.)
+# Every GPU preset prices dense GEMMs on the summed roofline (gemm_memory_overlap 0; docs/ARCHITECTURE.md
+# "Compute efficiency by kernel").
 _HOPPER_ATTENTION = {"attention_efficiency": 518 / 989, "attention_bwd_efficiency": 499 / 989, "gemm_memory_overlap": 0.0}
 
 PRESETS = {
@@ -457,7 +459,7 @@ PRESETS = {
                     **_HOPPER_ATTENTION),
     "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,
                         512e9, 100e9, 12e9, 1.5e12, precision="fp16-mixed",   # no bf16 units: fp16 + loss scaling
-                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
+                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3", gemm_memory_overlap=0.0),
     # One "device" per process on a CPU box, talking over gloo/loopback.  Rough figures for this 2-core
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,

@@ -36,6 +36,7 @@ def test_hopper_presets_carry_the_published_attention_figures():
     a100 = PRESETS["a100-80g"]
     assert kernel_efficiency("attention", True, a100) == a100.compute_efficiency
     assert PRESETS["cpu"].gemm_memory_overlap == 1.0
+    assert all(PRESETS[n].gemm_memory_overlap == 0.0 for n in ("a100-80g", "v100-32g", "h100-80g", "h800", "h200"))
 
 
 def test_summed_roofline_by_hand():
