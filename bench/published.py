@@ -45,19 +45,20 @@ def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
 
 
 # Megatron-LM repository, H100 weak scaling (Megatron-Core, seq 4096, vocab 131072, DP 48, bf16).
-# The table gives only sizes; the shapes are ours, fitted to the names with Megatron's GPT conventions
-# (ffn 4h, head dim 128, untied 131072 vocabulary): 177B is GPT-3 175B's shape (l96 h12288) and 314B
-# the 2021 paper's 310B shape (l96 h16384) once the untied 131072 vocabulary is added; the others are
-# the (l, h) with l a multiple of PP closest to the name.  Parameter counts (zoo formula):
-# 1.74B 7.11B 16.1B 32.7B 69.8B 119B 177B 314B 461B.  Micro-batch 1, distributed optimizer (ZeRO-1).
+# Shapes (heads, hidden, layers) as the README's model table prints them (images/model_table.png in
+# NVIDIA/Megatron-LM, July 2024), with Megatron's GPT conventions for the rest: ffn 4h, untied 131072
+# vocabulary.  Parameters (REFERENCE §2 formula + the untied output layer): 1.75B 7.13B 16.1B
+# 31.5B 69.8B 118.5B 177B 314B 462B.
+# Micro-batch 1, distributed optimizer (ZeRO-1).  The table does not give the interleaving depth: the
+# search chooses it.
 _MEGATRON_H100 = [
     # name, l, h, a, tp, pp, global batch, TF/GPU
     ("1.7B", 24, 2048, 16, 1, 1, 192, 408.8),
     ("7.1B", 30, 4096, 32, 2, 1, 192, 465.9),
     ("16B", 32, 6144, 48, 4, 1, 192, 489.1),
-    ("32B", 38, 8192, 64, 8, 1, 192, 459.6),
+    ("32B", 48, 7168, 56, 8, 1, 192, 459.6),
     ("70B", 84, 8192, 64, 8, 2, 384, 419.7),
-    ("119B", 64, 12288, 96, 8, 4, 768, 420.5),
+    ("119B", 92, 10240, 80, 8, 4, 768, 420.5),
     ("177B", 96, 12288, 96, 8, 6, 1152, 432.8),
     ("314B", 96, 16384, 128, 8, 8, 1536, 474.4),
     ("462B", 112, 18432, 144, 8, 16, 3072, 459.9),
@@ -72,7 +73,7 @@ for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
         {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {})},
         "tf_per_gpu_model", _tf,
         "Megatron-LM README (REFERENCE.md §5)", needs="sp" if _t > 1 else "",
-        note="shape derived (see bench/published.py)"))
+        note="shape from the README's model table"))
 
 # Korthikanti et al. 2022, Table 4: one 22B layer (h6144 a64 s2048, micro-batch 4) at t=8 on A100.
 _K22 = gpt_shape(1, 6144, 64, 51200, 2048, attn="eager")
@@ -104,26 +105,27 @@ configuration priced as torch eager under autocast, to show what the profile cha
 is what sapp's free search picks for the same model, cluster and batch.  "[needs sp]": the run used
 sequence parallelism, pinned on here (2021 rows and Korthikanti's baseline / full-recompute rows pin it
 off; 2021 rows pin ZeRO 0: no distributed optimizer then); the interleaving depth is left to the search
-where the source does not give it.  The weak-scaling shapes
-are derived (see `_MEGATRON_H100` in bench/published.py); Korthikanti Table 4 is one layer
-(the 2-layer run minus the 1-layer run, forward + backward per micro-batch).
+where the source does not give it.  The weak-scaling shapes (heads, hidden, layers) are the README's
+model table's; Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward +
+backward per micro-batch).
+
+Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"; one model for every
+row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
+the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
+scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
+backward, FlashAttention-3 paper), and the fused profile's loss in fp32 as Megatron-Core's vocab-parallel
+cross entropy runs it.
 
 Where it misses, and why (from the breakdown column; no row is corrected):
-- Weak scaling at t=4 and t=8 with p <= 2 (16B, 32B, 70B) is predicted too slow: sapp prices the
-  data-parallel gradient reduce-scatter / parameter all-gather (0.37-0.42 s) and the TP all-reduces
-  (0.12-0.47 s) fully exposed (`grad_sync_overlap=0`, no TP comm overlap), while Megatron-Core overlaps
-  them with compute (`--overlap-grad-reduce`, `--overlap-param-gather`, TP comm overlap).  Without the
-  DP term the 32B step would be 0.89 s against the published 0.92 s.  Pricing that overlap is the
-  "Overlap" item of issue 15, not in this table's runtime profile.  Sequence parallelism, which these
-  runs also used, moves the same bytes as the all-reduce and would not close this gap.
-- 1.7B is predicted too fast (+13%): the roofline runs every GEMM at 80% of peak; h=2048 GEMMs and
-  flash attention at head dim 128 reach less on an H100.  A GEMM efficiency by size (measured by
-  `sapp calibrate`) is the fix, not a per-row factor.
-- Megatron 2021 Table 2 (A100, 2021 kernels) is predicted 7-17% too fast with the fused profile and
-  10-23% too slow with the eager one: those runs had fused softmax / bias-GeLU kernels but no flash
-  attention and fp16 activations, between the two profiles, and the same flat GEMM efficiency.
+- Weak scaling 16B (t=4) and 32B (t=8) at p=1 are predicted too slow: the sequence-parallel
+  all-gathers / reduce-scatters of the TP group (0.14 s and 0.30 s a step) are priced exposed, while
+  the published runs overlap them with the GEMMs (`--tp-comm-overlap`).  With that term hidden the
+  two rows would be -6.6% and -1.7%.  TP communication overlap is not in this table's runtime
+  profile (issue 15's "Overlap" item); the DP gradient sync with 4 micro-batches overlaps only the
+  last micro-batch's backward, as Megatron's `--overlap-grad-reduce` does.
+- The interleaving depth of the pinned weak-scaling rows is the search's (the README does not state
+  it); a shallower real v would lower the 70B-462B predictions by the extra bubble.
 """
-
 
 def _extra_rows():
     """Rows other engineers add from their own modules (absent modules are skipped)."""

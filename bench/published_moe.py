@@ -1,5 +1,5 @@
 """Published MoE runs for bench/published.py's table (its ROWS registry imports this module's ROWS),
-and a standalone check: `python -m bench.published_moe` prices each row pinned to the published
+and a standalone check: `python -m bench.published_moe [--runtime fused|eager]` prices each row pinned to the published
 configuration and free, and prints predicted vs published TF/GPU.
 
 Megatron-Core's Mixtral-8x7B run (Megatron-LM MoE README, "Performance": 64 H100, TP1 EP8 PP4 with
@@ -48,27 +48,29 @@ def tf_per_gpu(plan) -> float:
     return plan["predicted"]["mfu"] * plan["cluster"]["peak_flops"] / 1e12
 
 
-def price(row):
-    """(pinned plan, free plan, seconds) for one row."""
+def price(row, runtime="fused"):
+    """(pinned plan, free plan, seconds) for one row, priced with `runtime` (bench/published.py's
+    default profile: Megatron-Core's fused kernels)."""
     import sapp.models as zoo
     from sapp.api import search
     from sapp.capture import capture
     model = zoo.get(row.model, **row.config)
     t0 = time.perf_counter()
     g = capture(model, batch=1)
-    pinned = search(model, row.cluster, global_batch=row.global_batch, graph=g, constraints=row.pins)
-    free = search(model, row.cluster, global_batch=row.global_batch, graph=g) if row.free else None
+    pinned = search(model, row.cluster, global_batch=row.global_batch, graph=g, constraints=row.pins, runtime=runtime)
+    free = search(model, row.cluster, global_batch=row.global_batch, graph=g, runtime=runtime) if row.free else None
     return pinned, free, time.perf_counter() - t0
 
 
 def main(argv=()):
     lo, hi = PUBLISHED_RANGE
+    runtime = argv[argv.index("--runtime") + 1] if "--runtime" in argv else "fused"
     ok = True
     for row in ROWS:
-        pinned, free, s = price(row)
+        pinned, free, s = price(row, runtime)
         tp = tf_per_gpu(pinned)
         err = tp / row.published - 1
-        print(f"{row.name}: published {lo:.0f}-{hi:.0f} TF/GPU; pinned {tp:.1f} TF/GPU ({100 * err:+.1f}% vs "
+        print(f"{row.name} ({runtime} runtime): published {lo:.0f}-{hi:.0f} TF/GPU; pinned {tp:.1f} TF/GPU ({100 * err:+.1f}% vs "
               f"{row.published:.0f}), step {pinned['predicted']['step_time_s']:.3f} s, peak "
               f"{pinned['predicted']['peak_memory_bytes'] / 1e9:.1f} GB")
         ok &= abs(err) <= TOLERANCE

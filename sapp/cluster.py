@@ -27,6 +27,8 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
                  "fsdp_unit_overhead", "fsdp_tensor_overhead")
+# fractions of peak where 0 means "as compute_efficiency" (fields added after the first presets)
+_OPTIONAL_FRACTIONS = ("attention_efficiency", "attention_bwd_efficiency", "gemm_memory_overlap")
 _BOOLS = ("async_launch", "fused_dropout")
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
@@ -113,6 +115,17 @@ class Cluster:
     # (input * empty_like(input).bernoulli_(1 - p).div_(1 - p)) and keeps that scaled noise, a tensor
     # of the input's dtype: 4 bytes per element in fp32.
     fused_dropout: bool = True
+    # Fraction of peak a fused attention kernel (SDPA / flash attention: the graph's "attention" op)
+    # reaches in forward and in backward, counting FLOPs as costmodel.nodes.time_flops does (a causal
+    # kernel's half of the scores; backward 2.5x the forward) - the convention of the FlashAttention
+    # benchmarks.  Attention kernels interleave two GEMMs with an online softmax and reach less than a
+    # large GEMM.  0 = compute_efficiency (the datasheet presets without a published figure).
+    attention_efficiency: float = 0.0
+    attention_bwd_efficiency: float = 0.0
+    # How much of a dense GEMM's memory traffic (operands and output at the memory efficiency) hides
+    # behind its arithmetic (at compute_efficiency): 1 = all of it, the plain roofline's max (a
+    # calibrated machine whose efficiencies already fold it in); 0 = none, the sum of the two times.
+    gemm_memory_overlap: float = 1.0
 
     def __post_init__(self):
         # JSON and dataclasses.replace hand curves over as lists: keep them hashable tuples
@@ -162,6 +175,10 @@ class Cluster:
             v = getattr(self, key)
             if not _is_number(v) or not 0 < v <= 1:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be in (0, 1], got {v!r}")
+        for key in _OPTIONAL_FRACTIONS:
+            v = getattr(self, key)
+            if not _is_number(v) or not 0 <= v <= 1:
+                raise ClusterError(f"cluster {self.name!r}: {key} must be in [0, 1] (0 = as compute_efficiency), got {v!r}")
         if not isinstance(self.name, str):
             raise ClusterError(f"cluster name must be a string, got {self.name!r}")
         if self.precision not in PRECISIONS:
@@ -413,24 +430,36 @@ def _to_float(v, key):
 
 _ALIASES = {"gpus": "gpus_per_node", "per_node": "gpus_per_node", "memory": "device_memory", "flops": "peak_flops"}
 
+# Fused attention on Hopper (H100 / H800 / H200: the same SMs): the cuDNN kernel Megatron-Core runs
+# through Transformer Engine, bf16, head dim 128, sequence 4k, as FlashAttention-3's paper measures it
+# on an H100 SXM5 (Shah et al. 2024, arXiv 2407.08608, Fig. 5 causal forward: 518 TFLOP/s; Fig. 6
+# backward: 499 TFLOP/s) over the 989 TFLOP/s peak.  (FlashAttention-3 itself: 579 / 542.)
+# Every GPU preset prices dense GEMMs on the summed roofline (gemm_memory_overlap 0; docs/ARCHITECTURE.md
+# "Compute efficiency by kernel").
+_HOPPER_ATTENTION = {"attention_efficiency": 518 / 989, "attention_bwd_efficiency": 499 / 989, "gemm_memory_overlap": 0.0}
+
 PRESETS = {
     # REFERENCE.md section 3 (dense bf16).  inter_bw = node NIC bandwidth / devices per node.
     "a100-80g": Cluster("a100-80g", 1, 8, 312e12, 80e9, 2.0e12, 300e9, 5e-6, 25e9, 10e-6,
-                        1e12, 200e9, 25e9, 3e12, notes="A100 SXM 80GB, NVLink3, 8x200Gb/s IB, PCIe Gen4"),
+                        1e12, 200e9, 25e9, 3e12, notes="A100 SXM 80GB, NVLink3, 8x200Gb/s IB, PCIe Gen4",
+                        gemm_memory_overlap=0.0),
     "h100-80g": Cluster("h100-80g", 1, 8, 989e12, 80e9, 3.35e12, 450e9, 5e-6, 50e9, 10e-6,
-                        2e12, 400e9, 50e9, 4e12, notes="H100 SXM 80GB, NVLink4, 8x400Gb/s IB, PCIe Gen5"),
+                        2e12, 400e9, 50e9, 4e12, notes="H100 SXM 80GB, NVLink4, 8x400Gb/s IB, PCIe Gen5",
+                        **_HOPPER_ATTENTION),
     # H800 (the export-control H100 DeepSeek-V3 trained on): H100 SXM compute and memory (989 dense
     # bf16 TFLOP/s, 80 GB HBM3, 3.35 TB/s) with NVLink cut to 400 GB/s bidirectional, i.e. 200 GB/s a
     # direction on the convention of h100-80g's 450 (= 900 / 2); DeepSeek-V3's report (arXiv
     # 2412.19437, section 3.2.2) measures ~160 GB/s achievable over NVLink and 50 GB/s per GPU over
     # IB: 8 x 400 Gb/s InfiniBand NICs a node, one per GPU (inter_bw = 400 Gb/s = 50 GB/s a GPU).
     "h800": Cluster("h800", 1, 8, 989e12, 80e9, 3.35e12, 200e9, 5e-6, 50e9, 10e-6,
-                    2e12, 400e9, 50e9, 4e12, notes="H800 SXM 80GB, NVLink 400GB/s, 8x400Gb/s IB, PCIe Gen5"),
+                    2e12, 400e9, 50e9, 4e12, notes="H800 SXM 80GB, NVLink 400GB/s, 8x400Gb/s IB, PCIe Gen5",
+                    **_HOPPER_ATTENTION),
     "h200": Cluster("h200", 1, 8, 989e12, 141e9, 4.8e12, 450e9, 5e-6, 50e9, 10e-6,
-                    2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5"),
+                    2e12, 400e9, 50e9, 4e12, notes="H200 141GB, NVLink4, 8x400Gb/s, PCIe Gen5",
+                    **_HOPPER_ATTENTION),
     "v100-32g": Cluster("v100-32g", 1, 8, 125e12, 32e9, 0.9e12, 150e9, 5e-6, 6.25e9, 10e-6,
                         512e9, 100e9, 12e9, 1.5e12, precision="fp16-mixed",   # no bf16 units: fp16 + loss scaling
-                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3"),
+                        notes="V100 SXM2 32GB (DGX-1), NVLink2, 4x100Gb/s IB, PCIe Gen3", gemm_memory_overlap=0.0),
     # One "device" per process on a CPU box, talking over gloo/loopback.  Rough figures for this 2-core
     # machine; `sapp calibrate` measures real ones.
     "cpu": Cluster("cpu", 1, 2, 50e9, 8e9, 10e9, 2e9, 50e-6, 2e9, 50e-6,

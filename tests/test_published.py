@@ -38,3 +38,14 @@ def test_korthikanti_layer_time_within_ten_percent():
     got = published.price(row, CostSettings(runtime="fused"), {})
     assert not got.error
     assert abs(got.value / row.published - 1) <= 0.10, got.value
+
+
+def test_weak_scaling_shapes_match_the_readme_sizes():
+    """The (l, h) of each H100 weak-scaling row give the size the README names it by: REFERENCE §2's
+    GPT parameter count plus the untied 131072 x h output layer, within 3.5% (names of two or three
+    significant figures: 1.7B is 1.754e9 by this count, 1.745e9 without learned positions)."""
+    for name, l, h, a, *_ in published._MEGATRON_H100:
+        V, s = 131072, 4096
+        n = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h)) + V * h
+        assert n / (float(name.rstrip("B")) * 1e9) == pytest.approx(1.0, abs=0.035), name
+        assert h % a == 0 and h // a == 128, name          # head dim 128 in every row

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..errors import SappError
 from .dtypes import fusion_of, operand_bytes, out_bytes
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
-from .primitives import compute_time, model_state_bytes, op_floor
+from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -21,6 +21,9 @@ MATMUL_LIKE = ("matmul", "conv", "attention", "embedding")
 # count).  A causal kernel skips the key blocks above the diagonal: it runs about half the score
 # FLOPs in both passes.  Model FLOPs (MFU) keep counting the whole s², as Megatron's formula does.
 ATTENTION_BWD = 2.5
+# Dense GEMM kernels (cuBLAS / cuDNN): their time follows the cluster's GEMM roofline
+# (`Cluster.gemm_memory_overlap`).  A fused attention kernel has its own measured efficiency instead.
+GEMM_KINDS = ("matmul", "conv")
 CAUSAL_WORK = 0.5
 
 
@@ -182,9 +185,12 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     ff, fb = time_flops(node, flops)
     # a node fused into its consumer's kernel launches nothing of its own
     own = 0 if settings.fused and fusion_of(node)[1] else 1
-    c.fwd_s = compute_time(ff, nbytes, cluster, own * launches_of(node.kind, False, async_launch), randoms, floor_f)
+    ov = getattr(cluster, "gemm_memory_overlap", 1.0) if node.kind in GEMM_KINDS else 1.0
+    c.fwd_s = compute_time(ff, nbytes, cluster, own * launches_of(node.kind, False, async_launch), randoms, floor_f,
+                           efficiency=kernel_efficiency(node.kind, False, cluster), overlap=ov)
     c.bwd_s = compute_time(fb, 2 * nbytes, cluster,
-                           own * launches_of(node.kind, True, async_launch), floor=floor_b)
+                           own * launches_of(node.kind, True, async_launch), floor=floor_b,
+                           efficiency=kernel_efficiency(node.kind, True, cluster), overlap=ov)
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:

@@ -12,7 +12,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"
 
 
 def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, randoms: float = 0.0,
-                 floor: float = 0.0) -> float:
+                 floor: float = 0.0, efficiency: float = 0.0, overlap: float = 1.0) -> float:
     """Roofline: the slower of the arithmetic, the memory traffic (at the cluster's efficiencies)
     and the drawing of `randoms` random numbers (`cluster.rng_rate`, e.g. a dropout mask), plus the
     host dispatch of `launches` operator launches (`cluster.op_overhead` each).
@@ -25,10 +25,15 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
         cost additive over operators, which the searches need;
       - serial (CPU eager): the thread that dispatches the op then computes it: roofline + dispatch.
     `floor`: seconds the op takes at least before dispatch (a measured element rate, `op_floor`).
+    `efficiency`: the fraction of peak this kernel's arithmetic reaches (`kernel_efficiency`); 0 =
+    the cluster's compute_efficiency.
     The result is scaled by `cluster.compute_scale` (measured framework overhead, 1 by default)."""
-    t_c = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops > 0 else 0.0
+    eff = efficiency if efficiency > 0 else cluster.compute_efficiency
+    t_c = flops / (cluster.peak_flops * eff) if flops > 0 else 0.0
     t_m = nbytes / stream_bandwidth(nbytes, cluster) if nbytes > 0 else 0.0
-    t = t_c if t_c > t_m else t_m
+    # `overlap`: the share of the shorter of the two limits hidden behind the longer (1 = the plain
+    # roofline's max; 0 = their sum: `gemm_time_overlap`)
+    t = (t_c if t_c > t_m else t_m) + (1.0 - overlap) * (t_m if t_c > t_m else t_c)
     if randoms > 0:
         rate = curve_rate(getattr(cluster, "rng_curve", ()), randoms, getattr(cluster, "rng_rate", float("inf")))
         t = max(t, randoms / rate)
@@ -42,6 +47,18 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
         else:
             t = t + host
     return t * getattr(cluster, "compute_scale", 1.0)
+
+
+def kernel_efficiency(kind: str, backward: bool, cluster) -> float:
+    """Fraction of peak the arithmetic of an op of `kind` reaches: a fused attention kernel its
+    measured figure (`Cluster.attention_efficiency` / `attention_bwd_efficiency`, 0 = unset), every
+    other op the cluster's compute_efficiency.  Never above compute_efficiency for the presets, so the
+    joint search's analytic bound (work at compute_efficiency) stays a lower bound."""
+    if kind == "attention":
+        e = getattr(cluster, "attention_bwd_efficiency" if backward else "attention_efficiency", 0.0) or 0.0
+        if e > 0:
+            return e
+    return cluster.compute_efficiency
 
 
 def stream_bandwidth(nbytes: float, cluster) -> float:

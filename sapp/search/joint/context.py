@@ -31,7 +31,10 @@ class SearchContext:
         per = sum(sum(time_flops(n, n.flops)) for n in graph.nodes.values())
         # (x compute_scale: every operator's time is scaled by it, and a calibrated scale < 1 would
         # otherwise put the bound above the real time and prune the optimum)
-        self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * cluster.compute_efficiency)
+        # (at the fastest kernel efficiency the cluster names, so a bound stays below every op's time)
+        eff = max(cluster.compute_efficiency, getattr(cluster, "attention_efficiency", 0.0),
+                  getattr(cluster, "attention_bwd_efficiency", 0.0))
+        self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * eff)
                                 * getattr(cluster, "compute_scale", 1.0))
         self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
         self.policy_pins = {b: cons.recompute_policy(b) for b in self.block_names} if cons.recompute is not None else {}
