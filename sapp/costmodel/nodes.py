@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..errors import SappError
 from .dtypes import fusion_of, operand_bytes, out_bytes
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
-from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor
+from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor, sparse_table_state_bytes
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -204,13 +204,15 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
             c.param_bytes += numel * settings.weight_bytes
             continue
         n, link = grad_sync_group(strategy, mesh, o.dims)
-        st = model_state_bytes(numel, n, settings.zero, settings)
+        sp = sparse_gradient(node, f)
+        # a sparse table stays whole (outside ZeRO) with a gradient of the rows its batch touched
+        st = (sparse_table_state_bytes(numel, sp, 1.0, settings) if sp is not None
+              else model_state_bytes(numel, n, settings.zero, settings))
         c.param_bytes += st["params"]
         c.grad_bytes += st["grads"]
         c.optimizer_bytes += st["optimizer"]
         if n > 1:
             # the bandwidth parts only: a bucket's latency is paid once per stage (costmodel.gradsync)
-            sp = sparse_gradient(node, f)
             if sp is not None:
                 sync, ag = sparse_sync_time(numel, n, link, sp, 1.0, cluster, settings), 0.0
             else:

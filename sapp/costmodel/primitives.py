@@ -169,6 +169,18 @@ def flat_allreduce_staging_time(nbytes: float, cluster) -> float:
     return 3.0 * 2.0 * nbytes / (cluster.mem_bandwidth * cluster.memory_efficiency)
 
 
+def sparse_table_state_bytes(n_params: float, sparse, samples: float, settings) -> dict:
+    """Per-device bytes of a sparse-gradient embedding table (nn.Embedding(sparse=True)) kept on the
+    device: the emitter keeps it out of DDP/FSDP/ZeRO (they take no sparse gradients; emit.sparse), so
+    weights and SparseAdam's dense moments are whole at every ZeRO stage, and its gradient is the rows
+    `samples` samples touch (values + int64 row indices), never more than the dense table.
+    `sparse`: (elements, rows) of gradient per sample (gradsync.sparse_gradient)."""
+    elems, rows = sparse
+    grads = min(n_params * settings.grad_bytes, samples * (elems * settings.grad_bytes + rows * 8))
+    return {"params": settings.weight_bytes * n_params, "grads": grads,
+            "optimizer": settings.optimizer_bytes * n_params}
+
+
 def model_state_bytes(n_params: float, dp: int, zero: int, settings) -> dict:
     """Per-device bytes of weights, gradients and optimizer state for `n_params` (already divided by
     tensor sharding) when the gradient-sync group has `dp` ranks and ZeRO stage `zero` is used."""

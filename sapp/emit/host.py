@@ -239,7 +239,7 @@ class OffloadAdam(torch.optim.Optimizer):
     reducers own .grad)."""
 
     def __init__(self, params, lr=1e-3, *, kind="adam", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 stream_grads=False, stats: HostStats | None = None):
+                 stream_grads=False, stats: HostStats | None = None, sparse_ids=frozenset()):
         params = [p for p in params if p.requires_grad]
         super().__init__(params, dict(lr=lr))
         self.stats = stats or HostStats()
@@ -254,11 +254,16 @@ class OffloadAdam(torch.optim.Optimizer):
         # (its local shard, with the parameter's placements, so checkpoints reshard it over tp): the fused
         # kernel refuses a mix of DTensors and plain tensors, so those run in their own param group on
         # torch's per-tensor loop, as emit runs DTensor parameters everywhere else.
-        plain = [m for m in self.masters if not hasattr(m, "placements")]
-        dtensors = [m for m in self.masters if hasattr(m, "placements")]
+        # sparse-gradient tables (nn.Embedding(sparse=True)): their masters take SparseAdam (lazy Adam,
+        # the same dense moments), which Adam's kernels refuse
+        sparse = [m for m, p in zip(self.masters, params) if id(p) in sparse_ids]
+        self.inner_sparse = torch.optim.SparseAdam(sparse, lr=lr, betas=betas, eps=eps) if sparse else None
+        rest = [m for m, p in zip(self.masters, params) if id(p) not in sparse_ids]
+        plain = [m for m in rest if not hasattr(m, "placements")]
+        dtensors = [m for m in rest if hasattr(m, "placements")]
         groups = ([{"params": plain, "fused": True}] if plain else []) + \
                  ([{"params": dtensors, "fused": False}] if dtensors else [])
-        self.inner = cls(groups, lr=lr, betas=betas, eps=eps, **extra)
+        self.inner = cls(groups, lr=lr, betas=betas, eps=eps, **extra) if groups else None
         self.stream = stream_grads
         self._hooks = []
         if stream_grads:
@@ -288,9 +293,10 @@ class OffloadAdam(torch.optim.Optimizer):
             else:
                 m.grad = None if p.grad is None else p.grad.detach().to("cpu", torch.float32)
         t1 = time.perf_counter()
-        for g in self.inner.param_groups:       # an LR scheduler changes the outer group's lr
-            g["lr"] = self.param_groups[0]["lr"]
-        self.inner.step()
+        for inner in self._inners():
+            for g in inner.param_groups:       # an LR scheduler changes the outer group's lr
+                g["lr"] = self.param_groups[0]["lr"]
+            inner.step()
         t2 = time.perf_counter()
         for p, m in zip(self.device_params, self.masters):
             if m.grad is not None:
@@ -304,11 +310,20 @@ class OffloadAdam(torch.optim.Optimizer):
         self.stats.add("offload_h2d_s", t3 - t2)
         return loss
 
+    def _inners(self):
+        return [o for o in (self.inner, self.inner_sparse) if o is not None]
+
     def state_dict(self):
-        return {"inner": self.inner.state_dict(), "masters": [m.detach() for m in self.masters]}
+        out = {"inner": self.inner.state_dict() if self.inner else {}, "masters": [m.detach() for m in self.masters]}
+        if self.inner_sparse is not None:
+            out["inner_sparse"] = self.inner_sparse.state_dict()
+        return out
 
     def load_state_dict(self, sd):
-        self.inner.load_state_dict(sd["inner"])
+        if self.inner is not None:
+            self.inner.load_state_dict(sd["inner"])
+        if self.inner_sparse is not None:
+            self.inner_sparse.load_state_dict(sd["inner_sparse"])
         with torch.no_grad():
             for m, src, p in zip(self.masters, sd["masters"], self.device_params):
                 m.copy_(src)
@@ -363,7 +378,8 @@ def build_optimizers(model, section, lr, *, optimizer="adam", betas=(0.9, 0.999)
         ps = buckets[(where, kind)]
         if where == "offload":
             opt = OffloadAdam(ps, lr, kind=kind, betas=betas, eps=eps, weight_decay=weight_decay,
-                              stream_grads=stream_grads, stats=stats)
+                              stream_grads=stream_grads, stats=stats,
+                              sparse_ids={id(p) for n, p in model.named_parameters() if (overrides or {}).get(n) == "sparse_adam"})
         elif kind == "sparse_adam":
             opt = _timed(torch.optim.SparseAdam(ps, lr=lr, betas=betas, eps=eps), stats)
         elif kind == "ftrl":

@@ -283,6 +283,8 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
         return module, GradAllReduce(dense, mesh["dp"].get_group(), mixed=mixed), zero
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
+    if host_names:      # host and device sparse tables: their own sync (emit.host / emit.sparse)
+        DDP._set_params_and_buffers_to_ignore_for_model(module, list(host_names))
     sparse = any(isinstance(m, nn.Embedding) and m.sparse for m in module.modules())
     ddp = DDP(module, process_group=mesh["dp"].get_group(), device_ids=ids,
               find_unused_parameters=False, gradient_as_bucket_view=not sparse)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from ..errors import PlanError
 from ..models.data import logits_of
 from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, sp as sp_mod, zero1
+from . import sparse as sparse_mod
 from .dist import default_device, rank_world
 
 
@@ -302,7 +303,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     local_zero1 = zero == 1 and dp > 1
     ep = ep_mod.check(plan, model)
     ep_groups = ep_mod.groups(pp, dp, tp, ep, rank) if ep > 1 else None
-    expert_params = {}
+    expert_params, sparse_names = {}, {}
     if mixed and traced is not None:
         for mod in raw.values():
             _autocast_stage(mod, device, half)
@@ -323,6 +324,11 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             host_names = tuple(host.ignore_host_params_in_ddp(mod, placement))
             if host_names:
                 hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
+        sparse_names[s] = sparse_mod.table_names(mod)
+        if sparse_names[s] and dp > 1:     # device sparse tables: outside DDP/FSDP, rows all-gathered
+            named = dict(mod.named_parameters())
+            hooks.append(sparse_mod.SparseGradSync([named[n] for n in sparse_names[s]], mesh["dp"].get_group()))
+            host_names = tuple(host_names) + tuple(sparse_names[s])
         if ep > 1:      # experts spread over EP groups: kept out of the dp sync, synced over expert-DP
             expert_names = ep_mod.apply(mod, ep, ep_groups[0], ep_groups[2])
             host_names = tuple(host_names) + tuple(expert_names)
@@ -342,31 +348,39 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             hooks.append(tied)
             notes.append(f"{len(tied.ties)} tied parameter(s) shared across pipeline stages: gradients summed between stages")
     for s, mod in raw.items():
+        sparse_ids = {id(p) for n, p in mod.named_parameters() if n in set(sparse_names[s])}
         if host_groups:
             from . import host
-            opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer))
+            opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer,
+                                              overrides={n: "sparse_adam" for n in sparse_names[s]}))
             if local_zero1:     # the device part's optimizer states sharded over dp, as priced
-                dense = [p for o in opts if o.sapp_where == "device" for g in o.param_groups for p in g["params"]]
-                opts = [o for o in opts if o.sapp_where != "device"]
+                dense = [p for o in opts if o.sapp_where == "device" and o.sapp_kind != "sparse_adam"
+                         for g in o.param_groups for p in g["params"]]
+                opts = [o for o in opts if o.sapp_where != "device" or o.sapp_kind == "sparse_adam"]
                 if dense:
                     z1 = zero1.make(dense, optimizer, lr, mesh["dp"].get_group())
                     z1.sapp_where = "device"
                     opts.append(z1)
                 eff_zero = 1
             optimizers += opts
-        elif local_zero1 and expert_params.get(s):
+            continue
+        # sparse tables: SparseAdam, whole on every rank (priced so at any ZeRO stage); the rest below
+        if sparse_ids:
+            optimizers.append(sparse_mod.optimizer([p for p in mod.parameters() if id(p) in sparse_ids], lr))
+        dense_params = [p for p in mod.parameters() if id(p) not in sparse_ids]
+        if local_zero1 and expert_params.get(s):
             # ZeRO-1 over expert-DP for the experts (as priced), over dp for the rest
             eff_zero = 1
             ex = {id(p) for p in expert_params[s]}
-            optimizers.append(zero1.make([p for p in mod.parameters() if id(p) not in ex], optimizer, lr,
+            optimizers.append(zero1.make([p for p in dense_params if id(p) not in ex], optimizer, lr,
                                          mesh["dp"].get_group()))
             optimizers.append(zero1.make(expert_params[s], optimizer, lr, ep_groups[1]))
         elif local_zero1:
             eff_zero = 1
-            optimizers.append(zero1.make(mod.parameters(), optimizer, lr, mesh["dp"].get_group()))
+            optimizers.append(zero1.make(dense_params, optimizer, lr, mesh["dp"].get_group()))
         else:
             dp_group = mesh["dp"].get_group() if (dp > 1 and eff_zero == 1) else None
-            optimizers.append(parallel.make_optimizer(mod.parameters(), optimizer, lr, zero=eff_zero, dp_group=dp_group))
+            optimizers.append(parallel.make_optimizer(dense_params, optimizer, lr, zero=eff_zero, dp_group=dp_group))
 
     schedule = None
     if traced is not None:

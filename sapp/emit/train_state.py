@@ -69,14 +69,15 @@ def _names(prog, names: Names) -> dict:
 
 
 def _optimizer_pairs(opt):
-    """(the optimizer holding the state, [(state parameter, named parameter)])."""
+    """[(the optimizer holding the state, state parameter, named parameter)]."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from .host import OffloadAdam
     if isinstance(opt, ZeroRedundancyOptimizer):      # this rank's partition only
-        return opt.optim, [(p, p) for g in opt.optim.param_groups for p in g["params"]]
-    if isinstance(opt, OffloadAdam):
-        return opt.inner, list(zip(opt.masters, opt.device_params))
-    return opt, [(p, p) for g in opt.param_groups for p in g["params"]]
+        return [(opt.optim, p, p) for g in opt.optim.param_groups for p in g["params"]]
+    if isinstance(opt, OffloadAdam):    # dense masters in .inner, sparse tables' in .inner_sparse
+        return [(inner, m, p) for m, p in zip(opt.masters, opt.device_params) for inner in opt._inners()
+                if any(q is m for g in inner.param_groups for q in g["params"])]
+    return [(opt, p, p) for g in opt.param_groups for p in g["params"]]
 
 
 def _group_of(opt, p):
@@ -148,8 +149,7 @@ def save_entries(prog, names: Names) -> dict:
                     for n in names_of[id(p)]:
                         out[f"optim.{n}.{key}"] = v
             continue
-        inner, pairs = _optimizer_pairs(opt)
-        for sp, np_ in pairs:
+        for inner, sp, np_ in _optimizer_pairs(opt):
             for key, v in inner.state.get(sp, {}).items():
                 if v is None:
                     continue
@@ -176,8 +176,7 @@ class LoadTargets:
             if getattr(opt, "zero_stage", None) == 1:
                 self._zero1_targets(opt, names_of, available)
                 continue
-            inner, pairs = _optimizer_pairs(opt)
-            for sp, np_ in pairs:
+            for inner, sp, np_ in _optimizer_pairs(opt):
                 fresh = _fresh_state(inner, sp)
                 name = next((n for n in names_of[id(np_)] if any(f"optim.{n}.{k}" in available for k in fresh)), None)
                 if name is None:     # never stepped when the checkpoint was written: stays fresh

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes,
+from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes, sparse_table_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
@@ -47,6 +47,7 @@ class Unit:
     flops: float = 0.0         # model FLOPs (fwd) of the unit at the captured batch, per sample
     reshard: tuple = (0.0, 0.0)  # tensor-parallel resharding (fwd + bwd) inside fwd/bwd, per micro-batch
     tensors: int = 0           # trainable parameter tensors the unit accounts for (optimizer dispatch)
+    fsdp_exempt: float = 0.0   # weight bytes FSDP never gathers (sparse tables, emit.sparse)
 
     def reshard_at(self, b):
         return _pw(self.reshard, b)
@@ -247,15 +248,30 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
     return out
 
 
-def unit_states(params, zero, settings):
+def unit_states(params, zero, settings, samples=1.0):
+    """Model-state bytes of a unit's `params` (unit_params) at ZeRO `zero`; a sparse table's gradient
+    holds the rows `samples` samples per rank touch (sparse_table_state_bytes)."""
     st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
-    for numel, k, _, trainable, _ in params:
+    for numel, k, _, trainable, sp in params:
         if not trainable:
             st["params"] += numel * settings.weight_bytes
             continue
-        for key, v in model_state_bytes(numel, k, zero, settings).items():
+        got = (sparse_table_state_bytes(numel, sp, samples, settings) if sp is not None
+               else model_state_bytes(numel, k, zero, settings))
+        for key, v in got.items():
             st[key] += v
     return st
+
+
+def _sparse_grads_delta(params, settings, node_samples, samples):
+    """Sparse tables' gradient bytes at `samples` samples per rank less what the per-node costs priced
+    at the graph's own `node_samples` (costmodel.nodes prices one pass over its batch)."""
+    d = 0.0
+    for numel, _, _, trainable, sp in params:
+        if trainable and sp is not None:
+            d += (sparse_table_state_bytes(numel, sp, samples, settings)["grads"]
+                  - sparse_table_state_bytes(numel, sp, node_samples, settings)["grads"])
+    return d
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None):
@@ -285,8 +301,12 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
             "reshard": sum(d["reshard_s"] for d in pn) + rg,
             "grad_sync": sync, "sync_lat": lat, "param_list": params, "gather": gather,
-            "states": {"params": sum(d["param_bytes"] for d in pn), "grads": sum(d["grad_bytes"] for d in pn),
+            "states": {"params": sum(d["param_bytes"] for d in pn),
+                       "grads": sum(d["grad_bytes"] for d in pn) + _sparse_grads_delta(
+                           params, st, max(graph.batch_size / max(dp, 1), 1e-12), samples),
                        "optimizer": sum(d["optimizer_bytes"] for d in pn)},
+            # sparse tables' weights: outside FSDP, never gathered (emit.sparse)
+            "fsdp_exempt": sum(n * st.weight_bytes for n, _, _, tr, sp in params if tr and sp is not None),
             "out": _out_bytes(graph, names, dp, st) / seq.get(names[-1], 1),
         }
     return out
@@ -437,7 +457,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
             sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)
             extra = gather - a0["gather"]
-            common = {"grad_sync": sync, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz)}
+            common = {"grad_sync": sync, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz, steps)}
             one[k] = dict(a0, fwd=a0["fwd"] + extra, bwd=a0["bwd"] + extra, **common)
             two[k] = dict(b0, fwd=b0["fwd"] + extra, bwd=b0["bwd"] + extra, **common)
         num[z] = (one, two)
@@ -455,7 +475,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
         first = made.get(key)
         if first is not None:
-            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors"):
+            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors", "fsdp_exempt"):
                 setattr(nu, f, getattr(first, f))
             for f in ("zfwd", "zbwd", "grad_sync", "sync_lat"):
                 setattr(nu, f, dict(getattr(first, f)))
@@ -481,5 +501,6 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
             nu.states[z] = za["states"]
         nu.flops = per_sample_flops.get(u.rep, 0.0)
         nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)
+        nu.fsdp_exempt = a["fsdp_exempt"]
         out_units.append(nu)
     return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method, sp=bool(sp and tp > 1))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..costmodel import collective_time, model_state_bytes
+from ..costmodel import collective_time, model_state_bytes, sparse_table_state_bytes
 
 OVERLAP = 0.8
 BWD_SHARE = 2.0 / 3.0
@@ -115,13 +115,10 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
         # what leaves the device is the table as the stage priced it there: split over tp only where
         # the searched layout shards it (`device_split`: table -> ways), else whole on every tp rank
         ways = (device_split or {}).get(t.name, tp)
-        st = model_state_bytes(t.rows * t.dim / ways, dp, zero, settings)
+        # a sparse table on the device is outside DDP/FSDP/ZeRO (emit.sparse): whole weights and
+        # moments, the touched rows as its gradient, never gathered -- all of which the host frees
+        st = sparse_table_state_bytes(t.rows * t.dim / ways, (t.lookups * t.dim / ways, t.lookups), m, settings)
         saved += st["params"] + st["grads"] + st["optimizer"]
-        # FSDP2 ignores a host table: the device also sheds what the stage prices for it beyond the
-        # ZeRO formula (sapp/search/joint/numbers.py): ZeRO-2, its P/dp shard next to the gathered P held
-        # from forward to backward; ZeRO-3, the gathered P of the root unit it belonged to
-        w = t.rows * t.dim / ways * settings.weight_bytes
-        saved += w / max(1, dp) if zero == 2 else (w if zero == 3 else 0.0)
         host_bytes += t.rows * t.dim / tp * HOST_TABLE_BYTES
     host_bytes += touched * 4 + 2 * elems * ab                    # sparse grad buffer + staging
     detail = {"lookup_s": m * t_lookup, "h2d_s": m * t_h2d, "d2h_s": m * t_d2h, "optimizer_s": t_opt,

@@ -7,7 +7,7 @@ from ..errors import ConstraintError, InfeasibleError
 from ..units import fmt_bytes, fmt_time
 from . import cost as C
 from .groups import parse_pins, stage_params
-from .schema import offload_entry, table_entry
+from .schema import device_entry, offload_entry, table_entry
 
 NAMES = ("device", "embedding-host", "optimizer-host", "embedding+optimizer-host")
 
@@ -79,6 +79,8 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         plans.append(("device", [], {}))
     tgroups = {t.name: table_entry(t.kind) for t in host_tables}
     ogroups = {k: offload_entry(opt_kind) for k in _offload_keys(graph, stage)} if off else {}
+    if ogroups:     # the offload is priced for the dense parameters: tables a pattern covers stay put
+        ogroups.update({t.name: device_entry() for t in stage.tables})
     if emb and pin.optimizer != "host":
         plans.append(("embedding-host", [("embedding", emb)], tgroups))
     if off and not forced_tables and pin.optimizer != "device":

@@ -17,6 +17,11 @@ def table_entry(kind: str) -> dict:
     return {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": kind}
 
 
+def device_entry() -> dict:
+    """A table left on the device with its own (sparse) optimizer, where a broader pattern offloads."""
+    return {"weights": "device", "grads": "device", "optimizer": "device", "optimizer_kind": "sparse_adam"}
+
+
 def offload_entry(kind: str = "adam") -> dict:
     return {"weights": "device", "grads": "host", "master_weights": "host", "optimizer": "host",
             "optimizer_kind": kind}

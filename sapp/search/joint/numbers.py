@@ -44,7 +44,7 @@ def _values(u, cfg, cpt, ctx):
         sync = max(0.0, sync + d["sync_s"])
     st = held_states(u, cfg, ctx=ctx)
     return (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
-            sync, u.states[0]["params"], f, u.sync_lat.get(cfg.zero, 0.0),
+            sync, u.states[0]["params"] - u.fsdp_exempt, f, u.sync_lat.get(cfg.zero, 0.0),
             st["grads"] - held_states(u, cfg, False, ctx)["grads"])
 
 
