@@ -95,12 +95,12 @@ def search_plans(cases, tmp) -> list:
     return cases
 
 
-def run_jobs(cases, tmp, timeout=900) -> dict:
+def run_jobs(cases, tmp, timeout=900, steps=2) -> dict:
     """One truth_job subprocess per world size; returns {case id: {rank: record}}."""
     out = {}
     for world in sorted({c["world"] for c in cases if "plan_path" in c}):
         mine = [{"id": c["id"], "model": c["model"], "model_args": c.get("model_args", {}), "plan_path": c["plan_path"],
-                 "steps": 2}
+                 "steps": steps}
                 for c in cases if c["world"] == world and "plan_path" in c]
         cpath, opath = os.path.join(tmp, f"cases{world}.json"), os.path.join(tmp, f"out{world}.json")
         with open(cpath, "w") as f:

@@ -52,8 +52,13 @@ def test_options_device_first_and_sections():
     assert emb.section["groups"] == {
         "deep_emb.weight": {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": "sparse_adam"},
         "wide_emb.weight": {"weights": "host", "grads": "host", "optimizer": "host", "optimizer_kind": "ftrl"}}
+    # the offload is priced for the dense parameters: the tables "*" would cover stay on the device
+    # with their sparse optimizer (exact names win over the pattern)
+    dev_table = {"weights": "device", "grads": "device", "optimizer": "device", "optimizer_kind": "sparse_adam"}
     assert off.section["groups"] == {"*": {"weights": "device", "grads": "host", "master_weights": "host",
-                                           "optimizer": "host", "optimizer_kind": "adam"}}
+                                           "optimizer": "host", "optimizer_kind": "adam"},
+                                     "deep_emb.weight": dev_table, "wide_emb.weight": dev_table}
+    assert resolve(off.section, "wide_emb.weight")["optimizer"] == "device"
     # the tables keep their own entries next to the offload pattern (exact names win)
     assert resolve(both.section, "deep_emb.weight")["optimizer_kind"] == "sparse_adam"
     assert resolve(both.section, "deep.0.weight")["master_weights"] == "host"
@@ -135,7 +140,11 @@ def test_embedding_cost_formulas():
     c1 = embedding_host_cost([t], A100, S, micro_batches=1, compute_s=0.01)
     elems = 16000 * 26 * 80
     assert c1.link_bytes == 2 * elems * 2                                # rows in, row gradients out, bf16
-    assert c1.saved_bytes == 16 * 80e6                                   # bf16 w + g + 12 B Adam per element
+    # bf16 w + 12 B Adam per element, whole at any ZeRO stage (a device sparse table runs outside
+    # FSDP), and its gradient: the 416,000 rows looked up (bf16 values + an int64 index per row)
+    rows_g = 16000 * 26 * (80 * 2 + 8)
+    assert c1.saved_bytes == 14 * 80e6 + rows_g
+    assert embedding_host_cost([t], A100, S, micro_batches=1, compute_s=0.01, dp=8, zero=3).saved_bytes == c1.saved_bytes
     assert c1.host_bytes >= 12 * 80e6                                    # fp32 table + 2 fp32 states
     assert c1.exposed_s == pytest.approx(c1.host_s) and c1.overlap_s == 0   # one micro-batch: nothing hides
     d = c1.detail
@@ -149,7 +158,7 @@ def test_embedding_cost_formulas():
     assert c4.exposed_s == pytest.approx(fwd + c4.detail["d2h_s"] / 4 + c4.detail["optimizer_s"])
     assert c4.overlap_s > 0
     # tp splits the table rows between ranks; 8 devices of a node share host bandwidth
-    assert embedding_host_cost([t], A100, S, tp=2).saved_bytes == pytest.approx(c1.saved_bytes / 2)
+    assert embedding_host_cost([t], A100, S, tp=2).saved_bytes == pytest.approx(14 * 40e6 + 16000 * 26 * (40 * 2 + 8))
     slow = embedding_host_cost([t], A100, S, sharers=8)
     assert slow.detail["optimizer_s"] == pytest.approx(8 * c1.detail["optimizer_s"])
 
