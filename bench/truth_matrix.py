@@ -25,6 +25,8 @@ statement of what torch does:
 Left: host placements with tp > 1 (the saving is priced per tp shard while the stage may price the
 tables whole); selective checkpointing also caches MUST_SAVE outputs no backward needs (the attention
 module's output; inside 10%).
+Device sparse tables (Wide&Deep's, pinned to the device): outside DDP/FSDP with SparseAdam and an
+all-gather of touched rows (sapp/emit/sparse.py), priced whole at every ZeRO stage.
 Emitter-side differences the manifest refuses: ZeRO >= 1 with the optimizer offloaded to the host
 (OffloadAdam keeps the whole host state on every rank), ZeRO-3 + offload (not emitted).
 """
