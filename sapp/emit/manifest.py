@@ -146,10 +146,10 @@ def observed(prog) -> dict:
            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
            "runtime": "eager",
            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
-           "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1]),
-           # stage boundaries cut to 1/tp and all-gathered (sapp/emit/pipe.scatter_gather)
-           "scatter_gather": {str(s): list(getattr(mod, "sapp_scatter_gather", None) or [])
-                              for s, mod in sorted(mods.items())}}
+           "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
+    if getattr(prog, "pp", 1) > 1:      # stage boundaries cut to 1/tp and all-gathered (emit/pipe.scatter_gather)
+        out["scatter_gather"] = {str(s): list(getattr(mod, "sapp_scatter_gather", None) or [])
+                                 for s, mod in sorted(mods.items())}
     cp = observed_cp(mods.values())      # read off the rewritten attention modules; absent when 1
     return dict(out, cp=cp) if cp > 1 else out
 
@@ -209,8 +209,9 @@ def expected(plan, prog, regions: dict) -> dict:
            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
-           "ep": int(plan.parallel.get("ep", 1) or 1),
-           "scatter_gather": {str(s): _sg_expected(plan, s) for s in sorted(mods)}}
+           "ep": int(plan.parallel.get("ep", 1) or 1)}
+    if pp > 1:
+        out["scatter_gather"] = {str(s): _sg_expected(plan, s) for s in sorted(mods)}
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out
 
