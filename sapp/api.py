@@ -257,7 +257,10 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "tp_layout": tp_layout,
         "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
                      "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
-                     "stages": pipeline_section(res, cluster.devices)},
+                     "stages": pipeline_section(res, cluster.devices),
+                     # boundary sends: only pipelines (old plans load as false / unknown)
+                     **({"scatter_gather": bool(getattr(res, "scatter_gather", False))} if cfg.pp > 1 and cfg.tp > 1 else {}),
+                     **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {})},
         "recompute": recompute_section(res),
         "zero": cfg.zero,
         "placement": placement,

@@ -167,6 +167,10 @@ def _semantic(d):
         raise PlanError(f"parallel.sp is true but tp={par['tp']}; sequence parallelism splits within a tp group "
                         f"of 2 or more: set sp to false or tp > 1")
     pipe, gb = d["pipeline"], d["model"].get("global_batch")
+    if pipe.get("scatter_gather") and (par["tp"] < 2 or par["pp"] < 2 or par.get("sp")):
+        raise PlanError(f"pipeline.scatter_gather is true with tp={par['tp']}, pp={par['pp']}"
+                        f"{', sp' if par.get('sp') else ''}; it splits a replicated stage boundary over a tp group "
+                        f"of 2 or more between pipeline stages without sequence parallelism: set it to false")
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "
                         f"a micro-batch holds at least one sample")

@@ -139,18 +139,23 @@ def test_fsdp2_zero2_holds_the_gathered_copy_from_forward_to_backward(fsdp):
     assert gathered_params(units, [P_BLOCK, P_BLOCK, P_HEAD], cfg) == whole
 
 
-def test_fsdp2_zero3_gathers_the_root_and_one_block_in_backward(fsdp):
+def test_fsdp2_zero3_gathers_the_root_one_block_and_the_prefetched_one_in_backward(fsdp):
     r = fsdp["zero3"]
     # the emitter shards the root with reshard_after_forward=True as well: nothing gathered after forward
     assert r["gathered_after_forward"] == 0
-    # in backward: the root (gathered by its pre-backward, resharded by its post-backward, the last) and
-    # the block whose backward runs; block0's backward unpacks last
+    # in backward: the root (gathered by its pre-backward, resharded by its post-backward, the last),
+    # the block whose backward runs and the one FSDP2's backward prefetch gathers meanwhile (the block
+    # before it; the meter counts its flat all-gather buffer): block1's backward holds the head, block1
+    # and block0; block0's backward (it unpacks last) the head and block0 only
     assert r["gathered_in_first_block_backward"] == P_HEAD + P_BLOCK
-    assert r["gathered_in_backward_max"] == P_HEAD + P_BLOCK
+    assert r["gathered_in_backward_max"] == P_HEAD + 2 * P_BLOCK
     cfg = SimpleNamespace(zero=3, pp=1, m=1)
     units = [SimpleNamespace(kind="block"), SimpleNamespace(kind="block"), SimpleNamespace(kind="glue")]
     assert gathered_params(units, [P_BLOCK, P_BLOCK, P_HEAD], cfg) == 0
-    assert zero3_gathered(units, [P_BLOCK, P_BLOCK, P_HEAD], cfg) == [P_HEAD + P_BLOCK] * 2 + [P_HEAD]
+    # block0: root + itself; block1: root + itself + block0 (prefetched); the head (root, first in
+    # backward): root + block1 (prefetched by the root's pre-backward)
+    assert zero3_gathered(units, [P_BLOCK, P_BLOCK, P_HEAD], cfg) == [P_HEAD + P_BLOCK, P_HEAD + 2 * P_BLOCK,
+                                                                      P_HEAD + P_BLOCK]
 
 
 def test_fsdp2_accumulation_holds_unsharded_gradients_at_the_next_forward(fsdp):

@@ -148,7 +148,9 @@ def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
       - "ddp-buckets": ZeRO-0/1 with neither TP nor a pipeline on an asynchronous device: DDP
         all-reduces 25 MB buckets on its communication stream as backward fills them;
       - "fsdp-units": ZeRO-2/3 (FSDP2) on an asynchronous device: each unit's reduce-scatter runs
-        on FSDP2's stream while backward goes on with the next unit.
+        on FSDP2's stream while backward goes on with the next unit; ZeRO-3's all-gathers are
+        prefetched one unit ahead, forward and backward (`fsdp_prefetch_hidden`): only a stage's
+        first gather of each pass is exposed whole, the others beyond their neighbour's compute.
     The "fused" runtime profile prices Megatron-Core (costmodel/settings.py), whose distributed
     optimizer overlaps its bucketed gradient reduce-scatter with backward (--overlap-grad-reduce)
     under tensor and pipeline parallelism too: "megatron-buckets" for ZeRO-0/1 there.
@@ -163,6 +165,24 @@ def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
     if pp == 1 and tp == 1:
         return "ddp-buckets"
     return "none"
+
+
+def fsdp_prefetch_hidden(gathers, computes) -> list:
+    """Seconds of each unit's ZeRO-3 all-gather that FSDP2's prefetch hides, units in the order a pass
+    runs them (forward: forward order; backward: reversed).  FSDP2 issues the all-gather of unit i+1 on
+    its own stream when unit i starts computing (implicit forward prefetch; in backward, a unit's
+    pre-backward prefetches the next one to run) and holds one unit in flight, so unit i+1 starts at
+    max(end of unit i's compute, end of its own gather) with its gather begun at unit i's start:
+    start_{i+1} = start_i + max(c_i, g_{i+1}).  The pass then takes g_0 + sum_i max(c_i, g_{i+1}) +
+    c_last, i.e. every gather but the first is hidden by min(g_{i+1}, c_i): exactly, not as a bound.
+    The first unit's gather is exposed (hidden[0] = 0).  Assumed: the gather stream and the
+    reduce-scatter stream share no bandwidth with each other or with compute (FSDP2's separate streams
+    on a full-duplex NVLink/NIC), and a CPU (serial device) overlaps nothing (rule "none").
+    Pure, O(units)."""
+    out = []
+    for i, g in enumerate(gathers):
+        out.append(min(g, computes[i - 1]) if i > 0 else 0.0)
+    return out
 
 
 DDP_BUCKET_BYTES = 25 * 2 ** 20      # torch DDP's bucket_cap_mb default

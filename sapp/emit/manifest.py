@@ -147,6 +147,9 @@ def observed(prog) -> dict:
            "runtime": "eager",
            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
            "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
+    if getattr(prog, "pp", 1) > 1:      # stage boundaries cut to 1/tp and all-gathered (emit/pipe.scatter_gather)
+        out["scatter_gather"] = {str(s): list(getattr(mod, "sapp_scatter_gather", None) or [])
+                                 for s, mod in sorted(mods.items())}
     cp = observed_cp(mods.values())      # read off the rewritten attention modules; absent when 1
     return dict(out, cp=cp) if cp > 1 else out
 
@@ -207,8 +210,18 @@ def expected(plan, prog, regions: dict) -> dict:
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
            "ep": int(plan.parallel.get("ep", 1) or 1)}
+    if pp > 1:
+        out["scatter_gather"] = {str(s): _sg_expected(plan, s) for s in sorted(mods)}
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out
+
+
+def _sg_expected(plan, s) -> list:
+    """The boundary scatter/gather the plan prices for stage s (pipeline.scatter_gather)."""
+    if not (plan.pipeline.get("scatter_gather") and plan.parallel["tp"] > 1 and plan.parallel["pp"] > 1):
+        return []
+    n = checks.stage_count(plan)
+    return (["gather-input"] if s > 0 else []) + (["split-output"] if s < n - 1 else [])
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:

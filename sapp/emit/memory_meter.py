@@ -163,7 +163,24 @@ class MemoryMeter:
             if key not in seen and nb:
                 seen.add(key)
                 total += nb
+        # a prefetched unit (FSDP2's backward prefetch: the next unit's all-gather issued in this unit's
+        # pre-backward) sits in its flat all-gather output until its own backward copies it out
+        for t in self._pending_gathers():
+            key, nb = _key_bytes(t)
+            if key not in seen and nb:
+                seen.add(key)
+                total += nb
         return total
+
+    def _pending_gathers(self):
+        for m in self._fsdp:
+            try:
+                group = m._get_fsdp_state()._fsdp_param_group
+                res = getattr(group, "_all_gather_result", None) if group is not None else None
+            except Exception:
+                continue
+            if res is not None and getattr(res, "all_gather_output", None) is not None:
+                yield res.all_gather_output
 
     # ---- states ------------------------------------------------------------------------------
     def params(self) -> int:

@@ -167,3 +167,76 @@ def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     if len(stages) != 1:
         raise PlanError(f"schedule {kind!r} runs one stage per rank; use 'interleaved' for virtual_chunks > 1")
     return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn)
+
+
+# ---- Megatron's scatter/gather at stage boundaries (tp > 1 without sequence parallelism) -----------
+def _gather_last(x, tp_group):
+    """All-gather `x` over the tp group along its last dim (torch's functional collective, gloo too)."""
+    from torch.distributed import _functional_collectives as funcol
+    # (all_gather_single concatenates along dim 0 only: gather the last dim moved to the front)
+    out = funcol.all_gather_single(x.movedim(-1, 0).contiguous(), 0, tp_group)
+    out = funcol.wait_tensor(out) if hasattr(funcol, "wait_tensor") else out
+    return out.movedim(0, -1).contiguous()
+
+
+class _Split(torch.autograd.Function):
+    """Sending stage: keep this tp rank's 1/tp slice of a replicated boundary tensor (no communication);
+    backward: the gradient arrives as this rank's slice and is all-gathered back to the replica."""
+
+    @staticmethod
+    def forward(ctx, y, group, t, r):
+        ctx.group = group
+        if y.shape[-1] % t:
+            raise PlanError(f"pipeline.scatter_gather: a stage output of shape {tuple(y.shape)} does not split "
+                            f"into tp={t} equal pieces along its last dim; set pipeline.scatter_gather to false")
+        return y.chunk(t, dim=-1)[r].contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_last(g, ctx.group), None, None, None
+
+
+class _Gather(torch.autograd.Function):
+    """Receiving stage: all-gather the tp ranks' slices into the replica.  Backward: the gradient of a
+    replicated tensor is the same on every tp rank (the tensor-parallel layers all-reduce it), so this
+    rank's slice of it is what crosses back (the sender all-gathers it): no reduction here, unlike
+    all_gather_tensor_autograd, whose reduce-scatter would sum tp identical copies."""
+
+    @staticmethod
+    def forward(ctx, x, group, t, r):
+        ctx.t, ctx.r = t, r
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.chunk(ctx.t, dim=-1)[ctx.r].contiguous(), None, None, None
+
+
+def scatter_gather(mod: nn.Module, stage: int, n_stages: int, tp_mesh) -> None:
+    """Megatron's scatter/gather at this stage's boundaries (plan pipeline.scatter_gather, priced by
+    sapp.search.joint.numbers.boundary_send): every floating-point tensor the stage sends is cut to
+    this tp rank's 1/tp (last dim), every one it receives all-gathered over the tp group first; the
+    gradients cross back the same way.  Hooks on the stage module itself (PipelineStage and FSDP2 look
+    at its type), marked in `sapp_scatter_gather` for the manifest."""
+    group, t, r = tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank()
+    marks = []
+
+    def _each(x, fn):
+        return fn.apply(x, group, t, r) if torch.is_tensor(x) and x.is_floating_point() else x
+
+    if stage > 0:
+        def pre(_m, args):
+            return tuple(_each(a, _Gather) for a in args)
+        mod.register_forward_pre_hook(pre)
+        marks.append("gather-input")
+    if stage < n_stages - 1:
+        def post(_m, _args, out):
+            if isinstance(out, tuple):
+                return tuple(_each(o, _Split) for o in out)
+            return _each(out, _Split)
+        mod.register_forward_hook(post)
+        marks.append("split-output")
+    mod.sapp_scatter_gather = marks
+    inner = getattr(mod, "module", None)        # the manifest reads the unwrapped module
+    if isinstance(inner, nn.Module):
+        inner.sapp_scatter_gather = marks

@@ -48,6 +48,7 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
     res = JointResult(cfg, step, stages)
     res.overlap = rule
+    res.scatter_gather, res.boundary_bytes = (ev.sg, ev.send_bytes) if p > 1 else (False, 0.0)
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)

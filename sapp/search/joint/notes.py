@@ -42,6 +42,14 @@ def notes(ctx, res):
             f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
             + f" -> {ranked[0][0]} wins")
     out.append(_OVERLAP_NOTES[getattr(res, "overlap", "none")])
+    if getattr(res, "overlap", "none") == "fsdp-units" and cfg.zero == 3:
+        out.append("ZeRO-3 all-gathers prefetched one FSDP2 unit ahead (forward and backward): each hidden behind "
+                   "the previous unit's compute, a stage's first gather of each pass exposed; the prefetched "
+                   "unit's gathered parameters held beside the running one's")
+    if getattr(res, "scatter_gather", False):
+        out.append(f"stage boundaries scatter/gather (Megatron): each of the tp={cfg.tp} ranks sends 1/{cfg.tp} of "
+                   f"the activation ({fmt_bytes(res.boundary_bytes)} per send) and the receiving stage all-gathers "
+                   f"it over the tp group; gradients the same way back")
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
     if ctx.settings.precision == "fp16-mixed":
         out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "

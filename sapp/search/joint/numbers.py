@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...costmodel import collective_time
+from ...costmodel.gradsync import fsdp_prefetch_hidden, overlap_rule
 from .cp import CPTerms
 from .ep import unit_delta
 
@@ -23,6 +24,25 @@ class UnitNumbers:
                                  self.fwd, self.lat, self.gacc), r):
                 lst.append(val)
         self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
+        # the boundary activation is a replica on every tp rank unless sequence parallelism sharded it
+        self.replicated = boundary_replicated(prof)
+        # ZeRO-3 under FSDP2's prefetch (costmodel.gradsync.fsdp_prefetch_hidden): the gather seconds each
+        # unit hides behind its neighbour's compute; a stage gives back its first unit's forward share
+        # and its last unit's backward share (`prefetch_edges`), whose neighbour is on another stage
+        self.hf = self.hb = None
+        if cfg.zero == 3 and overlap_rule(ctx.cluster, 3, cfg.pp, cfg.tp, ctx.settings.runtime) == "fsdp-units":
+            gf, gb, cf, cb = _gathers(prof, cfg, self.fwd, self.t)
+            self.hf, self.hb = fsdp_prefetch_hidden(gf, cf), fsdp_prefetch_hidden(gb[::-1], cb[::-1])[::-1]
+            for j in range(len(self.t)):
+                self.t[j] -= self.hf[j] + self.hb[j]
+                self.fwd[j] -= self.hf[j]
+
+    def prefetch_edges(self, a, b):
+        """Gather seconds a stage of units [a, b) exposes beyond the per-unit sums: its first unit's
+        forward gather and its last unit's backward gather have no neighbour on this stage to hide behind."""
+        if self.hf is None or b <= a:
+            return 0.0
+        return self.hf[a] + self.hb[b - 1]
 
 
 def _values(u, cfg, cpt, ctx):
@@ -66,8 +86,13 @@ class BoundNumbers:
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         self.tblock = None          # the cheapest block's time (whole blocks per stage)
+        # ZeRO-3 under FSDP2's prefetch may hide every gather but the stage's first (a lower bound)
+        prefetch = cfg.zero == 3 and overlap_rule(ctx.cluster, 3, cfg.pp, cfg.tp, ctx.settings.runtime) == "fsdp-units"
         for u, k in counts.values():
             t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt, ctx)
+            if prefetch:
+                gf, gb = _unit_gather(u, cfg)
+                t -= gf + gb
             self.tot += k * t
             self.tmax = max(self.tmax, t)
             if u.kind == "block":
@@ -76,6 +101,37 @@ class BoundNumbers:
             self.lat = max(self.lat, lat)
             if u.kind == "block":
                 self.boundary = max(self.boundary, out)
+
+
+def _unit_gather(u, cfg):
+    """(forward, backward) seconds of a unit's ZeRO-3 parameter gathers at this micro-batch size: what
+    the profile's ZeRO-3 curves add to its ZeRO-0 ones (batch-independent: pipeline/profile.py)."""
+    b = cfg.mbs / cfg.cp
+    f3, b3 = u.at(b, 3)[:2]
+    f0, b0 = u.at(b, 0)[:2]
+    return max(0.0, f3 - f0), max(0.0, b3 - b0)
+
+
+def _gathers(prof, cfg, fwd, t):
+    """Per unit in forward order: (forward gathers, backward gathers, forward compute, backward compute),
+    compute being the unit's priced time less its gathers."""
+    gf, gb, cf, cb = [], [], [], []
+    for u, f, tt in zip(prof.units, fwd, t):
+        g1, g2 = _unit_gather(u, cfg)
+        gf.append(g1)
+        gb.append(g2)
+        cf.append(max(0.0, f - g1))
+        cb.append(max(0.0, tt - f - g2))
+    return gf, gb, cf, cb
+
+
+def boundary_replicated(prof) -> bool:
+    """Whether a stage boundary's activation is the same on every tp rank (tp > 1 without sequence
+    parallelism placed): then each tp rank can send 1/tp of it and the next stage all-gather it."""
+    if prof.tp <= 1:
+        return False
+    method = getattr(prof, "method", "") or ""
+    return not (getattr(prof, "sp", False) and "+sp" in method and "+sp-unavailable" not in method)
 
 
 def bound_numbers(ctx, prof, cfg):
@@ -120,7 +176,8 @@ def gathered_params(units, pbytes, cfg):
 def zero3_gathered(units, pbytes, cfg):
     """ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
     non-block units, gathered by the root's pre-backward and resharded by its post-backward, the
-    last to run) plus the block itself; in a pipeline stage running several micro-batches, every
+    last to run) plus the block itself, plus the unit FSDP2's backward prefetch gathers meanwhile
+    (`_prefetched`: one extra unit in flight); in a pipeline stage running several micro-batches, every
     block from this one to the stage's end (torch.distributed.pipelining turns reshard-after-backward
     off until the step's last backward, so a unit stays gathered from its backward until the next
     forward reshards it).  None without ZeRO-3."""
@@ -128,13 +185,33 @@ def zero3_gathered(units, pbytes, cfg):
         return None
     root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
     blocks = [b if u.kind == "block" else 0.0 for u, b in zip(units, pbytes)]
+    pre = _prefetched(units, blocks)
     if cfg.pp > 1 and cfg.m > 1:
         held, out = 0.0, []
-        for b in reversed(blocks):
+        for b, p in zip(reversed(blocks), reversed(pre)):
             held += b
-            out.append(root + held)
+            out.append(root + held + p)
         return out[::-1]
-    return [root + b for b in blocks]
+    return [root + b + p for b, p in zip(blocks, pre)]
+
+
+def _prefetched(units, blocks):
+    """Per unit: the bytes FSDP2's backward prefetch holds gathered while that unit's backward runs
+    (torch 2.13 FSDPParamGroup._backward_prefetch: a unit's pre-backward all-gathers the unit before it
+    in forward order, into a buffer alive until that unit's own backward starts; CPU/gloo too, the
+    gather is then synchronous).  A block: the previous block of the stage (none for the first: the
+    root, before it, is gathered already); a root (glue) unit after the blocks: the last block (the
+    root's pre-backward, the first of the backward, prefetches it)."""
+    out, prev = [], 0.0
+    for u, b in zip(units, blocks):
+        out.append(prev if u.kind == "block" else 0.0)
+        if u.kind == "block":
+            prev = b
+    last = max((j for j, u in enumerate(units) if u.kind == "block"), default=None)
+    if last is not None:
+        for j in range(last + 1, len(units)):
+            out[j] = prev
+    return out
 
 
 def unit_numbers(ctx, prof, cfg):
@@ -145,10 +222,33 @@ def unit_numbers(ctx, prof, cfg):
     return n
 
 
-def p2p_time(ctx, cfg, nbytes):
+def p2p_time(ctx, cfg, nbytes, replicated=True):
+    """Seconds of one stage-boundary send of `nbytes` per device (forward activation or backward
+    gradient), the cheaper of the plain send and Megatron's scatter/gather (`boundary_send`).
+    `replicated` False: the tensor is already a per-tp-rank shard (sequence parallelism).  The default
+    (True) is what the bounds need: never more than the priced send."""
+    return boundary_send(ctx, cfg, nbytes, replicated)[0]
+
+
+def boundary_send(ctx, cfg, nbytes, replicated=True):
+    """(seconds, scatter/gather used, bytes each device sends) of one stage-boundary send.  Plain:
+    every tp rank sends its whole replica over the inter-stage link.  Scatter/gather (Megatron's
+    scatter_gather_tensors_in_pipeline, emitted by sapp/emit/pipe.ScatterGather): each tp rank
+    sends 1/tp of it and the receiving stage all-gathers the pieces over the tp group's link (the
+    same in backward for the gradient).  A decided choice, not a searched one: it is taken exactly
+    when it prices cheaper (stages on other nodes than their neighbours, where the tp group's NVLink
+    is far faster than the network); between stages inside one node both cross the same link and
+    the gather's extra latency makes the plain send the cheaper."""
     if cfg.pp == 1 or nbytes <= 0:
-        return 0.0
-    gpn = ctx.cluster.gpus_per_node
-    S = ctx.cluster.devices // cfg.pp
+        return 0.0, False, 0.0
+    cl = ctx.cluster
+    gpn = cl.gpus_per_node
+    S = cl.devices // cfg.pp
     link = "inter" if (S >= gpn or S * cfg.pp > gpn) else "intra"
-    return collective_time("p2p", nbytes, 2, link, ctx.cluster)
+    plain = collective_time("p2p", nbytes, 2, link, cl)
+    t = cfg.tp
+    if t <= 1 or not replicated:
+        return plain, False, nbytes
+    tp_link = "intra" if t <= gpn else "inter"
+    sg = collective_time("p2p", nbytes / t, 2, link, cl) + collective_time("all_gather", nbytes, t, tp_link, cl)
+    return (sg, True, nbytes / t) if sg < plain else (plain, False, nbytes)

@@ -82,6 +82,8 @@ class JointResult:
     notes: list = field(default_factory=list)
     alternatives: list = field(default_factory=list)
     overlap: str = "none"             # gradient sync overlap rule priced (costmodel.gradsync.overlap_rule)
+    scatter_gather: bool = False      # stage boundaries send 1/tp per tp rank + all-gather (numbers.boundary_send)
+    boundary_bytes: float = 0.0       # bytes one device sends per stage-boundary send (per micro-batch)
 
     @property
     def memory(self):

@@ -7,7 +7,7 @@ from bisect import bisect_left
 
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import gathered_params, held_states, p2p_time, unit_numbers, zero3_gathered
+from .numbers import boundary_send, gathered_params, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
 
@@ -20,7 +20,8 @@ class StageEvaluator:
         self.num = unit_numbers(ctx, prof, cfg)
         self.n = len(prof.units)
         self.units = prof.units
-        self.c = p2p_time(ctx, cfg, self.num.boundary)
+        # per send; sg: Megatron's scatter/gather at the boundaries (numbers.boundary_send)
+        self.c, self.sg, self.send_bytes = boundary_send(ctx, cfg, self.num.boundary, self.num.replicated)
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
@@ -131,7 +132,7 @@ class StageEvaluator:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
             return r
-        t = (T["t"][b] - T["t"][a]) + self.sends(i) * self.c
+        t = (T["t"][b] - T["t"][a]) + self.sends(i) * self.c + num.prefetch_edges(a, b)
         infl = self.infl[i]
         acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
         states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
@@ -207,7 +208,7 @@ class StageEvaluator:
         for j in idx:
             for k2, v2 in held_states(self.units[j], self.cfg, acc, self.ctx).items():
                 st[k2] += v2
-        fwd = sum(num.fwd[j] for j in idx)
+        fwd = sum(num.fwd[j] for j in idx) + (num.hf[a] if num.hf is not None else 0.0)
         return StageResult(
             index=i, units=[self.units[j].name for j in idx],
             blocks=[self.units[j].name for j in idx if self.units[j].kind == "block"],
