@@ -6,6 +6,7 @@ import math
 from bisect import bisect_left
 
 from ...pipeline.schedule import in_flight
+from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
 from .numbers import gathered_params, held_states, p2p_time, unit_numbers, zero3_gathered
 from .result import StageResult
@@ -181,6 +182,10 @@ class StageEvaluator:
                         tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
                 if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
                     choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
+            # one run of identical free blocks: exact, with the transient of its best order (above: a bound)
+            rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else None
+            if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1] - 1e-15):
+                choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
@@ -190,13 +195,14 @@ class StageEvaluator:
         if not detail:
             self.cache[key] = (T, True)
             return (T, True)
-        # detailed: per-block policies (recompute the last blocks of each type first: deterministic)
+        # detailed: per-block policies, full recomputation on a type's first blocks, then selective
+        # (recompute/ordered.py: that order's transient is the least)
         policies = {}
         for (tv, cnt) in zip(types.values(), counts):
             names = tv[3]
             nn, ns, nf = cnt
             for q, name in enumerate(names):
-                policies[name] = "none" if q < nn else ("selective" if q < nn + ns else "full")
+                policies[name] = "full" if q < nf else ("selective" if q < nf + ns else "none")
         for j in idx:
             u = self.units[j]
             al = self.allowed(u)
@@ -217,6 +223,32 @@ class StageEvaluator:
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
                     "activations": acts * infl, "transient": transient + z3},
             recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
+
+    def _ordered(self, a, b, types, base, fixed_act, infl):
+        """recompute/ordered.py's exact choice when [a, b) is glue, one contiguous run of free identical
+        blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed in); else None."""
+        (k, opt, al, _), = types.values()
+        T = self._tab
+        if T["blocks"][b] - T["blocks"][a] != k:
+            return None
+        units, act = self.units, self.num.act
+        first = next(j for j in range(a, b) if units[j].kind == "block")
+        last = first + k - 1
+        if last >= b or T["blocks"][last + 1] - T["blocks"][first] != k:
+            return None                     # glue between the blocks
+        gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
+        g = (lambda j: gath[j - a]) if gath else (lambda j: 0.0)
+        post_stash, post_term = 0.0, -math.inf
+        for j in range(b - 1, last, -1):
+            post_term = max(post_term, g(j) - post_stash)
+            post_stash += act[j][0]
+        pre_stash, pre_term = 0.0, -math.inf
+        for j in range(first - 1, a - 1, -1):
+            pre_term = max(pre_term, g(j) - pre_stash)
+            pre_stash += act[j][0]
+        dg = (g(first) - g(last)) / (k - 1) if k > 1 else 0.0
+        return choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g(last), dg,
+                              tol=1e-9 * self.cap)
 
 
 def choose_restricted(types, budget):

@@ -1,0 +1,80 @@
+"""Exact recompute choice for one run of identical blocks, priced with the transient of its best
+block order rather than a bound over every order.
+
+At block j's backward the stage holds, above its stashed activations, what j rematerialises
+(selective: the attention core's tensors, a0 - a1; full: the whole block, a0 - a2) less the stashes
+of the units after j, already freed (search/joint/stage.py `transient`).  For every policy p the
+rematerialised bytes plus the stash are a0 (none: 0 + a0), so swapping two neighbouring blocks
+changes only which of them sits later, and putting the one that rematerialises more earlier is never
+worse: the best order of a run is full blocks first, then selective, then none, front to back.  Along
+each policy's sub-run a block's term is linear in its position (ZeRO-3 gathers grow by a block's
+parameters per block towards the front), so its largest term is at one end: the transient of a count
+choice is O(1), and the least-extra choice is exact over every per-block assignment of the run
+(checked by brute force in tests/test_joint_exhaustive.py)."""
+from __future__ import annotations
+
+import math
+
+from .solver import BlockOption, RecomputeChoice
+
+
+def ordered_transient(counts, opt: BlockOption, post_stash, post_term, pre_term, g_last=0.0, dg=0.0):
+    """(transient, run stash) of a run ordered full, selective, none (front to back) with counts
+    (n_none, n_selective, n_full).  post_stash / post_term: stash of the units after the run and the
+    largest of their own terms; pre_term: the largest term of the units before it, less the stash of
+    the run and what follows; g_last / dg: ZeRO-3 bytes gathered at the run's last block's backward
+    and their growth per block towards the front."""
+    a = opt.act
+    after, q, worst = post_stash, 0, max(0.0, post_term)
+    for c, p in zip(counts, (0, 1, 2)):       # walked from the back: none, selective, full
+        if not c:
+            continue
+        r, s = a[0] - a[p], a[p]
+        worst = max(worst, r + g_last + q * dg - after, r + g_last + (q + c - 1) * dg - after - (c - 1) * s)
+        after += c * s
+        q += c
+    return max(worst, pre_term - after), after - post_stash
+
+
+def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_stash=0.0, post_term=-math.inf,
+                   pre_term=-math.inf, g_last=0.0, dg=0.0, tol=0.0):
+    """Least-extra (n_none, n_selective, n_full) for k identical blocks in a row such that
+    infl * (fixed_act + run stash) + transient <= limit + tol, or None.  For each number of full
+    blocks the least number of selective ones that fits (memory does not grow with each selective
+    block: the stash falls by infl * (a0 - a1), the transient rises by at most a0 - a1)."""
+    e = opt.extra
+    use = set(allowed)
+
+    def fits(nn, ns, nf):
+        tr, stash = ordered_transient((nn, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
+        return infl * (fixed_act + stash) + tr <= limit + tol
+
+    best = None
+    for nf in (range(k + 1) if "full" in use else (0,)):
+        rest = k - nf
+        if "none" in use and "selective" in use:
+            if not fits(0, rest, nf):
+                continue
+            lo, hi = 0, rest           # least ns that fits: in (lo - 1, hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits(rest - mid, mid, nf):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            ns = lo
+        elif "selective" in use:
+            ns = rest
+        elif "none" in use:
+            ns = 0
+        elif rest:
+            continue
+        else:
+            ns = 0
+        if not fits(rest - ns, ns, nf):
+            continue
+        ext = (rest - ns) * e[0] + ns * e[1] + nf * e[2]
+        if best is None or ext < best.extra_s - 1e-15:
+            _, stash = ordered_transient((rest - ns, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
+            best = RecomputeChoice(stash, ext, ((rest - ns, ns, nf),))
+    return best
