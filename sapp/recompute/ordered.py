@@ -41,7 +41,8 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
     """Least-extra (n_none, n_selective, n_full) for k identical blocks in a row such that
     infl * (fixed_act + run stash) + transient <= limit + tol, or None.  For each number of full
     blocks the least number of selective ones that fits (memory does not grow with each selective
-    block: the stash falls by infl * (a0 - a1), the transient rises by at most a0 - a1)."""
+    block: the stash falls by infl * (a0 - a1), the transient rises by at most a0 - a1), found by
+    stepping up from the least count whose stash alone fits."""
     e = opt.extra
     use = set(allowed)
 
@@ -49,20 +50,30 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
         tr, stash = ordered_transient((nn, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
         return infl * (fixed_act + stash) + tr <= limit + tol
 
+    a0, a1, a2 = opt.act
+    lim = limit + tol
     best = None
     for nf in (range(k + 1) if "full" in use else (0,)):
+        if best is not None and nf * e[2] >= best.extra_s:
+            break                      # extra only grows with more full blocks from here
         rest = k - nf
         if "none" in use and "selective" in use:
-            if not fits(0, rest, nf):
+            # from the least ns whose stash alone fits (the transient is >= 0) upwards: a few steps,
+            # the transient being about one block's activations
+            over = infl * (fixed_act + rest * a0 + nf * a2) - lim
+            if over <= 0:
+                ns = 0
+            elif a0 > a1:
+                ns = max(0, math.ceil(over / (infl * (a0 - a1))) - 1)
+            else:
                 continue
-            lo, hi = 0, rest           # least ns that fits: in (lo - 1, hi]
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if fits(rest - mid, mid, nf):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            ns = lo
+            while ns <= rest and not fits(rest - ns, ns, nf):
+                if best is not None and (rest - ns) * e[0] + ns * e[1] + nf * e[2] >= best.extra_s:
+                    ns = rest + 1              # (extra grows with ns) cannot beat the best any more
+                    break
+                ns += 1
+            if ns > rest:
+                continue
         elif "selective" in use:
             ns = rest
         elif "none" in use:

@@ -159,12 +159,17 @@ class StageEvaluator:
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            # the budget holds the largest transient any choice could need (the plan reports the chosen
-            # one's), in two classes: choices without full recomputation of a free block (their
-            # transient is the selective core's), and all choices (full's).  Either class contains the
-            # uniform policy at its exact transient, so no uniform choice that fits is lost.
+            # one run of identical free blocks: the exact choice, priced with the transient of its best
+            # order (recompute/ordered.py).  Otherwise the budget holds the largest transient any
+            # choice could need (the plan reports the chosen one's), in two classes: choices without
+            # full recomputation of a free block (their transient is the selective core's), and all
+            # choices (full's).  Either class contains the uniform policy at its exact transient, so
+            # no uniform choice that fits is lost.
+            run, rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else (False, None)
+            if rc is not None:
+                choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
             tl = list(types.values())
-            for no_full in ((True, False) if tl else (False,)):
+            for no_full in (() if run else (True, False) if tl else (False,)):
                 tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
                 if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
                     continue            # no free block may use full: the second class is the same
@@ -182,10 +187,6 @@ class StageEvaluator:
                         tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
                 if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
                     choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
-            # one run of identical free blocks: exact, with the transient of its best order (above: a bound)
-            rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else None
-            if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1] - 1e-15):
-                choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
@@ -225,17 +226,18 @@ class StageEvaluator:
             recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
 
     def _ordered(self, a, b, types, base, fixed_act, infl):
-        """recompute/ordered.py's exact choice when [a, b) is glue, one contiguous run of free identical
-        blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed in); else None."""
+        """(True, recompute/ordered.py's exact choice or None) when [a, b) is glue, one contiguous run of
+        free identical blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed
+        in); else (False, None)."""
         (k, opt, al, _), = types.values()
         T = self._tab
         if T["blocks"][b] - T["blocks"][a] != k:
-            return None
+            return False, None
         units, act = self.units, self.num.act
         first = next(j for j in range(a, b) if units[j].kind == "block")
         last = first + k - 1
         if last >= b or T["blocks"][last + 1] - T["blocks"][first] != k:
-            return None                     # glue between the blocks
+            return False, None              # glue between the blocks
         gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
         g = (lambda j: gath[j - a]) if gath else (lambda j: 0.0)
         post_stash, post_term = 0.0, -math.inf
@@ -247,8 +249,8 @@ class StageEvaluator:
             pre_term = max(pre_term, g(j) - pre_stash)
             pre_stash += act[j][0]
         dg = (g(first) - g(last)) / (k - 1) if k > 1 else 0.0
-        return choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g(last), dg,
-                              tol=1e-9 * self.cap)
+        return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g(last),
+                                    dg, tol=1e-9 * self.cap)
 
 
 def choose_restricted(types, budget):
