@@ -179,7 +179,8 @@ def main(argv=None):
         sys.stdout.flush()
     if gaps:
         worst = max(gaps, key=abs)
-        print(f"\nlargest |gap| {worst:+.3%} ({worst:+.1e}; max {max(gaps):+.3%}, min {min(gaps):+.3%}) over {len(gaps)} cases "
+        print(f"\nlargest |gap| {worst:+.3%} ({worst:+.1e}; max {max(gaps):+.3%}, min {min(gaps):+.3%}) "
+              f"over {len(gaps)} cases "
               f"(target 0 both ways); {totals[0]} configurations scored, {totals[1]} recompute-mix states, "
               f"exhaustive {totals[2]:.1f} s, total {time.perf_counter() - t_all:.1f} s")
     return 0

@@ -145,7 +145,7 @@ class StageEvaluator:
                                            if bisect_left(pos, a) < len(pos) and pos[bisect_left(pos, a)] < b):
             lo = bisect_left(pos, a)
             names = [self.units[j].name for j in pos[lo:bisect_left(pos, b, lo)]] if detail else None
-            types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names]
+            types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names, (pos, lo)]
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
         still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
@@ -187,6 +187,13 @@ class StageEvaluator:
                         tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
                 if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
                     choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
+            if not run and len(tl) > 1:
+                # several block types: the bound above is loose; also try the cheapest Pareto count
+                # choices with their blocks in the order the plan gets and their real transient
+                beat = choice[1] - fixed_extra if choice else math.inf
+                rc = self._mixed(idx, tl, base - infl * fixed_act, infl, beat)
+                if rc is not None:
+                    choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
@@ -198,12 +205,7 @@ class StageEvaluator:
             return (T, True)
         # detailed: per-block policies, full recomputation on a type's first blocks, then selective
         # (recompute/ordered.py: that order's transient is the least)
-        policies = {}
-        for (tv, cnt) in zip(types.values(), counts):
-            names = tv[3]
-            nn, ns, nf = cnt
-            for q, name in enumerate(names):
-                policies[name] = "full" if q < nf else ("selective" if q < nf + ns else "none")
+        policies = _order_policies(list(types.values()), counts)
         for j in idx:
             u = self.units[j]
             al = self.allowed(u)
@@ -229,7 +231,7 @@ class StageEvaluator:
         """(True, recompute/ordered.py's exact choice or None) when [a, b) is glue, one contiguous run of
         free identical blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed
         in); else (False, None)."""
-        (k, opt, al, _), = types.values()
+        (k, opt, al, *_), = types.values()
         T = self._tab
         if T["blocks"][b] - T["blocks"][a] != k:
             return False, None
@@ -252,12 +254,46 @@ class StageEvaluator:
         return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g(last),
                                     dg, tol=1e-9 * self.cap)
 
+    def _mixed(self, idx, tl, room, infl, beat, tries=64):
+        """The first of the `tries` cheapest (stash, extra) Pareto count choices of several block types
+        that fits `room` (bytes beside the fixed units' stashes) with its real transient, cheaper than
+        `beat`; or None.  Not exact (the Pareto drop ignores the transient): bounded work."""
+        from ...recompute.solver import RecomputeChoice, _pareto, _type_frontier
+        cur = [(0.0, 0.0, ())]
+        for n, opt, al, *_ in tl:
+            f = _type_frontier(n, opt, al)
+            cur = _pareto([(a1 + a2, e1 + e2, c1 + (c2,)) for a1, e1, c1 in cur for a2, e2, c2 in f])
+        fixed = {self.units[j].name: self.allowed(self.units[j])[0] for j in idx
+                 if self.units[j].kind == "block" and len(self.allowed(self.units[j])) == 1}
+        tol = 1e-9 * self.cap
+        for act, ext, counts in sorted(cur, key=lambda q: (q[1], q[0]))[:tries]:
+            if ext >= beat - 1e-15:
+                return None
+            if infl * act > room + tol:
+                continue
+            pols = dict(fixed)
+            named = [tv[:3] + [tv[3] or [self.units[j].name for j in tv[4][0][tv[4][1]:tv[4][1] + tv[0]]]] for tv in tl]
+            pols.update(_order_policies(named, counts))
+            if infl * act + self.transient(idx, pols) <= room + tol:
+                return RecomputeChoice(act, ext, counts)
+        return None
+
+
+def _order_policies(tl, counts):
+    """Per-block policies of a count choice: full recomputation on a type's first blocks, then
+    selective (recompute/ordered.py: that order's transient is the least)."""
+    policies = {}
+    for tv, (nn, ns, nf) in zip(tl, counts):
+        for q, name in enumerate(tv[3]):
+            policies[name] = "full" if q < nf else ("selective" if q < nf + ns else "none")
+    return policies
+
 
 def choose_restricted(types, budget):
     """Recompute choice when some block types may only use a subset of the policies."""
     from ...recompute.solver import RecomputeChoice, _pareto, _type_frontier
     cur = [(0.0, 0.0, ())]
-    for n, opt, al, _ in types:
+    for n, opt, al, *_ in types:
         f = _type_frontier(n, opt, al)
         cur = _pareto([(a1 + a2, e1 + e2, c1 + (c2,)) for a1, e1, c1 in cur for a2, e2, c2 in f])
     best = None
