@@ -44,20 +44,24 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
     block: the stash falls by infl * (a0 - a1), the transient rises by at most a0 - a1), found by
     stepping up from the least count whose stash alone fits."""
     e = opt.extra
-    use = set(allowed)
+    a0, a1, a2 = opt.act
+    lim = limit + tol
+    has_none, has_sel, has_full = "none" in allowed, "selective" in allowed, "full" in allowed
 
     def fits(nn, ns, nf):
         tr, stash = ordered_transient((nn, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
-        return infl * (fixed_act + stash) + tr <= limit + tol
+        return infl * (fixed_act + stash) + tr <= lim
 
-    a0, a1, a2 = opt.act
-    lim = limit + tol
     best = None
-    for nf in (range(k + 1) if "full" in use else (0,)):
+    nf0 = 0
+    if has_full and a1 > a2 and infl * (fixed_act + k * a1) > lim:
+        # fewer full blocks cannot fit even with every other block selective (stash alone)
+        nf0 = min(k, max(0, math.floor((infl * (fixed_act + k * a1) - lim) / (infl * (a1 - a2))) - 1))
+    for nf in (range(nf0, k + 1) if has_full else (0,)):
         if best is not None and nf * e[2] >= best.extra_s:
             break                      # extra only grows with more full blocks from here
         rest = k - nf
-        if "none" in use and "selective" in use:
+        if has_none and has_sel:
             # from the least ns whose stash alone fits (the transient is >= 0) upwards: a few steps,
             # the transient being about one block's activations
             over = infl * (fixed_act + rest * a0 + nf * a2) - lim
@@ -74,9 +78,9 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
                 ns += 1
             if ns > rest:
                 continue
-        elif "selective" in use:
+        elif has_sel:
             ns = rest
-        elif "none" in use:
+        elif has_none:
             ns = 0
         elif rest:
             continue

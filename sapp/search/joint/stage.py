@@ -11,6 +11,8 @@ from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_
 from .numbers import gathered_params, held_states, p2p_time, unit_numbers, zero3_gathered
 from .result import StageResult
 
+MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
+
 
 class StageEvaluator:
     """Prices stages of one configuration; `seg(i, a, b)` for units [a, b) as stage i."""
@@ -187,9 +189,10 @@ class StageEvaluator:
                         tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
                 if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
                     choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
-            if not run and len(tl) > 1:
+            if not run and len(tl) > 1 and sum(tv[0] for tv in tl) <= MIXED_BLOCKS:
                 # several block types: the bound above is loose; also try the cheapest Pareto count
                 # choices with their blocks in the order the plan gets and their real transient
+                # (stages of few blocks only: the frontier of long ones costs the search seconds)
                 beat = choice[1] - fixed_extra if choice else math.inf
                 rc = self._mixed(idx, tl, base - infl * fixed_act, infl, beat)
                 if rc is not None:
@@ -231,28 +234,30 @@ class StageEvaluator:
         """(True, recompute/ordered.py's exact choice or None) when [a, b) is glue, one contiguous run of
         free identical blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed
         in); else (False, None)."""
-        (k, opt, al, *_), = types.values()
-        T = self._tab
-        if T["blocks"][b] - T["blocks"][a] != k:
-            return False, None
-        units, act = self.units, self.num.act
-        first = next(j for j in range(a, b) if units[j].kind == "block")
+        (k, opt, al, _, (pos, lo)), = types.values()
+        blocks = self._tab["blocks"]
+        first = pos[lo]
         last = first + k - 1
-        if last >= b or T["blocks"][last + 1] - T["blocks"][first] != k:
-            return False, None              # glue between the blocks
-        gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
-        g = (lambda j: gath[j - a]) if gath else (lambda j: 0.0)
-        post_stash, post_term = 0.0, -math.inf
-        for j in range(b - 1, last, -1):
-            post_term = max(post_term, g(j) - post_stash)
-            post_stash += act[j][0]
-        pre_stash, pre_term = 0.0, -math.inf
-        for j in range(first - 1, a - 1, -1):
-            pre_term = max(pre_term, g(j) - pre_stash)
-            pre_stash += act[j][0]
-        dg = (g(first) - g(last)) / (k - 1) if k > 1 else 0.0
-        return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g(last),
-                                    dg, tol=1e-9 * self.cap)
+        if blocks[b] - blocks[a] != k or last >= b or blocks[last + 1] - blocks[first] != k:
+            return False, None              # other blocks in the stage, or glue between these
+        units, act, T = self.units, self.num.act, self._tab
+        # the glue's stash after the run (the glue is fixed: "fact" holds it); without ZeRO-3 gathers
+        # no glue term is above zero, the floor of the transient
+        post_stash, post_term, pre_term, g_last, dg = T["fact"][b] - T["fact"][last + 1], -math.inf, -math.inf, 0.0, 0.0
+        if self.cfg.zero == 3:
+            gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
+            post_stash = 0.0
+            for j in range(b - 1, last, -1):
+                post_term = max(post_term, gath[j - a] - post_stash)
+                post_stash += act[j][0]
+            pre_stash = 0.0
+            for j in range(first - 1, a - 1, -1):
+                pre_term = max(pre_term, gath[j - a] - pre_stash)
+                pre_stash += act[j][0]
+            g_last = gath[last - a]
+            dg = (gath[first - a] - g_last) / (k - 1) if k > 1 else 0.0
+        return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g_last, dg,
+                                    tol=1e-9 * self.cap)
 
     def _mixed(self, idx, tl, room, infl, beat, tries=64):
         """The first of the `tries` cheapest (stash, extra) Pareto count choices of several block types
