@@ -6,9 +6,12 @@ import math
 from bisect import bisect_left
 
 from ...pipeline.schedule import in_flight
+from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
 from .numbers import boundary_send, gathered_params, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
+
+MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
 
 
 class StageEvaluator:
@@ -145,7 +148,7 @@ class StageEvaluator:
                                            if bisect_left(pos, a) < len(pos) and pos[bisect_left(pos, a)] < b):
             lo = bisect_left(pos, a)
             names = [self.units[j].name for j in pos[lo:bisect_left(pos, b, lo)]] if detail else None
-            types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names]
+            types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names, (pos, lo)]
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
         still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
@@ -159,12 +162,17 @@ class StageEvaluator:
             counts = [(tv[0], 0, 0) for tv in types.values()]
             choice = (acts, extra, counts)
         else:
-            # the budget holds the largest transient any choice could need (the plan reports the chosen
-            # one's), in two classes: choices without full recomputation of a free block (their
-            # transient is the selective core's), and all choices (full's).  Either class contains the
-            # uniform policy at its exact transient, so no uniform choice that fits is lost.
+            # one run of identical free blocks: the exact choice, priced with the transient of its best
+            # order (recompute/ordered.py).  Otherwise the budget holds the largest transient any
+            # choice could need (the plan reports the chosen one's), in two classes: choices without
+            # full recomputation of a free block (their transient is the selective core's), and all
+            # choices (full's).  Either class contains the uniform policy at its exact transient, so
+            # no uniform choice that fits is lost.
+            run, rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else (False, None)
+            if rc is not None:
+                choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
             tl = list(types.values())
-            for no_full in ((True, False) if tl else (False,)):
+            for no_full in (() if run else (True, False) if tl else (False,)):
                 tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
                 if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
                     continue            # no free block may use full: the second class is the same
@@ -182,6 +190,14 @@ class StageEvaluator:
                         tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
                 if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
                     choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
+            if not run and len(tl) > 1 and sum(tv[0] for tv in tl) <= MIXED_BLOCKS:
+                # several block types: the bound above is loose; also try the cheapest Pareto count
+                # choices with their blocks in the order the plan gets and their real transient
+                # (stages of few blocks only: the frontier of long ones costs the search seconds)
+                beat = choice[1] - fixed_extra if choice else math.inf
+                rc = self._mixed(idx, tl, base - infl * fixed_act, infl, beat)
+                if rc is not None:
+                    choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         if choice is None:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
@@ -191,13 +207,9 @@ class StageEvaluator:
         if not detail:
             self.cache[key] = (T, True)
             return (T, True)
-        # detailed: per-block policies (recompute the last blocks of each type first: deterministic)
-        policies = {}
-        for (tv, cnt) in zip(types.values(), counts):
-            names = tv[3]
-            nn, ns, nf = cnt
-            for q, name in enumerate(names):
-                policies[name] = "none" if q < nn else ("selective" if q < nn + ns else "full")
+        # detailed: per-block policies, full recomputation on a type's first blocks, then selective
+        # (recompute/ordered.py: that order's transient is the least)
+        policies = _order_policies(list(types.values()), counts)
         for j in idx:
             u = self.units[j]
             al = self.allowed(u)
@@ -219,12 +231,75 @@ class StageEvaluator:
                     "activations": acts * infl, "transient": transient + z3},
             recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
 
+    def _ordered(self, a, b, types, base, fixed_act, infl):
+        """(True, recompute/ordered.py's exact choice or None) when [a, b) is glue, one contiguous run of
+        free identical blocks and glue (the run's neighbours' stashes and terms, ZeRO-3 gathers, fed
+        in); else (False, None)."""
+        (k, opt, al, _, (pos, lo)), = types.values()
+        blocks = self._tab["blocks"]
+        first = pos[lo]
+        last = first + k - 1
+        if blocks[b] - blocks[a] != k or last >= b or blocks[last + 1] - blocks[first] != k:
+            return False, None              # other blocks in the stage, or glue between these
+        units, act, T = self.units, self.num.act, self._tab
+        # the glue's stash after the run (the glue is fixed: "fact" holds it); without ZeRO-3 gathers
+        # no glue term is above zero, the floor of the transient
+        post_stash, post_term, pre_term, g_last, dg = T["fact"][b] - T["fact"][last + 1], -math.inf, -math.inf, 0.0, 0.0
+        if self.cfg.zero == 3:
+            gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
+            post_stash = 0.0
+            for j in range(b - 1, last, -1):
+                post_term = max(post_term, gath[j - a] - post_stash)
+                post_stash += act[j][0]
+            pre_stash = 0.0
+            for j in range(first - 1, a - 1, -1):
+                pre_term = max(pre_term, gath[j - a] - pre_stash)
+                pre_stash += act[j][0]
+            g_last = gath[last - a]
+            dg = (gath[first - a] - g_last) / (k - 1) if k > 1 else 0.0
+        return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g_last, dg,
+                                    tol=1e-9 * self.cap)
+
+    def _mixed(self, idx, tl, room, infl, beat, tries=64):
+        """The first of the `tries` cheapest (stash, extra) Pareto count choices of several block types
+        that fits `room` (bytes beside the fixed units' stashes) with its real transient, cheaper than
+        `beat`; or None.  Not exact (the Pareto drop ignores the transient): bounded work."""
+        from ...recompute.solver import RecomputeChoice, _pareto, _type_frontier
+        cur = [(0.0, 0.0, ())]
+        for n, opt, al, *_ in tl:
+            f = _type_frontier(n, opt, al)
+            cur = _pareto([(a1 + a2, e1 + e2, c1 + (c2,)) for a1, e1, c1 in cur for a2, e2, c2 in f])
+        fixed = {self.units[j].name: self.allowed(self.units[j])[0] for j in idx
+                 if self.units[j].kind == "block" and len(self.allowed(self.units[j])) == 1}
+        tol = 1e-9 * self.cap
+        for act, ext, counts in sorted(cur, key=lambda q: (q[1], q[0]))[:tries]:
+            if ext >= beat - 1e-15:
+                return None
+            if infl * act > room + tol:
+                continue
+            pols = dict(fixed)
+            named = [tv[:3] + [tv[3] or [self.units[j].name for j in tv[4][0][tv[4][1]:tv[4][1] + tv[0]]]] for tv in tl]
+            pols.update(_order_policies(named, counts))
+            if infl * act + self.transient(idx, pols) <= room + tol:
+                return RecomputeChoice(act, ext, counts)
+        return None
+
+
+def _order_policies(tl, counts):
+    """Per-block policies of a count choice: full recomputation on a type's first blocks, then
+    selective (recompute/ordered.py: that order's transient is the least)."""
+    policies = {}
+    for tv, (nn, ns, nf) in zip(tl, counts):
+        for q, name in enumerate(tv[3]):
+            policies[name] = "full" if q < nf else ("selective" if q < nf + ns else "none")
+    return policies
+
 
 def choose_restricted(types, budget):
     """Recompute choice when some block types may only use a subset of the policies."""
     from ...recompute.solver import RecomputeChoice, _pareto, _type_frontier
     cur = [(0.0, 0.0, ())]
-    for n, opt, al, _ in types:
+    for n, opt, al, *_ in types:
         f = _type_frontier(n, opt, al)
         cur = _pareto([(a1 + a2, e1 + e2, c1 + (c2,)) for a1, e1, c1 in cur for a2, e2, c2 in f])
     best = None
