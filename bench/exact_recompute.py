@@ -50,6 +50,24 @@ class ExactStageEvaluator(StageEvaluator):
         self._pre_root = _prefix([pb if u.kind != "block" else 0.0 for u, pb in zip(self.units, num.pbytes)])
         self._pre_bpb = _prefix([pb if u.kind == "block" else 0.0 for u, pb in zip(self.units, num.pbytes)])
         self._pre_blocks = _prefix([u.kind == "block" for u in self.units])
+        # nearest block before each unit (-1: none), for FSDP2's backward prefetch (numbers._prefetched)
+        self._prevb, last = [], -1
+        for j, u in enumerate(self.units):
+            self._prevb.append(last)
+            if u.kind == "block":
+                last = j
+
+    def _flag(self, j, a):
+        """Bytes of the block before unit j inside the stage starting at a (0 when none): what FSDP2's
+        backward prefetch holds while j's backward runs, if j is a block or the glue after the last one."""
+        if self.cfg.zero != 3 or self._prevb[j] < a:
+            return 0.0
+        return self.num.pbytes[self._prevb[j]]
+
+    def _prefetch(self, j, a, b):
+        if self.units[j].kind == "block" or self._pre_blocks[b] == self._pre_blocks[j + 1]:
+            return self._flag(j, a)
+        return 0.0
 
     def _gathered(self, j, held):
         """ZeRO-3 bytes gathered at unit j's backward beyond the stage's root (numbers.zero3_gathered)."""
@@ -64,13 +82,15 @@ class ExactStageEvaluator(StageEvaluator):
         """States [(extra, stash, worst, chain)] of units [a, b) walked from b down to a; chain links
         (units from b, policy, rest).  Resumes from the longest cached suffix of the same content."""
         sigs = self._sigs
-        got = self._fr.get(sigs[a:b])
+        # a suffix's terms depend on its content and on the block before it inside the stage (the
+        # prefetch of its leading units): both are the cache key
+        got = self._fr.get((sigs[a:b], self._flag(a, a)))
         if got is not None:
             return got
         j0 = a + 1
-        while j0 < b and sigs[j0:b] not in self._fr:
+        while j0 < b and (sigs[j0:b], self._flag(j0, a)) not in self._fr:
             j0 += 1
-        states = self._fr[sigs[j0:b]] if j0 < b else [(0.0, 0.0, -math.inf, None)]
+        states = self._fr[(sigs[j0:b], self._flag(j0, a))] if j0 < b else [(0.0, 0.0, -math.inf, None)]
         held = self._pre_bpb[b] - self._pre_bpb[j0]
         num = self.num
         for j in range(j0 - 1, a - 1, -1):
@@ -78,7 +98,7 @@ class ExactStageEvaluator(StageEvaluator):
             act, ext = num.act[j], num.extra[j]
             if u.kind == "block":
                 held += num.pbytes[j]
-            g = self._gathered(j, held)
+            g = self._gathered(j, held) + self._prefetch(j, a, b)
             out = []
             for p in self.allowed(u):
                 k = POLICIES.index(p)
@@ -87,7 +107,7 @@ class ExactStageEvaluator(StageEvaluator):
                     out.append((e + ext[k], s + act[k], max(w, rc + g - s), (b - j, p, chain)))
             MIXES[0] += len(out)
             states = _prune(out)
-            self._fr[sigs[j:b]] = states
+            self._fr[(sigs[j:b], self._flag(j, a))] = states
         return states
 
     def _pick(self, i, a, b):
@@ -108,7 +128,7 @@ class ExactStageEvaluator(StageEvaluator):
                 best = (e, s, tr, chain)
         if best is None:
             return None
-        t = (self._pre_t[b] - self._pre_t[a]) + self.sends(i) * self.c
+        t = (self._pre_t[b] - self._pre_t[a]) + self.sends(i) * self.c + self.num.prefetch_edges(a, b)
         return (t + best[0],) + best
 
     def seg(self, i, a, b, detail=False):
