@@ -433,7 +433,9 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         if bad:
             raise SappError(f"operator {bad[0]!r} has {len(strategies[bad[0]])} split entries but the stage mesh has "
                             f"{len(mesh.levels)} levels; fix the plan or regenerate it")
-        method = "plan"
+        # a plan says sp only where it placed it (api: cfg.sp and "sp" in the tp layout): the splits
+        # are the sequence-parallel ones (numbers.boundary_replicated reads this)
+        method = "plan+sp" if (sp and tp > 1) else "plan"
     else:
         strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
                                               strategy_cache, rebatched=rebatch, sp=sp and tp > 1)
