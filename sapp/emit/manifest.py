@@ -146,13 +146,16 @@ def observed(prog) -> dict:
            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
            "runtime": "eager",
            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
-           "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1]),
-           # the ranks the all-to-all runs over (one stage's dp ranks under a pipeline), and the
-           # pipeline depth the schedule's stages were built for
-           "ep_group": sorted({tuple(m.sapp_ep_group) for mod in mods.values() for m in mod.modules()
-                               if getattr(m, "sapp_ep_group", None)}),
-           "pp": int(prog.schedule._stages[0].group_size if hasattr(prog.schedule, "_stages")
-                     else prog.schedule._stage.group_size) if getattr(prog, "schedule", None) is not None else 1}
+           "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
+    # the ranks the all-to-all runs over (one stage's dp ranks under a pipeline), and the pipeline
+    # depth the schedule's stages were built for (present when > 1, like the plan's)
+    ep_group = sorted({tuple(m.sapp_ep_group) for mod in mods.values() for m in mod.modules()
+                       if getattr(m, "sapp_ep_group", None)})
+    if ep_group:
+        out["ep_group"] = ep_group
+    run = getattr(prog, "schedule", None)
+    if run is not None:
+        out["pp"] = int(run._stages[0].group_size if hasattr(run, "_stages") else run._stage.group_size)
     if getattr(prog, "pp", 1) > 1:      # stage boundaries cut to 1/tp and all-gathered (emit/pipe.scatter_gather)
         out["scatter_gather"] = {str(s): list(getattr(mod, "sapp_scatter_gather", None) or [])
                                  for s, mod in sorted(mods.items())}
@@ -215,11 +218,12 @@ def expected(plan, prog, regions: dict) -> dict:
            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
-           "ep": int(plan.parallel.get("ep", 1) or 1),
-           "ep_group": [tuple(g)] if (g := ep_mod.plan_group(plan, prog.rank)) else [],
-           "pp": int(pp)}
+           "ep": int(plan.parallel.get("ep", 1) or 1)}
+    if out["ep"] > 1:       # the EP group as priced: ep consecutive dp ranks of this rank's stage
+        out["ep_group"] = [tuple(ep_mod.plan_group(plan, prog.rank))]
     if pp > 1:
         out["scatter_gather"] = {str(s): _sg_expected(plan, s) for s in sorted(mods)}
+        out["pp"] = int(pp)
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out
 
