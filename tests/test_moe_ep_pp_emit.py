@@ -118,6 +118,13 @@ def test_searched_ep_x_pp_plan_runs_as_priced(tmp_path):
         assert abs(r["rel_err"]) <= MEM_TOL, (r["id"], r["rank"], r["measured"], r["predicted"])
         assert r["predicted"]["params"] == 4 * stage_params[r["stage"]]
         assert r["measured"]["params"] == r["predicted"]["params"]
+        # Adam's two fp32 moments: ZeRO-1 halves the dense part over dp 2; the experts' expert-DP group
+        # inside the stage is dp / ep = 1 rank, so their states stay whole
+        experts = 2 * EXPERT
+        dense = stage_params[r["stage"]] - experts
+        want = 8 * (stage_params[r["stage"]] if r["id"].endswith("z0/none") else dense / 2 + experts)
+        assert r["predicted"]["optimizer"] == want
+        assert abs(r["measured"]["optimizer"] - want) <= 0.01 * want, (r["measured"], want)
         for a, b in zip(r["losses"], ref):
             assert abs(a - b) <= REL_TOL * abs(b), (r["id"], r["rank"], r["losses"], ref)
 
