@@ -8,9 +8,15 @@ Contract with the model (sapp/models/moe.py): an MoE module has `E`, `w_in` [E, 
 [E, f, h] and `experts_fn(rows, w_in, w_out, offs)` taking the rows sorted by expert with group ends
 `offs`; this module swaps `experts_fn` and replaces the weights by this rank's slice.
 
-Emitted for pp = 1, tp = 1, ZeRO-0 or ZeRO-1 (experts' optimizer states sharded over expert-DP,
-sapp/emit/zero1.py; what the joint search offers ep > 1 with); anything else is a
-PlanError naming what to change."""
+Emitted for tp = 1, ZeRO-0 or ZeRO-1 (experts' optimizer states sharded over expert-DP,
+sapp/emit/zero1.py; what the joint search offers ep > 1 with), with or without pipeline stages;
+anything else is a PlanError naming what to change.
+
+Under a pipeline (pp > 1) the EP and expert-DP groups are a stage's own: the ep consecutive dp ranks of
+one pipeline rank, and the dp / ep ranks of that rank holding the same experts (as
+sapp/costmodel/moe.py prices them: the all-to-all never crosses a stage).  The traced stage modules
+call each MoE layer as a sub-module (torch.export keeps the module call), so `eager_moe` puts a private
+copy of the model's eager MoE module there, which `apply` then makes expert-parallel like pp = 1."""
 from __future__ import annotations
 
 import functools
@@ -34,9 +40,11 @@ def check(plan, model) -> int:
     ep = int(par.get("ep", 1) or 1)
     if ep == 1:
         return 1
-    if par["pp"] > 1 or par["tp"] > 1 or plan.zero not in (0, 1):
-        raise PlanError(f"expert parallelism (ep={ep}) is emitted with pp=1, tp=1 and zero 0 or 1 only; the plan has "
-                        f"pp={par['pp']} tp={par['tp']} zero={plan.zero}: pin ep=1 or those")
+    if par["tp"] > 1 or plan.zero not in (0, 1):
+        raise PlanError(f"expert parallelism (ep={ep}) is emitted with tp=1 and zero 0 or 1 only; the plan has "
+                        f"tp={par['tp']} zero={plan.zero}: pin ep=1 or those")
+    if par["dp"] % ep:
+        raise PlanError(f"ep={ep} must divide the plan's dp={par['dp']} (EP groups are dp ranks of one stage)")
     mods = moe_modules(model)
     if not mods:
         raise PlanError(f"the plan has ep={ep} but the model has no MoE layer (experts_fn, w_in, w_out); use ep 1")
@@ -44,6 +52,41 @@ def check(plan, model) -> int:
     if bad:
         raise PlanError(f"ep={ep} must divide every MoE layer's expert count ({bad[0]} has {mods[0][1].E})")
     return ep
+
+
+def eager_moe(stages: dict, model: nn.Module) -> int:
+    """Each traced pipeline stage's MoE layers replaced by private copies of the model's eager ones
+    (same names, same initial values); returns how many.  The traced graph calls them as sub-modules."""
+    import copy
+    n = 0
+    for name, m in moe_modules(model):
+        parent, _, child = name.rpartition(".")
+        for mod in stages.values():
+            try:
+                owner = mod.get_submodule(parent) if parent else mod
+            except AttributeError:
+                continue
+            if child in owner._modules:
+                setattr(owner, child, copy.deepcopy(m))
+                n += 1
+    return n
+
+
+def group_ranks(group) -> list:
+    """The global ranks of a process group (the manifest records the EP group that runs)."""
+    return list(dist.get_process_group_ranks(group)) if group is not None else []
+
+
+def plan_group(plan, rank: int) -> list:
+    """The EP group the plan prices for `rank`: the ep consecutive dp ranks of its own pipeline stage
+    and tp index (rank = (pp_i * dp + dp_i) * tp + tp_i); [] when ep = 1."""
+    par = plan.parallel
+    ep, dp, tp = int(par.get("ep", 1) or 1), par["dp"], par["tp"]
+    if ep == 1:
+        return []
+    p, d, t = rank // (dp * tp), (rank // tp) % dp, rank % tp
+    first = d - d % ep
+    return [(p * dp + first + j) * tp + t for j in range(ep)]
 
 
 def groups(pp: int, dp: int, tp: int, ep: int, rank: int):
@@ -104,6 +147,7 @@ def apply(model: nn.Module, ep: int, ep_group, ep_rank: int) -> list:
         m.w_out = nn.Parameter(m.w_out.detach()[sl].clone())
         m.experts_fn = functools.partial(_dispatch_experts, inner=m.experts_fn, group=ep_group, ep=ep, local=local)
         m.sapp_ep = ep
+        m.sapp_ep_group = group_ranks(ep_group)       # what the manifest compares with the plan's layout
         names += [f"{name}.w_in" if name else "w_in", f"{name}.w_out" if name else "w_out"]
     return names
 

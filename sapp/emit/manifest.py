@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from . import checks, recompute, sp as sp_mod
+from . import checks, ep as ep_mod, recompute, sp as sp_mod
 
 ROOT = "<root>"
 
@@ -147,6 +147,15 @@ def observed(prog) -> dict:
            "runtime": "eager",
            # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
            "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
+    # the ranks the all-to-all runs over (one stage's dp ranks under a pipeline), and the pipeline
+    # depth the schedule's stages were built for (present when > 1, like the plan's)
+    ep_group = sorted({tuple(m.sapp_ep_group) for mod in mods.values() for m in mod.modules()
+                       if getattr(m, "sapp_ep_group", None)})
+    if ep_group:
+        out["ep_group"] = ep_group
+    run = getattr(prog, "schedule", None)
+    if run is not None:
+        out["pp"] = int(run._stages[0].group_size if hasattr(run, "_stages") else run._stage.group_size)
     if getattr(prog, "pp", 1) > 1:      # stage boundaries cut to 1/tp and all-gathered (emit/pipe.scatter_gather)
         out["scatter_gather"] = {str(s): list(getattr(mod, "sapp_scatter_gather", None) or [])
                                  for s, mod in sorted(mods.items())}
@@ -210,8 +219,11 @@ def expected(plan, prog, regions: dict) -> dict:
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
            "ep": int(plan.parallel.get("ep", 1) or 1)}
+    if out["ep"] > 1:       # the EP group as priced: ep consecutive dp ranks of this rank's stage
+        out["ep_group"] = [tuple(ep_mod.plan_group(plan, prog.rank))]
     if pp > 1:
         out["scatter_gather"] = {str(s): _sg_expected(plan, s) for s in sorted(mods)}
+        out["pp"] = int(pp)
     cp = plan.parallel.get("cp", 1)
     return dict(out, cp=cp) if cp > 1 else out
 

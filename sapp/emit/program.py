@@ -290,6 +290,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         traced = pipe_mod.trace(model, ex, checks.split_points(plan), local=local)
         mine = [s for s in range(n_stages) if s % pp == me[0]]
         raw = pipe_mod.stage_modules(traced, mine)
+        if int(par.get("ep", 1) or 1) > 1:      # the stage's MoE layers eager again, for EP (emit/ep.py)
+            ep_mod.eager_moe(raw, model)
     else:
         traced, mine, raw = None, [0], {0: model}
 

@@ -2,7 +2,10 @@
 
     python -m tests.emit_workers.ep_job WORLD CASES.json OUT.json
 
-A case: {"id", "dp", "ep", "steps", "batch", "zero" (optional, 0)}; every rank writes its losses per step."""
+A case: {"id", "dp", "ep", "steps", "batch", "zero" (optional, 0), and for a pipeline "pp", "schedule",
+"micro_batches", "split_before", "virtual_chunks" (optional)}; every rank writes its losses per step and,
+with "params": true, its parameters after the last step (the reference writes all of them).  "model_args"
+(optional) overrides moe-tiny's shape (e.g. {"l": 4}) for the rank and the reference alike."""
 from __future__ import annotations
 
 import json
@@ -13,25 +16,27 @@ import traceback
 SEED = 0
 
 
-def _model():
+def _model(model_args=None):
     import torch
     import sapp.models as zoo
     torch.manual_seed(SEED)
-    return zoo.get("moe-tiny", device="cpu")
+    return zoo.get("moe-tiny", device="cpu", **(model_args or {}))
 
 
-def _batch(step, batch):
+def _batch(step, batch, model_args=None):
     import sapp.models as zoo
-    m = _model()
+    m = _model(model_args)
     g = step + 1      # a different batch each step (example_* are seeded, so offset the ids)
     x = zoo.example_inputs(m, batch * (g + 1))[0][batch * g:]
     y = zoo.example_targets(m, batch * (g + 1))[batch * g:]
     return x, y
 
 
-def _plan(dp, ep, batch, params, zero=0):
+def _plan(dp, ep, batch, params, zero=0, case=None):
     from tests.emit_workers.plans import make_plan
-    plan = make_plan(name="moe-tiny", params=params, global_batch=batch, dp=dp, zero=zero)
+    case = case or {}
+    pipe = {k: case[k] for k in ("pp", "schedule", "micro_batches", "split_before", "virtual_chunks") if k in case}
+    plan = make_plan(name="moe-tiny", params=params, global_batch=batch, dp=dp, zero=zero, **pipe)
     d = plan.to_dict() if hasattr(plan, "to_dict") else plan._d
     if ep > 1:
         d["parallel"]["ep"] = ep
@@ -39,19 +44,21 @@ def _plan(dp, ep, batch, params, zero=0):
     return Plan(d)
 
 
-def reference(steps, batch):
+def reference(steps, batch, model_args=None, params=False):
     import torch
     import sapp.models as zoo
-    m = _model()
+    m = _model(model_args)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     out = []
     for i in range(steps):
-        x, y = _batch(i, batch)
+        x, y = _batch(i, batch, model_args)
         loss = zoo.loss_fn(m)(m(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         out.append(loss.item())
+    if params:
+        return {"losses": out, "params": {n: p.detach().tolist() for n, p in m.named_parameters()}}
     return out
 
 
@@ -67,18 +74,27 @@ def _worker(rank, world, cases, out_dir, store):
         from sapp.emit import emit
         import sapp.models as zoo
         for case in cases:
-            m = _model()
+            margs = case.get("model_args")
+            m = _model(margs)
             plan = _plan(case["dp"], case["ep"], case["batch"], sum(p.numel() for p in m.parameters()),
-                         case.get("zero", 0))
-            prog = emit(m, plan, loss_fn=zoo.loss_fn(m), lr=1e-3, check_fingerprint=False)
+                         case.get("zero", 0), case)
+            prog = emit(m, plan, loss_fn=zoo.loss_fn(m), lr=1e-3, check_fingerprint=False,
+                        example_inputs=_batch(0, case["batch"], margs)[0])
             losses = []
             for i in range(case["steps"]):
-                x, y = _batch(i, case["batch"])
+                x, y = _batch(i, case["batch"], margs)
                 xs, ys = prog.shard(x, y)
                 losses.append(prog.step(xs, ys))
-            experts = sum(p.numel() for n, p in prog.modules[0].named_parameters() if n.endswith(("w_in", "w_out")))
+            # stage modules keep the un-split model's parameter names (ep >= 2 runs without DDP wrappers)
+            named = {n: p for mod in prog.modules for n, p in mod.named_parameters()}
+            experts = sum(p.numel() for n, p in named.items() if n.endswith(("w_in", "w_out")))
+            man = getattr(prog, "manifest", None) or {}
             results[case["id"]] = {"losses": losses, "expert_numel": experts, "ep": prog.ep, "zero": prog.zero,
-                                   "manifest_ep": (getattr(prog, "manifest", None) or {}).get("ep")}
+                                   "manifest_ep": man.get("ep"), "manifest_pp": man.get("pp"),
+                                   "manifest_ep_group": man.get("ep_group"), "stages": prog.stage_indices,
+                                   "expected": getattr(prog, "manifest_expected", None), "manifest": man}
+            if case.get("params"):
+                results[case["id"]]["params"] = {n: p.detach().tolist() for n, p in named.items()}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
         dist.barrier()
@@ -100,7 +116,9 @@ def main(argv):
         cases = json.load(f)
     failed, per_rank = fork_ranks(_worker, world, cases)
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v},
-           "ranks": per_rank, "ref": {c["id"]: reference(c["steps"], c["batch"]) for c in cases}}
+           "ranks": per_rank,
+           "ref": {c["id"]: reference(c["steps"], c["batch"], c.get("model_args"), c.get("params", False))
+                   for c in cases}}
     with open(out_path, "w") as f:
         json.dump(out, f, indent=1)
     return 0

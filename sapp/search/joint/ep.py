@@ -75,11 +75,12 @@ def unit_delta(ctx, unit, cfg) -> dict:
 
 
 def ep_note(ctx, cfg) -> str:
-    """The plan's note on expert parallelism (and, under a pipeline, that emit does not run it yet)."""
+    """The plan's note on expert parallelism (under a pipeline: the groups are each stage's own, as
+    sapp/emit/ep.py runs them)."""
     facts = moe_facts(ctx)
     E = min(f["experts"] for f in facts.values())
     s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "
          f"over {cfg.ep} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP ranks")
     if cfg.pp > 1:
-        s += "; priced, but sapp's emitter runs EP without pipelines only (sapp run refuses this plan)"
+        s += " of each pipeline stage (the all-to-all stays inside the stage)"
     return s
