@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes, sparse_table_state_bytes,
+from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
+from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
 from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
@@ -246,32 +247,6 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
                     numel /= f[d]
             out.append((numel, k, link, bool(owners[n][o.param]), sparse_gradient(node, f, per_rank)))
     return out
-
-
-def unit_states(params, zero, settings, samples=1.0):
-    """Model-state bytes of a unit's `params` (unit_params) at ZeRO `zero`; a sparse table's gradient
-    holds the rows `samples` samples per rank touch (sparse_table_state_bytes)."""
-    st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
-    for numel, k, _, trainable, sp in params:
-        if not trainable:
-            st["params"] += numel * settings.weight_bytes
-            continue
-        got = (sparse_table_state_bytes(numel, sp, samples, settings) if sp is not None
-               else model_state_bytes(numel, k, zero, settings))
-        for key, v in got.items():
-            st[key] += v
-    return st
-
-
-def _sparse_grads_delta(params, settings, node_samples, samples):
-    """Sparse tables' gradient bytes at `samples` samples per rank less what the per-node costs priced
-    at the graph's own `node_samples` (costmodel.nodes prices one pass over its batch)."""
-    d = 0.0
-    for numel, _, _, trainable, sp in params:
-        if trainable and sp is not None:
-            d += (sparse_table_state_bytes(numel, sp, samples, settings)["grads"]
-                  - sparse_table_state_bytes(numel, sp, node_samples, settings)["grads"])
-    return d
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None):
