@@ -15,6 +15,7 @@ from .constraints import Constraints
 from .costmodel import CostSettings
 from .costmodel.layouts import layout_str, output_layout
 from .errors import CaptureError, PlanError, SappError
+from .pipeline.template import template_map
 from .plan import SCHEMA, Plan
 
 CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
@@ -151,21 +152,6 @@ def tp_search_fn():
 
 
 # ---- plan building --------------------------------------------------------------------------------
-def template_map(graph, prof):
-    """Full-graph node -> template node whose strategy it shares (block nodes by position)."""
-    out = {}
-    blocks = graph.blocks
-    for name, node in graph.nodes.items():
-        b = node.block
-        if b is None or prof.rep_of.get(b, b) == b:
-            out[name] = name
-            continue
-        rep = prof.rep_of[b]
-        i = blocks[b].index(name)
-        out[name] = blocks[rep][i]
-    return out
-
-
 def operator_section(graph, prof):
     """(operators, tp_modules, tp_layout) of the plan; tp_modules and tp_layout are derived from the
     graph and the searched splits by sapp.search.tp_layout (not from module names)."""

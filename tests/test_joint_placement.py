@@ -36,3 +36,27 @@ def test_offload_weighed_against_zero_and_the_winner_named():
     winner = note[0].rsplit("-> ", 1)[1].split()[0]
     chosen = "optimizer-host" if p.placement["groups"] else "device"
     assert winner == chosen
+
+
+def test_offload_frees_no_more_than_the_device_holds_at_tp():
+    """Optimizer offload of a tensor-parallel block model frees the gradients and optimizer states the
+    device holds, never more.  (A regression: the saving was computed as if every block but the
+    profile's representative were replicated over tp, so at tp=4 it claimed 18.2 GB freed from a device
+    holding 6.1 GB and priced plans that do not fit.)"""
+    from sapp.cluster import Cluster
+    from sapp.constraints import Constraints
+    from sapp.costmodel import CostSettings
+    from sapp.api import tp_search_fn
+    from sapp.search.joint.configs import enumerate_configs
+    from sapp.search.joint.context import SearchContext
+    from sapp.search.joint.placement import _model_options, evaluate_config
+    g, _ = capture_graph(importlib.import_module("sapp.models").get("gpt3-1.3b"))
+    cl = Cluster.parse("a100-80g:nodes=2")
+    ctx = SearchContext(g, cl, 256, Constraints.from_dict({"pp": 1, "tp": 4, "zero": 0}),
+                        CostSettings(precision=cl.precision), tp_search_fn())
+    cfg = next(c for c in enumerate_configs(ctx) if c.m == 1 and c.sp)
+    prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)
+    res = evaluate_config(ctx, cfg, prof, placement=False)
+    held = res.stages[0].memory["grads"] + res.stages[0].memory["optimizer"]
+    off = next(o for o in _model_options(ctx, cfg, prof) if o.name == "optimizer-host")
+    assert 0.9 * held <= off.device_bytes_saved <= held * (1 + 1e-9)

@@ -45,10 +45,12 @@ def boundary_per_sample(ctx):
     return ctx._boundary_ps
 
 
-def profile_bound(ctx, cfg, prof):
+def profile_bound(ctx, cfg, prof, floor=None):
     """Tighter bound from the profile: real per-micro-batch unit times (no recomputation), the
     stage-boundary sends every pipeline pays, the cheapest possible gradient sync (bandwidth spread
-    evenly, latency once) and the bubble."""
+    evenly, latency once; overlapped: the last bucket, at least one block's) and the bubble.
+    `floor`: a lower bound on the slowest stage's time per micro-batch (memory_bound.stage_time_floor:
+    the recomputation memory forces), folded into the bubble formula, which grows with it."""
     num = bound_numbers(ctx, prof, cfg)
     p, m = cfg.pp, cfg.m
     c = p2p_time(ctx, cfg, num.boundary)
@@ -62,9 +64,16 @@ def profile_bound(ctx, cfg, prof):
         k = -(-ctx.L // (p * step)) * step
         least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
         tmax = max(tmax, k * num.tblock + least_sends * c)
+    if floor is not None:
+        tmax = max(tmax, floor)
+        if p == 1:
+            tot = max(tot, floor)
     gs = num.gs / p + num.lat
     if overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime) != "none":
-        gs = 0.0         # the runtime may hide all but its last bucket under backward
+        # the runtime hides all but its last bucket under backward, and every stage's last bucket
+        # holds at least one block's gradients (gradsync.exposed_grad_sync)
+        gs = num.gs_block
+    gs += ctx.loss_sync_s
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":
@@ -82,9 +91,9 @@ def memory_infeasible(ctx, cfg, prof):
     recomputation transient and ZeRO-3 gathers are left out (a necessary condition only)."""
     if not ctx.uniform or ctx.stage_pins is not None or ctx.placement_relevant:
         return False
-    from .placement import _model_options
+    from .placement import host_offload_possible
     # without a host option (optimizer offload) every model state stays on the device
-    offload = any(o.name != "device" for o in _model_options(ctx, cfg, prof))
+    offload = host_offload_possible(ctx, cfg, prof)
     from ...pipeline.schedule import in_flight
     from ...recompute.solver import POLICIES
     from .numbers import held_states

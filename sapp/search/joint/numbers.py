@@ -86,21 +86,30 @@ class BoundNumbers:
         cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         self.tblock = None          # the cheapest block's time (whole blocks per stage)
-        # ZeRO-3 under FSDP2's prefetch may hide every gather but the stage's first (a lower bound)
+        self.gs_block = 0.0         # the cheapest block's gradient sync (the least last bucket)
+        # ZeRO-3 under FSDP2's prefetch hides a gather by at most its neighbour's compute
+        # (costmodel.gradsync.fsdp_prefetch_hidden), so by at most the largest unit's (a lower bound)
         prefetch = cfg.zero == 3 and overlap_rule(ctx.cluster, 3, cfg.pp, cfg.tp, ctx.settings.runtime) == "fsdp-units"
-        for u, k in counts.values():
-            t, _, _, out, _, gs, _, _, lat, _ = _values(u, cfg, cpt, ctx)
+        vals = [(u, k, _values(u, cfg, cpt, ctx)) for u, k in counts.values()]
+        if prefetch:
+            gath = {id(u): _unit_gather(u, cfg) for u, _, _ in vals}
+            cf = max(max(0.0, v[7] - gath[id(u)][0]) for u, _, v in vals)
+            cb = max(max(0.0, v[0] - v[7] - gath[id(u)][1]) for u, _, v in vals)
+        blocks_gs = []
+        for u, k, (t, _, _, out, _, gs, _, _, lat, _) in vals:
             if prefetch:
-                gf, gb = _unit_gather(u, cfg)
-                t -= gf + gb
+                gf, gb = gath[id(u)]
+                t -= min(gf, cf) + min(gb, cb)
             self.tot += k * t
             self.tmax = max(self.tmax, t)
             if u.kind == "block":
                 self.tblock = t if self.tblock is None else min(self.tblock, t)
+                blocks_gs.append(gs)
             self.gs += k * gs
             self.lat = max(self.lat, lat)
             if u.kind == "block":
                 self.boundary = max(self.boundary, out)
+        self.gs_block = min(blocks_gs, default=0.0)
 
 
 def _unit_gather(u, cfg):

@@ -68,22 +68,35 @@ def _model_options(ctx, cfg, prof):
     return opts
 
 
+def host_offload_possible(ctx, cfg, prof):
+    """Whether some host placement of this configuration may move gradients and optimizer states off
+    the device (then only the parameters surely stay: the memory bounds count those)."""
+    return any(o.name != "device" for o in _model_options(ctx, cfg, prof))
+
+
 def table_split(ctx, prof):
     """param -> the ways the stage's tp level splits it (1 where its owner's tp split is not one of its
     dims: replicated on every tp rank), for the parameters the profile's layout prices; None without tp."""
+    # (computed once per profile: the search asks it for every configuration and stage it weighs)
+    if "_table_split" in prof.__dict__:
+        return prof._table_split
     roles = tuple(prof.roles or ())
     if "tp" not in roles or not prof.strategies:
+        prof._table_split = None
         return None
     ti, tp = roles.index("tp"), prof.tp
     from ...costmodel import param_owners
+    from ...pipeline.template import template_map
+    tmap = template_map(ctx.graph, prof)      # (a block's nodes share its representative's strategies)
     out = {}
     for name, ps in param_owners(ctx.graph).items():
-        strat = prof.strategies.get(name)
+        strat = prof.strategies.get(tmap.get(name, name))
         node = ctx.graph.nodes[name]
         d = strat[ti] if strat is not None and len(strat) > ti else None
         for p in ps:
             dims = next((op.dims for op in node.operands if op.param == p), None)
             out[p] = tp if d is not None and (dims is None or d in dims) else 1
+    prof._table_split = out
     return out
 
 

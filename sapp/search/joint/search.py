@@ -12,9 +12,10 @@ from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
 from .bounds import analytic_bound, memory_infeasible, profile_bound
 from .configs import enumerate_configs, interleave_problem
+from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
-from .placement import evaluate_config, rank_key
+from .placement import evaluate_config, host_offload_possible, rank_key
 from .stage import memory_needed
 
 
@@ -42,7 +43,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     # gets its profile bound (its (dp, tp) profile built on first use) and goes back; popped again
     # it is evaluated.  Configurations are thus evaluated in profile-bound order, so the optimum is
     # met early and the rest pruned; every bound is a valid lower bound, so the optimum (and the
-    # plan) is what evaluating every configuration would give.  `exhaustive` evaluates them all.
+    # plan) is what evaluating every configuration would give.  A third look (identical blocks)
+    # adds the recomputation the memory forces before evaluating.  `exhaustive` evaluates them all.
     ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
     heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
     best, evaluated, pruned = None, 0, 0
@@ -58,10 +60,20 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
-        if not exhaustive and memory_infeasible(ctx, cfg, prof):
-            pruned += 1
-            infeasible.append((cfg, prof))
-            continue
+        if not exhaustive and phase == 1:
+            if memory_infeasible(ctx, cfg, prof):
+                pruned += 1
+                infeasible.append((cfg, prof))
+                continue
+            # third look: the recomputation its memory forces (memory_bound); evaluated when popped again
+            floor = stage_time_floor(ctx, cfg, prof, host_offload_possible(ctx, cfg, prof))
+            if floor == math.inf:
+                pruned += 1
+                infeasible.append((cfg, prof))
+                continue
+            if floor is not None:
+                heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof, floor)), 2, cfg.key(), i))
+                continue
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
         if progress is not None:

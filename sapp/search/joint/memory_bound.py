@@ -1,0 +1,108 @@
+"""A lower bound on a configuration's step time that knows its memory: the recomputation a stage
+must pay to hold its blocks' activations, priced by the linear relaxation of the recompute choice.
+
+The profile bound (bounds.profile_bound) prices every block without recomputation, so for large
+models it sits 20-60% under the evaluated step and the search evaluates hundreds of configurations it
+could have ruled out.  Here, for identical blocks: a stage i holding k blocks keeps at least their
+model states (parameters only where optimizer offload could move the rest to the host), ZeRO-2's
+gathered parameters, its glue and, per micro-batch in flight, its blocks' stashes.  What does not fit
+below the capacity must be recomputed; the cheapest way to shave y bytes off a block's stash is at
+least the lower convex envelope of its allowed (stash, extra seconds) policies (a fractional choice,
+so never above the integer optimum the exact stage pricing finds).  Left out, each only raising the
+real time or memory: the recomputation transient, ZeRO-3 gathers, FSDP2 prefetch edges, exposed
+host time.  The bottleneck over all whole-block partitions is then found as the exact partition
+does (pipeline.partition.partition_counts), on this O(1) stage price."""
+from __future__ import annotations
+
+import math
+
+from ...pipeline.partition import partition_counts
+from ...pipeline.schedule import in_flight
+from ...recompute.solver import POLICIES
+from .numbers import bound_numbers, held_states, p2p_time, unit_numbers
+
+REL_TOL = 1e-4
+
+
+def envelope(points):
+    """f(y): the least extra seconds of any fractional mix of `points` [(stash bytes, extra s)] whose
+    stash is at most y (None below the smallest stash).  Two points suffice for one constraint."""
+    pts = sorted(set(points))
+
+    def f(y):
+        best = None
+        for i, (a1, e1) in enumerate(pts):
+            if a1 <= y:
+                best = e1 if best is None else min(best, e1)
+            for a2, e2 in pts[i + 1:]:
+                if a1 <= y <= a2 and a2 > a1:
+                    e = e2 + (e1 - e2) * (a2 - y) / (a2 - a1)
+                    best = e if best is None else min(best, e)
+        return best
+    return f
+
+
+def stage_time_floor(ctx, cfg, prof, offload):
+    """A lower bound on the slowest stage's time per micro-batch (one stage: the whole step's per
+    micro-batch, glue included), recomputation the memory forces included; math.inf when no partition
+    can fit; None where it does not apply (blocks not identical, stage pins, host tables that may
+    free memory).
+    `offload`: some host placement may move gradients and optimizer states off the device."""
+    if not ctx.uniform or ctx.stage_pins is not None or ctx.placement_relevant or not ctx.L:
+        return None
+    num = unit_numbers(ctx, prof, cfg)
+    units = prof.units
+    p, m = cfg.pp, cfg.m
+    blocks = [j for j, u in enumerate(units) if u.kind == "block"]
+    b0 = blocks[0]
+    infl = in_flight(cfg.schedule, p, m, cfg.v)
+    cap = ctx.cap
+
+    def states(j):
+        st = held_states(units[j], cfg, False, ctx)
+        s = st["params"] if offload else st["params"] + st["grads"] + st["optimizer"]
+        return s + (num.pbytes[j] if cfg.zero == 2 else 0.0)     # FSDP2's gathered copy (numbers.gathered_params)
+
+    sb = states(b0)
+    tb = min(num.t[j] for j in blocks)
+    f = envelope([(num.act[b0][POLICIES.index(x)], num.extra[b0][POLICIES.index(x)])
+                  for x in ctx.allowed(units[b0].name)])
+    pre = [j for j in range(b0)]
+    post = [j for j in range(blocks[-1] + 1, len(units))]
+    c = p2p_time(ctx, cfg, bound_numbers(ctx, prof, cfg).boundary)
+    inter = cfg.schedule == "interleaved" and cfg.v > 1
+    step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
+    kmin = cfg.v if inter and step == 1 else 1
+
+    def sends(i):
+        if inter:
+            return 2 * cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
+        return (1 if i < p - 1 else 0) + (1 if i > 0 else 0)
+
+    glue = []
+    for i in range(p):
+        g = (pre if i == 0 else []) + (post if i == p - 1 else [])
+        glue.append((sum(states(j) for j in g), sum(num.act[j][0] for j in g), sum(num.t[j] for j in g)))
+    memo = {}
+
+    def stage(i, k):
+        k *= step
+        gs, ga, gt = glue[i]
+        key = (infl[i], sends(i), gs, ga, gt, k)
+        r = memo.get(key)
+        if r is None:
+            room = (cap - k * sb - gs) / infl[i] - ga      # stash bytes per micro-batch the blocks may keep
+            e = f(room / k) if room >= 0 else None
+            r = memo[key] = (math.inf, False) if e is None else (k * tb + gt + sends(i) * c + k * e, True)
+        return r
+
+    if p == 1:
+        gs_, ga_, _ = glue[0]
+        gt = sum(num.t[j] for j, u in enumerate(units) if u.kind != "block")   # (any glue between blocks too)
+        glue[0] = (gs_, ga_, gt)
+        return stage(0, ctx.L // step)[0]
+    counts, tmax = partition_counts(ctx.L // step, p, stage, rel_tol=REL_TOL, kmin=kmin)
+    if counts is None:
+        return math.inf
+    # (the bisection stops within REL_TOL above the least bottleneck: step back below it)
+    return tmax * (1 - 2 * REL_TOL)
