@@ -37,6 +37,9 @@ class Row:
     needs: str = ""            # a strategy the run used that sapp does not price yet ("" = none)
     note: str = ""
     free: bool = True          # also price the free search's choice
+    # the source ran Megatron-Core's --tp-comm-overlap: priced with the "fused+tp-overlap" runtime when
+    # the table's runtime is "fused" (a flag the run states, like its sp pin; not a correction)
+    tp_comm_overlap: bool = False
 
 
 def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
@@ -49,8 +52,10 @@ def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
 # NVIDIA/Megatron-LM, July 2024), with Megatron's GPT conventions for the rest: ffn 4h, untied 131072
 # vocabulary.  Parameters (REFERENCE §2 formula + the untied output layer): 1.75B 7.13B 16.1B
 # 31.5B 69.8B 118.5B 177B 314B 462B.
-# Micro-batch 1, distributed optimizer (ZeRO-1).  The table does not give the interleaving depth: the
-# search chooses it.
+# Micro-batch 1, distributed optimizer (ZeRO-1).  The README sets --tp-comm-overlap (runtime
+# "fused+tp-overlap") and --overlap-grad-reduce / --overlap-param-gather (the fused runtime's
+# "megatron-buckets"); it names no interleaving, so the schedule is Megatron's default without
+# --num-layers-per-virtual-pipeline-stage: plain 1F1B.
 _MEGATRON_H100 = [
     # name, l, h, a, tp, pp, global batch, TF/GPU
     ("1.7B", 24, 2048, 16, 1, 1, 192, 408.8),
@@ -70,10 +75,11 @@ for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
     ROWS.append(Row(
         "Megatron-LM H100 weak scaling", f"GPT {_n} t{_t} p{_p} d48", "gpt3-175b",
         gpt_shape(_l, _h, _a, 131072, 4096), f"h100-80g:devices={_gpus}", _gb,
-        {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {})},
+        {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {}),
+         **({"schedule": "1f1b"} if _p > 1 else {})},
         "tf_per_gpu_model", _tf,
         "Megatron-LM README (REFERENCE.md §5)", needs="sp" if _t > 1 else "",
-        note="shape from the README's model table"))
+        note="shape from the README's model table", tp_comm_overlap=True))
 
 # Korthikanti et al. 2022, Table 4: one 22B layer (h6144 a64 s2048, micro-batch 4) at t=8 on A100.
 _K22 = gpt_shape(1, 6144, 64, 51200, 2048, attn="eager")
@@ -100,14 +106,21 @@ NOTES = """
 Every row is priced PINNED to the published configuration (tp, pp, dp; ZeRO-1 = Megatron's distributed
 optimizer; micro-batch 1 where the source says so; the recomputation the source used) on the datasheet
 preset of its GPU, with one runtime profile for all rows (`--runtime`, default `fused`: Megatron-Core's
-fused kernels, docs/ARCHITECTURE.md "Runtime profiles"); the "eager runtime" column is the same
-configuration priced as torch eager under autocast, to show what the profile changes.  The last column
-is what sapp's free search picks for the same model, cluster and batch.  "[needs sp]": the run used
-sequence parallelism, pinned on here (2021 rows and Korthikanti's baseline / full-recompute rows pin it
-off; 2021 rows pin ZeRO 0: no distributed optimizer then); the interleaving depth is left to the search
-where the source does not give it.  The weak-scaling shapes (heads, hidden, layers) are the README's
-model table's; Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward +
-backward per micro-batch).
+fused kernels, docs/ARCHITECTURE.md "Runtime profiles") plus the flags the row's source says it set:
+the Megatron-LM README's weak-scaling runs set `--tp-comm-overlap` (priced with the
+`fused+tp-overlap` profile: tensor-parallel collectives pipelined against their GEMMs,
+costmodel/tp_overlap.py) and `--overlap-grad-reduce --overlap-param-gather` (the fused profile's
+distributed-optimizer overlap: reduce-scatter behind the last backward, parameter all-gather behind
+the next first forward).  The "eager runtime" column is the same configuration priced as torch eager
+under autocast, to show what the profile changes.  The last column is what sapp's free search picks
+for the same model, cluster and batch.  "[needs sp]": the run used sequence parallelism, pinned on
+here (2021 rows and Korthikanti's baseline / full-recompute rows pin it off; 2021 rows pin ZeRO 0: no
+distributed optimizer then).  Schedules: the README names no interleaving for its weak-scaling runs,
+so they are priced with Megatron's default schedule (plain 1F1B, no
+--num-layers-per-virtual-pipeline-stage); the 2021 rows (the paper's interleaved schedule) leave the
+depth to the search.  The weak-scaling shapes (heads, hidden, layers) are the README's model table's;
+Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward + backward per
+micro-batch).
 
 Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"; one model for every
 row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
@@ -117,14 +130,12 @@ backward, FlashAttention-3 paper), and the fused profile's loss in fp32 as Megat
 cross entropy runs it.
 
 Where it misses, and why (from the breakdown column; no row is corrected):
-- Weak scaling 16B (t=4) and 32B (t=8) at p=1 are predicted too slow: the sequence-parallel
-  all-gathers / reduce-scatters of the TP group (0.14 s and 0.30 s a step) are priced exposed, while
-  the published runs overlap them with the GEMMs (`--tp-comm-overlap`).  With that term hidden the
-  two rows would be -6.6% and -1.7%.  TP communication overlap is not in this table's runtime
-  profile (issue 15's "Overlap" item); the DP gradient sync with 4 micro-batches overlaps only the
-  last micro-batch's backward, as Megatron's `--overlap-grad-reduce` does.
-- The interleaving depth of the pinned weak-scaling rows is the search's (the README does not state
-  it); a shallower real v would lower the 70B-462B predictions by the extra bubble.
+- Weak scaling 1.7B (t=1, h=2048) is predicted too fast: its GEMMs are the smallest of the table and
+  the flat 80% arithmetic efficiency of the summed roofline is generous there (the README attributes
+  the lower MFU of the small models to exactly that).
+- Megatron-LM 2021 175B rows are predicted too fast, more so as the fixed batch spreads over more
+  GPUs (fewer micro-batches per pipeline): the search's interleaving depth (the paper does not give
+  it per row) keeps the bubble smaller than the published runs had.
 """
 
 def _extra_rows():
@@ -230,13 +241,22 @@ def run(rows, settings, free=True, compare=None, out=sys.stdout):
     cache, results = {}, []
     for row in rows:
         t0 = time.perf_counter()
-        pinned = price(row, settings, cache)
-        fr = price(row, settings, cache, pins={}) if (free and row.free) else None
+        st = row_settings(row, settings)
+        pinned = price(row, st, cache)
+        fr = price(row, st, cache, pins={}) if (free and row.free) else None
         if compare is not None:
             pinned.extra["compare"] = price(row, compare, cache).value
         results.append((row, pinned, fr, time.perf_counter() - t0))
         print(_line(row, pinned, fr), file=out, flush=True)
     return results
+
+
+def row_settings(row, settings):
+    """The table's settings, with the tensor-parallel overlap the row's source says it ran."""
+    import dataclasses
+    if row.tp_comm_overlap and settings.runtime == "fused":
+        return dataclasses.replace(settings, runtime="fused+tp-overlap")
+    return settings
 
 
 def _err(pred, pub):

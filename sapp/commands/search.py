@@ -40,9 +40,11 @@ def add_arguments(p):
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
-    p.add_argument("--runtime", default=None, choices=("eager", "fused"),
+    p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap"),
                    help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
-                        "executes) or fused (Megatron-Core: fused point-wise kernels, bf16 activations)")
+                        "executes), fused (Megatron-Core: fused point-wise kernels, bf16 activations) or "
+                        "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
+                        "as --tp-comm-overlap runs them)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     add_constraint_arguments(p)
 

@@ -88,6 +88,30 @@ def check_strategies(graph, strategies, mesh):
             raise SappError(f"strategy for {name!r} has {len(s)} entries but the mesh has {len(mesh.levels)} levels")
 
 
+def _overlap_tp(graph, edges, gemms, per_node, mesh):
+    """Take the seconds the tensor-parallel GEMMs hide off their neighbouring edges (booked on the
+    consumer, as every edge is).  The ring has one chunk per rank of the levels the edge reshards:
+    those where the two sides do not both split a batch dim (dim names are per node)."""
+    from .tp_overlap import hide
+
+    def batchy(node, d):
+        return d is None or any(x.name == d and x.batch for x in node.dims)
+
+    def chunks(key):
+        prod, cons, sp, s = meta[key]
+        n = 1
+        for lv, a, b in zip(mesh.levels, sp, s):
+            if not (batchy(graph.nodes[prod], a) and batchy(graph.nodes[cons], b)) or (a is None) != (b is None):
+                n *= lv.size
+        return n
+    meta = {e[0]: (e[1], e[2], e[5], e[6]) for e in edges}
+    for (name, _), (hf, hb) in hide([e[:5] for e in edges], gemms, chunks).items():
+        d = per_node[name]
+        d["fwd_s"] -= hf
+        d["bwd_s"] -= hb
+        d["reshard_s"] -= hf + hb
+
+
 def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCost:
     """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
     per device.  Edge costs are booked to the consumer's node / block."""
@@ -99,6 +123,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
     sigs, node_memo, edge_memo, ids = {}, {}, {}, {}
     for node in graph.nodes.values():
         sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+    overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
+    gemms = {}
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
         own = owners[node.name]
@@ -107,6 +133,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
         if c is None:
             c = node_memo[nkey] = node_cost(node, s, mesh, cluster, settings, params=own)
         d = per_node[node.name]
+        if overlap is not None and node.kind == "matmul" and node.params:
+            gemms[node.name] = [c.fwd_s, c.bwd_s]
         d["fwd_s"] += c.fwd_s + c.fwd_comm_s
         d["bwd_s"] += c.bwd_s + c.bwd_comm_s
         d["compute_s"] += c.fwd_s + c.bwd_s
@@ -130,6 +158,10 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
             d["fwd_s"] += f
             d["bwd_s"] += bw
             d["reshard_s"] += f + bw
+            if overlap is not None and f + bw > 0:
+                overlap.append(((node.name, i), o.producer, node.name, f, bw, sp, s))
+    if overlap:
+        _overlap_tp(graph, overlap, gemms, per_node, mesh)
     tot = ShardingCost(per_node=per_node)
     for name, d in per_node.items():
         for k in _KEYS:

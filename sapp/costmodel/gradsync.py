@@ -158,7 +158,7 @@ def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
     (`exposed_grad_sync`)."""
     if not getattr(cluster, "async_launch", True):
         return "none"
-    if runtime == "fused" and zero <= 1:
+    if runtime in ("fused", "fused+tp-overlap") and zero <= 1:
         return "megatron-buckets"
     if zero >= 2:
         return "fsdp-units"
@@ -188,17 +188,27 @@ def fsdp_prefetch_hidden(gathers, computes) -> list:
 DDP_BUCKET_BYTES = 25 * 2 ** 20      # torch DDP's bucket_cap_mb default
 
 
-def exposed_grad_sync(rule, sync_s, latency_s, backward_s, last_unit_s=0.0, grad_bytes=0.0) -> float:
+def exposed_grad_sync(rule, sync_s, latency_s, backward_s, last_unit_s=0.0, grad_bytes=0.0, forward_s=None,
+                      zero=None) -> float:
     """Seconds of a stage's gradient sync (`sync_s` bandwidth, `latency_s` latency: the priced
     buckets, `bucketed_sync`) left after what `rule` overlaps with the step's last backward pass
     (`backward_s`: gradients are synced on the last micro-batch only).  The last bucket starts only
     when backward ends: FSDP2's is the stage's first unit and its root (glue) parameters
     (`last_unit_s`), DDP's the first parameters' bucket: at least the 25 MB cap's share of the
     gradients and never less than that first unit's own (a tensor is never split between buckets).
-    Everything else runs under backward, so the exposed time is max(last bucket, sync - backward)."""
+    Everything else runs under backward, so the exposed time is max(last bucket, sync - backward).
+    "megatron-buckets" at ZeRO-1 (`zero`, with the stage's first micro-batch `forward_s`): the
+    distributed optimizer's reduce-scatter and its all-gather of the updated parameters move the same
+    bytes over the same ring (half the priced sync each); --overlap-grad-reduce hides the first behind
+    the last backward and --overlap-param-gather the second behind the next step's first forward,
+    bucket by bucket, each leaving its first-needed bucket exposed (both flags as the Megatron-LM
+    README's published runs set them)."""
     total = sync_s + latency_s
     if rule == "none" or total <= 0:
         return total
+    if rule == "megatron-buckets" and zero == 1 and forward_s is not None:
+        half = exposed_grad_sync(rule, sync_s / 2, latency_s / 2, backward_s, last_unit_s / 2, grad_bytes)
+        return half + exposed_grad_sync(rule, sync_s / 2, latency_s / 2, forward_s, last_unit_s / 2, grad_bytes)
     last = last_unit_s
     if rule in ("ddp-buckets", "megatron-buckets") and grad_bytes > 0:
         last = max(last, sync_s * min(1.0, DDP_BUCKET_BYTES / grad_bytes))

@@ -15,7 +15,9 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            bias-GeLU, rotary; costmodel.fusion: fewer launches and memory passes) and every float
 #            activation in the half precision (as autocast_fp32=False).  Flash attention (SDPA) is priced
 #            as the fused kernel in both: it is what torch dispatches on a GPU too.
-RUNTIMES = ("eager", "fused")
+#   "fused+tp-overlap": "fused" with Megatron-Core's `--tp-comm-overlap`: tensor-parallel collectives
+#            pipelined against their linear layers' GEMMs (costmodel.tp_overlap).
+RUNTIMES = ("eager", "fused", "fused+tp-overlap")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 _OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4)}
 
@@ -53,12 +55,17 @@ class CostSettings:
         if not isinstance(self.autocast_fp32, bool):
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
         if self.runtime not in RUNTIMES:
-            raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use 'eager' or 'fused'")
+            raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use one of {', '.join(RUNTIMES)}")
 
     @property
     def fused(self) -> bool:
         """Point-wise chains run fused (costmodel.fusion)."""
-        return self.runtime == "fused"
+        return self.runtime in ("fused", "fused+tp-overlap")
+
+    @property
+    def tp_overlap(self) -> bool:
+        """Tensor-parallel collectives overlap their GEMMs (costmodel.tp_overlap)."""
+        return self.runtime == "fused+tp-overlap"
 
     @property
     def mixed(self) -> bool:

@@ -76,7 +76,7 @@ def _exposed_sync(ev, rule, st, a, b):
     first_block = next((j for j in idx if units[j].kind == "block"), None)
     last = sum(num.gs[j] for j in idx if units[j].kind != "block" or j == first_block)
     return exposed_grad_sync(rule, sum(num.gs[j] for j in idx), max((num.lat[j] for j in idx), default=0.0),
-                             st.bwd_s, last, st.memory.get("grads", 0.0))
+                             st.bwd_s, last, st.memory.get("grads", 0.0), forward_s=st.fwd_s, zero=ev.cfg.zero)
 
 
 def _chunk_shares(ev, cfg, st, a, b):

@@ -80,7 +80,7 @@ _OVERLAP_NOTES = {
     "none": "gradient sync priced whole after backward (serial device, or one flat all-reduce under TP / pipelines)",
     "ddp-buckets": "gradient sync overlapped with the last backward in DDP's 25 MB buckets; the last bucket is exposed",
     "fsdp-units": "gradient reduce-scatter overlapped per FSDP2 unit with the last backward; the last unit's is exposed",
-    "megatron-buckets": ("gradient reduce-scatter overlapped in buckets with the last backward, as Megatron-Core's "
-                         "distributed optimizer does (runtime fused: priced, not what sapp run emits); the last "
-                         "bucket is exposed"),
+    "megatron-buckets": ("gradient reduce-scatter overlapped in buckets with the last backward (ZeRO-1: the parameter "
+                         "all-gather with the next first forward), as Megatron-Core's distributed optimizer does "
+                         "(runtime fused: priced, not what sapp run emits); the last bucket is exposed"),
 }
