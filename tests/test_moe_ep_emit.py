@@ -2,28 +2,14 @@
 within 1e-5 relative over 3 Adam steps: EP=2 (2 ranks, every rank one EP group), EP=2 x DP=2 (4 ranks:
 two EP groups, expert gradients all-reduced over the expert-DP pairs), with ZeRO-0 and ZeRO-1.  Each rank holds 1/ep of the
 experts, and the manifest records the ep that runs.  Bounded: a hung collective fails the test."""
-import json
-import os
-import subprocess
-import sys
+from tests.emit_workers.ep_job import launch
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_TOL = 1e-5
 EXPERT_NUMEL = 2 * 4 * (32 * 32 + 16 * 32)      # moe-tiny: 2 layers x 4 experts x (w_in h x 2f + w_out f x h)
 
 
 def _run(world, cases, tmp_path):
-    cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
-    cpath.write_text(json.dumps(cases))
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.ep_job", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(opath.read_text())
-    assert out["failed"] is None and not out["errors"], (out["failed"], out["errors"])
-    return out
+    return launch(world, cases, tmp_path, timeout=300)
 
 
 def _check(out, case, ep, world):

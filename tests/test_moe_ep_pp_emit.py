@@ -6,17 +6,14 @@ micro-batches (m > pp).  A plan the joint search makes with ep x pp pinned runs 
 manifest equals the plan's (ep, pp, the EP group inside the stage), and the measured per-rank memory
 (sapp/emit/memory_meter.py) is within 10% of the stage's prediction.  Bounded: a hung collective fails."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from sapp.emit import ep as ep_mod
 from sapp.errors import PlanError
+from tests.emit_workers.ep_job import launch
 from tests.emit_workers.plans import make_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_TOL = 1e-5
 MEM_TOL = 0.10
 # moe-tiny (h 32, 4 heads of 8, 2 kv heads, V 128, 4 experts of ffn 16, one shared expert), by hand:
@@ -33,15 +30,7 @@ def _block(ep):
 
 
 def _run(world, cases, tmp_path):
-    cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
-    cpath.write_text(json.dumps(cases))
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.ep_job", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(opath.read_text())
-    assert out["failed"] is None and not out["errors"], (out["failed"], out["errors"])
-    return out
+    return launch(world, cases, tmp_path, timeout=400)
 
 
 def _norm(v):

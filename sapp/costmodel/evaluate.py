@@ -93,6 +93,7 @@ def _overlap_tp(graph, edges, gemms, per_node, mesh):
     consumer, as every edge is).  The ring has one chunk per rank of the levels the edge reshards:
     those where the two sides do not both split a batch dim (dim names are per node)."""
     from .tp_overlap import hide
+    meta = {e[0]: (e[1], e[2], e[5], e[6]) for e in edges}     # edge -> (producer, consumer, their splits)
 
     def batchy(node, d):
         return d is None or any(x.name == d and x.batch for x in node.dims)
@@ -104,7 +105,6 @@ def _overlap_tp(graph, edges, gemms, per_node, mesh):
             if not (batchy(graph.nodes[prod], a) and batchy(graph.nodes[cons], b)) or (a is None) != (b is None):
                 n *= lv.size
         return n
-    meta = {e[0]: (e[1], e[2], e[5], e[6]) for e in edges}
     for (name, _), (hf, hb) in hide([e[:5] for e in edges], gemms, chunks).items():
         d = per_node[name]
         d["fwd_s"] -= hf

@@ -135,10 +135,15 @@ def partition_dp(n, p, cut_before, seg):
                     arg[i][j] = k
     if f[p - 1][n] == INF:
         return None, math.inf
+    return backtrack_starts(arg, p, n), f[p - 1][n][0]
+
+
+def backtrack_starts(arg, p, n):
+    """Stage starts of a cut-point program's optimum: `arg[i][j]` is where stage i begins when
+    stages 0..i hold units [0, j)."""
     starts, j = [], n
     for i in range(p - 1, 0, -1):
-        k = arg[i][j]
-        starts.append(k)
-        j = k
+        j = arg[i][j]
+        starts.append(j)
     starts.append(0)
-    return starts[::-1], f[p - 1][n][0]
+    return starts[::-1]

@@ -3,7 +3,7 @@ the stage profile."""
 from __future__ import annotations
 
 from ...costmodel.gradsync import overlap_rule
-from .numbers import bound_numbers, p2p_time, unit_numbers
+from .numbers import bound_numbers, p2p_time
 
 
 def analytic_bound(ctx, cfg):
@@ -80,54 +80,3 @@ def profile_bound(ctx, cfg, prof, floor=None):
         return m * tmax + (tot - tmax) / cfg.v + gs
     return (m - 1) * tmax + tot + gs
 
-
-def memory_infeasible(ctx, cfg, prof):
-    """True when no stage partition of this configuration can fit, before pricing it: a stage i
-    holding k identical blocks needs at least its parameters (gradients and optimizer states may
-    move to the host: optimizer offload) plus its blocks' least activations (every block at its cheapest allowed
-    recomputation) times its in-flight micro-batches, so it holds at most K_i blocks, and the
-    blocks fit only if sum K_i >= L.  Only for identical blocks without stage pins and when host
-    placement of tables cannot free parameter memory (no sparse tables, no placement pins); the
-    recomputation transient and ZeRO-3 gathers are left out (a necessary condition only)."""
-    if not ctx.uniform or ctx.stage_pins is not None or ctx.placement_relevant:
-        return False
-    from .placement import host_offload_possible
-    # without a host option (optimizer offload) every model state stays on the device
-    offload = host_offload_possible(ctx, cfg, prof)
-    from ...pipeline.schedule import in_flight
-    from ...recompute.solver import POLICIES
-    from .numbers import held_states
-    num = unit_numbers(ctx, prof, cfg)
-    units = prof.units
-    p = cfg.pp
-    infl = in_flight(cfg.schedule, p, cfg.m, cfg.v)
-    cap = ctx.cap * (1 + 1e-6)
-    pg = {}
-
-    def states(j):
-        key = units[j].rep if units[j].kind == "block" else units[j].name
-        if key not in pg:
-            st = held_states(units[j], cfg, False, ctx)    # (accumulators may be gone at the peak: a bound)
-            pg[key] = st["params"] if offload else st["params"] + st["grads"] + st["optimizer"]
-        return pg[key]
-
-    blocks = [j for j, u in enumerate(units) if u.kind == "block"]
-    b0 = blocks[0]
-    sb = states(b0)
-    ab = min(num.act[b0][POLICIES.index(x)] for x in ctx.allowed(units[b0].name))
-    pre = [j for j in range(len(units)) if j < b0]
-    post = [j for j in range(len(units)) if j > blocks[-1]]
-    inter = cfg.schedule == "interleaved" and cfg.v > 1
-    step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
-    kmin = cfg.v if inter and step == 1 else step
-    total = 0
-    for i in range(p):
-        glue = (pre if i == 0 else []) + (post if i == p - 1 else [])
-        room = cap - sum(states(j) + num.act[j][0] * infl[i] for j in glue)
-        per = sb + ab * infl[i]
-        k = ctx.L if per <= 0 else int(max(room, -1.0) // per) if room >= 0 else -1
-        k = min(k, ctx.L) // step * step if k >= 0 else -1
-        if k < kmin:
-            return True
-        total += k
-    return total < ctx.L

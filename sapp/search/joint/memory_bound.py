@@ -11,7 +11,9 @@ least the lower convex envelope of its allowed (stash, extra seconds) policies (
 so never above the integer optimum the exact stage pricing finds).  Left out, each only raising the
 real time or memory: the recomputation transient, ZeRO-3 gathers, FSDP2 prefetch edges, exposed
 host time.  The bottleneck over all whole-block partitions is then found as the exact partition
-does (pipeline.partition.partition_counts), on this O(1) stage price."""
+does (pipeline.partition.partition_counts), on this O(1) stage price.  Where that finds no partition
+at all the configuration cannot fit and is pruned unpriced (its stages hold at least their
+parameters, their glue and their blocks' least stashes)."""
 from __future__ import annotations
 
 import math
@@ -56,7 +58,7 @@ def stage_time_floor(ctx, cfg, prof, offload):
     blocks = [j for j, u in enumerate(units) if u.kind == "block"]
     b0 = blocks[0]
     infl = in_flight(cfg.schedule, p, m, cfg.v)
-    cap = ctx.cap
+    cap = ctx.cap * (1 + 1e-6)      # (the stage pricing accepts fits within 1e-9 of the capacity: stay looser)
 
     def states(j):
         st = held_states(units[j], cfg, False, ctx)
@@ -67,7 +69,7 @@ def stage_time_floor(ctx, cfg, prof, offload):
     tb = min(num.t[j] for j in blocks)
     f = envelope([(num.act[b0][POLICIES.index(x)], num.extra[b0][POLICIES.index(x)])
                   for x in ctx.allowed(units[b0].name)])
-    pre = [j for j in range(b0)]
+    pre = list(range(b0))
     post = [j for j in range(blocks[-1] + 1, len(units))]
     c = p2p_time(ctx, cfg, bound_numbers(ctx, prof, cfg).boundary)
     inter = cfg.schedule == "interleaved" and cfg.v > 1

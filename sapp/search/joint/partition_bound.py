@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from ...pipeline.partition import partition_dp
+from ...pipeline.partition import backtrack_starts, partition_dp
 from ...recompute.solver import POLICIES
 from .numbers import gathered_params
 
@@ -184,10 +184,4 @@ def _solve(ev, n, p, cut_before, tab, sc, U):
                 f0[i][j], f1[i][j], arg[i][j] = b0, b1, bk
     if f0[p - 1][n] == INF:
         return None, INF, exact
-    starts, j = [], n
-    for i in range(p - 1, 0, -1):
-        k = arg[i][j]
-        starts.append(k)
-        j = k
-    starts.append(0)
-    return starts[::-1], f0[p - 1][n], exact
+    return backtrack_starts(arg, p, n), f0[p - 1][n], exact

@@ -10,7 +10,7 @@ from ...constraints import Constraints
 from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
-from .bounds import analytic_bound, memory_infeasible, profile_bound
+from .bounds import analytic_bound, profile_bound
 from .configs import enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
@@ -61,11 +61,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
         if not exhaustive and phase == 1:
-            if memory_infeasible(ctx, cfg, prof):
-                pruned += 1
-                infeasible.append((cfg, prof))
-                continue
-            # third look: the recomputation its memory forces (memory_bound); evaluated when popped again
+            # third look: the recomputation its memory forces (memory_bound; infinite where no partition
+            # fits beside the states: pruned unpriced); evaluated when popped again
             floor = stage_time_floor(ctx, cfg, prof, host_offload_possible(ctx, cfg, prof))
             if floor == math.inf:
                 pruned += 1
