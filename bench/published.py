@@ -92,12 +92,15 @@ for _n, _rc, _ms, _needs in (("no recompute", "none", 19.6, ""), ("full recomput
                     note="2021-era kernels: eager attention (no flash)"))
 
 # Megatron-LM 2021 (Narayanan et al.), Table 2: PTD-P, batch fixed, A100, TF/GPU incl. recomputation.
+# The table prints a model-parallel size of 96 for 175B (t8 x p12; Table 1's t8 x p8 is a different
+# run) and 280 for 530B (t8 x p35), and a micro-batch size of 1 on every PTD-P row.
 for _n, _shape, _gb, _t, _p, _runs in (
-        ("175B", gpt_shape(96, 12288, 96, 51200, 2048, attn="eager"), 1536, 8, 8, ((384, 153), (768, 149), (1536, 141))),
+        ("175B", gpt_shape(96, 12288, 96, 51200, 2048, attn="eager"), 1536, 8, 12, ((384, 153), (768, 149), (1536, 141))),
         ("530B", gpt_shape(105, 20480, 128, 51200, 2048, attn="eager"), 2240, 8, 35, ((560, 171), (1120, 167), (2240, 159)))):
     for _g, _tf in _runs:
         ROWS.append(Row("Megatron-LM 2021 Table 2 (PTD-P)", f"GPT {_n} {_g} GPUs t{_t} p{_p}", "gpt3-175b", _shape,
                         f"a100-80g:devices={_g}", _gb, {"tp": _t, "pp": _p, "dp": _g // (_t * _p), "recompute": "full",
+                                                                    "micro_batches": _gb // (_g // (_t * _p)),
                                                                     "sp": False, "zero": 0},
                         "tf_per_gpu_hw_recompute", _tf, "Narayanan et al. 2021 Table 2", note="eager attention (2021)"))
 
@@ -115,7 +118,9 @@ the next first forward).  The "eager runtime" column is the same configuration p
 under autocast, to show what the profile changes.  The last column is what sapp's free search picks
 for the same model, cluster and batch.  "[needs sp]": the run used sequence parallelism, pinned on
 here (2021 rows and Korthikanti's baseline / full-recompute rows pin it off; 2021 rows pin ZeRO 0: no
-distributed optimizer then).  Schedules: the README names no interleaving for its weak-scaling runs,
+distributed optimizer then).  The 2021 rows take Table 2's own configuration: its model-parallel size
+(96 = t8 x p12 for 175B, 280 = t8 x p35 for 530B; Table 1's t8 x p8 175B run is another run) and
+micro-batch size 1.  Schedules: the README names no interleaving for its weak-scaling runs,
 so they are priced with Megatron's default schedule (plain 1F1B, no
 --num-layers-per-virtual-pipeline-stage); the 2021 rows (the paper's interleaved schedule) leave the
 depth to the search.  The weak-scaling shapes (heads, hidden, layers) are the README's model table's;
@@ -133,9 +138,12 @@ Where it misses, and why (from the breakdown column; no row is corrected):
 - Weak scaling 1.7B (t=1, h=2048) is predicted too fast: its GEMMs are the smallest of the table and
   the flat 80% arithmetic efficiency of the summed roofline is generous there (the README attributes
   the lower MFU of the small models to exactly that).
-- Megatron-LM 2021 175B rows are predicted too fast, more so as the fixed batch spreads over more
-  GPUs (fewer micro-batches per pipeline): the search's interleaving depth (the paper does not give
-  it per row) keeps the bubble smaller than the published runs had.
+- Not settled by this table: data-parallel groups that hold several ranks in a node (t < 8 here)
+  are priced as one ring on one NIC per GPU.  NCCL's rings leave a node through all of its NICs, so
+  such a group's cross-node bandwidth is k NICs' worth (multi-node all-reduce bus bandwidth is the
+  node's NIC aggregate, NVIDIA/nccl-tests#119).  Priced two-level (tried, not adopted), the t=1 and
+  t=2 rows' gradient sync all but vanishes and they come out +29.8% and +18.6% too fast: the summed
+  roofline is too generous to their small GEMMs, by more than the flat ring hides.
 """
 
 def _extra_rows():

@@ -49,3 +49,15 @@ def test_weak_scaling_shapes_match_the_readme_sizes():
         n = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h)) + V * h
         assert n / (float(name.rstrip("B")) * 1e9) == pytest.approx(1.0, abs=0.035), name
         assert h % a == 0 and h // a == 128, name          # head dim 128 in every row
+
+
+def test_table2_rows_take_the_tables_configuration():
+    """Narayanan et al. 2021 Table 2 prints a model-parallel size of 96 (175B) and 280 (530B) and a
+    micro-batch size of 1 for every PTD-P row: the rows pin t x p to it and m = B / dp."""
+    rows = [r for r in published.ROWS if r.group.startswith("Megatron-LM 2021")]
+    assert len(rows) == 6
+    for r in rows:
+        p = r.pins
+        mp = 96 if "175B" in r.name else 280
+        assert p["tp"] * p["pp"] == mp, r.name
+        assert p["micro_batches"] * p["dp"] == r.global_batch, r.name      # micro-batch size 1
