@@ -131,19 +131,20 @@ Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"
 row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
 the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
 scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
-backward, FlashAttention-3 paper), and the fused profile's loss in fp32 as Megatron-Core's vocab-parallel
-cross entropy runs it.
+backward, FlashAttention-3 paper), and the fused profile's loss as Megatron-Core's vocab-parallel
+cross entropy runs it: fp32, one kernel a pass (cast, max, subtract, exp, sum, divide; backward
+multiply and cast back: 38 + 14 bytes a logit element, costmodel/nodes.py).
 
-Where it misses, and why (from the breakdown column; no row is corrected):
-- Weak scaling 1.7B (t=1, h=2048) is predicted too fast: its GEMMs are the smallest of the table and
-  the flat 80% arithmetic efficiency of the summed roofline is generous there (the README attributes
-  the lower MFU of the small models to exactly that).
+How close, and what is left (from the breakdown column; no row is corrected):
+- Every row is within ±10%.  Closest to the edge: weak scaling 32B (t=8) at -9.8% and 16B (t=4) at
+  -8.9%, predicted slow; 1.7B (t=1, h=2048, the smallest GEMMs) at +7.5%, predicted fast.
 - Not settled by this table: data-parallel groups that hold several ranks in a node (t < 8 here)
   are priced as one ring on one NIC per GPU.  NCCL's rings leave a node through all of its NICs, so
   such a group's cross-node bandwidth is k NICs' worth (multi-node all-reduce bus bandwidth is the
   node's NIC aggregate, NVIDIA/nccl-tests#119).  Priced two-level (tried, not adopted), the t=1 and
-  t=2 rows' gradient sync all but vanishes and they come out +29.8% and +18.6% too fast: the summed
-  roofline is too generous to their small GEMMs, by more than the flat ring hides.
+  t=2 rows' gradient sync all but vanishes and they come out +23.6% and +15.6% too fast: the summed
+  roofline is too generous to their small GEMMs, by more than the flat ring hides.  Settling it needs
+  GEMM timings by shape on an H100.
 """
 
 def _extra_rows():

@@ -126,8 +126,9 @@ class LMHead(nn.Module):
 
 def test_fused_runtime_prices_megatrons_fp32_cross_entropy():
     """Megatron-Core's vocab-parallel cross entropy casts the bf16 logits to fp32 and keeps the fp32
-    softmax for backward: the loss reads T·V·2 B, writes and reads the fp32 copy (T·V·8 B), and saves
-    T·V·4 B.  T=64 tokens, V=1000."""
+    softmax for backward (saves T·V·4 B), and runs its passes one kernel each: forward cast (2 + 4 B
+    an element), max (4), subtract (8), exp (8), sum (4), divide (8); backward multiply (8) and the
+    cast back to bf16 (6).  T=64 tokens, V=1000."""
     from sapp.costmodel.memory import saved_items
     T, V = 64, 1000
     g = capture(LMHead(32, V), (torch.randn(T, 32), torch.randint(0, V, (T,))), batch=T)
@@ -137,8 +138,12 @@ def test_fused_runtime_prices_megatrons_fp32_cross_entropy():
     st = (None,) * len(mesh.levels)
     cl = dataclasses.replace(H100, op_overhead=0.0)
     c = node_cost(loss, st, mesh, cl, FUSED)
-    fwd_bytes = T * V * (2 + 2 * 4) + T * 8 + 2        # logits in, fp32 copy out and in; ids; scalar
+    fwd_bytes = T * V * (6 + 4 + 8 + 8 + 4 + 8) + T * 8            # the six passes; the target ids
     assert c.fwd_s == pytest.approx(fwd_bytes / (3.35e12 * 0.8), rel=1e-9)
+    assert c.bwd_s == pytest.approx(T * V * (8 + 6) / (3.35e12 * 0.8), rel=1e-9)
+    # eager autocast's cross entropy is priced from the captured op (one cast copy, 2x for backward)
+    e = node_cost(loss, st, mesh, cl, CostSettings())
+    assert e.fwd_s < c.fwd_s and e.bwd_s == pytest.approx(2 * e.fwd_s, rel=1e-9)
     saved = dict(saved_items(loss, st, mesh, FUSED))
     assert sum(saved.values()) == pytest.approx(T * V * 4 + T * 8)
     # eager autocast prices the same cast (CUDA's autocast runs the loss in fp32 too)

@@ -154,6 +154,30 @@ def local_bytes(node, factors, settings) -> float:
     return loc
 
 
+# Bytes per logit element Megatron-Core's vocab-parallel cross entropy moves
+# (megatron/core/tensor_parallel/cross_entropy.py, without --cross-entropy-loss-fusion), pass by pass.
+# Forward: the half-precision logits cast to fp32 (read 2, write 4), the row max (read 4), minus the
+# max (read 4, write 4), exp in place (read 4, write 4), the row sum (read 4), the division into the
+# softmax it saves (read 4, write 4).  Backward: the softmax times the incoming gradient in place
+# (read 4, write 4), cast back to the logits' half precision for the output layer (read 4, write 2).
+CE_FWD_BYTES, CE_BWD_BYTES = 38, 14
+
+
+def megatron_cross_entropy_bytes(node, factors, settings):
+    """(forward, backward) memory traffic of a cross-entropy loss under the fused runtime profile,
+    priced pass by pass as Megatron-Core runs it on this rank's shard of the logits (the vocabulary
+    split over tp), plus the targets; None for any other op or runtime (local_bytes prices it)."""
+    if not (settings.fused and settings.mixed and node.kind == "loss" and "cross_entropy" in node.target):
+        return None
+    if not node.operands or node.operands[0].dtype not in ("float32", "float16", "bfloat16") \
+            or node.operands[0].param is not None:
+        return None
+    logits = node.operands[0]
+    n = _local_numel(logits.shape, logits.dims, factors)
+    rest = sum(_local_numel(o.shape, o.dims, factors) * settings.act_bytes(o.dtype) for o in node.operands[1:])
+    return n * CE_FWD_BYTES + rest, n * CE_BWD_BYTES
+
+
 def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
     accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
@@ -168,6 +192,10 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
         split *= k
     flops = node.flops / split
     nbytes = local_bytes(node, f, settings)
+    bwd_bytes = 2 * nbytes
+    ce = megatron_cross_entropy_bytes(node, f, settings)
+    if ce is not None:
+        nbytes, bwd_bytes = ce
     c = NodeCost()
     if node.kind == "input":
         return c
@@ -188,7 +216,7 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     ov = getattr(cluster, "gemm_memory_overlap", 1.0) if node.kind in GEMM_KINDS else 1.0
     c.fwd_s = compute_time(ff, nbytes, cluster, own * launches_of(node.kind, False, async_launch), randoms, floor_f,
                            efficiency=kernel_efficiency(node.kind, False, cluster), overlap=ov)
-    c.bwd_s = compute_time(fb, 2 * nbytes, cluster,
+    c.bwd_s = compute_time(fb, bwd_bytes, cluster,
                            own * launches_of(node.kind, True, async_launch), floor=floor_b,
                            efficiency=kernel_efficiency(node.kind, True, cluster), overlap=ov)
     seen = set()
