@@ -95,8 +95,13 @@ def test_bad_efficiency_fields_are_one_line():
 
 
 class Causal(nn.Module):
+    # a trainable scale on q: attention is differentiated only when a parameter feeds it (costmodel.grads)
+    def __init__(self, d=128):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(d))
+
     def forward(self, q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q * self.scale, k, v, is_causal=True)
 
 
 def test_flash_attention_runs_at_the_published_rate():

@@ -134,11 +134,14 @@ _STAMPED: dict = {}      # id(graph) -> graph (held, so the id cannot be reused 
 
 def ensure_widths(graph) -> None:
     """Stamp the autocast widths on the graph's nodes (once per graph object), and with them the
-    kernel-fusion marks of the "fused" runtime (costmodel.fusion): a node that already carries marks
-    (copied from the whole model into a sub-graph) keeps them."""
+    kernel-fusion marks of the "fused" runtime (costmodel.fusion) and the gradient flags
+    (costmodel.grads): a node that already carries them (copied from the whole model into a
+    sub-graph) keeps them."""
     if _STAMPED.get(id(graph)) is graph:
         return
     from .fusion import fusion_marks
+    from .grads import stamp
+    stamp(graph)            # which outputs carry a gradient (costmodel.grads)
     marks = None
     for name, w in propagate(graph).items():
         if len(w) < 4:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .dtypes import out_bytes
+from .grads import carries_grad
 from .layouts import R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
 
 
@@ -37,7 +38,9 @@ def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings):
     eb = out_bytes(prod_node, settings) if settings.is_float(operand.dtype) else settings.act_bytes(operand.dtype)
     nbytes = operand.numel * eb
     fwd = reshard_time(f_src, f_dst, nbytes, mesh, cluster)
-    bwd = reshard_time(b_src, b_dst, nbytes, mesh, cluster) if settings.is_float(operand.dtype) else 0.0
+    # no gradient comes back along an edge whose tensor carries none (costmodel.grads)
+    bwd = (reshard_time(b_src, b_dst, nbytes, mesh, cluster)
+           if settings.is_float(operand.dtype) and carries_grad(prod_node) else 0.0)
     return fwd, bwd
 
 

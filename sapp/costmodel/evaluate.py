@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SappError
 from .dtypes import WIDTHS_KEY, ensure_widths
+from .grads import GRAD_KEY
 from .edges import edge_times
 from .memory import saved_items
 from .nodes import node_cost
@@ -74,6 +75,7 @@ def first_savers(graph, mesh, settings) -> dict:
 
 def _sig(node):
     return (node.kind, node.dims, node.flops, node.bytes, node.out, node.saves, node.extra.get(WIDTHS_KEY),
+            node.extra.get(GRAD_KEY),
             tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .dtypes import ensure_widths, operand_bytes, out_bytes
+from .grads import carries_grad, saved_for_backward
 from .layouts import input_layout, output_layout
 
 
@@ -20,6 +21,8 @@ def saved_items(node, strategy, mesh, settings):
     copy autocast makes of an input it casts (a matmul saves the bf16 copy of an fp32 input, an
     fp32-list op the fp32 copy of a bf16 one).  Parameters are not activations."""
     out = []
+    if not carries_grad(node):          # no backward node: autograd keeps nothing (costmodel.grads)
+        return out
     for s in node.saves:
         if s == "out":
             lay = output_layout(node, strategy)
@@ -34,7 +37,7 @@ def saved_items(node, strategy, mesh, settings):
             if i >= len(node.operands):
                 continue
             o = node.operands[i]
-            if o.param is not None:
+            if o.param is not None or not saved_for_backward(node, i):
                 continue
             arrive, kept = operand_bytes(node, i, settings)
             if o.producer is None:

@@ -11,6 +11,7 @@ from ..costmodel.dtypes import WIDTHS_KEY, ensure_widths, out_bytes
 from ..costmodel.edges import edge_layouts, translate
 from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
+from ..costmodel.grads import GRAD_KEY, carries_grad
 from ..costmodel.layouts import reshard_coeffs, reshard_time
 from ..costmodel.memory import saved_items
 from ..costmodel.nodes import node_cost, op_strategies
@@ -40,6 +41,7 @@ def block_map(graph) -> dict:
 
 def _sig(node):
     return (node.kind, node.dims, node.flops, node.saves, node.out.shape, node.out.dims, node.extra.get(WIDTHS_KEY),
+            node.extra.get(GRAD_KEY),
             tuple((o.shape, o.dims, o.dtype, o.param is None, o.producer is None) for o in node.operands))
 
 
@@ -196,7 +198,7 @@ class Problem:
         f_src, f_dst, b_src, b_dst = self._layouts(pv, cv, i, sp, sc)
         nbytes = o.numel * self._width(pv, o)
         t = self._rs(f_src, f_dst, nbytes)
-        if self.settings.is_float(o.dtype):
+        if self.settings.is_float(o.dtype) and carries_grad(self.nodes[pv]):
             t += self._rs(b_src, b_dst, nbytes)
         return t
 
@@ -220,7 +222,7 @@ class Problem:
             pb.append(translate(prod.out, o, output_grad_layout(ol)))
         cf = [input_layout(o.dims, s) for s in scs]
         out = [self._factor(pf, cf, nbytes, cnt, False)]
-        if self.settings.is_float(o.dtype):
+        if self.settings.is_float(o.dtype) and carries_grad(prod):
             cb = [input_grad_layout(o.dims, s) for s in scs]
             out.append(self._factor(pb, cb, nbytes, cnt, True))
         return out
