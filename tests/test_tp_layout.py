@@ -112,3 +112,41 @@ def test_t5_attention_with_position_bias_stays_replicated():
     assert styles["model.encoder.block.0.layer.1.DenseReluDense.wi"] == "colwise"
     assert "model.encoder.block.0.layer.0.SelfAttention.q" not in styles
     assert any("SelfAttention" in n and "unsplit" in n for n in notes)
+
+
+def test_long_sequence_pick_falls_back_to_the_region_layout():
+    """At long sequences the sharding search splits every op along the sequence on the tp level
+    (weights replicated) - no form DTensor runs, which `emittable` reduces to replication.  search_fn
+    then keeps the region layout instead: faster, and the layout a pinned tp runs."""
+    import torch
+    import transformers as T
+    from sapp.api import capture_graph, resolve_cluster
+    from sapp.costmodel import CostSettings, evaluate_sharding
+    from sapp.mesh import Level, Mesh
+    from sapp.search import shard_search
+    cfg = T.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=8192,
+                        use_cache=False, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(cfg)
+    g, _ = capture_graph(model, (torch.zeros(1, 8192, dtype=torch.long, device="meta"),))
+    cl = resolve_cluster("a100-80g:nodes=1")
+    st, mesh = CostSettings(precision=cl.precision), Mesh((Level(4, "intra"),))
+    lin = tp_layout.linears(g)
+    raw = shard_search(g, mesh, cl, st, level_roles=("tp",))
+    assert not any(raw.strategies[n][0] in ("n", "k") for n in lin)     # the scenario: no weight cut
+    replicated, _, _ = tp_layout.emittable(g, {n: s[0] for n, s in raw.strategies.items()}, 4)
+    assert all(d is None for n, d in replicated.items() if n in lin)
+    res = tp_layout.search_fn(g, mesh, cl, st, level_roles=("tp",))
+    want = {"q_proj": "n", "k_proj": "n", "v_proj": "n", "o_proj": "k", "gate_proj": "n", "up_proj": "n",
+            "down_proj": "k"}
+    for n in lin:
+        mod = g.nodes[n].module
+        if mod != "lm_head":
+            assert res.strategies[n] == (want[mod.rsplit(".", 1)[1]],), mod
+    assert res.method.endswith("+regions")
+
+    def step(s):
+        return evaluate_sharding(g, s, mesh, cl, st).step_time_s
+    assert step(res.strategies) < step({n: (d,) for n, d in replicated.items()})

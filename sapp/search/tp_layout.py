@@ -204,9 +204,26 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
     tp = mesh.levels[0].size
     choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
     strategies, _, _ = emittable(graph, choice, tp)
+    method = f"{res.method}+emittable"
+    # The search's pick may be a form DTensor cannot run at all: at long sequences it splits every op
+    # along the sequence on the tp level (context parallelism in disguise, weights replicated), which
+    # `emittable` turns into plain replication - slower than any region split.  So the layout that
+    # shards every valid region (Megatron's) is priced beside it and the faster of the two is kept.
+    full = dict(choice)
+    for r in regions(graph, tp):
+        if not r.why:
+            full.update({o: "n" for o in r.openers})
+    alt, _, _ = emittable(graph, full, tp)
+    if alt != strategies:
+        from ..costmodel import evaluate_sharding
+
+        def step(s):
+            return evaluate_sharding(graph, {n: (d,) for n, d in s.items()}, mesh, cluster, settings).step_time_s
+        if step(alt) < step(strategies):
+            strategies, method = alt, f"{res.method}+regions"
     if sp:
         strategies = sp_choice(graph, strategies, tp)
-    return _Result({n: (d,) for n, d in strategies.items()}, f"{res.method}+emittable", res)
+    return _Result({n: (d,) for n, d in strategies.items()}, method, res)
 
 
 def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> tuple:
