@@ -5,7 +5,8 @@ A representative subset of bench/hf_matrix.py (8 models x 5 configurations), two
 2 ranks: PP=2 1F1B of GPT-NeoX (rotary embedding shared by every layer), BERT (a sub-module named
 `self`, tied decoder across stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied
 under four names, two of them in one stage); TP=2 from the searched layout of Qwen2
-(GQA attention + gated MLP) and BERT (tied decoder kept whole).  4 ranks: Qwen2 PP x TP (the split
+(GQA attention + gated MLP) and BERT (tied decoder kept whole); TP=2 with sequence parallelism for
+Llama and Qwen2 (the residual stream cut where the first decoder layer takes it in).  4 ranks: Qwen2 PP x TP (the split
 traced at each rank's layer shapes).  About 1.5 minutes on an idle 2-core box; the timeouts are
 generous because a loaded one runs several times slower."""
 import json
@@ -23,7 +24,8 @@ from tests.emit_workers import hf_plans  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
-CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2")],
+CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"),
+             ("llama", "tp2+sp"), ("qwen2", "tp2+sp")],
          4: [("qwen2", "pp2xtp2")]}
 
 
@@ -87,3 +89,27 @@ def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
     pptp = job4[1]["qwen2-pp2xtp2"]
     assert {k: v for k, v in pptp["parallel"].items() if k != "sp"} == {"dp": 1, "tp": 2, "pp": 2} and pptp["tp_modules"]
     assert all(job4[0]["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_hf_sequence_parallel_pieces_run_where_the_plan_puts_them(job2, kind):
+    cases, plans = job2
+    sec = plans[f"{kind}-tp2+sp"]["tp_layout"]["sp"]
+    assert plans[f"{kind}-tp2+sp"]["parallel"]["sp"] is True and not sec["unsupported"]
+    assert list(sec["block_scatter"]) == ["model.layers.0"]        # embed_tokens' parent reads it whole
+    assert "model.layers.0.input_layernorm" in sec["norms"] and "model.layers.1.self_attn" in sec["entries"]
+    for r in ("0", "1"):
+        got = cases[f"{kind}-tp2+sp"]["ranks"][r]
+        assert got["sp"] == got["sp_expected"] and got["sp"]["block_scatter"] == ["model.layers.0"]
+        assert sorted(got["sp"]["norms"]) == sorted(sec["norms"])
+
+
+def test_hf_sequence_parallel_under_pipeline_is_refused_before_any_collective(tmp_path):
+    from sapp.emit import sp as sp_emit
+    from sapp.errors import PlanError
+    from sapp.plan import Plan
+    plan = Plan.load(hf_plans.search_plan("llama", "pp2xtp2+sp", tmp_path / "p.json"))
+    assert plan["parallel"]["sp"] is True
+    assert any("priced only" in n and "pp=1" in n for n in plan["notes"])
+    with pytest.raises(PlanError, match="sp pinned to false"):
+        sp_emit.section(plan)

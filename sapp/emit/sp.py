@@ -13,6 +13,8 @@
     scatter          an embedding's output cut to this rank's shard: RowwiseParallel(output_layouts=
                      Shard(seq)) when vocabulary-split (reduce-scatter), else PrepareModuleOutput
                      (Replicate -> Shard(seq): a local slice)
+    block_scatter    the same cut where the first block takes its input in (`_scatter_input`), for models
+                     whose embedding's parent reads the whole output (an HF decoder's masks, positions)
     re-gather        the column-split linears of an entry save only this rank's shard of the gathered
                      input for backward and all-gather it again there (saved-tensor hooks), as Megatron
                      does and the cost model prices (34/t bytes per layer, Korthikanti 2022)
@@ -33,6 +35,9 @@ def section(plan) -> dict:
         return {}
     sec = (plan._d.get("tp_layout") or {}).get("sp") or {}
     bad = sec.get("unsupported") or []
+    if sec.get("block_scatter") and plan.parallel.get("pp", 1) > 1:
+        bad = [f"the residual stream is cut at {sorted(sec['block_scatter'])[0]}'s entry, which the traced pipeline "
+               f"stages do not run yet (sequence parallelism of this model is emitted at pp=1)"] + bad
     if bad:
         raise PlanError(f"sequence parallelism cannot be emitted here ({bad[0]}); search again with sp pinned "
                         f"to false (constraints sp=false)")
@@ -74,7 +79,11 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
         parallelize_module(module, tp_mesh, extra)
     for name in gathers:
         mods[name].register_forward_pre_hook(_gather_input(sec["entries"][name], tp_mesh), with_kwargs=True)
-    done = sorted(set(extra) | set(gathers) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
+    cuts = [n for n in sec.get("block_scatter", {}) if n in mods]
+    for name in cuts:
+        mods[name].register_forward_pre_hook(_scatter_input(sec["block_scatter"][name], tp_mesh), with_kwargs=True)
+        mods[name].sapp_sp_scatter = True       # read by the manifest
+    done = sorted(set(extra) | set(gathers) | set(cuts) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
     for name, axis in sec.get("entries", {}).items():
         if name in mods:
             openers = [n for n, s in tp_plan.items() if n.startswith(name + ".") and s == "colwise"]
@@ -82,6 +91,41 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
                 openers.append(name)        # a lone or replicated linear gathers its own input
             _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh)
     return done
+
+
+def _activation_input(args, kwargs, axis):
+    """Where a module's activation input is: ("arg", 0) for the first positional tensor, else
+    ("kw", name) for `hidden_states` or the first tensor keyword with the axis; None if none."""
+    if args and torch.is_tensor(args[0]):
+        return "arg", 0
+    key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
+        (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
+    return None if key is None else ("kw", key)
+
+
+def _replace_input(args, kwargs, where, fn):
+    if where[0] == "arg":
+        return (fn(args[0]),) + tuple(args[1:]), kwargs
+    return args, dict(kwargs, **{where[1]: fn(kwargs[where[1]])})
+
+
+def _scatter_input(axis: int, tp_mesh):
+    """A forward pre-hook cutting a block's activation input to this rank's sequence shard (autograd-
+    aware: DTensor Replicate -> Shard is a local slice; backward all-gathers the gradient): where an HF
+    decoder's residual stream enters its first layer (plan `block_scatter`)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def cut(x):
+        d = DTensor.from_local(x, tp_mesh, (Replicate(),), run_check=False)
+        return d.redistribute(tp_mesh, (Shard(axis),)).to_local()
+
+    def hook(mod, args, kwargs):
+        where = _activation_input(args, kwargs, axis)
+        if where is None:
+            raise PlanError("sequence parallelism: the first block got no tensor input to cut; search again with "
+                            "sp pinned to false")
+        return _replace_input(args, kwargs, where, cut)
+    return hook
 
 
 def _gather_input(axis: int, tp_mesh):
@@ -96,14 +140,11 @@ def _gather_input(axis: int, tp_mesh):
         return d.redistribute(tp_mesh, (Replicate(),)).to_local()
 
     def hook(mod, args, kwargs):
-        if args and torch.is_tensor(args[0]):
-            return (gather(args[0]),) + tuple(args[1:]), kwargs
-        key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
-            (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
-        if key is None:
+        where = _activation_input(args, kwargs, axis)
+        if where is None:
             raise PlanError("sequence parallelism: a region entry got no tensor input to gather; search again with "
                             "sp pinned to false")
-        return args, dict(kwargs, **{key: gather(kwargs[key])})
+        return _replace_input(args, kwargs, where, gather)
     return hook
 
 
@@ -213,7 +254,7 @@ def observed(mods: dict) -> dict:
     """What sequence parallelism runs in a rank's stage modules ({stage: module}), read off the objects:
     norms whose own weights are replicated DTensors on "tp" (only SequenceParallel makes them so) and
     entries carrying re-gather hooks.  {} when none."""
-    norms, entries = set(), set()
+    norms, entries, cuts = set(), set(), set()
     for mod in mods.values():
         for name, m in mod.named_modules():
             own = list(m.parameters(recurse=False))
@@ -221,15 +262,25 @@ def observed(mods: dict) -> dict:
                 norms.add(name)
             if getattr(m, "sapp_sp_regather", False):
                 entries.add(name)
-    return {"norms": sorted(norms), "entries": sorted(entries)} if (norms or entries) else {}
+            if getattr(m, "sapp_sp_scatter", False):
+                cuts.add(name)
+    return _pieces(norms, entries, cuts)
+
+
+def _pieces(norms, entries, cuts) -> dict:
+    if not (norms or entries or cuts):
+        return {}
+    out = {"norms": sorted(norms), "entries": sorted(entries)}
+    if cuts:
+        out["block_scatter"] = sorted(cuts)
+    return out
 
 
 def expected(sec: dict, mods: dict) -> dict:
     """The plan's SP pieces present in this rank's stage modules (the manifest's vocabulary)."""
     names = {n for mod in mods.values() for n, _ in mod.named_modules()}
-    norms = sorted(n for n in (sec or {}).get("norms", {}) if n in names)
-    entries = sorted(n for n in (sec or {}).get("entries", {}) if n in names)
-    return {"norms": norms, "entries": entries} if (norms or entries) else {}
+    pick = lambda key: {n for n in (sec or {}).get(key, {}) if n in names}   # noqa: E731
+    return _pieces(pick("norms"), pick("entries"), pick("block_scatter"))
 
 
 def _replicated_on_tp(p) -> bool:

@@ -330,6 +330,15 @@ def dp_split(node, dp):
     return None
 
 
+BLOCK_ENTRY = "@block-entry"     # profile method mark: SP cut at the first block's entry (emitted at pp=1)
+
+
+def sp_emitted_with_pipeline(prof) -> bool:
+    """Whether `sapp run` runs this profile's sequence parallelism beside a pipeline: not when the
+    residual stream is cut at the first block's entry (an HF decoder), which the traced stages lack."""
+    return BLOCK_ENTRY not in (getattr(prof, "method", "") or "")
+
+
 def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None, rebatched=None,
                      sp=False):
     """Strategies of the template on the dp x tp stage mesh.  The dp level may only split batch
@@ -355,9 +364,11 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             g1 = rebatch(template, 1)
             with_sp = sp_choice(g1, tp_choice, tp)
             # priced only where the emitter can place every piece (else this is the plain layout)
-            bad = (sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}).get("unsupported")
+            sec = sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}
+            bad = sec.get("unsupported")
             if not bad:
-                tp_choice, method = with_sp, method + "+sp"
+                # BLOCK_ENTRY: the stream is cut where the first block takes it in (sapp run: pp = 1)
+                tp_choice, method = with_sp, method + "+sp" + (BLOCK_ENTRY if sec.get("block_scatter") else "")
             else:
                 method += f"+sp-unavailable({bad[0]})"
     t1 = rebatch(template, dp)

@@ -131,6 +131,15 @@ def _enclosing(module: str, outside) -> str:
     return best
 
 
+def _block_entry(graph, p, block, sp, consumers) -> bool:
+    """Whether `p`'s output can be cut to sequence shards on entry to `block`: every reader inside the
+    block runs sequence-parallel, and `p` lies outside it (readers outside keep the whole tensor)."""
+    if not block or graph.nodes[p].block == block:
+        return False
+    inside = [c for c, _ in consumers[p] if graph.nodes[c].block == block]
+    return bool(inside) and all(c in sp for c in inside)
+
+
 def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
     """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
     counted in the module's own tensor:
@@ -142,11 +151,14 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
       exits    {module: seq axis}  a row-split closer reduce-scatters to sequence shards
       scatter  {module: seq axis}  a replicated (or vocabulary-split) producer's output is cut to this
                                    rank's sequence shard (embeddings)
+      block_scatter {block: seq axis}  a replicated producer whose parent module also reads it whole (an
+                                   HF decoder's embed_tokens) is cut to the shard where the first block
+                                   takes it in (its activation input)
       unsupported [why, ...]       edges the emitter cannot place (emit refuses such a plan)"""
     sp = sp_nodes(graph, strategies, tp_level, tp)
     if not sp:
         return {}
-    sec = {"norms": {}, "entries": {}, "exits": {}, "scatter": {}, "unsupported": []}
+    sec = {"norms": {}, "entries": {}, "exits": {}, "scatter": {}, "block_scatter": {}, "unsupported": []}
 
     def dim(n):
         s = strategies.get(n) or ()
@@ -173,6 +185,11 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
                 # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
                 # model's embed_tokens -> layers) may read the full length from it (masks, positions)
                 sec["scatter"][pn.module] = axis
+            elif dim(p) is None and pn.kind in ("embedding", "matmul") and _block_entry(graph, p, node.block, sp,
+                                                                                          consumers):
+                # an HF decoder's embedding: its parent reads the full length (masks, positions), so the
+                # residual stream is cut where the first block takes it in
+                sec["block_scatter"][node.block] = axis
             elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
                 sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
             else:

@@ -39,7 +39,8 @@ def _run_case(case, rank):
         return {"error": f"step {len(losses)}: {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
-            "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements"))}
+            "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
+            "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp")}
 
 
 def _worker(rank, world, cases, out_dir, store):

@@ -11,6 +11,8 @@ CONFIGS = {
     "tp2": {"dp": 1, "tp": 2, "pp": 1},
     "dp2xpp2": {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b"},
     "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b"},
+    "tp2+sp": {"dp": 1, "tp": 2, "pp": 1, "sp": True},
+    "pp2xtp2+sp": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": True},
 }
 TP_CLUSTER = "cpu:gpus={n},peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
 BATCH = 8
