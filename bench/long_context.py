@@ -2,7 +2,7 @@
 LlamaConfig on meta, bench/llama3_405b.json) on 16,384 h100-80g with 16M tokens per step: global
 batch 2048 at seq 8192 and 128 at seq 131072.  Prints capture and search wall times, the plan (with
 context parallelism at 131072) and whether it fits, beside Llama 3's published layouts (Table 4 of
-"The Llama 3 Herd of Models": tp8 cp1 pp16 dp128 at 8192; tp8 cp16 pp16 dp8 at 131072).
+"The Llama 3 Herd of Models": tp8 cp1 pp16 dp128 at 8192; tp8 cp16 pp16 dp8 at 131072), priced pinned.
 
     python -m bench.long_context                 # both sequence lengths
     python -m bench.long_context --profile       # pyinstrument profile of the 131072 search
@@ -16,7 +16,7 @@ import time
 CONFIG = os.path.join(os.path.dirname(__file__), "llama3_405b.json")
 CLUSTER = "h100-80g:nodes=2048"              # 2048 x 8 = 16,384 GPUs
 RUNS = ((8192, 2048), (131072, 128))         # (sequence, global batch): 16M tokens per step
-PUBLISHED = {8192: "tp=8 cp=1 pp=16 dp=128", 131072: "tp=8 cp=16 pp=16 dp=8"}
+PUBLISHED = {8192: {"tp": 8, "cp": 1, "pp": 16}, 131072: {"tp": 8, "cp": 16, "pp": 16}}   # dp: the rest
 
 
 def capture(seq):
@@ -56,9 +56,28 @@ def run(seq, batch, profile=False):
           f"recompute={plan['recompute']['default']}  step {pr['step_time_s']:.2f} s  MFU {pr['mfu']:.1%}  "
           f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(pr['capacity_bytes'])}  "
           f"{'fits' if fits else 'DOES NOT FIT'}")
-    print(f"  published (Llama 3, Table 4): {PUBLISHED[seq]}")
-    return {"seq": seq, "search_s": search_s, "cpu_s": cpu_s, "capture_s": cap_s, "cp": par.get("cp", 1), "fits": fits,
+    pub = published(model, graph, seq, batch)
+    return {"published": pub, "seq": seq, "search_s": search_s, "cpu_s": cpu_s, "capture_s": cap_s, "cp": par.get("cp", 1), "fits": fits,
             "plan": plan}
+
+
+def published(model, graph, seq, batch):
+    """Llama 3's own layout at `seq` pinned (tp, cp, pp; dp the rest): the search fills in the rest."""
+    import sapp
+    from sapp.errors import SappError
+    from sapp.units import fmt_bytes
+    pin = PUBLISHED[seq]
+    label = " ".join(f"{k}={v}" for k, v in pin.items())
+    try:
+        plan = sapp.search(model, CLUSTER, global_batch=batch, graph=graph, constraints=dict(pin))
+    except SappError as e:
+        print(f"  published (Llama 3, Table 4) {label}: {e}")
+        return None
+    par, pr, pipe = plan["parallel"], plan["predicted"], plan["pipeline"]
+    print(f"  published (Llama 3, Table 4) {label} dp={par['dp']}: m={pipe['micro_batches']} {pipe['schedule']} "
+          f"zero={plan['zero']} recompute={plan['recompute']['default']}  step {pr['step_time_s']:.2f} s  "
+          f"peak {fmt_bytes(pr['peak_memory_bytes'])}  fits")
+    return plan
 
 
 def main(argv=None):
