@@ -6,14 +6,14 @@
                      output this rank's sequence shard (dropouts and residual adds need nothing: they
                      run on the local shards as plain tensors)
     entries          a region's module (attention, MLP) all-gathers its input (Shard(seq) -> Replicate,
-                     PrepareModuleInput's job, here also for keyword inputs: `_gather_input`) before any
+                     PrepareModuleInput's job, here also for keyword inputs: `_redistribute_input`) before any
                      op reads the input's shape; a lone linear (the LM head)
                      takes ColwiseParallel(input_layouts=Shard(seq)) instead
     exits            RowwiseParallel(output_layouts=Shard(seq)): reduce-scatter instead of all-reduce
     scatter          an embedding's output cut to this rank's shard: RowwiseParallel(output_layouts=
                      Shard(seq)) when vocabulary-split (reduce-scatter), else PrepareModuleOutput
                      (Replicate -> Shard(seq): a local slice)
-    block_scatter    the same cut where the first block takes its input in (`_scatter_input`), for models
+    block_scatter    the same cut where the first block takes its input in (`_redistribute_input`), for models
                      whose embedding's parent reads the whole output (an HF decoder's masks, positions)
     re-gather        the column-split linears of an entry save only this rank's shard of the gathered
                      input for backward and all-gather it again there (saved-tensor hooks), as Megatron
@@ -78,10 +78,10 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
     if extra:
         parallelize_module(module, tp_mesh, extra)
     for name in gathers:
-        mods[name].register_forward_pre_hook(_gather_input(sec["entries"][name], tp_mesh), with_kwargs=True)
+        mods[name].register_forward_pre_hook(_redistribute_input(sec["entries"][name], tp_mesh, gather=True), with_kwargs=True)
     cuts = [n for n in sec.get("block_scatter", {}) if n in mods]
     for name in cuts:
-        mods[name].register_forward_pre_hook(_scatter_input(sec["block_scatter"][name], tp_mesh), with_kwargs=True)
+        mods[name].register_forward_pre_hook(_redistribute_input(sec["block_scatter"][name], tp_mesh, gather=False), with_kwargs=True)
         mods[name].sapp_sp_scatter = True       # read by the manifest
     done = sorted(set(extra) | set(gathers) | set(cuts) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
     for name, axis in sec.get("entries", {}).items():
@@ -93,58 +93,29 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
     return done
 
 
-def _activation_input(args, kwargs, axis):
-    """Where a module's activation input is: ("arg", 0) for the first positional tensor, else
-    ("kw", name) for `hidden_states` or the first tensor keyword with the axis; None if none."""
-    if args and torch.is_tensor(args[0]):
-        return "arg", 0
-    key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
-        (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
-    return None if key is None else ("kw", key)
-
-
-def _replace_input(args, kwargs, where, fn):
-    if where[0] == "arg":
-        return (fn(args[0]),) + tuple(args[1:]), kwargs
-    return args, dict(kwargs, **{where[1]: fn(kwargs[where[1]])})
-
-
-def _scatter_input(axis: int, tp_mesh):
-    """A forward pre-hook cutting a block's activation input to this rank's sequence shard (autograd-
-    aware: DTensor Replicate -> Shard is a local slice; backward all-gathers the gradient): where an HF
-    decoder's residual stream enters its first layer (plan `block_scatter`)."""
+def _redistribute_input(axis: int, tp_mesh, gather: bool):
+    """A forward pre-hook moving a module's activation input between this rank's sequence shard and
+    the whole tensor, autograd-aware (DTensor redistribute; backward does the reverse collective):
+    gather = True all-gathers (Shard -> Replicate: PrepareModuleInput's job, for modules called with
+    keyword arguments too, as HF layers pass hidden_states=...); False cuts the shard (Replicate ->
+    Shard, a local slice: where an HF decoder's residual stream enters its first layer, plan
+    `block_scatter`).  The input is the first positional tensor, else `hidden_states` or the first
+    tensor keyword with the axis."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
+    src, dst = ((Shard(axis),), (Replicate(),)) if gather else ((Replicate(),), (Shard(axis),))
 
-    def cut(x):
-        d = DTensor.from_local(x, tp_mesh, (Replicate(),), run_check=False)
-        return d.redistribute(tp_mesh, (Shard(axis),)).to_local()
+    def move(x):
+        return DTensor.from_local(x, tp_mesh, src, run_check=False).redistribute(tp_mesh, dst).to_local()
 
     def hook(mod, args, kwargs):
-        where = _activation_input(args, kwargs, axis)
-        if where is None:
-            raise PlanError("sequence parallelism: the first block got no tensor input to cut; search again with "
-                            "sp pinned to false")
-        return _replace_input(args, kwargs, where, cut)
-    return hook
-
-
-def _gather_input(axis: int, tp_mesh):
-    """A forward pre-hook all-gathering a module's activation input along the sequence (autograd-aware:
-    DTensor Shard -> Replicate, reduce-scatter in backward): PrepareModuleInput's job, for modules
-    called with keyword arguments too (HF layers pass hidden_states=...).  The input is the first
-    positional tensor, else the `hidden_states` / first tensor keyword."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    def gather(x):
-        d = DTensor.from_local(x, tp_mesh, (Shard(axis),), run_check=False)
-        return d.redistribute(tp_mesh, (Replicate(),)).to_local()
-
-    def hook(mod, args, kwargs):
-        where = _activation_input(args, kwargs, axis)
-        if where is None:
-            raise PlanError("sequence parallelism: a region entry got no tensor input to gather; search again with "
-                            "sp pinned to false")
-        return _replace_input(args, kwargs, where, gather)
+        if args and torch.is_tensor(args[0]):
+            return (move(args[0]),) + tuple(args[1:]), kwargs
+        key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
+            (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
+        if key is None:
+            raise PlanError(f"sequence parallelism: {type(mod).__name__} got no tensor input to "
+                            f"{'gather' if gather else 'cut'}; search again with sp pinned to false")
+        return args, dict(kwargs, **{key: move(kwargs[key])})
     return hook
 
 
