@@ -51,6 +51,31 @@ def test_full_then_selective_then_none_is_the_least_transient_order(dg):
             assert stash == pytest.approx(sum(opt.act[POLICIES.index(p)] for p in blocks))
 
 
+@pytest.mark.parametrize("g_front", [None, 30.0, 34.0, 20.0])
+def test_front_block_gathers_off_the_line_are_priced_exactly(g_front):
+    """FSDP2 prefetches nothing during a stage's first block's backward: under a pipeline its ZeRO-3
+    gathers equal the second block's, off the line the others lie on (numbers.zero3_gathered).  The
+    closed form with `g_front` equals the direct walk of the best order for every count choice (a
+    linear extrapolation from the last block to the front one under-priced the middle blocks)."""
+    opt = BlockOption((30.0, 12.0, 2.0), (0.0, 1.0, 3.0))
+    g_last, dg = 4.0, 7.0
+    for counts in [(2, 1, 1), (1, 2, 1), (0, 2, 2), (3, 0, 1), (1, 1, 2), (0, 0, 4), (4, 0, 0), (0, 1, 0)]:
+        k = sum(counts)
+        gath = [g_last + q * dg for q in range(k)]       # from the back
+        if g_front is not None:
+            gath[k - 1] = g_front
+        for post, pre in [((0.0, -math.inf), -math.inf), ((5.0, 3.0), 50.0)]:
+            blocks = ["full"] * counts[2] + ["selective"] * counts[1] + ["none"] * counts[0]   # front to back
+            worst, after = max(0.0, post[1]), post[0]
+            for q, p in enumerate(reversed(blocks)):
+                j = POLICIES.index(p)
+                worst = max(worst, (opt.act[0] - opt.act[j]) + gath[q] - after)
+                after += opt.act[j]
+            direct = max(worst, pre - after)
+            tr, _ = ordered_transient(counts, opt, post[0], post[1], pre, g_last, dg, g_front)
+            assert tr == pytest.approx(direct, abs=1e-9), (counts, post)
+
+
 @pytest.mark.parametrize("infl", [1.0, 3.0])
 def test_choose_ordered_is_the_brute_force_optimum(infl):
     opt = BlockOption((30.0, 12.0, 2.0), (0.0, 1.0, 3.1))

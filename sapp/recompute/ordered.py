@@ -8,8 +8,8 @@ rematerialised bytes plus the stash are a0 (none: 0 + a0), so swapping two neigh
 changes only which of them sits later, and putting the one that rematerialises more earlier is never
 worse: the best order of a run is full blocks first, then selective, then none, front to back.  Along
 each policy's sub-run a block's term is linear in its position (ZeRO-3 gathers grow by a block's
-parameters per block towards the front), so its largest term is at one end: the transient of a count
-choice is O(1), and the least-extra choice is exact over every per-block assignment of the run
+parameters per block towards the front; the front block, with nothing prefetched, is off that line and
+taken apart), so its largest term is at one end: the transient of a count choice is O(1), and the least-extra choice is exact over every per-block assignment of the run
 (checked by brute force in tests/test_joint_exhaustive.py)."""
 from __future__ import annotations
 
@@ -18,26 +18,35 @@ import math
 from .solver import BlockOption, RecomputeChoice
 
 
-def ordered_transient(counts, opt: BlockOption, post_stash, post_term, pre_term, g_last=0.0, dg=0.0):
+def ordered_transient(counts, opt: BlockOption, post_stash, post_term, pre_term, g_last=0.0, dg=0.0,
+                      g_front=None):
     """(transient, run stash) of a run ordered full, selective, none (front to back) with counts
     (n_none, n_selective, n_full).  post_stash / post_term: stash of the units after the run and the
     largest of their own terms; pre_term: the largest term of the units before it, less the stash of
     the run and what follows; g_last / dg: ZeRO-3 bytes gathered at the run's last block's backward
-    and their growth per block towards the front."""
+    and their growth per block towards the front; g_front: the front block's, when it is off that
+    line (FSDP2 prefetches nothing during a stage's first block's backward)."""
     a = opt.act
+    k = sum(counts)
     after, q, worst = post_stash, 0, max(0.0, post_term)
+
+    def gathered(j):
+        return g_front if g_front is not None and j == k - 1 else g_last + j * dg
     for c, p in zip(counts, (0, 1, 2)):       # walked from the back: none, selective, full
         if not c:
             continue
         r, s = a[0] - a[p], a[p]
-        worst = max(worst, r + g_last + q * dg - after, r + g_last + (q + c - 1) * dg - after - (c - 1) * s)
+        # a term is linear in the position along the sub-run but for the front block: its ends, and
+        # the block behind the front one
+        ends = {q, q + c - 1} | ({q + c - 2} if g_front is not None and q + c - 1 == k - 1 and c > 1 else set())
+        worst = max([worst] + [r + gathered(j) - after - (j - q) * s for j in ends])
         after += c * s
         q += c
     return max(worst, pre_term - after), after - post_stash
 
 
 def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_stash=0.0, post_term=-math.inf,
-                   pre_term=-math.inf, g_last=0.0, dg=0.0, tol=0.0):
+                   pre_term=-math.inf, g_last=0.0, dg=0.0, tol=0.0, g_front=None):
     """Least-extra (n_none, n_selective, n_full) for k identical blocks in a row such that
     infl * (fixed_act + run stash) + transient <= limit + tol, or None.  For each number of full
     blocks the least number of selective ones that fits (memory does not grow with each selective
@@ -49,7 +58,7 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
     has_none, has_sel, has_full = "none" in allowed, "selective" in allowed, "full" in allowed
 
     def fits(nn, ns, nf):
-        tr, stash = ordered_transient((nn, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
+        tr, stash = ordered_transient((nn, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg, g_front)
         return infl * (fixed_act + stash) + tr <= lim
 
     best = None
@@ -90,6 +99,7 @@ def choose_ordered(k, opt: BlockOption, allowed, limit, infl, fixed_act, post_st
             continue
         ext = (rest - ns) * e[0] + ns * e[1] + nf * e[2]
         if best is None or ext < best.extra_s - 1e-15:
-            _, stash = ordered_transient((rest - ns, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg)
+            _, stash = ordered_transient((rest - ns, ns, nf), opt, post_stash, post_term, pre_term, g_last, dg,
+                                         g_front)
             best = RecomputeChoice(stash, ext, ((rest - ns, ns, nf),))
     return best

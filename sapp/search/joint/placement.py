@@ -19,8 +19,9 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
     hopeless = memory_floor(ctx, cfg, prof) > ctx.cap * (1 + 1e-6)
     res = None if hopeless else price_config(ctx, cfg, prof, exact=exact, policy=policy)
     if res is not None and res.peak_memory_bytes > ctx.cap * (1 + 1e-9):
-        # the stage partition fitted by its own account but the stages as priced do not (seen once:
-        # Llama-3-405B pp8 dp256 ZeRO-3 interleaved, 78.08 of 77.60 GB): never return such a plan
+        # a safety net: the partition's fit test and the stages' priced memory share one model
+        # (recompute/ordered.py); when they disagreed (ZeRO-3's front-block gathers, fixed) a plan
+        # came back over capacity (Llama-3-405B pp8 dp256, 78.08 of 77.60 GB).  Never return one
         res = None
     if res is not None:
         remember_placement(ctx, "device", res)

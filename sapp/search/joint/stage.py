@@ -245,6 +245,7 @@ class StageEvaluator:
         # the glue's stash after the run (the glue is fixed: "fact" holds it); without ZeRO-3 gathers
         # no glue term is above zero, the floor of the transient
         post_stash, post_term, pre_term, g_last, dg = T["fact"][b] - T["fact"][last + 1], -math.inf, -math.inf, 0.0, 0.0
+        g_front = None
         if self.cfg.zero == 3:
             gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
             post_stash = 0.0
@@ -256,9 +257,15 @@ class StageEvaluator:
                 pre_term = max(pre_term, gath[j - a] - pre_stash)
                 pre_stash += act[j][0]
             g_last = gath[last - a]
-            dg = (gath[first - a] - g_last) / (k - 1) if k > 1 else 0.0
+            # linear from the back up to the block behind the front one; the front block prefetches
+            # nothing (numbers._prefetched), so its gathers are priced apart
+            if k > 2:
+                dg = (gath[first + 1 - a] - g_last) / (k - 2)
+                g_front = gath[first - a]
+            elif k == 2:
+                dg = gath[first - a] - g_last
         return True, choose_ordered(k, opt, al, base, infl, fixed_act, post_stash, post_term, pre_term, g_last, dg,
-                                    tol=1e-9 * self.cap)
+                                    tol=1e-9 * self.cap, g_front=g_front)
 
     def _mixed(self, idx, tl, room, infl, beat, tries=64):
         """The first of the `tries` cheapest (stash, extra) Pareto count choices of several block types
