@@ -68,3 +68,33 @@ def test_no_backward_for_what_carries_no_gradient(graph):
     assert saved_for_backward(mul, i_cos) and not saved_for_backward(mul, i_q)
     ids = [tid for tid, _ in saved_items(mul, s, mesh, st)]
     assert ops[1].producer in ids and ops[0].producer not in ids
+
+
+def _qkv_reshards(graph, sp, runtime):
+    """Resharding seconds booked to layer 0's q, k, v projections at tp=2 (Megatron regions forced)."""
+    from sapp.costmodel import evaluate_sharding
+    from sapp.search import tp_layout
+    cl = Cluster.parse("a100-80g:nodes=1")
+    mesh = Mesh((Level(2, "intra"),))
+    choice = {n: "n" for n in tp_layout.linears(graph)}
+    strategies, _, _ = tp_layout.emittable(graph, choice, 2)
+    if sp:
+        strategies = tp_layout.sp_choice(graph, strategies, 2)
+    st = CostSettings(precision="bf16-mixed", runtime=runtime)
+    cost = evaluate_sharding(graph, {n: (d,) for n, d in strategies.items()}, mesh, cl, st)
+    names = [n for n, node in graph.nodes.items()
+             if node.module in {f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")}]
+    return [cost.per_node[n]["reshard_s"] for n in names]
+
+
+def test_one_input_of_several_linears_moves_once_where_the_program_moves_it_once(graph):
+    # sequence parallelism: the attention module's entry all-gathers the norm's output once for q, k
+    # and v (emit/sp.py), and reduce-scatters the summed gradient once
+    r = _qkv_reshards(graph, True, "eager")
+    assert len(r) == 3 and r[0] > 0 and r[1] == r[2] == 0.0
+    # no SP, eager DTensor: each ColwiseParallel all-reduces its own input gradient
+    r = _qkv_reshards(graph, False, "eager")
+    assert r[0] > 0 and r[1] == pytest.approx(r[0]) and r[2] == pytest.approx(r[0])
+    # the fused runtime (Megatron's fused QKV): one all-reduce of the input gradient
+    r = _qkv_reshards(graph, False, "fused")
+    assert r[0] > 0 and r[1] == r[2] == 0.0

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ..errors import SappError
 from .dtypes import WIDTHS_KEY, ensure_widths
 from .grads import GRAD_KEY
-from .edges import edge_times
+from .edges import edge_layouts, edge_times
 from .memory import saved_items
 from .nodes import node_cost
 
@@ -114,6 +114,30 @@ def _overlap_tp(graph, edges, gemms, per_node, mesh):
         d["reshard_s"] -= hf + hb
 
 
+def _shared_entry(prod, node, operand, sp, s, f, bw, settings, shared):
+    """One input read by several linears (HF's q/k/v, gate/up) moves once where the program moves it
+    once.  Forward, a layout change (sequence parallelism's all-gather) happens at the region module's
+    entry (emit/sp.py), before all of them; its backward then runs once on the summed gradients.  A
+    replicated input's backward all-reduce is per linear under eager DTensor (each ColwiseParallel
+    converts its own input) but once under the fused runtime (Megatron's fused QKV / FC1 reduce
+    the input gradient once).  Shared inside one module only (the attention, the MLP): a tensor read
+    by linears of several modules (an encoder output in every cross-attention) moves for each."""
+    f_src, f_dst, b_src, b_dst = edge_layouts(prod, operand, sp, s)
+    entry = f_src != f_dst
+    where = node.module.rpartition(".")[0]
+    key = (prod.name, where, f_src, f_dst, "fwd")
+    if f > 0:
+        if key in shared:
+            f = 0.0
+        shared.add(key)
+    if bw > 0 and (entry or settings.fused):
+        key = (prod.name, where, b_src, b_dst, "bwd")
+        if key in shared:
+            bw = 0.0
+        shared.add(key)
+    return f, bw
+
+
 def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCost:
     """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
     per device.  Edge costs are booked to the consumer's node / block."""
@@ -127,6 +151,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
         sigs[node.name] = ids.setdefault(_sig(node), len(ids))
     overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
     gemms = {}
+    shared = set()          # (producer, module, src, dst, direction) moved for another linear (_shared_entry)
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
         own = owners[node.name]
@@ -157,6 +182,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
             if fb is None:
                 fb = edge_memo[ekey] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
             f, bw = fb
+            if node.kind == "matmul" and node.params and f + bw > 0:
+                f, bw = _shared_entry(graph.nodes[o.producer], node, o, sp, s, f, bw, settings, shared)
             d["fwd_s"] += f
             d["bwd_s"] += bw
             d["reshard_s"] += f + bw
