@@ -2,17 +2,21 @@
 
     cp ranks share every sample: each holds 2 of the sequence's 2·cp chunks (rank r: chunks r and
     2cp-1-r, so causal work is even), runs the whole layer on its tokens, and all-gathers the keys
-    and values of the whole sequence before attention (`GatherSeq`: all-gather forward, the
-    gradients' reduce-scatter backward).  Queries stay local; the causal mask compares global
-    positions, so it is the single-device mask restricted to this rank's rows.  Position ids are the
-    tokens' global positions.  Parameters are replicated over cp, and the gradients are averaged over
-    dp x cp: the emitter's data-parallel group is dp·cp ranks (mesh order pp, dp, cp, tp), and each
-    rank's loss is the mean over its tokens, so the average of the dp·cp means is the global mean.
+    and values of the whole sequence before attention (sapp/emit/cp_attention.py: all-gather
+    forward, the gradients' reduce-scatter backward).  Queries stay local; the causal mask compares
+    global positions.  Position ids are the tokens' global positions.  Parameters are replicated over
+    cp, and the gradients are averaged over dp x cp: the emitter's data-parallel group is dp·cp ranks
+    (mesh order pp, dp, cp, tp; ZeRO / FSDP2 shard over it), and each rank's loss is the mean over its
+    tokens, so the average of the dp·cp means is the global mean.  Under tensor parallelism a cp group
+    is the ranks of one (pp, dp, tp) coordinate, tp apart; K/V are gathered on this rank's heads.
 
-What it covers: the zoo GPT's attention (`sapp.models.gpt.Attention`, eager, causal) and learned
-positions (`Embed`), with pp = 1, tp = 1 and ZeRO 0/1.  Anything else is refused before training
-(`check_plan`, `apply`) with a PlanError saying what to change.  On gloo (no reduce-scatter) the
-backward is an all-reduce keeping this rank's chunk: the same numbers, more bytes than priced."""
+What it covers: the zoo GPT (eager or SDPA attention, learned positions) and Llama (SDPA, rotary,
+grouped-query), and Hugging Face models whose attention runs through transformers' attention
+interface (sapp/emit/cp_hf.py: Llama, Qwen2, Mistral, ...), with pp = 1, any tp and ZeRO 0-3.  A
+pipeline or host placement with cp is refused before training (`check_plan`), as is a model whose
+attention cannot be rewritten (`apply`), each with a PlanError saying what to change.  On gloo (no
+reduce-scatter) the backward is an all-reduce keeping this rank's chunk: the same numbers, more bytes
+than priced."""
 from __future__ import annotations
 
 import math
@@ -24,6 +28,7 @@ from torch.nn import functional as F
 
 from ..costmodel.context import check_sequence, chunk_positions
 from ..errors import PlanError
+from .cp_attention import Layout, fused_attention, gather_kv
 from .program import Program
 
 
@@ -34,11 +39,8 @@ def check_plan(plan) -> int:
     cp = par.get("cp", 1)
     if cp <= 1:
         return 1
-    if par["pp"] > 1 or par["tp"] > 1:
-        raise PlanError(f"cp={cp} is emitted with pp=1 and tp=1 only (plan has pp={par['pp']}, tp={par['tp']}); "
-                        f"pin pp=1 tp=1 with cp, or drop cp")
-    if plan.zero >= 2:
-        raise PlanError(f"cp={cp} is emitted with ZeRO 0 or 1 only (plan has zero={plan.zero}); pin zero to 0 or 1")
+    if par["pp"] > 1:
+        raise PlanError(f"cp={cp} is emitted with pp=1 only (plan has pp={par['pp']}); pin pp=1 with cp, or drop cp")
     if (plan.placement or {}).get("groups"):
         raise PlanError(f"cp={cp} is not emitted with host placement; pin placement to the device")
     return cp
@@ -53,81 +55,78 @@ def positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     return torch.tensor(chunk_positions(seq, cp, rank), dtype=torch.long, device=device)
 
 
-def gathered_positions(seq: int, cp: int, device=None) -> torch.Tensor:
-    """Global positions along an all-gathered sequence (rank 0's tokens, then rank 1's, ...)."""
-    return torch.cat([positions(seq, cp, r, device) for r in range(cp)])
-
-
 def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
     """This cp rank's tokens of a [batch, seq, ...] tensor (inputs, labels)."""
     return t.index_select(dim, positions(t.shape[dim], cp, rank, t.device))
 
 
-# ---- the K/V exchange ------------------------------------------------------------------------------
-class GatherSeq(torch.autograd.Function):
-    """All-gather along `dim` over the cp group; backward: the gradient of this rank's part summed
-    over the group (a reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        ctx.n, ctx.r = dist.get_world_size(group), dist.get_rank(group)
-        parts = [torch.empty_like(x) for _ in range(ctx.n)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        if dist.get_backend(ctx.group) == "nccl":
-            chunks = [c.contiguous() for c in g.chunk(ctx.n, dim=ctx.dim)]
-            out = torch.empty_like(chunks[0])
-            dist.reduce_scatter(out, chunks, group=ctx.group)
-        else:                       # gloo has no reduce-scatter: all-reduce, keep this rank's chunk
-            dist.all_reduce(g, group=ctx.group)
-            out = g.chunk(ctx.n, dim=ctx.dim)[ctx.r].contiguous()
-        return out, None, None
-
-
-# ---- module rewrites ---------------------------------------------------------------------------------
+# ---- module rewrites (the zoo's models; Hugging Face models: sapp/emit/cp_hf.py) ----------------------
 def _embed_forward(self, ids):
-    cp, r = self._sapp_cp
-    pos = positions(ids.shape[1] * cp, cp, r, ids.device)
-    return self.drop(self.tok(ids) + self.pos(pos))
+    lay = self._sapp_cp_pos
+    return self.drop(self.tok(ids) + self.pos(lay.positions(ids.shape[1], ids.device)))
 
 
-def _attention_forward(self, x):
+def _gpt_attention_forward(self, x):
     b, t, _ = x.shape
-    group, cp, r = self._sapp_cp
+    lay = self._sapp_cp
     qkv = self.qkv(x).view(b, t, -1, 3 * self.hd).transpose(1, 2)
     q, k, v = qkv.split(self.hd, dim=-1)
-    k = GatherSeq.apply(k, group, 2)         # [b, heads, seq, hd]: every rank's keys, rank by rank
-    v = GatherSeq.apply(v, group, 2)
-    seq = t * cp
-    mask = positions(seq, cp, r, x.device)[:, None] >= gathered_positions(seq, cp, x.device)[None, :]
+    # q on its own storage: saved as a view of the fused qkv output it would keep this rank's k and v
+    # alive beside the gathered ones, which the cost model (rightly, for the program) does not count
+    q = q.contiguous()
+    k, v = gather_kv(k, lay), gather_kv(v, lay)     # [b, heads, seq, hd]: every rank's, rank by rank
+    if self.kind == "sdpa":
+        y = fused_attention(q, k, v, lay, dropout_p=self.p if self.training else 0.0)
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
-    att = att.masked_fill(~mask, float("-inf"))
+    att = att.masked_fill(~lay.allowed(t, x.device), float("-inf"))
     att = self.attn_drop(F.softmax(att, dim=-1))
     y = (att @ v).transpose(1, 2).reshape(b, t, -1)
     return self.resid_drop(self.proj(y))
 
 
+def _llama_attention_forward(self, x):
+    from ..models.llama import rotate
+    b, t, _ = x.shape
+    lay = self._sapp_cp
+    q = self.wq(x).view(b, t, -1, self.hd).transpose(1, 2)
+    k = self.wk(x).view(b, t, -1, self.hd).transpose(1, 2)
+    v = self.wv(x).view(b, t, -1, self.hd).transpose(1, 2)
+    pos = lay.positions(t, x.device)                # rotary angles of the tokens' global positions
+    cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    # the key/value heads are gathered un-repeated (what is priced); the kernel shares them (GQA)
+    y = fused_attention(q, gather_kv(k, lay), gather_kv(v, lay), lay)
+    return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
 def apply(model, group, cp: int, rank: int) -> int:
-    """Rewrite the zoo GPT's attention and embeddings for cp ranks; returns the attention modules
-    rewritten.  PlanError for a model without them."""
-    from ..models.gpt import Attention, Embed
+    """Rewrite the attention (and learned positions) of `model` for cp ranks; returns the attention
+    modules rewritten.  The zoo GPT (eager or SDPA attention) and Llama are rewritten here, Hugging
+    Face models through transformers' attention interface (cp_hf).  PlanError for a model with none."""
+    from ..models import gpt, llama
+    from . import cp_hf
+    lay = Layout(group, cp, rank)
     n = 0
     for m in model.modules():
-        if isinstance(m, Attention):
-            m._sapp_cp = (group, cp, rank)
-            m.forward = types.MethodType(_attention_forward, m)
-            n += 1
-        elif isinstance(m, Embed):
-            m._sapp_cp = (cp, rank)
+        if isinstance(m, gpt.Attention):
+            m.forward = types.MethodType(_gpt_attention_forward, m)
+        elif isinstance(m, llama.Attention):
+            m.forward = types.MethodType(_llama_attention_forward, m)
+        elif isinstance(m, gpt.Embed):
+            m._sapp_cp_pos = lay
             m.forward = types.MethodType(_embed_forward, m)
+            continue
+        else:
+            continue
+        m._sapp_cp = lay
+        n += 1
     if not n:
-        raise PlanError(f"cp={cp} is emitted for the zoo GPT's attention (sapp.models.gpt) only; "
-                        f"{type(model).__name__} has none: drop cp")
+        n = cp_hf.apply(model, lay)
+    if not n:
+        raise PlanError(f"cp={cp} is emitted for the zoo GPT / Llama and Hugging Face models whose attention "
+                        f"runs through transformers' attention interface; {type(model).__name__} has neither: "
+                        f"drop cp")
     return n
 
 
@@ -135,16 +134,25 @@ def observed_cp(modules) -> int:
     """The cp degree the running attention modules use (1 when none was rewritten)."""
     for mod in modules:
         for m in mod.modules():
-            st = getattr(m, "_sapp_cp", None)
-            if st is not None and len(st) == 3:
-                return st[1]
+            lay = getattr(m, "_sapp_cp", None)
+            if isinstance(lay, Layout):
+                return lay.cp
     return 1
 
 
-def cp_groups(world: int, cp: int):
-    """(every cp group, in rank order).  Ranks dp_i·cp .. dp_i·cp + cp-1 share samples (pp = tp = 1).
-    Every rank creates every group, as torch.distributed requires."""
-    return [dist.new_group(list(range(s, s + cp))) for s in range(0, world, cp)]
+def cp_group(rank: int, pp: int, dp: int, cp: int, tp: int):
+    """This rank's cp group.  Mesh (pp, dp, cp, tp), rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i: the
+    ranks of one (pp_i, dp_i, tp_i) share samples.  Every rank creates every group in the same order,
+    as torch.distributed requires."""
+    mine = None
+    for p in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                ranks = [((p * dp + d) * cp + c) * tp + t for c in range(cp)]
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    mine = g
+    return mine
 
 
 # ---- the program -------------------------------------------------------------------------------------
@@ -155,6 +163,14 @@ class CPProgram(Program):
     @property
     def dp_rank(self) -> int:
         return self.coords[1] // self.cp
+
+    def step(self, inputs, targets) -> float:
+        loss = super().step(inputs, targets)
+        if not getattr(self, "cp_checked", False):      # attention ran through the cp path: checked once
+            from .cp_hf import check_ran
+            check_ran(self.modules)
+            self.cp_checked = True
+        return loss
 
     @property
     def data_ranks(self) -> int:

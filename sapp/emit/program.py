@@ -296,8 +296,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         traced, mine, raw = None, [0], {0: model}
 
     if cp > 1:
-        cp_group = cp_mod.cp_groups(world, cp)[me[1] // cp]
-        cp_mod.apply(model, cp_group, cp, me[1] % cp)
+        cp_mod.apply(model, cp_mod.cp_group(rank, pp, dp // cp, cp, tp), cp, me[1] % cp)
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
     # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
     # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a

@@ -3,11 +3,13 @@ training of the same model on the same batches (tests/test_cp_emit.py).
 
     python -m tests.emit_workers.cp_job WORLD CASES.json OUT.json
 
-A case: {"id", "plan_path", "steps", "batch"}.  The model is the zoo's gpt-tiny without dropout (its
-attention is causal); the data: seeded token ids of the model's full sequence (32) per step.  Each
-rank trains `steps` steps, the last under the memory meter, and writes its losses, its final
-parameters' values, the manifest and measured vs predicted memory.  The parent adds the
-single-process reference (plain Adam on the whole batch)."""
+A case: {"id", "plan_path", "steps", "batch", "model"}; "model" is a spec `model_spec` understands:
+{"zoo": "gpt-tiny", "args": {...}} (dropout 0: the zoo's attention is causal) or {"hf": "llama",
+"attn": "sdpa"|"eager"} (tests/emit_workers/hf_models.py).  Data: seeded token ids of the model's
+whole sequence per step.  Each rank trains `steps` steps, the last under the memory meter, and
+writes its losses, its final parameters' values (whole tensors, DTensor shards gathered), the
+manifest and measured vs predicted memory.  The parent adds the single-process reference (plain
+Adam on the whole batch)."""
 from __future__ import annotations
 
 import json
@@ -20,36 +22,51 @@ from tests.emit_workers.harness import fork_ranks
 SEQ = 32
 
 
-def model():
+def model(spec=None):
+    """(model in train mode, loss_fn, sequence length) of a case's spec, weights from seed 0."""
     import torch
+    spec = spec or {"zoo": "gpt-tiny", "args": {"dropout": 0.0}}
+    if "hf" in spec:
+        from tests.emit_workers import hf_models
+        m, loss_fn = hf_models.build(spec["hf"], device=spec.get("device", "cpu"))
+        m.config._attn_implementation = spec.get("attn", "eager")
+        return m, loss_fn, hf_models.SEQ
     import sapp.models as models
     torch.manual_seed(0)
-    return models.get("gpt-tiny", device="cpu", dropout=0.0)
+    m = models.get(spec["zoo"], device=spec.get("device", "cpu"), **spec.get("args", {}))
+    return m, models.loss_fn(m), SEQ
 
 
-def batch(b, step):
+def batch(b, step, seq=SEQ):
     import torch
     g = torch.Generator().manual_seed(500 + step)
-    ids = torch.randint(0, 256, (b, SEQ + 1), generator=g)
+    ids = torch.randint(0, 256, (b, seq + 1), generator=g)
     return ids[:, :-1], ids[:, 1:]
 
 
-def reference(steps, b):
+def _values(m):
+    out = {}
+    for n, p in m.named_parameters():
+        t = p.detach()
+        t = t.full_tensor() if hasattr(t, "full_tensor") else t
+        out[n] = t.reshape(-1).tolist()
+    return out
+
+
+def reference(steps, b, spec=None):
     """Single-process training: losses and the final parameters (flattened, in named order)."""
     import torch
-    import sapp.models as models
-    m = model()
-    loss_fn = models.loss_fn(m)
+    m, loss_fn, seq = model(spec)
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     losses = []
     for i in range(steps):
-        x, y = batch(b, i)
+        x, y = batch(b, i, seq)
         loss = loss_fn(m(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
-    return losses, {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()}
+    return losses, _values(m)
 
 
 def run_case(case):
@@ -58,11 +75,11 @@ def run_case(case):
     from sapp.plan import Plan
     from tests.emit_workers.truth_job import predicted_memory
     plan = Plan.load(case["plan_path"])
-    m = model()
-    prog = emit(m, plan, lr=1e-3, check_fingerprint=False)
+    m, loss_fn, seq = model(case.get("model"))
+    prog = emit(m, plan, loss_fn=loss_fn, lr=1e-3, check_fingerprint=False)
     losses = []
     for i in range(case["steps"]):
-        x, y = batch(case["batch"], i)
+        x, y = batch(case["batch"], i, seq)
         xs, ys = prog.shard(x, y)
         if i == case["steps"] - 1:
             with MemoryMeter(prog) as meter:
@@ -70,9 +87,8 @@ def run_case(case):
         else:
             losses.append(prog.step(xs, ys))
     return {"losses": losses, "coords": list(prog.coords), "local_tokens": list(xs.shape),
-            "params": {n: p.detach().reshape(-1).tolist() for n, p in m.named_parameters()},
-            "manifest": prog.manifest, "expected": prog.manifest_expected, "measured": meter.result(),
-            "predicted": predicted_memory(plan, 0)}
+            "params": _values(m), "manifest": prog.manifest, "expected": prog.manifest_expected,
+            "measured": meter.result(), "predicted": predicted_memory(plan, 0)}
 
 
 def _worker(rank, world, cases, out_dir, store):
@@ -108,7 +124,7 @@ def main(argv):
     failed, per_rank = fork_ranks(_worker, world, cases)
     out = {"failed": failed, "cases": {}}
     for case in cases:
-        losses, params = reference(case["steps"], case["batch"])
+        losses, params = reference(case["steps"], case["batch"], case.get("model"))
         out["cases"][case["id"]] = {"ref_losses": losses, "ref_params": params,
                                     "ranks": {r: v.get(case["id"], v.get("__job__")) for r, v in sorted(per_rank.items())}}
     with open(out_path, "w") as f:

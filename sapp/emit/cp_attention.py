@@ -1,0 +1,115 @@
+"""Attention over a context-parallel sequence (plan `parallel.cp` > 1): the arithmetic, model-free.
+
+A cp rank holds 2 of the sequence's 2·cp equal chunks (rank r: chunks r and 2cp-1-r; see
+sapp/costmodel/context.py), keeps its queries and all-gathers the keys and values of the whole
+sequence (`gather_kv`: all-gather forward, the gradients' reduce-scatter backward).  What each rank
+then computes, as the cost model prices it (1/cp of the causal pairs, K/V exchanged once a layer):
+
+- fused attention (SDPA models): one kernel call per local chunk g, over the keys of chunks 0..g in
+  global order, causal aligned to the bottom right (`torch.nn.attention.bias.causal_lower_right`:
+  query i of the chunk sees every earlier chunk and keys 0..i of its own).  No mask tensor is made on
+  a GPU (flash / memory-efficient kernels take the alignment as a flag) and the masked blocks above
+  the diagonal are skipped, so a rank does the work of its causal pairs, not of a full [2L, S] block.
+  Grouped-query K/V stay un-repeated (`enable_gqa`), which is what is gathered and priced.
+- eager attention (models that write q·kᵀ, mask, softmax, ·v out): the same ops on the gathered keys
+  with the single-device mask restricted to this rank's rows (`allowed`), so the saved s² terms are
+  what the eager pricing counts.
+
+Position bookkeeping: gathered tensors come rank by rank (rank 0's two chunks, rank 1's, ...);
+`Layout.order` sorts them into global order, `Layout.key_pos` gives their global positions."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from ..costmodel.context import check_sequence, chunk_positions
+from ..errors import PlanError
+
+
+class GatherSeq(torch.autograd.Function):
+    """All-gather along `dim` over the cp group; backward: the gradient of this rank's part summed
+    over the group (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        ctx.n, ctx.r = dist.get_world_size(group), dist.get_rank(group)
+        parts = [torch.empty_like(x) for _ in range(ctx.n)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        if dist.get_backend(ctx.group) == "nccl":
+            chunks = [c.contiguous() for c in g.chunk(ctx.n, dim=ctx.dim)]
+            out = torch.empty_like(chunks[0])
+            dist.reduce_scatter(out, chunks, group=ctx.group)
+        else:                       # gloo has no reduce-scatter: all-reduce, keep this rank's chunk
+            dist.all_reduce(g, group=ctx.group)
+            out = g.chunk(ctx.n, dim=ctx.dim)[ctx.r].contiguous()
+        return out, None, None
+
+
+class Layout:
+    """Where this cp rank's tokens and the gathered keys sit in the whole sequence (cached per
+    (local length, device): a model calls it once a layer)."""
+
+    def __init__(self, group, cp: int, rank: int):
+        self.group, self.cp, self.rank = group, cp, rank
+        self._cache = {}
+
+    def _get(self, t: int, device):
+        key = (t, str(device))
+        if key not in self._cache:
+            seq = t * self.cp
+            if not check_sequence(seq, self.cp):
+                raise PlanError(f"a cp={self.cp} rank holds {t} tokens, which is not two equal chunks; use a "
+                                f"sequence length divisible by {2 * self.cp}")
+            mine = torch.tensor(chunk_positions(seq, self.cp, self.rank), dtype=torch.long, device=device)
+            keys = torch.tensor([p for r in range(self.cp) for p in chunk_positions(seq, self.cp, r)],
+                                dtype=torch.long, device=device)
+            self._cache[key] = (mine, keys, torch.argsort(keys))
+        return self._cache[key]
+
+    def positions(self, t: int, device) -> torch.Tensor:
+        """Global positions of this rank's t local tokens."""
+        return self._get(t, device)[0]
+
+    def key_pos(self, t: int, device) -> torch.Tensor:
+        """Global positions along a gathered sequence (rank by rank)."""
+        return self._get(t, device)[1]
+
+    def order(self, t: int, device) -> torch.Tensor:
+        """Index that sorts a gathered sequence into global order."""
+        return self._get(t, device)[2]
+
+    def allowed(self, t: int, device) -> torch.Tensor:
+        """[t, t·cp] bool: the causal mask of this rank's queries against the gathered keys."""
+        return self.positions(t, device)[:, None] >= self.key_pos(t, device)[None, :]
+
+
+def gather_kv(x: torch.Tensor, layout: Layout, dim: int = 2) -> torch.Tensor:
+    """Every cp rank's part of `x` along `dim` (the sequence), rank by rank."""
+    return GatherSeq.apply(x, layout.group, dim)
+
+
+def fused_attention(q, k, v, layout: Layout, *, causal: bool = True, scale=None, dropout_p: float = 0.0):
+    """SDPA for this rank's queries q [b, heads, t, d] against gathered k, v [b, kv_heads, t·cp, d]
+    (rank by rank, un-repeated).  Returns [b, heads, t, d] in q's local token order."""
+    t = q.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if not causal:          # every query sees every key: one call, key order irrelevant
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    from torch.nn.attention.bias import causal_lower_right
+    order = layout.order(t, q.device)
+    k, v = k.index_select(2, order), v.index_select(2, order)
+    L = t // 2
+    out = []
+    for j, g in enumerate((layout.rank, 2 * layout.cp - 1 - layout.rank)):
+        n = (g + 1) * L                      # keys of chunks 0..g
+        qc = q[:, :, j * L:(j + 1) * L]
+        out.append(F.scaled_dot_product_attention(qc, k[:, :, :n], v[:, :, :n], attn_mask=causal_lower_right(L, n),
+                                                  dropout_p=dropout_p, scale=scale, enable_gqa=gqa))
+    return torch.cat(out, dim=2)
