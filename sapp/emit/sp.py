@@ -135,10 +135,13 @@ def _ptr(t):
 
 
 class _Gathered:
-    """The input an entry module all-gathered in this forward (its storage, shape, sequence axis)."""
+    """The input an entry module all-gathered in this forward (its storage, shape, sequence axis) and
+    the shard kept of it: one for all the entry's openers (HF's q/k/v, gate/up read the same input,
+    which the cost model prices saved once)."""
     ptr = None
     shape = None
     offset = 0
+    held = None
 
 
 def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
@@ -153,6 +156,7 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         x = args[0] if args else kwargs.get("hidden_states", next(
             (v for v in kwargs.values() if torch.is_tensor(v) and v.dim() > axis), None))
         loc = _local(x) if torch.is_tensor(x) else None
+        g.held = None
         if loc is not None and loc.is_contiguous() and loc.dim() > axis and loc.shape[axis] % n == 0:
             g.ptr, g.shape, g.offset = _ptr(x), tuple(loc.shape), loc.storage_offset()
         else:
@@ -163,14 +167,15 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         if g.ptr is None or not torch.is_tensor(t) or _ptr(t) != g.ptr:
             return ("plain", meter._pack(t) if meter is not None else t)
         loc = _local(t)
-        base = loc.as_strided(g.shape, _contiguous_stride(g.shape), g.offset)
-        k = g.shape[axis] // n
-        shard = base.narrow(axis, me * k, k).clone()
+        if g.held is None:
+            base = loc.as_strided(g.shape, _contiguous_stride(g.shape), g.offset)
+            k = g.shape[axis] // n
+            shard = base.narrow(axis, me * k, k).clone()
+            g.held = meter._pack(shard) if meter is not None else shard
         dt = None
         if hasattr(t, "_local_tensor"):
             dt = (t.device_mesh, t.placements, t.shape, t.stride())
-        held = meter._pack(shard) if meter is not None else shard
-        return ("shard", held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
+        return ("shard", g.held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
 
     def _open(h):
         # the meter samples at every unpack (FSDP2 gathers are live then); no meter: unwrap its handle
@@ -206,7 +211,11 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         if ctx:
             ctx.pop().__exit__(None, None, None)
 
+    def done(mod, args, out):
+        g.held = None           # the openers' saved copies hold the shard now; keep no reference past them
+
     entry.register_forward_pre_hook(seen, with_kwargs=True)
+    entry.register_forward_hook(done)
     for m in openers:
         m.register_forward_pre_hook(enter)
         m.register_forward_hook(leave)
