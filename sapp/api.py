@@ -265,10 +265,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
         "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
             ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
-             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []) + (
-            ["sequence parallelism priced only: this model's residual stream is cut at its first block's entry, "
-             "which sapp run emits at pp=1 (pin pp=1, or sp=false, for a plan it runs)"]
-            if cfg.pp > 1 and ((tp_layout.get("sp") or {}).get("block_scatter")) else []),
+             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
     }
     return Plan(data)
 

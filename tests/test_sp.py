@@ -133,3 +133,21 @@ def test_search_pins_sp_plan_roundtrip_and_explain(tmp_path):
     free = forced_plan("gpt-tiny", world=8, cluster=cl, global_batch=16, model_args=args, constraints={"tp": 4},
                        precision="bf16-mixed")
     assert free["predicted"]["step_time_s"] <= min(on["predicted"]["step_time_s"], off["predicted"]["step_time_s"]) * (1 + 1e-9)
+
+
+def test_partition_keeps_a_block_entry_cut_on_the_first_stage():
+    """SP cut at the first block's entry (HF decoders): that block stays with the prologue on stage 0, or
+    the boundary before it would send the whole activation priced as the 1/t shard.  The exact program
+    (evaluate._partition) is given a stage price that makes a prologue-only first stage cheapest."""
+    from types import SimpleNamespace as NS
+    from sapp.pipeline.profile import BLOCK_ENTRY
+    from sapp.search.joint.evaluate import _partition
+    units = [NS(kind="glue", cut_before=False), NS(kind="block", cut_before=True),
+             NS(kind="block", cut_before=True), NS(kind="glue", cut_before=False)]
+
+    def seg(i, a, b):          # a first stage holding a block is dear: plain min-max cuts before block 0
+        return (10.0 if i == 0 and b > 1 else 1.0), True
+    ctx, cfg = NS(stage_pins=None, uniform=True, L=2), NS(pp=2, schedule="1f1b", v=1)
+    for method, first_stage_end in (("megatron+sp", 1), ("megatron+sp" + BLOCK_ENTRY, 2)):
+        ev = NS(n=4, units=units, seg=seg, prof=NS(method=method))
+        assert _partition(ctx, ev, cfg, exact=True) == [0, first_stage_end]

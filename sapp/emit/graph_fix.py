@@ -5,6 +5,10 @@
   pipeline's module outliner turns that argument into a missing input ("forward() missing 2 required
   positional arguments: 'unsqueeze_default' and 'submod_1'").  We inline the body and, for a no-grad
   region, detach its outputs: gradients stop there exactly as they did under no_grad.
+- `drop_metadata_asserts`: export records every `.to(dtype)` as an `aten._assert_tensor_metadata`
+  check beside the copy; DTensor has no sharding rule for it, so a stage module that runs on DTensors
+  (a sequence-parallel norm: HF's RMSNorm casts to fp32) fails there.  The check only repeats what the
+  trace fixed (the dtype and device of a value it produced), so it is dropped.
 - `compiled_stage`: run each stage sub-module's generated code instead of the fx interpreter (speed),
   renaming graph values called `self` first (BERT has a sub-module named `self`, whose result would
   shadow the method's `self`: "'Tensor' object has no attribute 'output'"), and make the stage's
@@ -78,6 +82,25 @@ def inline_grad_regions(gm: fx.GraphModule) -> fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
+
+
+def drop_metadata_asserts(gm: fx.GraphModule) -> fx.GraphModule:
+    """Erase the unused `aten._assert_tensor_metadata` nodes of `gm` and its sub-graphs (in place)."""
+    target = torch.ops.aten._assert_tensor_metadata.default
+    for sub in gm.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        dead = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is target and not n.users]
+        for n in dead:
+            sub.graph.erase_node(n)
+        if dead:
+            sub.recompile()
+    return gm
+
+
+def prepare(gm: fx.GraphModule) -> fx.GraphModule:
+    """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy)."""
+    return inline_grad_regions(drop_metadata_asserts(gm))
 
 
 def _contiguous(out):

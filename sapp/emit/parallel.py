@@ -151,7 +151,7 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
         if plan:
             parallelize_module(module, tp_mesh, plan)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
-            sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes)
+            sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
         return sorted(plan)
     present = {}
     for n, s in sorted(styles.items()):

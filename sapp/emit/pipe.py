@@ -59,8 +59,9 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
     try:
         annotate_split_points(model, {p: SplitPoint.BEGINNING for p in points})
         # split_policy runs on the exported graph before it is cut: there we inline the grad-mode
-        # regions (the split's module outliner cannot call them, see graph_fix.inline_grad_regions)
-        pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.inline_grad_regions)
+        # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
+        # DTensor cannot run (see graph_fix.prepare)
+        pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "

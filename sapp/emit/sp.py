@@ -14,7 +14,8 @@
                      Shard(seq)) when vocabulary-split (reduce-scatter), else PrepareModuleOutput
                      (Replicate -> Shard(seq): a local slice)
     block_scatter    the same cut where the first block takes its input in (`_redistribute_input`), for models
-                     whose embedding's parent reads the whole output (an HF decoder's masks, positions)
+                     whose embedding's parent reads the whole output (an HF decoder's masks, positions);
+                     in a traced pipeline stage too, the input found from the block's graph (`_InputFinder`)
     re-gather        the column-split linears of an entry save only this rank's shard of the gathered
                      input for backward and all-gather it again there (saved-tensor hooks), as Megatron
                      does and the cost model prices (34/t bytes per layer, Korthikanti 2022)
@@ -36,8 +37,14 @@ def section(plan) -> dict:
     sec = (plan._d.get("tp_layout") or {}).get("sp") or {}
     bad = sec.get("unsupported") or []
     if sec.get("block_scatter") and plan.parallel.get("pp", 1) > 1:
-        bad = [f"the residual stream is cut at {sorted(sec['block_scatter'])[0]}'s entry, which the traced pipeline "
-               f"stages do not run yet (sequence parallelism of this model is emitted at pp=1)"] + bad
+        # the cut runs on the stage holding the block; before it every boundary would send the whole
+        # activation, while the plan prices the 1/t shard (the search keeps the block on stage 0)
+        stages = plan.pipeline.get("stages") or []
+        first = {b for s in stages if s.get("index") == 0 for b in s.get("blocks") or []}
+        late = sorted(b for b in sec["block_scatter"] if stages and b not in first)
+        if late:
+            bad = [f"the residual stream is cut at {late[0]}'s entry, which is not on the first pipeline stage "
+                   f"(the boundaries before it would send the whole activation, priced as the 1/t shard)"] + bad
     if bad:
         raise PlanError(f"sequence parallelism cannot be emitted here ({bad[0]}); search again with sp pinned "
                         f"to false (constraints sp=false)")
@@ -58,18 +65,24 @@ def adjust(name: str, style: str, sec: dict, kw: dict) -> dict:
     return kw
 
 
-def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> list:
+def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, originals: dict = None) -> list:
     """The SP pieces present in `module` that the region styles (`tp_plan`: name -> style applied) do not
-    already carry; then the re-gather hooks.  Returns the module names given an SP piece."""
+    already carry; then the re-gather hooks.  Returns the module names given an SP piece.  `originals`:
+    the un-split model's modules by name (a traced stage holds stand-ins: is an entry a linear?)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel, parallelize_module
     if not sec:
         return []
     mods = dict(module.named_modules())
+
+    def linear(n):
+        return n_is_linear((originals or {}).get(n, mods[n]))
     extra = {}
     for name, axis in sec.get("norms", {}).items():
         if name in mods:
-            extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=True)
+            # the DTensor output is made local by _local_outputs: a traced stage's norm may also hand
+            # its input on (a tuple), which SequenceParallel's own to_local() cannot take
+            extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=False)
     gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
     for name, axis in sec.get("scatter", {}).items():
         if name in mods and name not in tp_plan:
@@ -77,30 +90,105 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list) -> 
                                               use_local_output=True)
     if extra:
         parallelize_module(module, tp_mesh, extra)
+    for name in sec.get("norms", {}):
+        if name in extra:
+            mods[name].register_forward_hook(_local_outputs)
+    # the modules that take the sequence-split activation in: which input of a traced module is it
+    readers = set(extra) | {n for n, s in tp_plan.items() if s in ("colwise", "colwise_gather")}
+    readers |= {n for n in sec.get("entries", {}) if n in mods and linear(n)}
+    where = _InputFinder(mods, readers)
     for name in gathers:
-        mods[name].register_forward_pre_hook(_redistribute_input(sec["entries"][name], tp_mesh, gather=True), with_kwargs=True)
+        mods[name].register_forward_pre_hook(_redistribute_input(sec["entries"][name], tp_mesh, True, where(name)),
+                                             with_kwargs=True)
     cuts = [n for n in sec.get("block_scatter", {}) if n in mods]
     for name in cuts:
-        mods[name].register_forward_pre_hook(_redistribute_input(sec["block_scatter"][name], tp_mesh, gather=False), with_kwargs=True)
+        mods[name].register_forward_pre_hook(_redistribute_input(sec["block_scatter"][name], tp_mesh, False,
+                                                                 where(name)), with_kwargs=True)
         mods[name].sapp_sp_scatter = True       # read by the manifest
     done = sorted(set(extra) | set(gathers) | set(cuts) | {n for n in tp_plan if any(n in sec.get(k, {}) for k in ("entries", "exits", "scatter"))})
     for name, axis in sec.get("entries", {}).items():
         if name in mods:
             openers = [n for n, s in tp_plan.items() if n.startswith(name + ".") and s == "colwise"]
-            if n_is_linear(mods[name]):
+            if linear(name):
                 openers.append(name)        # a lone or replicated linear gathers its own input
-            _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh)
+            _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh, where(name))
     return done
 
 
-def _redistribute_input(axis: int, tp_mesh, gather: bool):
+def _local_outputs(mod, args, out):
+    """A sequence-parallel norm's outputs as this rank's local shards (plain tensors)."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(out, (tuple, list)):
+        return type(out)(o.to_local() if isinstance(o, DTensor) else o for o in out)
+    return out.to_local() if isinstance(out, DTensor) else out
+
+
+class _InputFinder:
+    """Which positional input of a module carries the activation its sequence readers (SP norms,
+    column-split openers, lone linears: `readers`) take in.  A traced pipeline stage's modules
+    (torch.export's InterpreterModules) take every tensor they use positionally, in the graph's
+    order: an HF decoder layer is called (mask, cos, sin, hidden), its attention likewise, so "the
+    first tensor" is the mask there.  The answer is read off the module's graph: the placeholder a
+    reader (or a traced sub-module, at the position it takes its activation in) receives directly
+    or through ops of that one value (a dropout, a cast).  None for eager modules (the first
+    positional tensor, else `hidden_states`: HF's own call convention)."""
+
+    def __init__(self, mods: dict, readers: set):
+        self.mods, self.readers, self.memo = mods, readers, {}
+
+    def __call__(self, name: str):
+        """The index the hooks use: None for an eager module; a traced one without a single answer
+        is refused before any rank communicates."""
+        if not self._traced(name):
+            return None
+        i = self._index(name)
+        if i is None:
+            raise PlanError(f"sequence parallelism: cannot tell which input of the traced module {name} carries "
+                            f"the activation; search again with sp pinned to false")
+        return i
+
+    def _traced(self, name: str) -> bool:
+        from torch import fx
+        return isinstance(getattr(self.mods.get(name), "graph", None), fx.Graph)
+
+    def _index(self, name: str):
+        if name not in self.memo:
+            places = [n for n in self.mods[name].graph.nodes if n.op == "placeholder"]
+            if name in self.readers and len(places) == 1:      # a traced linear / norm: its one input
+                self.memo[name] = 0
+            else:
+                hits = [i for i, p in enumerate(places) if self._reaches(name, p)]
+                self.memo[name] = hits[0] if len(hits) == 1 else None
+        return self.memo[name]
+
+    def _reaches(self, name, node) -> bool:
+        todo, seen = [node], set()
+        while todo:
+            v = todo.pop()
+            for u in v.users:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if u.op == "call_module":
+                    full = f"{name}.{u.target}"
+                    if full in self.readers and u.args and u.args[0] is v:
+                        return True
+                    if self._traced(full) and v in u.args and self._index(full) == u.args.index(v):
+                        return True
+                elif u.op == "call_function":
+                    if u.all_input_nodes == [v]:          # an op of this value alone (dropout, cast): follow it
+                        todo.append(u)
+        return False
+
+
+def _redistribute_input(axis: int, tp_mesh, gather: bool, index=None):
     """A forward pre-hook moving a module's activation input between this rank's sequence shard and
     the whole tensor, autograd-aware (DTensor redistribute; backward does the reverse collective):
     gather = True all-gathers (Shard -> Replicate: PrepareModuleInput's job, for modules called with
     keyword arguments too, as HF layers pass hidden_states=...); False cuts the shard (Replicate ->
     Shard, a local slice: where an HF decoder's residual stream enters its first layer, plan
-    `block_scatter`).  The input is the first positional tensor, else `hidden_states` or the first
-    tensor keyword with the axis."""
+    `block_scatter`).  The input is positional argument `index` (a traced module, _InputFinder), else
+    the first positional tensor, else `hidden_states` or the first tensor keyword with the axis."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     src, dst = ((Shard(axis),), (Replicate(),)) if gather else ((Replicate(),), (Shard(axis),))
 
@@ -108,15 +196,25 @@ def _redistribute_input(axis: int, tp_mesh, gather: bool):
         return DTensor.from_local(x, tp_mesh, src, run_check=False).redistribute(tp_mesh, dst).to_local()
 
     def hook(mod, args, kwargs):
-        if args and torch.is_tensor(args[0]):
-            return (move(args[0]),) + tuple(args[1:]), kwargs
-        key = "hidden_states" if torch.is_tensor(kwargs.get("hidden_states")) else next(
-            (k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
-        if key is None:
+        i = _pick(args, kwargs, axis, index)
+        if i is None:
             raise PlanError(f"sequence parallelism: {type(mod).__name__} got no tensor input to "
                             f"{'gather' if gather else 'cut'}; search again with sp pinned to false")
-        return args, dict(kwargs, **{key: move(kwargs[key])})
+        if isinstance(i, int):
+            return args[:i] + (move(args[i]),) + tuple(args[i + 1:]), kwargs
+        return args, dict(kwargs, **{i: move(kwargs[i])})
     return hook
+
+
+def _pick(args, kwargs, axis, index=None):
+    """Where a module's activation input is: a positional index or a keyword (see _redistribute_input)."""
+    if index is not None:
+        return index if index < len(args) and torch.is_tensor(args[index]) else None
+    if args and torch.is_tensor(args[0]):
+        return 0
+    if torch.is_tensor(kwargs.get("hidden_states")):
+        return "hidden_states"
+    return next((k for k, v in kwargs.items() if torch.is_tensor(v) and v.dim() > axis), None)
 
 
 def n_is_linear(m) -> bool:
@@ -135,13 +233,16 @@ def _ptr(t):
 
 
 class _Gathered:
-    """The input an entry module all-gathered in this forward (its storage, shape, sequence axis)."""
+    """The input an entry module all-gathered in this forward (its storage, shape, sequence axis) and
+    the shard kept of it: one for all the entry's openers (HF's q/k/v, gate/up read the same input,
+    which the cost model prices saved once)."""
     ptr = None
     shape = None
     offset = 0
+    held = None
 
 
-def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
+def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh, index=None) -> None:
     """Saved-tensor hooks around the entry's column-split linears: a saved tensor living in the gathered
     input's storage is kept as this rank's sequence shard and all-gathered again when backward needs it."""
     from . import memory_meter
@@ -150,9 +251,10 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
     g = _Gathered()
 
     def seen(mod, args, kwargs):
-        x = args[0] if args else kwargs.get("hidden_states", next(
-            (v for v in kwargs.values() if torch.is_tensor(v) and v.dim() > axis), None))
+        i = _pick(args, kwargs, axis, index)
+        x = None if i is None else args[i] if isinstance(i, int) else kwargs[i]
         loc = _local(x) if torch.is_tensor(x) else None
+        g.held = None
         if loc is not None and loc.is_contiguous() and loc.dim() > axis and loc.shape[axis] % n == 0:
             g.ptr, g.shape, g.offset = _ptr(x), tuple(loc.shape), loc.storage_offset()
         else:
@@ -163,14 +265,15 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         if g.ptr is None or not torch.is_tensor(t) or _ptr(t) != g.ptr:
             return ("plain", meter._pack(t) if meter is not None else t)
         loc = _local(t)
-        base = loc.as_strided(g.shape, _contiguous_stride(g.shape), g.offset)
-        k = g.shape[axis] // n
-        shard = base.narrow(axis, me * k, k).clone()
+        if g.held is None:
+            base = loc.as_strided(g.shape, _contiguous_stride(g.shape), g.offset)
+            k = g.shape[axis] // n
+            shard = base.narrow(axis, me * k, k).clone()
+            g.held = meter._pack(shard) if meter is not None else shard
         dt = None
         if hasattr(t, "_local_tensor"):
             dt = (t.device_mesh, t.placements, t.shape, t.stride())
-        held = meter._pack(shard) if meter is not None else shard
-        return ("shard", held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
+        return ("shard", g.held, (loc.size(), loc.stride(), loc.storage_offset() - g.offset), dt)
 
     def _open(h):
         # the meter samples at every unpack (FSDP2 gathers are live then); no meter: unwrap its handle
@@ -206,7 +309,11 @@ def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh) -> None:
         if ctx:
             ctx.pop().__exit__(None, None, None)
 
+    def done(mod, args, out):
+        g.held = None           # the openers' saved copies hold the shard now; keep no reference past them
+
     entry.register_forward_pre_hook(seen, with_kwargs=True)
+    entry.register_forward_hook(done)
     for m in openers:
         m.register_forward_pre_hook(enter)
         m.register_forward_hook(leave)

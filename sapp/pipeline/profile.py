@@ -330,13 +330,13 @@ def dp_split(node, dp):
     return None
 
 
-BLOCK_ENTRY = "@block-entry"     # profile method mark: SP cut at the first block's entry (emitted at pp=1)
+BLOCK_ENTRY = "@block-entry"     # profile method mark: SP cut at the first block's entry (an HF decoder)
 
 
-def sp_emitted_with_pipeline(prof) -> bool:
-    """Whether `sapp run` runs this profile's sequence parallelism beside a pipeline: not when the
-    residual stream is cut at the first block's entry (an HF decoder), which the traced stages lack."""
-    return BLOCK_ENTRY not in (getattr(prof, "method", "") or "")
+def cut_at_block_entry(prof) -> bool:
+    """Whether this profile's sequence parallelism cuts the residual stream where the first block
+    takes it in: that block then stays on the first pipeline stage (joint/evaluate._partition)."""
+    return BLOCK_ENTRY in (getattr(prof, "method", "") or "")
 
 
 def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn, cache=None, rebatched=None,
@@ -367,7 +367,7 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             sec = sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}
             bad = sec.get("unsupported")
             if not bad:
-                # BLOCK_ENTRY: the stream is cut where the first block takes it in (sapp run: pp = 1)
+                # BLOCK_ENTRY: the stream is cut where the first block takes it in
                 tp_choice, method = with_sp, method + "+sp" + (BLOCK_ENTRY if sec.get("block_scatter") else "")
             else:
                 method += f"+sp-unavailable({bad[0]})"

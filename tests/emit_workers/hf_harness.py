@@ -2,7 +2,8 @@
 
     python -m tests.emit_workers.hf_harness WORLD CASES.json OUT.json
 
-A case: {"id", "kind", "plan_path", "steps", "batch"}.  Each rank records its losses (or its error, as
+A case: {"id", "kind", "plan_path", "steps", "batch", optional "meter" (the last step under
+sapp.emit.memory_meter, and the tensors a pipeline stage sends)}.  Each rank records its losses (or its error, as
 one line, and goes on with the next case when the failure was local to emit); the parent adds the
 single-process reference losses and the case's wall time.  Ranks end with os._exit (gloo teardown)."""
 from __future__ import annotations
@@ -29,18 +30,40 @@ def _run_case(case, rank):
     except Exception as e:          # raised alike on every rank before any collective (checks, preflight)
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
                 "phase": "emit"}
-    losses = []
+    losses, sends, measured = [], _record_sends(prog) if case.get("meter") else None, None
     try:
         for i in range(case["steps"]):
             x, y = hf_models.batch(case["kind"], case["batch"], i)
-            losses.append(prog.step(*prog.shard(x, y)))
+            if case.get("meter") and i == case["steps"] - 1:      # the last step under the memory meter
+                from sapp.emit.memory_meter import MemoryMeter
+                with MemoryMeter(prog) as meter:
+                    losses.append(prog.step(*prog.shard(x, y)))
+                measured = meter.result()
+            else:
+                losses.append(prog.step(*prog.shard(x, y)))
         dist.barrier()
     except Exception as e:          # one line for the table; the next case may still run
         return {"error": f"step {len(losses)}: {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
-            "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp")}
+            "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp"),
+            "stage": prog.stage_indices[0], "measured": measured, "sends": sends}
+
+
+def _record_sends(prog) -> list:
+    """What this rank's first stage hands PipelineStage per micro-batch (its forward outputs, sent to the
+    next stage): [[shape, bytes, requires_grad]], filled by the first forward."""
+    out = []
+
+    def hook(_m, _args, res):
+        if not out:
+            for t in (res if isinstance(res, (tuple, list)) else (res,)):
+                if hasattr(t, "shape"):
+                    out.append([list(t.shape), t.numel() * t.element_size(), bool(t.requires_grad)])
+    if prog.schedule is not None:
+        prog.modules[0].register_forward_hook(hook)
+    return out
 
 
 def _worker(rank, world, cases, out_dir, store):

@@ -31,8 +31,10 @@ def search_plan(kind: str, config: str, path) -> str:
     cons = dict(CONFIGS[config], zero=0)
     n = world(config)
     cluster = TP_CLUSTER.format(n=n) if cons["tp"] > 1 else f"cpu:gpus={n}"
-    model, _ = hf_models.build(kind, device="meta")
-    x, _ = hf_models.batch(kind, BATCH, 0)
-    plan = search(model, cluster, global_batch=BATCH, example_inputs=x, constraints=cons)
+    model, loss_fn = hf_models.build(kind, device="meta")
+    x, y = hf_models.batch(kind, BATCH, 0)
+    # the loss is captured with the model: the emitted program trains with it, and the last stage's
+    # memory (logits, the softmax kept for backward) is priced where it runs
+    plan = search(model, cluster, global_batch=BATCH, example_inputs=x, constraints=cons, loss_fn=loss_fn, targets=y)
     plan.save(path)
     return str(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
 from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
+from ...pipeline.profile import cut_at_block_entry
 from ...pipeline.schedule import step_time
 from .partition_bound import partition_bounded
 from .result import JointResult
@@ -137,6 +138,10 @@ def _partition(ctx, ev, cfg, exact):
         return _starts_from_counts(units, [k * step for k in counts])
     cut = [u.cut_before for u in units]
     cut[0] = False
+    if cut_at_block_entry(ev.prof):
+        # sequence parallelism cut at the first block's entry runs on that block's stage (emit/sp.py
+        # block_scatter): a boundary before it would send the whole activation, priced as the 1/t shard
+        cut[next(i for i, u in enumerate(units) if u.kind == "block")] = False
     if exact:          # the reference: the plain O(p n^2) program
         return partition_dp(n, p, [True] + cut[1:], ev.seg)[0]
     # the plain program's starts, pricing only the segments its bounds leave able to matter

@@ -17,7 +17,6 @@ from .context import SearchContext
 from .notes import notes
 from .placement import evaluate_config, host_offload_possible, rank_key
 from .stage import memory_needed
-from ...pipeline.profile import sp_emitted_with_pipeline
 
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
@@ -58,8 +57,6 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
-        if cfg.sp and cfg.pp > 1 and getattr(cons, "sp", None) is None and not sp_emitted_with_pipeline(prof):
-            continue        # offered where sapp run emits it, or when pinned (the plan says priced only)
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
