@@ -72,13 +72,18 @@ def kv_exchange_time(kv_bytes: float, cp: int, link: str, cluster) -> tuple:
             collective_time("reduce_scatter", kv_bytes, cp, link, cluster))
 
 
-def kv_saved_bytes(kv_bytes: float, cp: int) -> float:
+def kv_saved_bytes(kv_bytes: float, cp: int, local_bytes: float | None = None, out_bytes: float = 0.0) -> float:
     """Extra activation bytes a layer keeps under CP.  The attention saves the K and V it multiplies
     by for backward: on one device (and at 1/cp of the tokens, as the profile prices a cp rank) those
-    are this rank's own K and V; under CP they are the gathered whole-sequence ones instead.  So the
-    layer keeps (cp-1)/cp of `kv_bytes` more (measured: gpt-tiny cp=2 saves 64 KB more than dp=2 at
-    the same tokens per rank, kv_bytes/2 = 65.5 KB)."""
-    return kv_bytes * (cp - 1) / cp if cp > 1 else 0.0
+    are this rank's own K and V (`local_bytes`, default kv_bytes / cp); under CP the gathered
+    whole-sequence ones (`kv_bytes`, in the form the cp attention saves them) instead.  `out_bytes`: a
+    copy of the attention output the cp program makes (a fused kernel run per local chunk, the
+    chunks concatenated).  Without either: (cp-1)/cp of `kv_bytes` (measured: gpt-tiny cp=2 saves
+    64 KB more than dp=2 at the same tokens per rank, kv_bytes/2 = 65.5 KB)."""
+    if cp <= 1:
+        return 0.0
+    local = kv_bytes / cp if local_bytes is None else local_bytes
+    return kv_bytes - local + out_bytes
 
 
 def check_sequence(seq: int, cp: int) -> bool:

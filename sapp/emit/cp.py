@@ -71,9 +71,11 @@ def _gpt_attention_forward(self, x):
     lay = self._sapp_cp
     qkv = self.qkv(x).view(b, t, -1, 3 * self.hd).transpose(1, 2)
     q, k, v = qkv.split(self.hd, dim=-1)
-    # q on its own storage: saved as a view of the fused qkv output it would keep this rank's k and v
-    # alive beside the gathered ones, which the cost model (rightly, for the program) does not count
-    q = q.contiguous()
+    if not getattr(self, "_sapp_checkpointed", False):
+        # q on its own storage: saved as a view of the fused qkv output it would keep this rank's k
+        # and v alive beside the gathered ones.  (Under selective recomputation the qkv output is
+        # kept anyway, as a GEMM output: there the copy would only add a tensor.)
+        q = q.contiguous()
     k, v = gather_kv(k, lay), gather_kv(v, lay)     # [b, heads, seq, hd]: every rank's, rank by rank
     if self.kind == "sdpa":
         y = fused_attention(q, k, v, lay, dropout_p=self.p if self.training else 0.0)

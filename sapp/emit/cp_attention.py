@@ -110,6 +110,9 @@ def fused_attention(q, k, v, layout: Layout, *, causal: bool = True, scale=None,
     for j, g in enumerate((layout.rank, 2 * layout.cp - 1 - layout.rank)):
         n = (g + 1) * L                      # keys of chunks 0..g
         qc = q[:, :, j * L:(j + 1) * L]
-        out.append(F.scaled_dot_product_attention(qc, k[:, :, :n], v[:, :, :n], attn_mask=causal_lower_right(L, n),
-                                                  dropout_p=dropout_p, scale=scale, enable_gqa=gqa))
-    return torch.cat(out, dim=2)
+        y = F.scaled_dot_product_attention(qc, k[:, :, :n], v[:, :, :n], attn_mask=causal_lower_right(L, n),
+                                           dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+        out.append(y.transpose(1, 2))
+    # joined token-major ([b, t, heads, d], the layout attention kernels write): the caller's
+    # transpose(1, 2).reshape for the output projection is then a view, not one more copy
+    return torch.cat(out, dim=1).transpose(1, 2)

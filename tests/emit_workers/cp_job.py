@@ -76,7 +76,8 @@ def run_case(case):
     from tests.emit_workers.truth_job import predicted_memory
     plan = Plan.load(case["plan_path"])
     m, loss_fn, seq = model(case.get("model"))
-    prog = emit(m, plan, loss_fn=loss_fn, lr=1e-3, check_fingerprint=False)
+    x0, _ = batch(case["batch"], 0, seq)
+    prog = emit(m, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
     losses = []
     for i in range(case["steps"]):
         x, y = batch(case["batch"], i, seq)

@@ -104,8 +104,6 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                 # (nothing to shard over) would be written as zero 0 beside the pin
                 if c.zero is not None and z != c.zero:
                     continue
-                if cp > 1 and z > 1 and c.cp is None and (_seq(ctx) or 0) < LONG_CONTEXT:
-                    continue        # (sapp run emits cp with ZeRO 0/1: _cp_searched)
                 for sp in _sp_options(c, tp):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
                     if c.ep is None or c.ep == 1:
@@ -123,16 +121,16 @@ def _seq(ctx):
 
 
 def _cp_searched(ctx, c, pp, tp):
-    """Whether the free search tries cp > 1 here.  sapp run emits context parallelism with pp = 1 and
-    tp = 1 (sapp/emit/cp.py); a plan that uses it beside pipelines or tensor parallelism is priced but
-    cannot run yet.  So below LONG_CONTEXT tokens (where cp is one way among others to cut activation
-    traffic, not what makes a step fit) the search offers cp only in the form sapp run runs (ZeRO 0/1
-    are checked on the configuration itself); from LONG_CONTEXT on, or when cp is pinned, everywhere,
-    and the plan's note says when it is priced only."""
+    """Whether the free search tries cp > 1 here.  sapp run emits context parallelism with pp = 1, any
+    tp and ZeRO stage (sapp/emit/cp.py); a plan that uses it beside a pipeline is priced but cannot
+    run yet.  So below LONG_CONTEXT tokens (where cp is one way among others to cut activation
+    traffic, not what makes a step fit) the search offers cp only in the form sapp run runs; from
+    LONG_CONTEXT on, or when cp is pinned, everywhere, and the plan's note says when it is priced
+    only."""
     if c.cp is not None:
         return True
     seq = _seq(ctx) or 0
-    return seq >= LONG_CONTEXT or (pp == 1 and tp == 1)
+    return seq >= LONG_CONTEXT or pp == 1
 
 
 def _plain_dp_equivalent(c, dp, cp, mbs):

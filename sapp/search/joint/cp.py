@@ -12,7 +12,7 @@ block reruns its forward), the gradients' reduce-scatter (backward) and the gath
 from __future__ import annotations
 
 from ...costmodel.context import check_sequence, cp_link, kv_exchange_time, kv_saved_bytes
-from ...costmodel.dtypes import operand_bytes
+from ...costmodel.dtypes import operand_bytes, out_bytes
 from ...pipeline.profile import attention_core
 
 # walked through when looking for the un-expanded K/V a grouped-query attention repeats per head
@@ -71,19 +71,48 @@ def _unexpanded_numel(graph, node_name, i):
     return best
 
 
+def _per_sample(graph, node, numel, kept, strategies, tp_index, tp, dims):
+    """Bytes per whole sample on one tensor-parallel rank of a tensor with `numel` elements."""
+    b = numel * kept / graph.batch_size
+    s = strategies.get(node.name)
+    if tp > 1 and s is not None and tp_index is not None and s[tp_index] in dims:
+        b /= tp                                                # heads split over tp
+    return b
+
+
 def kv_bytes_per_sample(graph, names, strategies, tp_index, tp, settings):
-    """Bytes of a block's K and V for one whole sample on one tensor-parallel rank (0: no attention).
+    """Bytes of a block's K and V for one whole sample on one tensor-parallel rank (0: no attention):
+    what the cp ranks exchange (un-repeated under grouped-query attention).
     `strategies` may be the template's (a block's representative carries the block's splits)."""
-    out = 0.0
+    return kv_saved_per_sample(graph, names, strategies, tp_index, tp, settings)[0]
+
+
+def kv_saved_per_sample(graph, names, strategies, tp_index, tp, settings):
+    """(exchanged, saved one-device, saved under cp, fused output) bytes per whole sample on one
+    tensor-parallel rank, as sapp/emit/cp.py runs the block's attention:
+    - exchanged: K and V un-repeated (what is all-gathered);
+    - saved one-device: K and V as the attention operands the profile prices (repeated where the
+      model repeats the key/value heads before the kernel);
+    - saved under cp: the gathered K and V the cp attention keeps -- un-repeated for a fused kernel
+      (it shares the heads, enable_gqa), in operand form for eager ops (the model's repeat runs on
+      the gathered keys);
+    - fused output: a fused kernel runs once per local chunk, and the chunks' outputs (saved by the
+      kernel) are concatenated into one more tensor the output projection keeps; eager attention has
+      no such copy (0)."""
+    ex = base = cp_saved = out = 0.0
     for node_name, i in _kv_operands(graph, names):
         node = graph.nodes[node_name]
         _, kept = operand_bytes(node, i, settings)
-        b = _unexpanded_numel(graph, node_name, i) * kept / graph.batch_size
-        s = strategies.get(node_name)
-        if tp > 1 and s is not None and tp_index is not None and s[tp_index] in node.operands[i].dims:
-            b /= tp                                            # heads split over tp
-        out += b
-    return out
+        dims = node.operands[i].dims
+        u = _per_sample(graph, node, _unexpanded_numel(graph, node_name, i), kept, strategies, tp_index, tp, dims)
+        whole = _per_sample(graph, node, node.operands[i].numel, kept, strategies, tp_index, tp, dims)
+        ex += u
+        base += whole
+        cp_saved += u if node.kind == "attention" else whole
+        if node.kind == "attention" and i == 1:
+            out = _per_sample(graph, node, node.out.numel, out_bytes(node, settings),
+                              strategies, tp_index, tp, node.out.dims)
+    return ex, base, cp_saved, out
 
 
 def admits_cp(graph):
@@ -107,7 +136,7 @@ class CPTerms:
     """Per-unit additions of a cp > 1 configuration at micro-batch size `mbs` (samples per cp group)."""
 
     def __init__(self, ctx, prof, cfg):
-        self.fwd, self.bwd, self.act = {}, {}, {}
+        self.fwd, self.bwd, self.act, self.act_sel = {}, {}, {}, {}
         cl = ctx.cluster
         link = cp_link(cfg.cp, cfg.tp, cl.gpus_per_node)
         roles = tuple(prof.roles or ())
@@ -116,14 +145,23 @@ class CPTerms:
             if u.kind != "block" or u.rep in self.fwd:
                 continue
             names = ctx.graph.blocks.get(u.rep) or []
-            per = kv_bytes_per_sample(ctx.graph, names, prof.strategies, tp_index, cfg.tp, ctx.settings)
-            kv = per * cfg.mbs          # the whole sequence of the micro-batch's samples on this rank
-            f, b = kv_exchange_time(kv, cfg.cp, link, cl)
+            ex, base, saved, out = kv_saved_per_sample(ctx.graph, names, prof.strategies, tp_index, cfg.tp,
+                                                       ctx.settings)
+            # mbs: the samples whose whole sequences this rank's K/V cover; it holds 1/cp of each
+            f, b = kv_exchange_time(ex * cfg.mbs, cfg.cp, link, cl)
             self.fwd[u.rep], self.bwd[u.rep] = f, b
-            self.act[u.rep] = kv_saved_bytes(kv, cfg.cp)
+            self.act[u.rep] = kv_saved_bytes(saved * cfg.mbs, cfg.cp, local_bytes=base * cfg.mbs / cfg.cp,
+                                             out_bytes=out * cfg.mbs / cfg.cp)
+            # selective recomputation keeps the projections' outputs (GEMM outputs are never
+            # recomputed), this rank's K and V among them, and caches the gathered K/V un-repeated
+            # (the repeat is replayed): the gathered K/V come on top of the local ones
+            self.act_sel[u.rep] = kv_saved_bytes(ex * cfg.mbs, cfg.cp, local_bytes=0.0,
+                                                 out_bytes=out * cfg.mbs / cfg.cp)
 
     def of(self, unit):
-        """(forward s, backward s, saved bytes) a unit adds."""
+        """(forward s, backward s, saved bytes without recomputation, saved bytes under selective
+        recomputation) a unit adds."""
         if unit.kind != "block":
-            return 0.0, 0.0, 0.0
-        return self.fwd.get(unit.rep, 0.0), self.bwd.get(unit.rep, 0.0), self.act.get(unit.rep, 0.0)
+            return 0.0, 0.0, 0.0, 0.0
+        r = unit.rep
+        return self.fwd.get(r, 0.0), self.bwd.get(r, 0.0), self.act.get(r, 0.0), self.act_sel.get(r, 0.0)

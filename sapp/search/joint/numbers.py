@@ -52,9 +52,9 @@ def _values(u, cfg, cpt, ctx):
     if cpt is not None:
         # K/V all-gather (forward, and again in a full recompute), reduce-scatter of their
         # gradients (backward), gathered K/V saved unless the block recomputes
-        cf, cb, ca = cpt.of(u)
+        cf, cb, ca, cs = cpt.of(u)
         f, b = f + cf, b + cb
-        act = (act[0] + ca, act[1] + ca, act[2])
+        act = (act[0] + ca, act[1] + cs, act[2])
         extra = (extra[0], extra[1], extra[2] + cf)
     sync = u.grad_sync[cfg.zero]
     if cfg.ep > 1:
