@@ -139,3 +139,33 @@ def test_index_routing_ops_split_with_the_batch():
     assert {"sort", "index", "gather", "topk"} <= set(kinds) and g.meta["unknown_ops"] == []
     index = next(n for n in g.nodes.values() if n.target.startswith("aten.index."))
     assert index.dims[0].batch and index.dims[0].splittable     # rows picked per data shard
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+def test_sdpa_decoder_is_captured_as_its_training_step_runs(name):
+    """Eager training with no padding mask: transformers builds no mask (SDPA's is_causal) and hands
+    the kernel un-repeated grouped-query K/V.  Under torch.export it would materialise a (b, 1, s, s)
+    mask and repeat K/V; the capture (sapp/capture/hf_runtime.py) traces the training semantics, and
+    leaves transformers as it found it."""
+    import transformers.masking_utils as mu
+    before = (mu._ignore_causal_mask_sdpa, mu.find_packed_sequence_indices)
+    cfg, cls, _ = configs()[name]
+    cfg._attn_implementation = "sdpa"
+    S = 24                                   # != the head dim (16): an s x s tensor is recognisable
+    with torch.device("meta"):
+        m = cls(cfg)
+    g = capture(m, (torch.empty(BATCH, S, dtype=torch.long, device="meta"),))
+    assert (mu._ignore_causal_mask_sdpa, mu.find_packed_sequence_indices) == before
+    attn = [n for n in g.nodes.values() if n.kind == "attention"]
+    assert len(attn) == cfg.num_hidden_layers
+    kv, heads, hd = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    for n in attn:
+        assert n.extra["causal"] and len(n.operands) == 3                  # no mask operand
+        assert n.operands[1].numel == n.operands[2].numel == BATCH * kv * S * hd      # un-repeated
+        assert n.operands[0].numel == BATCH * heads * S * hd
+        # a tensor-parallel split of the heads must keep whole KV heads: the head dim has kv's size,
+        # and q, k, v and the output all shard along it
+        dims = {d.name: d for d in n.dims}
+        assert dims["b1"].size == kv and all(o.dims[1] == "b1" for o in n.operands) and n.out.dims[1] == "b1"
+    # no tensor of s x s anywhere (the mask, or scores outside the kernel)
+    assert not [n.name for n in g.nodes.values() if tuple(n.out.shape[-2:]) == (S, S)]

@@ -19,6 +19,7 @@ from ..ir import OpGraph, ParamInfo
 from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
 from .convert import Converter, canonical_names, dtype_str, prune
 from .fuse import fuse_rms_norms
+from .hf_runtime import training_semantics
 from .unknown import unknown_ops
 
 __all__ = ["capture"]
@@ -143,7 +144,7 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
         try:
             if method == "fx":
                 raise _SkipExport()
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), training_semantics():
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
         except _SkipExport:

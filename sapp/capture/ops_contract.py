@@ -68,15 +68,29 @@ def sdpa(c):
     lead = out[:-2]
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     bd = [f"b{i}" for i in range(len(lead))]
+    # Grouped-query attention (enable_gqa): K and V carry fewer heads than q, query head i using
+    # key/value head i // (heads / kv_heads).  The head dim then takes the key/value head count as
+    # its size: a split must divide it (a shard holds whole KV heads with the query heads that use
+    # them), and q / out shard their heads by the same factor.
+    gqa = {}
+    if len(k.shape) == len(q.shape):
+        for j in range(len(lead)):
+            kh, qh = int(k.shape[j]), int(lead[j])
+            if 1 < kh < qh and qh % kh == 0 and int(q.shape[j]) == qh:
+                gqa[j] = kh
     # The key/value sequence and head dims stay whole: splitting them needs ring/flash-decoding
     # style kernels that emit does not produce.
-    dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [
+    dims = [(bd[i], int(gqa.get(i, s)), True) for i, s in enumerate(lead)] + [
         ("m", int(L), True), ("n", int(S), False), ("k", int(E), False), ("j", int(Ev), False)]
 
     def lead_map(shape):
         nl = len(shape) - 2
-        return tuple(bd[len(lead) - nl + j] if 0 <= len(lead) - nl + j and shape[j] == lead[len(lead) - nl + j]
-                     and shape[j] != 1 else None for j in range(nl))
+        out = []
+        for j in range(nl):
+            i = len(lead) - nl + j
+            ok = 0 <= i and shape[j] != 1 and (shape[j] == lead[i] or shape[j] == gqa.get(i))
+            out.append(bd[i] if ok else None)
+        return tuple(out)
     ind = [lead_map(q.shape) + ("m", "k"), lead_map(k.shape) + ("n", "k"), lead_map(v.shape) + ("n", "j")]
     for t in c.ins[3:]:                                # attn_mask broadcast to [..., L, S]
         sh = t.shape
@@ -87,7 +101,8 @@ def sdpa(c):
     flops = 2.0 * prod(lead) * L * S * (E + Ev)
     causal = bool(_arg(c, 5, "is_causal", False))
     return Spec("attention", dims, ind, tuple(bd) + ("m", "j"), flops, _act_saves(c, [0, 1, 2]) + ("out",),
-                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0)})
+                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0)},
+                trusted=bool(gqa))      # q / out heads link to the smaller KV-head dim on purpose
 
 
 def conv(c):

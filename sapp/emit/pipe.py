@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..capture.hf_runtime import training_semantics
 from ..errors import PlanError
 from . import graph_fix, preflight
 
@@ -61,7 +62,10 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # split_policy runs on the exported graph before it is cut: there we inline the grad-mode
         # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
         # DTensor cannot run (see graph_fix.prepare)
-        pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
+        # traced as the training step runs (sapp/capture/hf_runtime.py): no materialised causal mask,
+        # grouped-query K/V un-repeated -- what the capture priced
+        with training_semantics():
+            pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
