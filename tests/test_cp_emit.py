@@ -1,6 +1,6 @@
 """Context parallelism emitted (sapp/emit/cp.py, cp_attention.py, cp_hf.py) equals single-process
 training: plans from the real search pinned to cp=2, beside data parallelism, tensor and sequence
-parallelism, ZeRO-1/3 and full or selective recomputation, for the zoo GPT (eager and SDPA attention), the zoo Llama (rotary,
+parallelism, ZeRO-1/3, full or selective recomputation and pipelines (traced stages), for the zoo GPT (eager and SDPA attention), the zoo Llama (rotary,
 grouped-query SDPA) and Hugging Face Llama / Qwen2 (SDPA and eager attention through transformers'
 attention interface); causal attention, no dropout, 3 Adam steps on gloo, losses and parameters
 within 1e-5 relative of plain training on the whole batch.  The manifest records cp as the plan says;
@@ -22,6 +22,7 @@ BATCH = 4
 # links free and compute slow: the pinned tp level then shards what it can (tests/emit_workers/hf_plans.py)
 TP_CLUSTER = "cpu:gpus={n},peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
 GPT = {"zoo": "gpt-tiny", "args": {"dropout": 0.0}}
+PP2 = {"dp": 1, "tp": 1, "pp": 2, "micro_batches": 2, "schedule": "1f1b"}
 CASES = {
     2: {"gpt-sdpa": ({"zoo": "gpt-tiny", "args": {"attn": "sdpa", "dropout": 0.0}}, {"dp": 1, "tp": 1}),
         "gpt-selective": (GPT, {"dp": 1, "tp": 1, "recompute": "selective"}),
@@ -31,7 +32,9 @@ CASES = {
     4: {"gpt-dp2-zero1": (GPT, {"dp": 2, "tp": 1, "zero": 1}),
         "gpt-tp2-sp-zero3": (GPT, {"dp": 1, "tp": 2, "sp": True, "zero": 3}),
         "llama-tp2-sp": ({"zoo": "llama-tiny"}, {"dp": 1, "tp": 2, "sp": True}),
-        "hf-llama-sdpa-tp2-sp": ({"hf": "llama", "attn": "sdpa"}, {"dp": 1, "tp": 2, "sp": True})},
+        "hf-llama-sdpa-tp2-sp": ({"hf": "llama", "attn": "sdpa"}, {"dp": 1, "tp": 2, "sp": True}),
+        "llama-pp2": ({"zoo": "llama-tiny"}, PP2),
+        "hf-llama-sdpa-pp2": ({"hf": "llama", "attn": "sdpa"}, PP2)},
 }
 
 
@@ -85,11 +88,13 @@ def test_cp_equals_single_process(job, world, cid):
     _, cases, plans = job
     plan, case = plans[cid], cases[cid]
     pins = CASES[world][cid][1]
-    assert plan["parallel"]["cp"] == 2 and plan["parallel"]["dp"] == pins["dp"] and plan["parallel"]["tp"] == pins["tp"]
+    par = plan["parallel"]
+    assert par["cp"] == 2 and par["dp"] == pins["dp"] and par["tp"] == pins["tp"] and par["pp"] == pins.get("pp", 1)
     assert plan.zero == pins.get("zero", 0)
     if pins["tp"] > 1:
         assert plan["tp_modules"], "the pinned tp level shards nothing: the case would not test TP with cp"
     ref_l, ref_p = case["ref_losses"], case["ref_params"]
+    assert set().union(*(v.get("params", {}) for v in case["ranks"].values())) == set(ref_p)   # every one checked
     assert len(case["ranks"]) == world and ref_l[-1] != ref_l[0]
     seq = 16 if "hf" in CASES[world][cid][0] else 32
     for r, v in case["ranks"].items():
@@ -102,14 +107,16 @@ def test_cp_equals_single_process(job, world, cid):
         # ~1e-9 gradient noise into lr-sized steps where a gradient is (nearly) zero: the key bias,
         # whose shift every softmax row ignores, or one weight element of a 4096 -- measured 1.7e-5 on
         # one element of llama-tiny's wv while the others agree to 3e-8; ../shared/TORCH_NOTES.md)
-        for name, want in ref_p.items():
-            got = v["params"][name]
+        assert v["params"] and set(v["params"]) <= set(ref_p)       # a pipeline rank: its stages' own
+        for name, got in v["params"].items():
+            want = ref_p[name]
             assert all(abs(x - y) <= 1e-4 + TOL * abs(y) for x, y in zip(got, want)), (r, name)
             if name.endswith("attn.qkv.bias"):      # per head [q | k | v] of 16: drop the k part
                 got, want = ([x for i, x in enumerate(t) if not 16 <= i % 48 < 32] for t in (got, want))
             if name.endswith(("k_proj.bias", "wk.bias")):
                 continue
             assert _rel_norm(got, want) <= 5 * TOL, (r, name, _rel_norm(got, want))
+        # read off the rewritten attention modules, or off a traced stage's K/V all-gathers
         assert v["manifest"]["cp"] == 2 and v["expected"]["cp"] == 2
         assert v["manifest"]["zero"] == plan.zero
         if pins.get("sp"):

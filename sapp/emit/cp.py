@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from ..costmodel.context import check_sequence, chunk_positions
 from ..errors import PlanError
-from .cp_attention import Layout, fused_attention, gather_kv
+from .cp_attention import Layout, _resolve, fused_attention, gather_kv
 from .program import Program
 
 
@@ -39,8 +39,6 @@ def check_plan(plan) -> int:
     cp = par.get("cp", 1)
     if cp <= 1:
         return 1
-    if par["pp"] > 1:
-        raise PlanError(f"cp={cp} is emitted with pp=1 only (plan has pp={par['pp']}); pin pp=1 with cp, or drop cp")
     if (plan.placement or {}).get("groups"):
         raise PlanError(f"cp={cp} is not emitted with host placement; pin placement to the device")
     return cp
@@ -133,12 +131,18 @@ def apply(model, group, cp: int, rank: int) -> int:
 
 
 def observed_cp(modules) -> int:
-    """The cp degree the running attention modules use (1 when none was rewritten)."""
+    """The cp degree the running attention uses (1 when none exchanges K/V): read off the rewritten
+    attention modules, or, in a traced pipeline stage, off the K/V all-gathers its graph calls."""
+    gather = torch.ops.sapp.cp_gather.default
     for mod in modules:
         for m in mod.modules():
             lay = getattr(m, "_sapp_cp", None)
             if isinstance(lay, Layout):
                 return lay.cp
+            graph = getattr(m, "graph", None)
+            for node in (graph.nodes if isinstance(graph, torch.fx.Graph) else ()):
+                if node.op == "call_function" and node.target is gather:
+                    return dist.get_world_size(_resolve(node.args[1]))
     return 1
 
 

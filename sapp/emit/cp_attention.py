@@ -27,29 +27,73 @@ from ..costmodel.context import check_sequence, chunk_positions
 from ..errors import PlanError
 
 
-class GatherSeq(torch.autograd.Function):
-    """All-gather along `dim` over the cp group; backward: the gradient of this rank's part summed
-    over the group (a reduce-scatter)."""
+# The K/V exchange as two custom operators (torch.library): eager code calls them like any op, and
+# torch.export keeps them as single nodes, so a pipeline stage traced from a cp-prepared model runs
+# the same exchange (sapp/emit/pipe.py).  The group travels by name (ProcessGroup.group_name).
+@torch.library.custom_op("sapp::cp_gather", mutates_args=())
+def _gather(x: torch.Tensor, group_name: str, dim: int) -> torch.Tensor:
+    group = _resolve(group_name)
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
 
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        ctx.n, ctx.r = dist.get_world_size(group), dist.get_rank(group)
-        parts = [torch.empty_like(x) for _ in range(ctx.n)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
 
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous()
-        if dist.get_backend(ctx.group) == "nccl":
-            chunks = [c.contiguous() for c in g.chunk(ctx.n, dim=ctx.dim)]
-            out = torch.empty_like(chunks[0])
-            dist.reduce_scatter(out, chunks, group=ctx.group)
-        else:                       # gloo has no reduce-scatter: all-reduce, keep this rank's chunk
-            dist.all_reduce(g, group=ctx.group)
-            out = g.chunk(ctx.n, dim=ctx.dim)[ctx.r].contiguous()
-        return out, None, None
+@_gather.register_fake
+def _(x, group_name, dim):
+    shape = list(x.shape)
+    shape[dim] *= _world_of(group_name)
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("sapp::cp_reduce_scatter", mutates_args=())
+def _reduce_scatter(g: torch.Tensor, group_name: str, dim: int) -> torch.Tensor:
+    """This rank's part along `dim` of `g` summed over the group."""
+    group = _resolve(group_name)
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    g = g.contiguous()
+    if dist.get_backend(group) == "nccl":
+        chunks = [c.contiguous() for c in g.chunk(n, dim=dim)]
+        out = torch.empty_like(chunks[0])
+        dist.reduce_scatter(out, chunks, group=group)
+        return out
+    dist.all_reduce(g, group=group)          # gloo has no reduce-scatter: all-reduce, keep this rank's part
+    return g.chunk(n, dim=dim)[r].contiguous()
+
+
+@_reduce_scatter.register_fake
+def _(g, group_name, dim):
+    shape = list(g.shape)
+    shape[dim] //= _world_of(group_name)
+    return g.new_empty(shape)
+
+
+def _gather_backward(ctx, grad):
+    return torch.ops.sapp.cp_reduce_scatter(grad, ctx.group_name, ctx.dim), None, None
+
+
+def _gather_setup(ctx, inputs, output):
+    ctx.group_name, ctx.dim = inputs[1], inputs[2]
+
+
+_gather.register_autograd(_gather_backward, setup_context=_gather_setup)
+
+
+def _resolve(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(name)
+
+
+def _world_of(name: str) -> int:
+    return dist.get_world_size(_resolve(name))
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _fake(t) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t)
 
 
 class Layout:
@@ -62,7 +106,7 @@ class Layout:
 
     def _get(self, t: int, device):
         key = (t, str(device))
-        if key not in self._cache:
+        if key not in self._cache or _tracing():
             seq = t * self.cp
             if not check_sequence(seq, self.cp):
                 raise PlanError(f"a cp={self.cp} rank holds {t} tokens, which is not two equal chunks; use a "
@@ -70,7 +114,10 @@ class Layout:
             mine = torch.tensor(chunk_positions(seq, self.cp, self.rank), dtype=torch.long, device=device)
             keys = torch.tensor([p for r in range(self.cp) for p in chunk_positions(seq, self.cp, r)],
                                 dtype=torch.long, device=device)
-            self._cache[key] = (mine, keys, torch.argsort(keys))
+            got = (mine, keys, torch.argsort(keys))
+            if _tracing() or _fake(got[0]):        # traced (pipeline stages): constants of the graph
+                return got
+            self._cache[key] = got
         return self._cache[key]
 
     def positions(self, t: int, device) -> torch.Tensor:
@@ -91,8 +138,9 @@ class Layout:
 
 
 def gather_kv(x: torch.Tensor, layout: Layout, dim: int = 2) -> torch.Tensor:
-    """Every cp rank's part of `x` along `dim` (the sequence), rank by rank."""
-    return GatherSeq.apply(x, layout.group, dim)
+    """Every cp rank's part of `x` along `dim` (the sequence), rank by rank; backward: the gradient
+    of this rank's part summed over the group (a reduce-scatter)."""
+    return torch.ops.sapp.cp_gather(x, layout.group.group_name, dim)
 
 
 def fused_attention(q, k, v, layout: Layout, *, causal: bool = True, scale=None, dropout_p: float = 0.0):
@@ -110,7 +158,14 @@ def fused_attention(q, k, v, layout: Layout, *, causal: bool = True, scale=None,
     for j, g in enumerate((layout.rank, 2 * layout.cp - 1 - layout.rank)):
         n = (g + 1) * L                      # keys of chunks 0..g
         qc = q[:, :, j * L:(j + 1) * L]
-        y = F.scaled_dot_product_attention(qc, k[:, :, :n], v[:, :, :n], attn_mask=causal_lower_right(L, n),
+        if _tracing() or _fake(q):
+            # a traced pipeline stage: torch.export cannot carry the CausalBias subclass, so the
+            # stage keeps the same pattern as a boolean constant (on a GPU the memory-efficient
+            # kernel with a mask: the same pairs, and the diagonal block's masked half)
+            mask = torch.ones(L, n, dtype=torch.bool, device=q.device).tril(n - L)
+        else:
+            mask = causal_lower_right(L, n)
+        y = F.scaled_dot_product_attention(qc, k[:, :, :n], v[:, :, :n], attn_mask=mask,
                                            dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
         out.append(y.transpose(1, 2))
     # joined token-major ([b, t, heads, d], the layout attention kernels write): the caller's

@@ -279,13 +279,19 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
 
     sched_kind = plan.pipeline.get("schedule", "none") if pp > 1 else "none"
     n_stages = checks.stage_count(plan) if pp > 1 else 1
+    if cp > 1:
+        # before any pipeline trace: traced stages then run the cp attention (its K/V exchange is a
+        # custom operator export keeps) at this rank's token count and global positions
+        cp_mod.apply(model, cp_mod.cp_group(rank, pp, dp // cp, cp, tp), cp, me[1] % cp)
     if pp > 1:
         n_micro = plan.pipeline["micro_batches"]
         gb = plan.model.get("global_batch")
-        mbs = plan.pipeline.get("micro_batch_size") or (gb // (dp * n_micro) if gb else None)
+        mbs = plan.pipeline.get("micro_batch_size") or (gb // ((dp // cp) * n_micro) if gb else None)
         if not mbs:
             raise PlanError("pipeline plans need pipeline.micro_batch_size or model.global_batch")
         ex = pipe_mod.micro_example(tuple(x.to("cpu") for x in _example_inputs(model, plan, example_inputs, mbs, "cpu")), mbs)
+        if cp > 1:          # the stage graphs are traced at this rank's share of the sequence
+            ex = tuple(cp_mod.shard_sequence(x, cp, me[1] % cp) if x.dim() >= 2 else x for x in ex)
         local = parallel.local_layers(model, tp_styles, tp, checks.tp_groups(plan)) if tp > 1 else None
         traced = pipe_mod.trace(model, ex, checks.split_points(plan), local=local)
         mine = [s for s in range(n_stages) if s % pp == me[0]]
@@ -295,8 +301,6 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     else:
         traced, mine, raw = None, [0], {0: model}
 
-    if cp > 1:
-        cp_mod.apply(model, cp_mod.cp_group(rank, pp, dp // cp, cp, tp), cp, me[1] % cp)
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
     # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
     # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a

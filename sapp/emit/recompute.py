@@ -138,6 +138,10 @@ class _Ids:
         return r is not None and r() is t
 
 
+# collectives (context parallelism's K/V all-gather, torch's functional collectives): kept, never replayed
+_COLLECTIVE_NAMESPACES = ("sapp", "c10d", "_c10d_functional", "_c10d_functional_autograd")
+
+
 class CorePolicy:
     """SAC policy for one forward of a region: PREFER_RECOMPUTE for the attention core.  The core opens
     at the first matmul of two activations (q.k^T) and closes at the next matmul reading a core tensor
@@ -177,6 +181,8 @@ class CorePolicy:
             return keep
         if func in _GEMMS or func in _SOFTMAX or not act_in or random:
             return True
+        if getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES:
+            return True         # a collective replayed in backward would be communication nobody priced
         # factories (empty_like ...) are filled in place by the ops after them (dropout's mask)
         return (name.endswith("_like") or name.startswith(("new_", "empty"))
                 or "norm" in name or "softmax" in name or "dropout" in name)

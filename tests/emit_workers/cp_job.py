@@ -45,12 +45,20 @@ def batch(b, step, seq=SEQ):
 
 
 def _values(m):
+    """Parameter values by name (a pipeline rank: its stage modules', which keep the model's names)."""
     out = {}
-    for n, p in m.named_parameters():
+    named = m.named_parameters() if not isinstance(m, (list, tuple)) else \
+        [(n, p) for mod in m for n, p in _unwrapped(mod).named_parameters()]
+    for n, p in named:
         t = p.detach()
         t = t.full_tensor() if hasattr(t, "full_tensor") else t
         out[n] = t.reshape(-1).tolist()
     return out
+
+
+def _unwrapped(mod):
+    inner = getattr(mod, "module", None)
+    return inner if isinstance(inner, __import__("torch").nn.Module) else mod
 
 
 def reference(steps, b, spec=None):
@@ -88,8 +96,8 @@ def run_case(case):
         else:
             losses.append(prog.step(xs, ys))
     return {"losses": losses, "coords": list(prog.coords), "local_tokens": list(xs.shape),
-            "params": _values(m), "manifest": prog.manifest, "expected": prog.manifest_expected,
-            "measured": meter.result(), "predicted": predicted_memory(plan, 0)}
+            "params": _values(m if prog.pp == 1 else prog.modules), "manifest": prog.manifest, "expected": prog.manifest_expected,
+            "measured": meter.result(), "predicted": predicted_memory(plan, prog.stage_indices[0])}
 
 
 def _worker(rank, world, cases, out_dir, store):
