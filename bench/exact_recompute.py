@@ -128,7 +128,7 @@ class ExactStageEvaluator(StageEvaluator):
                 best = (e, s, tr, chain)
         if best is None:
             return None
-        t = (self._pre_t[b] - self._pre_t[a]) + self.sends(i) * self.c + self.num.prefetch_edges(a, b)
+        t = (self._pre_t[b] - self._pre_t[a]) + self.send_s(i, a, b) + self.num.prefetch_edges(a, b)
         return (t + best[0],) + best
 
     def seg(self, i, a, b, detail=False):
@@ -159,7 +159,7 @@ class ExactStageEvaluator(StageEvaluator):
             for k2, v2 in held_states(self.units[j], self.cfg, acc, self.ctx).items():
                 st[k2] += v2
         fwd = sum(self.num.fwd[j] for j in idx)
-        send = self.sends(i) * self.c
+        send = self.send_s(i, a, b)
         return StageResult(
             index=i, units=[self.units[j].name for j in idx],
             blocks=[self.units[j].name for j in idx if self.units[j].kind == "block"],

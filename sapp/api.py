@@ -246,7 +246,11 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                      "stages": pipeline_section(res, cluster.devices),
                      # boundary sends: only pipelines (old plans load as false / unknown)
                      **({"scatter_gather": bool(getattr(res, "scatter_gather", False))} if cfg.pp > 1 and cfg.tp > 1 else {}),
-                     **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {})},
+                     **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {}),
+                     # backward sends, only where they differ (side tensors without gradient)
+                     **({"boundary_grad_bytes": float(res.boundary_grad_bytes)}
+                        if cfg.pp > 1 and getattr(res, "boundary_grad_bytes", None) is not None
+                        and res.boundary_grad_bytes != res.boundary_bytes else {})},
         "recompute": recompute_section(res),
         "zero": cfg.zero,
         "placement": placement,

@@ -2,15 +2,18 @@
 case's losses equal single-process training within 1e-5 relative over 3 Adam steps.
 
 A representative subset of bench/hf_matrix.py (8 models x 5 configurations), two spawned jobs:
-2 ranks: PP=2 1F1B of GPT-NeoX (rotary embedding shared by every layer), BERT (a sub-module named
-`self`, tied decoder across stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied
-under four names, two of them in one stage); TP=2 from the searched layout of Qwen2
-(GQA attention + gated MLP) and BERT (tied decoder kept whole); TP=2 with sequence parallelism for
-Llama and Qwen2 (the residual stream cut where the first decoder layer takes it in).  4 ranks: Qwen2 PP x TP (the split
-traced at each rank's layer shapes); Llama and Qwen2 PP x TP with sequence parallelism (the cut run in the
-traced first stage), whose measured memory is within 10% of the plan's per stage and whose stage boundary
-carries the priced bytes.  About 2 minutes on an idle 2-core box; the timeouts are generous because a
-loaded one runs several times slower."""
+2 ranks: PP=2 1F1B of Llama and GPT-NeoX (mask and rotary cos/sin built once before layer 0 and read
+by every layer: each stage computes its own), Llama called with a padding attention_mask (a mask built
+from an input: sent, and priced forward only), BERT (a sub-module named `self`, tied decoder across
+stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied under four names, two of
+them in one stage; its encoder output crosses into the decoder stage beside the decoder's stream); TP=2
+from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (tied decoder kept whole); TP=2
+with sequence parallelism for Llama and Qwen2 (the residual stream cut where the first decoder layer
+takes it in).  4 ranks: Llama and Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama
+and Qwen2 PP x TP with sequence parallelism (the cut run in the traced first stage), whose measured
+memory is within 10% of the plan's per stage.  Every pipeline case sends, per micro-batch, exactly the
+plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5 minutes on an idle 2-core
+box; the timeouts are generous because a loaded one runs several times slower."""
 import json
 import os
 import subprocess
@@ -22,14 +25,15 @@ pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests.emit_workers import hf_plans  # noqa: E402
+from tests.emit_workers import hf_models, hf_plans  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
-CASES = {2: [("gpt_neox", "pp2"), ("bert", "pp2"), ("vit", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"),
-             ("llama", "tp2+sp"), ("qwen2", "tp2+sp")],
-         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("qwen2", "pp2xtp2+sp")]}
-METERED = {"pp2xtp2+sp"}        # the last step under the memory meter, the boundary's tensors recorded
+CASES = {2: [("llama", "pp2"), ("gpt_neox", "pp2"), ("llama_padded", "pp2"), ("bert", "pp2"), ("vit", "pp2"),
+             ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"), ("llama", "tp2+sp"), ("qwen2", "tp2+sp")],
+         4: [("llama", "pp2xtp2"), ("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("qwen2", "pp2xtp2+sp")]}
+METERED = {"pp2xtp2+sp"}        # the last step under the memory meter
+PIPELINES = [(w, f"{k}-{c}") for w in CASES for k, c in CASES[w] if "pp2" in c]
 
 
 def _job(world, tmp_path):
@@ -90,7 +94,7 @@ def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
     assert bert["bert.encoder.layer.0.attention.self.query"] == "colwise"
     assert bert["bert.encoder.layer.0.attention.output.dense"] == "rowwise"
     pptp = job4[1]["qwen2-pp2xtp2"]
-    assert {k: v for k, v in pptp["parallel"].items() if k != "sp"} == {"dp": 1, "tp": 2, "pp": 2} and pptp["tp_modules"]
+    assert pptp["parallel"] == {"dp": 1, "tp": 2, "pp": 2, "sp": False} and pptp["tp_modules"]
     assert all(job4[0]["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
 
 
@@ -127,12 +131,32 @@ def test_hf_sequence_parallel_under_pipeline_runs_as_priced(job4, kind):
         total = sum(v for k, v in meas.items() if k not in ("total", "buffers"))
         assert total == pytest.approx(sum(pred.values()), rel=0.10), (r, meas, pred)
         assert meas["activations"] == pytest.approx(pred["activations"], rel=0.10), (r, meas, pred)
-        if got["stage"] == 0:
-            # what PipelineStage sends per micro-batch: the residual stream's shard (the only tensor
-            # with a gradient, so also what comes back) is the plan's boundary_bytes; HF's mask and
-            # rotary cos/sin ride along without gradient (not priced: docs/ARCHITECTURE.md)
-            grad = [b for _, b, g in got["sends"] if g]
-            assert grad == [plan["pipeline"]["boundary_bytes"]], got["sends"]
+        # (the boundary carries the residual stream's 1/t shard: test_pipelines_send_what_the_plan_prices)
+
+
+@pytest.mark.parametrize("world,cid", PIPELINES)
+def test_pipelines_send_what_the_plan_prices(job2, job4, world, cid):
+    """What every rank hands PipelineStage's isends per micro-batch is the plan's boundary_bytes forward
+    and boundary_grad_bytes (absent: the same) backward.  HF decoders build the mask and rotary cos/sin
+    once, before layer 0, from positions alone: each stage computes its own (sapp/emit/stage_local.py),
+    so only the residual stream crosses (it used to carry them too: +3 KB per send on this Llama).  A
+    mask built from an attention_mask input is data: it crosses, forward only, and is priced so (sapp/
+    pipeline/boundary.py); T5's encoder output crosses with its gradient beside the decoder's stream."""
+    cases, plans = job2 if world == 2 else job4
+    pipe = plans[cid]["pipeline"]
+    fwd, bwd = pipe["boundary_bytes"], pipe.get("boundary_grad_bytes", pipe["boundary_bytes"])
+    sends = pipe["micro_batches"] * STEPS
+    expect = {"llama_padded-pp2": 2, "t5-pp2": 2}.get(cid, 1)      # tensors per forward send
+    for r in range(world):
+        got = cases[cid]["ranks"][str(r)]
+        f, b = got["sends"]["fwd"], got["sends"]["bwd"]
+        first = got["stage"] == 0
+        assert len(f) == (sends if first else 0) and len(b) == (0 if first else sends), (r, len(f), len(b))
+        assert all(sum(x) == fwd for x in f) and all(sum(x) == bwd for x in b), (r, f[:1], b[:1], fwd, bwd)
+        assert all(len(x) == expect for x in f), (r, f[:1])
+    if cid == "llama_padded-pp2":       # the mask, (mbs, 1, s, s) fp32, crosses forward only
+        mbs, seq = pipe["micro_batch_size"], hf_models.SEQ
+        assert fwd - bwd == mbs * seq * seq * 4 and bwd == mbs * seq * hf_models.HIDDEN * 4
 
 
 def test_hf_search_offers_sequence_parallelism_under_pipelines():

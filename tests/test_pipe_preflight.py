@@ -76,6 +76,9 @@ def test_hf_stages_run_and_match_the_whole_model(kind):
         h = stages[0](*x)
         h = h if isinstance(h, tuple) else (h,)
         assert all(t.is_contiguous() for t in h)          # gloo's isend refuses strided tensors
+        # only the hidden state crosses: the masks (and Llama's rotary cos/sin), built from positions
+        # before the first layer, are computed again by stage 1 (sapp/emit/stage_local.py)
+        assert len(h) == 1 and h[0].dim() == 3 and h[0].shape[-1] == hf_models.HIDDEN, [t.shape for t in h]
         out = stages[1](*h)
         ref = model(*x).logits
     out = out[0] if isinstance(out, (tuple, list)) else out

@@ -156,3 +156,21 @@ def test_unequal_chunks_price_the_longer_chunk():
 def test_accumulation_without_a_pipeline_holds_one_micro_batch():
     # schedule "none" (pp = 1, m micro-batches) runs each forward + backward before the next
     assert in_flight("none", 1, 64) == [1.0]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_forward_and_backward_sends_priced_apart(schedule):
+    """A boundary whose forward carries a tensor without gradient (a mask built from an input) sends
+    more forward than backward: each send is charged at its own cost (per stage where cuts differ) in
+    the simulator and in the closed form's stage totals; one number prices both alike, as before."""
+    p, m = 4, 6
+    tf, tb = [1.0, 1.2, 0.9, 1.1], [2.0, 2.1, 1.9, 2.2]
+    assert step_time(tf, tb, m, schedule, p2p_s=(0.05, 0.05)) == step_time(tf, tb, m, schedule, p2p_s=0.05)
+    assert simulate(tf, tb, m, schedule, p2p_s=(0.05, 0.05)).step_s == simulate(tf, tb, m, schedule, p2p_s=0.05).step_s
+    for sends in ((0.08, 0.03), [(0.08, 0.03), (0.02, 0.05), (0.07, 0.01), (0.0, 0.04)]):
+        per = sends if isinstance(sends, list) else [sends] * p
+        own = [(i < p - 1) * f + (i > 0) * b for i, (f, b) in enumerate(per)]
+        sim = simulate(tf, tb, m, schedule, p2p_s=sends)
+        comm = [sum(e.end - e.start for e in sim.events if e.kind == "comm" and e.stage == i) for i in range(p)]
+        assert comm == pytest.approx([m * x for x in own])
+        assert stage_totals(tf, tb, sends) == pytest.approx([f + b + x for f, b, x in zip(tf, tb, own)])

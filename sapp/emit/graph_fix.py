@@ -99,8 +99,11 @@ def drop_metadata_asserts(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def prepare(gm: fx.GraphModule) -> fx.GraphModule:
-    """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy)."""
-    return inline_grad_regions(drop_metadata_asserts(gm))
+    """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy);
+    last, every stage gets its own copy of the position-only values it reads (stage_local.py), so
+    what crosses a boundary is what carries data."""
+    from .stage_local import recompute_position_tensors
+    return recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(gm)))
 
 
 def _contiguous(out):

@@ -23,6 +23,7 @@ from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
+from .boundary import fill_side
 from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
 
 ZEROS = (0, 1, 2, 3)
@@ -40,6 +41,8 @@ class Unit:
     act: tuple = ((0.0, 0.0),) * 3      # (none, selective, full): affine bytes per micro-batch
     extra: tuple = ((0.0, 0.0),) * 3    # recompute seconds added per micro-batch
     out_bytes: tuple = (0.0, 0.0)       # activation sent to the next unit (per device, per micro-batch)
+    side: tuple = ((0.0, 0.0),) * 3     # other tensors a cut after it sends: fwd float/other, bwd (boundary.py)
+    out_crosses: bool = True            # a cut after it sends its output (not when position-only / unread)
     zfwd: dict = field(default_factory=dict)    # zero -> (c0, c1) forward incl. ZeRO-3 gathers
     zbwd: dict = field(default_factory=dict)
     grad_sync: dict = field(default_factory=dict)  # zero -> seconds per step (exposed), bandwidth part
@@ -491,4 +494,6 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)
         nu.fsdp_exempt = a["fsdp_exempt"]
         out_units.append(nu)
+    # what a stage boundary sends besides the activation (masks built from inputs, ...)
+    fill_side(graph, units, out_units, gc, (t1, t2), strategies, mesh, roles, settings, dp)
     return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method, sp=bool(sp and tp > 1))

@@ -2,9 +2,10 @@
 joint search uses (same numbers on uniform stages, tested against each other).
 
 Timing model.  Stage i takes tf[i] / tb[i] per micro-batch forward / backward (its whole share; with
-interleaving each of its v chunks takes 1/v of that).  Sending a stage-boundary tensor costs `p2p_s`
-and is charged to the sender (blocking send, as in Megatron's 1F1B): forward activations after each
-forward on every stage but the last, gradients after each backward on every stage but the first.
+interleaving each of its v chunks takes 1/v of that).  Sending a stage boundary's tensors costs `p2p_s`
+(or a (forward, backward) pair when they differ, or one pair per stage) and is charged to the sender
+(blocking send, as in Megatron's 1F1B): forward activations after each forward on every stage but
+the last, gradients after each backward on every stage but the first.
 Recompute time (if any) is part of tb and shown as its own event just before the backward.
 
 Closed form used by the search (exact on uniform stages, both GPipe and 1F1B):
@@ -44,15 +45,25 @@ class SimResult:
     events: list = field(default_factory=list)
 
 
+def _p2p(p2p_s, p) -> list:
+    """Per stage, (forward, backward) seconds of one of its sends.  `p2p_s`: a number (every send
+    alike), a (forward, backward) pair, or one pair per stage -- they differ when a boundary sends a
+    tensor without a gradient, or where cuts send different tensors (sapp/pipeline/boundary.py)."""
+    if not isinstance(p2p_s, (tuple, list)):
+        return [(p2p_s, p2p_s)] * p
+    if p2p_s and isinstance(p2p_s[0], (tuple, list)):
+        return [tuple(x) for x in p2p_s]
+    return [tuple(p2p_s)] * p
+
+
 def stage_totals(stage_fwd, stage_bwd, p2p_s=0.0, v=1) -> list:
-    """T_i per micro-batch including the stage's own sends (v chunks send v times)."""
+    """T_i per micro-batch including the stage's own sends (v chunks send v times each way)."""
     p = len(stage_fwd)
     out = []
-    for i in range(p):
-        sends = (1 if i < p - 1 else 0) + (1 if i > 0 else 0)
-        if v > 1:       # every chunk boundary is a send, except the model's very first/last chunk
-            sends = 2 * v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
-        out.append(stage_fwd[i] + stage_bwd[i] + sends * p2p_s)
+    for i, (pf, pb) in enumerate(_p2p(p2p_s, p)):
+        # every chunk boundary is a send, except the model's very first/last chunk
+        nf, nb = v - (1 if i == p - 1 else 0), v - (1 if i == 0 else 0)
+        out.append(stage_fwd[i] + stage_bwd[i] + nf * pf + nb * pb)
     return out
 
 
@@ -159,8 +170,10 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
     """Simulate one training step.  `recompute_s[i]` (part of stage_bwd[i]) is drawn as a separate
     event before each backward.  `chunk_shares[i]` (interleaved): the fractions of stage i's times
     its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
-    micro-batches (stage units) and the timeline events (stage, mb, kind, start, end)."""
+    micro-batches (stage units) and the timeline events (stage, mb, kind, start, end).  `p2p_s`: one
+    send's seconds, a (forward, backward) pair, or one pair per stage."""
     p = len(stage_fwd)
+    pf, pb = zip(*_p2p(p2p_s, p))
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}")
     if schedule != "interleaved":
@@ -200,18 +213,18 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
                     events.append(Event(i, j, "fwd", t, end, c))
                     held[i] += 1
                     peak[i] = max(peak[i], held[i])
-                    if g < n_chunks - 1 and p2p_s > 0:
-                        events.append(Event(i, j, "comm", end, end + p2p_s, c))
-                        end += p2p_s
+                    if g < n_chunks - 1 and pf[i] > 0:
+                        events.append(Event(i, j, "comm", end, end + pf[i], c))
+                        end += pf[i]
                 else:
                     if rc[i][c] > 0:
                         events.append(Event(i, j, "recompute", t, t + rc[i][c], c))
                     end = t + tb[i][c]
                     events.append(Event(i, j, "bwd", t + rc[i][c], end, c))
                     held[i] -= 1
-                    if g > 0 and p2p_s > 0:
-                        events.append(Event(i, j, "comm", end, end + p2p_s, c))
-                        end += p2p_s
+                    if g > 0 and pb[i] > 0:
+                        events.append(Event(i, j, "comm", end, end + pb[i], c))
+                        end += pb[i]
                 done[(kind, g, j)] = end
                 free[i] = end
                 pos[i] += 1

@@ -3,9 +3,10 @@
     python -m tests.emit_workers.hf_harness WORLD CASES.json OUT.json
 
 A case: {"id", "kind", "plan_path", "steps", "batch", optional "meter" (the last step under
-sapp.emit.memory_meter, and the tensors a pipeline stage sends)}.  Each rank records its losses (or its error, as
-one line, and goes on with the next case when the failure was local to emit); the parent adds the
-single-process reference losses and the case's wall time.  Ranks end with os._exit (gloo teardown)."""
+sapp.emit.memory_meter)}.  Each rank records its losses and the bytes its pipeline stages send (or
+its error, as one line, and goes on with the next case when the failure was local to emit); the
+parent adds the single-process reference losses and the case's wall time.  Ranks end with os._exit
+(gloo teardown)."""
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def _run_case(case, rank):
     except Exception as e:          # raised alike on every rank before any collective (checks, preflight)
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
                 "phase": "emit"}
-    losses, sends, measured = [], _record_sends(prog) if case.get("meter") else None, None
+    losses, sends, measured = [], _record_sends(prog), None
     try:
         for i in range(case["steps"]):
             x, y = hf_models.batch(case["kind"], case["batch"], i)
@@ -51,18 +52,24 @@ def _run_case(case, rank):
             "stage": prog.stage_indices[0], "measured": measured, "sends": sends}
 
 
-def _record_sends(prog) -> list:
-    """What this rank's first stage hands PipelineStage per micro-batch (its forward outputs, sent to the
-    next stage): [[shape, bytes, requires_grad]], filled by the first forward."""
-    out = []
+def _record_sends(prog) -> dict:
+    """What this rank's pipeline stages hand to the p2p layer: {"fwd": [[bytes of each tensor] per
+    send], "bwd": [...]}, read off the isend ops PipelineStage builds (`get_fwd_send_ops`: the
+    activations after a forward, `get_bwd_send_ops`: the input gradients after a backward), i.e. the
+    bytes that really cross the boundary per micro-batch, whatever hooks cut the stage's output."""
+    out = {"fwd": [], "bwd": []}
+    sched = prog.schedule
+    stages = getattr(sched, "_stages", None) or ([sched._stage] if sched is not None else [])
+    for st in stages:
+        for kind, attr in (("fwd", "get_fwd_send_ops"), ("bwd", "get_bwd_send_ops")):
+            inner = getattr(st, attr)
 
-    def hook(_m, _args, res):
-        if not out:
-            for t in (res if isinstance(res, (tuple, list)) else (res,)):
-                if hasattr(t, "shape"):
-                    out.append([list(t.shape), t.numel() * t.element_size(), bool(t.requires_grad)])
-    if prog.schedule is not None:
-        prog.modules[0].register_forward_hook(hook)
+            def wrapped(chunk, _inner=inner, _kind=kind):
+                ops = _inner(chunk)
+                if ops:
+                    out[_kind].append([op.tensor.numel() * op.tensor.element_size() for op in ops])
+                return ops
+            setattr(st, attr, wrapped)
     return out
 
 

@@ -1,14 +1,16 @@
 """Tiny Hugging Face models built from configs (no download): 2 layers, hidden 64, seq 16, dropout 0.
 
 One builder per architecture of issue #13's matrix; `build(kind)` gives (model, loss_fn), `batch(kind,
-b, step)` a seeded global batch, `reference(kind, steps, b)` single-process Adam training losses."""
+b, step)` a seeded global batch, `reference(kind, steps, b)` single-process Adam training losses.
+`llama_padded` is Llama called with an attention_mask (right padding, 0-3 tokens per row): its
+mask is built from that input, so it is data a pipeline must send (sapp/pipeline/boundary.py)."""
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
 SEQ, HIDDEN, LAYERS, HEADS, VOCAB, FFN = 16, 64, 2, 4, 256, 128
-KINDS = ("llama", "mistral", "qwen2", "gpt_neox", "bert", "vit", "t5", "mixtral")
+KINDS = ("llama", "mistral", "qwen2", "gpt_neox", "bert", "vit", "t5", "mixtral")     # + llama_padded
 
 
 def _decoder(cls_cfg, cls_model, **extra):
@@ -21,7 +23,7 @@ def _decoder(cls_cfg, cls_model, **extra):
 
 def _make(kind):
     import transformers as T
-    if kind == "llama":
+    if kind in ("llama", "llama_padded"):
         return _decoder(T.LlamaConfig, T.LlamaForCausalLM)
     if kind == "mistral":
         return _decoder(T.MistralConfig, T.MistralForCausalLM, sliding_window=None)
@@ -86,6 +88,9 @@ def batch(kind: str, b: int, step: int):
     if kind == "vit":
         return (torch.randn(b, 3, 16, 16, generator=g),), torch.randint(0, 10, (b,), generator=g)
     ids = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
+    if kind == "llama_padded":     # row r ignores its last r % 4 tokens (as keys): a data-built mask
+        keep = (torch.arange(SEQ) < SEQ - (torch.arange(b) % 4)[:, None]).long()
+        return (ids[:, :-1], keep), ids[:, 1:]
     if kind == "t5":       # encoder ids and decoder ids; targets: the decoder ids shifted by one
         dec = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
         return (ids[:, :-1], dec[:, :-1]), dec[:, 1:]

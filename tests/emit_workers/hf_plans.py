@@ -10,7 +10,7 @@ CONFIGS = {
     "pp2": {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b"},
     "tp2": {"dp": 1, "tp": 2, "pp": 1},
     "dp2xpp2": {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b"},
-    "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b"},
+    "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": False},
     "tp2+sp": {"dp": 1, "tp": 2, "pp": 1, "sp": True},
     "pp2xtp2+sp": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": True},
 }

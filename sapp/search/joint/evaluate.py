@@ -32,7 +32,9 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
             st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
-    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, ev.c, chunk_shares=shares)
+    # each stage's own sends (forward after its last unit, backward before its first)
+    sends = [tuple(x[0] for x in ev.send_pair(i, a, b)) for i, (a, b) in enumerate(zip(starts, ends))]
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, sends, chunk_shares=shares)
     gs = max(s.grad_sync_s for s in stages)
     # the optimizer update runs after the last backward on every stage; the slowest one counts.
     # Its dispatch is per parameter tensor: ZeRO-1 partitions whole tensors over dp; ZeRO-2/3
@@ -49,7 +51,10 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
     res = JointResult(cfg, step, stages)
     res.overlap = rule
-    res.scatter_gather, res.boundary_bytes = (ev.sg, ev.send_bytes) if p > 1 else (False, 0.0)
+    # the plan's record: the most one device sends per forward / backward send over its boundaries
+    res.scatter_gather = ev.sg if p > 1 else False
+    res.boundary_bytes = max((s.send_bytes[0] for s in stages), default=0.0) if p > 1 else 0.0
+    res.boundary_grad_bytes = max((s.send_bytes[1] for s in stages), default=0.0) if p > 1 else 0.0
     res.bubble_s = max(0.0, step_pipe - busy)
     res.grad_sync_s = gs
     res.p2p_s = cfg.m * max(s.send_s for s in stages)

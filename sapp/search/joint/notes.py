@@ -50,6 +50,10 @@ def notes(ctx, res):
         out.append(f"stage boundaries scatter/gather (Megatron): each of the tp={cfg.tp} ranks sends 1/{cfg.tp} of "
                    f"the activation ({fmt_bytes(res.boundary_bytes)} per send) and the receiving stage all-gathers "
                    f"it over the tp group; gradients the same way back")
+    fb, gb = getattr(res, "boundary_bytes", 0.0), getattr(res, "boundary_grad_bytes", 0.0)
+    if cfg.pp > 1 and fb != gb:
+        out.append(f"stage boundaries send {fmt_bytes(fb)} forward and {fmt_bytes(gb)} backward per micro-batch and "
+                   f"device: tensors without a gradient (e.g. a mask built from an input) cross forward only")
     out.append(f"peak memory {fmt_bytes(res.peak_memory_bytes)} of {fmt_bytes(res.capacity_bytes)} per device")
     if ctx.settings.precision == "fp16-mixed":
         out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "

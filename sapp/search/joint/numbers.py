@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...costmodel import collective_time
 from ...costmodel.gradsync import fsdp_prefetch_hidden, overlap_rule
+from ...pipeline.profile import cut_at_block_entry
 from .cp import CPTerms
 from .ep import unit_delta
 
@@ -23,7 +24,11 @@ class UnitNumbers:
             for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
                                  self.fwd, self.lat, self.gacc), r):
                 lst.append(val)
-        self.boundary = max((o for u, o in zip(prof.units, self.out) if u.kind == "block"), default=0.0)
+        # what a stage boundary after unit j sends per device: {j: (forward, of which not floating
+        # point, backward)}, and the most over the cuts
+        self.cuts = cut_bytes(prof, self.out, cfg)
+        self.boundary, self.boundary_whole = max(((f, w) for f, w, _ in self.cuts.values()), default=(0.0, 0.0))
+        self.boundary_grad = max((g for _, _, g in self.cuts.values()), default=0.0)
         # the boundary activation is a replica on every tp rank unless sequence parallelism sharded it
         self.replicated = boundary_replicated(prof)
         # ZeRO-3 under FSDP2's prefetch (costmodel.gradsync.fsdp_prefetch_hidden): the gather seconds each
@@ -66,6 +71,36 @@ def _values(u, cfg, cpt, ctx):
     return (f + b, act, extra, out, st["params"] + st["grads"] + st["optimizer"],
             sync, u.states[0]["params"] - u.fsdp_exempt, f, u.sync_lat.get(cfg.zero, 0.0),
             st["grads"] - held_states(u, cfg, False, ctx)["grads"])
+
+
+def _cuts(prof) -> list:
+    """Indices j of the units a stage may end with: every block (as always priced), and glue a stage
+    may end with (the next unit can start a stage; not before the first block under the block-entry
+    cut of sequence parallelism, joint/evaluate._partition)."""
+    units = prof.units
+    first = next((i for i, u in enumerate(units) if u.kind == "block"), None)
+    shut = first if (first is not None and cut_at_block_entry(prof)) else None
+    return [j for j, u in enumerate(units) if u.kind == "block" or
+            (j + 1 < len(units) and units[j + 1].cut_before and j + 1 != shut)]
+
+
+def cut_bytes(prof, out, cfg) -> dict:
+    """{j: (forward bytes, of which not floating point, backward bytes)} one device sends per
+    micro-batch at a stage boundary right after unit j, for every unit a stage may end with: the
+    unit's output (and its gradient) when it crosses, plus the side tensors (sapp/pipeline/boundary.py:
+    position-only ones are recomputed by every stage; the others go forward, and their gradient
+    back only when they carry one)."""
+    b = cfg.mbs / cfg.cp
+    out_d = {}
+    for j in _cuts(prof):
+        u = prof.units[j]
+        fl, other, bwd = (c0 + c1 * b for c0, c1 in getattr(u, "side", _NO_SIDE))
+        own = out[j] if getattr(u, "out_crosses", True) else 0.0
+        out_d[j] = (own + fl + other, other, own + bwd)
+    return out_d
+
+
+_NO_SIDE = ((0.0, 0.0),) * 3
 
 
 class BoundNumbers:
@@ -261,3 +296,53 @@ def boundary_send(ctx, cfg, nbytes, replicated=True):
     tp_link = "intra" if t <= gpn else "inter"
     sg = collective_time("p2p", nbytes / t, 2, link, cl) + collective_time("all_gather", nbytes, t, tp_link, cl)
     return (sg, True, nbytes / t) if sg < plain else (plain, False, nbytes)
+
+
+class Sends:
+    """A configuration's stage-boundary sends, per device and micro-batch (`boundary_sends`): `sg`,
+    Megatron's scatter/gather, decided once for every boundary and both directions (the emitter hooks
+    them all); `f[j]` / `b[j]`: (seconds, bytes) of the forward send after a stage ending with unit j
+    and of the backward send into it; `fmax`/`bmax` (the most over the cuts: the plan's record and
+    interleaved chunks) and `fmin`/`bmin` (the bounds')."""
+
+    def __init__(self, sg, f, b):
+        self.sg, self.f, self.b = sg, f, b
+        zero = (0.0, 0.0)
+        self.fmax, self.bmax = max(f.values(), default=zero), max(b.values(), default=zero)
+        self.fmin, self.bmin = min(f.values(), default=zero), min(b.values(), default=zero)
+
+
+def boundary_sends(ctx, cfg, num) -> Sends:
+    """The sends of every cut of `num` (UnitNumbers.cuts).  The forward carries the activation and
+    the side tensors (sapp/pipeline/boundary.py), the backward only the gradients that exist, so the
+    two differ when a side tensor has none (a mask built from an input).  Scatter/gather is taken when
+    it prices the largest cut's pair of sends cheaper (`boundary_send`); under it each floating-point
+    tensor is cut to 1/tp and all-gathered after the send, a tensor of another dtype goes whole."""
+    if cfg.pp == 1 or not num.cuts:
+        return Sends(False, {}, {})
+    cl, t = ctx.cluster, cfg.tp
+    S = cl.devices // cfg.pp
+    link = "inter" if (S >= cl.gpus_per_node or S * cfg.pp > cl.gpus_per_node) else "intra"
+    tp_link = "intra" if t <= cl.gpus_per_node else "inter"
+
+    def p2p(n):
+        return collective_time("p2p", n, 2, link, cl) if n > 0 else 0.0
+
+    def gather(n):
+        return collective_time("all_gather", n, t, tp_link, cl) if n > 0 else 0.0
+
+    def plain(f, whole, g):
+        return (p2p(f), f), (p2p(g), g)
+
+    def split(f, whole, g):
+        cut = f - whole
+        return (p2p(cut / t + whole) + gather(cut), cut / t + whole), (p2p(g / t) + gather(g), g / t)
+    sg = False
+    if t > 1 and num.replicated:
+        big = (num.boundary, num.boundary_whole, num.boundary_grad)
+        (a, _), (b, _) = split(*big)
+        (c, _), (d, _) = plain(*big)
+        sg = a + b < c + d
+    rule = split if sg else plain
+    sends = {j: rule(*v) for j, v in num.cuts.items()}
+    return Sends(sg, {j: v[0] for j, v in sends.items()}, {j: v[1] for j, v in sends.items()})

@@ -9,8 +9,8 @@ segment is priced only when two lower bounds, each O(1) from the evaluator's pre
 able to matter:
 
 * time: a stage's time is its units' time plus its sends plus recomputation (>= 0), so
-  `tfloor(i, k, j) = (T[j] - T[k]) + sends(i) * c` is at most `seg(i, k, j)`'s time (the same float
-  expression seg starts from);
+  `tfloor(i, k, j) = (T[j] - T[k]) + send_floor(i)` is at most `seg(i, k, j)`'s time (the same float
+  expression seg starts from, its sends at the cheapest cut: exactly them when every cut sends the same);
 * memory: a fitting stage holds at least its states less the accumulators it may free before its peak
   plus the in-flight copies of its units' least activations (`mfloor`); above the capacity (with a
   margin far wider than float error) seg would say it does not fit.
@@ -48,7 +48,7 @@ def partition_bounded(ev, n, p, cut_before):
     if not tab["tmono"]:
         return partition_dp(n, p, cut_before, ev.seg)[0]
     Tt = tab["t"]
-    sc = [ev.sends(i) * ev.c for i in range(p)]
+    sc = [ev.send_floor(i) for i in range(p)]
     lb = (Tt[n] - Tt[0] + sum(sc)) / p
     if tab["mono"] and not _floor_reachable(ev, n, p, cut_before, tab):
         return None

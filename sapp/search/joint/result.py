@@ -52,6 +52,7 @@ class StageResult:
     recompute: dict         # block -> policy
     param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
     chunks: list = None     # interleaved: blocks per chunk (chunk c runs as virtual stage c * pp + i)
+    send_bytes: tuple = (0.0, 0.0)  # bytes of one forward / backward send of this stage (per device)
 
     @property
     def memory_bytes(self):
@@ -83,7 +84,8 @@ class JointResult:
     alternatives: list = field(default_factory=list)
     overlap: str = "none"             # gradient sync overlap rule priced (costmodel.gradsync.overlap_rule)
     scatter_gather: bool = False      # stage boundaries send 1/tp per tp rank + all-gather (numbers.boundary_send)
-    boundary_bytes: float = 0.0       # bytes one device sends per stage-boundary send (per micro-batch)
+    boundary_bytes: float = 0.0       # bytes one device sends per forward stage-boundary send (per micro-batch)
+    boundary_grad_bytes: float = 0.0  # ... per backward send (less when a side tensor has no gradient)
 
     @property
     def memory(self):

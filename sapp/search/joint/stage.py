@@ -8,7 +8,7 @@ from bisect import bisect_left
 from ...pipeline.schedule import in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import boundary_send, gathered_params, held_states, unit_numbers, zero3_gathered
+from .numbers import boundary_sends, gathered_params, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
 MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
@@ -23,8 +23,9 @@ class StageEvaluator:
         self.num = unit_numbers(ctx, prof, cfg)
         self.n = len(prof.units)
         self.units = prof.units
-        # per send; sg: Megatron's scatter/gather at the boundaries (numbers.boundary_send)
-        self.c, self.sg, self.send_bytes = boundary_send(ctx, cfg, self.num.boundary, self.num.replicated)
+        # the sends at every cut (numbers.boundary_sends); sg: Megatron's scatter/gather
+        self.tx = boundary_sends(ctx, cfg, self.num)
+        self.sg = self.tx.sg
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
@@ -37,12 +38,39 @@ class StageEvaluator:
             return (self.policy,)
         return self.ctx.allowed(u.name)
 
-    def sends(self, i):
+    def send_counts(self, i):
+        """(forward, backward) sends of device i per micro-batch: activations to the next stage,
+        gradients to the one before (every interleaved chunk boundary is one, except the model's ends)."""
         p = self.cfg.pp
-        s = (1 if i < p - 1 else 0) + (1 if i > 0 else 0)
-        if self.cfg.schedule == "interleaved":
-            s = 2 * self.cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
-        return s
+        v = self.cfg.v if self.cfg.schedule == "interleaved" else 1
+        return v - (1 if i == p - 1 else 0), v - (1 if i == 0 else 0)
+
+    def sends(self, i):
+        return sum(self.send_counts(i))
+
+    def send_pair(self, i, a=None, b=None):
+        """((seconds, bytes) of one forward send, of one backward send) of device i as the stage of
+        units [a, b): its activations after unit b-1, its input gradients to the stage ending with
+        unit a-1.  Interleaved chunks (or no units given): the largest cut's."""
+        tx = self.tx
+        if a is None or self.cfg.schedule == "interleaved":
+            return tx.fmax, tx.bmax
+        return tx.f.get(b - 1, tx.fmax), tx.b.get(a - 1, tx.bmax)
+
+    def send_s(self, i, a=None, b=None):
+        """Seconds device i spends sending per micro-batch (charged to the sender)."""
+        (nf, nb), (f, g) = self.send_counts(i), self.send_pair(i, a, b)
+        return nf * f[0] + nb * g[0]
+
+    def send_bytes_of(self, i, a, b):
+        """(forward, backward) bytes of one of device i's sends each way, as send_s prices them."""
+        (nf, nb), (f, g) = self.send_counts(i), self.send_pair(i, a, b)
+        return (f[1] if nf else 0.0), (g[1] if nb else 0.0)
+
+    def send_floor(self, i):
+        """A lower bound on send_s(i, a, b) over every stage i may be (partition_bound)."""
+        nf, nb = self.send_counts(i)
+        return nf * self.tx.fmin[0] + nb * self.tx.bmin[0]
 
     def transient(self, idx, policies, no_full=False):
         """Bytes above the stage's stashed activations while its backward runs: at unit j's backward
@@ -135,7 +163,7 @@ class StageEvaluator:
             r = (math.inf, False) if not detail else None
             self.cache[key] = r
             return r
-        t = (T["t"][b] - T["t"][a]) + self.sends(i) * self.c + num.prefetch_edges(a, b)
+        t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
         infl = self.infl[i]
         acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
         states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
@@ -224,8 +252,8 @@ class StageEvaluator:
         return StageResult(
             index=i, units=[self.units[j].name for j in idx],
             blocks=[self.units[j].name for j in idx if self.units[j].kind == "block"],
-            fwd_s=fwd, bwd_s=t - self.sends(i) * self.c - fwd + extra, recompute_s=extra,
-            send_s=self.sends(i) * self.c,
+            fwd_s=fwd, bwd_s=t - self.send_s(i, a, b) - fwd + extra, recompute_s=extra,
+            send_s=self.send_s(i, a, b), send_bytes=self.send_bytes_of(i, a, b),
             grad_sync_s=sum(num.gs[j] for j in idx) + max((num.lat[j] for j in idx), default=0.0), in_flight=infl,
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
                     "activations": acts * infl, "transient": transient + z3},
