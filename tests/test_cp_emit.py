@@ -4,8 +4,8 @@ parallelism, ZeRO-1/3, full or selective recomputation and pipelines (traced sta
 grouped-query SDPA) and Hugging Face Llama / Qwen2 (SDPA and eager attention through transformers'
 attention interface); causal attention, no dropout, 3 Adam steps on gloo, losses and parameters
 within 1e-5 relative of plain training on the whole batch.  The manifest records cp as the plan says;
-the memory the meter measures (saved-tensor hooks) is within 10% of what the plan predicts.  Two
-spawned jobs (2 and 4 ranks), each bounded by a hard timeout."""
+the memory the meter measures (saved-tensor hooks) is within 10% of what the plan predicts.  Three
+spawned jobs (2, 4 and 8 ranks), each bounded by a hard timeout."""
 import json
 import os
 import subprocess
@@ -35,6 +35,7 @@ CASES = {
         "hf-llama-sdpa-tp2-sp": ({"hf": "llama", "attn": "sdpa"}, {"dp": 1, "tp": 2, "sp": True}),
         "llama-pp2": ({"zoo": "llama-tiny"}, PP2),
         "hf-llama-sdpa-pp2": ({"hf": "llama", "attn": "sdpa"}, PP2)},
+    8: {"hf-llama-sdpa-tp2-sp-pp2": ({"hf": "llama", "attn": "sdpa"}, dict(PP2, tp=2, sp=True))},
 }
 
 
@@ -52,10 +53,20 @@ def _plan(path, spec, world, pins):
     return p
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def job(request, tmp_path_factory):
-    world = request.param
-    tmp = tmp_path_factory.mktemp(f"cp{world}")
+_JOBS = {}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """world -> (world, cases, plans): each world's job runs once, when a test first asks for it."""
+    def get(world):
+        if world not in _JOBS:
+            _JOBS[world] = _run_job(world, tmp_path_factory.mktemp(f"cp{world}"))
+        return _JOBS[world]
+    return get
+
+
+def _run_job(world, tmp):
     cases, plans = [], {}
     for cid, (spec, pins) in CASES[world].items():
         plans[cid] = _plan(tmp / f"{cid}.json", spec, world, pins)
@@ -82,10 +93,8 @@ def _cases():
 
 
 @pytest.mark.parametrize("world,cid", _cases())
-def test_cp_equals_single_process(job, world, cid):
-    if job[0] != world:
-        pytest.skip("case of the other job")
-    _, cases, plans = job
+def test_cp_equals_single_process(jobs, world, cid):
+    _, cases, plans = jobs(world)
     plan, case = plans[cid], cases[cid]
     pins = CASES[world][cid][1]
     par = plan["parallel"]
@@ -130,3 +139,19 @@ def test_cp_equals_single_process(job, world, cid):
         total_p = sum(pred[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
         total_m = sum(meas[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
         assert abs(total_m - total_p) <= MEM_TOL * total_p, (r, meas, pred)
+
+
+@pytest.mark.parametrize("world,cid", [(w, c) for w in CASES for c, (_, pins) in CASES[w].items()
+                                       if pins.get("pp", 1) > 1])
+def test_cp_pipeline_sends_what_the_plan_prices(jobs, world, cid):
+    """A cp x pp stage hands PipelineStage, per micro-batch, its tokens' residual stream only (the
+    plan's boundary_bytes, at 1/cp of the sequence): positions and masks are stage-local constants."""
+    _, cases, plans = jobs(world)
+    pipe = plans[cid]["pipeline"]
+    fwd, bwd = pipe["boundary_bytes"], pipe.get("boundary_grad_bytes", pipe["boundary_bytes"])
+    sends = pipe["micro_batches"] * 3
+    for r, got in cases[cid]["ranks"].items():
+        f, b = got["sends"]["fwd"], got["sends"]["bwd"]
+        first = got["stage"] == 0
+        assert len(f) == (sends if first else 0) and len(b) == (0 if first else sends), (r, len(f), len(b))
+        assert all(x == [fwd] for x in f) and all(x == [bwd] for x in b), (r, f[:1], b[:1], fwd, bwd)

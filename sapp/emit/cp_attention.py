@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from ..costmodel.context import check_sequence, chunk_positions
+from ..costmodel.context import balanced_chunks, check_sequence
 from ..errors import PlanError
 
 
@@ -111,14 +111,20 @@ class Layout:
             if not check_sequence(seq, self.cp):
                 raise PlanError(f"a cp={self.cp} rank holds {t} tokens, which is not two equal chunks; use a "
                                 f"sequence length divisible by {2 * self.cp}")
-            mine = torch.tensor(chunk_positions(seq, self.cp, self.rank), dtype=torch.long, device=device)
-            keys = torch.tensor([p for r in range(self.cp) for p in chunk_positions(seq, self.cp, r)],
-                                dtype=torch.long, device=device)
+            # built from aranges (no tensor constants): in a traced stage these are position-only
+            # ops every stage recomputes (sapp/emit/stage_local.py) instead of receiving them
+            mine = self._chunks(seq, self.rank, device)
+            keys = torch.cat([self._chunks(seq, r, device) for r in range(self.cp)])
             got = (mine, keys, torch.argsort(keys))
             if _tracing() or _fake(got[0]):        # traced (pipeline stages): constants of the graph
                 return got
             self._cache[key] = got
         return self._cache[key]
+
+    def _chunks(self, seq: int, rank: int, device) -> torch.Tensor:
+        """Global positions of `rank`'s two chunks (sapp.costmodel.context.chunk_positions)."""
+        c = seq // (2 * self.cp)
+        return torch.cat([torch.arange(k * c, (k + 1) * c, device=device) for k in balanced_chunks(self.cp, rank)])
 
     def positions(self, t: int, device) -> torch.Tensor:
         """Global positions of this rank's t local tokens."""

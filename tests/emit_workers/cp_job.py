@@ -86,7 +86,8 @@ def run_case(case):
     m, loss_fn, seq = model(case.get("model"))
     x0, _ = batch(case["batch"], 0, seq)
     prog = emit(m, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
-    losses = []
+    from tests.emit_workers.hf_harness import _record_sends
+    losses, sends = [], _record_sends(prog)
     for i in range(case["steps"]):
         x, y = batch(case["batch"], i, seq)
         xs, ys = prog.shard(x, y)
@@ -97,7 +98,8 @@ def run_case(case):
             losses.append(prog.step(xs, ys))
     return {"losses": losses, "coords": list(prog.coords), "local_tokens": list(xs.shape),
             "params": _values(m if prog.pp == 1 else prog.modules), "manifest": prog.manifest, "expected": prog.manifest_expected,
-            "measured": meter.result(), "predicted": predicted_memory(plan, prog.stage_indices[0])}
+            "measured": meter.result(), "predicted": predicted_memory(plan, prog.stage_indices[0]),
+            "stage": prog.stage_indices[0], "sends": sends}
 
 
 def _worker(rank, world, cases, out_dir, store):
