@@ -77,18 +77,25 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
 
     modes = {m: m.training for m in root.modules()}
     root.train()                  # capture what training runs: dropout, batch statistics
+    # an HF decoder's attention masks as its eager forward decides them, not as export forces them
+    from ..models.hf import eager_masks
     try:
-        stack = repeated_list(model) if fast is not False and method != "fx" else None
-        if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
-            graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
-            if graph is not None:
-                graph.meta.pop("_path", None)
-                return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
-        graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model, method=method)
-        return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
+        with eager_masks(model, example_inputs, kwargs):
+            return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     finally:
         for m, t in modes.items():
             m.train(t)
+
+
+def _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method):
+    stack = repeated_list(model) if fast is not False and method != "fx" else None
+    if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
+        graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
+        if graph is not None:
+            graph.meta.pop("_path", None)
+            return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
+    graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model, method=method)
+    return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
 
 
 def _at_batch_one(model, inputs, target, loss_fn, name, fast, method):

@@ -73,11 +73,23 @@ def sdpa(c):
     dims = [(bd[i], int(s), True) for i, s in enumerate(lead)] + [
         ("m", int(L), True), ("n", int(S), False), ("k", int(E), False), ("j", int(Ev), False)]
 
-    def lead_map(shape):
+    # enable_gqa: k and v carry the key/value heads (a divisor of the query heads), each shared by a
+    # group of query heads.  Their head axis runs over the query-head dim all the same: a split of the
+    # heads keeps whole groups together (as a split of wk/wv into whole KV heads does), so a shard of k
+    # is 1/split of it (the mapping links axes of different sizes on purpose: `trusted`)
+    gqa = bool(_arg(c, 7, "enable_gqa", False))
+
+    def lead_map(shape, grouped=False):
         nl = len(shape) - 2
-        return tuple(bd[len(lead) - nl + j] if 0 <= len(lead) - nl + j and shape[j] == lead[len(lead) - nl + j]
-                     and shape[j] != 1 else None for j in range(nl))
-    ind = [lead_map(q.shape) + ("m", "k"), lead_map(k.shape) + ("n", "k"), lead_map(v.shape) + ("n", "j")]
+        out = []
+        for j in range(nl):
+            i = len(lead) - nl + j
+            same = 0 <= i and shape[j] == lead[i]
+            if not same and grouped and 0 <= i and shape[j] > 1 and lead[i] % shape[j] == 0:
+                same = True
+            out.append(bd[i] if same and shape[j] != 1 else None)
+        return tuple(out)
+    ind = [lead_map(q.shape) + ("m", "k"), lead_map(k.shape, gqa) + ("n", "k"), lead_map(v.shape, gqa) + ("n", "j")]
     for t in c.ins[3:]:                                # attn_mask broadcast to [..., L, S]
         sh = t.shape
         full = tuple(bd) + ("m", "n")
@@ -87,7 +99,8 @@ def sdpa(c):
     flops = 2.0 * prod(lead) * L * S * (E + Ev)
     causal = bool(_arg(c, 5, "is_causal", False))
     return Spec("attention", dims, ind, tuple(bd) + ("m", "j"), flops, _act_saves(c, [0, 1, 2]) + ("out",),
-                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0)})
+                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0),
+                       **({"gqa": True} if gqa else {})}, trusted=gqa)
 
 
 def conv(c):

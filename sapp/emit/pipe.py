@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
+from ..models.hf import eager_masks
 from . import graph_fix, preflight
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
@@ -60,7 +61,9 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         annotate_split_points(model, {p: SplitPoint.BEGINNING for p in points})
         # split_policy runs on the exported graph before it is cut: there we inline the grad-mode
         # regions (the split's module outliner cannot call them, see graph_fix.inline_grad_regions)
-        pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.inline_grad_regions)
+        # (an HF decoder traced with the masks its eager forward uses, as capture priced it)
+        with eager_masks(model, example_mb):
+            pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.inline_grad_regions)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
