@@ -52,6 +52,7 @@ class StageResult:
     recompute: dict         # block -> policy
     param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
     chunks: list = None     # interleaved: blocks per chunk (chunk c runs as virtual stage c * pp + i)
+    chunk_shares: list = None   # interleaved: fractions of the stage's time its chunks take
 
     @property
     def memory_bytes(self):
