@@ -9,6 +9,8 @@ search's stage result reports:
     states + ZeRO-2 gathers + in_flight * sum(stash_j) + transient(assignment) <= capacity,
     transient = max(0, max_j (remat_j + gathered_j - stash of the units after j))   (stage.transient)
 
+(an interleaved last stage's head + loss count once, not in_flight times: stage.tail_act)
+
 minimising the recomputation seconds sum(extra_j).  It walks the stage's units from the last to the
 first keeping (extra, stash after, worst term) states; a state is dropped when another has no more
 extra, no more stash and no more worst + stash.  That drop is exact whenever at least one
@@ -120,11 +122,12 @@ class ExactStageEvaluator(StageEvaluator):
         states = (self._pre_st[b] - self._pre_st[a]) - (0.0 if acc else self._pre_gacc[b] - self._pre_gacc[a])
         z3 = (self._pre_pb[b] - self._pre_pb[a]) if self.cfg.zero == 2 else 0.0
         root = (self._pre_root[b] - self._pre_root[a]) if self.cfg.zero == 3 else 0.0
-        base = self.cap - states - z3
+        tail = self.tail_act(i, a, b)
+        base = self.cap - states - z3 - tail
         best = None
         for e, s, w, chain in self.frontier(a, b):
             tr = max(0.0, root + w)
-            if infl * s + tr <= base + 1e-9 * self.cap and (best is None or e < best[0]):
+            if infl * (s - tail) + tr <= base + 1e-9 * self.cap and (best is None or e < best[0]):
                 best = (e, s, tr, chain)
         if best is None:
             return None
@@ -167,7 +170,8 @@ class ExactStageEvaluator(StageEvaluator):
             grad_sync_s=sum(self.num.gs[j] for j in idx) + max((self.num.lat[j] for j in idx), default=0.0),
             in_flight=self.infl[i],
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
-                    "activations": stash * self.infl[i], "transient": tr + z3},
+                    "activations": (stash - self.tail_act(i, a, b)) * self.infl[i] + self.tail_act(i, a, b),
+                    "transient": tr + z3},
             recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
 
 
@@ -213,7 +217,8 @@ def brute_force_stage(ev, i, a, b):
         pols = dict(zip((u.name for u in blocks), combo))
         stash = sum(num.act[j][POLICIES.index(pols.get(u.name, "none"))] for j, u in zip(range(a, b), units))
         extra = sum(num.extra[pos[n]][POLICIES.index(p)] for n, p in pols.items())
-        mem = states + z3 + infl * stash + ev.transient(range(a, b), pols)
+        tail = ev.tail_act(i, a, b)
+        mem = states + z3 + infl * (stash - tail) + tail + ev.transient(range(a, b), pols)
         if mem <= ev.cap * (1 + 1e-9) and (best is None or extra < best[0] - 1e-15):
             best = (extra, pols)
     return best

@@ -190,7 +190,7 @@ def pipeline_section(res, devices):
         for j, blocks in enumerate(order):
             i = j % pp
             st = res.stages[i]
-            share = len(blocks) / max(1, len(st.blocks))
+            share = st.chunk_shares[j // pp] if st.chunk_shares else len(blocks) / max(1, len(st.blocks))
             nxt = next((b[0] for b in order[j + 1:] if b), None)
             stages.append({"index": j, "device_stage": i, "blocks": list(blocks), "split_before": nxt,
                            "devices": [i * S, (i + 1) * S],

@@ -145,7 +145,7 @@ def test_index_routing_ops_split_with_the_batch():
 def test_sdpa_decoder_is_captured_as_its_training_step_runs(name):
     """Eager training with no padding mask: transformers builds no mask (SDPA's is_causal) and hands
     the kernel un-repeated grouped-query K/V.  Under torch.export it would materialise a (b, 1, s, s)
-    mask and repeat K/V; the capture (sapp/capture/hf_runtime.py) traces the training semantics, and
+    mask and repeat K/V; the capture (sapp.models.hf.eager_masks) traces the training semantics, and
     leaves transformers as it found it."""
     import transformers.masking_utils as mu
     before = (mu._ignore_causal_mask_sdpa, mu.find_packed_sequence_indices)
@@ -169,3 +169,45 @@ def test_sdpa_decoder_is_captured_as_its_training_step_runs(name):
         assert dims["b1"].size == kv and all(o.dims[1] == "b1" for o in n.operands) and n.out.dims[1] == "b1"
     # no tensor of s x s anywhere (the mask, or scores outside the kernel)
     assert not [n.name for n in g.nodes.values() if tuple(n.out.shape[-2:]) == (S, S)]
+
+
+def test_hf_decoder_attention_is_captured_as_eager_runs_it():
+    """Called with input ids alone, an HF decoder's eager forward skips the causal mask (no padding, no
+    packed sequences) and runs SDPA with is_causal=True on the key/value heads as they are (enable_gqa);
+    torch.export refuses both shortcuts, so a plain capture saw a materialised s x s mask, a non-causal
+    attention over the whole s^2 and repeat_kv's copies of k and v.  Capture now sees what eager runs
+    (sapp.models.hf.eager_masks): priced at the causal kernel's half of the score FLOPs, k and v saved at
+    the key/value heads' size, and still split with their query heads under tensor parallelism."""
+    from sapp.cluster import Cluster
+    from sapp.costmodel import CostSettings, node_cost
+    from sapp.costmodel.memory import saved_items
+    from sapp.costmodel.nodes import time_flops
+    from sapp.mesh import Level, Mesh
+    import transformers.masking_utils as mu
+    m, inputs, cfg = build("llama")                       # 4 heads, 2 key/value heads
+    guards = (mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices)
+    g = capture(m, inputs)
+    assert (mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices) == guards      # restored
+    att = [n for n in g.nodes.values() if n.kind == "attention"]
+    assert len(att) == cfg.num_hidden_layers
+    a = att[0]
+    assert a.extra["causal"] and a.extra["gqa"]
+    assert not any(n.out.dtype == "bool" for n in g.nodes.values())                     # no mask built
+    q, k, v = a.operands
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    assert q.shape == (BATCH, 4, SEQ, hd) and k.shape == v.shape == (BATCH, 2, SEQ, hd)
+    assert q.dims[1] == k.dims[1] == v.dims[1] == "b1"      # the kv heads split with their query heads
+    # model FLOPs still count the whole s^2 (q.k^T and .v over every query head)
+    assert a.flops == 2.0 * BATCH * 4 * SEQ * SEQ * 2 * hd
+    cl, st = Cluster.parse("h100-80g:devices=2"), CostSettings(runtime="fused")
+    mesh = Mesh((Level(2, "intra"),))
+    saved = dict(saved_items(a, ("b1",), mesh, st))
+    assert saved[k.producer] == pytest.approx(saved[q.producer] / 2)   # 1 of 2 kv heads, 2 of 4 q heads
+    # the causal kernel executes half the score FLOPs (costmodel.nodes.time_flops)
+    assert time_flops(a, a.flops)[0] == pytest.approx(a.flops / 2)
+    assert node_cost(a, ("b1",), mesh, cl, st).fwd_s > 0
+    # with an attention mask among the inputs the model decides for itself: the mask stays
+    ids = inputs[0]
+    g2 = capture(m, (ids, torch.ones(ids.shape, dtype=torch.long, device="meta")))
+    a2 = next(n for n in g2.nodes.values() if n.kind == "attention")
+    assert not a2.extra["causal"] and len(a2.operands) == 4

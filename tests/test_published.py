@@ -16,7 +16,7 @@ def test_rows_pin_the_published_degrees():
     assert len(published.ROWS) >= 9 + 3 + 6
     for r in published.ROWS:
         p = r.pins
-        assert p["tp"] * p["pp"] * p["dp"] == Cluster.parse(r.cluster).devices, r.name
+        assert p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1) == Cluster.parse(r.cluster).devices, r.name
         assert r.metric in published._UNITS and r.published > 0
 
 

@@ -150,3 +150,31 @@ def test_long_sequence_pick_falls_back_to_the_region_layout():
     def step(s):
         return evaluate_sharding(g, s, mesh, cl, st).step_time_s
     assert step(res.strategies) < step({n: (d,) for n, d in replicated.items()})
+
+
+def test_megatron_fallback_layout_also_splits_the_lm_head():
+    """At long sequences the sharding search splits every op along the sequence on the tp level (no
+    DTensor form), and the layout that shards every valid region is priced beside it (`+regions`).  That
+    layout left the LM head (a lone column split, no region) replicated: every tp rank computed the whole
+    vocabulary's head (Llama-3-405B at 131072 tokens: the last stage ~2 blocks slower).  Megatron splits the
+    output layer too; the fallback now prices it split (output gathered) and keeps it where faster."""
+    import torch
+    import transformers as T
+    from sapp.capture import capture
+    from sapp.cluster import Cluster
+    from sapp.costmodel import CostSettings, evaluate_sharding
+    from sapp.mesh import Level, Mesh
+    cfg = T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                        vocab_size=4096, max_position_embeddings=8192, use_cache=False, num_key_value_heads=2)
+    with torch.device("meta"):
+        m = T.LlamaForCausalLM(cfg)
+    g = capture(m, (torch.empty(4, 8192, dtype=torch.long, device="meta"),))
+    mesh, cl, st = Mesh((Level(2, "intra"),)), Cluster.parse("h100-80g:devices=2"), CostSettings(runtime="fused")
+    r = tp_layout.search_fn(g, mesh, cl, st, level_roles=("tp",))
+    head = next(n for n, nd in g.nodes.items() if nd.module == "lm_head")
+    assert r.method.endswith("+regions") and r.strategies[head] == ("n",)
+    styles, _, _ = tp_layout.modules(g, {n: s for n, s in r.strategies.items()}, [0])
+    assert styles["lm_head"] == "colwise_gather"
+    # and it is the faster of the two: the same layout with the head replicated prices slower
+    rep = dict(r.strategies, **{head: (None,)})
+    assert evaluate_sharding(g, r.strategies, mesh, cl, st).step_time_s < evaluate_sharding(g, rep, mesh, cl, st).step_time_s

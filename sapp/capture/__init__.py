@@ -19,7 +19,6 @@ from ..ir import OpGraph, ParamInfo
 from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
 from .convert import Converter, canonical_names, dtype_str, prune
 from .fuse import fuse_rms_norms
-from .hf_runtime import training_semantics
 from .unknown import unknown_ops
 
 __all__ = ["capture"]
@@ -78,18 +77,25 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
 
     modes = {m: m.training for m in root.modules()}
     root.train()                  # capture what training runs: dropout, batch statistics
+    # an HF decoder's attention masks as its eager forward decides them, not as export forces them
+    from ..models.hf import eager_masks
     try:
-        stack = repeated_list(model) if fast is not False and method != "fx" else None
-        if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
-            graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
-            if graph is not None:
-                graph.meta.pop("_path", None)
-                return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
-        graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model, method=method)
-        return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
+        with eager_masks(model, example_inputs, kwargs):
+            return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     finally:
         for m, t in modes.items():
             m.train(t)
+
+
+def _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method):
+    stack = repeated_list(model) if fast is not False and method != "fx" else None
+    if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
+        graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
+        if graph is not None:
+            graph.meta.pop("_path", None)
+            return _finish(graph, model, spec, batch, example_inputs, "export+replicate")
+    graph = _capture_once(root, example_inputs, kwargs, strip, batch, gname, model, method=method)
+    return _finish(graph, model, spec, batch, example_inputs, graph.meta.pop("_path"))
 
 
 def _at_batch_one(model, inputs, target, loss_fn, name, fast, method):
@@ -144,7 +150,7 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
         try:
             if method == "fx":
                 raise _SkipExport()
-            with warnings.catch_warnings(), training_semantics():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
         except _SkipExport:

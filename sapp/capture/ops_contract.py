@@ -101,7 +101,8 @@ def sdpa(c):
     flops = 2.0 * prod(lead) * L * S * (E + Ev)
     causal = bool(_arg(c, 5, "is_causal", False))
     return Spec("attention", dims, ind, tuple(bd) + ("m", "j"), flops, _act_saves(c, [0, 1, 2]) + ("out",),
-                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0)},
+                extra={"causal": causal, "dropout_p": float(_arg(c, 4, "dropout_p", 0.0) or 0.0),
+                       **({"gqa": True} if gqa else {})},
                 trusted=bool(gqa))      # q / out heads link to the smaller KV-head dim on purpose
 
 

@@ -167,6 +167,10 @@ def check_pipeline(plan: Plan) -> None:
     if isinstance(gb, int) and gb % (dp * m):
         raise PlanError(f"global batch {gb} does not split into dp={dp} x micro_batches={m}; use a multiple of {dp * m}")
     n = stage_count(plan)
+    if any(not s.get("blocks") for s in plan.pipeline.get("stages") or []) and n > pp:
+        raise PlanError("the plan's interleaved layout has a virtual stage with no block (the embedding or the head "
+                        "alone: Llama 3's layout), which sapp prices but does not emit; pin virtual_chunks to at most "
+                        "the blocks per stage")
     if len(plan.pipeline.get("stages") or []) != n:
         raise PlanError(f"plan has pp={pp}{' x virtual_chunks' if n != pp else ''} = {n} pipeline stages to run but lists "
                         f"{len(plan.pipeline.get('stages') or [])}; regenerate the plan")

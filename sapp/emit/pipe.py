@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..capture.hf_runtime import training_semantics
 from ..errors import PlanError
+from ..models.hf import eager_masks
 from . import graph_fix, preflight
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
@@ -61,10 +61,9 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         annotate_split_points(model, {p: SplitPoint.BEGINNING for p in points})
         # split_policy runs on the exported graph before it is cut: there we inline the grad-mode
         # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
-        # DTensor cannot run (see graph_fix.prepare)
-        # traced as the training step runs (sapp/capture/hf_runtime.py): no materialised causal mask,
-        # grouped-query K/V un-repeated -- what the capture priced
-        with training_semantics():
+        # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
+        # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
+        with eager_masks(model, example_mb):
             pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "

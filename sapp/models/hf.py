@@ -10,6 +10,7 @@ targets for image classifiers.  seq is the config's context (max_position_embedd
 any other override replaces a config field (num_hidden_layers=4)."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 from ..errors import SappError
@@ -116,3 +117,41 @@ def _data(clsname, cfg, b, device, seq):
         mask = torch.ones((b, s), dtype=torch.long, device=device)
         return DataSpec((ids, mask, _ids(V, (b, s), device, 2)), _ids(V, (b, s), device, 3), token_loss), s
     return DataSpec((ids,), _ids(V, (b, s), device, 3), token_loss), s
+
+
+@contextlib.contextmanager
+def eager_masks(model, inputs, kwargs=None):
+    """Trace an HF decoder with the attention masks its eager forward uses.
+
+    Called with input ids alone (sapp's example data: no attention mask, no position ids), an HF
+    decoder in eager mode finds no padding and no packed sequences (its positions are an arange) and
+    skips the causal mask: SDPA runs with is_causal=True and no mask, and with grouped-query
+    attention on k/v as they are (enable_gqa) instead of repeat_kv's copies (transformers'
+    masking_utils._ignore_causal_mask_sdpa, find_packed_sequence_indices; integrations/sdpa_attention).
+    Under torch.export both decisions are refused on purpose (a traced graph must not hard-code them
+    for other inputs), so a capture would see a materialised s x s mask, a non-causal attention over the
+    whole s^2 and 16x copies of k and v (Llama-3-405B) that the program never runs.  sapp's graph and
+    its pipeline stages are traced for exactly these example shapes and no padding, so inside this
+    context the two export guards answer as eager does.  Nothing is patched for other models, for
+    inputs beyond the ids (a mask or position ids decide for themselves), or without transformers."""
+    import sys
+    mu = sys.modules.get("transformers.masking_utils")
+    patch = (mu is not None and _is_hf(model) and len(tuple(inputs)) == 1 and not (set(kwargs or {}) - {"target"})
+             and hasattr(mu, "is_torchdynamo_exporting") and hasattr(mu, "find_packed_sequence_indices"))
+    if not patch:
+        yield
+        return
+    saved = (mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices)
+    mu.is_torchdynamo_exporting = lambda: False
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices = saved
+
+
+def _is_hf(model) -> bool:
+    import sys
+    tf = sys.modules.get("transformers")
+    base = getattr(tf, "PreTrainedModel", None) if tf is not None else None
+    return base is not None and isinstance(model, base)

@@ -12,13 +12,14 @@ import math
 def partition_counts(L, p, seg_k, rel_tol=1e-6, kmin=1):
     """Identical blocks: stage i holds k_i >= kmin blocks (the first stage also the prologue, the last
     the epilogue; `seg_k(i, k) -> (time, fits)` prices that; `kmin` = v for interleaving, whose
-    stages split into v chunks of at least one block).  The first and last stages may hold fewer
-    blocks than the others (the embedding / head + loss make them heavier): nothing forces equal
+    stages split into v chunks of at least one block, or a list of per-stage minima: `stage_kmins`).
+    The first and last stages may hold fewer blocks than the others (the embedding / head + loss make them heavier): nothing forces equal
     counts.  For a bottleneck X stage i can hold at
     most K_i(X) blocks (time and memory grow with k), and a partition with bottleneck <= X exists
     iff sum_i K_i(X) >= L: exact.  Bisection on X over the candidate stage times.
     Returns (counts, bottleneck) or (None, inf)."""
-    if L < p * kmin:
+    kmins = list(kmin) if isinstance(kmin, (list, tuple)) else [kmin] * p
+    if L < sum(kmins):
         return None, math.inf
     cache = {}
 
@@ -29,7 +30,7 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6, kmin=1):
         return cache[key]
 
     def kmax(i, X):
-        lo, hi, best = kmin, L - (p - 1) * kmin, 0
+        lo, hi, best = kmins[i], L - (sum(kmins) - kmins[i]), 0
         while lo <= hi:
             mid = (lo + hi) // 2
             t, fits = sk(i, mid)
@@ -42,15 +43,15 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6, kmin=1):
 
     def ok(X):
         ks = [kmax(i, X) for i in range(p)]
-        return ks if all(k >= kmin for k in ks) and sum(ks) >= L else None
+        return ks if all(k >= km for k, km in zip(ks, kmins)) and sum(ks) >= L else None
 
     ks = ok(math.inf)
     if ks is None:
         return None, math.inf
-    hi = max(sk(i, k)[0] for i, k in enumerate(_trim(ks, L, sk, kmin)))
-    # the first and last stages hold at least kmin blocks each (and the glue)
-    lo = max(sk(0, kmin)[0], sk(p - 1, kmin)[0]) * (1 - 1e-12)
-    if not (sk(0, kmin)[1] and sk(p - 1, kmin)[1]):
+    hi = max(sk(i, k)[0] for i, k in enumerate(_trim(ks, L, sk, kmins)))
+    # the first and last stages hold at least their minimum of blocks each (and the glue)
+    lo = max(sk(0, kmins[0])[0], sk(p - 1, kmins[-1])[0]) * (1 - 1e-12)
+    if not (sk(0, kmins[0])[1] and sk(p - 1, kmins[-1])[1]):
         lo = 0.0
     while hi - lo > rel_tol * hi:
         # exact stop: nothing strictly below the current bottleneck fits
@@ -62,32 +63,38 @@ def partition_counts(L, p, seg_k, rel_tol=1e-6, kmin=1):
             lo = mid
         else:
             ks = r
-            hi = max(sk(i, k)[0] for i, k in enumerate(_trim(r, L, sk, kmin)))
-    counts = _trim(ks, L, sk, kmin)
+            hi = max(sk(i, k)[0] for i, k in enumerate(_trim(r, L, sk, kmins)))
+    counts = _trim(ks, L, sk, kmins)
     return counts, max(sk(i, k)[0] for i, k in enumerate(counts))
 
 
 def _trim(ks, L, sk, kmin=1):
     """Reduce per-stage maxima to counts summing to L: repeatedly take a block from the slowest
-    stage that has more than kmin (ties: the lowest index)."""
+    stage that has more than its minimum (ties: the lowest index)."""
     import heapq
     ks = list(ks)
+    kmins = list(kmin) if isinstance(kmin, (list, tuple)) else [kmin] * len(ks)
     excess = sum(ks) - L
-    heap = [(-sk(i, k)[0], i) for i, k in enumerate(ks) if k > kmin]
+    heap = [(-sk(i, k)[0], i) for i, k in enumerate(ks) if k > kmins[i]]
     heapq.heapify(heap)
     while excess > 0:
         _, i = heapq.heappop(heap)
         ks[i] -= 1
         excess -= 1
-        if ks[i] > kmin:
+        if ks[i] > kmins[i]:
             heapq.heappush(heap, (-sk(i, ks[i])[0], i))
     return ks
 
 
-def chunk_counts(k, v):
+def chunk_counts(k, v, end=None):
     """Blocks of each of the v chunks of a stage holding k >= v blocks: as equal as they go, the
     extra blocks on the middle chunks first (chunk 0 of the first stage carries the embedding and
-    the last chunk of the last stage the head and the loss), then the last, then the first."""
+    the last chunk of the last stage the head and the loss), then the last, then the first.
+    `end` "first" / "last": the first / last stage of a glue-chunk layout (`stage_kmins`), which may
+    hold k = v - 1 blocks: its chunk 0 (first) or chunk v - 1 (last) then holds the glue alone."""
+    if v >= 2 and k == v - 1 and end in ("first", "last"):
+        rest = chunk_counts(k, v - 1) if k >= 1 else []
+        return [0] + rest if end == "first" else rest + [0]
     if v < 1 or k < v:
         raise ValueError(f"{k} blocks cannot form {v} chunks")
     base, extra = divmod(k, v)
@@ -98,12 +105,37 @@ def chunk_counts(k, v):
     return out
 
 
+def stage_end(i, p):
+    """'first' / 'last' / None: which end of a p-stage pipeline stage i is (chunk_counts' `end`)."""
+    return "first" if i == 0 else "last" if i == p - 1 else None
+
+
+def stage_kmins(L, p, v, prologue=True, epilogue=True):
+    """Least blocks per stage of an interleaved pipeline of p stages with v chunks each: v, or, when
+    p * v > L (a pinned v the L blocks cannot give every stage), Llama 3's layout: the first and the
+    last stage hold one block fewer and their first / last chunk holds only the embedding / the
+    output projection and loss ("The Llama 3 Herd of Models", Dubey et al. 2024, section 3.3.2: "the
+    first model chunk on the first stage has only the embedding, and the last model chunk on the last
+    stage has only output projection and loss calculation").  An end without glue (`prologue` /
+    `epilogue` False) keeps v.  None when even that leaves too few blocks."""
+    km = [v] * p
+    if L < p * v and p >= 2:
+        km[0] -= 1 if prologue else 0
+        km[-1] -= 1 if epilogue else 0
+    return km if L >= sum(km) else None
+
+
+def glue_chunks(counts, v) -> bool:
+    """Whether an interleaved layout of these per-stage block counts has a glue-only chunk."""
+    return v > 1 and any(k < v for k in counts)
+
+
 def interleaved_layout(counts, v):
     """Virtual stages of an interleaved pipeline in model order: [(device, chunk, blocks)], where
     stage i holds counts[i] blocks in v chunks and virtual stage c * p + i is chunk c of device i
     (what torch.distributed.pipelining runs on pp rank i)."""
     p = len(counts)
-    per = [chunk_counts(k, v) for k in counts]
+    per = [chunk_counts(k, v, stage_end(i, p)) for i, k in enumerate(counts)]
     return [(i, c, per[i][c]) for c in range(v) for i in range(p)]
 
 

@@ -209,18 +209,31 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
     # along the sequence on the tp level (context parallelism in disguise, weights replicated), which
     # `emittable` turns into plain replication - slower than any region split.  So the layout that
     # shards every valid region (Megatron's) is priced beside it and the faster of the two is kept.
+    # Megatron's layout also splits the output layer (the LM head: a lone column split, its output
+    # gathered here); the search's sequence-split pick does not cut it, so without it every tp rank
+    # computed the whole vocabulary's head (Llama-3-405B at 131072 tokens: ~2 blocks' time on the last
+    # stage).  Both variants are priced: at tiny widths the gather can cost more than it saves.
     full = dict(choice)
+    lone = {}
     for r in regions(graph, tp):
         if not r.why:
             full.update({o: "n" for o in r.openers})
-    alt, _, _ = emittable(graph, full, tp)
-    if alt != strategies:
+        elif len(r.openers) == 1 and not r.closers:
+            lone[r.openers[0]] = "n"
+    alts = [emittable(graph, full, tp)[0]]
+    if lone:
+        alts.append(emittable(graph, {**full, **lone}, tp)[0])
+    alts = [a for a in alts if a != strategies]
+    if alts:
         from ..costmodel import evaluate_sharding
 
         def step(s):
             return evaluate_sharding(graph, {n: (d,) for n, d in s.items()}, mesh, cluster, settings).step_time_s
-        if step(alt) < step(strategies):
-            strategies, method = alt, f"{res.method}+regions"
+        best = step(strategies)
+        for alt in alts:
+            t = step(alt)
+            if t < best:
+                strategies, method, best = alt, f"{res.method}+regions", t
     if sp:
         strategies = sp_choice(graph, strategies, tp)
     return _Result({n: (d,) for n, d in strategies.items()}, method, res)

@@ -155,13 +155,22 @@ def interleave_values(ctx, pp, m):
     k = ctx.L // pp
     pin_v, pin_m = ctx.cons.virtual_chunks, ctx.cons.micro_batches
     if pin_v is not None:
-        ok = 2 <= pin_v <= k and (m % pp == 0 or (pin_m is not None and interleave_rounds(pp, m) is not None))
+        ok = 2 <= pin_v and _chunks_fit(ctx, pp, pin_v) and (
+            m % pp == 0 or (pin_m is not None and interleave_rounds(pp, m) is not None))
         return [pin_v] if ok else []
     if m % pp and not (pin_m is not None and interleave_rounds(pp, m) is not None):
         return []
     # v dividing the blocks: stages hold multiples of v (equal chunks; the first / last stage may
     # hold fewer), at least one chunk-row of v blocks per stage
     return [v for v in divisors(ctx.L) if 2 <= v <= k]
+
+
+def _chunks_fit(ctx, pp, v):
+    """Whether pp stages of v chunks each get their blocks: v a stage, or Llama 3's layout where the
+    first / last stage holds v - 1 beside a glue-only chunk (partition.stage_kmins; pinned v only)."""
+    from ...pipeline.partition import stage_kmins
+    from .evaluate import glue_ends
+    return stage_kmins(ctx.L, pp, v, *glue_ends(ctx)) is not None
 
 
 def interleave_problem(ctx):
@@ -174,11 +183,12 @@ def interleave_problem(ctx):
         return (f"virtual_chunks={v}: interleaving needs structurally identical blocks with the other "
                 f"layers only before and after them (and no stage map); this model's blocks are not")
     pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
-    fit = [p for p in pps if ctx.L // p >= v]
+    fit = [p for p in pps if _chunks_fit(ctx, p, v)]
     if not fit:
         p = min(pps) if pps else 2
-        return (f"virtual_chunks={v} needs at least {v} blocks on each of the pp={p} stages, but the model's "
-                f"{ctx.L} blocks give {ctx.L // p}; use virtual_chunks <= {max(1, ctx.L // p)} or fewer stages")
+        return (f"virtual_chunks={v} needs at least {v} blocks on each of the pp={p} stages ({v - 1} on the first "
+                f"and last beside the embedding / head), but the model's {ctx.L} blocks give {ctx.L // p}; use "
+                f"virtual_chunks <= {max(1, (ctx.L + 2) // p)} or fewer stages")
     if c.micro_batches is not None:
         bad = [p for p in fit if interleave_rounds(p, c.micro_batches) is None]
         if bad and len(bad) == len(fit):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
-from ...pipeline.partition import chunk_counts, partition_counts, partition_dp
+from ...pipeline.partition import chunk_counts, partition_counts, partition_dp, stage_end, stage_kmins
 from ...pipeline.profile import cut_at_block_entry
 from ...pipeline.schedule import step_time
 from .partition_bound import partition_bounded
@@ -26,6 +26,8 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
     if cfg.schedule == "interleaved" and cfg.v > 1:
         shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
+        for st, sh in zip(stages, shares):
+            st.chunk_shares = sh
     rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime)
     if rule != "none":
         for st, a, b in zip(stages, starts, ends):
@@ -89,9 +91,17 @@ def _chunk_shares(ev, cfg, st, a, b):
     """Fractions of stage st's time its v chunks take: chunk c holds chunk_counts(k, v)[c] of its k
     identical blocks.  The prologue / epilogue are spread over the chunks as the closed form does
     (the real layout puts them on the model's first and last chunk): equal chunks, the closed form;
-    unequal ones (a pinned v that does not divide the blocks), the simulator."""
+    unequal ones (a pinned v that does not divide the blocks), the simulator.  A glue-only chunk
+    (Llama 3's layout, partition.stage_kmins) takes the glue's own time, the others their blocks'."""
     k = sum(1 for j in range(a, b) if ev.units[j].kind == "block")
-    return [n / k for n in chunk_counts(k, cfg.v)]
+    counts = chunk_counts(k, cfg.v, stage_end(st.index, cfg.pp))
+    if 0 not in counts:
+        return [n / k for n in counts]
+    t = [ev.num.t[j] for j in range(a, b)]
+    glue = sum(x for x, j in zip(t, range(a, b)) if ev.units[j].kind != "block")
+    per_block = (sum(t) - glue) / k
+    total = sum(t)
+    return [(n * per_block if n else glue) / total for n in counts]
 
 
 def _interleave_blocks(ctx, cfg, stages):
@@ -107,7 +117,7 @@ def _interleave_blocks(ctx, cfg, stages):
         pos += n
     for st in stages:
         pols = [st.recompute.get(b, "none") for b in st.blocks]
-        st.chunks = chunk_counts(len(st.blocks), cfg.v)
+        st.chunks = chunk_counts(len(st.blocks), cfg.v, stage_end(st.index, cfg.pp))
         st.recompute = dict(zip(real[st.index], pols))
         st.blocks = real[st.index]
 
@@ -126,8 +136,8 @@ def _partition(ctx, ev, cfg, exact):
         # closed-form schedule); otherwise (a pinned v) any count >= v, chunks as equal as they go
         first = next(i for i, u in enumerate(units) if u.kind == "block")
         pre, post = first, n - first - ctx.L
-        step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
-        kmin = cfg.v if inter and step == 1 else 1
+        step = cfg.v if inter and ctx.L % cfg.v == 0 and ctx.L >= p * cfg.v else 1
+        kmin = interleave_kmins(ctx, cfg) if inter and step == 1 else 1
 
         def seg_k(i, k):
             # identical blocks: only the count matters, plus the glue on the first / last stage
@@ -151,6 +161,17 @@ def _partition(ctx, ev, cfg, exact):
         return partition_dp(n, p, [True] + cut[1:], ev.seg)[0]
     # the plain program's starts, pricing only the segments its bounds leave able to matter
     return partition_bounded(ev, n, p, [True] + cut[1:])
+
+
+def glue_ends(ctx):
+    """(prologue, epilogue): whether glue (embedding; head and loss) precedes / follows the blocks."""
+    return ctx.units[0].kind != "block", ctx.units[-1].kind != "block"
+
+
+def interleave_kmins(ctx, cfg):
+    """Least blocks per stage under interleaving (partition.stage_kmins): v, or on the first / last
+    stage v - 1 with a glue-only chunk where the pinned v asks for more chunks than the blocks give."""
+    return stage_kmins(ctx.L, cfg.pp, cfg.v, *glue_ends(ctx)) or cfg.v
 
 
 def _starts_from_counts(units, counts):

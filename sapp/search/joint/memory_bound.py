@@ -21,6 +21,7 @@ import math
 from ...pipeline.partition import partition_counts
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES
+from .evaluate import interleave_kmins
 from .numbers import bound_numbers, held_states, p2p_time, unit_numbers
 
 REL_TOL = 1e-4
@@ -73,8 +74,8 @@ def stage_time_floor(ctx, cfg, prof, offload):
     post = [j for j in range(blocks[-1] + 1, len(units))]
     c = p2p_time(ctx, cfg, bound_numbers(ctx, prof, cfg).boundary)
     inter = cfg.schedule == "interleaved" and cfg.v > 1
-    step = cfg.v if inter and ctx.L % cfg.v == 0 else 1
-    kmin = cfg.v if inter and step == 1 else 1
+    step = cfg.v if inter and ctx.L % cfg.v == 0 and ctx.L >= p * cfg.v else 1
+    kmin = interleave_kmins(ctx, cfg) if inter and step == 1 else 1
 
     def sends(i):
         if inter:
@@ -84,7 +85,11 @@ def stage_time_floor(ctx, cfg, prof, offload):
     glue = []
     for i in range(p):
         g = (pre if i == 0 else []) + (post if i == p - 1 else [])
-        glue.append((sum(states(j) for j in g), sum(num.act[j][0] for j in g), sum(num.t[j] for j in g)))
+        ga = sum(num.act[j][0] for j in g)
+        # an interleaved last stage holds its head + loss for one micro-batch (stage.tail_act): its
+        # stash is taken from the capacity once, not per micro-batch in flight
+        once = sum(num.act[j][0] for j in post) if inter and i == p - 1 else 0.0
+        glue.append((sum(states(j) for j in g) + once, ga - once, sum(num.t[j] for j in g)))
     memo = {}
 
     def stage(i, k):

@@ -53,6 +53,7 @@ class StageResult:
     param_tensors: int = 0  # trainable parameter tensors held (the optimizer dispatches per tensor)
     chunks: list = None     # interleaved: blocks per chunk (chunk c runs as virtual stage c * pp + i)
     send_bytes: tuple = (0.0, 0.0)  # bytes of one forward / backward send of this stage (per device)
+    chunk_shares: list = None   # interleaved: fractions of the stage's time its chunks take
 
     @property
     def memory_bytes(self):

@@ -169,6 +169,8 @@ class StageEvaluator:
         states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
         z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
+        tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
+        fixed_act -= tail
         # free block types present in [a, b), in order of first appearance
         types = {}
         for first, (tk, pos, j0) in sorted((pos[bisect_left(pos, a)], (tk, pos, j0))
@@ -180,7 +182,7 @@ class StageEvaluator:
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
         still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
-        base = cap - states - z3
+        base = cap - states - z3 - tail
         choice, transient = None, still
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
         pinned = T["pinned"][b] > T["pinned"][a]
@@ -256,8 +258,25 @@ class StageEvaluator:
             send_s=self.send_s(i, a, b), send_bytes=self.send_bytes_of(i, a, b),
             grad_sync_s=sum(num.gs[j] for j in idx) + max((num.lat[j] for j in idx), default=0.0), in_flight=infl,
             memory={"params": st["params"], "grads": st["grads"], "optimizer": st["optimizer"],
-                    "activations": acts * infl, "transient": transient + z3},
+                    "activations": acts * infl + tail, "transient": transient + z3},
             recompute=policies, param_tensors=sum(self.units[j].tensors for j in idx))
+
+    def tail_act(self, i, a, b):
+        """Stash bytes per micro-batch of the glue after the last block of an interleaved pipeline's
+        last stage (the output head and loss), which the stage holds for one micro-batch only: they sit
+        in its last chunk, the model's last virtual stage, whose every forward is followed at once by
+        its backward (torch's interleaved 1F1B; at the stage's peak that chunk holds the one forward
+        beyond the warm-up).  Priced at the stage's average in flight they counted (v-1)*m/rounds/v
+        times: the logits' copies of a 128k vocabulary dominated the last stage.  0 elsewhere."""
+        cfg = self.cfg
+        if cfg.schedule != "interleaved" or cfg.v < 2 or i != cfg.pp - 1:
+            return 0.0
+        out = 0.0
+        for j in range(b - 1, a - 1, -1):
+            if self.units[j].kind == "block":
+                break
+            out += self.num.act[j][0]
+        return out
 
     def _ordered(self, a, b, types, base, fixed_act, infl):
         """(True, recompute/ordered.py's exact choice or None) when [a, b) is glue, one contiguous run of

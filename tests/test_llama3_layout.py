@@ -1,0 +1,80 @@
+"""Llama 3's interleaved layout ("The Llama 3 Herd of Models" section 3.3.2: the first model chunk on the
+first stage holds only the embedding, the last chunk on the last stage only the output projection and
+loss) and the interleaved last stage's head + loss stash, held for one micro-batch: checked by hand and
+against torch's interleaved order walked op by op."""
+import pytest
+
+import sapp
+import sapp.models as models
+from sapp.api import capture_graph
+from sapp.cluster import Cluster
+from sapp.costmodel import CostSettings
+from sapp.emit import checks
+from sapp.errors import PlanError
+from sapp.pipeline.partition import chunk_counts, interleaved_layout, partition_counts, stage_kmins
+from sapp.pipeline.schedule import _orders
+from sapp.search.joint import joint_search
+
+
+def test_glue_chunks_by_hand():
+    # 126 blocks, 16 stages of 8 chunks: 7 + 14 x 8 + 7, one block per chunk, the ends' glue alone
+    assert stage_kmins(126, 16, 8) == [7] + [8] * 14 + [7]
+    assert stage_kmins(128, 16, 8) == [8] * 16 and stage_kmins(125, 16, 8) is None
+    assert stage_kmins(126, 16, 8, epilogue=False) is None            # no head to fill the last chunk
+    assert stage_kmins(127, 16, 8, epilogue=False) == [7] + [8] * 15
+    assert chunk_counts(7, 8, "first") == [0] + [1] * 7 and chunk_counts(7, 8, "last") == [1] * 7 + [0]
+    assert chunk_counts(5, 4, "first") == chunk_counts(5, 4) == [1, 2, 1, 1]    # k >= v: as before
+    with pytest.raises(ValueError):
+        chunk_counts(7, 8)                          # a middle stage has no glue to fill a chunk
+    lay = interleaved_layout([1, 2, 1], 2)          # virtual stage c * p + i is chunk c of device i
+    assert lay == [(0, 0, 0), (1, 0, 1), (2, 0, 1), (0, 1, 1), (1, 1, 1), (2, 1, 0)]
+    # per-stage minima in the exact count partition: stage times glue + k, glue 2 on the first stage
+    seg = lambda i, k: ({0: 2.0, 2: 1.0}.get(i, 0.0) + k, True)  # noqa: E731
+    assert partition_counts(5, 3, seg, kmin=[1, 2, 1]) == ([1, 2, 2], 3.0)
+
+
+def _tiny(layers=6):
+    m = models.get("gpt-tiny", device="meta", dropout=0.0, l=layers)
+    return m, capture_graph(m)[0]
+
+
+def test_pinned_v_beyond_the_blocks_per_stage_prices_llama3s_layout():
+    m, g = _tiny(6)
+    pins = {"pp": 2, "virtual_chunks": 4, "micro_batches": 4, "recompute": "none"}
+    cl = Cluster.parse("cpu:gpus=2")
+    res = joint_search(g, cl, global_batch=8, constraints=pins, settings=CostSettings())
+    first, last = res.stages
+    assert (first.chunks, last.chunks) == ([0, 1, 1, 1], [1, 1, 1, 0])
+    # the glue-only chunk takes the glue's time, each other chunk one block's
+    assert sum(first.chunk_shares) == pytest.approx(1.0) and sum(last.chunk_shares) == pytest.approx(1.0)
+    assert first.chunk_shares[1] == pytest.approx(first.chunk_shares[3])
+    plan = sapp.search(m, "cpu:gpus=2", global_batch=8, graph=g, constraints=pins)
+    st = sorted(plan["pipeline"]["stages"], key=lambda s: s["index"])
+    assert [len(s["blocks"]) for s in st] == [0, 1, 1, 1, 1, 1, 1, 0]
+    assert any("Llama 3's interleaved layout" in n for n in plan["notes"])
+    with pytest.raises(PlanError, match="does not emit"):
+        checks.check_pipeline(plan)
+
+
+def test_interleaved_last_stage_holds_its_head_and_loss_once():
+    """Walk torch's interleaved order on the last device, adding each chunk's stash at its forward and
+    freeing it at its backward: the peak is the priced activations.  The head + loss sit in the last
+    chunk, whose forwards are each followed by their backward: they count once, not at the stage's
+    average micro-batches in flight (before: (v-1) * m / rounds / v + 1/v of them)."""
+    _, g = _tiny(8)
+    p, v, m = 2, 2, 4
+    pins = {"pp": p, "virtual_chunks": v, "micro_batches": m, "recompute": "none", "schedule": "interleaved"}
+    res = joint_search(g, Cluster.parse("cpu:gpus=2"), global_batch=8, constraints=pins, settings=CostSettings())
+    prof, last = res.profile, res.stages[-1]
+    acts = {u.name: u.at(res.config.mbs, res.config.zero)[2][0] for u in prof.units}
+    kind = {u.name: u.kind for u in prof.units}
+    block = acts[last.blocks[0]]
+    glue = sum(acts[n] for n in last.units if kind[n] != "block")
+    assert glue > 0 and all(acts[b] == block for b in last.blocks) and last.chunks == [2, 2]
+    chunk = [n * block for n in last.chunks]
+    chunk[-1] += glue                                  # the head and loss: the model's last virtual stage
+    held = peak = 0.0
+    for kind, _, c in _orders("interleaved", p, m, v)[p - 1]:
+        held += chunk[c] if kind == "fwd" else -chunk[c]
+        peak = max(peak, held)
+    assert last.memory["activations"] == pytest.approx(peak, rel=1e-9)
