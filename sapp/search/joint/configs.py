@@ -121,12 +121,11 @@ def _seq(ctx):
 
 
 def _cp_searched(ctx, c, pp, tp):
-    """Whether the free search tries cp > 1 here.  sapp run emits context parallelism with pp = 1, any
-    tp and ZeRO stage (sapp/emit/cp.py); a plan that uses it beside a pipeline is priced but cannot
-    run yet.  So below LONG_CONTEXT tokens (where cp is one way among others to cut activation
-    traffic, not what makes a step fit) the search offers cp only in the form sapp run runs; from
-    LONG_CONTEXT on, or when cp is pinned, everywhere, and the plan's note says when it is priced
-    only."""
+    """Whether the free search tries cp > 1 here: from LONG_CONTEXT tokens per sample everywhere;
+    below, without a pipeline only (short sequences: cp is one way among several to cut activation
+    traffic there, and pipelined cp configurations multiply the space for little: GPT-3 175B on 1024
+    A100, 6,648 -> 54,248 configurations, search 1.06 -> 2.35 s CPU, the same plan), unless cp is
+    pinned.  sapp run emits every form (sapp/emit/cp.py)."""
     if c.cp is not None:
         return True
     seq = _seq(ctx) or 0

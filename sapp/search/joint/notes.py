@@ -77,13 +77,7 @@ def cp_note(ctx, res):
             f"holds chunks r and {2 * cfg.cp - 1}-r (even causal work); K/V all-gathered before attention, "
             f"their gradients reduce-scattered; parameters replicated over cp, gradients averaged over "
             f"dp x cp = {cfg.dp * cfg.cp}"
-            + ("" if emits_cp(cfg) else "; priced only: sapp run emits cp without a pipeline (pin pp=1, or "
-               "cp=1, for a plan it runs)"))
-
-
-def emits_cp(cfg):
-    """Whether sapp/emit/cp.py runs this configuration's cp (it checks the same rule on the plan)."""
-    return cfg.cp <= 1 or cfg.pp == 1
+            )
 _OVERLAP_NOTES = {
     "none": "gradient sync priced whole after backward (serial device, or one flat all-reduce under TP / pipelines)",
     "ddp-buckets": "gradient sync overlapped with the last backward in DDP's 25 MB buckets; the last bucket is exposed",
