@@ -102,6 +102,16 @@ def test_pinned_v_that_does_not_divide_the_blocks_is_searched():
     assert p["pipeline"]["virtual_chunks"] == 3
 
 
+def test_pinned_v_whose_rows_do_not_spread_evenly_gets_balanced_stages():
+    # 12 blocks, pp 4, pinned v 2: rows of 2 blocks (6 rows over 4 stages) would give two devices 4
+    # blocks and two 2; the pin prices any count >= v, so every device holds 3 (chunks 1 + 2)
+    p = _search(12, "a100-80g:devices=4", 8, {"pp": 4, "virtual_chunks": 2, "micro_batches": 4})
+    st = sorted(p["pipeline"]["stages"], key=lambda s: s["index"])
+    per_device = [sum(len(s["blocks"]) for s in st[i::4]) for i in range(4)]
+    assert per_device == [3, 3, 3, 3]
+    assert [len(s["blocks"]) for s in st] == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
 def test_searched_v_values_divide_the_blocks():
     from sapp.constraints import Constraints
     from sapp.search.joint import SearchContext

@@ -3,6 +3,7 @@ the stage profile."""
 from __future__ import annotations
 
 from ...costmodel.gradsync import overlap_rule
+from .evaluate import interleave_step
 from .numbers import bound_numbers, p2p_time
 
 
@@ -58,9 +59,9 @@ def profile_bound(ctx, cfg, prof, floor=None):
     tot = num.tot + sends * c
     tmax = max(tot / p, num.tmax)
     if p > 1 and ctx.uniform and ctx.stage_pins is None and num.tblock is not None:
-        # identical blocks dealt in whole steps (interleaving: multiples of v when v divides them,
-        # sapp.search.joint.evaluate._partition): some stage holds ceil(L / (p step)) steps
-        step = cfg.v if cfg.schedule == "interleaved" and cfg.v > 1 and ctx.L % cfg.v == 0 else 1
+        # identical blocks dealt in whole steps (interleaving: rows of v blocks or single blocks,
+        # evaluate.interleave_step): some stage holds ceil(L / (p step)) steps
+        step = interleave_step(ctx, cfg)
         k = -(-ctx.L // (p * step)) * step
         least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
         tmax = max(tmax, k * num.tblock + least_sends * c)
@@ -77,6 +78,11 @@ def profile_bound(ctx, cfg, prof, floor=None):
     if p == 1:
         return m * tot + gs
     if cfg.schedule == "interleaved":
+        if p > 1 and ctx.uniform and interleave_step(ctx, cfg) == 1:
+            # chunks as equal as they go: a stage's small chunks fill and drain the pipeline faster
+            # than the equal-chunk bubble (the schedule simulator's step can sit below it), so only
+            # the busiest stage's own work is certain
+            return m * tmax + gs
         return m * tmax + (tot - tmax) / cfg.v + gs
     return (m - 1) * tmax + tot + gs
 

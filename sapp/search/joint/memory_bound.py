@@ -21,7 +21,7 @@ import math
 from ...pipeline.partition import partition_counts
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES
-from .evaluate import interleave_kmins
+from .evaluate import interleave_kmins, interleave_step
 from .numbers import bound_numbers, held_states, p2p_time, unit_numbers
 
 REL_TOL = 1e-4
@@ -74,7 +74,7 @@ def stage_time_floor(ctx, cfg, prof, offload):
     post = [j for j in range(blocks[-1] + 1, len(units))]
     c = p2p_time(ctx, cfg, bound_numbers(ctx, prof, cfg).boundary)
     inter = cfg.schedule == "interleaved" and cfg.v > 1
-    step = cfg.v if inter and ctx.L % cfg.v == 0 and ctx.L >= p * cfg.v else 1
+    step = interleave_step(ctx, cfg)
     kmin = interleave_kmins(ctx, cfg) if inter and step == 1 else 1
 
     def sends(i):
