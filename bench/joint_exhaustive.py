@@ -36,8 +36,10 @@ DEVICES = (8, 64, 512)
 PINNED = [("gpt3-1.3b", 512, 64, {"virtual_chunks": 5, "pp": 4}),            # 24 blocks: 6 per stage, chunks 1-2
           ("gpt3-1.3b", 768, 64, {"virtual_chunks": 3, "pp": 4, "micro_batches": 6}),   # m = 6 over 4 stages
           ("gpt3-6.7b", 1024, 64, {"schedule": "interleaved", "pp": 8}),
-          ("gpt3-1.3b", 512, 64, {"pp": 16})]                                    # 24 blocks: uneven stages
-MAX_CONFIGS = 4000          # beyond this the exhaustive enumeration takes minutes: skipped
+          ("gpt3-1.3b", 512, 64, {"pp": 16}),                                    # 24 blocks: uneven stages
+          # v 4 divides the 24 blocks but not into 4 rows a stage: rows and single blocks both priced
+          ("gpt3-1.3b", 512, 64, {"virtual_chunks": 4, "pp": 4})]
+MAX_CONFIGS = 5000          # beyond this the exhaustive enumeration takes minutes: skipped
 _GRAPHS = {}
 
 

@@ -173,7 +173,16 @@ def operator_section(graph, prof):
     return ops, tp_modules, section
 
 
-def pipeline_section(res, devices):
+def head_module(graph, prof):
+    """The module the glue after the last block starts with (its final norm or head): where a stage
+    holding the head and loss alone begins (Llama 3's interleaved layout)."""
+    epi = next((u for u in reversed(prof.units) if u.kind == "glue"), None)
+    if epi is None or prof.units[-1] is not epi:
+        return None
+    return next((graph.nodes[n].module for n in epi.nodes if graph.nodes[n].module), None)
+
+
+def pipeline_section(res, devices, graph=None):
     cfg = res.config
     S = devices // cfg.pp
     stages = []
@@ -192,10 +201,13 @@ def pipeline_section(res, devices):
             st = res.stages[i]
             share = st.chunk_shares[j // pp] if st.chunk_shares else len(blocks) / max(1, len(st.blocks))
             nxt = next((b[0] for b in order[j + 1:] if b), None)
+            if nxt is None and j < len(order) - 1:
+                nxt = head_module(graph, res.profile)       # the next chunk holds the head alone
             stages.append({"index": j, "device_stage": i, "blocks": list(blocks), "split_before": nxt,
                            "devices": [i * S, (i + 1) * S],
+                           # memory: the whole device's (every chunk it holds), as for a plain stage
                            "predicted": {"fwd_s": st.fwd_s * share, "bwd_s": st.bwd_s * share,
-                                         "memory_bytes": st.memory_bytes}})
+                                         "memory_bytes": st.memory_bytes, "memory": dict(st.memory)}})
         return stages
     for st in res.stages:
         nxt = res.stages[st.index + 1].blocks[0] if st.index + 1 < len(res.stages) else None
@@ -243,7 +255,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "tp_layout": tp_layout,
         "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
                      "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
-                     "stages": pipeline_section(res, cluster.devices),
+                     "stages": pipeline_section(res, cluster.devices, graph),
                      # boundary sends: only pipelines (old plans load as false / unknown)
                      **({"scatter_gather": bool(getattr(res, "scatter_gather", False))} if cfg.pp > 1 and cfg.tp > 1 else {}),
                      **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {}),

@@ -21,6 +21,9 @@ CASES = [
     # than 3 + 3 in chunks of 1 and 2 (the faster is kept); 3 micro-batches over 2 stages (torch's
     # flex order)
     ("v2-unequal-chunks-flex-m", "gpt6", 6, {"pp": 2, "virtual_chunks": 2, "micro_batches": 3}),
+    # Llama 3's layout: v = 4 asks 8 chunks of 6 blocks, so the model's first chunk holds the embedding
+    # alone and its last the head and loss alone (Dubey et al. 2024, section 3.3.2)
+    ("glue-v4", "gpt6", 6, {"pp": 2, "virtual_chunks": 4, "micro_batches": 4}),
 ]
 
 
@@ -68,6 +71,9 @@ def test_plans_have_the_pinned_layout(job):
     n = [len(b) for b in blocks(f)]
     # 3 blocks a device, chunks of 1 then 2 (chunk_counts: the extra block on the last chunk)
     assert n == [1, 1, 2, 2]
+    g = plans["glue-v4"]
+    assert [len(b) for b in blocks(g)] == [0, 1, 1, 1, 1, 1, 1, 0]
+    assert any("Llama 3's interleaved layout" in x for x in g["notes"])
 
 
 @pytest.mark.parametrize("cid", [c[0] for c in CASES])
@@ -81,6 +87,6 @@ def test_interleaved_plan_matches_single_process(job, cid):
         assert got is not None, f"rank {r} reported nothing"
         for i, (a, b) in enumerate(zip(got["losses"], ref)):
             assert abs(a - b) <= REL_TOL * abs(b), f"{cid} rank {r} step {i}: {a} vs single-process {b}"
-    v = 3 if cid.startswith("v3") else 2
+    v = {"v3": 3, "gl": 4}.get(cid[:2], 2)
     assert res["ranks"]["0"]["stages"] == list(range(0, 2 * v, 2))
     assert res["ranks"]["1"]["stages"] == list(range(1, 2 * v, 2))

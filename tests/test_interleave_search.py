@@ -112,7 +112,7 @@ def test_pinned_v_whose_rows_do_not_spread_evenly_gets_balanced_stages():
     assert [len(s["blocks"]) for s in st] == [1, 1, 1, 1, 2, 2, 2, 2]
 
 
-def test_searched_v_values_divide_the_blocks():
+def test_searched_v_values_divide_the_blocks_or_take_llama3s_layout():
     from sapp.constraints import Constraints
     from sapp.search.joint import SearchContext
     from sapp.search.joint.configs import interleave_values
@@ -120,6 +120,7 @@ def test_searched_v_values_divide_the_blocks():
     from sapp.costmodel import CostSettings
     g = capture(models.get("gpt-tiny", device="meta", l=12), batch=8)
     ctx = SearchContext(g, Cluster.parse("cpu:gpus=4"), 8, Constraints(), CostSettings(), None)
-    assert interleave_values(ctx, 2, 4) == [2, 3, 4, 6]       # v | 12, 2 <= v <= 12 / 2
-    assert interleave_values(ctx, 4, 4) == [2, 3]
+    # v | 12, 2 <= v <= 12 / 2; and v = 7: 14 chunks = 12 blocks + the embedding's + the head's
+    assert interleave_values(ctx, 2, 4) == [2, 3, 4, 6, 7]
+    assert interleave_values(ctx, 4, 4) == [2, 3]             # 16 chunks: 4 more than 12 blocks + 2
     assert interleave_values(ctx, 4, 6) == []                  # m not a multiple of pp: not searched

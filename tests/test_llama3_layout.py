@@ -2,6 +2,8 @@
 first stage holds only the embedding, the last chunk on the last stage only the output projection and
 loss) and the interleaved last stage's head + loss stash, held for one micro-batch: checked by hand and
 against torch's interleaved order walked op by op."""
+import json
+
 import pytest
 
 import sapp
@@ -11,6 +13,7 @@ from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings
 from sapp.emit import checks
 from sapp.errors import PlanError
+from sapp.plan import Plan
 from sapp.pipeline.partition import chunk_counts, interleaved_layout, partition_counts, stage_kmins
 from sapp.pipeline.schedule import _orders
 from sapp.search.joint import joint_search
@@ -52,8 +55,14 @@ def test_pinned_v_beyond_the_blocks_per_stage_prices_llama3s_layout():
     st = sorted(plan["pipeline"]["stages"], key=lambda s: s["index"])
     assert [len(s["blocks"]) for s in st] == [0, 1, 1, 1, 1, 1, 1, 0]
     assert any("Llama 3's interleaved layout" in n for n in plan["notes"])
-    with pytest.raises(PlanError, match="does not emit"):
-        checks.check_pipeline(plan)
+    # emitted: the blockless first chunk is cut before layers.0, the last before the head's first
+    # module (the run itself: tests/test_interleave_emit.py, case glue-v4)
+    checks.check_pipeline(plan)
+    assert checks.split_points(plan) == [f"layers.{i}" for i in range(6)] + ["ln_f"]
+    bad = json.loads(plan.to_json())
+    bad["pipeline"]["stages"][3]["blocks"] = []
+    with pytest.raises(PlanError, match="in the middle of the model with no block"):
+        checks.check_pipeline(Plan(bad))
 
 
 def test_interleaved_last_stage_holds_its_head_and_loss_once():

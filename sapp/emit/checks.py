@@ -167,12 +167,14 @@ def check_pipeline(plan: Plan) -> None:
     if isinstance(gb, int) and gb % (dp * m):
         raise PlanError(f"global batch {gb} does not split into dp={dp} x micro_batches={m}; use a multiple of {dp * m}")
     n = stage_count(plan)
-    listed = [bool(s.get("blocks")) for s in plan.pipeline.get("stages") or []]
-    # (a hand-written plan may name split points only: no stage lists blocks, nothing to check)
-    if n > pp and any(listed) and not all(listed):
-        raise PlanError("the plan's interleaved layout has a virtual stage with no block (the embedding or the head "
-                        "alone: Llama 3's layout), which sapp prices but does not emit; pin virtual_chunks to at most "
-                        "the blocks per stage")
+    stages = sorted(plan.pipeline.get("stages") or [], key=lambda s: s.get("index", 0))
+    listed = [bool(s.get("blocks")) for s in stages]
+    # (a hand-written plan may name split points only: no stage lists blocks, nothing to check).
+    # Llama 3's layout: the model's first / last virtual stage may hold the embedding / the head and
+    # loss alone; a virtual stage without blocks anywhere else runs nothing
+    if n > pp and any(listed) and not all(listed[1:-1]):
+        raise PlanError("the plan's interleaved layout has a virtual stage in the middle of the model with no block; "
+                        "only the first (embedding) and the last (head and loss) may hold none: regenerate the plan")
     if len(plan.pipeline.get("stages") or []) != n:
         raise PlanError(f"plan has pp={pp}{' x virtual_chunks' if n != pp else ''} = {n} pipeline stages to run but lists "
                         f"{len(plan.pipeline.get('stages') or [])}; regenerate the plan")

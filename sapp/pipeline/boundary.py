@@ -157,7 +157,8 @@ def fill_side(graph, units, out_units, cache, batches, strategies, mesh, roles, 
         nu.out_crosses = c
     if not any(sides):
         return
-    vals = [[side_bytes(t, names, grads, strategies, dp, sp_out_shards(t, strategies, mesh, roles), settings,
-                        graph.batch_size) for names in sides] for t in batches]
+    shards = [sp_out_shards(t, strategies, mesh, roles) for t in batches]    # once a template, not a side
+    vals = [[side_bytes(t, names, grads, strategies, dp, sh, settings, graph.batch_size) for names in sides]
+            for t, sh in zip(batches, shards)]
     for nu, one, two in zip(out_units, *vals):
         nu.side = tuple((2 * x - y, y - x) for x, y in zip(one, two))

@@ -19,6 +19,8 @@ counts) `step_time` runs the event simulator, which follows torch's own per-rank
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -73,7 +75,7 @@ def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, chunk_sh
     i's time its v chunks take, when they differ) the event simulator."""
     p = len(stage_fwd)
     if schedule == "interleaved" and v > 1 and (m % p or not _equal_shares(chunk_shares)):
-        return simulate(stage_fwd, stage_bwd, m, schedule, v=v, p2p_s=p2p_s, chunk_shares=chunk_shares).step_s
+        return simulated_step(stage_fwd, stage_bwd, m, v, p2p_s, chunk_shares)
     T = stage_totals(stage_fwd, stage_bwd, p2p_s, v if schedule == "interleaved" else 1)
     tmax, tsum = max(T), sum(T)
     if schedule == "interleaved" and v > 1:
@@ -120,6 +122,33 @@ def in_flight(schedule, p, m, v=1) -> list:
     return [float(min(p - i, m)) for i in range(p)]
 
 
+def chunk_in_flight(p, m, v, i, blocks) -> float:
+    """In-flight micro-batches of interleaved device i in whole-stage units when its v chunks hold
+    `blocks[c]` blocks each: the peak over torch's order of the live forwards of each chunk weighted
+    by its share of the stage's blocks.  Equal chunks give in_flight's (warm-up + 1) / v; unequal ones
+    differ because the peak holds the early chunks more often than the late ones: Llama 3's layout
+    (a first chunk of the embedding alone, a last one of the head and loss alone) holds the blockless
+    chunk's forwards for nothing, and chunks of 1 and 2 blocks are not average ones."""
+    k = sum(blocks)
+    if k <= 0:
+        return in_flight("interleaved", p, m, v)[i]
+    live, peak, held = [0] * v, 0.0, 0.0
+    for kind, _, c in _interleaved_order(p, m, v, i):
+        if kind == "fwd":
+            live[c] += 1
+            held += blocks[c]
+            peak = max(peak, held)
+        else:
+            live[c] -= 1
+            held -= blocks[c]
+    return peak / k
+
+
+@functools.lru_cache(maxsize=256)
+def _interleaved_order(p, m, v, i):
+    return tuple(_orders("interleaved", p, m, v)[i])
+
+
 # ---- event simulator --------------------------------------------------------------------------
 def _orders(schedule, p, m, v):
     """Per device, the ordered list of ops (kind, mb, chunk)."""
@@ -163,6 +192,66 @@ def _orders(schedule, p, m, v):
                 b += 1
         orders.append(ops)
     return orders
+
+
+@functools.lru_cache(maxsize=128)
+def _plain_orders(p, m, v):
+    """torch's interleaved order per device as (forward?, micro-batch, chunk, global chunk) rows."""
+    return tuple(tuple((k == "fwd", j, c, c * p + i) for k, j, c in o)
+                 for i, o in enumerate(_orders("interleaved", p, m, v)))
+
+
+def simulated_step(stage_fwd, stage_bwd, m, v, p2p_s=0.0, chunk_shares=None) -> float:
+    """The interleaved step time `simulate` gives, without its timeline: the search prices many
+    configurations whose chunks differ in size this way (the same arithmetic in the same order, so
+    the same float)."""
+    p = len(stage_fwd)
+    pf, pb = zip(*_p2p(p2p_s, p))
+    if interleave_rounds(p, m) is None:
+        raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
+                         f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")
+    n = p * v
+    sh = [list(chunk_shares[i]) if chunk_shares is not None else [1.0 / v] * v for i in range(p)]
+    tf = [[stage_fwd[i] * x for x in sh[i]] for i in range(p)]
+    tb = [[stage_bwd[i] * x for x in sh[i]] for i in range(p)]
+    orders = _plain_orders(p, m, v)
+    done_f = [[None] * m for _ in range(n)]
+    done_b = [[None] * m for _ in range(n)]
+    pos, free = [0] * p, [0.0] * p
+    lens = [len(o) for o in orders]
+    remaining = sum(lens)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            o, k, fi = orders[i], pos[i], free[i]
+            tfi, tbi, pfi, pbi = tf[i], tb[i], pf[i], pb[i]
+            while k < lens[i]:
+                fwd, j, c, g = o[k]
+                if fwd:
+                    dep = done_f[g - 1][j] if g > 0 else 0.0
+                else:
+                    dep = done_b[g + 1][j] if g < n - 1 else done_f[g][j]
+                if dep is None:
+                    break
+                t = fi if fi >= dep else dep
+                if fwd:
+                    end = t + tfi[c]
+                    if g < n - 1 and pfi > 0:
+                        end += pfi
+                    done_f[g][j] = end
+                else:
+                    end = t + tbi[c]
+                    if g > 0 and pbi > 0:
+                        end += pbi
+                    done_b[g][j] = end
+                fi = end
+                k += 1
+            remaining -= k - pos[i]
+            progressed = progressed or k > pos[i]
+            pos[i], free[i] = k, fi
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked (internal error)")
+    return max(free)
 
 
 def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None,

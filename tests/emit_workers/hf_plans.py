@@ -13,6 +13,9 @@ CONFIGS = {
     "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": False},
     "tp2+sp": {"dp": 1, "tp": 2, "pp": 1, "sp": True},
     "pp2xtp2+sp": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": True},
+    # Llama 3's interleaved layout: 2 chunks a stage over 2 layers, so the model's first chunk holds the
+    # embedding alone and its last the final norm, head and loss alone
+    "pp2-glue": {"dp": 1, "tp": 1, "pp": 2, "schedule": "interleaved", "virtual_chunks": 2, "micro_batches": 4},
 }
 TP_CLUSTER = "cpu:gpus={n},peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
 BATCH = 8

@@ -19,7 +19,12 @@ def analytic_bound(ctx, cfg):
         return w
     v = cfg.v if cfg.schedule == "interleaved" else 1
     sends = (2 * v * p - 2) / p
-    c = p2p_time(ctx, cfg, boundary_per_sample(ctx) * cfg.mbs)
+    # a device sends its 1/cp of the tokens; under sp its 1/tp shard of them (no gather after)
+    nbytes = boundary_per_sample(ctx) * cfg.mbs / cfg.cp
+    c = p2p_time(ctx, cfg, nbytes / cfg.tp, replicated=False) if cfg.sp else p2p_time(ctx, cfg, nbytes)
+    if v > 1 and interleave_step(ctx, cfg) == 1:
+        # chunks as equal as they go (profile_bound): the busiest stage's own work only
+        return (w / m + sends * c) * m
     return (w / m + sends * c) * (m + (p - 1) / v)
 
 

@@ -160,8 +160,14 @@ def interleave_values(ctx, pp, m):
     if m % pp and not (pin_m is not None and interleave_rounds(pp, m) is not None):
         return []
     # v dividing the blocks: stages hold multiples of v (equal chunks; the first / last stage may
-    # hold fewer), at least one chunk-row of v blocks per stage
-    return [v for v in divisors(ctx.L) if 2 <= v <= k]
+    # hold fewer), at least one chunk-row of v blocks per stage; and Llama 3's layout, the one v whose
+    # pp * v chunks are the blocks plus a chunk for the embedding and one for the head and loss
+    # (pp * v - 2 <= L < pp * v; Dubey et al. 2024, section 3.3.2: 126 layers, pp 16, v 8)
+    out = [v for v in divisors(ctx.L) if 2 <= v <= k]
+    g = ctx.L // pp + 1
+    if g >= 2 and g not in out and _chunks_fit(ctx, pp, g):
+        out.append(g)
+    return out
 
 
 def _chunks_fit(ctx, pp, v):

@@ -23,6 +23,7 @@ from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES
 from .evaluate import interleave_kmins, interleave_step
 from .numbers import bound_numbers, held_states, p2p_time, unit_numbers
+from .stage import stage_in_flight
 
 REL_TOL = 1e-4
 
@@ -95,10 +96,11 @@ def stage_time_floor(ctx, cfg, prof, offload):
     def stage(i, k):
         k *= step
         gs, ga, gt = glue[i]
-        key = (infl[i], sends(i), gs, ga, gt, k)
+        fl = stage_in_flight(cfg, infl, i, k)      # (unequal chunks: as the stage pricing weighs them)
+        key = (fl, sends(i), gs, ga, gt, k)
         r = memo.get(key)
         if r is None:
-            room = (cap - k * sb - gs) / infl[i] - ga      # stash bytes per micro-batch the blocks may keep
+            room = (cap - k * sb - gs) / fl - ga      # stash bytes per micro-batch the blocks may keep
             e = f(room / k) if room >= 0 else None
             r = memo[key] = (math.inf, False) if e is None else (k * tb + gt + sends(i) * c + k * e, True)
         return r

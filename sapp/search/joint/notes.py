@@ -15,7 +15,7 @@ def notes(ctx, res):
                    f"{', v=' + str(cfg.v) if cfg.v > 1 else ''}): bubble {res.bubble_s / res.step_time_s:.1%} of the step")
         if any(0 in (s.chunks or ()) for s in res.stages):
             out.append(f"Llama 3's interleaved layout: the first / last stage holds {cfg.v - 1} blocks, its first / "
-                       f"last chunk only the embedding / the head and loss; priced only (sapp run does not emit a "
+                       f"last chunk only the embedding / the head and loss (torch.distributed.pipelining runs a "
                        f"virtual stage without blocks)")
     else:
         out.append("no pipeline: the model's states and activations fit one stage"

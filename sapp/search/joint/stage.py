@@ -5,13 +5,31 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 
-from ...pipeline.schedule import in_flight
+from ...pipeline.partition import chunk_counts, stage_end
+from ...pipeline.schedule import chunk_in_flight, in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
 from .numbers import boundary_sends, gathered_params, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
 MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
+
+
+def stage_in_flight(cfg, infl, i, k):
+    """Micro-batches in flight on stage i holding k blocks, in whole-stage units: `infl[i]`
+    (schedule.in_flight), or for interleaved chunks of unequal size each chunk's live forwards
+    weighed by its blocks (schedule.chunk_in_flight; Llama 3's blockless end chunks, chunks of 1 and
+    2 blocks)."""
+    if cfg.schedule != "interleaved" or cfg.v < 2 or k < 1:
+        return infl[i]
+    k = int(round(k))
+    try:
+        ch = chunk_counts(k, cfg.v, stage_end(i, cfg.pp))
+    except ValueError:          # fewer blocks than chunks: no layout (the partition never asks)
+        return infl[i]
+    if min(ch) == max(ch):
+        return infl[i]
+    return chunk_in_flight(cfg.pp, cfg.m, cfg.v, i, tuple(ch))
 
 
 class StageEvaluator:
@@ -30,6 +48,9 @@ class StageEvaluator:
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
         self._tab = None
+
+    def infl_at(self, i, k):
+        return stage_in_flight(self.cfg, self.infl, i, k)
 
     def allowed(self, u):
         if u.kind != "block":
@@ -164,8 +185,8 @@ class StageEvaluator:
             self.cache[key] = r
             return r
         t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
-        infl = self.infl[i]
-        acc = self.cfg.m > infl         # a backward runs before the stage's activation peak (held_states)
+        infl = self.infl_at(i, T["blocks"][b] - T["blocks"][a])
+        acc = self.cfg.m > self.infl[i]     # a backward runs before the stage's activation peak (held_states)
         states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
         z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
@@ -408,8 +429,13 @@ def memory_floor(ctx, cfg, prof):
     the fewest micro-batches in flight on any stage, so the fullest holds at least 1/pp of that and at
     least its largest unit.  Above the capacity, the exact partition cannot fit (skipped: MoE models
     at scale otherwise spend most of the search proving configurations infeasible)."""
+    from .evaluate import interleave_step      # (evaluate imports this module)
     ev = StageEvaluator(ctx, cfg, prof)
     num, infl = ev.num, min(ev.infl)
+    if cfg.schedule == "interleaved" and cfg.v > 1 and interleave_step(ctx, cfg) == 1:
+        # chunks of unequal size (StageEvaluator.infl_at): a device's weighted peak is at least its
+        # largest chunk's share of one micro-batch, at least 1/v
+        infl = min(infl, 1.0 / cfg.v)
     # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
     per = [num.states[j] - num.gacc[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
            for j, u in enumerate(ev.units)]
