@@ -9,7 +9,8 @@ stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied under
 them in one stage; its encoder output crosses into the decoder stage beside the decoder's stream); TP=2
 from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (tied decoder kept whole); TP=2
 with sequence parallelism for Llama and Qwen2 (the residual stream cut where the first decoder layer
-takes it in).  4 ranks: Llama and Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama
+takes it in); Llama and Qwen2 in Llama 3's interleaved layout (pp 2, v 2: the embedding and the
+head + loss each a virtual stage of their own), memory within 10% per device.  4 ranks: Llama and Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama
 and Qwen2 PP x TP with sequence parallelism (the cut run in the traced first stage), whose measured
 memory is within 10% of the plan's per stage.  Every pipeline case sends, per micro-batch, exactly the
 plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5 minutes on an idle 2-core

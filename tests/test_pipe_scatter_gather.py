@@ -85,7 +85,8 @@ TWO_NODES = "cpu:gpus=2,nodes=2,inter_bw=1e8"   # a network 20x slower than the 
 
 def _plan(cluster):
     from tests.emit_workers.sp_plans import forced_plan
-    cons = {"dp": 1, "tp": 2, "pp": 2, "zero": 0, "recompute": "none", "sp": False,
+    # (1F1B: two stages, one boundary; the 2-layer model's interleaved Llama 3 layout has three)
+    cons = {"dp": 1, "tp": 2, "pp": 2, "zero": 0, "recompute": "none", "sp": False, "schedule": "1f1b",
             "placement": {"optimizer": "device"}}
     return forced_plan("gpt-tiny", world=4, constraints=cons, global_batch=GB, model_args={"dropout": 0.0},
                        cluster=cluster)

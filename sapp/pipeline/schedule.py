@@ -129,19 +129,25 @@ def chunk_in_flight(p, m, v, i, blocks) -> float:
     differ because the peak holds the early chunks more often than the late ones: Llama 3's layout
     (a first chunk of the embedding alone, a last one of the head and loss alone) holds the blockless
     chunk's forwards for nothing, and chunks of 1 and 2 blocks are not average ones."""
+    return chunk_peak(p, m, v, i, tuple(blocks))[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def chunk_peak(p, m, v, i, blocks) -> tuple:
+    """(chunk_in_flight, per chunk: whether one of its backwards ran before that peak).  FSDP2 keeps a
+    chunk's unsharded gradient accumulators from its first backward to the step's last, so at the
+    peak only the chunks already through a backward hold them (numbers.held_states)."""
     k = sum(blocks)
     if k <= 0:
-        return in_flight("interleaved", p, m, v)[i]
-    live, peak, held = [0] * v, 0.0, 0.0
-    for kind, _, c in _interleaved_order(p, m, v, i):
-        if kind == "fwd":
-            live[c] += 1
-            held += blocks[c]
-            peak = max(peak, held)
-        else:
-            live[c] -= 1
-            held -= blocks[c]
-    return peak / k
+        return in_flight("interleaved", p, m, v)[i], (True,) * v
+    held, peak, at = 0.0, 0.0, 0
+    order = _interleaved_order(p, m, v, i)
+    for n, (kind, _, c) in enumerate(order):
+        held += blocks[c] if kind == "fwd" else -blocks[c]
+        if held > peak:
+            peak, at = held, n
+    seen = {c for kind, _, c in order[:at] if kind == "bwd"}
+    return peak / k, tuple(c in seen for c in range(v))
 
 
 @functools.lru_cache(maxsize=256)

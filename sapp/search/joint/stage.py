@@ -6,7 +6,7 @@ import math
 from bisect import bisect_left
 
 from ...pipeline.partition import chunk_counts, stage_end
-from ...pipeline.schedule import chunk_in_flight, in_flight
+from ...pipeline.schedule import chunk_peak, in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
 from .numbers import boundary_sends, gathered_params, held_states, unit_numbers, zero3_gathered
@@ -20,16 +20,19 @@ def stage_in_flight(cfg, infl, i, k):
     (schedule.in_flight), or for interleaved chunks of unequal size each chunk's live forwards
     weighed by its blocks (schedule.chunk_in_flight; Llama 3's blockless end chunks, chunks of 1 and
     2 blocks)."""
+    got = unequal_chunks(cfg, i, k)
+    return infl[i] if got is None else chunk_peak(cfg.pp, cfg.m, cfg.v, i, got)[0]
+
+
+def unequal_chunks(cfg, i, k):
+    """The block counts of stage i's v chunks when they differ (interleaved, k blocks), else None."""
     if cfg.schedule != "interleaved" or cfg.v < 2 or k < 1:
-        return infl[i]
-    k = int(round(k))
+        return None
     try:
-        ch = chunk_counts(k, cfg.v, stage_end(i, cfg.pp))
+        ch = chunk_counts(int(round(k)), cfg.v, stage_end(i, cfg.pp))
     except ValueError:          # fewer blocks than chunks: no layout (the partition never asks)
-        return infl[i]
-    if min(ch) == max(ch):
-        return infl[i]
-    return chunk_in_flight(cfg.pp, cfg.m, cfg.v, i, tuple(ch))
+        return None
+    return None if min(ch) == max(ch) else tuple(ch)
 
 
 class StageEvaluator:
@@ -51,6 +54,27 @@ class StageEvaluator:
 
     def infl_at(self, i, k):
         return stage_in_flight(self.cfg, self.infl, i, k)
+
+    def chunk_accumulators(self, i, a, b):
+        """For interleaved chunks of unequal size: per unit of [a, b), whether its chunk already ran a
+        backward at the stage's activation peak (its FSDP2 accumulators are then alive: held_states);
+        None for equal chunks (the stage-wide rule m > in flight).  The prologue sits in chunk 0, the
+        epilogue in chunk v - 1, the blocks in order (chunk_counts)."""
+        units = self.units
+        k = sum(1 for j in range(a, b) if units[j].kind == "block")
+        ch = unequal_chunks(self.cfg, i, k)
+        if ch is None:
+            return None
+        seen = chunk_peak(self.cfg.pp, self.cfg.m, self.cfg.v, i, ch)[1]
+        owner = [c for c, n in enumerate(ch) for _ in range(n)]
+        out, r = [], 0
+        for j in range(a, b):
+            if units[j].kind == "block":
+                out.append(seen[owner[r]])
+                r += 1
+            else:
+                out.append(seen[0] if r == 0 else seen[-1])
+        return out
 
     def allowed(self, u):
         if u.kind != "block":
@@ -187,7 +211,11 @@ class StageEvaluator:
         t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
         infl = self.infl_at(i, T["blocks"][b] - T["blocks"][a])
         acc = self.cfg.m > self.infl[i]     # a backward runs before the stage's activation peak (held_states)
-        states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
+        acc_at = self.chunk_accumulators(i, a, b)     # unequal chunks: per unit, whose chunk had one
+        if acc_at is None:
+            states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
+        else:
+            states = (T["states"][b] - T["states"][a]) - sum(num.gacc[j] for j in idx if not acc_at[j - a])
         z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
         tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
@@ -269,7 +297,8 @@ class StageEvaluator:
         transient = self.transient(idx, policies)
         st = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
         for j in idx:
-            for k2, v2 in held_states(self.units[j], self.cfg, acc, self.ctx).items():
+            held = acc if acc_at is None else acc_at[j - a]
+            for k2, v2 in held_states(self.units[j], self.cfg, held, self.ctx).items():
                 st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx) + (num.hf[a] if num.hf is not None else 0.0)
         return StageResult(
