@@ -187,7 +187,7 @@ forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding
 (one layer a chunk: V = 8), Table 4's batch per DP as micro-batches of one sequence, no recomputation at
 8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
 8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
-beside the rows.  Predicted fast: +8.1% / +7.1% at 8K tokens, +26.0% at 131K (outside ±10%).
+beside the rows.  Predicted fast: +8.1% / +7.1% at 8K tokens, +25.9% at 131K (outside ±10%).
 - What moved them (were 331 / 301 / 264 TF/GPU, -23 / -25 / -30%, priced with tp/cp/pp/dp/sp pins and
   the search's schedule): capture saw an HF decoder as torch.export traces it, with a materialised causal
   mask, a non-causal attention over the whole s^2 and 16x copies of the 8 KV heads; eager (and every
