@@ -87,3 +87,22 @@ def test_interleaved_last_stage_holds_its_head_and_loss_once():
         held += chunk[c] if kind == "fwd" else -chunk[c]
         peak = max(peak, held)
     assert last.memory["activations"] == pytest.approx(peak, rel=1e-9)
+
+
+def test_unequal_chunks_in_flight_follow_torchs_order():
+    """A device's stash at its peak: each chunk's live forwards weighed by its blocks, walked over
+    torch's interleaved order (schedule.chunk_peak).  Equal chunks give in_flight's (warm-up + 1) / v."""
+    from sapp.pipeline.schedule import chunk_in_flight, chunk_peak, in_flight
+    for p, m, v in ((2, 4, 2), (4, 8, 3), (3, 6, 2), (4, 4, 4)):
+        ref = in_flight("interleaved", p, m, v)
+        assert [chunk_in_flight(p, m, v, i, [2] * v) for i in range(p)] == pytest.approx(ref)
+    # Llama 3's layout, p 2, m 4, v 2 (torch's order by hand: device 0 runs 4 forwards before its first
+    # backward, device 1 two of chunk 0, then chunk 1's forwards each followed by their backward):
+    # device 0's embedding-only chunk holds nothing, so 2 block-forwards at its peak (the flat count
+    # said 2.5); device 1 holds chunk 0's block 3 times (flat: 1.5), its head chunk already through
+    # two backwards then (its FSDP2 accumulators alive), chunk 0 through none
+    assert chunk_peak(2, 4, 2, 0, (0, 1)) == (2.0, (False, False))
+    assert chunk_peak(2, 4, 2, 1, (1, 0)) == (3.0, (False, True))
+    assert in_flight("interleaved", 2, 4, 2) == [2.5, 1.5]
+    # m 2: device 1's peak (both chunk-0 forwards) comes before any backward
+    assert chunk_peak(2, 2, 2, 1, (1, 0)) == (2.0, (False, False))
