@@ -75,7 +75,8 @@ def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, chunk_sh
     i's time its v chunks take, when they differ) the event simulator."""
     p = len(stage_fwd)
     if schedule == "interleaved" and v > 1 and (m % p or not _equal_shares(chunk_shares)):
-        return simulated_step(stage_fwd, stage_bwd, m, v, p2p_s, chunk_shares)
+        return simulate(stage_fwd, stage_bwd, m, schedule, v=v, p2p_s=p2p_s, chunk_shares=chunk_shares,
+                        timeline=False).step_s
     T = stage_totals(stage_fwd, stage_bwd, p2p_s, v if schedule == "interleaved" else 1)
     tmax, tsum = max(T), sum(T)
     if schedule == "interleaved" and v > 1:
@@ -141,18 +142,13 @@ def chunk_peak(p, m, v, i, blocks) -> tuple:
     if k <= 0:
         return in_flight("interleaved", p, m, v)[i], (True,) * v
     held, peak, at = 0.0, 0.0, 0
-    order = _interleaved_order(p, m, v, i)
-    for n, (kind, _, c) in enumerate(order):
-        held += blocks[c] if kind == "fwd" else -blocks[c]
+    order = _order_rows("interleaved", p, m, v)[i]
+    for n, (fwd, _, c, _) in enumerate(order):
+        held += blocks[c] if fwd else -blocks[c]
         if held > peak:
             peak, at = held, n
-    seen = {c for kind, _, c in order[:at] if kind == "bwd"}
+    seen = {c for fwd, _, c, _ in order[:at] if not fwd}
     return peak / k, tuple(c in seen for c in range(v))
-
-
-@functools.lru_cache(maxsize=256)
-def _interleaved_order(p, m, v, i):
-    return tuple(_orders("interleaved", p, m, v)[i])
 
 
 # ---- event simulator --------------------------------------------------------------------------
@@ -201,72 +197,21 @@ def _orders(schedule, p, m, v):
 
 
 @functools.lru_cache(maxsize=128)
-def _plain_orders(p, m, v):
-    """torch's interleaved order per device as (forward?, micro-batch, chunk, global chunk) rows."""
+def _order_rows(schedule, p, m, v):
+    """`_orders` per device as (forward?, micro-batch, chunk, global chunk) rows, cached: the search
+    simulates and walks the same few (schedule, p, m, v) many times."""
     return tuple(tuple((k == "fwd", j, c, c * p + i) for k, j, c in o)
-                 for i, o in enumerate(_orders("interleaved", p, m, v)))
-
-
-def simulated_step(stage_fwd, stage_bwd, m, v, p2p_s=0.0, chunk_shares=None) -> float:
-    """The interleaved step time `simulate` gives, without its timeline: the search prices many
-    configurations whose chunks differ in size this way (the same arithmetic in the same order, so
-    the same float)."""
-    p = len(stage_fwd)
-    pf, pb = zip(*_p2p(p2p_s, p))
-    if interleave_rounds(p, m) is None:
-        raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
-                         f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")
-    n = p * v
-    sh = [list(chunk_shares[i]) if chunk_shares is not None else [1.0 / v] * v for i in range(p)]
-    tf = [[stage_fwd[i] * x for x in sh[i]] for i in range(p)]
-    tb = [[stage_bwd[i] * x for x in sh[i]] for i in range(p)]
-    orders = _plain_orders(p, m, v)
-    done_f = [[None] * m for _ in range(n)]
-    done_b = [[None] * m for _ in range(n)]
-    pos, free = [0] * p, [0.0] * p
-    lens = [len(o) for o in orders]
-    remaining = sum(lens)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            o, k, fi = orders[i], pos[i], free[i]
-            tfi, tbi, pfi, pbi = tf[i], tb[i], pf[i], pb[i]
-            while k < lens[i]:
-                fwd, j, c, g = o[k]
-                if fwd:
-                    dep = done_f[g - 1][j] if g > 0 else 0.0
-                else:
-                    dep = done_b[g + 1][j] if g < n - 1 else done_f[g][j]
-                if dep is None:
-                    break
-                t = fi if fi >= dep else dep
-                if fwd:
-                    end = t + tfi[c]
-                    if g < n - 1 and pfi > 0:
-                        end += pfi
-                    done_f[g][j] = end
-                else:
-                    end = t + tbi[c]
-                    if g > 0 and pbi > 0:
-                        end += pbi
-                    done_b[g][j] = end
-                fi = end
-                k += 1
-            remaining -= k - pos[i]
-            progressed = progressed or k > pos[i]
-            pos[i], free[i] = k, fi
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocked (internal error)")
-    return max(free)
+                 for i, o in enumerate(_orders(schedule, p, m, v)))
 
 
 def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None,
-             chunk_shares=None) -> SimResult:
+             chunk_shares=None, timeline=True) -> SimResult:
     """Simulate one training step.  `recompute_s[i]` (part of stage_bwd[i]) is drawn as a separate
     event before each backward.  `chunk_shares[i]` (interleaved): the fractions of stage i's times
     its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
     micro-batches (stage units) and the timeline events (stage, mb, kind, start, end).  `p2p_s`: one
-    send's seconds, a (forward, backward) pair, or one pair per stage."""
+    send's seconds, a (forward, backward) pair, or one pair per stage.  `timeline` False: no events
+    (the search prices many configurations here and reads only the step time)."""
     p = len(stage_fwd)
     pf, pb = zip(*_p2p(p2p_s, p))
     if schedule not in SCHEDULES:
@@ -282,49 +227,57 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
     tf = [[stage_fwd[i] * x for x in sh[i]] for i in range(p)]
     tb = [[stage_bwd[i] * x for x in sh[i]] for i in range(p)]
     rc = [[rec[i] * x for x in sh[i]] for i in range(p)]
-    orders = _orders(schedule, p, m, v)
-    done = {}            # (kind, global chunk, mb) -> time its output (incl. send) is available
-    pos = [0] * p
-    free = [0.0] * p
+    orders = _order_rows(schedule, p, m, v)
+    # the time each (global chunk, micro-batch)'s forward / backward output (send included) is there
+    done_f = [[None] * m for _ in range(n_chunks)]
+    done_b = [[None] * m for _ in range(n_chunks)]
+    pos, free = [0] * p, [0.0] * p
     events = []
-    held = [0] * p
-    peak = [0] * p
-    remaining = sum(len(o) for o in orders)
+    held, peak = [0] * p, [0] * p
+    lens = [len(o) for o in orders]
+    remaining = sum(lens)
     while remaining:
         progressed = False
         for i in range(p):
-            while pos[i] < len(orders[i]):
-                kind, j, c = orders[i][pos[i]]
-                g = c * p + i                      # global chunk index (model order)
-                if kind == "fwd":
-                    dep = done.get(("fwd", g - 1, j)) if g > 0 else 0.0
+            o, k, fi = orders[i], pos[i], free[i]
+            while k < lens[i]:
+                fwd, j, c, g = o[k]
+                if fwd:
+                    dep = done_f[g - 1][j] if g > 0 else 0.0
                 else:
-                    dep = done.get(("bwd", g + 1, j)) if g < n_chunks - 1 else done.get(("fwd", g, j))
+                    dep = done_b[g + 1][j] if g < n_chunks - 1 else done_f[g][j]
                 if dep is None:
                     break
-                t = max(free[i], dep)
-                if kind == "fwd":
+                t = fi if fi >= dep else dep
+                if fwd:
                     end = t + tf[i][c]
-                    events.append(Event(i, j, "fwd", t, end, c))
                     held[i] += 1
-                    peak[i] = max(peak[i], held[i])
+                    if held[i] > peak[i]:
+                        peak[i] = held[i]
+                    if timeline:
+                        events.append(Event(i, j, "fwd", t, end, c))
                     if g < n_chunks - 1 and pf[i] > 0:
-                        events.append(Event(i, j, "comm", end, end + pf[i], c))
+                        if timeline:
+                            events.append(Event(i, j, "comm", end, end + pf[i], c))
                         end += pf[i]
+                    done_f[g][j] = end
                 else:
-                    if rc[i][c] > 0:
-                        events.append(Event(i, j, "recompute", t, t + rc[i][c], c))
                     end = t + tb[i][c]
-                    events.append(Event(i, j, "bwd", t + rc[i][c], end, c))
                     held[i] -= 1
+                    if timeline:
+                        if rc[i][c] > 0:
+                            events.append(Event(i, j, "recompute", t, t + rc[i][c], c))
+                        events.append(Event(i, j, "bwd", t + rc[i][c], end, c))
                     if g > 0 and pb[i] > 0:
-                        events.append(Event(i, j, "comm", end, end + pb[i], c))
+                        if timeline:
+                            events.append(Event(i, j, "comm", end, end + pb[i], c))
                         end += pb[i]
-                done[(kind, g, j)] = end
-                free[i] = end
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
+                    done_b[g][j] = end
+                fi = end
+                k += 1
+            remaining -= k - pos[i]
+            progressed = progressed or k > pos[i]
+            pos[i], free[i] = k, fi
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked (internal error)")
     step = max(free)

@@ -52,19 +52,12 @@ class StageEvaluator:
         self.cache = {}
         self._tab = None
 
-    def infl_at(self, i, k):
-        return stage_in_flight(self.cfg, self.infl, i, k)
-
-    def chunk_accumulators(self, i, a, b):
-        """For interleaved chunks of unequal size: per unit of [a, b), whether its chunk already ran a
-        backward at the stage's activation peak (its FSDP2 accumulators are then alive: held_states);
-        None for equal chunks (the stage-wide rule m > in flight).  The prologue sits in chunk 0, the
-        epilogue in chunk v - 1, the blocks in order (chunk_counts)."""
+    def chunk_accumulators(self, i, a, b, ch):
+        """Interleaved chunks of unequal size `ch` (unequal_chunks): per unit of [a, b), whether its
+        chunk already ran a backward at the stage's activation peak (its FSDP2 accumulators are then
+        alive: held_states).  The prologue sits in chunk 0, the epilogue in chunk v - 1, the blocks in
+        order (chunk_counts)."""
         units = self.units
-        k = sum(1 for j in range(a, b) if units[j].kind == "block")
-        ch = unequal_chunks(self.cfg, i, k)
-        if ch is None:
-            return None
         seen = chunk_peak(self.cfg.pp, self.cfg.m, self.cfg.v, i, ch)[1]
         owner = [c for c, n in enumerate(ch) for _ in range(n)]
         out, r = [], 0
@@ -209,9 +202,12 @@ class StageEvaluator:
             self.cache[key] = r
             return r
         t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
-        infl = self.infl_at(i, T["blocks"][b] - T["blocks"][a])
+        # interleaved chunks of unequal size: the peak weighs each chunk's live forwards by its blocks,
+        # and only the chunks through a backward by then hold accumulators (schedule.chunk_peak)
+        ch = unequal_chunks(self.cfg, i, T["blocks"][b] - T["blocks"][a])
+        infl = self.infl[i] if ch is None else chunk_peak(self.cfg.pp, self.cfg.m, self.cfg.v, i, ch)[0]
         acc = self.cfg.m > self.infl[i]     # a backward runs before the stage's activation peak (held_states)
-        acc_at = self.chunk_accumulators(i, a, b)     # unequal chunks: per unit, whose chunk had one
+        acc_at = None if ch is None else self.chunk_accumulators(i, a, b, ch)
         if acc_at is None:
             states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
         else:
@@ -462,7 +458,7 @@ def memory_floor(ctx, cfg, prof):
     ev = StageEvaluator(ctx, cfg, prof)
     num, infl = ev.num, min(ev.infl)
     if cfg.schedule == "interleaved" and cfg.v > 1 and interleave_step(ctx, cfg) == 1:
-        # chunks of unequal size (StageEvaluator.infl_at): a device's weighted peak is at least its
+        # chunks of unequal size (stage_in_flight): a device's weighted peak is at least its
         # largest chunk's share of one micro-batch, at least 1/v
         infl = min(infl, 1.0 / cfg.v)
     # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
