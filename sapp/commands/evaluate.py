@@ -8,6 +8,8 @@ from ._model import add_model_arguments, model_spec
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON file")
     add_model_arguments(p, default_help=" (default: the plan's model)")
+    p.add_argument("--trust-plan-model", dest="trust_plan_model", action="store_true",
+                   help="import and call the plan's pkg.module:factory model (never done by default: a plan is data)")
     p.add_argument("--cluster", help="cluster spec (default: the plan's cluster)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
 

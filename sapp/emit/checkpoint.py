@@ -7,31 +7,47 @@ Layout of --checkpoint-dir:
         sapp-checkpoint.json  the commit marker: step, data position, losses so far, plan, and the size
                               and CRC-32 of every file (written last, before the rename)
     .tmp-step-00000006/       a checkpoint being written: never taken for one
+    .del-step-00000002/       a checkpoint being deleted by retention (removed by the next save if a
+                              kill interrupted it)
+    .sapp-lock                advisory lock (flock) held by the job's rank 0: one job per directory
 
 Commit: all ranks dcp.save into .tmp-step-N; rank 0 then checksums the files, writes the marker and
 renames the directory (atomic on POSIX).  A crash at any point leaves either the previous checkpoint as
-the latest or the new one complete.  Retention: after each commit rank 0 deletes the oldest committed
-checkpoints beyond --keep and any stale .tmp-* directory.
+the latest or the new one complete.  The marker also records the model's identity (every state entry's
+name, shape and dtype), the data source and order (--data, --shuffle, --seed), and a SHA-256 of its own
+fields: a resume into another model or data order is refused naming what differs (--resume-partial
+loads the entries that match), an edited marker is a damaged checkpoint.  Retention: after each commit
+rank 0 keeps the newest --keep checkpoints that verify (so never the newest intact one) and deletes
+older ones by renaming them to .del-* first, then any stale .tmp-* / .del-* directory and any step-N
+left without its marker.
+
+Nothing in the directory is followed or executed: entries that are symlinks or not directories are
+refused, DCP's pickled .metadata is read by sapp/emit/dcp_reader.py (DCP's metadata classes only).
 
 Resume: rank 0 walks the committed checkpoints newest first and takes the first whose files all match
 their marker (a damaged newer one is reported in one line and skipped), then tells every rank which.
 The directory must be shared by all ranks (one machine, or a shared filesystem across nodes)."""
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import zlib
 
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
 MARKER = "sapp-checkpoint.json"
+LOCK = ".sapp-lock"
 # Checkpoint collectives wait for the slowest rank's writes: minutes for a large model, far beyond the
 # training group's short hang timeout (sapp/emit/dist.py).  They run on their own gloo group (object
 # collectives on the CPU, also under nccl); a rank that dies meanwhile is ended by torchrun's agent.
 TIMEOUT_S = 600.0
 _NAME = re.compile(r"^step-(\d{8})$")
+_ANY = re.compile(r"^(\.tmp-|\.del-)?step-\d{8}$")
 
 
 def step_dir(directory: str, step: int) -> str:
@@ -59,6 +75,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _is_dir(path: str) -> bool:
+    """A real directory, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def committed(directory: str) -> list:
     """[(step, path)] of committed checkpoints (by name and marker), oldest first; not verified."""
     try:
@@ -68,30 +99,80 @@ def committed(directory: str) -> list:
     out = []
     for n in names:
         m = _NAME.match(n)
-        if m and os.path.isfile(os.path.join(directory, n, MARKER)):
-            out.append((int(m.group(1)), os.path.join(directory, n)))
+        p = os.path.join(directory, n)
+        if m and _is_dir(p) and _is_file(os.path.join(p, MARKER)):
+            out.append((int(m.group(1)), p))
     return sorted(out)
 
 
+def checksum(meta: dict) -> str:
+    """SHA-256 of a marker's fields (all but `checksum` itself), canonical JSON."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def verify(path: str) -> tuple:
-    """(marker dict, None) when every file matches the marker, else (None, why in a few words)."""
+    """(marker dict, None) when the marker is intact and every file matches it, else (None, why in a
+    few words).  Reads .metadata through the restricted unpickler (nothing in it is executed)."""
+    if not _is_dir(path):
+        return None, "it is not a directory" + (" (a symlink)" if os.path.islink(path) else "")
+    mp = os.path.join(path, MARKER)
+    if not _is_file(mp):
+        return None, f"{MARKER} is missing or not a plain file"
     try:
-        with open(os.path.join(path, MARKER)) as f:
+        with open(mp) as f:
             meta = json.load(f)
         files = meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        files.items()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"unreadable {MARKER} ({type(e).__name__})"
-    for name, (size, crc) in sorted(files.items()):
+    if meta.get("checksum") != checksum(meta):
+        return None, f"{MARKER} fails its own checksum (edited, or written by an older sapp)"
+    for name, entry in sorted(files.items()):
         p = os.path.join(path, name)
-        if not os.path.isfile(p):
-            return None, f"{name} is missing"
+        if os.path.basename(name) != name or name in (".", ".."):
+            return None, f"{MARKER} lists {name[:80]!r}, not a file of the checkpoint"
+        if not _is_file(p):
+            return None, f"{name} is missing" if not os.path.lexists(p) else f"{name} is not a plain file"
+        size, crc = entry
         if os.path.getsize(p) != size:
             return None, f"{name} has {os.path.getsize(p)} bytes, {size} were written"
         if _crc(p) != crc:
             return None, f"{name} fails its checksum"
     if ".metadata" not in files:
         return None, "no DCP .metadata"
+    from . import dcp_reader
+    try:
+        md = dcp_reader.read(path)
+    except CheckpointError as e:
+        return None, str(e).replace(os.path.join(path, ""), "")
+    stray = sorted({i.relative_path for i in md.storage_data.values()} - set(files))
+    if stray:
+        return None, f".metadata points at {stray[0][:80]}, which the marker does not list"
     return meta, None
+
+
+def identity_diff(saved: dict, mine: dict) -> tuple:
+    """(what differs in a few words or None, names whose shape and dtype match in both) for two
+    {name: [shape, dtype]} tables (a marker's model_state and this model's)."""
+    same = {k for k in saved.keys() & mine.keys() if list(saved[k][0]) == list(mine[k][0]) and saved[k][1] == mine[k][1]}
+    extra, lacking = sorted(saved.keys() - mine.keys()), sorted(mine.keys() - saved.keys())
+    other = sorted(k for k in saved.keys() & mine.keys() if k not in same)
+    parts = []
+    if extra:
+        parts.append(f"it holds {len(extra)} entr{'y' if len(extra) == 1 else 'ies'} this model lacks ({', '.join(extra[:3])}"
+                     f"{', ...' if len(extra) > 3 else ''})")
+    if lacking:
+        parts.append(f"this model has {len(lacking)} it lacks ({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''})")
+    if other:
+        k = other[0]
+        parts.append(f"{k} is {_shape(saved[k])} there, {_shape(mine[k])} here"
+                     + (f" (and {len(other) - 1} more)" if len(other) > 1 else ""))
+    return ("; ".join(parts) or None), same
+
+
+def _shape(entry) -> str:
+    return "x".join(str(int(d)) for d in entry[0]) + f" {entry[1]}" if entry[0] else f"scalar {entry[1]}"
 
 
 def choose(directory: str, log=print):
@@ -120,15 +201,21 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
     for a run that starts afresh, one that holds another run's checkpoints (retention orders by step:
     the old run's later steps would outlive the new run's and be what a restart resumes from)."""
     from ..units import fmt_bytes
+    probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
         with open(probe, "wb") as f:
             f.write(b"sapp")
-        os.remove(probe)
+            f.flush()
     except OSError as e:
         raise CheckpointError(f"checkpoint directory {directory} is not writable ({e.strerror or type(e).__name__}); "
                               "choose another --checkpoint-dir") from None
+    finally:         # also when the write failed after the file was created (a full disk)
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
+    check_entries(directory)
     old = committed(directory)
     if old and not resuming:
         raise CheckpointError(f"checkpoint directory {directory} already holds checkpoints (up to step {old[-1][0]}); "
@@ -137,6 +224,47 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
     if free < need_bytes:
         raise CheckpointError(f"checkpoint directory {directory} has {fmt_bytes(free)} free but one checkpoint needs "
                               f"about {fmt_bytes(need_bytes)}; free space or choose another --checkpoint-dir")
+
+
+def check_entries(directory: str) -> None:
+    """Refuse checkpoint names that are symlinks or not directories: a planted `.tmp-step-N` link would
+    send the next save's writes outside the directory, a `step-N` link would be deleted through."""
+    for n in sorted(os.listdir(directory)):
+        p = os.path.join(directory, n)
+        if _ANY.match(n) and not _is_dir(p):
+            what = "a symlink" if os.path.islink(p) else "not a directory"
+            raise CheckpointError(f"{p} is {what}; a checkpoint directory holds only the directories sapp writes: "
+                                  "remove it or choose another --checkpoint-dir")
+        if n == LOCK and not _is_file(p):
+            raise CheckpointError(f"{p} is not a plain file; remove it or choose another --checkpoint-dir")
+
+
+def lock(directory: str, hold: bool = True):
+    """Take the directory's advisory lock (flock on .sapp-lock, released when the process ends, also by
+    kill -9) and return its open file, or refuse in one line naming the job that holds it.  With
+    hold=False only check that nobody holds it."""
+    import fcntl
+    import socket
+    p = os.path.join(directory, LOCK)
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise CheckpointError(f"cannot open {p} ({e.strerror or type(e).__name__}); choose another --checkpoint-dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise CheckpointError(f"cannot lock {p} ({e.strerror}); choose another --checkpoint-dir") from None
+        raise CheckpointError(f"checkpoint directory {directory} is in use by another job ({holder}); wait for it "
+                              "to end or choose another --checkpoint-dir") from None
+    if not hold:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return fd
 
 
 def _collective(fn, world: int, group=None):
@@ -158,7 +286,7 @@ def _collective(fn, world: int, group=None):
     dist.broadcast_object_list(box, src=0, group=group)
     kind, value = box[0]
     if kind == "error":
-        raise CheckpointError(value)
+        raise CheckpointError(value, every_rank=True)
     return value
 
 
@@ -170,50 +298,78 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
-        self.group = None
+        self.group, self._lock, self._good = None, None, set()
         import torch.distributed as dist
         if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
             from datetime import timedelta
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
 
     def check(self, need_bytes: int, resuming: bool) -> None:
-        _collective(lambda: check_directory(self.directory, need_bytes, resuming), self.world, self.group)
+        """The directory check, and rank 0 takes the directory's lock for the rest of the job."""
+        def fn():
+            check_directory(self.directory, need_bytes, resuming)
+            if self._lock is None:
+                self._lock = lock(self.directory)
+        _collective(fn, self.world, self.group)
 
     def save(self, prog, step: int, meta: dict) -> str:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         final = step_dir(self.directory, step)
         tmp = os.path.join(self.directory, f".tmp-step-{step:08d}")
         if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
+            if os.path.lexists(tmp) and not _is_dir(tmp):
+                raise CheckpointError(f"{tmp} is a symlink or file, not a directory sapp wrote; remove it")
             shutil.rmtree(tmp, ignore_errors=True)
         try:
-            dcp.save(save_entries(prog, self.names), checkpoint_id=tmp, process_group=self.group)
+            dcp.save(save_entries(prog, self.names), storage_writer=_writer(tmp, prog.rank, step),
+                     process_group=self.group)
         except CheckpointError:
             raise
-        except Exception as e:     # DCP gathers any rank's write error and raises it on every rank
-            first = next((ln for ln in str(e).splitlines() if "Error" in ln), str(e).splitlines()[0] if str(e) else "")
-            raise CheckpointError(f"writing checkpoint {tmp} failed ({type(e).__name__}: {first.strip()[:200]}); "
-                                  "free space in --checkpoint-dir or choose another") from None
+        except CheckpointException as e:      # a BaseException: DCP gathered the ranks' write errors
+            raise CheckpointError(write_failure(tmp, e), every_rank=True) from None
+        except Exception as e:     # noqa: BLE001 - a collective inside the save failed: a peer is gone
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+            raise CheckpointError(f"a rank died or stopped responding while checkpoint {tmp} was written "
+                                  f"({type(e).__name__}: {first.strip()[:160]}); the previous checkpoint is intact") from None
         return _collective(lambda: self._commit(tmp, final, step, meta), self.world, self.group)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
         files = {n: [os.path.getsize(os.path.join(tmp, n)), _crc(os.path.join(tmp, n))] for n in sorted(os.listdir(tmp))}
+        marker = dict(meta, step=step, files=files, model_state=self.names.shapes)
+        marker["checksum"] = checksum(marker)
         with open(os.path.join(tmp, MARKER), "w") as f:
-            json.dump(dict(meta, step=step, files=files), f, indent=1, sort_keys=True)
+            json.dump(marker, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(final):        # the same step saved again (a resumed run): replace it
-            shutil.rmtree(final)
+        if os.path.lexists(final):        # the same step saved again (a resumed run): replace it
+            _discard(final)
         os.rename(tmp, final)
         _fsync_dir(self.directory)
+        self._good.add(final)
         self._retain()
         return final
 
     def _retain(self) -> None:
-        for _, path in committed(self.directory)[:-self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+        """Keep the newest `keep` checkpoints that verify; delete the committed ones older than the
+        oldest of those (a damaged newer one stays, skipped with a line on resume), then leftovers."""
+        kept = []
+        for _, path in reversed(committed(self.directory)):
+            if path in self._good or verify(path)[0] is not None:
+                self._good.add(path)
+                kept.append(path)
+                if len(kept) == self.keep:
+                    break
+        if kept:
+            for _, path in committed(self.directory):
+                if path < kept[-1]:
+                    _discard(path)
+                    self._good.discard(path)
         for n in os.listdir(self.directory):
-            if n.startswith(".tmp-step-"):
-                shutil.rmtree(os.path.join(self.directory, n), ignore_errors=True)
+            p = os.path.join(self.directory, n)
+            orphan = _NAME.match(n) and _is_dir(p) and not os.path.lexists(os.path.join(p, MARKER))
+            if n.startswith((".tmp-step-", ".del-step-")) and _is_dir(p) or orphan:
+                shutil.rmtree(p, ignore_errors=True)
 
     def find(self, path: str = None):
         """(path, marker) to resume from: `path` itself when given (it must be intact), else the newest
@@ -227,9 +383,68 @@ class Checkpointer:
             return choose(self.directory, log=self.log)
         return _collective(pick, self.world, self.group)
 
-    def load(self, prog, path: str) -> None:
+    def load(self, prog, path: str, only=None) -> None:
+        """Load the checkpoint at `path` into `prog`; `only`: the model entry names to load (a partial
+        resume: the others keep their initial values), default all."""
         import torch.distributed.checkpoint as dcp
-        available = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-        targets = LoadTargets(prog, self.names, available)
-        dcp.load(targets.entries, checkpoint_id=path, process_group=self.group)
+        from . import dcp_reader
+        available = set(dcp_reader.read(path).state_dict_metadata)
+        if only is not None:
+            available = {k for k in available if _entry_param(k) is None or _entry_param(k) in only}
+        targets = LoadTargets(prog, self.names, available, partial=only is not None)
+        dcp.load(targets.entries, storage_reader=dcp_reader.SafeReader(path), process_group=self.group)
         targets.finish()
+
+
+def _entry_param(key: str):
+    """The model entry a state key belongs to: model.<name> / optim.<name>.<state>; None for rng.*."""
+    if key.startswith("model."):
+        return key[len("model."):]
+    if key.startswith("optim."):
+        return key[len("optim."):].rsplit(".", 1)[0]
+    return None
+
+
+def _discard(path: str) -> None:
+    """Delete a committed checkpoint: renamed to .del-* first (atomic), so a kill mid-delete leaves a
+    name the next save removes rather than a step-N that lost its marker but kept its number."""
+    doomed = os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path))
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def write_failure(tmp: str, e) -> str:
+    """One line for DCP's CheckpointException: which ranks failed to write and why."""
+    fails = getattr(e, "failures", None) or {}
+    ranks = sorted(fails)
+    exc = fails[ranks[0]][0] if ranks else e
+    if isinstance(exc, BaseException) and getattr(exc, "failures", None):
+        exc = next(iter(exc.failures.values()))[0]
+    errno_ = getattr(exc, "errno", None)
+    what = f"{type(exc).__name__}: {(getattr(exc, 'strerror', None) or str(exc)).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+    hint = ("free space in --checkpoint-dir or choose another" if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            else "fix the checkpoint directory or choose another --checkpoint-dir")
+    on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "a rank"
+    return f"writing checkpoint {tmp} failed on {on} ({what}); {hint}; the previous checkpoint is intact"
+
+
+def _writer(tmp: str, rank: int, step: int):
+    """DCP's file writer; SAPP_FAULT="RANK:STEP:savekill" makes that rank SIGKILL itself after its
+    first file is written and before the save's last collective (tests: a rank dying inside a save)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    spec = os.environ.get("SAPP_FAULT", "").split(":")
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if len(spec) == 3 and spec[2] == "savekill" and not restarted and (int(spec[0]), int(spec[1])) == (rank, step):
+        class _Dying(FileSystemWriter):
+            def write_data(self, plan, planner):
+                fut = super().write_data(plan, planner)
+                fut.wait()
+                import signal
+                import sys
+                print(f"[rank {rank}] SAPP_FAULT: killing itself inside the save of step {step}", file=sys.stderr,
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+                return fut
+        return _Dying(tmp)
+    return FileSystemWriter(tmp)

@@ -24,7 +24,12 @@ from ..errors import SappError
 
 
 class CheckpointError(SappError, RuntimeError):
-    """A checkpoint cannot be written or does not fit this training run."""
+    """A checkpoint cannot be written or does not fit this training run.  `every_rank`: every rank
+    raised the same error, so one of them (rank 0) says it for the job."""
+
+    def __init__(self, msg: str, every_rank: bool = False):
+        super().__init__(msg)
+        self.every_rank = every_rank
 
 
 class Names:
@@ -32,8 +37,9 @@ class Names:
     buffers: a traced pipeline stage also lists constants such as attention masks, which are not
     state), and `aliases`, {name: all names of the same tensor} for tied parameters."""
 
-    def __init__(self, keys=None, aliases=None):
+    def __init__(self, keys=None, aliases=None, shapes=None):
         self.keys, self.aliases = keys, aliases or {}
+        self.shapes = shapes or {}      # {key: [shape list, dtype name]}: the model's identity in a marker
 
     def saved(self, k: str) -> bool:
         return self.keys is None or k in self.keys
@@ -48,7 +54,9 @@ def model_names(model: nn.Module) -> Names:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_obj.setdefault(id(p), []).append(name)
     aliases = {n: tuple(sorted(ns)) for ns in by_obj.values() if len(ns) > 1 for n in ns}
-    return Names(set(model.state_dict().keys()), aliases)
+    state = model.state_dict()
+    shapes = {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in state.items()}
+    return Names(set(state.keys()), aliases, shapes)
 
 
 def _unwrap(m):
@@ -163,9 +171,12 @@ class LoadTargets:
     """The dict dcp.load fills (live parameters in place, fresh optimizer state, RNG), and `finish()`
     that puts the loaded optimizer state and RNG back where the program keeps them."""
 
-    def __init__(self, prog, names: Names, available: set):
+    def __init__(self, prog, names: Names, available: set, partial: bool = False):
+        """`partial`: entries this model has and `available` lacks keep their initial values."""
         self.prog, self.entries, self._optim, self._rng = prog, {}, [], {}
         for k, v in _model_state(prog, names):
+            if f"model.{k}" not in available and partial:
+                continue
             if f"model.{k}" not in available:
                 raise CheckpointError(f"the checkpoint has no entry for {k}: it was written for another model; "
                                       "resume with the model (and --model-arg settings) it was trained with")

@@ -42,6 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--keep", type=int, default=2)
     p.add_argument("--resume", nargs="?", const="latest")
+    p.add_argument("--resume-partial", dest="resume_partial", action="store_true")
     p.add_argument("--allow-mismatch", action="store_true")
     return p.parse_args(argv)
 
@@ -85,16 +86,30 @@ def _resume(args, ckpt, prog, gb, log):
         log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
         return 0, []
     path, meta = found
-    if meta.get("data", "synthetic") != (args.data or "synthetic"):
-        log(f"sapp run: note: {path} was trained on --data {meta.get('data', 'synthetic')}; continuing on "
-            f"{args.data or 'synthetic'} data from sample {meta.get('data_position')}")
+    from .checkpoint import identity_diff
     if meta.get("global_batch") != gb:
         raise CheckpointError(f"checkpoint {path} was trained with global batch {meta.get('global_batch')}, this plan "
                               f"has {gb}; search the new plan with --global-batch {meta.get('global_batch')}")
-    ckpt.load(prog, path)
+    differs, same = identity_diff(meta.get("model_state") or {}, ckpt.names.shapes)
+    order = _order(meta.get("data", "synthetic"), meta.get("shuffle", False), meta.get("seed", 0))
+    if order != _order(args.data or "synthetic", args.shuffle, args.seed) and not args.resume_partial:
+        raise CheckpointError(f"checkpoint {path} was trained on {order}, this run reads "
+                              f"{_order(args.data or 'synthetic', args.shuffle, args.seed)}; pass the same --data / "
+                              "--shuffle / --seed, or --resume-partial to continue on other data deliberately", every_rank=True)
+    if differs and not args.resume_partial:
+        raise CheckpointError(f"checkpoint {path} was written for another model: {differs}; resume with the model "
+                              f"(and --model-arg settings) it was trained with, or --resume-partial to load the "
+                              f"{len(same)} matching entries", every_rank=True)
+    ckpt.load(prog, path, only=same if args.resume_partial else None)
     log(f"sapp run: resumed from {path} (step {meta['step']}, {meta['data_position']} samples seen, "
-        f"written under dp={meta['parallel']['dp']} tp={meta['parallel']['tp']} pp={meta['parallel']['pp']} zero={meta['zero']})")
+        f"written under dp={meta['parallel']['dp']} tp={meta['parallel']['tp']} pp={meta['parallel']['pp']} zero={meta['zero']})"
+        + (f"; partial: {len(same)} of {len(ckpt.names.shapes)} entries loaded" + (f" ({differs})" if differs else "")
+           if args.resume_partial else ""))
     return int(meta["step"]), list(meta.get("losses", []))
+
+
+def _order(data, shuffle, seed) -> str:
+    return f"--data {data} " + (f"shuffled with --seed {seed}" if shuffle else "in order")
 
 
 def main(argv=None) -> int:
@@ -137,13 +152,13 @@ def main(argv=None) -> int:
         log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
         start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
-        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        _say(rank, e)
         os._exit(2)
     if log.bar is not None:
         log.bar.update(start)
     fault = _fault()
     times = []
-    meta = {"global_batch": gb, "data": args.data or "synthetic", "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
+    meta = {"global_batch": gb, "data": args.data or "synthetic", "shuffle": bool(args.shuffle), "seed": args.seed, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
             "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world}
     # a step's time runs from the end of the one before (the first: from its own start).  Each step
     # ends in a loss all-reduce every rank leaves together, so this is the cadence all ranks share;
@@ -176,7 +191,7 @@ def main(argv=None) -> int:
                 if rank == 0 and log.quiet is False:
                     print(f"sapp run: checkpoint {path}", flush=True)
     except SappError as e:
-        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+        _say(rank, e)
         os._exit(2)
     except Exception as e:  # a peer died or timed out: say so in one line and end this rank
         msg = str(e).strip().splitlines()
@@ -196,6 +211,12 @@ def main(argv=None) -> int:
     sys.stderr.flush()
     # os._exit: torch/gloo teardown with sparse gradients occasionally aborts at interpreter exit
     os._exit(0)
+
+
+def _say(rank: int, e) -> None:
+    """A rank's one-line error; one every rank raised alike is said once, by rank 0."""
+    if rank == 0 or not getattr(e, "every_rank", False):
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
 
 
 def summary(args, plan, world, prog, losses, times, start=0):
