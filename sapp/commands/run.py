@@ -8,6 +8,7 @@ worker from the last checkpoint.  --resume continues a run, under this plan or a
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -42,6 +43,9 @@ def add_arguments(p):
     c.add_argument("--keep", type=int, default=2, help="committed checkpoints kept (default 2)")
     c.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT",
                    help="continue from the newest intact checkpoint in --checkpoint-dir, or from CHECKPOINT")
+    c.add_argument("--resume-partial", dest="resume_partial", action="store_true",
+                   help="with --resume: load only the entries whose names and shapes match this model (the others "
+                   "keep their initial values), also from a run on other data or order")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
@@ -55,6 +59,8 @@ def add_arguments(p):
     g.add_argument("--max-restarts", dest="max_restarts", default="0",
                    help="restart all workers up to N times after a failure (from the last checkpoint with --checkpoint-dir)")
     g.add_argument("--monitor-interval", dest="monitor_interval", default="0.1")
+    g.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=int, default=600,
+                   help="multi-node: seconds to wait for every node to join before failing (default 600)")
 
 
 def _nodes(args) -> int:
@@ -156,18 +162,37 @@ def precheck_training(args, plan):
         _, why = checkpoint.verify(args.resume)
         if why:
             raise SappError(f"cannot resume from {args.resume}: {why}; pass another checkpoint to --resume")
+    if getattr(args, "resume_partial", False) and not getattr(args, "resume", None):
+        raise SappError("--resume-partial needs --resume (it says how much of a checkpoint to load)")
     if getattr(args, "checkpoint_dir", None):
         checkpoint.check_directory(args.checkpoint_dir,
                                    checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer),
                                    resuming=bool(args.resume))
+        if not args.nnodes or str(getattr(args, "node_rank", None) or "0") == "0":   # one job per directory
+            checkpoint.lock(args.checkpoint_dir, hold=False)
+
+
+def single_node(args) -> bool:
+    return not args.nnodes and not args.rdzv_endpoint
 
 
 def command(args, nproc: int) -> list:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
-    if not args.nnodes and not args.rdzv_endpoint:
-        cmd.append("--standalone")
+    """torchrun through sapp/emit/launch.py: every store listens on one address, 127.0.0.1 for a
+    single-node run (torchrun's --standalone would listen on all interfaces), the --rdzv-endpoint
+    address for the rendezvous of a multi-node run and this node's address toward it for rank 0's."""
+    import uuid
+    from ..emit.launch import BACKEND
+    cmd = [sys.executable, "-m", "sapp.emit.launch", f"--nproc-per-node={nproc}"]
+    given = {key: getattr(args, key, None) for key in PASS_THROUGH}
+    if single_node(args):
+        given.update(nnodes="1", rdzv_backend=BACKEND, rdzv_endpoint="127.0.0.1:0", rdzv_id=str(uuid.uuid4()))
+        cmd.append("--local-addr=127.0.0.1")
+    elif given.get("rdzv_endpoint") and given.get("rdzv_backend") in (None, "c10d"):
+        given["rdzv_backend"] = BACKEND
+        cmd += [f"--local-addr={local_address(given['rdzv_endpoint'])}",
+                f"--rdzv-conf=join_timeout={args.rdzv_timeout}"]
     for key in PASS_THROUGH:
-        v = getattr(args, key, None)
+        v = given.get(key)
         if v is not None:
             cmd.append(f"--{key.replace('_', '-')}={v}")
     cmd += ["-m", "sapp.emit.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
@@ -181,9 +206,26 @@ def command(args, nproc: int) -> list:
             cmd += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if getattr(args, "shuffle", False):
         cmd.append("--shuffle")
+    if getattr(args, "resume_partial", False):
+        cmd.append("--resume-partial")
     if getattr(args, "checkpoint_dir", None):
         cmd += ["--checkpoint-every", str(args.checkpoint_every), "--keep", str(args.keep)]
     return cmd
+
+
+def local_address(endpoint: str) -> str:
+    """This machine's address on the route to the rendezvous endpoint (what the other nodes reach it
+    by): a UDP socket connected there, no packet sent."""
+    host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    host = host.strip("[]") or endpoint
+    try:
+        family = socket.getaddrinfo(host, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port or 29400)))
+            return s.getsockname()[0]
+    except (OSError, ValueError):
+        raise UsageError(f"--rdzv-endpoint {endpoint}: cannot find this machine's address toward it; give HOST:PORT "
+                         "of node 0 as the other nodes reach it") from None
 
 
 def run(args):
@@ -196,7 +238,16 @@ def run(args):
     # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection
     # refused" in 1 of 2 restarts).  A store per attempt, hosted by worker rank 0, avoids that.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env.update(SAPP_BIND_STORE="1", SAPP_NODE_RANK=str(args.node_rank or 0))
+    if single_node(args):      # the ranks' own gloo / NCCL sockets on loopback too (unless the user chose)
+        lo = next((n for _, n in socket.if_nameindex() if n.startswith("lo")), None)
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if lo:
+                env.setdefault(var, lo)
     rc = subprocess.call(cmd, env=env)
+    from ..emit.launch import FAILED_EXIT, TIMEOUT_EXIT
+    if rc in (FAILED_EXIT, TIMEOUT_EXIT):
+        return rc
     if rc != 0:
         print(f"sapp run: error: training failed (exit code {rc}): a rank died or raised; its message is above",
               file=sys.stderr, flush=True)

@@ -31,7 +31,30 @@ def init(device=None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> None:
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if os.environ.get("SAPP_BIND_STORE") == "1" and "MASTER_ADDR" in os.environ and not kwargs:
+        kwargs = dict(store=_bound_store(timedelta(seconds=timeout_s)), rank=int(os.environ["RANK"]),
+                      world_size=int(os.environ["WORLD_SIZE"]))
     dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s), **kwargs)
+
+
+def _bound_store(timeout):
+    """The TCPStore init_process_group would make from MASTER_ADDR/PORT, but rank 0's listens on
+    MASTER_ADDR only, not on every interface (`sapp run` sets it: 127.0.0.1 on one node)."""
+    from .launch import bound_listener
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    world = int(os.environ["WORLD_SIZE"])
+    if int(os.environ["RANK"]) != 0:
+        return dist.TCPStore(addr, port, world, False, timeout=timeout)
+    sock = bound_listener(addr, port)
+    if sock is None:
+        from ..errors import SappError
+        raise SappError(f"rank 0 cannot listen on MASTER_ADDR {addr}:{port} (not an address of this machine, "
+                           "or the port is taken)")
+    _LISTENERS.append(sock)          # the store serves on this socket's fd for the job's life
+    return dist.TCPStore(addr, port, world, True, timeout=timeout, master_listen_fd=sock.fileno())
+
+
+_LISTENERS = []
 
 
 def rank_world(rank=None, world=None) -> tuple:
