@@ -128,6 +128,9 @@ def verify(path: str) -> tuple:
         return None, f"unreadable {MARKER} ({type(e).__name__})"
     if meta.get("checksum") != checksum(meta):
         return None, f"{MARKER} fails its own checksum (edited, or written by an older sapp)"
+    m = _NAME.match(os.path.basename(os.path.normpath(path)))
+    if m and int(m.group(1)) != meta.get("step"):
+        return None, f"{MARKER} is for step {meta.get('step')}, not {int(m.group(1))}"
     for name, entry in sorted(files.items()):
         p = os.path.join(path, name)
         if os.path.basename(name) != name or name in (".", ".."):
@@ -422,9 +425,17 @@ def write_failure(tmp: str, e) -> str:
     if isinstance(exc, BaseException) and getattr(exc, "failures", None):
         exc = next(iter(exc.failures.values()))[0]
     errno_ = getattr(exc, "errno", None)
-    what = f"{type(exc).__name__}: {(getattr(exc, 'strerror', None) or str(exc)).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
-    hint = ("free space in --checkpoint-dir or choose another" if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            else "fix the checkpoint directory or choose another --checkpoint-dir")
+    text = (getattr(exc, "strerror", None) or str(exc)).strip()
+    what = f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+    if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        hint = "free space in --checkpoint-dir or choose another"
+    else:         # torch.save's writer reports a short write as "unexpected pos": say what the disk has
+        from ..units import fmt_bytes
+        try:
+            free = f"{fmt_bytes(shutil.disk_usage(os.path.dirname(tmp) or '.').free)} free there"
+        except OSError:
+            free = "free space unknown"
+        hint = f"{free}; check the disk, a quota or a file-size limit, or choose another --checkpoint-dir"
     on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "a rank"
     return f"writing checkpoint {tmp} failed on {on} ({what}); {hint}; the previous checkpoint is intact"
 

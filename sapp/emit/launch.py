@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     try:
         run.main(argv)
     except ChildFailedError as e:       # torchrun would print its own traceback around the summary
+        codes = {f.exitcode for f in e.failures.values()}
+        if 2 in codes and codes <= {2, -15}:     # a SappError, said in one line by the rank (the rest stopped)
+            return FAILED_EXIT
         how = [f"rank {r} " + (f"ended by {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}")
                for r, f in sorted(e.failures.items())]
         print(f"sapp run: error: training failed ({', '.join(how)}): a rank died or raised; its message is above",
