@@ -164,3 +164,39 @@ def test_resume_a_named_checkpoint_under_another_plan(reference):
     assert res["parallel"]["pp"] == 2 and res["start_step"] == 4
     assert res["losses"][:4] == ref["losses"][:4]
     assert res["losses"][4:] == pytest.approx(ref["losses"][4:], rel=1e-5)
+
+
+def test_rank_killed_inside_a_save_resumes_bitwise(reference):
+    """Rank 1 SIGKILLs itself inside the save after step 4 (its shard written, .metadata and the marker
+    not yet): torchrun restarts both ranks from step 2's checkpoint, the half-written step 4 is never
+    taken, and the run ends with the reference's losses bitwise."""
+    d, ref, _ = reference
+    p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6",
+              "--data", DATA, "--checkpoint-dir", str(d / "savekill"), "--checkpoint-every", "2",
+              "--max-restarts", "1", "--out", str(d / "savekill.json"), env={"SAPP_FAULT": "1:4:savekill"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "[rank 1] SAPP_FAULT: killing itself inside the save of step 4" in p.stderr
+    assert f"resumed from {d}/savekill/step-00000002" in p.stdout
+    assert "free space" not in p.stdout + p.stderr
+    res = json.loads((d / "savekill.json").read_text())
+    assert res["start_step"] == 2 and res["losses"] == ref["losses"]
+    assert sorted(os.listdir(d / "savekill")) == [ck.LOCK, "step-00000004", "step-00000006"]
+
+
+def test_file_size_limit_mid_save_is_one_line(reference):
+    """A real failing filesystem write, no root needed: every process of the job may write files of
+    at most 256 KB (RLIMIT_FSIZE), so rank 0's shard (about 1.6 MB) fails part-way through the save."""
+    import resource
+    d, _, _ = reference
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    p = subprocess.run(SAPP + ["run", str(d / "plan.json"), "--model", "gpt-tiny", "--steps", "2", "--data", DATA,
+                               "--checkpoint-dir", str(d / "full")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, preexec_fn=limit,
+                       env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    errors = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()]
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert len(errors) == 1 and "writing checkpoint" in errors[0] and "failed on rank" in errors[0], errors
+    assert "File too large" in errors[0] and "free space" in errors[0]
+    assert ck.committed(str(d / "full")) == []
