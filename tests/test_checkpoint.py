@@ -113,15 +113,20 @@ def test_reference_run_writes_checkpoints_and_json_log(reference):
     assert all(r["peak_memory_bytes"] > 0 for r in recs)
 
 
+def _faulty_run(d, name, fault):
+    """The reference run again with SAPP_FAULT=`fault` and one restart: (process, --out result)."""
+    p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6",
+              "--data", DATA, "--checkpoint-dir", str(d / name), "--checkpoint-every", "2",
+              "--max-restarts", "1", "--out", str(d / f"{name}.json"), env={"SAPP_FAULT": fault})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert f"resumed from {d}/{name}/step-00000002" in p.stdout
+    return p, json.loads((d / f"{name}.json").read_text())
+
+
 def test_killed_rank_restarts_from_last_checkpoint(reference):
     d, ref, _ = reference
-    p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6",
-              "--data", DATA, "--checkpoint-dir", str(d / "killed"), "--checkpoint-every", "2",
-              "--max-restarts", "1", "--out", str(d / "killed.json"), env={"SAPP_FAULT": "1:3:kill"})
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    p, res = _faulty_run(d, "killed", "1:3:kill")
     assert "[rank 1] SAPP_FAULT: killing itself at step 3" in p.stderr
-    assert f"resumed from {d}/killed/step-00000002" in p.stdout
-    res = json.loads((d / "killed.json").read_text())
     assert res["start_step"] == 2
     assert res["losses"] == ref["losses"]                 # bitwise, the final loss included
 
@@ -171,14 +176,9 @@ def test_rank_killed_inside_a_save_resumes_bitwise(reference):
     not yet): torchrun restarts both ranks from step 2's checkpoint, the half-written step 4 is never
     taken, and the run ends with the reference's losses bitwise."""
     d, ref, _ = reference
-    p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6",
-              "--data", DATA, "--checkpoint-dir", str(d / "savekill"), "--checkpoint-every", "2",
-              "--max-restarts", "1", "--out", str(d / "savekill.json"), env={"SAPP_FAULT": "1:4:savekill"})
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    p, res = _faulty_run(d, "savekill", "1:4:savekill")
     assert "[rank 1] SAPP_FAULT: killing itself inside the save of step 4" in p.stderr
-    assert f"resumed from {d}/savekill/step-00000002" in p.stdout
     assert "free space" not in p.stdout + p.stderr
-    res = json.loads((d / "savekill.json").read_text())
     assert res["start_step"] == 2 and res["losses"] == ref["losses"]
     assert sorted(os.listdir(d / "savekill")) == [ck.LOCK, "step-00000004", "step-00000006"]
 
