@@ -117,8 +117,10 @@ def test_evaluate_never_imports_the_plans_model(tmp_path):
     (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').close()\ndef build(): pass\n")
     for spec in ("evilmod:build", "http.server:test"):
         make_plan(name=spec).save(tmp_path / "plan.json")
-        p = subprocess.run([sys.executable, "-m", "sapp.cli", "evaluate", "plan.json"], cwd=tmp_path, env=ENV,
+        p = subprocess.run([sys.executable, "-m", "sapp.cli", "evaluate", "plan.json", "--cluster", "cpu:gpus=1"],
+                           cwd=tmp_path, env=ENV,
                            capture_output=True, text=True, timeout=120)
+        assert not (tmp_path / "pwned").exists()
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-2000:]
         assert "code that would be imported and run" in p.stderr and "--trust-plan-model" in p.stderr
     assert not (tmp_path / "pwned").exists()
