@@ -27,7 +27,11 @@ import time
 import traceback
 from types import SimpleNamespace
 
+from . import fuzz_hostile as hostile
+
 TIMEOUT_S = 20.0           # CPU seconds (ITIMER_PROF): the bound must not depend on how loaded the box is
+WALL_TIMEOUT_S = 300.0     # wall seconds: an open() blocked on a FIFO uses no CPU time at all
+HOSTILE_SHARE = 0.3        # inputs drawn from bench/fuzz_hostile.py's classes
 MEMORY_LIMIT = 6 << 30
 SMALL_MODELS = ("gpt-tiny", "mlp-tiny", "bert-tiny")
 
@@ -223,8 +227,9 @@ class Fuzzer:
                                      graph=self.graphs["gpt-small"]).to_dict())
         self.cluster_base = self.seeds[0]["cluster"]
         self.files = self._files()
+        self.special = hostile.special_paths(self.tmp)
         self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
-                       "bad_message": 0, "clean_exit": 0}
+                       "bad_message": 0, "clean_exit": 0, "nonsense": 0}
         self.by_kind = {}
         self.failures = []
         self.slowest = (0.0, None)
@@ -249,7 +254,8 @@ class Fuzzer:
         return {"plans": plans, "cluster": cl, "out": os.path.join(self.tmp, "out.json"), "dir": self.tmp}
 
     # -- entry points --
-    def plan_entry(self, doc, text=None):
+    def plan_entry(self, doc, text=None, expect="any"):
+        """`expect` "refuse": the plan names what the model lacks or is hostile; it must not score."""
         from sapp.api import evaluate
         from sapp.plan import Plan
         from sapp.report import diff, explain, plot
@@ -261,7 +267,10 @@ class Fuzzer:
             plot(plan, os.path.join(self.tmp, "p.png"), width=400, height=300)
         name = plan["model"].get("name")
         graph = self.graphs.get(name) if isinstance(name, str) else None
-        evaluate(name if graph is not None else "gpt-tiny", None, plan, graph=graph or self.graphs["gpt-tiny"])
+        res = evaluate(name if graph is not None else "gpt-tiny", None, plan, graph=graph or self.graphs["gpt-tiny"])
+        hostile.check_sane(res["step_time_s"], res["mfu"])
+        if expect == "refuse":
+            raise hostile.Nonsense("a hostile plan was scored instead of refused")
         if n % self.precheck_every == 0:
             self.run_precheck(plan)
 
@@ -287,12 +296,13 @@ class Fuzzer:
                 f.write(value)
             cl = Cluster.load(path)
         if self.rng.random() < 0.3:
-            search("gpt-tiny", cl, global_batch=gen_global_batch(self.rng), graph=self.graphs["gpt-tiny"])
+            hostile.check_plan(search("gpt-tiny", cl, global_batch=gen_global_batch(self.rng), graph=self.graphs["gpt-tiny"]))
 
     def search_entry(self, spec, gb, cons, precision):
         from sapp.api import search
         model = self.rng.choice(sorted(self.graphs) + ["gpt-tiny"])
-        search(model, spec, global_batch=gb, constraints=cons, precision=precision, graph=self.graphs[model])
+        hostile.check_plan(search(model, spec, global_batch=gb, constraints=cons, precision=precision,
+                                  graph=self.graphs[model]), cons)
 
     def cli_entry(self, argv):
         import sapp.calibrate
@@ -330,6 +340,8 @@ class Fuzzer:
     # -- one generated input --
     def one(self):
         rng = self.rng
+        if rng.random() < HOSTILE_SHARE:
+            return self.one_hostile()
         r = rng.random()
         if r < 0.40:
             seed = rng.choice(self.seeds)
@@ -355,6 +367,40 @@ class Fuzzer:
             kind, call = "cli", lambda a=gen_argv(rng, self.files): self.cli_entry(a)
         return kind, call
 
+    def one_hostile(self):
+        """The classes of bench/fuzz_hostile.py: deep nesting, huge counts, tiny / huge floats,
+        special paths, schema-valid plans naming what the model lacks."""
+        rng = self.rng
+        r = rng.random()
+        if r < 0.4:
+            doc, expect = hostile.hostile_plan(rng, rng.choice(self.seeds))
+            return "hostile-plan", lambda a=(doc, expect): self.plan_entry(a[0], expect=a[1])
+        if r < 0.5:
+            text, which = hostile.deep_text(rng), rng.choice(["plan", "cluster"])
+            return "deep-text", lambda a=(which, text): self.deep_entry(*a)
+        if r < 0.65:
+            kind, value = hostile.hostile_cluster(rng, self.cluster_base)
+            return "hostile-cluster", lambda a=(kind, value): self.cluster_entry(*a)
+        if r < 0.8:
+            spec = rng.choice(["a100-80g:nodes=1", "cpu", "a100-80g:nodes=1,gpus=2"])
+            a = (spec, rng.choice([1, 2, 16, 1 << 22]), hostile.hostile_constraints(rng), None)
+            return "hostile-search", lambda a=a: self.search_entry(*a)
+        what, call = hostile.special_path_call(rng, self.special, self.files)
+        if isinstance(call, list):
+            return "special-path", lambda a=(what, call[1]): self.cli_entry(a[1])
+        return "special-path", lambda a=what, c=call: c()
+
+    def deep_entry(self, which, text):
+        from sapp.cluster import Cluster
+        from sapp.plan import Plan
+        if which == "plan":
+            Plan.from_json(text)
+        else:
+            path = os.path.join(self.tmp, "deep-cluster.json")
+            with open(path, "w") as f:
+                f.write(text)
+            Cluster.load(path)
+
     def step(self):
         import resource
         from sapp.errors import SappError
@@ -364,6 +410,7 @@ class Fuzzer:
         per["inputs"] += 1
         t0 = time.perf_counter()
         signal.setitimer(signal.ITIMER_PROF, TIMEOUT_S)
+        signal.setitimer(signal.ITIMER_REAL, WALL_TIMEOUT_S)     # a blocked open uses no CPU time
         outcome, detail = "ok", None
         try:
             res = call()
@@ -375,6 +422,8 @@ class Fuzzer:
             detail = msg
         except Timeout:
             outcome = "timeout"
+        except hostile.Nonsense as e:
+            outcome, detail = "nonsense", str(e)
         except MemoryError:
             outcome = "memory"
         except Exception as e:       # noqa: BLE001 - what the bench counts
@@ -383,6 +432,7 @@ class Fuzzer:
                 str(traceback.extract_tb(e.__traceback__)[-1].lineno)
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
         if dt > self.slowest[0]:
             self.slowest = (dt, f"{kind}: {_describe(call)[:160]}")
@@ -401,6 +451,8 @@ class Fuzzer:
                  f"argparse usage exit {c['clean_exit']}",
                  f"non-SappError exceptions {c['other_exception']}, timeouts (> {TIMEOUT_S:.0f} CPU s) {c['timeout']}, "
                  f"memory blow-ups (> {MEMORY_LIMIT >> 30} GB) {c['memory']}, multi-line or empty messages {c['bad_message']}",
+                 f"nonsense accepted (NaN / non-positive step, MFU > 100%, hostile plan scored, pins dropped) "
+                 f"{c['nonsense']}",
                  f"slowest input {self.slowest[0]:.2f} s ({self.slowest[1]}); peak RSS "
                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
                  "by kind: " + ", ".join(f"{k} {v['inputs']}" + (f" ({v['errors']} failed)" if v["errors"] else "")
@@ -481,7 +533,8 @@ def main(argv=None):
         if (i + 1) % 500 == 0:
             print(f"  {i + 1} inputs, {time.perf_counter() - t0:.0f} s, failures {len(fz.failures)}", flush=True)
     print(fz.report(time.perf_counter() - t0))
-    bad = fz.counts["other_exception"] + fz.counts["timeout"] + fz.counts["memory"] + fz.counts["bad_message"]
+    bad = (fz.counts["other_exception"] + fz.counts["timeout"] + fz.counts["memory"] + fz.counts["bad_message"]
+           + fz.counts["nonsense"])
     return 1 if bad or rt_failed else 0
 
 

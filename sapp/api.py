@@ -14,7 +14,8 @@ from .cluster import Cluster
 from .constraints import Constraints
 from .costmodel import CostSettings
 from .costmodel.layouts import layout_str, output_layout
-from .errors import CaptureError, PlanError, SappError
+from .errors import CaptureError, ClusterError, PlanError, SappError
+from .pipeline.schedule import too_long
 from .pipeline.template import template_map
 from .plan import SCHEMA, Plan
 
@@ -40,7 +41,23 @@ def resolve_model(model):
     spec = getattr(model, "sapp_spec", None)
     if spec is not None:
         return model, spec.name, dict(spec.config)
+    import torch.nn as nn
+    if not isinstance(model, nn.Module):
+        raise SappError(f"model must be a torch.nn.Module, a zoo name, 'pkg.module:factory' or a config.json path, "
+                        f"got {type(model).__name__}")
     return model, type(model).__name__, None
+
+
+def check_prediction(step_s, mfu):
+    """The last guard before a prediction is shown or stored: a finite positive step that does not
+    beat the devices' peak.  Cluster figures inside their bounds can still combine into nonsense
+    (a compute_scale that undoes the FLOPs); then the cluster is refused, never the numbers printed."""
+    if not (isinstance(step_s, (int, float)) and math.isfinite(step_s) and step_s > 0):
+        raise ClusterError(f"the cluster's figures price a step of {step_s} s; check its rates, latencies and "
+                           f"compute_scale (sapp calibrate measures them)")
+    if not (math.isfinite(mfu) and mfu <= 1.0 + 1e-9):
+        raise ClusterError(f"the cluster's figures predict {mfu:.1%} of the devices' peak FLOP/s, more than "
+                           f"the hardware can do; check peak_flops, compute_efficiency and compute_scale")
 
 
 def _check_inputs_bind(module, example_inputs):
@@ -138,6 +155,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
                        search_fn=tp_search_fn())
     search_s = time.perf_counter() - t0
+    check_prediction(res.step_time_s, res.mfu)
     plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
     # wall times are printed, never stored in the plan (byte-identical files)
     plan._timing = {"capture_s": capture_s, "search_s": search_s}
@@ -423,6 +441,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     if graph is None:
         graph, _ = capture_graph(module, example_inputs, loss_fn, targets)
     plan.check_model(graph.fingerprint(), name)
+    from .plan_names import check_plan_names
+    check_plan_names(plan, graph)       # a name the model lacks would be skipped, not priced
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "
                         f"search a plan for this cluster")
@@ -435,7 +455,11 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")
     gb = Constraints.check_global_batch(gb, "model.global_batch")
-    res = _score(graph, cl, gb, cons, settings, _plan_splits(plan, graph), _plan_config(plan, gb))
+    cfg = _plan_config(plan, gb)
+    if cfg.schedule == "interleaved" and too_long(cfg.pp, cfg.m, cfg.v):
+        raise PlanError(f"pipeline: {too_long(cfg.pp, cfg.m, cfg.v)}")
+    res = _score(graph, cl, gb, cons, settings, _plan_splits(plan, graph), cfg)
+    check_prediction(res.step_time_s, res.mfu)
     fits = res.peak_memory_bytes <= cl.usable_memory
     return {
         "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,

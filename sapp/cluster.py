@@ -28,6 +28,21 @@ _POSITIVE = (
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
                  "fsdp_unit_overhead", "fsdp_tensor_overhead")
 # fractions of peak where 0 means "as compute_efficiency" (fields added after the first presets)
+# Sane bounds of every rate, size and time (validate; mirrored in cluster.schema.json, tested equal):
+# from a slow CPU core to well past any accelerator built.  Without them a schema-valid 5e-324 FLOP/s
+# divides to inf and 1.7e308 s of latency to NaN, and the report says "step nan" or "MFU 324%".
+_FLOPS, _BYTES_S, _SECONDS = (1e6, 1e18), (1e3, 1e16), (0.0, 1.0)
+RANGES = {
+    "peak_flops": _FLOPS, "host_flops": _FLOPS, "rng_rate": (1e3, 1e18),
+    "mem_bandwidth": _BYTES_S, "intra_bw": _BYTES_S, "inter_bw": _BYTES_S, "host_mem_bandwidth": _BYTES_S,
+    "h2d_bw": _BYTES_S, "device_memory": (1e3, 1e16), "host_memory": (1e3, 1e18),
+    "intra_latency": _SECONDS, "inter_latency": _SECONDS, "op_overhead": _SECONDS, "sharded_op_overhead": _SECONDS,
+    "update_op_overhead": _SECONDS, "fsdp_unit_overhead": _SECONDS, "fsdp_tensor_overhead": _SECONDS,
+    "compute_scale": (0.01, 100.0),
+}
+# [size, rate] curves, {op: [fwd, bwd] elements/s}, {collective: [alpha s, beta bytes/s]}
+CURVE_RANGES = {"mem_bw_curve": ((0.0, 1e16), _BYTES_S), "rng_curve": ((0.0, 1e18), (1e3, 1e18)),
+                "op_rates": ((1e3, 1e18), (1e3, 1e18)), "collective_fits": (_SECONDS, _BYTES_S)}
 _OPTIONAL_FRACTIONS = ("attention_efficiency", "attention_bwd_efficiency", "gemm_memory_overlap")
 _BOOLS = ("async_launch", "fused_dropout")
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
@@ -166,6 +181,11 @@ class Cluster:
             v = getattr(self, key)
             if not _is_number(v) or v < 0:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be >= 0 and finite, got {v!r}")
+        for key, (lo, hi) in RANGES.items():
+            v = getattr(self, key)
+            if not lo <= v <= hi:
+                raise ClusterError(f"cluster {self.name!r}: {key}={v:g} is outside [{lo:g}, {hi:g}]; "
+                                   f"give the device's real figure")
         for key in _BOOLS:
             if not isinstance(getattr(self, key), bool):
                 raise ClusterError(f"cluster {self.name!r}: {key} must be true or false, got {getattr(self, key)!r}")
@@ -179,14 +199,21 @@ class Cluster:
             v = getattr(self, key)
             if not _is_number(v) or not 0 <= v <= 1:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be in [0, 1] (0 = as compute_efficiency), got {v!r}")
-        if not isinstance(self.name, str):
-            raise ClusterError(f"cluster name must be a string, got {self.name!r}")
+        if not isinstance(self.name, str) or len(self.name) > schema.MAX_STRING:
+            raise ClusterError(f"cluster name must be a string of at most {schema.MAX_STRING} characters, "
+                               f"got {type(self.name).__name__} {str(self.name)[:40]!r}")
         if self.precision not in PRECISIONS:
             raise ClusterError(f"cluster {self.name!r}: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for key in _CURVES:
             _check_curve(self.name, key, getattr(self, key))
         _check_named_pairs(self.name, self.op_rates)
         _check_named_pairs(self.name, self.collective_fits, "collective_fits", allow_zero_first=True)
+        for key, ((lo0, hi0), (lo1, hi1)) in CURVE_RANGES.items():
+            for item in getattr(self, key):
+                a, b = item[-2:]
+                if not (lo0 <= a <= hi0 and lo1 <= b <= hi1):
+                    raise ClusterError(f"cluster {self.name!r}: {key} entry {list(item)!r} is outside "
+                                       f"[{lo0:g}, {hi0:g}] x [{lo1:g}, {hi1:g}]; give measured figures")
         for kind, _, _ in self.collective_fits:
             if kind not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"):
                 raise ClusterError(f"cluster {self.name!r}: collective_fits names unknown collective {kind!r}")
@@ -210,6 +237,9 @@ class Cluster:
         `where` prefixes messages (the file, or "cluster." for a plan's section)."""
         if not isinstance(d, dict):
             raise ClusterError(f"{where}cluster description must be a JSON object, got {type(d).__name__}")
+        bad = schema.shape_problem(d)
+        if bad:
+            raise ClusterError(f"{where}{bad}; not a cluster description")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(map(str, set(d) - known))
         if unknown:
@@ -252,11 +282,17 @@ class Cluster:
 
     @classmethod
     def load(cls, path) -> "Cluster":
+        from .fileio import SpecialFileError, read_regular
         try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
+            raw = read_regular(path, MAX_FILE_BYTES)
+        except TypeError as e:
+            raise ClusterError(f"cluster file: {e} (a str or os.PathLike)") from None
         except FileNotFoundError:
             raise ClusterError(f"cluster file {path} not found") from None
+        except IsADirectoryError:
+            raise ClusterError(f"cluster file {path} is a directory; give a cluster JSON file") from None
+        except SpecialFileError as e:
+            raise ClusterError(f"cluster file {e}; give a cluster JSON file") from None
         except OSError as e:
             raise ClusterError(f"cannot read cluster file {path}: {e.strerror or e}") from None
         if len(raw) > MAX_FILE_BYTES:

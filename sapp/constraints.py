@@ -134,6 +134,10 @@ class Constraints:
                                   f"devices; make the product {devices}")
         if devices % prod:
             raise ConstraintError(f"the pinned degrees multiply to {prod}, which does not divide {devices} devices")
+        if (self.cp or 1) > 1 and any(v == "host" for v in (self.placement or {}).values()):
+            # (search/joint/placement.py: host placement is not emitted beside context parallelism)
+            raise ConstraintError(f"cp={self.cp} cannot keep anything on the host; drop the host placement "
+                                  f"pins or pin cp=1")
         if self.zero and ((self.dp == 1 and (self.cp or 1) == 1) or devices == 1):
             # ZeRO shards over the data-parallel group: with one replica the plan would say zero 0
             # while these constraints still said otherwise

@@ -49,6 +49,9 @@ class Plan:
     def __init__(self, data: dict):
         if not isinstance(data, dict):
             raise PlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        bad = _schema.shape_problem(data)
+        if bad:
+            raise PlanError(f"{bad}; not a sapp plan")
         bad = _schema.non_finite_path(data)
         if bad:
             raise PlanError(f"{bad} holds a non-finite number; write a finite value or regenerate the plan")
@@ -94,13 +97,17 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
+        from .fileio import SpecialFileError, read_regular
         try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
+            raw = read_regular(path, MAX_FILE_BYTES)
+        except TypeError as e:
+            raise PlanError(f"plan file: {e} (a str or os.PathLike)") from None
         except FileNotFoundError:
             raise PlanError(f"plan file {path} not found") from None
         except IsADirectoryError:
             raise PlanError(f"plan file {path} is a directory; give the plan's JSON file") from None
+        except SpecialFileError as e:
+            raise PlanError(f"plan file {e}; give the plan's JSON file") from None
         except OSError as e:
             raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
         if len(raw) > MAX_FILE_BYTES:

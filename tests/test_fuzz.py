@@ -1,6 +1,8 @@
 """Property-based: every generated or mutated input (plans, plan texts, cluster specs / dicts / files,
-constraints, search arguments, sapp command lines) either succeeds or raises a SappError with a
-one-line message, within a time bound; valid plans survive save -> load unchanged.
+constraints, search arguments, sapp command lines; and bench/fuzz_hostile.py's deep nesting, huge
+counts, tiny / huge floats, special paths and hostile schema-valid plans) either succeeds with sane
+figures or raises a SappError with a one-line message, within a time bound; valid plans survive
+save -> load unchanged.
 
 The generators are bench/fuzz.py's, driven by hypothesis's random source (so failures shrink and
 replay).  CI runs the small profile; `SAPP_FUZZ_PROFILE=large pytest tests/test_fuzz.py` runs 50x more,
@@ -15,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import fuzz
+from bench import fuzz_hostile as hostile
 from sapp.errors import SappError
 from sapp.plan import Plan
 
@@ -29,23 +32,28 @@ TIME_BOUND_S = 20.0
 @pytest.fixture(scope="module")
 def fz():
     signal.signal(signal.SIGPROF, fuzz._alarm)
+    signal.signal(signal.SIGALRM, fuzz._alarm)      # (the wall-clock bound: a FIFO blocks an open)
     # plots on every valid plan, run's pre-checks on every other one
     return fuzz.Fuzzer(random.Random(0), plot_every=1, precheck_every=2, light=True)
 
 
 def _ends_cleanly(call):
     """Success or a one-line SappError, inside the bound of CPU seconds (an alarm interrupts a spin;
-    CPU time, so that a busy shared box does not fail the test)."""
+    CPU time, so that a busy shared box does not fail the test; and a wall-clock bound for an open
+    that blocks without using CPU).  A success must make sense (fuzz_hostile.Nonsense otherwise)."""
+    signal.signal(signal.SIGALRM, fuzz._alarm)
     signal.setitimer(signal.ITIMER_PROF, TIME_BOUND_S)
+    signal.setitimer(signal.ITIMER_REAL, 10 * TIME_BOUND_S)
     try:
         call()
     except SappError as e:
         msg = str(e)
         assert msg.strip() and "\n" not in msg, f"message is not one line: {msg!r}"
     except fuzz.Timeout:
-        pytest.fail(f"input ran past {TIME_BOUND_S} CPU s")
+        pytest.fail(f"input ran past {TIME_BOUND_S} CPU s (or blocked)")
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @settings(PROFILE)
@@ -108,6 +116,33 @@ def test_search_arguments(fz, rng, global_batch):
 def test_command_lines(fz, rng):
     argv = fuzz.gen_argv(rng, fz.files)
     _ends_cleanly(lambda: fz.cli_entry(argv))
+
+
+@settings(PROFILE)
+@given(st.randoms(use_true_random=False), st.integers(0, 2))
+def test_hostile_plans(fz, rng, seed_index):
+    """Deep nesting, megabyte names, tiny / huge cluster floats, huge micro-batch counts, names the
+    model lacks: refused in one line, or (floats, counts) scored with sane figures, in seconds."""
+    doc, expect = hostile.hostile_plan(rng, fz.seeds[seed_index])
+    _ends_cleanly(lambda: fz.plan_entry(doc, expect=expect))
+
+
+@settings(PROFILE)
+@given(st.randoms(use_true_random=False))
+def test_hostile_clusters_searches_and_deep_texts(fz, rng):
+    kind, value = hostile.hostile_cluster(rng, fz.cluster_base)
+    _ends_cleanly(lambda: fz.cluster_entry(kind, value))
+    cons = hostile.hostile_constraints(rng)
+    _ends_cleanly(lambda: fz.search_entry(rng.choice(["cpu", "a100-80g:nodes=1,gpus=2"]), rng.choice([1, 1 << 22]),
+                                          cons, None))
+    _ends_cleanly(lambda: fz.deep_entry(rng.choice(["plan", "cluster"]), hostile.deep_text(rng)))
+
+
+@settings(PROFILE)
+@given(st.randoms(use_true_random=False))
+def test_special_paths(fz, rng):
+    what, call = hostile.special_path_call(rng, fz.special, fz.files)
+    _ends_cleanly((lambda: fz.cli_entry(call[1])) if isinstance(call, list) else call)
 
 
 def test_generators_reach_success_and_errors(fz):

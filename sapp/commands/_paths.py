@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
+from ..fileio import special_kind
 
 
 def check_out(path, flag="--out", suffixes=None) -> str:
@@ -13,6 +14,9 @@ def check_out(path, flag="--out", suffixes=None) -> str:
     path = os.fspath(path)
     if not path or path.endswith(os.sep):
         raise UsageError(f"{flag} {path!r} is not a file name; give a path like plan.json")
+    kind = special_kind(path)
+    if kind:        # open(path, "w") on a FIFO blocks until a reader comes; a device is no result file
+        raise UsageError(f"{flag} {path} is {kind}, not a file; choose a regular file path")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a directory; give a file name inside it, e.g. {os.path.join(path, 'out.json')}")
     folder = os.path.dirname(os.path.abspath(path))

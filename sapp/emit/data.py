@@ -31,6 +31,10 @@ def _tuple(x):
 
 def load(path: str):
     """(inputs tuple, targets) from a torch.save'd (inputs, targets) pair with a leading sample axis."""
+    from ..fileio import special_kind
+    kind = special_kind(path)
+    if kind:        # torch.load would block on a FIFO
+        raise DataError(f"data file {path} is {kind}, not a file; give a torch.save'd (inputs, targets) file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

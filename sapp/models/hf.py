@@ -25,9 +25,11 @@ class HFConfigError(SappError):
 
 
 def load_config(path: str, overrides: dict):
+    from ..fileio import SpecialFileError, read_regular
     try:
-        with open(path) as f:
-            raw = json.load(f)
+        raw = json.loads(read_regular(path, 64 << 20))
+    except SpecialFileError as e:
+        raise HFConfigError(f"HF config {e}; pass the path of a config.json") from None
     except FileNotFoundError:
         raise HFConfigError(f"HF config {path} not found; pass the path of a config.json") from None
     except (OSError, ValueError) as e:

@@ -24,6 +24,26 @@ import functools
 from dataclasses import dataclass, field
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# Operations (a forward or a backward of one chunk on one device) the event simulator and torch's
+# order tables walk for one step, at most: ~2 us each in Python, so a couple of seconds.  The closed
+# forms cover everything else; an interleaved configuration past it (2^22 micro-batches: minutes and
+# gigabytes) is not searched and is refused when pinned or evaluated (a bubble of (p - 1) / (v m) is
+# nil there: 1F1B runs it as well).
+MAX_SCHEDULE_OPS = 1 << 20
+
+
+def schedule_ops(p, m, v=1) -> int:
+    """Forward and backward operations of one step over all p devices' v chunks."""
+    return 2 * p * v * m
+
+
+def too_long(p, m, v):
+    """One line saying why (p, m, v) interleaved is past MAX_SCHEDULE_OPS, or None."""
+    if schedule_ops(p, m, v) <= MAX_SCHEDULE_OPS:
+        return None
+    return (f"interleaved 1F1B with {m} micro-batches over pp={p} x {v} chunks walks "
+            f"{schedule_ops(p, m, v):,} operations a step (limit {MAX_SCHEDULE_OPS:,}); use fewer micro-batches "
+            f"or the 1f1b schedule")
 
 
 @dataclass
@@ -218,6 +238,10 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
         raise ValueError(f"unknown schedule {schedule!r}")
     if schedule != "interleaved":
         v = 1
+    if schedule_ops(p, m, v) > MAX_SCHEDULE_OPS:
+        raise ValueError(too_long(p, m, v) if schedule == "interleaved" else
+                         f"{schedule} with {m} micro-batches over {p} stages is too long to simulate "
+                         f"(limit {MAX_SCHEDULE_OPS:,} operations)")
     if schedule == "interleaved" and interleave_rounds(p, m) is None:
         raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
                          f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")

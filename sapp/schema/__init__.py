@@ -140,3 +140,30 @@ def non_finite_path(x, path=()):
             if p:
                 return p
     return None
+
+
+MAX_DEPTH = 32          # a plan nests about 8 deep (placement.predicted.components.embedding.tables.<t>.rows)
+MAX_STRING = 4096       # characters in one string or key: module paths and notes are a few hundred at most
+
+
+def shape_problem(x):
+    """A one-line reason `x` is no plan or cluster whatever its fields (nested deeper than MAX_DEPTH,
+    or a string or key longer than MAX_STRING characters), or None.  Walked with a stack, not
+    recursion: the checks after it recurse (the schema, rounding), and a report, a plot or a title
+    that takes a megabyte-long name takes minutes."""
+    stack = [(x, ())]
+    while stack:
+        v, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return f"{path_str(path[:4])}... is nested more than {MAX_DEPTH} levels deep"
+        if isinstance(v, str):
+            if len(v) > MAX_STRING:
+                return f"{path_str(path) or 'the value'} is a string of {len(v)} characters (limit {MAX_STRING})"
+        elif isinstance(v, dict):
+            for k, w in v.items():
+                if isinstance(k, str) and len(k) > MAX_STRING:
+                    return f"{path_str(path) or 'the document'} has a key of {len(k)} characters (limit {MAX_STRING})"
+                stack.append((w, path + (k,)))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((w, path + (i,)) for i, w in enumerate(v))
+    return None

@@ -3,7 +3,7 @@ the cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
-from ...pipeline.schedule import interleave_rounds
+from ...pipeline.schedule import interleave_rounds, too_long
 from .ep import ep_configs
 from .result import Config
 
@@ -67,6 +67,8 @@ def _cp_filter(ctx):
     """n -> the cp degrees to try on n devices (1 only for models CP cannot split, or when pinned)."""
     from .cp import cp_degrees
     pin = getattr(ctx.cons, "cp", None)
+    if host_pinned(ctx.cons):
+        pin = 1         # host placement is not emitted beside context parallelism: honour the pins
     cache = {}
 
     def degrees(n):
@@ -74,6 +76,11 @@ def _cp_filter(ctx):
             cache[n] = [x for x in cp_degrees(ctx.graph, n) if pin is None or x == pin] if pin != 1 else [1]
         return cache[n]
     return degrees
+
+
+def host_pinned(cons) -> bool:
+    """Whether placement pins ask for something on the host (what a cp > 1 plan cannot run)."""
+    return any(v == "host" for v in (getattr(cons, "placement", None) or {}).values())
 
 
 def _configs_at(ctx, c, out, pp, dp, tp, cp):
@@ -148,9 +155,14 @@ def interleave_values(ctx, pp, m):
     deals the blocks out afterwards) and at least v blocks on every stage.  Searched: the v that
     divide the L blocks (every stage then holds a multiple of v: equal chunks), with m a multiple
     of pp (the closed form is exact there); pinned: any v from 2 to floor(L / pp) (chunks as equal
-    as they go) and any m torch's interleaved 1F1B runs (both priced by the schedule simulator)."""
+    as they go) and any m torch's interleaved 1F1B runs (both priced by the schedule simulator);
+    never one whose schedule walks more than schedule.MAX_SCHEDULE_OPS operations."""
     if pp < 2 or not ctx.uniform:
         return []
+    return [v for v in _interleave_values(ctx, pp, m) if not too_long(pp, m, v)]
+
+
+def _interleave_values(ctx, pp, m):
     k = ctx.L // pp
     pin_v, pin_m = ctx.cons.virtual_chunks, ctx.cons.micro_batches
     if pin_v is not None:
@@ -182,6 +194,10 @@ def interleave_problem(ctx):
     """Why a pinned virtual_chunks has no configuration (one line), or None."""
     c = ctx.cons
     v = c.virtual_chunks
+    if v is None and c.schedule == "interleaved" and c.micro_batches is not None:
+        pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
+        long = [too_long(p, c.micro_batches, 2) for p in pps]
+        return long[0] if long and all(long) else None
     if v is None or v < 2:
         return None
     if not ctx.uniform:
@@ -195,6 +211,9 @@ def interleave_problem(ctx):
                 f"and last beside the embedding / head), but the model's {ctx.L} blocks give {ctx.L // p}; use "
                 f"virtual_chunks <= {max(1, (ctx.L + 2) // p)} or fewer stages")
     if c.micro_batches is not None:
+        long = [too_long(p, c.micro_batches, v) for p in fit]
+        if all(long):
+            return f"virtual_chunks={v}: {long[0]}"
         bad = [p for p in fit if interleave_rounds(p, c.micro_batches) is None]
         if bad and len(bad) == len(fit):
             p = bad[0]

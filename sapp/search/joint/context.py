@@ -19,6 +19,7 @@ class SearchContext:
         self.strategy_cache = {}
         self.numbers = {}
         self.placements = {}
+        self.pin_error = None         # a placement pin placement_options refused (search.py says it)
         self.best_by_placement = {}   # option name -> (step, config) of the best feasible config using it
         # host placement is worth pricing for sparse embedding tables or when the user pins it
         self.placement_relevant = bool(cons.placement) or any(

@@ -64,10 +64,11 @@ def _model_options(ctx, cfg, prof):
                 ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
                 micro_batches=cfg.m, compute_s=cfg.m * sum(num.t), pins=ctx.cons.placement, micro_batch_size=cfg.mbs,
                 device_split=table_split(ctx, prof))
-        except ConstraintError:
+        except ConstraintError as e:
             # pins this ZeRO stage cannot run (placement refuses them there); another ZeRO stage may
             if ctx.cons.zero is not None:
                 raise
+            ctx.pin_error = str(e)      # said instead of "nothing fits" if no configuration honours them
             opts = []
         ctx.placements[key] = opts
     return opts

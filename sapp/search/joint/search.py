@@ -11,7 +11,7 @@ from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes
 from .bounds import analytic_bound, profile_bound
-from .configs import enumerate_configs, interleave_problem
+from .configs import host_pinned, enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
@@ -38,7 +38,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         raise ConstraintError(interleave_problem(ctx))
     if not configs:
         raise ConstraintError(f"no (pp, dp, tp, micro-batch) combination fits {cluster.devices} devices with global "
-                              f"batch {global_batch} under the constraints; relax them or change the batch")
+                              f"batch {global_batch} under the constraints"
+                              + (" (host placement pins rule out context parallelism)" if host_pinned(cons) else "")
+                              + "; relax them or change the batch")
     # Best-first branch and bound: a configuration first enters with its analytic bound; popped, it
     # gets its profile bound (its (dp, tp) profile built on first use) and goes back; popped again
     # it is evaluated.  Configurations are thus evaluated in profile-bound order, so the optimum is
@@ -81,6 +83,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
             best = res
+    if best is None and getattr(ctx, "pin_error", None):
+        raise ConstraintError(ctx.pin_error)
     if best is None:
         closest = None            # (memory needed, config) of the best infeasible attempt
         for cfg, prof in infeasible:
