@@ -318,7 +318,10 @@ def _layout(args, ecfg, L):
             raise EngineError("sapp prices Llama 3's interleaved layout with both --account-for-embedding- and "
                               "--account-for-loss-in-pipeline-split, or neither")
         total = L + 2 * account[0]
-        v = vs if vs is not None else (total // (pp * k) if k else 0)
+        if k is not None and (k < 1 or total % (pp * k)):
+            raise EngineError(f"{total} layers do not split into {pp} stages of virtual stages of {k} layers each "
+                              f"(equal size)")
+        v = vs if vs is not None else total // (pp * k)
         if v < 1 or total % (pp * v):
             raise EngineError(f"{total} layers do not split into {pp} stages x {v} virtual stages of equal size")
         k = total // (pp * v)
