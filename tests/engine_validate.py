@@ -81,8 +81,15 @@ class _DataParallel:
 
 
 def deepspeed(json_text: str, world: int):
-    """DeepSpeed's config parser (batch arithmetic, ZeRO section via pydantic) at `world` ranks."""
+    """DeepSpeed's config parser (batch arithmetic, ZeRO section via pydantic) at `world` data-parallel
+    ranks.  It asks deepspeed.comm for this process's rank first (no process group here: rank 0 is
+    answered for that one call) and the mpu for the data-parallel world size."""
     import os
     os.environ.setdefault("DS_BUILD_OPS", "0")
-    from deepspeed.runtime.config import DeepSpeedConfig
-    return DeepSpeedConfig(json.loads(json_text), mpu=_DataParallel(world))
+    from deepspeed.runtime import config as ds_config
+    real = ds_config.dist.get_rank
+    ds_config.dist.get_rank = lambda *a, **k: 0
+    try:
+        return ds_config.DeepSpeedConfig(json.loads(json_text), mpu=_DataParallel(world))
+    finally:
+        ds_config.dist.get_rank = real

@@ -17,6 +17,7 @@ from sapp.engines.mapping import changes, comparison, from_plan
 from sapp.engines.megatron import tokens
 
 CLUSTER = "a100-80g:nodes=128"
+SMALL = "a100-80g:devices=8"
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +60,12 @@ def test_target_megatron_searches_only_what_megatron_states(gpt175):
 
 
 def test_search_targets_restrict_the_space():
-    cl = api.resolve_cluster("a100-80g:nodes=2")
-    graph, _ = api.capture_graph(api.resolve_model("gpt3-1.3b")[0])
-    ds = api.search("gpt3-1.3b", cl, graph=graph, constraints={"target": "deepspeed"})
+    cl = api.resolve_cluster(SMALL)
+    graph, _ = api.capture_graph(api.resolve_model("gpt3-350m")[0])
+    ds = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "deepspeed"})
     assert (ds["parallel"]["tp"], ds["parallel"]["pp"]) == (1, 1)
     assert set(ds["recompute"]["blocks"].values()) | {ds["recompute"]["default"]} <= {"none", "full"}
-    tt = api.search("gpt3-1.3b", cl, graph=graph, constraints={"target": "torchtitan", "tp": 2})
+    tt = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "torchtitan", "tp": 2})
     assert tt["zero"] != 1 and tt["parallel"]["sp"] is True
     if tt["zero"] > 1:          # FSDP2 sharding: not Megatron's distributed optimizer
         with pytest.raises(EngineError, match="ZeRO-1"):
@@ -182,26 +183,26 @@ mode = "full"
 
 
 def test_deepspeed_roundtrip_and_refusals():
-    cl = api.resolve_cluster("a100-80g:nodes=2")
-    graph, _ = api.capture_graph(api.resolve_model("gpt3-1.3b")[0])
+    cl = api.resolve_cluster(SMALL)
+    graph, _ = api.capture_graph(api.resolve_model("gpt3-350m")[0])
     cfg = {"train_batch_size": 512, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {
         "stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": True}}
-    plan = E.import_config(json.dumps(cfg), "deepspeed", graph, cl, "gpt3-1.3b")
-    assert (plan["parallel"]["dp"], plan["zero"], plan["pipeline"]["micro_batches"]) == (16, 2, 8)
+    plan = E.import_config(json.dumps(cfg), "deepspeed", graph, cl, "gpt3-350m")
+    assert (plan["parallel"]["dp"], plan["zero"], plan["pipeline"]["micro_batches"]) == (8, 2, 16)
     assert plan["placement"]["predicted"]["option"] == "optimizer-host"
     text, _, notes = E.export_plan(plan, "deepspeed", graph=graph, cluster=cl)
     out = json.loads(text)
     assert out["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
-    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (512, 4, 8)
+    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (512, 4, 16)
     for bad, what in (({"train_batch_size": 500, "train_micro_batch_size_per_gpu": 4}, "500"),
                       ({"train_batch_size": 512, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
                        "offload_param"),
                       ({"train_batch_size": "auto"}, "give train_batch_size")):
         with pytest.raises(EngineError) as e:
-            E.import_config(json.dumps(bad), "deepspeed", graph, cl, "gpt3-1.3b")
+            E.import_config(json.dumps(bad), "deepspeed", graph, cl, "gpt3-350m")
         assert what in str(e.value)
     with pytest.raises(EngineError, match="states data parallelism only"):
-        mp = api.search("gpt3-1.3b", cl, graph=graph, constraints={"tp": 2, "pp": 1})
+        mp = api.search("gpt3-350m", cl, graph=graph, constraints={"tp": 2, "pp": 1})
         E.export_plan(mp, "deepspeed", graph=graph, cluster=cl)
 
 
@@ -239,17 +240,17 @@ def test_changes_name_what_differs(gpt175):
 
 def test_cli_export_import_and_diff(tmp_path, capsys):
     plan_path, args_path, mine, best = (str(tmp_path / n) for n in ("p.json", "p.args", "mine.json", "best.json"))
-    assert main(["search", "--model", "gpt3-1.3b", "--cluster", "a100-80g:nodes=2", "--target", "megatron",
+    assert main(["search", "--model", "gpt3-350m", "--cluster", SMALL, "--target", "megatron", "--tp", "2",
                  "--out", plan_path]) == 0
     assert main(["export", plan_path, "--to", "megatron", "--out", args_path]) == 0
     assert "--tensor-model-parallel-size" in open(args_path).read()
     capsys.readouterr()
-    assert main(["import", "--from", "megatron", args_path, "--model", "gpt3-1.3b", "--cluster", "a100-80g:nodes=2",
+    assert main(["import", "--from", "megatron", args_path, "--model", "gpt3-350m", "--cluster", SMALL,
                  "--out", mine, "--best-out", best]) == 0
     out = capsys.readouterr().out
     assert "your configuration" in out and "(fused runtime)" in out
     assert main(["diff", mine, best]) == 0
     assert main(["evaluate", mine]) == 0
     assert main(["export", plan_path, "--to", "deepspeed"]) in (0, 2)
-    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-1.3b", "--cluster", "a100-80g:nodes=2"]) == 2
+    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
     assert "not a TOML file" in capsys.readouterr().err
