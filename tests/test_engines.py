@@ -254,3 +254,36 @@ def test_cli_export_import_and_diff(tmp_path, capsys):
     assert main(["export", plan_path, "--to", "deepspeed"]) in (0, 2)
     assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
     assert "not a TOML file" in capsys.readouterr().err
+
+
+def test_table2_argument_files_price_as_the_pinned_rows(tmp_path, capsys):
+    """bench/megatron_args: Narayanan et al. 2021 Table 2's GPT 175B (1536 GPUs) and 530B (2240 GPUs)
+    as Megatron-LM argument files price what bench/published.py's pinned rows price; `sapp diff`
+    against sapp's best Megatron plan says what changes and by how much."""
+    from bench import published
+    from sapp.cluster import Cluster
+    from sapp.costmodel import CostSettings
+    from sapp.plan import Plan
+    cache, st = {}, CostSettings(precision="bf16-mixed", runtime="fused")
+    for name, path in (("GPT 175B 1536 GPUs t8 p12", "bench/megatron_args/gpt_175b_1536gpus.args"),
+                       ("GPT 530B 2240 GPUs t8 p35", "bench/megatron_args/gpt_530b_2240gpus.args")):
+        row = next(r for r in published.ROWS if r.name == name)
+        pinned = published.price(row, st, cache)
+        graph, cl = published._graph(row, cache), Cluster.parse(row.cluster)
+        mine = E.import_config(open(path).read(), "megatron", graph, cl, "gpt3-175b")
+        assert mine["predicted"]["step_time_s"] == pytest.approx(pinned.step_s, rel=1e-4), name
+        assert mine["pipeline"]["schedule"] == "interleaved" and f"v={mine['pipeline']['virtual_chunks']}" in pinned.config
+    # the 530B run beside sapp's best Megatron configuration for the same model, cluster and batch
+    best = api.search(graph, cl, graph=graph, global_batch=row.global_batch, constraints={"target": "megatron"},
+                      runtime="fused")
+    _, best, _ = E.export_plan(best, "megatron", graph=graph, cluster=cl)
+    line = comparison(mine, best)
+    assert "best found" in line and best["predicted"]["step_time_s"] < mine["predicted"]["step_time_s"]
+    a, b = str(tmp_path / "table2.json"), str(tmp_path / "best.json")
+    mine.save(a)
+    best.save(b)
+    capsys.readouterr()
+    assert main(["diff", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "step_time_s" in out or "step" in out
+    assert Plan.load(a)["predicted"]["step_time_s"] == mine["predicted"]["step_time_s"]
