@@ -16,6 +16,8 @@ COMMANDS = {
     "diff": "compare two plans",
     "plot": "draw a plan's pipeline schedule and memory",
     "schema": "print the JSON Schema of plan or cluster files",
+    "export": "write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON",
+    "import": "price a Megatron-LM / torchtitan / DeepSpeed configuration as a plan, beside sapp's best",
 }
 
 

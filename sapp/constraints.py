@@ -16,6 +16,22 @@ MAX_GLOBAL_BATCH = 1 << 22
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
 POLICIES = ("none", "selective", "full")
 
+# What each training engine can state in its own configuration (`sapp search --target`, sapp/engines):
+# the search enumerates only these (configs.enumerate_configs, SearchContext.allowed, host placement);
+# what is left (a per-block recompute mix an engine states differently) is conformed and re-priced on
+# export (sapp/engines/mapping.conform).  `sp`: "any" (a choice), "with-tp" (on whenever tp > 1:
+# torchtitan's tensor-parallel plan always shards the norms' sequence), "off".  `host`: the placement
+# options it runs ("optimizer-host": DeepSpeed's offload_optimizer).  `runtimes`: the profiles that
+# price it, the first the default.
+TARGETS = {
+    "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "model_parallel": True,
+                 "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
+    "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
+                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("eager",)},
+    "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
+                  "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
+}
+
 
 @dataclass(frozen=True)
 class Constraints:
@@ -34,6 +50,7 @@ class Constraints:
     cp: int | None = None                 # context-parallel ranks per sample (the sequence split over them)
     ep: int | None = None                 # expert parallelism (MoE models): EP group size, divides dp
     sp: bool | None = None                # Megatron sequence parallelism on the tp level (tp > 1)
+    target: str | None = None             # a training engine (TARGETS): only what it can state is searched
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -93,6 +110,19 @@ class Constraints:
             if not isinstance(self.placement, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) and v in ("host", "device") for k, v in self.placement.items()):
                 raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
+        if self.target is not None and self.target not in TARGETS:
+            raise ConstraintError(f"target {self.target!r} is unknown; use one of {', '.join(TARGETS)}")
+        lim = self.limits
+        if lim and not lim["model_parallel"]:
+            for k in ("tp", "pp", "cp", "ep"):
+                if getattr(self, k) not in (None, 1):
+                    raise ConstraintError(f"target {self.target} has no {k} in its configuration; drop {k}={getattr(self, k)} "
+                                          f"or choose another target")
+        if lim and self.zero is not None and self.zero not in lim["zero"]:
+            raise ConstraintError(f"target {self.target} runs ZeRO stages {', '.join(map(str, lim['zero']))}, not {self.zero}")
+        if lim and self.schedule is not None and self.schedule not in lim["schedules"]:
+            raise ConstraintError(f"target {self.target} has no {self.schedule!r} schedule; use one of "
+                                  f"{', '.join(lim['schedules'])}")
         if self.sp is not None and not isinstance(self.sp, bool):
             raise ConstraintError(f"constraint sp must be true or false, got {self.sp!r}")
         if self.sp and self.tp == 1:
@@ -101,6 +131,11 @@ class Constraints:
             raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
         if self.dp and self.max_dp and self.dp > self.max_dp:
             raise ConstraintError(f"dp={self.dp} exceeds max_dp={self.max_dp}; drop one of them")
+
+    @property
+    def limits(self) -> dict | None:
+        """The target engine's limits (TARGETS), or None when no engine is targeted."""
+        return TARGETS.get(self.target) if self.target else None
 
     @staticmethod
     def check_global_batch(value, field="global batch") -> int:

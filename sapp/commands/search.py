@@ -22,11 +22,13 @@ def add_constraint_arguments(p):
     g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
     g.add_argument("--ep", type=int, help="expert-parallel degree for MoE models (EP groups of dp ranks)")
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
+    g.add_argument("--target", choices=("megatron", "torchtitan", "deepspeed"),
+                   help="search only what this engine can state, priced with its runtime (then `sapp export --to` it)")
 
 
 def constraints_from_args(args) -> dict:
     keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp", "cp",
-            "ep")
+            "ep", "target")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "sp", None) is not None:
         out["sp"] = args.sp == "on"
@@ -95,9 +97,41 @@ def run(args):
     if args.out:
         check_out(args.out)          # before the search, not after it
     t0 = time.perf_counter()
+    target = getattr(args, "target", None)
+    if target:
+        return _run_target(args, target, t0)
     with Progress(label="joint search") as prog:      # draws on a terminal only
         plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog, runtime=args.runtime)
+    _finish(args, plan, t0)
+    return 0
+
+
+def _run_target(args, target, t0):
+    """The search restricted to what `target` states (constraints.TARGETS), priced with its runtime;
+    what it still cannot state (a per-block recompute mix) conformed and re-priced (sapp/engines)."""
+    from .. import api
+    from ..constraints import TARGETS
+    from ..engines import export_plan
+    from ..errors import UsageError
+    from ..report.progress import Progress
+    runtimes = TARGETS[target]["runtimes"]
+    if args.runtime is not None and args.runtime not in runtimes:
+        raise UsageError(f"--target {target} runs the {' or '.join(runtimes)} runtime, not {args.runtime}; drop --runtime")
+    cl = api.resolve_cluster(args.cluster)
+    spec = model_spec(args)
+    graph, _ = api.capture_graph(api.resolve_model(spec)[0])
+    with Progress(label="joint search") as prog:
+        plan = api.search(spec, cl, global_batch=args.batch, constraints=constraints_from_args(args), graph=graph,
+                          precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0])
+    timing = getattr(plan, "_timing", {})
+    _, plan, _ = export_plan(plan, target, graph=graph, cluster=cl)
+    plan._timing = timing
+    _finish(args, plan, t0)
+    return 0
+
+
+def _finish(args, plan, t0):
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:
         plan.save(args.out)
@@ -107,4 +141,3 @@ def run(args):
         print(summary(plan, timing))
         if args.out:
             print(f"plan written to {args.out}")
-    return 0

@@ -24,8 +24,14 @@ def divisors(n):
 
 
 def _sp_options(cons, tp):
-    """Sequence parallelism is a choice per tp degree > 1 (off first: ties keep the plain layout)."""
+    """Sequence parallelism is a choice per tp degree > 1 (off first: ties keep the plain layout);
+    a target engine may fix it (constraints.TARGETS)."""
     pin = getattr(cons, "sp", None)
+    rule = (getattr(cons, "limits", None) or {}).get("sp", "any")
+    if rule == "off" or (rule == "with-tp" and tp == 1):
+        return (False,) if not pin else ()
+    if rule == "with-tp":
+        return (True,) if pin is not False else ()
     if tp == 1:
         return (False,) if not pin else ()
     return (pin,) if pin is not None else (False, True)
@@ -37,21 +43,24 @@ def enumerate_configs(ctx):
     N, gpn = cl.devices, cl.gpus_per_node
     out = []
     cp_ok = _cp_filter(ctx)
-    tps = [t for t in divisors(gpn) if (c.tp is None or t == c.tp) and (c.max_tp is None or t <= c.max_tp)]
+    lim = c.limits or {}
+    single = lim.get("model_parallel") is False      # a data-parallel-only engine (DeepSpeed's JSON)
+    tps = [t for t in divisors(gpn) if (c.tp is None or t == c.tp) and (c.max_tp is None or t <= c.max_tp)
+           and not (single and t > 1)]
     for tp in tps:
         if N % tp:
             continue
         for pp in divisors(N // tp):
             if c.pp is not None and pp != c.pp:
                 continue
-            if pp > 1 and pp > ctx.L:
+            if pp > 1 and (pp > ctx.L or single):
                 continue
             if ctx.stage_pins is not None and pp != ctx.stage_pins[-1] + 1:
                 continue
             S = N // pp
             if not (gpn % S == 0 or S % gpn == 0):
                 continue
-            for cp in cp_ok(N // (pp * tp)):
+            for cp in (cp_ok(N // (pp * tp)) if not single else [1]):
                 dp = N // (pp * tp * cp)
                 if (c.dp is not None and dp != c.dp) or (c.max_dp is not None and dp > c.max_dp):
                     continue
@@ -95,8 +104,9 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
             scheds = [("none", 1)]
         else:
             scheds = [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in interleave_values(ctx, pp, m)]
+        lim = c.limits or {}
         for s, v in scheds:
-            if c.schedule is not None and s != c.schedule:
+            if (c.schedule is not None and s != c.schedule) or (lim and s not in lim["schedules"]):
                 continue
             if s != "gpipe" and m < pp:
                 continue        # torch's 1F1B schedules need micro-batches >= stages
@@ -109,13 +119,13 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
             for z in ((0, 1, 2, 3) if dp * cp > 1 else (0,)):  # ZeRO shards over dp x cp
                 # a pinned ZeRO stage is what the plan must say: a dp = 1 configuration
                 # (nothing to shard over) would be written as zero 0 beside the pin
-                if c.zero is not None and z != c.zero:
+                if (c.zero is not None and z != c.zero) or (lim and z not in lim["zero"]):
                     continue
                 for sp in _sp_options(c, tp):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
                     if c.ep is None or c.ep == 1:
                         out.append(cfg)
-                    if cp == 1:         # expert parallelism is searched (and emitted) without cp
+                    if cp == 1 and lim.get("model_parallel", True):   # expert parallelism: without cp
                         out += ep_configs(ctx, cfg)
 
 

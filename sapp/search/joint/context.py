@@ -67,7 +67,10 @@ class SearchContext:
 
     def allowed(self, block):
         pin = self.policy_pins.get(block)
-        return (pin,) if pin else POLICIES
+        if pin:
+            return (pin,)
+        lim = self.cons.limits
+        return lim["recompute"] if lim else POLICIES
 
 
 def loss_sync_time(cluster) -> float:

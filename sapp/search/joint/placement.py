@@ -33,6 +33,11 @@ def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=
         if memory_needed(ctx, cfg, prof) - sum(num.states) / cfg.pp > ctx.cap:
             return None
     opts = [o for o in _model_options(ctx, cfg, prof) if o.name != "device"]
+    lim = ctx.cons.limits
+    if lim is not None:             # a target engine runs only the host placements it can state
+        opts = [o for o in opts if o.name in lim["host"]]
+        if not opts:
+            return res
     if res is not None and not ctx.cons.placement:
         floor = _placement_floor(ctx, cfg, prof, res)
         opts = [o for o in opts if floor + (o.extra_time_s if cfg.pp == 1 else 0.0) < res.step_time_s]

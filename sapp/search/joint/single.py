@@ -8,13 +8,14 @@ from .context import SearchContext
 from .placement import evaluate_config
 
 
-def score_config(graph, cluster, global_batch, cons, settings, cfg, *, fixed_strategies=None):
+def score_config(graph, cluster, global_batch, cons, settings, cfg, *, fixed_strategies=None, search_fn=None):
     """(allowed, result) for exactly `cfg` under the pins `cons`, capacity ignored (a plan that does
     not fit is reported, not refused).  `allowed` is False when the cluster, batch and pins do not
     admit `cfg`; `result` is None when its stages cannot be priced.  Not joint_search: its
     enumeration leaves out interleaved schedules when blocks carry different recompute pins, which
-    every interleaved plan with per-block recomputation has."""
-    ctx = SearchContext(graph, cluster, global_batch, cons, settings, None)
+    every interleaved plan with per-block recomputation has.  `search_fn`: the tp level's sharding
+    search where no splits are fixed (an engine's configuration: api.tp_search_fn, as searched)."""
+    ctx = SearchContext(graph, cluster, global_batch, cons, settings, search_fn)
     ctx.fixed = fixed_strategies
     ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)

@@ -1,0 +1,42 @@
+"""`sapp export PLAN --to megatron|torchtitan|deepspeed [--out FILE]`: a plan as the engine's own
+configuration (sapp/engines).  What the engine cannot state is refused in one line, or exported as the
+nearest configuration it runs with a NOTE, re-priced as exported."""
+from __future__ import annotations
+
+import sys
+
+from ..units import fmt_time
+
+
+def add_arguments(p):
+    p.add_argument("plan", help="plan JSON file (from `sapp search`)")
+    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "deepspeed"),
+                   help="engine: megatron (pretrain_gpt.py arguments), torchtitan (job TOML), deepspeed (config JSON)")
+    p.add_argument("--out", help="write the configuration here (default: print it)")
+    p.add_argument("--plan-out", metavar="PLAN_JSON",
+                   help="also write the plan as exported (re-priced when the engine runs something else)")
+
+
+def run(args):
+    from ..engines import export_plan
+    from ..plan import Plan
+    from ._paths import check_out
+    for path, flag in ((args.out, "--out"), (args.plan_out, "--plan-out")):
+        if path:
+            check_out(path, flag)
+    plan = Plan.load(args.plan)
+    text, exported, notes = export_plan(plan, args.to)
+    for n in notes:
+        print(f"NOTE: {n}", file=sys.stderr)
+    if notes:
+        print(f"NOTE: re-priced as exported: {fmt_time(exported['predicted']['step_time_s'])}/step "
+              f"(the plan said {fmt_time(plan['predicted']['step_time_s'])})", file=sys.stderr)
+    if args.plan_out:
+        exported.save(args.plan_out)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"{args.to} configuration written to {args.out}")
+    else:
+        print(text, end="")
+    return 0

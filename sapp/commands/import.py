@@ -1,0 +1,74 @@
+"""`sapp import --from megatron ARGS | torchtitan TOML | deepspeed JSON --model M --cluster C --out plan.json`:
+an engine configuration as a sapp plan, priced with that engine's runtime profile, and (unless
+--no-compare) sapp's best plan for the same engine beside it in one line."""
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..units import fmt_bytes, fmt_time
+from ._model import add_model_arguments, model_spec
+
+MAX_BYTES = 4 << 20          # an engine configuration is a few kB
+
+
+def add_arguments(p):
+    p.add_argument("--from", dest="engine", required=True, choices=("megatron", "torchtitan", "deepspeed"),
+                   help="the engine the configuration is for")
+    p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan TOML or "
+                                  "DeepSpeed JSON (read as data, never executed)")
+    add_model_arguments(p)
+    p.add_argument("--cluster", required=True, help="the cluster it runs on, e.g. a100-80g:nodes=128, or a JSON file")
+    p.add_argument("--out", help="write the imported plan JSON here")
+    p.add_argument("--best-out", metavar="PLAN_JSON", help="write sapp's best plan for the same engine here")
+    p.add_argument("--no-compare", action="store_true", help="only price the configuration (no search)")
+
+
+def read_text(path) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MB; not an engine configuration")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+
+
+def run(args):
+    from .. import api
+    from ..engines import comparison, import_config
+    from ._paths import check_out
+    for path, flag in ((args.out, "--out"), (args.best_out, "--best-out")):
+        if path:
+            check_out(path, flag)
+    text = read_text(args.config)
+    spec = model_spec(args)
+    cl = api.resolve_cluster(args.cluster)
+    module, name, _ = api.resolve_model(spec)
+    graph, _ = api.capture_graph(module)
+    plan = import_config(text, args.engine, graph, cl, name, source=args.config)
+    if args.out:
+        plan.save(args.out)
+    pr = plan["predicted"]
+    fits = pr["peak_memory_bytes"] <= cl.usable_memory
+    print(f"your configuration  {fmt_time(pr['step_time_s'])}/step  MFU {pr['mfu']:.1%}  peak "
+          f"{fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(cl.usable_memory)} usable"
+          f"{'' if fits else '  DOES NOT FIT'}  ({plan['settings']['runtime']} runtime)")
+    for n in plan["notes"]:
+        print(f"  - {n}")
+    if args.out:
+        print(f"plan written to {args.out}")
+    if args.no_compare:
+        return 0 if fits else 1
+    best = api.search(graph=graph, model=module, cluster=cl, global_batch=plan["model"]["global_batch"],
+                      constraints={"target": args.engine}, runtime=plan["settings"]["runtime"],
+                      precision=plan["settings"]["precision"])
+    from ..engines import export_plan
+    _, best, _ = export_plan(best, args.engine, graph=graph, cluster=cl)   # as the engine would run it
+    print(comparison(plan, best))
+    if args.best_out:
+        best.save(args.best_out)
+        print(f"best plan written to {args.best_out}  (compare: sapp diff {args.out or 'yours.json'} {args.best_out})")
+    return 0 if fits else 1

@@ -1,0 +1,86 @@
+"""Plans in and out of the engines users train with: Megatron-LM arguments, torchtitan TOML, DeepSpeed
+JSON (one module each; `mapping` is the engine-neutral middle).
+
+    text, plan, notes = export_plan(plan, "megatron")             # `sapp export`
+    plan = import_config(text, "megatron", graph, cluster, name)  # `sapp import`
+
+An element an engine cannot state is refused in one line (EngineError), or exported as the nearest
+configuration the engine runs with a note, and re-priced as exported: never dropped silently.
+Engine files are read as data (shlex tokens, tomllib, json): nothing in them is executed."""
+from __future__ import annotations
+
+import importlib
+
+from .mapping import EngineConfig, EngineError, comparison, from_plan, price
+
+ENGINES = ("megatron", "torchtitan", "deepspeed")
+SUFFIX = {"megatron": "args", "torchtitan": "toml", "deepspeed": "json"}
+
+
+def get(name: str):
+    if name not in ENGINES:
+        raise EngineError(f"unknown engine {name!r}; use one of {', '.join(ENGINES)}")
+    return importlib.import_module(f"sapp.engines.{name}")
+
+
+def model_facts(meta: dict, names) -> dict:
+    """The model's shape as an engine states it, from a plan's / graph's meta (zoo config or HF
+    config facts); None where unknown.  `layers` is the captured block count."""
+    c = dict(meta.get("config") or {})
+    hf = {"h": "hidden_size", "a": "num_attention_heads", "kv": "num_key_value_heads", "ffn": "intermediate_size",
+          "V": "vocab_size", "experts": "num_local_experts", "top_k": "num_experts_per_tok"}
+    for k, key in hf.items():
+        if k not in c and key in c:
+            c[k] = c[key]
+    ffn = c.get("expert_ffn") if c.get("experts") else c.get("ffn")
+    return {"layers": len(names), "names": list(names), "hidden": c.get("h"), "heads": c.get("a"),
+            "kv_heads": c.get("kv"), "ffn": ffn, "seq": meta.get("seq") or c.get("s"), "vocab": c.get("V"),
+            "experts": c.get("experts"), "top_k": c.get("top_k")}
+
+
+def block_names(graph) -> list:
+    from ..pipeline.profile import split_units
+    return [u.name for u in split_units(graph) if u.kind == "block"]
+
+
+def export_plan(plan, engine: str, *, graph=None, cluster=None):
+    """(text, plan as exported, notes).  When the engine runs something other than the plan says, the
+    configuration is conformed to what it runs, re-priced (capturing the plan's model unless `graph`
+    is given) and every change is in `notes`."""
+    from ..cluster import Cluster
+    mod = get(engine)
+    ecfg = from_plan(plan, engine)
+    names = block_order(plan, graph)
+    out, notes = mod.conform(ecfg, names)
+    exported = plan
+    if notes:
+        if graph is None:
+            from ..api import capture_graph, resolve_model
+            graph, _ = capture_graph(resolve_model(plan["model"]["name"])[0])
+            plan.check_model(graph.fingerprint(), plan["model"]["name"])
+        cl = cluster or Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
+        exported = price(graph, cl, out, name=plan["model"]["name"],
+                         notes=[f"exported to {engine}: {n}" for n in notes])
+    facts = model_facts(plan["model"].get("meta") or {}, names)
+    pr = exported["predicted"]
+    header = [f"{engine} configuration written by `sapp export` for {plan['model']['name']} on {plan['devices']} GPUs",
+              f"priced {pr['step_time_s']:.4g} s/step, MFU {pr['mfu']:.1%} ({out.runtime} runtime): {out.describe()}"]
+    header += [f"NOTE: {n}" for n in notes]
+    return mod.export(out, facts, names, header=header), exported, notes
+
+
+def block_order(plan, graph=None) -> list:
+    if graph is not None:
+        return block_names(graph)
+    from .mapping import block_order as order
+    return order(plan)
+
+
+def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source=""):
+    """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`."""
+    mod = get(engine)
+    names = block_names(graph)
+    facts = model_facts(meta if meta is not None else graph.meta, names)
+    ecfg = mod.parse(text, facts, cluster.devices)
+    where = f" {source}" if source else ""
+    return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])

@@ -1,0 +1,243 @@
+"""The engine-neutral middle of export and import: `EngineConfig` is what a training engine's
+configuration says (degrees, batches, schedule and layout, ZeRO, recomputation, offload, precision,
+runtime), read off a plan (`from_plan`) or parsed from an engine's file (sapp/engines/<engine>.py),
+and priced as that one configuration (`price`: the plan `sapp evaluate` re-scores to the same figure).
+
+Nothing here reads a file or imports an engine: the engine modules turn text into an EngineConfig
+(data only: shlex tokens, tomllib, json) and back."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..errors import SappError
+
+
+class EngineError(SappError, ValueError):
+    """An engine configuration sapp cannot read, or a plan element an engine cannot state."""
+
+
+@dataclass
+class EngineConfig:
+    engine: str
+    global_batch: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    schedule: str = "none"          # none | 1f1b | gpipe | interleaved
+    v: int = 1                      # virtual chunks per device (interleaved)
+    mbs: int = 1                    # samples per micro-batch per data-parallel replica
+    m: int = 1                      # micro-batches per step per replica (gradient accumulation x pipeline)
+    zero: int = 0
+    recompute: object = "none"      # "none" | "selective" | "full" | {block name: policy} (real names)
+    device_blocks: list | None = None   # blocks per pipeline device, in order (pp entries)
+    chunk_blocks: list | None = None    # interleaved: blocks per virtual stage j = c * pp + i (pp * v entries)
+    offload_optimizer: bool = False
+    precision: str = "bf16-mixed"
+    runtime: str = "eager"
+    notes: list = field(default_factory=list)
+
+    def replace(self, **kw) -> "EngineConfig":
+        return dataclasses.replace(self, notes=list(self.notes), **kw)
+
+    def describe(self) -> str:
+        sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.v}" if self.v > 1 else "")
+        rc = self.recompute if isinstance(self.recompute, str) else "per-block"
+        extra = "".join(f" {k}={getattr(self, k)}" for k in ("cp", "ep") if getattr(self, k) > 1)
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{extra}{' sp' if self.sp else ''}{sched} "
+                f"micro-batches {self.m} x {self.mbs} ZeRO-{self.zero} recompute {rc}"
+                + (" offload-optimizer" if self.offload_optimizer else ""))
+
+
+# ---- a plan as an engine configuration -------------------------------------------------------------
+def _ordered_stages(plan):
+    return sorted(plan["pipeline"].get("stages") or [], key=lambda s: s["index"])
+
+
+def block_order(plan) -> list:
+    """The plan's blocks in model order (interleaved plans list them per virtual stage, in order)."""
+    return [b for s in _ordered_stages(plan) for b in s.get("blocks") or []]
+
+
+def from_plan(plan, engine: str) -> EngineConfig:
+    """What `plan` runs, in engine-neutral terms (before the engine's `conform`)."""
+    par, pipe, st = plan["parallel"], plan["pipeline"], plan._d.get("settings") or {}
+    pp = par["pp"]
+    sched = pipe.get("schedule", "none") if pp > 1 else "none"
+    v = (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1
+    stages = _ordered_stages(plan)
+    chunk = device = None
+    if pp > 1 and stages:
+        if sched == "interleaved" and len(stages) == pp * v:
+            chunk = [len(s.get("blocks") or []) for s in stages]
+            device = [sum(chunk[c * pp + i] for c in range(v)) for i in range(pp)]
+        else:
+            device = [len(s.get("blocks") or []) for s in stages]
+    rc = plan["recompute"] or {}
+    default, per = rc.get("default", "none"), dict(rc.get("blocks") or {})
+    recompute = default if not per else {b: per.get(b, default) for b in block_order(plan)}
+    if par["tp"] > 1 and not plan._d.get("tp_modules"):
+        raise EngineError(f"the plan's tp={par['tp']} shards nothing (priced as replication), which {engine} would "
+                          f"shard; search again with --target {engine} --max-tp 1 or a larger model")
+    option = ((plan["placement"] or {}).get("predicted") or {}).get("option", "device")
+    if option not in ("device", "optimizer-host"):
+        raise EngineError(f"the plan keeps {option.replace('-host', '')} tables on the host, which {engine} cannot "
+                          f"state; search again with --target {engine}")
+    gb = plan["model"].get("global_batch")
+    return EngineConfig(engine=engine, global_batch=gb, tp=par["tp"], pp=pp, dp=par["dp"], cp=par.get("cp", 1),
+                        ep=par.get("ep", 1), sp=bool(par.get("sp", False)), schedule=sched, v=v,
+                        mbs=pipe.get("micro_batch_size") or gb // (par["dp"] * pipe["micro_batches"]),
+                        m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
+                        chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
+                        precision=st.get("precision", "bf16-mixed"), runtime=st.get("runtime", "eager"))
+
+
+def even_split(n, parts) -> list | None:
+    """n blocks in `parts` equal runs, or None."""
+    return [n // parts] * parts if parts and n % parts == 0 else None
+
+
+def counted_recompute(blocks_per_run, names, first_full) -> dict:
+    """{block: policy}: full on the first `first_full` blocks of every run (a stage or a virtual stage:
+    Megatron's --recompute-method block), none on the rest."""
+    out, pos = {}, 0
+    for k in blocks_per_run:
+        for q in range(k):
+            out[names[pos + q]] = "full" if q < first_full else "none"
+        pos += k
+    return out
+
+
+def uniform_policy(recompute) -> str | None:
+    """The one policy every block has, or None for a mix."""
+    if isinstance(recompute, str):
+        return recompute
+    pols = set(recompute.values())
+    return pols.pop() if len(pols) == 1 else None
+
+
+# ---- pricing one engine configuration --------------------------------------------------------------
+def pins(ecfg: EngineConfig, block_names) -> dict:
+    """The configuration as sapp constraints (Constraints.from_dict): re-scoring it is a search with
+    exactly this configuration left.  Per-device block counts are pinned as a stage map; an
+    interleaved plan's per-block recomputation is moved to the block at the same position of the
+    contiguous layout the joint search prices (api._interleaved_rename's rule)."""
+    out = {"tp": ecfg.tp, "dp": ecfg.dp, "pp": ecfg.pp, "cp": ecfg.cp, "ep": ecfg.ep, "sp": ecfg.sp,
+           "micro_batches": ecfg.m, "zero": ecfg.zero, "target": ecfg.engine,
+           "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}}
+    if ecfg.pp > 1:
+        out["schedule"] = ecfg.schedule
+        if ecfg.schedule == "interleaved":
+            out["virtual_chunks"] = ecfg.v
+    if ecfg.device_blocks and ecfg.pp > 1:
+        if sum(ecfg.device_blocks) != len(block_names):
+            raise EngineError(f"the {ecfg.engine} layout places {sum(ecfg.device_blocks)} layers but the model has "
+                              f"{len(block_names)}")
+        stages, pos = {}, 0
+        for i, k in enumerate(ecfg.device_blocks):
+            if k < 1:
+                raise EngineError(f"the {ecfg.engine} layout leaves pipeline stage {i} without layers; sapp prices "
+                                  f"every stage with at least one layer")
+            stages[block_names[pos]] = i
+            pos += k
+        out["stages"] = stages
+    rc = ecfg.recompute
+    if isinstance(rc, dict):
+        if ecfg.schedule == "interleaved" and ecfg.chunk_blocks:
+            rc = {_contiguous_name(ecfg, block_names, b): p for b, p in rc.items()}
+        out["recompute"] = rc
+    else:
+        out["recompute"] = rc
+    return out
+
+
+def _contiguous_name(ecfg, names, block):
+    pp, chunks = ecfg.pp, ecfg.chunk_blocks
+    starts = [sum(chunks[:j]) for j in range(len(chunks))]
+    real = []
+    for i in range(pp):
+        for c in range(ecfg.v):
+            j = c * pp + i
+            real += names[starts[j]:starts[j] + chunks[j]]
+    return dict(zip(real, names)).get(block, block)
+
+
+def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
+    """The sapp Plan of exactly `ecfg` on `cluster` (capacity not enforced: a configuration that does
+    not fit is priced and says so)."""
+    from .. import api
+    from ..constraints import Constraints
+    from ..costmodel import CostSettings
+    from ..pipeline.profile import split_units
+    from ..search.joint import Config
+    names = [u.name for u in split_units(graph) if u.kind == "block"]
+    cons = Constraints.from_dict(pins(ecfg, names))
+    settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout)
+    cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
+                 ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp)
+    from ..search.joint.single import score_config
+    allowed, res = score_config(graph, cluster, ecfg.global_batch, cons, settings, cfg, search_fn=api.tp_search_fn())
+    if not allowed or res is None:
+        raise EngineError(f"sapp cannot price this {ecfg.engine} configuration ({ecfg.describe()}): the degrees, "
+                          f"micro-batches and layout must divide the cluster, batch and layers evenly")
+    res.capacity_bytes = cluster.usable_memory      # (scored with the capacity lifted: the device's, for the plan)
+    plan = api.build_plan(graph, cluster, res, name=name, global_batch=ecfg.global_batch, constraints=cons,
+                          settings=settings)
+    if ecfg.tp > 1 and not plan._d.get("tp_modules"):
+        raise EngineError(f"tensor parallelism {ecfg.tp} finds nothing to shard in this model (sapp would price it as "
+                          f"replication, the engine would shard); use tensor parallelism 1")
+    extra = list(notes) + list(ecfg.notes)
+    if res.peak_memory_bytes > cluster.usable_memory:
+        from ..units import fmt_bytes
+        extra.append(f"DOES NOT FIT: peak {fmt_bytes(res.peak_memory_bytes)} per device of "
+                     f"{fmt_bytes(cluster.usable_memory)} usable")
+    if extra:
+        plan._d["notes"] = extra + list(plan._d.get("notes") or [])
+    return plan
+
+
+# ---- comparing two plans in one line ---------------------------------------------------------------
+def changes(a, b) -> list:
+    """What plan b changes from plan a, as short phrases ("tp 8 -> 4", "vp 3", "selective recompute")."""
+    pa, pb = a["parallel"], b["parallel"]
+    out = []
+    for k in ("tp", "pp", "dp", "cp", "ep"):
+        x, y = pa.get(k, 1), pb.get(k, 1)
+        if x != y:
+            out.append(f"{k} {x} \u2192 {y}")
+    if bool(pa.get("sp")) != bool(pb.get("sp")):
+        out.append("sequence parallel " + ("on" if pb.get("sp") else "off"))
+    qa, qb = a["pipeline"], b["pipeline"]
+    sa = qa["schedule"] + (f" v={qa.get('virtual_chunks')}" if qa["schedule"] == "interleaved" else "")
+    sb = qb["schedule"] + (f" v={qb.get('virtual_chunks')}" if qb["schedule"] == "interleaved" else "")
+    if sa != sb:
+        out.append(f"schedule {sa} \u2192 {sb}")
+    if (qa["micro_batches"], qa.get("micro_batch_size")) != (qb["micro_batches"], qb.get("micro_batch_size")):
+        out.append(f"micro-batches {qa['micro_batches']}x{qa.get('micro_batch_size')} \u2192 "
+                   f"{qb['micro_batches']}x{qb.get('micro_batch_size')}")
+    if a["zero"] != b["zero"]:
+        out.append(f"ZeRO-{a['zero']} \u2192 ZeRO-{b['zero']}")
+    ra, rb = a["recompute"], b["recompute"]
+    if (ra.get("default"), ra.get("blocks")) != (rb.get("default"), rb.get("blocks")):
+        mix = f" (+{len(rb['blocks'])} blocks differ)" if rb.get("blocks") else ""
+        out.append(f"recompute {ra.get('default')}{' mix' if ra.get('blocks') else ''} \u2192 {rb.get('default')}{mix}")
+    oa = ((a["placement"] or {}).get("predicted") or {}).get("option", "device")
+    ob = ((b["placement"] or {}).get("predicted") or {}).get("option", "device")
+    if oa != ob:
+        out.append(f"placement {oa} \u2192 {ob}")
+    return out
+
+
+def comparison(yours, best) -> str:
+    """"your configuration 18.1 s/step, best found 15.2 s (1.19x): tp 8 -> 4, ..." (one line)."""
+    from ..units import fmt_time
+    ta, tb = yours["predicted"]["step_time_s"], best["predicted"]["step_time_s"]
+    what = changes(yours, best)
+    ratio = ta / tb if tb > 0 else float("inf")
+    if not what or ta <= tb:
+        return (f"your configuration {fmt_time(ta)}/step; the search found nothing faster "
+                f"(best {fmt_time(tb)}{', the same configuration' if not what else ''})")
+    return f"your configuration {fmt_time(ta)}/step, best found {fmt_time(tb)} ({ratio:.2f}\u00d7): " + ", ".join(what)

@@ -1,0 +1,368 @@
+"""Megatron-LM `pretrain_gpt.py` arguments: a plan written as an argument file, and an argument file
+read back as a configuration (tokens only: shlex, never executed).
+
+Runtime: Megatron-Core's fused kernels ("fused"; "fused+tp-overlap" with --tp-comm-overlap).  ZeRO-1
+is the distributed optimizer; its gradient reduce-scatter and parameter all-gather overlap as the
+fused profile prices them (--overlap-grad-reduce, --overlap-param-gather).  Stages: equal, or the
+first / last stage different (--decoder-first/last-pipeline-num-layers); interleaving: equal virtual
+stages (--num-layers-per-virtual-pipeline-stage), or Llama 3's layout where the embedding and the
+loss count as a layer each (--account-for-embedding/loss-in-pipeline-split).  Recomputation:
+selective on every layer, full on every layer, or full on the first N layers of every (virtual)
+stage (--recompute-method block --recompute-num-layers N)."""
+from __future__ import annotations
+
+import shlex
+
+from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
+
+NAME = "megatron"
+RUNTIMES = ("fused", "fused+tp-overlap")
+
+# flags that take no value (the rest take one)
+SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--bf16", "--fp16", "--tp-comm-overlap", "--recompute-activations", "--group-query-attention",
+            "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+            "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
+            "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"}
+# what the importer reads (everything else is listed in a note: it does not change a step's price)
+READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+        "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
+        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+        "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-activations",
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+        "--micro-batch-size", "--global-batch-size", "--max-position-embeddings", "--bf16", "--fp16", "--cp-comm-type",
+        "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size",
+        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk"}
+# flags that change what a step runs in ways sapp does not price: refused, never ignored
+REFUSED = {"--fp8-format": "FP8 training", "--fp8": "FP8 training", "--cpu-offloading": "activation offloading",
+           "--use-torch-fsdp2": "torch FSDP2 inside Megatron", "--use-megatron-fsdp": "Megatron FSDP",
+           "--use-custom-fsdp": "Megatron FSDP", "--optimizer-cpu-offload": "optimizer offload",
+           "--moe-expert-capacity-factor": "capacity-limited expert routing"}
+
+
+# ---- export ----------------------------------------------------------------------------------------
+def conform(ecfg: EngineConfig, names) -> tuple:
+    """(configuration Megatron runs, notes on what changed).  Refuses what it cannot state at all."""
+    notes = []
+    if ecfg.zero > 1:
+        raise EngineError(f"Megatron's distributed optimizer is ZeRO-1; the plan uses ZeRO-{ecfg.zero}: search again "
+                          f"with --target megatron")
+    if ecfg.schedule == "gpipe":
+        raise EngineError("Megatron has no GPipe schedule; search again with --target megatron")
+    if ecfg.offload_optimizer:
+        raise EngineError("the plan offloads the optimizer to the host, which Megatron-LM's arguments do not state; "
+                          "search again with --target megatron")
+    out = ecfg.replace()
+    if out.runtime not in RUNTIMES:
+        notes.append(f"the plan was priced for the {out.runtime} runtime; Megatron-Core runs fused kernels: "
+                     f"re-priced as fused")
+        out.runtime = "fused"
+    L = len(names)
+    if out.pp > 1 and out.schedule != "interleaved" and out.device_blocks:
+        d = out.device_blocks
+        if out.pp > 2 and len(set(d[1:-1])) > 1:
+            k = L // out.pp
+            first = L - k * (out.pp - 1) - (L - k * out.pp) // 2
+            new = [first] + [k] * (out.pp - 2) + [L - first - k * (out.pp - 2)]
+            notes.append(f"Megatron gives the middle stages equal layer counts: stages {d} exported as {new}")
+            out.device_blocks = new
+    if out.schedule == "interleaved" and out.chunk_blocks:
+        if _interleave_flags(out, L) is None:
+            if L % (out.pp * out.v):
+                raise EngineError(f"Megatron interleaving needs virtual stages of equal size; {L} layers do not split "
+                                  f"into {out.pp} x {out.v}: search again with --target megatron")
+            k = L // (out.pp * out.v)
+            notes.append(f"Megatron interleaves virtual stages of equal size: chunks {out.chunk_blocks[:6]}... "
+                         f"exported as {k} layers each")
+            out.chunk_blocks = [k] * (out.pp * out.v)
+            out.device_blocks = [k * out.v] * out.pp
+    rc = out.recompute
+    if not isinstance(rc, str) and uniform_policy(rc) is None:
+        runs = _runs(out, L)
+        pols = [rc[b] for b in names]
+        if "full" in pols:
+            pos, n = 0, 0
+            for k in runs:
+                n = max(n, sum(1 for p in pols[pos:pos + k] if p != "none"))
+                pos += k
+            new = counted_recompute(runs, names, n)
+        else:
+            new = "selective"
+        if new != rc:
+            notes.append("Megatron recomputes one way on every layer, or fully on the first N of each stage: "
+                         f"per-block recomputation exported as {_rc_words(new, runs)}")
+        out.recompute = new
+    elif not isinstance(rc, str):
+        out.recompute = uniform_policy(rc)
+    return out, notes
+
+
+def _runs(ecfg, L):
+    """Blocks per recompute run: per virtual stage (interleaved) or per stage."""
+    if ecfg.schedule == "interleaved" and ecfg.chunk_blocks:
+        return list(ecfg.chunk_blocks)
+    return list(ecfg.device_blocks) if ecfg.device_blocks else [L]
+
+
+def _rc_words(rc, runs):
+    if isinstance(rc, str):
+        return f"{rc} on every layer"
+    n = max(sum(1 for p in list(rc.values())[sum(runs[:i]):sum(runs[:i + 1])] if p == "full") for i in range(len(runs)))
+    return f"full on the first {n} layer(s) of every stage"
+
+
+def _interleave_flags(ecfg, L):
+    """(layers per virtual stage, account for embedding/loss) that reproduce the chunk sizes, or None."""
+    ch = ecfg.chunk_blocks
+    k = max(ch)
+    if all(c == k for c in ch):
+        return k, False
+    if ch[0] == k - 1 and ch[-1] == k - 1 and all(c == k for c in ch[1:-1]):
+        return k, True
+    return None
+
+
+def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
+    """The argument file's text: one flag (and value) per line, comments first."""
+    L = len(names)
+    lines = [f"# {h}" for h in header]
+    a = []
+
+    def add(flag, value=None):
+        a.append(flag if value is None else f"{flag} {value}")
+
+    for flag, key in (("--num-layers", "layers"), ("--hidden-size", "hidden"), ("--num-attention-heads", "heads"),
+                      ("--ffn-hidden-size", "ffn"), ("--seq-length", "seq")):
+        if facts.get(key):
+            add(flag, facts[key])
+    if facts.get("seq"):
+        add("--max-position-embeddings", facts["seq"])
+    if facts.get("kv_heads") and facts.get("heads") and facts["kv_heads"] != facts["heads"]:
+        add("--group-query-attention")
+        add("--num-query-groups", facts["kv_heads"])
+    if facts.get("experts"):
+        add("--num-experts", facts["experts"])
+        add("--moe-router-topk", facts.get("top_k") or 1)
+    add("--tensor-model-parallel-size", ecfg.tp)
+    add("--pipeline-model-parallel-size", ecfg.pp)
+    if ecfg.cp > 1:
+        add("--context-parallel-size", ecfg.cp)
+        add("--cp-comm-type", "all_gather")        # keys and values all-gathered: what sapp prices
+    if ecfg.ep > 1 or facts.get("experts"):
+        add("--expert-model-parallel-size", ecfg.ep)
+        add("--expert-tensor-parallel-size", 1)
+    if ecfg.sp:
+        add("--sequence-parallel")
+    if ecfg.pp > 1 and ecfg.schedule == "interleaved":
+        k, account = _interleave_flags(ecfg, L)
+        add("--num-layers-per-virtual-pipeline-stage", k)
+        if account:
+            add("--account-for-embedding-in-pipeline-split")
+            add("--account-for-loss-in-pipeline-split")
+    elif ecfg.pp > 1 and ecfg.device_blocks and len(set(ecfg.device_blocks)) > 1:
+        d = ecfg.device_blocks
+        mid = d[1] if ecfg.pp > 2 else None
+        if d[0] != mid or ecfg.pp == 2:
+            add("--decoder-first-pipeline-num-layers", d[0])
+        if d[-1] != mid or ecfg.pp == 2:
+            add("--decoder-last-pipeline-num-layers", d[-1])
+    rc = ecfg.recompute
+    if rc == "selective":
+        add("--recompute-granularity", "selective")
+    elif rc == "full":
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "uniform")
+        add("--recompute-num-layers", 1)
+    elif isinstance(rc, dict):
+        runs = _runs(ecfg, L)
+        n = max(sum(1 for b in names[sum(runs[:i]):sum(runs[:i + 1])] if rc[b] == "full") for i in range(len(runs)))
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "block")
+        add("--recompute-num-layers", n)
+    if ecfg.zero == 1:
+        add("--use-distributed-optimizer")
+    if ecfg.runtime in RUNTIMES and ecfg.dp * ecfg.cp > 1:
+        add("--overlap-grad-reduce")
+        if ecfg.zero == 1:
+            add("--overlap-param-gather")
+    if ecfg.runtime == "fused+tp-overlap":
+        add("--tp-comm-overlap")
+    add("--micro-batch-size", ecfg.mbs)
+    add("--global-batch-size", ecfg.global_batch)
+    if ecfg.precision == "bf16-mixed":
+        add("--bf16")
+    elif ecfg.precision == "fp16-mixed":
+        add("--fp16")
+    return "\n".join(lines + a) + "\n"
+
+
+# ---- import ----------------------------------------------------------------------------------------
+def tokens(text: str) -> dict:
+    """{flag: value or True} from an argument file (shell quoting and # comments; a launcher and the
+    script before the first flag are skipped; --flag=value accepted).  Data only: nothing is run."""
+    try:
+        toks = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as e:
+        raise EngineError(f"cannot read the argument file ({e}); give Megatron-LM arguments, one flag per line") from None
+    py = [i for i, t in enumerate(toks) if t.endswith(".py")]
+    if py:
+        toks = toks[py[-1] + 1:]
+    out, i = {}, 0
+    while i < len(toks):
+        t = toks[i]
+        if not t.startswith("--"):
+            raise EngineError(f"unexpected {t!r} in the argument file: every argument is a --flag, with its value "
+                              f"after it")
+        if "=" in t:
+            k, v = t.split("=", 1)
+            out[k] = v
+        elif t in SWITCHES or i + 1 >= len(toks) or toks[i + 1].startswith("--"):
+            out[t] = True
+        else:
+            out[t] = toks[i + 1]
+            i += 1
+        i += 1
+    return out
+
+
+def _int(args, flag, default=None):
+    v = args.get(flag, default)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise EngineError(f"{flag} must be a whole number, got {v!r}") from None
+
+
+def parse(text: str, facts: dict, devices: int) -> EngineConfig:
+    """The configuration an argument file runs on `devices` GPUs for a model with `facts`."""
+    args = tokens(text)
+    for flag, what in REFUSED.items():
+        if flag in args:
+            raise EngineError(f"{flag}: sapp does not price {what}; remove it to price the rest")
+    L = facts["layers"]
+    _check_shape(args, facts)
+    tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
+    cp, ep = _int(args, "--context-parallel-size", 1), _int(args, "--expert-model-parallel-size", 1)
+    for name, val in (("tensor-model-parallel-size", tp), ("pipeline-model-parallel-size", pp),
+                      ("context-parallel-size", cp), ("expert-model-parallel-size", ep)):
+        if val < 1:
+            raise EngineError(f"--{name} must be at least 1, got {val}")
+    if devices % (tp * pp * cp):
+        raise EngineError(f"tp x pp x cp = {tp}x{pp}x{cp} does not divide the cluster's {devices} GPUs; "
+                          f"pass the --cluster this file ran on")
+    dp = devices // (tp * pp * cp)
+    mbs = _int(args, "--micro-batch-size", 1)
+    gb = _int(args, "--global-batch-size", mbs * dp)
+    if gb % (mbs * dp):
+        raise EngineError(f"--global-batch-size {gb} is not a multiple of micro-batch size x data-parallel size = "
+                          f"{mbs} x {dp}")
+    notes = []
+    ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                        sp=bool(args.get("--sequence-parallel")), mbs=mbs, m=gb // (mbs * dp),
+                        zero=1 if args.get("--use-distributed-optimizer") else 0,
+                        precision="bf16-mixed" if args.get("--bf16") else "fp16-mixed" if args.get("--fp16") else "fp32",
+                        runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused")
+    if ecfg.sp and tp == 1:
+        ecfg.sp = False           # Megatron turns it off itself at tp 1
+    if int(args.get("--expert-tensor-parallel-size", 1) or 1) != 1 and ep > 1:
+        raise EngineError("--expert-tensor-parallel-size > 1: sapp prices experts unsplit over tp; use 1")
+    if cp > 1 and args.get("--cp-comm-type", "p2p") != "all_gather":
+        notes.append(f"context parallelism priced as keys/values all-gathered (--cp-comm-type all_gather), not "
+                     f"{args.get('--cp-comm-type', 'p2p')}")
+    _layout(args, ecfg, L)
+    ecfg.recompute = _recompute(args, ecfg, L, facts["names"], notes)
+    if ecfg.dp * ecfg.cp > 1 and not args.get("--overlap-grad-reduce"):
+        notes.append("priced with the gradient reduce overlapped with backward as Megatron-Core's "
+                     "--overlap-grad-reduce runs it; this file does not set it, so the step may be slower than priced")
+    if ecfg.zero == 1 and ecfg.dp * ecfg.cp > 1 and not args.get("--overlap-param-gather"):
+        notes.append("priced with the distributed optimizer's parameter all-gather overlapped "
+                     "(--overlap-param-gather); this file does not set it")
+    other = sorted(k for k in args if k not in READ)
+    if other:
+        notes.append(f"{len(other)} argument(s) do not change the priced step and were not read: "
+                     + ", ".join(other[:6]) + (", ..." if len(other) > 6 else ""))
+    ecfg.notes = notes
+    return ecfg
+
+
+def _check_shape(args, facts):
+    if "--num-layers" not in args:
+        raise EngineError("--num-layers is missing; an argument file states the model's layers")
+    for flag, key in (("--num-layers", "layers"), ("--hidden-size", "hidden"), ("--num-attention-heads", "heads"),
+                      ("--seq-length", "seq"), ("--ffn-hidden-size", "ffn"), ("--num-experts", "experts"),
+                      ("--moe-router-topk", "top_k")):
+        if flag in args and facts.get(key) is not None and _int(args, flag) != facts[key]:
+            raise EngineError(f"{flag} {args[flag]} but the model has {facts[key]}; pass the --model this file trains")
+    if args.get("--group-query-attention") and facts.get("kv_heads") is not None and \
+            _int(args, "--num-query-groups", 1) != facts["kv_heads"]:
+        raise EngineError(f"--num-query-groups {args.get('--num-query-groups', 1)} but the model has "
+                          f"{facts['kv_heads']} key/value heads; pass the --model this file trains")
+
+
+def _layout(args, ecfg, L):
+    pp = ecfg.pp
+    if pp == 1:
+        for flag in ("--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"):
+            if flag in args:
+                raise EngineError(f"{flag} needs --pipeline-model-parallel-size > 1")
+        return
+    account = [bool(args.get("--account-for-embedding-in-pipeline-split")),
+               bool(args.get("--account-for-loss-in-pipeline-split"))]
+    k, vs = _int(args, "--num-layers-per-virtual-pipeline-stage"), _int(args, "--num-virtual-stages-per-pipeline-rank")
+    if k is not None or vs is not None:
+        if account[0] != account[1]:
+            raise EngineError("sapp prices Llama 3's interleaved layout with both --account-for-embedding- and "
+                              "--account-for-loss-in-pipeline-split, or neither")
+        total = L + 2 * account[0]
+        if k is not None and (k < 1 or total % (pp * k)):
+            raise EngineError(f"{total} layers do not split into {pp} stages of virtual stages of {k} layers each "
+                              f"(equal size)")
+        v = vs if vs is not None else total // (pp * k)
+        if v < 1 or total % (pp * v):
+            raise EngineError(f"{total} layers do not split into {pp} stages x {v} virtual stages of equal size")
+        k = total // (pp * v)
+        ecfg.schedule, ecfg.v = ("interleaved", v) if v > 1 else ("1f1b", 1)
+        ch = [k] * (pp * v)
+        if account[0]:
+            ch[0] -= 1
+            ch[-1] -= 1
+        ecfg.chunk_blocks = ch if v > 1 else None
+        ecfg.device_blocks = [sum(ch[c * pp + i] for c in range(v)) for i in range(pp)]
+        return
+    ecfg.schedule = "1f1b"
+    first, last = _int(args, "--decoder-first-pipeline-num-layers"), _int(args, "--decoder-last-pipeline-num-layers")
+    rest = L - (first or 0) - (last or 0)
+    mid = pp - (first is not None) - (last is not None)
+    if mid < 0 or rest < 0 or (mid and rest % mid) or (not mid and rest):
+        raise EngineError(f"{L} layers do not split into {pp} stages with the first / last stage counts given")
+    k = rest // mid if mid else 0
+    ecfg.device_blocks = [first if first is not None else k] + [k] * (pp - 2) + [last if last is not None else k]
+
+
+def _recompute(args, ecfg, L, names, notes):
+    gran = args.get("--recompute-granularity") or ("selective" if args.get("--recompute-activations") else None)
+    if gran in (None, True):
+        return "none"
+    if gran == "selective":
+        return "selective"
+    if gran != "full":
+        raise EngineError(f"--recompute-granularity {gran!r}: use full or selective")
+    method, n = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
+    if method == "uniform":
+        if n != 1:
+            notes.append(f"--recompute-method uniform --recompute-num-layers {n} checkpoints groups of {n} layers; "
+                         f"priced as every layer recomputed on its own (the same recomputation, more memory than "
+                         f"Megatron keeps)")
+        return "full"
+    if method != "block":
+        raise EngineError(f"--recompute-method {method!r}: use uniform or block")
+    runs = (list(ecfg.chunk_blocks) if ecfg.chunk_blocks else list(ecfg.device_blocks) if ecfg.device_blocks else [L])
+    if n >= max(runs):
+        return "full"
+    if n <= 0:
+        return "none"
+    return counted_recompute(runs, names, n)

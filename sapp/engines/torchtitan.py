@@ -1,0 +1,291 @@
+"""torchtitan job TOML: a plan written as `[parallelism]`, `[training]`, `[activation_checkpoint]` and
+`[compile]` sections, and such a file read back (tomllib: data only).
+
+The sections and keys are those of torchtitan 0.2.2's JobConfig (`--job.config_file`), the last
+release that reads a TOML file; 0.3.0 keeps the same [parallelism] / [training] field names but takes
+them as `--parallelism.<key>` command-line overrides of a Python config registry.
+Runtime: eager torch ("eager"; compile off).  Data parallelism: FSDP2 over data_parallel_shard_degree
+(ZeRO-2: fsdp_reshard_after_forward "never", ZeRO-3: "always") or DDP over
+data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
+shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
+plus the embedding and the output (weights first/last_stage_less_layers) evenly over the (virtual)
+stages, or takes module_fqns_per_model_part as given."""
+from __future__ import annotations
+
+import math
+import tomllib
+
+from .mapping import EngineConfig, EngineError
+
+NAME = "torchtitan"
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+
+
+# ---- torchtitan's stage layout (its generate_llm_fqn_per_model_part rule, re-derived) ----------------
+def stage_layers(L, stages, first_less=1, last_less=1):
+    """Layers per stage when L layers plus the embedding (weight first_less) and the output
+    (last_less) are spread evenly over `stages`, the remainder to the first stages."""
+    eff = L + first_less + last_less
+    per, extra = divmod(eff, stages)
+    if per < 1 or first_less > per or last_less > per:
+        return None
+    out = []
+    for s in range(stages):
+        n = per + (s < extra)
+        if s == 0:
+            n -= first_less
+        if s == stages - 1:
+            n -= last_less
+        out.append(n)
+    if sum(out) != L or min(out) < 0:
+        return None
+    return out
+
+
+def _layout_for(ecfg, L):
+    """(layers_per_stage or None, first_less, last_less, explicit chunk list or None) that reproduce the
+    configuration's chunk sizes."""
+    n = ecfg.pp * ecfg.v
+    want = list(ecfg.chunk_blocks) if ecfg.chunk_blocks else list(ecfg.device_blocks or [])
+    if not want:
+        return None, 1, 1, None
+    for fl in (1, 0, 2):
+        for ll in (1, 0, 2):
+            got = stage_layers(L, n, fl, ll)
+            if got == want:
+                eff = L + fl + ll
+                per = math.ceil(eff / n)
+                if ecfg.v == 1:
+                    return None, fl, ll, None
+                if math.ceil(eff / per) == n:
+                    return per, fl, ll, None
+    return None, 1, 1, want
+
+
+# ---- export ----------------------------------------------------------------------------------------
+def conform(ecfg: EngineConfig, names) -> tuple:
+    notes = []
+    out = ecfg.replace()
+    if out.zero == 1:
+        raise EngineError("torchtitan shards with FSDP2 (ZeRO-2/3) or replicates (DDP); the plan uses ZeRO-1: search "
+                          "again with --target torchtitan")
+    if out.offload_optimizer:
+        raise EngineError("the plan offloads the optimizer only, which torchtitan cannot state (its CPU offload moves "
+                          "parameters too); search again with --target torchtitan")
+    if out.runtime != "eager":
+        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off): "
+                     f"re-priced as eager")
+        out.runtime = "eager"
+    if out.tp > 1 and not out.sp:
+        notes.append("torchtitan's tensor parallelism always runs the norms sequence-parallel: exported with it on")
+        out.sp = True
+    rc = out.recompute
+    if not isinstance(rc, str):
+        pols = [rc[b] for b in names]
+        kinds = set(pols)
+        if kinds <= {"none", "full"} and _every_nth(pols) is not None:
+            pass
+        else:
+            new = "full" if "full" in kinds else "selective"
+            notes.append(f"torchtitan recomputes every layer one way (or fully every N-th layer): per-block "
+                         f"recomputation exported as {new} on every layer")
+            out.recompute = new
+    return out, notes
+
+
+def _every_nth(pols):
+    """N when exactly every N-th layer (layers N-1, 2N-1, ...: torchtitan's selective_ac_option = N) is
+    fully recomputed and the rest not; else None."""
+    for n in range(2, len(pols) + 1):
+        if all((p == "full") == ((i + 1) % n == 0) for i, p in enumerate(pols)):
+            return n
+    return None
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
+    L = len(names)
+    par = {"tensor_parallel_degree": ecfg.tp, "pipeline_parallel_degree": ecfg.pp,
+           "context_parallel_degree": ecfg.cp, "expert_parallel_degree": ecfg.ep}
+    if ecfg.zero == 0:
+        par.update(data_parallel_replicate_degree=ecfg.dp, data_parallel_shard_degree=1)
+    else:
+        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=ecfg.dp,
+                   fsdp_reshard_after_forward="never" if ecfg.zero == 2 else "always")
+    train = {"global_batch_size": ecfg.global_batch, "local_batch_size": ecfg.global_batch // ecfg.dp}
+    if facts.get("seq"):
+        train["seq_len"] = facts["seq"]
+    train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    if ecfg.pp > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
+        par["pipeline_parallel_microbatch_size"] = ecfg.mbs
+        lps, fl, ll, explicit = _layout_for(ecfg, L)
+        par["pipeline_parallel_first_stage_less_layers"] = fl
+        par["pipeline_parallel_last_stage_less_layers"] = ll
+        if lps is not None:
+            par["pipeline_parallel_layers_per_stage"] = lps
+        if explicit is not None:
+            parts, pos = [], 0
+            for j, k in enumerate(explicit):
+                mods = (["tok_embeddings"] if j == 0 else []) + [f"layers.{pos + q}" for q in range(k)] + (
+                    ["norm", "output"] if j == len(explicit) - 1 else [])
+                parts.append(mods)
+                pos += k
+            par["module_fqns_per_model_part"] = parts
+    else:
+        # no pipeline: the local batch runs in gradient-accumulation steps of the micro-batch
+        train["local_batch_size"] = ecfg.mbs
+    ac = {"mode": "none"}
+    rc = ecfg.recompute
+    if rc == "full":
+        ac = {"mode": "full"}
+    elif rc == "selective":
+        ac = {"mode": "selective", "selective_ac_option": "op"}
+    elif isinstance(rc, dict):
+        n = _every_nth([rc[b] for b in names])
+        ac = {"mode": "selective", "selective_ac_option": str(n)}
+    lines = [f"# {h}" for h in header]
+    for sec, body in (("parallelism", par), ("training", train), ("activation_checkpoint", ac),
+                      ("compile", {"enable": False})):
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---- import ----------------------------------------------------------------------------------------
+def parse(text: str, facts: dict, devices: int) -> EngineConfig:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise EngineError(f"not a TOML file ({e})") from None
+    par, train = doc.get("parallelism") or {}, doc.get("training") or {}
+    ac, comp = doc.get("activation_checkpoint") or {}, doc.get("compile") or {}
+    L = facts["layers"]
+    notes = []
+
+    def num(sec, key, default):
+        v = sec.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise EngineError(f"{key} must be a whole number, got {v!r}")
+        return v
+    tp, pp = num(par, "tensor_parallel_degree", 1), num(par, "pipeline_parallel_degree", 1)
+    cp, ep = num(par, "context_parallel_degree", 1), num(par, "expert_parallel_degree", 1)
+    rep, shard = num(par, "data_parallel_replicate_degree", 1), num(par, "data_parallel_shard_degree", -1)
+    if min(tp, pp, cp, ep, rep) < 1:
+        raise EngineError("parallel degrees must be at least 1 (data_parallel_shard_degree may be -1)")
+    if devices % (tp * pp * cp * rep):
+        raise EngineError(f"the degrees do not divide the cluster's {devices} GPUs; pass the --cluster this file ran on")
+    if shard == -1:
+        shard = devices // (tp * pp * cp * rep)
+    if rep * shard * tp * pp * cp != devices:
+        raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
+    if rep > 1 and shard > 1:
+        raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
+                          "not priced by sapp; use one of them")
+    dp = rep * shard
+    if ep > 1 and tp > 1:
+        raise EngineError("expert parallelism beside tensor parallelism is not priced by sapp; use tp 1 with ep")
+    reshard = par.get("fsdp_reshard_after_forward", "default")
+    if shard > 1 or cp > 1:
+        zero = {"never": 2, "always": 3}.get(reshard, 2 if pp > 1 else 3)
+    else:
+        zero = 0
+    if facts.get("seq") and train.get("seq_len", facts["seq"]) != facts["seq"]:
+        raise EngineError(f"training.seq_len {train['seq_len']} but the model has {facts['seq']}; pass the --model "
+                          f"this file trains")
+    local = num(train, "local_batch_size", 8)
+    gb = num(train, "global_batch_size", -1)
+    gb = local * dp if gb == -1 else gb
+    if gb % (local * dp):
+        raise EngineError(f"training.global_batch_size {gb} is not a multiple of local_batch_size x data-parallel "
+                          f"degree = {local} x {dp}")
+    ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
+                        runtime="eager",
+                        precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed")
+    if pp > 1:
+        if gb != local * dp:
+            raise EngineError("sapp prices one pipeline schedule per step: set training.global_batch_size = "
+                              "local_batch_size x data-parallel degree (no gradient accumulation around the pipeline)")
+        mbs = num(par, "pipeline_parallel_microbatch_size", 1)
+        if local % mbs:
+            raise EngineError(f"local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size {mbs}")
+        ecfg.mbs, ecfg.m = mbs, local // mbs
+        sched = par.get("pipeline_parallel_schedule", "1F1B")
+        names = {v: k for k, v in SCHEDULES.items()}
+        if sched not in names:
+            raise EngineError(f"pipeline_parallel_schedule {sched!r} is not priced by sapp; use one of "
+                              f"{', '.join(SCHEDULES.values())}")
+        ecfg.schedule = names[sched]
+        _stages(par, ecfg, L, num)
+    else:
+        ecfg.mbs, ecfg.m = local, gb // (local * dp)
+    ecfg.recompute = _recompute(ac, facts["names"], notes)
+    if comp.get("enable"):
+        notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
+                     "modelled), so the step may run faster than priced")
+    if par.get("enable_async_tensor_parallel"):
+        notes.append("async tensor parallelism is on in this file: priced without it")
+    ecfg.notes = notes
+    return ecfg
+
+
+def _stages(par, ecfg, L, num):
+    pp = ecfg.pp
+    fl, ll = num(par, "pipeline_parallel_first_stage_less_layers", 1), num(par, "pipeline_parallel_last_stage_less_layers", 1)
+    explicit = par.get("module_fqns_per_model_part")
+    if explicit:
+        if not isinstance(explicit, list) or not all(isinstance(p, list) for p in explicit):
+            raise EngineError("module_fqns_per_model_part must be a list of lists of module names")
+        ch = [sum(1 for m in part if isinstance(m, str) and m.startswith("layers.")) for part in explicit]
+        n = len(ch)
+    else:
+        lps = par.get("pipeline_parallel_layers_per_stage")
+        if lps is not None:
+            n = math.ceil((L + fl + ll) / lps)
+        else:
+            n = pp * (1 if ecfg.schedule != "interleaved" else 2)
+        ch = stage_layers(L, n, fl, ll)
+        if ch is None:
+            raise EngineError(f"{L} layers do not split into {n} pipeline stages with these weights")
+    if n % pp:
+        raise EngineError(f"{n} virtual stages are not a multiple of pipeline_parallel_degree {pp}")
+    v = n // pp
+    if (v > 1) != (ecfg.schedule == "interleaved"):
+        raise EngineError(f"{v} stage(s) per rank does not fit the {ecfg.schedule} schedule")
+    ecfg.v = v
+    ecfg.chunk_blocks = ch if v > 1 else None
+    ecfg.device_blocks = [sum(ch[c * pp + i] for c in range(v)) for i in range(pp)]
+
+
+def _recompute(ac, names, notes):
+    mode = ac.get("mode", "selective")
+    if mode == "none":
+        return "none"
+    if mode == "full":
+        return "full"
+    if mode != "selective":
+        raise EngineError(f"activation_checkpoint.mode {mode!r} is not priced by sapp; use none, full or selective")
+    opt = str(ac.get("selective_ac_option", "2"))
+    if opt == "op":
+        notes.append("torchtitan's op-level selective checkpointing priced as sapp's selective recomputation "
+                     "(the attention core recomputed, the GEMMs kept)")
+        return "selective"
+    try:
+        n = int(opt)
+    except ValueError:
+        raise EngineError(f"selective_ac_option {opt!r}: use 'op' or a whole number") from None
+    if n <= 0:
+        raise EngineError(f"selective_ac_option {opt!r}: use 'op' or a positive whole number")
+    if n == 1:
+        return "full"
+    return {b: ("full" if (i + 1) % n == 0 else "none") for i, b in enumerate(names)}
