@@ -132,3 +132,17 @@ def test_hf_bert_captures():
         assert g.block_groups == [list(g.blocks)]
         assert g.param_count() == sum(p.numel() for p in model.parameters())
         assert all(n.dims[0].batch for n in g if n.kind in ("matmul", "attention"))
+
+
+@pytest.mark.parametrize("dense", [1, 2])
+def test_replicated_moe_after_dense_blocks_equals_direct_capture(dense):
+    # DeepSeek-V3's shape: the first `dense` blocks differ from the MoE blocks after them; only the
+    # run of identical blocks at the end is replicated, the dense ones stay as captured
+    model = M.get("moe-tiny", l=dense + 4, dense=dense)
+    direct = capture(model, batch=2, fast=False)
+    fast = capture(model, batch=2, fast=True)
+    assert direct.meta.pop("capture") == "export" and fast.meta.pop("capture") == "export+replicate"
+    _assert_same(direct, fast)
+    assert direct.meta == fast.meta
+    assert len(direct.block_groups) == 2 and len(direct.block_groups[0]) == dense
+    assert len(model.layers) == dense + 4

@@ -77,10 +77,13 @@ def test_sp_choice_covers_residual_stream_only(layer_graph):
         node = t1.nodes[n]
         d = prof.strategies[n][lv]
         assert node.out.dims.index(d) == 1 and len(node.out.dims) == 3 and node.out.shape[2] == h
-    # regions are unchanged by SP
+    # regions are unchanged by SP; the token table is split by vocabulary as Megatron's SP runs it
+    # (sp_layout.vocab_split, issue 29), its partial sums reduce-scattered into the sequence shards
     prof_tp, _ = _layer(g, 4, False)
     for n, st in prof_tp.strategies.items():
-        if n not in sp:
+        if t1.nodes[n].module == "embed.tok":
+            assert prof.strategies[n][lv] == "v"
+        elif n not in sp:
             assert prof.strategies[n] == st
 
 
@@ -108,10 +111,13 @@ def test_search_pins_sp_plan_roundtrip_and_explain(tmp_path):
     on, off = (forced_plan("gpt-tiny", world=8, cluster=cl, global_batch=16, model_args=args,
                            constraints={"tp": 4, "sp": sp}, precision="bf16-mixed") for sp in (True, False))
     assert on["parallel"]["sp"] is True and off["parallel"]["sp"] is False
-    # SP holds less activation memory; the plans differ in the splits of the residual stream only
+    # SP holds less activation memory; the plans differ in the splits of the residual stream only, and
+    # the token table, split by vocabulary under SP (sp_layout.vocab_split)
     assert on["predicted"]["memory"]["activations"] < off["predicted"]["memory"]["activations"]
     diff = [n for n in on["operators"] if on["operators"][n]["split"] != off["operators"][n]["split"]]
-    assert diff and all(on["operators"][n]["kind"] in tp_layout.SP_KINDS for n in diff)
+    tok = [n for n in diff if on["operators"][n]["module"] == "embed.tok"]
+    assert len(tok) == 1 and on["tp_modules"]["embed.tok"] == "vocab"
+    assert diff and all(on["operators"][n]["kind"] in tp_layout.SP_KINDS for n in diff if n not in tok)
     path = tmp_path / "sp.json"
     on.save(path)
     back = Plan.load(path)

@@ -6,9 +6,10 @@
 torch.export.export(strict=False) traces the module (parameters stay fake/meta: nothing is
 computed or allocated) into an ATen graph; each call becomes an OpNode (sapp/capture/ops.py).  Zoo
 models are captured together with their loss (sapp.models.WithLoss).  A deep stack of identical
-blocks in an nn.ModuleList is captured with two blocks and replicated to the full depth (exactly
+blocks in an nn.ModuleList is captured with three blocks and replicated to the full depth (exactly
 equal to a direct capture, checked by tests/test_capture_expand.py) - 96-layer GPT-3 in well under
-a second instead of several.  When export fails, a torch.fx symbolic trace is tried; when both fail
+a second instead of several; blocks of another kind before the run (DeepSeek-V3's first 3 dense
+blocks before 58 MoE ones) are captured as they are.  When export fails, a torch.fx symbolic trace is tried; when both fail
 a CaptureError names the module that broke and what to try."""
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
 
 def _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method):
     stack = repeated_list(model) if fast is not False and method != "fx" else None
-    if stack is not None and stack[3] > FAST_KEEP and (fast or stack[3] > FAST_MIN_DEPTH):
+    run = stack[3] - stack[4] if stack is not None else 0       # identical blocks at the list's end
+    if run > FAST_KEEP and (fast or run > FAST_MIN_DEPTH):
         graph = _capture_fast(root, model, stack, example_inputs, kwargs, strip, batch, gname)
         if graph is not None:
             graph.meta.pop("_path", None)
@@ -131,11 +133,12 @@ def _to(x, device):
 
 def _capture_fast(root, model, stack, inputs, kwargs, strip, batch, gname):
     from torch import nn
-    qn, parent, attr, depth = stack
+    qn, parent, attr, depth, start = stack
     full = parent._modules[attr]
-    parent._modules[attr] = nn.ModuleList(list(full)[:FAST_KEEP])
+    kept = start + FAST_KEEP              # the differing blocks before the run, then three of the run
+    parent._modules[attr] = nn.ModuleList(list(full)[:kept])
     try:
-        graph = _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=(qn, depth))
+        graph = _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=(qn, depth, kept))
     except CaptureError:
         graph = None
     finally:
@@ -210,12 +213,12 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     params = _params(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
                                                     if k in ("param", "buffer"))))
     if expand is not None:
-        lq, depth = expand
-        res = expand_blocks(nodes, outputs, blocks, lq, depth, FAST_KEEP)
+        lq, depth, kept = expand
+        res = expand_blocks(nodes, outputs, blocks, lq, depth, kept)
         if res is None:
             raise CaptureError("blocks not replicable")
         nodes, outputs, blocks = res
-        params = _replicate_params(params, lq, depth, FAST_KEEP)
+        params = _replicate_params(params, lq, depth, kept)
     inputs = [n for n, v in nodes.items() if v.kind == "input"]
     nodes, outputs, mapping = canonical_names(nodes, outputs, keep=inputs)
     blocks = {b: [mapping[x] for x in v] for b, v in blocks.items()}

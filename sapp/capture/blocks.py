@@ -75,19 +75,23 @@ def group_blocks(nodes: dict, blocks: dict) -> list:
 
 
 def repeated_list(model):
-    """The nn.ModuleList holding the most parameters among those with 3+ children that all have
-    the same class and the same parameter/buffer shapes: (qualname, parent, attr, length) or None."""
+    """The nn.ModuleList holding the most parameters among those that end in a run of 3+ children
+    with the same class and the same parameter/buffer shapes (DeepSeek-V3's 3 dense blocks before 58
+    MoE ones: the run is the MoE blocks): (qualname, parent, attr, length, start of the run) or None."""
     best = None
     for qn, m in model.named_modules():
         if type(m) is not nn.ModuleList or len(m) < 3:
             continue
-        sigs = {_module_sig(c) for c in m}
-        if len(sigs) != 1:
+        sigs = [_module_sig(c) for c in m]
+        start = len(sigs) - 1
+        while start > 0 and sigs[start - 1] == sigs[-1]:
+            start -= 1
+        if len(sigs) - start < 3:
             continue
         size = sum(p.numel() for p in m.parameters())
         if best is None or size > best[0]:
             parent_q, _, attr = qn.rpartition(".")
-            best = (size, qn, model.get_submodule(parent_q) if parent_q else model, attr, len(m))
+            best = (size, qn, model.get_submodule(parent_q) if parent_q else model, attr, len(m), start)
     return None if best is None else best[1:]
 
 
@@ -97,7 +101,8 @@ def _module_sig(m):
 
 
 def expand_blocks(nodes: dict, outputs: tuple, blocks: dict, lq: str, depth: int, kept: int = 3):
-    """Graph captured with `lq` truncated to `kept` blocks -> the graph of the full `depth`.
+    """Graph captured with `lq` truncated to `kept` blocks -> the graph of the full `depth`.  The
+    blocks before the last three may differ (a model's first, dense blocks): they stay as captured.
 
     The last captured block t = kept-1 is the template: block k > t is a copy of it whose inputs from
     block t-1 come from block k-1 (inputs from earlier blocks or from before the stack stay as they

@@ -73,7 +73,12 @@ def get(name: str, device="meta", **overrides):
     kind, cfg = _config(name, overrides)
     cls, _ = BUILDERS[kind]
     with torch.device(device):
-        model = cls(**_ctor_args(kind, cfg))
+        if torch.device(device).type == "meta":
+            from .meta import skip_init      # no values on meta: initialisers would only cost time
+            with skip_init():
+                model = cls(**_ctor_args(kind, cfg))
+        else:
+            model = cls(**_ctor_args(kind, cfg))
     model.sapp_spec = ModelSpec(name=name, config=cfg, kind=kind)
     return model
 

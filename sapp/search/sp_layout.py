@@ -22,6 +22,28 @@ def _seq_dim(node):
     return cand[-1] if cand else None
 
 
+def vocab_split(graph, choice: dict, tp: int) -> dict:
+    """`choice` with every token embedding split by vocabulary on the tp level, as Megatron's sequence
+    parallelism runs it (VocabParallelEmbedding, its partial sums reduce-scattered straight into the
+    sequence shards: sapp/emit/sp.py's `scatter` of a 'vocab' embedding).  The sharding search alone
+    keeps a large table whole (it weighs time, and the lookup is cheaper unsplit), which leaves the
+    table's weights, gradients and optimizer states on every tp rank: for the 1T GPT at t=8 about
+    19 GB more on the first pipeline stage, which then holds one block fewer and pushes a third onto
+    another stage (issue 29: SP + selective priced as slow as full recomputation).  A token lookup
+    is one whose output has a batch dim (position tables are left alone); a table tied to another
+    weight stays whole, as in `tp_layout.emittable`."""
+    from .tp_layout import _param_uses
+    tied = {p for p, k in _param_uses(graph).items() if k > 1}
+    out = dict(choice)
+    for n, node in graph.nodes.items():
+        if node.kind != "embedding" or choice.get(n) is not None or not node.module or set(node.params) & tied:
+            continue
+        v = next((d for d in node.dims if d.name == "v"), None)
+        if v is not None and v.splittable and v.size % tp == 0 and any(d.batch for d in node.dims):
+            out[n] = "v"
+    return out
+
+
 def sp_choice(graph, choice: dict, tp: int) -> dict:
     """`choice` ({node: tp dim or None}, e.g. from `emittable`) with sequence parallelism added: from
     the output of every row-split closer (a linear on `k`), the sequence axis is followed forward and
