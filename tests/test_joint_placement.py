@@ -27,10 +27,11 @@ def test_offload_weighed_against_zero_and_the_winner_named():
     """gpt-10b on 8 x v100-32g: the notes compare the best all-on-device plan with the best
     optimizer-offload plan and name the faster; the chosen plan is that winner."""
     g, _ = capture_graph(importlib.import_module("sapp.models").get("gpt-10b"))
-    # batch 16 (one micro-batch of 2 per rank): both an all-on-device plan (ZeRO-3) and an offload
-    # plan (ZeRO-2) fit, so both are weighed.  (At 32 neither does: ZeRO-3 at m=1 needs 34 GB, and
-    # accumulating under FSDP2 keeps 20 GB of unsharded gradients; ZeRO-3-Offload is not emitted.)
-    p = search("gpt-10b", "v100-32g:devices=8", global_batch=16, graph=g, constraints={"dp": 8})
+    # batch 8 (one sample per rank): both an all-on-device plan (ZeRO-3) and an offload plan (ZeRO-2)
+    # fit, so both are weighed.  (At 16 the offload plan no longer fits: with dp > 1 the emitted
+    # OffloadAdam copies the synced gradients after backward, so their ZeRO-2 shards stay on the
+    # device, as now priced; ZeRO-3-Offload is not emitted.)
+    p = search("gpt-10b", "v100-32g:devices=8", global_batch=8, graph=g, constraints={"dp": 8})
     note = [n for n in p.notes if n.startswith("placement weighed")]
     assert note and "device best" in note[0] and "optimizer-host best" in note[0]
     winner = note[0].rsplit("-> ", 1)[1].split()[0]
@@ -57,6 +58,9 @@ def test_offload_frees_no_more_than_the_device_holds_at_tp():
     cfg = next(c for c in enumerate_configs(ctx) if c.m == 1 and c.sp)
     prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)
     res = evaluate_config(ctx, cfg, prof, placement=False)
-    held = res.stages[0].memory["grads"] + res.stages[0].memory["optimizer"]
+    # dp = 4 here: gradients are synced on the device and stay there (emitted OffloadAdam with dp > 1),
+    # so the optimizer states are what leaves
+    assert cfg.dp_cp > 1
+    held = res.stages[0].memory["optimizer"]
     off = next(o for o in _model_options(ctx, cfg, prof) if o.name == "optimizer-host")
     assert 0.9 * held <= off.device_bytes_saved <= held * (1 + 1e-9)

@@ -236,10 +236,24 @@ class OffloadAdam(torch.optim.Optimizer):
     With stream_grads=True each gradient is copied to the CPU accumulator as soon as backward has
     accumulated it and the device gradient is freed (the device then never holds all gradients;
     micro-batches accumulate on the host).  Not for use inside DDP/FSDP with stream_grads=True (their
-    reducers own .grad)."""
+    reducers own .grad).
+
+    overlap=True (implies streaming; what sapp/placement/cost.py prices): during the step's last
+    backward (`accumulations` backwards per step: the micro-batches), a parameter group (`groups`: lists
+    of parameter indices, e.g. one per block; default one per parameter) whose every gradient is final
+    runs its CPU Adam and copies its weights back at once, while backward goes on with the earlier
+    layers -- gradient copy -> CPU Adam -> weight copy as a pipeline over the groups.  On a CUDA device
+    the copies are asynchronous (pinned buffers, an event per gradient) and the group's Adam runs on one
+    worker thread; on a CPU device it runs in the hook (one set of cores: nothing to overlap, the order
+    is the same).  Adam's update of a parameter reads only its own gradient and state, so stepping the
+    groups one by one equals one step over all (tests/test_offload_overlap.py).  `late`: parameter
+    indices left to step() (e.g. pipeline-tied weights whose gradients are summed between stages after
+    backward); `grad_divisor`: what the host gradient is divided by first (a pipeline schedule divides
+    the device gradients by its micro-batch count after backward; streamed ones it never sees)."""
 
     def __init__(self, params, lr=1e-3, *, kind="adam", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 stream_grads=False, stats: HostStats | None = None, sparse_ids=frozenset()):
+                 stream_grads=False, stats: HostStats | None = None, sparse_ids=frozenset(), overlap=False,
+                 accumulations=1, groups=None, late=frozenset(), grad_divisor=1):
         params = [p for p in params if p.requires_grad]
         super().__init__(params, dict(lr=lr))
         self.stats = stats or HostStats()
@@ -261,53 +275,122 @@ class OffloadAdam(torch.optim.Optimizer):
         rest = [m for m, p in zip(self.masters, params) if id(p) not in sparse_ids]
         plain = [m for m in rest if not hasattr(m, "placements")]
         dtensors = [m for m in rest if hasattr(m, "placements")]
-        groups = ([{"params": plain, "fused": True}] if plain else []) + \
-                 ([{"params": dtensors, "fused": False}] if dtensors else [])
-        self.inner = cls(groups, lr=lr, betas=betas, eps=eps, **extra) if groups else None
-        self.stream = stream_grads
+        groups_ = ([{"params": plain, "fused": True}] if plain else []) + \
+                  ([{"params": dtensors, "fused": False}] if dtensors else [])
+        self.inner = cls(groups_, lr=lr, betas=betas, eps=eps, **extra) if groups_ else None
+        self.overlap = bool(overlap)
+        self.stream = stream_grads or self.overlap
+        self.accumulations = max(1, int(accumulations))
+        self.grad_divisor = grad_divisor
+        # sparse tables and `late` parameters keep their device gradient for step()
+        self._late = set(late) | {i for i, p in enumerate(params) if id(p) in sparse_ids}
+        if groups is None:
+            groups = [[i] for i in range(len(params))]
+        self.groups = [[i for i in g if i not in self._late] for g in groups]
+        self.groups = [g for g in self.groups if g]
+        self._group_of = {i: k for k, g in enumerate(self.groups) for i in g}
+        self._async = self.overlap and any(p.device.type == "cuda" for p in params)
+        self._worker = None
+        self._reset_step()
         self._hooks = []
-        if stream_grads:
+        if self.stream:
             for i, p in enumerate(params):
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+                if i not in self._late:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(i)))
+
+    def _reset_step(self):
+        self._seen = [0] * len(self._acc)
+        self._pending = [len(g) for g in self.groups]
+        self._stepped = set()      # groups updated during this step's last backward
+        self._futures = []
 
     def _make_hook(self, i):
         def hook(p):
             t = time.perf_counter()
-            g = p.grad.detach().to("cpu", torch.float32)
-            self._acc[i] = g if self._acc[i] is None else self._acc[i].add_(g)
+            g = p.grad.detach()
+            if self._async:      # async copy into pinned memory; the worker waits for its event
+                buf = torch.empty(g.shape, dtype=g.dtype, device="cpu", pin_memory=True)
+                buf.copy_(g, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            else:
+                buf, ev = g.to("cpu", torch.float32), None
             p.grad = None
+            self._seen[i] += 1
+            last = self.overlap and self._seen[i] == self.accumulations
             self.stats.add("offload_d2h_s", time.perf_counter() - t)
+            if self._async:
+                if self._worker is None:
+                    from concurrent.futures import ThreadPoolExecutor
+                    self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sapp-offload")
+                self._futures.append(self._worker.submit(self._arrive, i, buf, ev, last))
+            else:
+                self._arrive(i, buf, ev, last)
         return hook
+
+    def _arrive(self, i, buf, ev, last):
+        """Gradient i reached the host: accumulate it; the last one of a group's last backward steps it."""
+        if ev is not None:
+            ev.synchronize()
+            buf = buf.to(torch.float32)
+        self._acc[i] = buf if self._acc[i] is None else self._acc[i].add_(buf)
+        if last:
+            k = self._group_of[i]
+            self._pending[k] -= 1
+            if self._pending[k] == 0:
+                with torch.autograd.profiler.record_function(f"sapp.offload_adam.group{k}"):
+                    self._update(self.groups[k])
+                self._stepped.add(k)
 
     @property
     def device_params(self):
         return self.param_groups[0]["params"]
 
+    def _host_grad(self, i, p):
+        if i in self._late or not self.stream:
+            return None if p.grad is None else p.grad.detach().to("cpu", torch.float32)
+        g = self._acc[i]
+        if g is not None and self.grad_divisor != 1:
+            g = g.div_(self.grad_divisor)
+        return g
+
     @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
+    def _update(self, idx):
+        """Host gradient -> CPU Adam -> weights back to the device, for the parameters `idx` (Adam
+        skips masters without a gradient, so the others are untouched)."""
         t = time.perf_counter()
-        for i, (p, m) in enumerate(zip(self.device_params, self.masters)):
-            if self.stream:
-                m.grad = self._acc[i]
-            else:
-                m.grad = None if p.grad is None else p.grad.detach().to("cpu", torch.float32)
+        params = self.device_params
+        for i in idx:
+            self.masters[i].grad = self._host_grad(i, params[i])
         t1 = time.perf_counter()
         for inner in self._inners():
             for g in inner.param_groups:       # an LR scheduler changes the outer group's lr
                 g["lr"] = self.param_groups[0]["lr"]
             inner.step()
         t2 = time.perf_counter()
-        for p, m in zip(self.device_params, self.masters):
+        for i in idx:
+            p, m = params[i], self.masters[i]
             if m.grad is not None:
                 p.copy_(m.detach().to(p.device, p.dtype, non_blocking=True))
             m.grad = None
-        self._acc = [None] * len(self._acc)
+            self._acc[i] = None
         t3 = time.perf_counter()
         if not self.stream:
             self.stats.add("offload_d2h_s", t1 - t)
         self.stats.add("optimizer_s", t2 - t1)
         self.stats.add("offload_h2d_s", t3 - t2)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for f in self._futures:          # the worker's copies and group updates of this step
+            f.result()
+        done = {i for k in self._stepped for i in self.groups[k]}
+        rest = [i for i in range(len(self.masters)) if i not in done]
+        if rest:
+            with torch.autograd.profiler.record_function("sapp.offload_adam.after_backward"):
+                self._update(rest)
+        self._reset_step()
         return loss
 
     def _inners(self):
@@ -342,12 +425,35 @@ def _timed(opt, stats, key="optimizer_s"):
     return opt
 
 
+def _overlap_args(model, params, overlap) -> dict:
+    """OffloadAdam's overlap arguments for `params` of `model`: a group per block, indices of late ones."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    blocks = sorted(overlap.get("blocks") or (), key=len, reverse=True)
+    late = set(overlap.get("late") or ())
+    keys, groups, lates = {}, [], set()
+    for i, p in enumerate(q for q in params if q.requires_grad):
+        n = names.get(id(p), str(i))
+        if n in late:
+            lates.add(i)
+            continue
+        key = next((b for b in blocks if n.startswith(b + ".")), n)
+        if key not in keys:
+            keys[key] = len(groups)
+            groups.append([])
+        groups[keys[key]].append(i)
+    return {"overlap": True, "accumulations": int(overlap.get("accumulations", 1)), "groups": groups,
+            "late": frozenset(lates), "grad_divisor": overlap.get("grad_divisor", 1)}
+
+
 def build_optimizers(model, section, lr, *, optimizer="adam", betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                     ftrl_lr=None, ftrl=None, overrides=None, stream_grads=False) -> list:
+                     ftrl_lr=None, ftrl=None, overrides=None, stream_grads=False, overlap=None) -> list:
     """One optimizer per (where, kind), in a fixed order: host tables (by kind name), OffloadAdam, then
     the device optimizers.  `optimizer` is the kind for device parameters no entry names; `overrides`
     ({fnmatch pattern: kind}) picks a kind for device parameters (e.g. {"wide*": "ftrl"} for
-    Wide&Deep's wide part, as MindSpore).  Each optimizer carries `sapp_kind` and `sapp_where`."""
+    Wide&Deep's wide part, as MindSpore).  Each optimizer carries `sapp_kind` and `sapp_where`.
+    overlap: None, or {"accumulations": backwards per step, "blocks": block qualnames (one parameter
+    group each; other parameters alone), "late": qualnames stepped after backward, "grad_divisor"}:
+    OffloadAdam then updates each group during the last backward (see OffloadAdam)."""
     model = _unwrap(model)
     validate_section(section)
     stats = _stats(model)
@@ -377,8 +483,9 @@ def build_optimizers(model, section, lr, *, optimizer="adam", betas=(0.9, 0.999)
     for where, kind in sorted(buckets, key=lambda k: (order[k[0]], k[1])):
         ps = buckets[(where, kind)]
         if where == "offload":
+            ov = _overlap_args(model, ps, overlap) if overlap is not None else {}
             opt = OffloadAdam(ps, lr, kind=kind, betas=betas, eps=eps, weight_decay=weight_decay,
-                              stream_grads=stream_grads, stats=stats,
+                              stream_grads=stream_grads, stats=stats, **ov,
                               sparse_ids={id(p) for n, p in model.named_parameters() if (overrides or {}).get(n) == "sparse_adam"})
         elif kind == "sparse_adam":
             opt = _timed(torch.optim.SparseAdam(ps, lr=lr, betas=betas, eps=eps), stats)

@@ -213,6 +213,19 @@ def plan_precision(plan) -> str:
     return prec
 
 
+def _offload_overlap(mod, plan, dp, pp, blocks, hooks):
+    """OffloadAdam's overlap as priced (sapp/placement/cost.py: per-group CPU Adam during the last
+    backward) where gradients are final when backward accumulates them: no data-parallel sync (dp = 1).
+    Pipeline-tied weights wait for their cross-stage sum (late); the schedule's 1/m scaling of the
+    device gradients is applied on the host (grad_divisor).  None (step after backward) with dp > 1."""
+    if dp > 1:
+        return None
+    m = int(plan.pipeline.get("micro_batches", 1) or 1)
+    tied = {id(p) for h in hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}
+    late = [n for n, p in mod.named_parameters() if id(p) in tied]
+    return {"accumulations": m, "blocks": blocks, "late": late, "grad_divisor": m if pp > 1 else 1}
+
+
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
          optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
          grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
@@ -357,7 +370,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if host_groups:
             from . import host
             opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer,
-                                              overrides={n: "sparse_adam" for n in sparse_names[s]}))
+                                              overrides={n: "sparse_adam" for n in sparse_names[s]},
+                                              overlap=_offload_overlap(mod, plan, dp, pp, blocks, hooks)))
             if local_zero1:     # the device part's optimizer states sharded over dp, as priced
                 dense = [p for o in opts if o.sapp_where == "device" and o.sapp_kind != "sparse_adam"
                          for g in o.param_groups for p in g["params"]]

@@ -22,16 +22,24 @@ Overlap model (stated so plans can be checked against it):
   * `OVERLAP` (0.8) of a device's compute time is usable to hide host work and transfers behind
     (launch/synchronisation gaps and DMA contention take the rest).
   * backward is `BWD_SHARE` (2/3) of compute.
-  * Embeddings: the first micro-batch's lookup + host->device copy is exposed (the rows may have
-    just been updated by the previous step's optimizer, so no cross-step prefetch); micro-batch k+1's
-    lookup + copy and micro-batch k's gradient copy hide behind micro-batch k's compute up to
-    OVERLAP of it; the last gradient copy and the sparse optimizer (+ replica sync) are exposed
-    (the next step's lookups wait for them).
-  * Optimizer offload: for all but the last micro-batch the gradient copy and the host accumulate
-    hide behind the next micro-batch's compute; in the last backward, gradient copy -> CPU Adam ->
-    weight copy run as a 3-stage pipeline over the G parameter groups (blocks), fed by backward:
+  * Embeddings, priced as sapp/emit/host.HostEmbedding runs them: nothing hides.  A micro-batch's
+    lookup runs on the CPU at the start of its forward, before any device work of that micro-batch
+    is queued, and its rows' gradient comes back to the host synchronously in the last node of its
+    backward, so the next micro-batch's lookup starts only after that backward ended (checked by
+    bench/time_truth.py); the sparse optimizer (+ replica sync) follows the last backward.  Every
+    lookup, copy and update is exposed (a prefetching lookup pipeline is not emitted).
+  * Optimizer offload without data parallelism (dp = 1; what sapp/emit/host.OffloadAdam(overlap=True)
+    runs): gradients stream to the host as backward accumulates them; for all but the last
+    micro-batch the gradient copy and the host accumulate hide behind the next micro-batch's compute;
+    in the last backward, gradient copy -> CPU Adam -> weight copy run as a 3-stage pipeline over the
+    G parameter groups (blocks), fed by backward:
     exposed = max(0, T_slowest - OVERLAP * backward) + (T_d2h + T_adam + T_h2d) / G.  The next
     step's forward needs the first layer, updated last, so nothing hides behind the next forward.
+  * Optimizer offload with dp > 1: a gradient is final only after the data-parallel sync (DDP / one
+    flat all-reduce / FSDP2's reduce-scatter), which owns the device gradients, so the emitted
+    OffloadAdam copies them once after backward, runs CPU Adam over every master, then copies the
+    weights back: T_d2h + T_adam + T_h2d exposed, the gradients (at the ZeRO stage's size) stay on the
+    device, and no extra per-micro-batch sync.  bench/time_truth.py checks both orders on the program.
 """
 from __future__ import annotations
 
@@ -104,11 +112,9 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
     idx = sum(t.lookups for t in tables) / tp * m * 8
     t_sync = collective_time("all_gather", dp * (touched * 4 + idx), dp, "inter" if dp > 1 else "intra",
                              cluster) if dp > 1 else 0.0
-    c_mb = compute_s / m
     fwd = t_lookup + t_h2d
-    steady = max(0.0, fwd + t_d2h - OVERLAP * c_mb)
-    exposed = fwd + (m - 1) * steady + t_d2h + t_opt + t_sync
     host_s = m * (fwd + t_d2h) + t_opt + t_sync
+    exposed = host_s              # as emitted: in series with the micro-batches' compute (see above)
     saved = 0.0
     host_bytes = 0.0
     for t in tables:
@@ -145,26 +151,28 @@ def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_gro
     adam_bytes = ADAM_BYTES_FP32 + (w if settings.mixed else 0)
     t_adam = max(shard * adam_bytes / bw, shard * ADAM_FLOPS / host_flops)
     t_h2d = shard * w / cluster.h2d_bw
-    # Streaming gradients every micro-batch needs a gradient reduction per micro-batch instead of one
-    # per step: m - 1 extra reduce-scatters (ZeRO >= 1) or all-reduces (ZeRO 0) over dp.
-    t_sync = 0.0
-    if dp > 1 and m > 1:
-        kind = "reduce_scatter" if zero >= 1 else "all_reduce"
-        t_sync = (m - 1) * collective_time(kind, local * g, dp, _sync_link(dp, tp, cluster), cluster) \
-            * (1.0 - settings.grad_sync_overlap)
-    c_mb = compute_s / m
-    b_last = BWD_SHARE * c_mb
-    early = (m - 1) * max(0.0, max(t_d2h, t_acc) - OVERLAP * c_mb)
-    t_max = max(t_d2h, t_adam, t_h2d)
-    last = max(0.0, t_max - OVERLAP * b_last) + (t_d2h + t_adam + t_h2d) / G
-    exposed = early + last + t_sync
-    host_s = m * t_d2h + (m - 1) * t_acc + t_adam + t_h2d
+    t_sync = 0.0          # gradients sync once per step either way (dp = 1: none; dp > 1: before the copy)
     st = model_state_bytes(local, dp, zero, settings)
-    biggest = (largest_group if largest_group else local / G * tp) / tp
-    bucket = min(st["grads"], 2 * biggest * g)                 # two groups of gradients in flight
-    saved = st["optimizer"] + st["grads"] - bucket
+    if dp > 1:
+        # as emitted: after backward and the dp sync, one copy of the (synced) gradients, CPU Adam,
+        # the weights back, in sequence; the gradients stay on the device
+        exposed = host_s = t_d2h + t_adam + t_h2d
+        m_copies, saved, bucket = 1, st["optimizer"], 0.0
+    else:
+        c_mb = compute_s / m
+        b_last = BWD_SHARE * c_mb
+        early = (m - 1) * max(0.0, max(t_d2h, t_acc) - OVERLAP * c_mb)
+        t_max = max(t_d2h, t_adam, t_h2d)
+        last = max(0.0, t_max - OVERLAP * b_last) + (t_d2h + t_adam + t_h2d) / G
+        exposed = early + last
+        host_s = m * t_d2h + (m - 1) * t_acc + t_adam + t_h2d
+        biggest = (largest_group if largest_group else local / G * tp) / tp
+        bucket = min(st["grads"], 2 * biggest * g)                 # two groups of gradients in flight
+        saved = st["optimizer"] + st["grads"] - bucket
+        m_copies = m
     host_bytes = shard * HOST_OFFLOAD_BYTES
-    detail = {"d2h_s": m * t_d2h, "accumulate_s": (m - 1) * t_acc, "optimizer_s": t_adam, "h2d_s": t_h2d,
-              "sync_s": t_sync, "params_on_host": shard, "groups": G, "grad_bucket_bytes": bucket}
-    return HostCost(host_s, m * shard * g + shard * w, saved, host_bytes, max(0.0, host_s + t_sync - exposed),
+    detail = {"d2h_s": m_copies * t_d2h, "accumulate_s": (m_copies - 1) * t_acc, "optimizer_s": t_adam,
+              "h2d_s": t_h2d, "sync_s": t_sync, "params_on_host": shard, "groups": G, "grad_bucket_bytes": bucket,
+              "pipelined": dp == 1}
+    return HostCost(host_s, m_copies * shard * g + shard * w, saved, host_bytes, max(0.0, host_s - exposed),
                     exposed, detail)
