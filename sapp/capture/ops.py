@@ -19,8 +19,8 @@ from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointw
                        softmax)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, creation, expand, identity, permute, reshape, reshape_groups, select,  # noqa: F401
-                       slice_)
+from .ops_view import (cat, creation, expand, identity, permute, repeat_interleave, reshape,  # noqa: F401
+                       reshape_groups, select, slice_, stack)
 
 HANDLERS = {
     "linear": linear, "addmm": addmm, "mm": matmul, "bmm": matmul, "matmul": matmul, "baddbmm": matmul,
@@ -50,12 +50,14 @@ HANDLERS = {
     "huber_loss": pointwise_loss,
     "view": reshape, "reshape": reshape, "_unsafe_view": reshape, "flatten": reshape, "unflatten": reshape,
     "squeeze": reshape, "unsqueeze": reshape, "view_as": reshape, "reshape_as": reshape,
-    "permute": permute, "transpose": permute, "t": permute, "swapaxes": permute, "swapdims": permute,
+    "permute": permute, "transpose": permute, "t": permute, "numpy_T": permute, "swapaxes": permute,
+    "swapdims": permute,
     "expand": expand, "expand_as": expand, "repeat": expand, "broadcast_to": expand,
     "alias": identity, "detach": identity, "contiguous": identity, "clone": identity,
     "lift_fresh_copy": identity, "view_copy": reshape, "_to_copy": identity, "to": identity,
     "type_as": identity, "copy": identity,
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
+    "stack": stack, "repeat_interleave": repeat_interleave,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,

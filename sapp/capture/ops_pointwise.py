@@ -5,7 +5,7 @@ from __future__ import annotations
 from .opspec import Spec, _act_saves, _adims, _arg, _bcast, prod
 
 # ---- element-wise ----------------------------------------------------------------------------
-SAVE_OUT = {"relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "hardsigmoid"}
+SAVE_OUT = {"relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "hardsigmoid", "expm1"}
 SAVE_IN = {"gelu", "silu", "log", "pow", "erf", "sin", "cos", "leaky_relu", "elu", "softplus",
            "hardtanh", "mish", "abs", "log1p", "reciprocal", "hardswish", "clamp", "clamp_min",
            "clamp_max", "square"}

@@ -129,6 +129,34 @@ def cat(c):
     return _view_spec(c, ind, {d}, copies=True)
 
 
+def stack(c):
+    """stack(tensors, dim): a new axis at `dim` (kept whole, like cat's axis); the others map straight."""
+    r = c.out_shape
+    d = _axis(int(_arg(c, 1, "dim", 0)), len(r))
+    ind = [tuple(f"a{j if j < d else j + 1}" if len(t.shape) == len(r) - 1 else None for j in range(len(t.shape)))
+           for t in c.ins]
+    return _view_spec(c, ind, {d}, copies=True)
+
+
+def repeat_interleave(c):
+    """repeat_interleave(x, r, dim): output row i is input row i // r along `dim`, so a contiguous shard
+    of the output is the repeat of a contiguous shard of the input (key/value heads repeated to the
+    query heads: a tp shard keeps whole groups).  The dim takes the input's size, so a split must
+    divide the rows before repeating.  Without `dim` the input is flattened first: the output is kept
+    whole.  Copies; no FLOPs."""
+    x = c.ins[0]
+    r = c.out_shape
+    dim = _arg(c, 2, "dim", None)
+    if dim is None or len(c.ins) > 1 or len(x.shape) != len(r):     # flattened, or per-row repeats
+        return _view_spec(c, [tuple(None for _ in x.shape)] + [() for _ in c.ins[1:]], set(range(len(r))),
+                          copies=True)
+    d = _axis(int(dim), len(r))
+    s = _view_spec(c, [tuple(f"a{i}" for i in range(len(r)))], set(), copies=True)
+    s.dims[d] = (f"a{d}", int(x.shape[d]), True)
+    s.trusted = True
+    return s
+
+
 def creation(c):
     r = c.out_shape
     # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data

@@ -1,0 +1,111 @@
+"""Ops the transformers catalogue (bench/hf_catalogue.py) found unknown, now with rules: `x @ W.T`
+(Falcon's FalconLinear, aten.numpy_T) captured as the linear it is, stack, repeat_interleave, expm1.
+Each checked against hand counts (FLOPs, bytes) and the dims a split may use; none is flagged unknown."""
+import torch
+
+from sapp.capture import capture
+from sapp.search import tp_layout
+
+B, S, K, N = 4, 6, 8, 12
+
+
+def _only(g, kind=None, target=None):
+    nodes = [n for n in g.nodes.values() if (kind is None or n.kind == kind) and (target is None or target in n.target)]
+    assert len(nodes) == 1, [(n.name, n.kind, n.target) for n in g.nodes.values()]
+    return nodes[0]
+
+
+class TLinear(torch.nn.Linear):
+    """Falcon's FalconLinear: the weight applied as `x @ W.T` (or another spelling of the transpose)."""
+
+    def __init__(self, k, n, how):
+        super().__init__(k, n, bias=False)
+        self.how = how
+
+    def forward(self, x):
+        w = {"T": lambda w: w.T, "t": lambda w: w.t(), "transpose": lambda w: w.transpose(0, 1),
+             "permute": lambda w: w.permute(1, 0)}[self.how](self.weight)
+        return x @ w
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.up, self.down = TLinear(K, N, how), TLinear(N, K, how)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_x_at_weight_transposed_is_a_linear_the_tp_search_can_split():
+    for how in ("T", "t", "transpose", "permute"):
+        g = capture(TwoLinears(how), (torch.randn(B, S, K),))
+        assert not g.meta["unknown_ops"], (how, g.meta["unknown_ops"])
+        mms = [n for n in g.nodes.values() if n.kind == "matmul"]
+        assert len(mms) == 2 and not any("numpy_T" in n.target or n.target.endswith(".t.default")
+                                         for n in g.nodes.values() if n.kind == "view"), how
+        up = next(n for n in mms if n.module == "up")
+        # F.linear's own count: 2 FLOPs per multiply-add over B*S rows, N outputs, K inputs
+        assert up.flops == 2 * B * S * N * K
+        w = next(o for o in up.operands if o.param == "up.weight")
+        assert w.dims == ("n", "k") and w.shape == (N, K)
+        assert up.dim("n").size == N and up.dim("k").size == K and up.dim("n").splittable
+        # both are linears the tp layout may open / close a region with (column-split up, row-split down)
+        assert sorted(g.nodes[n].module for n in tp_layout.linears(g)) == ["down", "up"]
+
+
+def test_transpose_of_an_activation_stays_a_view():
+    class M(torch.nn.Module):
+        def forward(self, x):                # numpy_T of an activation: a permute, moving no bytes
+            return (x * 2).T.contiguous()
+    g = capture(M(), (torch.randn(B, K),))
+    assert not g.meta["unknown_ops"]
+    t = _only(g, target="numpy_T")
+    assert t.kind == "view" and t.bytes == 0 and t.flops == 0
+    assert t.operands[0].dims == ("a1", "a0")
+
+
+def test_stack_keeps_the_new_axis_whole_and_maps_the_rest():
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.stack([a * 1, b * 1], dim=1)
+    g = capture(M(), (torch.randn(B, S, K), torch.randn(B, S, K)))
+    assert not g.meta["unknown_ops"]
+    st = _only(g, target="stack")
+    assert st.out.shape == (B, 2, S, K) and st.flops == 0
+    assert [d.splittable for d in st.dims] == [True, False, True, True]
+    assert all(o.dims == ("a0", "a2", "a3") for o in st.operands)
+    assert st.bytes == 2 * (2 * B * S * K * 4)           # reads both inputs, writes the stacked copy
+
+
+def test_repeat_interleave_links_groups_of_rows_to_the_input_rows():
+    class M(torch.nn.Module):
+        def forward(self, kv):                 # key/value heads repeated to the query heads (GQA)
+            return (kv * 1).repeat_interleave(3, dim=1)
+    g = capture(M(), (torch.randn(B, 2, S, K),))
+    assert not g.meta["unknown_ops"]
+    ri = _only(g, target="repeat_interleave")
+    assert ri.out.shape == (B, 6, S, K) and ri.flops == 0
+    # the head dim takes the kv head count: a split must divide the heads before repeating
+    assert ri.dim("a1").size == 2 and ri.dim("a1").splittable
+    assert ri.operands[0].dims == ("a0", "a1", "a2", "a3") and ri.out.dims[1] == "a1"
+    assert ri.bytes == (1 + 3) * B * 2 * S * K * 4
+
+    class Flat(torch.nn.Module):
+        def forward(self, x):                  # no dim: flattened first, the output kept whole
+            return (x * 1).repeat_interleave(2)
+    g = capture(Flat(), (torch.randn(B, K),))
+    assert not g.meta["unknown_ops"]
+    ri = _only(g, target="repeat_interleave")
+    assert ri.out.shape == (2 * B * K,) and not ri.dims[0].splittable and ri.operands[0].dims == (None, None)
+
+
+def test_expm1_is_elementwise_and_saves_its_output():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.expm1(x * 1)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    e = _only(g, target="expm1")
+    assert e.kind == "elementwise" and e.flops == B * S and e.saves == ("out",)
+    assert all(d.splittable for d in e.dims)
