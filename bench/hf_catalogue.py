@@ -81,7 +81,8 @@ def classify(phase: str, reason: str) -> str:
 
 
 # ---- the cases (run in a forked child) ------------------------------------------------------------
-def case_cheap(arch: str, tmp: str) -> dict:
+def case_cheap(arch: str, tmp: str, free: bool = True) -> dict:
+    """Build, capture, unknown ops, the free search (unless `free` is False) and the pinned tp2 search."""
     from sapp.api import capture_graph, search
     from tests.emit_workers import hf_catalogue_models as C
     from tests.emit_workers import hf_plans
@@ -108,9 +109,11 @@ def case_cheap(arch: str, tmp: str) -> dict:
     row.update(capture=True, nodes=len(graph.nodes), capture_cpu_s=round(time.process_time() - t, 2),
                unknown=[{"op": r["op"], "count": r["count"], "module": (r["modules"] or [""])[0]} for r in unk])
     try:
-        plan = search(model, "cpu:gpus=2", global_batch=BATCH, example_inputs=x, loss_fn=loss_fn, targets=y,
-                      graph=graph)
-        row.update(search=True, free_parallel=plan.parallel)
+        if free:
+            plan = search(model, "cpu:gpus=2", global_batch=BATCH, example_inputs=x, loss_fn=loss_fn, targets=y,
+                          graph=graph)
+            row.update(free_parallel=plan.parallel)
+        row.update(search=True)
     except Exception as e:                     # noqa: BLE001
         row.update(search=False, search_reason=_line(e))
     try:

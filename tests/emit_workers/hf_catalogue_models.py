@@ -1,6 +1,6 @@
 """Every architecture of transformers' auto mappings as a tiny model: the default config shrunk by one
 generic rule over common attribute names (2 layers, width 64, 4 heads, FFN 128, vocab 256, dropout 0),
-no download.  A kind is "cat:<model_type>" (the class: the first of causal LM, masked LM, seq2seq LM,
+no download.  A kind is "cat:<model_type>" (the class: the first of seq2seq LM, causal LM, masked LM,
 image classification that maps it); tests/emit_workers/hf_models.py hands such kinds here, so the
 emission harness (hf_harness, hf_plans) runs them like its own.  `skip_reason` names what cannot be
 built offline or tiny."""
@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 SEQ, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, IMAGE, LABELS = 16, 64, 2, 4, 2, 16, 128, 256, 32, 10
-TASKS = ("causal", "masked", "seq2seq", "image")
+TASKS = ("seq2seq", "causal", "masked", "image")      # an encoder-decoder type is its full model
 _MAPPINGS = {"causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
              "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
              "image": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"}
