@@ -12,7 +12,7 @@ import inspect
 import torch
 from torch.nn import functional as F
 
-SEQ, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, IMAGE, LABELS = 16, 64, 2, 4, 2, 16, 128, 256, 32, 10
+SEQ, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, IMAGE, LABELS = 16, 64, 2, 4, 2, 16, 128, 256, 64, 10
 TASKS = ("seq2seq", "causal", "masked", "image")      # an encoder-decoder type is its full model
 _MAPPINGS = {"causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
              "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
@@ -50,8 +50,11 @@ def shrink(d: dict) -> dict:
     old_layers = next((d[n] for n in _LAYERS if isinstance(d.get(n), int) and not isinstance(d.get(n), bool)), None)
     _shrink_int(d, _LAYERS, LAYERS)
     _shrink_int(d, _WIDTH, HIDDEN)
+    mha = {n for n in _KV if d.get(n) is not None and d.get(n) == next((d[h] for h in _HEADS if h in d), None)}
     _shrink_int(d, _HEADS, HEADS)
     _shrink_int(d, _KV, KV_HEADS)
+    for n in mha:                # as many key/value heads as query heads stays so (MLA needs it)
+        d[n] = d[next(h for h in _HEADS if h in d)]
     for n in _HEAD_DIM:
         if isinstance(d.get(n), int) and not isinstance(d.get(n), bool):
             d[n] = HEAD_DIM
@@ -63,6 +66,7 @@ def shrink(d: dict) -> dict:
     _shrink_int(d, _TOPK, 2)
     _shrink_int(d, ("image_size",), IMAGE)
     _shrink_int(d, ("patch_size",), 8)
+    _shrink_int(d, ("window_size",), 2)
     _shrink_int(d, ("num_labels",), LABELS)
     for n in _TOKEN_IDS:         # special ids past the shrunk vocabulary
         v = d.get(n)
@@ -74,6 +78,8 @@ def shrink(d: dict) -> dict:
         if isinstance(v, float) and ("dropout" in k or "drop_prob" in k or k.endswith("pdrop") or k.endswith("_drop")
                                      or k == "drop_path_rate"):
             d[k] = 0.0
+        elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
+            d[k] = {x: y for x, y in v.items() if int(x) < LAYERS}     # per-layer settings by layer index
         elif isinstance(v, dict) and ("model_type" in v or k.endswith("_config")):
             shrink(v)
         elif isinstance(v, list) and old_layers and len(v) == old_layers and old_layers > LAYERS:
@@ -87,7 +93,10 @@ def shrink(d: dict) -> dict:
     for n in ("num_heads", "num_attention_heads"):
         if isinstance(d.get(n), list):
             d[n] = [min(int(v), 2) for v in d[n]]
-    d["use_cache"] = False
+    for n in ("out_features", "out_indices", "stage_names"):     # a backbone's stage picks follow the depth
+        d.pop(n, None)
+    if "use_cache" in d:
+        d["use_cache"] = False
     return d
 
 
@@ -105,7 +114,10 @@ def catalogue() -> dict:
 def _config(model_type: str):
     from transformers import CONFIG_MAPPING
     base = CONFIG_MAPPING[model_type]()
-    cfg = type(base).from_dict(shrink(base.to_dict()))
+    d = shrink(base.to_dict())
+    if catalogue()[model_type][0] == "causal" and d.get("is_decoder") is False and not d.get("is_encoder_decoder"):
+        d["is_decoder"] = True             # an encoder type's causal-LM head (BertLMHeadModel, Reformer)
+    cfg = type(base).from_dict(d)
     for c in [cfg] + [getattr(cfg, a) for a in dir(cfg) if a.endswith("_config") and not a.startswith("_")
                       and hasattr(getattr(cfg, a, None), "to_dict")]:
         try:
