@@ -109,3 +109,25 @@ def test_expm1_is_elementwise_and_saves_its_output():
     e = _only(g, target="expm1")
     assert e.kind == "elementwise" and e.flops == B * S and e.saves == ("out",)
     assert all(d.splittable for d in e.dims)
+
+
+def test_pad_keeps_the_padded_axis_whole():
+    class M(torch.nn.Module):
+        def forward(self, x):                  # Bailing's chunked linear attention pads the sequence
+            return torch.nn.functional.pad(x * 1, (0, 0, 1, 2))
+    g = capture(M(), (torch.randn(B, S, K),))
+    assert not g.meta["unknown_ops"]
+    p = _only(g, target="pad")
+    assert p.out.shape == (B, S + 3, K) and p.flops == 0
+    assert [d.splittable for d in p.dims] == [True, False, True] and p.operands[0].dims == ("a0", None, "a2")
+    assert p.bytes == (B * S * K + B * (S + 3) * K) * 4
+
+
+def test_eye_is_a_creation():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x @ torch.eye(K, dtype=x.dtype)
+    g = capture(M(), (torch.randn(B, K),))
+    assert not g.meta["unknown_ops"]
+    e = _only(g, target="eye")
+    assert e.flops == 0 and e.out.shape == (K, K) and not e.operands

@@ -19,7 +19,7 @@ from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointw
                        softmax)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, creation, expand, identity, permute, repeat_interleave, reshape,  # noqa: F401
+from .ops_view import (cat, creation, expand, identity, pad, permute, repeat_interleave, reshape,  # noqa: F401
                        reshape_groups, select, slice_, stack)
 
 HANDLERS = {
@@ -57,12 +57,12 @@ HANDLERS = {
     "lift_fresh_copy": identity, "view_copy": reshape, "_to_copy": identity, "to": identity,
     "type_as": identity, "copy": identity,
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
-    "stack": stack, "repeat_interleave": repeat_interleave,
+    "stack": stack, "repeat_interleave": repeat_interleave, "pad": pad, "constant_pad_nd": pad,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,
     "scalar_tensor": creation, "tensor": creation, "rand": creation, "randn": creation,
-    "rand_like": creation, "randn_like": creation, "randint": creation, "linspace": creation,
+    "rand_like": creation, "randn_like": creation, "randint": creation, "linspace": creation, "eye": creation,
     "cumsum": cumsum, "cumprod": cumsum, "cummax": cumsum, "cummin": cumsum, "diff": diff,
     "gather": gather, "index": index, "_unsafe_index": index, "index_select": index_select,
     "index_put": index_put, "_index_put_impl": index_put, "_unsafe_index_put": index_put,

@@ -157,6 +157,18 @@ def repeat_interleave(c):
     return s
 
 
+def pad(c):
+    """pad / constant_pad_nd(x, pad): the padded axes grow (kept whole: a shard's border would be
+    another shard's data); the others map straight.  Copies; no FLOPs."""
+    x = c.ins[0]
+    n = len(x.shape)
+    widths = list(_arg(c, 1, "pad", ()))
+    padded = {n - 1 - j for j in range(len(widths) // 2) if widths[2 * j] or widths[2 * j + 1]}
+    padded |= {i for i in range(n) if x.shape[i] != c.out_shape[i]}
+    return _view_spec(c, [tuple(None if i in padded else f"a{i}" for i in range(n))] + [() for _ in c.ins[1:]],
+                      padded, copies=True)
+
+
 def creation(c):
     r = c.out_shape
     # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data
