@@ -55,6 +55,8 @@ CLASSES = (
                               r"|must be equal|should be|out of range|index out of range|must be a multiple)"),
     ("view absorbs a sharded dim (shape invalid)", r"shape '\[.*\]' is invalid"),
     ("losses differ silently", r"losses differ"),
+    ("operand shapes disagree in a step (a sharded dim)", r"^step: .*(size of tensor a .* must match|shapes cannot be"
+                                                          r" multiplied|Expected size|dimension mismatch)"),
     ("frozen params counted differently", r"trainable|frozen"),
     ("pipeline stage call (positional args)", r"positional argument"),
     ("data-dependent control flow", r"[Dd]ata.dependent|GuardOnDataDependent|symbolic|Could not guard"),
@@ -76,8 +78,12 @@ def classify(phase: str, reason: str) -> str:
     for name, pat in CLASSES:
         if re.search(pat, text):
             return name
-    m = re.match(r"(\w+)", reason or "")
-    return f"{phase}: {m.group(1) if m else 'failed'}"
+    causes = re.findall(r"(\w+(?:Error|Exception)): ([^:]*)", reason or "")
+    if not causes:
+        return f"{phase}: failed"
+    kind, msg = causes[-1]                 # the innermost cause, its first words without numbers
+    words = re.sub(r"\d+", "N", re.sub(r"'[^']*'|\[[^\]]*\]", "_", msg)).split()[:6]
+    return f"{phase}: {kind}: {' '.join(words)}"
 
 
 # ---- the cases (run in a forked child) ------------------------------------------------------------
