@@ -131,3 +131,49 @@ def test_eye_is_a_creation():
     assert not g.meta["unknown_ops"]
     e = _only(g, target="eye")
     assert e.flops == 0 and e.out.shape == (K, K) and not e.operands
+
+
+def test_einsum_contraction_counts_like_the_matmul_it_is():
+    H, Q, D = 2, 5, 3
+
+    class M(torch.nn.Module):
+        def forward(self, q, k):              # CvT's attention scores
+            return torch.einsum("bhqd,bhkd->bhqk", q * 1, k * 1)
+    g = capture(M(), (torch.randn(B, H, Q, D), torch.randn(B, H, S, D)))
+    assert not g.meta["unknown_ops"]
+    e = _only(g, target="einsum")
+    assert e.kind == "matmul" and e.flops == 2 * B * H * Q * S * D
+    assert e.out.dims == ("a0", "a1", "a2", "a3") and e.dim("k").size == D and e.dim("k").splittable
+    assert [o.dims for o in e.operands] == [("a0", "a1", "a2", "k"), ("a0", "a1", "a3", "k")]
+    assert e.saves == ("in0", "in1")
+
+    class Ell(torch.nn.Module):
+        def forward(self, x, w):              # an ellipsis and a weight: x[..., d] w[e, d]
+            return torch.einsum("...d,ed->...e", x * 1, w)
+    g = capture(Ell(), (torch.randn(B, S, D), torch.randn(K, D)))
+    e = _only(g, target="einsum")
+    assert not g.meta["unknown_ops"] and e.flops == 2 * B * S * K * D and e.out.shape == (B, S, K)
+    assert [o.dims for o in e.operands] == [("a0", "a1", "k"), ("a2", "k")]
+
+
+def test_im2col_rows_follow_the_channels():
+    class M(torch.nn.Module):                 # ConvBERT's span convolution unfolds the sequence
+        def forward(self, x):
+            return torch.nn.functional.unfold(x * 1, kernel_size=(3, 1), padding=(1, 0))
+    C = 4
+    g = capture(M(), (torch.randn(B, C, S, 1),))
+    assert not g.meta["unknown_ops"]
+    u = _only(g, target="im2col")
+    assert u.out.shape == (B, C * 3, S) and u.flops == 0
+    assert u.dim("a1").size == C and [d.splittable for d in u.dims] == [True, True, False]
+    assert u.operands[0].dims == ("a0", "a1", None, None)
+
+
+def test_multiply_is_mul():
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.multiply(a * 1, b * 1)
+    g = capture(M(), (torch.randn(B, S), torch.randn(B, S)))
+    assert not g.meta["unknown_ops"]
+    m = _only(g, target="multiply")
+    assert m.kind == "elementwise" and m.flops == B * S and m.saves == ("in0", "in1")

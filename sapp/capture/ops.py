@@ -12,19 +12,19 @@ ops_norm, ops_view, ops_index, ops_recurrent); this file is the table.  An op in
 from __future__ import annotations
 
 from .opspec import OpCall, Spec, Tin, TRef, generic, prod  # noqa: F401 - the handler vocabulary
-from .ops_contract import (addmm, conv, conv_transpose, convolution, embedding, embedding_bag, grouped_mm, linear,
-                           matmul, sdpa)
+from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, embedding, embedding_bag, grouped_mm,
+                           linear, matmul, sdpa)
 from .ops_index import cumsum, diff, gather, histc, index, index_put, index_select, one_hot, sort, topk
 from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointwise_loss, pool, reduction, rms_norm,
                        softmax)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, creation, expand, identity, pad, permute, repeat_interleave, reshape,  # noqa: F401
-                       reshape_groups, select, slice_, stack)
+from .ops_view import (cat, creation, expand, identity, im2col, pad, permute,  # noqa: F401
+                       repeat_interleave, reshape, reshape_groups, select, slice_, stack)
 
 HANDLERS = {
     "linear": linear, "addmm": addmm, "mm": matmul, "bmm": matmul, "matmul": matmul, "baddbmm": matmul,
-    "scaled_dot_product_attention": sdpa, "_scaled_dot_product_flash_attention": sdpa,
+    "einsum": einsum, "scaled_dot_product_attention": sdpa, "_scaled_dot_product_flash_attention": sdpa,
     "_scaled_dot_product_efficient_attention": sdpa,
     "conv1d": conv, "conv2d": conv, "conv3d": conv, "convolution": convolution, "_convolution": convolution,
     "conv_transpose1d": conv_transpose, "conv_transpose2d": conv_transpose, "conv_transpose3d": conv_transpose,
@@ -58,6 +58,7 @@ HANDLERS = {
     "type_as": identity, "copy": identity,
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
     "stack": stack, "repeat_interleave": repeat_interleave, "pad": pad, "constant_pad_nd": pad,
+    "im2col": im2col,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,

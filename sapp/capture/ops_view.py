@@ -169,6 +169,20 @@ def pad(c):
                       padded, copies=True)
 
 
+def im2col(c):
+    """im2col / unfold(x [B, C, H, W], kernel): [B, C * kh * kw, L] sliding-window columns.  Output
+    row c * kh * kw + j comes from channel c, so a contiguous shard of the rows is a shard of the
+    channels (the dim takes the channel count); the windows overlap, so L stays whole.  Copies."""
+    x = c.ins[0]
+    r = c.out_shape
+    if len(x.shape) != 4 or len(r) != 3:
+        return generic(c)
+    s = _view_spec(c, [("a0", "a1", None, None)], {2}, copies=True)
+    s.dims[1] = ("a1", int(x.shape[1]), True)
+    s.trusted = True
+    return s
+
+
 def creation(c):
     r = c.out_shape
     # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data
