@@ -34,7 +34,7 @@ _FFN = ("intermediate_size", "d_ff", "n_inner", "ffn_dim", "encoder_ffn_dim", "d
 _POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx",
               "max_source_positions", "max_target_positions", "seq_length")
 _EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-_TOPK = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
+_TOPK = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
               "cls_token_id", "mask_token_id", "unk_token_id", "image_token_id", "forced_eos_token_id")
 
