@@ -177,3 +177,18 @@ def test_multiply_is_mul():
     assert not g.meta["unknown_ops"]
     m = _only(g, target="multiply")
     assert m.kind == "elementwise" and m.flops == B * S and m.saves == ("in0", "in1")
+
+
+def test_fft_keeps_the_transformed_axes_whole():
+    import math
+
+    class M(torch.nn.Module):                 # FNet's token mixing: a 2-D FFT over sequence and hidden
+        def forward(self, x):
+            return torch.fft.fftn(x * 1, dim=(1, 2)).real
+    g = capture(M(), (torch.randn(B, S, K),))
+    assert not g.meta["unknown_ops"]
+    f = _only(g, target="fft")
+    assert f.flops == 5 * B * S * K * math.log2(S * K)
+    assert [d.splittable for d in f.dims] == [True, False, False] and f.operands[0].dims == ("a0", None, None)
+    r = _only(g, target="real")
+    assert r.kind == "view" and r.flops == 0 and r.operands[0].dims == ("a0", "a1", "a2")

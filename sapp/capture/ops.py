@@ -12,8 +12,8 @@ ops_norm, ops_view, ops_index, ops_recurrent); this file is the table.  An op in
 from __future__ import annotations
 
 from .opspec import OpCall, Spec, Tin, TRef, generic, prod  # noqa: F401 - the handler vocabulary
-from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, embedding, embedding_bag, grouped_mm,
-                           linear, matmul, sdpa)
+from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, embedding, embedding_bag, fft,
+                           grouped_mm, linear, matmul, sdpa)
 from .ops_index import cumsum, diff, gather, histc, index, index_put, index_select, one_hot, sort, topk
 from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointwise_loss, pool, reduction, rms_norm,
                        softmax)
@@ -53,6 +53,8 @@ HANDLERS = {
     "permute": permute, "transpose": permute, "t": permute, "numpy_T": permute, "swapaxes": permute,
     "swapdims": permute,
     "expand": expand, "expand_as": expand, "repeat": expand, "broadcast_to": expand,
+    "fft_fft": fft, "fft_ifft": fft, "fft_rfft": fft, "fft_irfft": fft, "fft_fft2": fft, "fft_ifft2": fft,
+    "fft_fftn": fft, "fft_ifftn": fft, "fft_rfftn": fft, "fft_irfftn": fft, "real": identity, "imag": identity,
     "alias": identity, "detach": identity, "contiguous": identity, "clone": identity,
     "lift_fresh_copy": identity, "view_copy": reshape, "_to_copy": identity, "to": identity,
     "type_as": identity, "copy": identity,

@@ -233,3 +233,27 @@ def einsum(c):
     if len(c.ins) == 1:
         return Spec("view", dims, ind, tuple(name[x] for x in rhs), 0.0, (), copies=False)
     return Spec("elementwise", dims, ind, tuple(name[x] for x in rhs), space, _act_saves(c, range(len(c.ins))))
+
+
+def fft(c):
+    """fft_* (FNet's token mixing): a dense transform over the axes in `dim` (all of them for the
+    n-dimensional variants without `dim`, the last for the 1-D ones), kept whole; the other axes map
+    straight.  5 N log2 N FLOPs per transform of N points (Cooley-Tukey's count), i.e. 5 log2 N per
+    output element."""
+    import math
+    x = c.ins[0]
+    n, r = len(x.shape), c.out_shape
+    dim = _arg(c, 2, "dim", None)
+    if dim is None:
+        axes = set(range(n)) if c.op.endswith(("fftn", "fft2")) else {n - 1}
+        if c.op.endswith("fft2"):
+            axes = {n - 2, n - 1}
+    else:
+        axes = {(int(a) + n) % n for a in ([dim] if isinstance(dim, int) else dim)}
+    if len(r) != n:
+        return generic(c)
+    points = prod(max(int(x.shape[a]), int(r[a])) for a in axes)
+    dims = [(f"a{i}", int(s), i not in axes) for i, s in enumerate(r)]
+    ind = [tuple(None if i in axes else f"a{i}" for i in range(n))]
+    return Spec("other", dims, ind, tuple(f"a{i}" for i in range(n)),
+                5.0 * prod(r) * math.log2(max(points, 2)), ())
