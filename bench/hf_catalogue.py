@@ -51,14 +51,13 @@ CLASSES = (
     ("input not synthesised", r"is not synthesised"),
     ("needs a package", r"requires the .* librar|No module named|pip install"),
     ("tiny config does not run (eager forward fails)", r"^build: eager forward fails"),
-    ("config not shrinkable", r"^build: .*(must be divisible|should be divisible|not divisible|mismatch"
-                              r"|must be equal|should be|out of range|index out of range|must be a multiple)"),
-    ("view absorbs a sharded dim (shape invalid)", r"shape '\[.*\]' is invalid"),
+    ("view absorbs a sharded dim (shape invalid)", r"^(emit|step|rank|compare): .*shape '\[.*\]' is invalid"),
     ("losses differ silently", r"losses differ"),
     ("operand shapes disagree in a step (a sharded dim)", r"^step: .*(size of tensor a .* must match|shapes cannot be"
                                                           r" multiplied|Expected size|dimension mismatch)"),
-    ("frozen params counted differently", r"trainable|frozen"),
-    ("pipeline stage call (positional args)", r"positional argument"),
+    ("frozen params counted differently", r"^(emit|step|rank): .*(trainable|frozen)"),
+    ("DTensor view modified in place", r"^(emit|step|rank): .*_ToTorchTensor is a view and is being modified inplace"),
+    ("pipeline stage call (positional args)", r"^(emit|step|rank): .*positional argument"),
     ("data-dependent control flow", r"[Dd]ata.dependent|GuardOnDataDependent|symbolic|Could not guard"),
     ("tp2 shards nothing", r"^tp2: shards nothing"),
     ("unknown ops", r"^unknown:"),
@@ -75,6 +74,8 @@ def failure(r) -> str:
 
 def classify(phase: str, reason: str) -> str:
     text = f"{phase}: {reason}"
+    if phase == "build" and not re.search(CLASSES[1][1] + "|" + CLASSES[2][1] + "|" + CLASSES[3][1], text):
+        phase = "tiny config does not build"
     for name, pat in CLASSES:
         if re.search(pat, text):
             return name
