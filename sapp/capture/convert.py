@@ -19,6 +19,10 @@ SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "un
 INLINE_HOPS = {"wrap_with_set_grad_enabled": 1, "wrap_with_autocast": 4}
 # Ops that return their input unchanged when dtype, shape and device already match.
 ALIAS_OPS = {"to", "type_as", "alias", "detach"}
+# `x @ W.T` (Falcon's FalconLinear, `aten.numpy_T`) / `x @ W.t()`: with W a 2-D parameter (n, k) the
+# pair is the linear F.linear(x, W) computes; captured as one, so its weight reads (n, k) and the tp
+# search can split it like any nn.Linear (the transpose, left unused, is pruned)
+TRANSPOSE_OPS = {"t", "numpy_T", "transpose", "permute", "swapaxes", "swapdims"}
 SKIP_OPS = {"_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size",
             "_set_grad_enabled", "_enter_autocast", "_exit_autocast"}
 
@@ -133,7 +137,24 @@ class Converter:
             return
         if name in ALIAS_OPS and self._alias(n, val):
             return
+        if name in ("matmul", "mm") and len(n.args) == 2 and not n.kwargs:
+            w = self._transposed_param(n.args[1])
+            if w is not None:
+                return self._make(n, "linear", str(n.target), (n.args[0], w), {}, val)
         self._make(n, name, str(n.target), n.args, n.kwargs, val)
+
+    def _transposed_param(self, a):
+        """The fx node of the 2-D parameter that `a` transposes (W.T, W.t(), W.transpose(0, 1)), or None."""
+        if not isinstance(a, torch.fx.Node) or a.op != "call_function" or op_name(a.target) not in TRANSPOSE_OPS:
+            return None
+        src = a.args[0] if a.args else None
+        v = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not _is_tensor(v) or v.dim() != 2 or self.ref.get(src.name, ("",))[0] != "param":
+            return None
+        rest = [int(x) % 2 for x in (a.args[1:] if op_name(a.target) not in ("permute",) else a.args[1])]
+        swaps = op_name(a.target) in ("t", "numpy_T") or (op_name(a.target) == "permute" and rest == [1, 0]) \
+            or (op_name(a.target) != "permute" and len(rest) == 2 and rest[0] != rest[1])
+        return src if swaps else None
 
     def _alias(self, n, val) -> bool:
         """`x.to(dtype)` / `type_as` / `alias` / `detach` that change nothing return x itself: no op

@@ -12,19 +12,19 @@ ops_norm, ops_view, ops_index, ops_recurrent); this file is the table.  An op in
 from __future__ import annotations
 
 from .opspec import OpCall, Spec, Tin, TRef, generic, prod  # noqa: F401 - the handler vocabulary
-from .ops_contract import (addmm, conv, conv_transpose, convolution, embedding, embedding_bag, grouped_mm, linear,
-                           matmul, sdpa)
+from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, embedding, embedding_bag, fft,
+                           grouped_mm, linear, matmul, sdpa)
 from .ops_index import cumsum, diff, gather, histc, index, index_put, index_select, one_hot, sort, topk
 from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointwise_loss, pool, reduction, rms_norm,
                        softmax)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, creation, expand, identity, permute, reshape, reshape_groups, select,  # noqa: F401
-                       slice_)
+from .ops_view import (cat, creation, expand, identity, im2col, pad, permute,  # noqa: F401
+                       repeat_interleave, reshape, reshape_groups, select, slice_, stack)
 
 HANDLERS = {
     "linear": linear, "addmm": addmm, "mm": matmul, "bmm": matmul, "matmul": matmul, "baddbmm": matmul,
-    "scaled_dot_product_attention": sdpa, "_scaled_dot_product_flash_attention": sdpa,
+    "einsum": einsum, "scaled_dot_product_attention": sdpa, "_scaled_dot_product_flash_attention": sdpa,
     "_scaled_dot_product_efficient_attention": sdpa,
     "conv1d": conv, "conv2d": conv, "conv3d": conv, "convolution": convolution, "_convolution": convolution,
     "conv_transpose1d": conv_transpose, "conv_transpose2d": conv_transpose, "conv_transpose3d": conv_transpose,
@@ -50,17 +50,22 @@ HANDLERS = {
     "huber_loss": pointwise_loss,
     "view": reshape, "reshape": reshape, "_unsafe_view": reshape, "flatten": reshape, "unflatten": reshape,
     "squeeze": reshape, "unsqueeze": reshape, "view_as": reshape, "reshape_as": reshape,
-    "permute": permute, "transpose": permute, "t": permute, "swapaxes": permute, "swapdims": permute,
+    "permute": permute, "transpose": permute, "t": permute, "numpy_T": permute, "swapaxes": permute,
+    "swapdims": permute,
     "expand": expand, "expand_as": expand, "repeat": expand, "broadcast_to": expand,
+    "fft_fft": fft, "fft_ifft": fft, "fft_rfft": fft, "fft_irfft": fft, "fft_fft2": fft, "fft_ifft2": fft,
+    "fft_fftn": fft, "fft_ifftn": fft, "fft_rfftn": fft, "fft_irfftn": fft, "real": identity, "imag": identity,
     "alias": identity, "detach": identity, "contiguous": identity, "clone": identity,
     "lift_fresh_copy": identity, "view_copy": reshape, "_to_copy": identity, "to": identity,
     "type_as": identity, "copy": identity,
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
+    "stack": stack, "repeat_interleave": repeat_interleave, "pad": pad, "constant_pad_nd": pad,
+    "im2col": im2col,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,
     "scalar_tensor": creation, "tensor": creation, "rand": creation, "randn": creation,
-    "rand_like": creation, "randn_like": creation, "randint": creation, "linspace": creation,
+    "rand_like": creation, "randn_like": creation, "randint": creation, "linspace": creation, "eye": creation,
     "cumsum": cumsum, "cumprod": cumsum, "cummax": cumsum, "cummin": cumsum, "diff": diff,
     "gather": gather, "index": index, "_unsafe_index": index, "index_select": index_select,
     "index_put": index_put, "_index_put_impl": index_put, "_unsafe_index_put": index_put,

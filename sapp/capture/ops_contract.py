@@ -193,3 +193,67 @@ def grouped_mm(c):
     ind = [("b0", "k"), wd] + [(None,) * len(t.shape) for t in c.ins[2:]]
     return Spec("matmul", dims, ind, ("b0", "n"), 2.0 * R * k * n, _act_saves(c, [0, 1]),
                 extra={"experts": int(E), "rows_per_expert": R / max(E, 1)})
+
+
+def einsum(c):
+    """einsum(equation, operands): output letters are the dims a<i> of their output axis, summed
+    letters `k`, `k1`, ... (splittable: partial sums, like a linear's k).  With two or more operands
+    and a summed letter it is a contraction: 2 FLOPs per point of the whole letter space (as matmul's
+    2*m*n*k); with one operand a sum (1 per point) or, without summed letters, a permuted view."""
+    eq = str(_arg(c, 0, "equation")).replace(" ", "")
+    lhs, rhs = eq.split("->") if "->" in eq else (eq, None)
+    terms = lhs.split(",")
+    if len(terms) != len(c.ins):
+        return generic(c)
+    ell = max((len(t.shape) - len(term) + 3 for term, t in zip(terms, c.ins) if "..." in term), default=0)
+    fill = "".join(str(i) for i in range(ell))        # ellipsis axes: digits, never einsum letters
+    terms = [term.replace("...", fill[ell - (len(t.shape) - len(term) + 3):]) for term, t in zip(terms, c.ins)]
+    if rhs is None:
+        once = sorted(x for x in set("".join(terms)) if x.isalpha() and "".join(terms).count(x) == 1)
+        rhs = fill + "".join(once)
+    rhs = rhs.replace("...", fill)
+    if any(len(term) != len(t.shape) for term, t in zip(terms, c.ins)) or len(rhs) != len(c.out_shape):
+        return generic(c)
+    size = {}
+    for term, t in zip(terms, c.ins):
+        for x, s in zip(term, t.shape):
+            size[x] = max(size.get(x, 1), int(s))
+    summed = [x for x in dict.fromkeys("".join(terms)) if x not in rhs]
+    name = {x: f"a{i}" for i, x in enumerate(rhs)}
+    name.update({x: "k" if i == 0 else f"k{i}" for i, x in enumerate(summed)})
+    dims = [(name[x], int(c.out_shape[i]), True) for i, x in enumerate(rhs)]
+    dims += [(name[x], size[x], True) for x in summed]
+    ind = [tuple(name[x] if int(s) == size[x] and (s != 1 or size[x] == 1) else None for x, s in zip(term, t.shape))
+           for term, t in zip(terms, c.ins)]
+    space = float(prod(size[x] for x in dict.fromkeys("".join(terms) + rhs)))
+    if len(c.ins) >= 2 and summed:
+        return Spec("matmul", dims, ind, tuple(name[x] for x in rhs), 2.0 * space, _act_saves(c, range(len(c.ins))))
+    if summed:
+        return Spec("reduction", dims, ind, tuple(name[x] for x in rhs), space, ())
+    if len(c.ins) == 1:
+        return Spec("view", dims, ind, tuple(name[x] for x in rhs), 0.0, (), copies=False)
+    return Spec("elementwise", dims, ind, tuple(name[x] for x in rhs), space, _act_saves(c, range(len(c.ins))))
+
+
+def fft(c):
+    """fft_* (FNet's token mixing): a dense transform over the axes in `dim` (all of them for the
+    n-dimensional variants without `dim`, the last for the 1-D ones), kept whole; the other axes map
+    straight.  5 N log2 N FLOPs per transform of N points (Cooley-Tukey's count), i.e. 5 log2 N per
+    output element."""
+    import math
+    x = c.ins[0]
+    n, r = len(x.shape), c.out_shape
+    dim = _arg(c, 2, "dim", None)
+    if dim is None:
+        axes = set(range(n)) if c.op.endswith(("fftn", "fft2")) else {n - 1}
+        if c.op.endswith("fft2"):
+            axes = {n - 2, n - 1}
+    else:
+        axes = {(int(a) + n) % n for a in ([dim] if isinstance(dim, int) else dim)}
+    if len(r) != n:
+        return generic(c)
+    points = prod(max(int(x.shape[a]), int(r[a])) for a in axes)
+    dims = [(f"a{i}", int(s), i not in axes) for i, s in enumerate(r)]
+    ind = [tuple(None if i in axes else f"a{i}" for i in range(n))]
+    return Spec("other", dims, ind, tuple(f"a{i}" for i in range(n)),
+                5.0 * prod(r) * math.log2(max(points, 2)), ())

@@ -5,12 +5,13 @@ from __future__ import annotations
 from .opspec import Spec, _act_saves, _adims, _arg, _bcast, prod
 
 # ---- element-wise ----------------------------------------------------------------------------
-SAVE_OUT = {"relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "hardsigmoid"}
+SAVE_OUT = {"relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "hardsigmoid", "expm1"}
 SAVE_IN = {"gelu", "silu", "log", "pow", "erf", "sin", "cos", "leaky_relu", "elu", "softplus",
            "hardtanh", "mish", "abs", "log1p", "reciprocal", "hardswish", "clamp", "clamp_min",
            "clamp_max", "square"}
-SAVE_ALL_ACT = {"mul", "div", "maximum", "minimum", "fmax", "fmin", "atan2", "where", "max", "min"}
-NO_SAVE = {"add", "sub", "rsub", "neg", "masked_fill", "eq", "ne", "le", "lt", "ge", "gt",
+SAVE_ALL_ACT = {"mul", "multiply", "div", "divide", "true_divide",
+                "maximum", "minimum", "fmax", "fmin", "atan2", "where", "max", "min"}
+NO_SAVE = {"add", "sub", "subtract", "rsub", "neg", "masked_fill", "eq", "ne", "le", "lt", "ge", "gt",
            "__and__", "__or__", "__xor__", "bitwise_not", "bitwise_and", "bitwise_or",
            "logical_not", "logical_and", "logical_or", "fill", "zero", "copy", "lerp", "sign",
            "floor", "ceil", "round", "trunc", "remainder", "fmod", "isnan", "isinf", "nan_to_num",

@@ -129,6 +129,60 @@ def cat(c):
     return _view_spec(c, ind, {d}, copies=True)
 
 
+def stack(c):
+    """stack(tensors, dim): a new axis at `dim` (kept whole, like cat's axis); the others map straight."""
+    r = c.out_shape
+    d = _axis(int(_arg(c, 1, "dim", 0)), len(r))
+    ind = [tuple(f"a{j if j < d else j + 1}" if len(t.shape) == len(r) - 1 else None for j in range(len(t.shape)))
+           for t in c.ins]
+    return _view_spec(c, ind, {d}, copies=True)
+
+
+def repeat_interleave(c):
+    """repeat_interleave(x, r, dim): output row i is input row i // r along `dim`, so a contiguous shard
+    of the output is the repeat of a contiguous shard of the input (key/value heads repeated to the
+    query heads: a tp shard keeps whole groups).  The dim takes the input's size, so a split must
+    divide the rows before repeating.  Without `dim` the input is flattened first: the output is kept
+    whole.  Copies; no FLOPs."""
+    x = c.ins[0]
+    r = c.out_shape
+    dim = _arg(c, 2, "dim", None)
+    if dim is None or len(c.ins) > 1 or len(x.shape) != len(r):     # flattened, or per-row repeats
+        return _view_spec(c, [tuple(None for _ in x.shape)] + [() for _ in c.ins[1:]], set(range(len(r))),
+                          copies=True)
+    d = _axis(int(dim), len(r))
+    s = _view_spec(c, [tuple(f"a{i}" for i in range(len(r)))], set(), copies=True)
+    s.dims[d] = (f"a{d}", int(x.shape[d]), True)
+    s.trusted = True
+    return s
+
+
+def pad(c):
+    """pad / constant_pad_nd(x, pad): the padded axes grow (kept whole: a shard's border would be
+    another shard's data); the others map straight.  Copies; no FLOPs."""
+    x = c.ins[0]
+    n = len(x.shape)
+    widths = list(_arg(c, 1, "pad", ()))
+    padded = {n - 1 - j for j in range(len(widths) // 2) if widths[2 * j] or widths[2 * j + 1]}
+    padded |= {i for i in range(n) if x.shape[i] != c.out_shape[i]}
+    return _view_spec(c, [tuple(None if i in padded else f"a{i}" for i in range(n))] + [() for _ in c.ins[1:]],
+                      padded, copies=True)
+
+
+def im2col(c):
+    """im2col / unfold(x [B, C, H, W], kernel): [B, C * kh * kw, L] sliding-window columns.  Output
+    row c * kh * kw + j comes from channel c, so a contiguous shard of the rows is a shard of the
+    channels (the dim takes the channel count); the windows overlap, so L stays whole.  Copies."""
+    x = c.ins[0]
+    r = c.out_shape
+    if len(x.shape) != 4 or len(r) != 3:
+        return generic(c)
+    s = _view_spec(c, [("a0", "a1", None, None)], {2}, copies=True)
+    s.dims[1] = ("a1", int(x.shape[1]), True)
+    s.trusted = True
+    return s
+
+
 def creation(c):
     r = c.out_shape
     # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data

@@ -76,6 +76,9 @@ def _ce(out, y):
 
 def build(kind: str, seed: int = 0, device="cpu"):
     """(model in train mode, loss_fn(out, target)) with weights from `seed`."""
+    if kind.startswith("cat:"):        # a catalogue architecture (bench/hf_catalogue.py)
+        from tests.emit_workers import hf_catalogue_models
+        return hf_catalogue_models.build(kind, seed, device)
     torch.manual_seed(seed)
     with torch.device(device):
         m = _make(kind)
@@ -84,6 +87,9 @@ def build(kind: str, seed: int = 0, device="cpu"):
 
 def batch(kind: str, b: int, step: int):
     """(inputs tuple, targets) for step `step`: fresh seeded data each step."""
+    if kind.startswith("cat:"):
+        from tests.emit_workers import hf_catalogue_models
+        return hf_catalogue_models.batch(kind, b, step)
     g = torch.Generator().manual_seed(2000 + step)
     if kind == "vit":
         return (torch.randn(b, 3, 16, 16, generator=g),), torch.randint(0, 10, (b,), generator=g)

@@ -1,0 +1,356 @@
+"""Issue #26's catalogue: every architecture of transformers' auto mappings (causal LM, masked LM, seq2seq
+LM, image classification) built tiny from its shrunk default config (tests/emit_workers/hf_catalogue_models.py),
+then, per architecture:
+
+  cheap   capture with its loss, the unknown ops, a free search (cpu, 2 devices), and whether a pinned
+          tp=2 search on a cluster where tp pays (links free, compute slow: tests/emit_workers/hf_plans.py)
+          shards any module;
+  dp2 / pp2 / tp2 / tp2+sp
+          sapp's own plan for that layout trained 3 Adam steps on 2 gloo ranks vs one process (relative
+          1e-5, tests/emit_workers/hf_harness.py).
+
+    python -m bench.hf_catalogue [--out FILE.jsonl] [--shard i/n] [--columns cheap,dp2,pp2,tp2,tp2+sp]
+                                 [--only a,b] [--timeout 300] [--workers 1]
+    python -m bench.hf_catalogue --report [--out FILE.jsonl]
+
+One long-lived parent (torch, transformers and sapp imported once) forks one child per (architecture,
+column) from a pool of --workers slots; an emission child forks its 2 gloo ranks.  A child past
+--timeout is killed with its ranks (its own process group).  Each result is one JSONL line: a rerun
+skips what is done (resumable), --shard i/n takes every n-th architecture.  All cheap cases run before
+any emission case.  Every failure carries a named class (`classify`) and a one-line reason; --report
+prints each column's share and every class with its count."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+TOL = 1e-5
+EMIT = ("dp2", "pp2", "tp2", "tp2+sp")
+COLUMNS = ("cheap",) + EMIT
+DEFAULT_OUT = os.path.join(ROOT, "bench", "hf_catalogue.jsonl")
+STEPS, BATCH = 3, 8
+
+
+def _line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:200]
+
+
+# ---- failure classes ------------------------------------------------------------------------------
+# (class, pattern over "phase: Type: message"): the first match names the failure; anything else is
+# classed by its phase and exception type
+CLASSES = (
+    ("timeout", r"timed out"),
+    ("input not synthesised", r"is not synthesised"),
+    ("needs a package", r"requires the .* librar|No module named|pip install"),
+    ("tiny config does not run (eager forward fails)", r"^build: eager forward fails"),
+    ("view absorbs a sharded dim (shape invalid)", r"^(emit|step|rank|compare): .*shape '\[.*\]' is invalid"),
+    ("losses differ silently", r"losses differ"),
+    ("operand shapes disagree in a step (a sharded dim)", r"^step: .*(size of tensor a .* must match|shapes cannot be"
+                                                          r" multiplied|Expected size|dimension mismatch)"),
+    ("frozen params counted differently", r"^(emit|step|rank): .*(trainable|frozen)"),
+    ("DTensor view modified in place", r"^(emit|step|rank): .*_ToTorchTensor is a view and is being modified inplace"),
+    ("pipeline stage call (positional args)", r"^(emit|step|rank): .*positional argument"),
+    ("data-dependent control flow", r"[Dd]ata.dependent|GuardOnDataDependent|symbolic|Could not guard"),
+    ("tp2 shards nothing", r"^tp2: shards nothing"),
+    ("unknown ops", r"^unknown:"),
+    ("refused before the first step", r"^emit: .*(Error|Refused)"),
+)
+
+
+def failure(r) -> str:
+    """The named class(es) of a failed row: a cheap row lists one per part ("unknown: ...; tp2: ...")."""
+    if r["phase"] != "cheap":
+        return classify(r["phase"], r["reason"])
+    return "; ".join(classify(*part.split(": ", 1)) for part in r["reason"].split("; "))
+
+
+def classify(phase: str, reason: str) -> str:
+    text = f"{phase}: {reason}"
+    if phase == "build" and not re.search(CLASSES[1][1] + "|" + CLASSES[2][1] + "|" + CLASSES[3][1], text):
+        phase = "tiny config does not build"
+    for name, pat in CLASSES:
+        if re.search(pat, text):
+            return name
+    causes = re.findall(r"(\w+(?:Error|Exception)): ([^:]*)", reason or "")
+    if not causes:
+        return f"{phase}: failed"
+    kind, msg = causes[-1]                 # the innermost cause, its first words without numbers
+    words = re.sub(r"\d+", "N", re.sub(r"'[^']*'|\[[^\]]*\]", "_", msg)).split()[:6]
+    return f"{phase}: {kind}: {' '.join(words)}"
+
+
+# ---- the cases (run in a forked child) ------------------------------------------------------------
+def case_cheap(arch: str, tmp: str, free: bool = True) -> dict:
+    """Build, capture, unknown ops, the free search (unless `free` is False) and the pinned tp2 search."""
+    from sapp.api import capture_graph, search
+    from tests.emit_workers import hf_catalogue_models as C
+    from tests.emit_workers import hf_plans
+    kind = "cat:" + arch
+    row = {"task": C.catalogue()[arch][0], "class": C.catalogue()[arch][1]}
+    t = time.process_time()
+    try:
+        why = C.skip_reason(kind)
+        if why:
+            return dict(row, ok=False, phase="build", reason=why, buildable=False)
+        model, loss_fn = C.build(kind, device="meta")
+        x, y = C.batch(kind, BATCH, 0)
+    except Exception as e:                     # noqa: BLE001 - classified, one line
+        return dict(row, ok=False, phase="build", reason=_line(e), buildable=False)
+    row.update(buildable=True, params=sum(p.numel() for p in model.parameters()))
+    try:
+        graph, _ = capture_graph(model, x, loss_fn, y)
+    except Exception as e:                     # noqa: BLE001
+        why = _eager_fails(kind)
+        if why:                               # the tiny model itself does not run: not sapp's failure
+            return dict(row, ok=False, phase="build", reason="eager forward fails: " + why, buildable=False)
+        return dict(row, ok=False, phase="capture", reason=_line(e), capture=False)
+    unk = graph.meta.get("unknown_ops") or []
+    row.update(capture=True, nodes=len(graph.nodes), capture_cpu_s=round(time.process_time() - t, 2),
+               unknown=[{"op": r["op"], "count": r["count"], "module": (r["modules"] or [""])[0]} for r in unk])
+    try:
+        if free:
+            plan = search(model, "cpu:gpus=2", global_batch=BATCH, example_inputs=x, loss_fn=loss_fn, targets=y,
+                          graph=graph)
+            row.update(free_parallel=plan.parallel)
+        row.update(search=True)
+    except Exception as e:                     # noqa: BLE001
+        row.update(search=False, search_reason=_line(e))
+    try:
+        plan = search(model, hf_plans.TP_CLUSTER.format(n=2), global_batch=BATCH, example_inputs=x,
+                      loss_fn=loss_fn, targets=y, graph=graph, constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0})
+        path = os.path.join(tmp, "tp2.json")
+        plan.save(path)
+        with open(path) as f:
+            row.update(tp2_modules=len(json.load(f).get("tp_modules") or {}))
+    except Exception as e:                     # noqa: BLE001
+        row.update(tp2_modules=None, tp2_reason=_line(e))
+    row["cpu_s"] = round(time.process_time() - t, 2)
+    fails = ([f"unknown: {', '.join(sorted(u['op'] for u in row['unknown']))}"] if row["unknown"] else []) + \
+        ([f"search: {row['search_reason']}"] if not row["search"] else []) + \
+        ([f"tp2: {row['tp2_reason']}"] if row["tp2_modules"] is None else
+         ["tp2: shards nothing"] if not row["tp2_modules"] else [])
+    return dict(row, ok=not fails, phase="cheap", reason="; ".join(fails))
+
+
+def _eager_fails(kind) -> str | None:
+    """One line when the tiny model's own forward + loss fails on CPU (None: it runs)."""
+    from tests.emit_workers import hf_catalogue_models as C
+    try:
+        model, loss_fn = C.build(kind)
+        x, y = C.batch(kind, 2, 0)
+        loss_fn(model(*x), y)
+    except Exception as e:                     # noqa: BLE001
+        return _line(e)
+    return None
+
+
+def case_emit(arch: str, config: str, tmp: str) -> dict:
+    from tests.emit_workers import hf_harness, hf_plans
+    kind = "cat:" + arch
+    t0 = time.perf_counter()
+    try:
+        path = hf_plans.search_plan(kind, config, os.path.join(tmp, f"{config}.json"))
+    except Exception as e:                     # noqa: BLE001
+        return {"ok": False, "phase": "search", "reason": _line(e)}
+    with open(path) as f:
+        plan = json.load(f)
+    row = {"tp_modules": len(plan.get("tp_modules") or {}), "parallel": plan.get("parallel")}
+    out = hf_harness.run(2, [{"id": config, "kind": kind, "plan_path": path, "steps": STEPS, "batch": BATCH}])
+    res = out["cases"][config]
+    ref, got = res["ref"], [res["ranks"].get(str(r)) for r in range(2)]
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    if any(g is None for g in got):
+        err = next(iter(out["errors"].values()), "") or out.get("failed") or "a rank reported nothing"
+        return dict(row, ok=False, phase="rank", reason=err.strip().splitlines()[-1][:200])
+    errs = [g for g in got if "error" in g]
+    if errs:
+        return dict(row, ok=False, phase=errs[0].get("phase", "emit"), reason=errs[0]["error"][:200])
+    rel = max(abs(a - b) / abs(b) for g in got for a, b in zip(g["losses"], ref))
+    ok = rel <= TOL and len(got[0]["losses"]) == len(ref)
+    return dict(row, ok=ok, rel=rel, phase="compare",
+                reason="" if ok else f"losses differ from one process (max rel {rel:.2e}) with no error")
+
+
+def _child(arch, column, conn):
+    import tempfile
+    os.setsid()                               # its gloo ranks die with it on a timeout
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = case_cheap(arch, tmp) if column == "cheap" else case_emit(arch, column, tmp)
+    except BaseException as e:                # noqa: BLE001 - the child reports, never raises
+        r = {"ok": False, "phase": "harness", "reason": _line(e)}
+    conn.send(r)
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---- the pool -------------------------------------------------------------------------------------
+def load(out: str) -> list:
+    if not os.path.exists(out):
+        return []
+    rows = []
+    with open(out) as f:
+        for ln in f:
+            try:
+                rows.append(json.loads(ln))
+            except ValueError:                # a line cut by a kill: that case runs again
+                pass
+    return rows
+
+
+def run(archs, columns, out, timeout=300.0, workers=1, log=print):
+    import multiprocessing as mp
+    rows = load(out)
+    done = {(r["arch"], r["column"]) for r in rows}
+    cheap = {r["arch"]: r for r in rows if r["column"] == "cheap"}
+    todo = [(a, "cheap") for a in archs if "cheap" in columns and (a, "cheap") not in done]
+    todo += [(a, c) for a in archs for c in EMIT if c in columns and (a, c) not in done]
+    ctx = mp.get_context("fork")
+    running = {}                              # pid -> (proc, conn, arch, column, t0)
+    while todo or running:
+        while todo and len(running) < workers:
+            arch, col = todo[0]
+            if col != "cheap":
+                if any(v[3] == "cheap" for v in running.values()):
+                    break                     # emission starts once every cheap case is in
+                c = cheap.get(arch)
+                if c is not None and not c.get("capture"):
+                    todo.pop(0)               # not buildable or not captured: the column is not attempted
+                    continue
+            todo.pop(0)
+            rcv, snd = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(arch, col, snd))
+            p.start()
+            snd.close()
+            running[p.pid] = (p, rcv, arch, col, time.time())
+        time.sleep(0.2)
+        for pid, (p, rcv, arch, col, t0) in list(running.items()):
+            res = None
+            if rcv.poll():
+                try:
+                    res = rcv.recv()
+                except EOFError:
+                    res = {"ok": False, "phase": "harness", "reason": "the case's process died without a result"}
+            elif not p.is_alive():
+                res = {"ok": False, "phase": "harness", "reason": f"the case's process died (exit {p.exitcode})"}
+            elif time.time() - t0 > timeout:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                res = {"ok": False, "phase": col, "reason": f"timed out after {timeout:.0f} s"}
+            if res is None:
+                continue
+            p.join(5)
+            del running[pid]
+            res.update(arch=arch, column=col, wall_s=round(time.time() - t0, 1))
+            if not res["ok"]:
+                res["failure"] = failure(res)
+            if col == "cheap":
+                cheap[arch] = res
+            with open(out, "a") as f:
+                f.write(json.dumps(res, sort_keys=True) + "\n")
+            log(f"{arch:<28} {col:<7} {'ok' if res['ok'] else 'FAIL':<4} {res['wall_s']:>6.1f}s "
+                f"{res.get('failure', '')}: {res.get('reason', '')}"[:220])
+
+
+# ---- the report -----------------------------------------------------------------------------------
+def report(rows, attempted: int | None = None) -> str:
+    """Each column's share and every failure class with its count (the last row of a case wins)."""
+    last = {}
+    for r in rows:
+        last[(r["arch"], r["column"])] = r
+    cheap = [r for (a, c), r in sorted(last.items()) if c == "cheap"]
+    built = [r for r in cheap if r.get("buildable")]
+    cap = [r for r in built if r.get("capture")]
+    lines = [f"architectures in the four mappings: {attempted if attempted is not None else '?'}; "
+             f"cheap column run on {len(cheap)}; buildable tiny offline: {len(built)}", "",
+             "| column | passed | of | share |", "|---|---|---|---|"]
+
+    def share(name, ok, of):
+        lines.append(f"| {name} | {ok} | {of} | {100 * ok / of:.0f}% |" if of else f"| {name} | 0 | 0 | - |")
+    share("builds tiny offline", len(built), len(cheap))
+    share("captures", len(cap), len(built))
+    share("0 unknown ops", sum(1 for r in cap if not r.get("unknown")), len(built))
+    share("free search", sum(1 for r in cap if r.get("search")), len(built))
+    share("pinned tp2 shards something", sum(1 for r in cap if r.get("tp2_modules")), len(built))
+    silent = 0
+    for col in EMIT:
+        rs = [r for (a, c), r in sorted(last.items()) if c == col]
+        silent += sum(1 for r in rs if r.get("phase") == "compare" and not r["ok"])
+        share(f"{col} equals one process (of run)", sum(1 for r in rs if r["ok"]), len(rs))
+    lines += ["", f"silently wrong runs (losses differ, no error): {silent}", "",
+              "| column | failure class | count | e.g. |", "|---|---|---|---|"]
+    for col in COLUMNS:
+        rs = [r for (a, c), r in sorted(last.items()) if c == col and not r["ok"]]
+        by = {}
+        for r in rs:
+            for k in failure(r).split("; "):
+                by.setdefault(k, []).append(r)
+        for k, v in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            eg = v[0]
+            lines.append(f"| {col} | {k} | {len(v)} | {eg['arch']}: {eg['reason'][:110]} |")
+    ops = {}
+    for r in cap:
+        for u in r.get("unknown") or []:
+            ops.setdefault(u["op"], []).append(r["arch"])
+    if ops:
+        lines += ["", "unknown ops (architectures): " + "; ".join(
+            f"{k} ({len(v)}: {', '.join(v[:4])}{'...' if len(v) > 4 else ''})"
+            for k, v in sorted(ops.items(), key=lambda kv: -len(kv[1])))]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.hf_catalogue")
+    p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results (appended; done cases are skipped)")
+    p.add_argument("--shard", default="0/1", help="i/n: every n-th architecture from the i-th")
+    p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--only", help="comma-separated model types")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from tests.emit_workers import hf_catalogue_models as C
+    archs = list(C.catalogue())
+    if a.report:
+        print(report(load(a.out), attempted=len(archs)))
+        return 0
+    i, n = (int(v) for v in a.shard.split("/"))
+    if a.only:
+        want = a.only.split(",")
+        bad = [w for w in want if w not in archs]
+        if bad:
+            p.error(f"not in the catalogue: {', '.join(bad)}")
+        archs = want
+    archs = archs[i::n]
+    cols = tuple(c for c in a.columns.split(",") if c)
+    bad = [c for c in cols if c not in COLUMNS]
+    if bad:
+        p.error(f"unknown column {bad[0]!r}: one of {', '.join(COLUMNS)}")
+    # imported once in the parent, shared by every forked case
+    import sapp.api  # noqa: F401
+    import sapp.capture  # noqa: F401
+    import sapp.emit  # noqa: F401
+    import sapp.search.joint  # noqa: F401
+    import transformers  # noqa: F401
+    from tests.emit_workers import hf_harness, hf_plans  # noqa: F401
+    run(archs, cols, a.out, a.timeout, a.workers, log=lambda s: print(s, flush=True))
+    print(report(load(a.out), attempted=len(C.catalogue())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

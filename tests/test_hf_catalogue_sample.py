@@ -1,0 +1,61 @@
+"""CI's fixed sample of the transformers catalogue (bench/hf_catalogue.py, issue #26): each architecture
+built tiny from its shrunk default config, captured with its loss, with 0 unknown ops, and a pinned tp=2
+search on a cluster where tp pays shards at least one module.  The sample covers every failure class
+the catalogue showed and capture now fixes: Falcon's `x @ W.T` linears (aten.numpy_T: unknown, tp2
+sharded nothing), GPT-J's stack + repeat_interleave, Apertus' expm1, ConvBERT's im2col and multiply,
+Falcon-H1's einsum, beside plain decoders, an encoder, an encoder-decoder and a vision model (pad and
+eye, Bailing's, are too slow to capture here: tests/test_capture_catalogue_ops.py).  (Emission of these classes: tests/test_hf_emit.py.)"""
+import pytest
+
+pytest.importorskip("transformers")
+
+from bench import hf_catalogue as H  # noqa: E402
+
+SAMPLE = {
+    "falcon": "x @ W.T linears (numpy_T)",
+    "gptj": "stack, repeat_interleave in rotary",
+    "apertus": "expm1 in xIELU",
+    "llama": "decoder, GQA",
+    "opt": "decoder, learned positions",
+    "convbert": "im2col + multiply in span convolution",
+    "falcon_h1": "einsum in its mamba mixer",
+    "distilbert": "masked LM encoder",
+    "t5": "encoder-decoder",
+    "vit": "image classification",
+}
+
+
+@pytest.mark.parametrize("arch", sorted(SAMPLE))
+def test_catalogue_sample_captures_every_op_and_tp2_shards(arch, tmp_path):
+    row = H.case_cheap(arch, str(tmp_path), free=False)
+    assert row.get("buildable") and row.get("capture"), row.get("reason")
+    assert row["unknown"] == [], f"{arch} ({SAMPLE[arch]}): unknown {row['unknown']}"
+    assert row["search"], row.get("search_reason")
+    assert row["tp2_modules"], f"{arch}: pinned tp2 shards nothing ({row.get('tp2_reason', '')})"
+    assert row["ok"] and row["reason"] == ""
+
+
+def test_report_counts_columns_and_names_every_failure_class():
+    rows = [
+        {"arch": "a", "column": "cheap", "ok": True, "buildable": True, "capture": True, "search": True,
+         "tp2_modules": 3, "unknown": [], "phase": "cheap", "reason": ""},
+        {"arch": "b", "column": "cheap", "ok": False, "buildable": True, "capture": True, "search": True,
+         "tp2_modules": 0, "unknown": [{"op": "aten.numpy_T.default", "count": 2, "module": "x"}], "phase": "cheap",
+         "reason": "unknown: aten.numpy_T.default; tp2: shards nothing"},
+        {"arch": "c", "column": "cheap", "ok": False, "buildable": False, "phase": "build",
+         "reason": "input 'input_values' is not synthesised"},
+        {"arch": "a", "column": "tp2", "ok": False, "phase": "step",
+         "reason": "step 0: RuntimeError: shape '[8, 16, 4, 16]' is invalid for input of size 4096"},
+        {"arch": "a", "column": "dp2", "ok": False, "phase": "compare", "reason": "losses differ (max rel 4.5e-03)"},
+        {"arch": "a", "column": "dp2", "ok": True, "phase": "compare", "reason": ""},     # a rerun: the last wins
+    ]
+    out = H.report(rows, attempted=4)
+    assert "cheap column run on 3; buildable tiny offline: 2" in out
+    assert "| 0 unknown ops | 1 | 2 | 50% |" in out and "| pinned tp2 shards something | 1 | 2 | 50% |" in out
+    assert "| dp2 equals one process (of run) | 1 | 1 | 100% |" in out and "silently wrong runs" in out
+    for cls in ("unknown ops", "tp2 shards nothing", "input not synthesised",
+                "view absorbs a sharded dim (shape invalid)"):
+        assert f"| {cls} | 1 |" in out, cls
+    assert "aten.numpy_T.default (1: b)" in out
+    assert H.classify("compare", "losses differ from one process (max rel 1e-3) with no error") == \
+        "losses differ silently"
