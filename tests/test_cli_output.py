@@ -4,7 +4,7 @@ import copy
 
 from sapp import Plan
 from sapp.commands.search import summary
-from sapp.units import fmt_count, fmt_flops
+from sapp.units import fmt_count, fmt_flops, fmt_time
 from tests.test_report import make_plan
 
 
@@ -39,3 +39,48 @@ def test_summary_names_params_and_groups_virtual_chunks_by_stage():
     assert rows[0][5:7] == ["9.00", "ms"] and rows[1][5:7] == ["12.00", "ms"]    # 1+3+5 and 2+4+6 ms of forward
     plain = summary(Plan(make_plan(pp=2)))
     assert "virtual chunks" not in plain and "layers.0..1" in plain
+
+
+class _Tty:
+    """A terminal stand-in: Progress draws only on a TTY."""
+    def __init__(self):
+        self.parts = []
+
+    def write(self, s):
+        self.parts.append(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_search_progress_is_the_bound_gap_and_ends_at_100_percent():
+    """The joint search reports thousandths of its work (the gap closed between the lower bound and the
+    best step found), never going back, ending at 1000; a two-argument callback still works."""
+    from sapp import api
+    graph, _ = api.capture_graph(api.resolve_model("gpt-small")[0])
+    seen, notes = [], []
+    plan = api.search("gpt-small", "a100-80g:devices=16", global_batch=32, graph=graph,
+                      progress=lambda done, total, note: (seen.append((done, total)), notes.append(note)))
+    assert {t for _, t in seen} == {1000} and seen[-1][0] == 1000
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:])) and len(seen) > 3
+    assert any(0 < d < 1000 for d, _ in seen)                   # it moves between start and end
+    assert "configurations" in notes[0] and f"best {fmt_time(plan.predicted['step_time_s'])}" in notes[-1]
+    two = []
+    api.search("gpt-small", "a100-80g:devices=16", global_batch=32, graph=graph, progress=lambda d, t: two.append(d))
+    assert two[-1] == 1000 and [d for d, _ in seen] == two
+
+
+def test_search_command_says_what_it_does_before_capturing(monkeypatch, capsys):
+    import sys
+    from sapp.cli import main
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(["search", "--model", "gpt-tiny", "--cluster", "cpu:gpus=2"]) == 0
+    frames = [f for f in "".join(tty.parts).split("\r\x1b[K") if f]
+    assert frames[0].startswith("search: ") and "importing torch" in frames[0]
+    assert "capturing gpt-tiny" in frames[1]
+    assert "[####################] 100%" in frames[-1] and "/1000" not in frames[-1]
+    assert "predicted step" in capsys.readouterr().out

@@ -35,7 +35,9 @@ def add_arguments(p):
                    help="seed of the initial weights, synthetic data and --shuffle order (default 0)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="seconds a collective may wait before the job is failed (default 20)")
-    p.add_argument("--log-json", dest="log_json", help="append one JSON line per step here (loss, step time, samples/s, peak memory)")
+    p.add_argument("--log-json", dest="log_json",
+                   help="every rank appends one JSON line per step (loss, step time, samples/s, peak memory) and its "
+                        "error if it fails: rank 0 to this file, rank r to it with .rank<r> before the extension")
     c = p.add_argument_group("checkpoints (torch.distributed.checkpoint; any plan resumes any checkpoint)")
     c.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="save here (shared by all nodes)")
     c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,

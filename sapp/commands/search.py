@@ -111,14 +111,17 @@ def summary(plan, timing=None) -> str:
 
 
 def run(args):
-    from .. import api
-    from ..report.progress import Progress
+    from ..report.progress import Progress        # small: drawn before torch and the model are imported
     from ._paths import check_out
     if args.out:
         check_out(args.out)          # before the search, not after it
+    spec = model_spec(args)
     t0 = time.perf_counter()
-    with Progress(label="joint search") as prog:      # draws on a terminal only
-        plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
+    with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
+        prog.status("importing torch")
+        from .. import api
+        prog.status(f"capturing {spec} (built on meta, traced into a graph)")
+        plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog, runtime=args.runtime)
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:
