@@ -84,3 +84,65 @@ def test_search_command_says_what_it_does_before_capturing(monkeypatch, capsys):
     assert "capturing gpt-tiny" in frames[1]
     assert "[####################] 100%" in frames[-1] and "/1000" not in frames[-1]
     assert "predicted step" in capsys.readouterr().out
+
+
+def _interleaved_plan(m, v=3, pp=2, sync=0.004):
+    """make_plan's stages as pp·v virtual chunks, without per-chunk gradient sync (as api.build_plan
+    writes an interleaved plan); the step's sync in predicted.grad_sync_s."""
+    d = make_plan(pp=pp, m=m, schedule="interleaved", v=v)
+    chunks = []
+    for c in range(pp * v):
+        s = copy.deepcopy(d["pipeline"]["stages"][c % pp])
+        pr = s["predicted"]
+        s.update(index=c, device_stage=c % pp, blocks=[f"layers.{c}"],
+                 predicted={"fwd_s": pr["fwd_s"] / v, "bwd_s": pr["bwd_s"] / v, "memory_bytes": pr["memory_bytes"],
+                            "memory": pr["memory"]})
+        chunks.append(s)
+    d["pipeline"]["stages"] = chunks
+    d["predicted"]["grad_sync_s"] = sync
+    return d
+
+
+def test_interleaved_timeline_shows_the_gradient_sync_on_every_stage():
+    from sapp.report import plan_timeline
+    ev = plan_timeline(_interleaved_plan(m=4))
+    sync = [e for e in ev if e.kind == "sync"]
+    assert sorted(e.stage for e in sync) == [0, 1] and all(abs(e.duration - 0.004) < 1e-12 for e in sync)
+    for e in sync:                              # after the stage's last backward
+        assert e.start >= max(x.end for x in ev if x.stage == e.stage and x.kind == "bwd") - 1e-12
+
+
+def test_gantt_aggregates_micro_batches_beyond_a_count_and_memory_axis_follows_the_data():
+    import pytest
+    pytest.importorskip("matplotlib")
+    from sapp.report.plot import MAX_BOXES_PER_ROW, _gantt, _memory, _pyplot
+    from sapp.report import plan_timeline
+    plt = _pyplot()
+    small, big = _interleaved_plan(m=4), _interleaved_plan(m=48, v=6)
+    for d, aggregated in ((small, False), (big, True)):
+        ev = plan_timeline(d)
+        boxes = sum(1 for e in ev if e.stage == 0 and e.micro_batch >= 0 and e.kind in ("fwd", "bwd"))
+        assert (boxes > MAX_BOXES_PER_ROW) == aggregated
+        fig, ax = plt.subplots()
+        _gantt(ax, Plan(d), ev, 2, bins=50)
+        drawn = len(ax.patches) + sum(len(c.get_paths()) for c in ax.collections)
+        if aggregated:       # at most a bar per slice and kind of work per stage, plus the per-step tails
+            assert drawn <= 2 * 3 * 50 + 2 and "drawn as each time slice's share" in ax.get_title(loc="left")
+        else:
+            assert drawn >= sum(1 for e in ev if e.duration > 0)
+        assert "gradient sync" in [t.get_text() for t in ax.get_legend().get_texts()]
+        plt.close(fig)
+    tiny = make_plan(pp=2)
+    for st in tiny["pipeline"]["stages"]:        # a few MB on an 80 GB device
+        st["predicted"]["memory"] = {k: v * 1e-4 for k, v in st["predicted"]["memory"].items()}
+        st["predicted"]["memory_bytes"] = sum(st["predicted"]["memory"].values())
+    fig, ax = plt.subplots()
+    _memory(ax, Plan(tiny))
+    peak = max(st["predicted"]["memory_bytes"] for st in tiny["pipeline"]["stages"])
+    assert ax.get_ylabel() == "MB per device" and peak / 1e6 <= ax.get_ylim()[1] <= 1.1 * peak / 1e6
+    assert "capacity" in ax.get_title()
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    _memory(ax, Plan(make_plan(pp=2, mem_frac=0.9)))     # near capacity: the capacity line is on the axis
+    assert ax.get_ylabel() == "GB per device" and any("capacity" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(fig)
