@@ -2,7 +2,9 @@
 of the survivors."""
 from __future__ import annotations
 
+import bisect
 import heapq
+import inspect
 import math
 import time
 
@@ -118,10 +120,7 @@ class _Report:
     TOTAL = 1000
 
     def __init__(self, progress, bounds, exhaustive):
-        import bisect
-        import inspect
         self.fn, self.bounds, self.n, self.exhaustive = progress, bounds, len(bounds), exhaustive
-        self.bisect = bisect.bisect_right
         self.seen = set()           # indices evaluated or ruled out
         self.base = None            # the bound when the first plan was priced
         self.done_ = 0
@@ -142,7 +141,7 @@ class _Report:
         if best is None or self.exhaustive:
             return len(self.seen)
         cut = best.step_time_s        # analytic bounds above it: popped only after the cut, never evaluated
-        above = self.n - self.bisect(self.bounds, cut)
+        above = self.n - bisect.bisect_right(self.bounds, cut)
         return len(self.seen) + above - sum(1 for i in self.seen if self.bounds[i] > cut)
 
     def _update(self, best, lb, head=""):
