@@ -4,7 +4,7 @@
 Each row is a public run with a published figure (TF/GPU, a step or layer time).  sapp prices the
 run PINNED to the published configuration (tp, pp, dp, ZeRO, micro-batch size, recompute as given)
 and, for reference, what the free search would pick on the same cluster and batch.  `--write`
-replaces the "Published runs" section of bench/RESULTS.md with the table.
+replaces the generated body of the "Published runs" section of bench/RESULTS.md (bench/results.py).
 
 Rows live in ROWS (a list of `Row` dataclasses); other modules add theirs: `bench/published_moe.py`
 and `bench/published_sp.py`, if present, are imported and their `ROWS` appended.  A row needing a
@@ -385,20 +385,6 @@ def table(results):
     return "\n".join(lines)
 
 
-def write_section(text, path="bench/RESULTS.md"):
-    title = "## Published runs (`python -m bench.published`)"
-    with open(path) as f:
-        doc = f.read()
-    start = doc.find(title)
-    if start >= 0:
-        nxt = doc.find("\n## ", start + len(title))
-        doc = doc[:start] + text + (doc[nxt:] if nxt >= 0 else "\n")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="rows whose group or name contains this text")
@@ -407,24 +393,29 @@ def main(argv=None):
     ap.add_argument("--compare", default="eager", help="a second runtime priced pinned beside ('' for none)")
     ap.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     args = ap.parse_args(argv)
+    text = section(args.only, args.runtime, not args.no_free, args.compare)
+    if args.write:
+        from .results import write
+        write("published", text)
+    return 0
+
+
+def section(only=None, runtime="fused", free=True, compare="eager") -> str:
+    """The section's text: the summary line, NOTES and the table (also printed as it is measured)."""
     from sapp.costmodel import CostSettings
     rows = ROWS + _extra_rows()
-    if args.only:
-        rows = [r for r in rows if args.only in r.name or args.only in r.group]
-    settings = CostSettings(precision="bf16-mixed", runtime=args.runtime)
-    compare = CostSettings(precision="bf16-mixed", runtime=args.compare) if args.compare else None
+    if only:
+        rows = [r for r in rows if only in r.name or only in r.group]
+    settings = CostSettings(precision="bf16-mixed", runtime=runtime)
+    compare = CostSettings(precision="bf16-mixed", runtime=compare) if compare else None
     t0 = time.perf_counter()
     print(HEADER)
-    results = run(rows, settings, free=not args.no_free, compare=compare)
+    results = run(rows, settings, free=free, compare=compare)
     within = [r for r in results if abs(_err(r[1].value, r[0].published)) <= 10]
-    summary = (f"{len(within)}/{len(results)} rows within ±10% (runtime={args.runtime}); "
+    summary = (f"{len(within)}/{len(results)} rows within ±10% (runtime={runtime}); "
                f"{time.perf_counter() - t0:.0f} s")
     print(summary)
-    if args.write:
-        text = ("## Published runs (`python -m bench.published`)\n\n" + summary + ".\n\n" + NOTES.strip() + "\n"
-                + table(results) + "\n")
-        write_section(text)
-    return 0
+    return summary + ".\n\n" + NOTES.strip() + "\n" + table(results) + "\n"
 
 
 if __name__ == "__main__":

@@ -221,6 +221,18 @@ def families(rs) -> str:
     return "\n".join(lines)
 
 
+def measure(cases=None) -> list:
+    """Search every case's plan, run them all, and return the per-rank rows (default: the full matrix)."""
+    cases = case_list() if cases is None else cases
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        search_plans(cases, tmp)
+        t1 = time.perf_counter()
+        results = run_jobs(cases, tmp)
+    print(f"search {t1 - t0:.0f} s, runs {time.perf_counter() - t1:.0f} s", file=sys.stderr)
+    return rows(cases, results)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="bench.truth_matrix")
     ap.add_argument("--models", default=",".join(MODELS))
@@ -231,16 +243,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     cases = case_list(a.models.split(","), a.layouts.split(","), tuple(int(z) for z in a.zeros.split(",")),
                       tuple(a.recompute.split(",")))
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        search_plans(cases, tmp)
-        t1 = time.perf_counter()
-        results = run_jobs(cases, tmp)
-    rs = rows(cases, results)
+    rs = measure(cases)
     print(table(rs))
     print(summary(rs))
     print(families(rs))
-    print(f"search {t1 - t0:.0f} s, runs {time.perf_counter() - t1:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cases": cases, "rows": rs}, f, indent=1, default=str)

@@ -22,7 +22,9 @@ COMMANDS = {
 
 
 def build_parser():
+    from . import __version__
     parser = argparse.ArgumentParser(prog="sapp", description="Auto-parallel strategy search for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"sapp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         try:

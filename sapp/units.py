@@ -63,5 +63,22 @@ def fmt_time(t):
     return f"{t * 1e6:.1f} us"
 
 
+def _scaled(x, units, digits=3):
+    """x in the largest of `units` ((suffix, scale), largest first) it reaches, to `digits` significant
+    figures; below the smallest scale, as is."""
+    x = float(x)
+    for suffix, scale in units:
+        if abs(x) >= scale:
+            return f"{x / scale:.{digits}g} {suffix}".rstrip()
+    return f"{x:.{digits}g}"
+
+
 def fmt_flops(f):
-    return f"{f / 1e12:.1f} TFLOP/s"
+    """8.5e9 -> '8.5 GFLOP/s', 3.12e14 -> '312 TFLOP/s' (a CPU's rate is not '0 TFLOP/s')."""
+    return _scaled(f, (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6))) \
+        if abs(float(f)) >= 1e6 else f"{float(f):.0f} FLOP/s"
+
+
+def fmt_count(n):
+    """A parameter (or any) count: 135 -> '135', 1.35e5 -> '135 K', 1.3e6 -> '1.3 M', 1.75e11 -> '175 B'."""
+    return _scaled(n, (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)))

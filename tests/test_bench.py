@@ -188,3 +188,26 @@ def test_paired_run_alternates_the_plan_and_the_reference_block(tmp_path):
     # a bad plan path ends in a one-line status, not an exception
     res, status, _ = run_paired(tmp_path / "missing.json", "gpt-tiny", 2, 5, tmp_path / "r2.json", timeout_s=150)
     assert res is None and status.startswith("paired run failed")
+
+
+def test_results_md_has_every_generated_section_and_replace_keeps_the_rest(tmp_path):
+    """`python -m bench.results` rewrites only the marked bodies of bench/RESULTS.md, whose sections
+    are numbered in order."""
+    import re
+    from bench import results
+    doc = open(results.RESULTS).read()
+    for name in results.SECTIONS:
+        start, end = results.markers(name)
+        assert doc.count(start) == 1 and doc.count(end) == 1 and doc.index(start) < doc.index(end), name
+    numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", doc, re.M)]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == len(re.findall(r"^## ", doc, re.M))
+    new = results.replace(doc, "zoo", "| fresh | table |")
+    start, end = results.markers("zoo")
+    assert new[new.index(start):new.index(end)] == start + "\n| fresh | table |\n"
+    assert new[:new.index(start)] == doc[:doc.index(start)] and new[new.index(end):] == doc[doc.index(end):]
+    with pytest.raises(ValueError, match="no generated section"):
+        results.replace("# no markers\n", "zoo", "x")
+    path = tmp_path / "R.md"
+    path.write_text(doc)
+    results.write("published", "body", path=str(path))
+    assert results.markers("published")[0] + "\nbody\n" + results.markers("published")[1] in path.read_text()

@@ -170,11 +170,15 @@ def test_cli_run_factory_model_two_processes(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = tmp_path / "r.json"
     r = _sapp("run", str(plan), "--model", "mypkg.mymodel:build", "--steps", "4", "--out", str(out),
-              cwd=tmp_path, pythonpath=[tmp_path], timeout=120)
+              "--log-json", str(tmp_path / "log.jsonl"), cwd=tmp_path, pythonpath=[tmp_path], timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["devices"] == 2 and res["parallel"]["dp"] == 2 and len(res["losses"]) == 4
+    logs = [[json.loads(x) for x in (tmp_path / name).read_text().splitlines()] for name in ("log.jsonl", "log.rank1.jsonl")]
     for i in range(4):
-        assert f"[rank 0] step {i} loss {res['losses'][i]:.6f}" in r.stdout      # ranks agree on the loss
-        assert f"[rank 1] step {i} loss {res['losses'][i]:.6f}" in r.stdout
+        assert f"[rank 0] step {i} loss {res['losses'][i]:.6f}" in r.stdout      # rank 0 alone prints steps
+        assert f"[rank 1] step {i}" not in r.stdout
+        for rank, log in enumerate(logs):                                          # every rank logs JSON;
+            assert (log[i]["rank"], log[i]["step"]) == (rank, i)                   # the ranks agree on the loss
+            assert log[i]["loss"] == pytest.approx(res["losses"][i], rel=1e-6)
     assert res["losses"][-1] < res["losses"][0]

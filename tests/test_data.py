@@ -62,3 +62,22 @@ def test_factory_errors_are_one_line():
         data.make_dataset("tests.emit_workers.datasets:not_a_dataset")
     with pytest.raises(data.DataError, match="does not divide"):
         data.Batches(8, dataset=datasets.tokens()).local(0, 0, 3)
+
+
+def test_factory_in_the_current_directory_imports_like_model(tmp_path, monkeypatch):
+    """`--data mypkg.data:make_dataset` typed in the folder holding mypkg: the console script does not
+    put that folder on sys.path (`python -m` does); --data adds it as --model does."""
+    pkg = tmp_path / "friction_datapkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data.py").write_text("import torch\n\ndef make_dataset():\n"
+                                 "    return [(torch.full((4,), float(i)), i % 2) for i in range(6)]\n")
+    import os
+    import sys
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    ds = data.make_dataset("friction_datapkg.data:make_dataset")
+    assert len(ds) == 6 and float(ds[5][0][0]) == 5.0
+    assert str(tmp_path) in sys.path
+    sys.modules.pop("friction_datapkg.data", None)
+    sys.modules.pop("friction_datapkg", None)

@@ -38,9 +38,8 @@ def test_sapp_run_reports_measured_vs_predicted(searched_plan, tmp_path):
     out = tmp_path / "result.json"
     p = _sapp("run", str(path), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "5", "--out", str(out))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    for rank in (0, 1):
-        for i in range(5):
-            assert f"[rank {rank}] step {i} loss" in p.stdout
+    for i in range(5):
+        assert f"[rank 0] step {i} loss" in p.stdout and f"[rank 1] step {i}" not in p.stdout   # rank 0 logs steps
     assert "measured step time" in p.stdout and "predicted" in p.stdout
     res = json.loads(out.read_text())
     assert res["devices"] == 2 and res["parallel"]["dp"] == 2 and res["backend"] == "gloo"

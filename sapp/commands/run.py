@@ -30,12 +30,15 @@ def add_arguments(p):
     p.add_argument("--shuffle", action="store_true", help="map-style data: a fresh seeded permutation every epoch")
     p.add_argument("--out", help="write measured step times and losses as JSON here")
     p.add_argument("--nproc", type=int, help="processes on this node (default: the plan's devices / nnodes)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--optimizer", default="adam", choices=("adam", "adamw", "sgd"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--optimizer", default="adam", choices=("adam", "adamw", "sgd"), help="optimizer (default adam)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initial weights, synthetic data and --shuffle order (default 0)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="seconds a collective may wait before the job is failed (default 20)")
-    p.add_argument("--log-json", dest="log_json", help="append one JSON line per step here (loss, step time, samples/s, peak memory)")
+    p.add_argument("--log-json", dest="log_json",
+                   help="every rank appends one JSON line per step (loss, step time, samples/s, peak memory) and its "
+                        "error if it fails: rank 0 to this file, rank r to it with .rank<r> before the extension")
     c = p.add_argument_group("checkpoints (torch.distributed.checkpoint; any plan resumes any checkpoint)")
     c.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="save here (shared by all nodes)")
     c.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=0,
@@ -49,16 +52,17 @@ def add_arguments(p):
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
-    g.add_argument("--nnodes")
-    g.add_argument("--node-rank", dest="node_rank")
-    g.add_argument("--rdzv-backend", dest="rdzv_backend")
-    g.add_argument("--rdzv-endpoint", dest="rdzv_endpoint")
-    g.add_argument("--rdzv-id", dest="rdzv_id")
-    g.add_argument("--master-addr", dest="master_addr")
-    g.add_argument("--master-port", dest="master_port")
+    g.add_argument("--nnodes", help="nodes in the job: N or MIN:MAX (default 1)")
+    g.add_argument("--node-rank", dest="node_rank", help="this node's rank, 0 .. nnodes-1")
+    g.add_argument("--rdzv-backend", dest="rdzv_backend", help="rendezvous backend, e.g. c10d")
+    g.add_argument("--rdzv-endpoint", dest="rdzv_endpoint", help="rendezvous HOST:PORT (node 0's address)")
+    g.add_argument("--rdzv-id", dest="rdzv_id", help="job id shared by every node's command")
+    g.add_argument("--master-addr", dest="master_addr", help="static rendezvous: node 0's address")
+    g.add_argument("--master-port", dest="master_port", help="static rendezvous: node 0's port")
     g.add_argument("--max-restarts", dest="max_restarts", default="0",
                    help="restart all workers up to N times after a failure (from the last checkpoint with --checkpoint-dir)")
-    g.add_argument("--monitor-interval", dest="monitor_interval", default="0.1")
+    g.add_argument("--monitor-interval", dest="monitor_interval", default="0.1",
+                   help="seconds between the launcher's checks on its workers (default 0.1)")
     g.add_argument("--rdzv-timeout", dest="rdzv_timeout", type=int, default=600,
                    help="multi-node: seconds to wait for every node to join before failing (default 600)")
 

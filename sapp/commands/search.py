@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..units import fmt_bytes, fmt_time
+from ..units import fmt_bytes, fmt_count, fmt_time
 from ._model import add_model_arguments, model_spec
 
 
@@ -51,11 +51,44 @@ def add_arguments(p):
     add_constraint_arguments(p)
 
 
+def _stage_rows(pipe, cap) -> list:
+    """One row per pipeline stage (a device's share of the pipeline).  An interleaved plan lists pp·v
+    virtual chunks; they are grouped by the stage that runs them (as `sapp explain` does): the stage's
+    blocks and chunks, its forward / backward per micro-batch over all its chunks, its device's memory."""
+    chunks = sorted(pipe.get("stages") or [], key=lambda s: s["index"])
+    if not chunks:
+        return []
+    per = {}
+    for c in chunks:
+        per.setdefault(int(c.get("device_stage", c["index"])), []).append(c)
+    v = max(len(cs) for cs in per.values())
+    lines = []
+    if v > 1:
+        lines.append(f"{len(chunks)} virtual chunks: {v} per stage on {len(per)} stages (chunk c runs on stage c % {len(per)})")
+    lines.append(f"{'stage':>5} {'blocks':>16} {'fwd/mb':>10} {'bwd/mb':>10} {'memory':>10} {'of':>10}")
+    keys = sorted(per)
+    show = keys if len(keys) <= 8 else keys[:4] + keys[-3:]
+    for i, k in enumerate(show):
+        if len(keys) > 8 and i == 4:
+            lines.append(f"{'...':>5}")
+        cs = per[k]
+        blocks = [b for c in cs for b in (c.get("blocks") or [])]
+        if len(cs) > 1:
+            rng = f"{len(blocks)} in {len(cs)} chunks"
+        else:
+            rng = f"{blocks[0]}..{blocks[-1].split('.')[-1]}" if len(blocks) > 1 else (blocks[0] if blocks else "-")
+        pdx = [c.get("predicted", {}) for c in cs]
+        fwd, bwd = sum(p.get("fwd_s", 0) for p in pdx), sum(p.get("bwd_s", 0) for p in pdx)
+        mem = max(p.get("memory_bytes", 0) for p in pdx)        # each chunk carries its device's total
+        lines.append(f"{k:>5} {rng:>16} {fmt_time(fwd):>10} {fmt_time(bwd):>10} {fmt_bytes(mem):>10} {fmt_bytes(cap):>10}")
+    return lines
+
+
 def summary(plan, timing=None) -> str:
     d = plan.to_dict()
     par, pipe, pr = d["parallel"], d["pipeline"], d["predicted"]
     cap = pr.get("capacity_bytes") or d["cluster"].get("device_memory", 0)
-    lines = [f"model {d['model']['name']} ({d['model']['params'] / 1e9:.3g} B params), global batch "
+    lines = [f"model {d['model']['name']} ({fmt_count(d['model']['params'])} params), global batch "
              f"{d['model']['global_batch']}, {d['devices']} devices ({d['cluster']['name']}, "
              f"{d['cluster']['nodes']} x {d['cluster']['gpus_per_node']})"]
     sched = pipe["schedule"] + (f" v={pipe['virtual_chunks']}" if pipe.get("virtual_chunks", 1) > 1 else "")
@@ -63,18 +96,7 @@ def summary(plan, timing=None) -> str:
     lines.append(f"parallel  dp={par['dp']} tp={par['tp']} pp={par['pp']}{extra}  micro-batches {pipe['micro_batches']} x "
                  f"{pipe.get('micro_batch_size')}  schedule {sched}  ZeRO-{d['zero']}  recompute {d['recompute']['default']}"
                  + (f" (+{len(d['recompute']['blocks'])} blocks differ)" if d["recompute"]["blocks"] else ""))
-    stages = pipe.get("stages") or []
-    if stages:
-        lines.append(f"{'stage':>5} {'blocks':>16} {'fwd/mb':>10} {'bwd/mb':>10} {'memory':>10} {'of':>10}")
-        show = stages if len(stages) <= 8 else stages[:4] + stages[-3:]
-        for i, s in enumerate(show):
-            if len(stages) > 8 and i == 4:
-                lines.append(f"{'...':>5}")
-            b = s.get("blocks") or []
-            rng = f"{b[0]}..{b[-1].split('.')[-1]}" if len(b) > 1 else (b[0] if b else "-")
-            pdx = s.get("predicted", {})
-            lines.append(f"{s['index']:>5} {rng:>16} {fmt_time(pdx.get('fwd_s', 0)):>10} {fmt_time(pdx.get('bwd_s', 0)):>10} "
-                         f"{fmt_bytes(pdx.get('memory_bytes', 0)):>10} {fmt_bytes(cap):>10}")
+    lines += _stage_rows(pipe, cap)
     mem = pr.get("memory", {})
     total = d["cluster"].get("device_memory", cap)
     usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
@@ -91,17 +113,20 @@ def summary(plan, timing=None) -> str:
 
 
 def run(args):
-    from .. import api
-    from ..report.progress import Progress
+    from ..report.progress import Progress        # small: drawn before torch and the model are imported
     from ._paths import check_out
     if args.out:
         check_out(args.out)          # before the search, not after it
+    spec = model_spec(args)
     t0 = time.perf_counter()
     target = getattr(args, "target", None)
     if target:
         return _run_target(args, target, t0)
-    with Progress(label="joint search") as prog:      # draws on a terminal only
-        plan = api.search(model_spec(args), args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
+    with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
+        prog.status("importing torch")
+        from .. import api
+        prog.status(f"capturing {spec} (built on meta, traced into a graph)")
+        plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog, runtime=args.runtime)
     _finish(args, plan, t0)
     return 0
@@ -121,7 +146,7 @@ def _run_target(args, target, t0):
     cl = api.resolve_cluster(args.cluster)
     spec = model_spec(args)
     graph, _ = api.capture_graph(api.resolve_model(spec)[0])
-    with Progress(label="joint search") as prog:
+    with Progress(label="search", counts=False) as prog:
         plan = api.search(spec, cl, global_batch=args.batch, constraints=constraints_from_args(args), graph=graph,
                           precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0])
     timing = getattr(plan, "_timing", {})

@@ -58,11 +58,14 @@ def is_factory(spec: str) -> bool:
 
 def resolve_factory(spec: str):
     """The callable named by `pkg.module:name` (import errors become one-line DataErrors)."""
+    from ..models.resolve import cwd_on_path
     mod, _, fn = spec.rpartition(":")
+    cwd_on_path()                  # like --model: the folder the command was typed in
     try:
         module = importlib.import_module(mod)
     except ImportError as e:
-        raise DataError(f"--data {spec}: cannot import {mod} ({e}); put it on PYTHONPATH") from None
+        raise DataError(f"--data {spec}: cannot import {mod} ({e}); run from the directory that holds it "
+                        "or add it to PYTHONPATH") from None
     f = getattr(module, fn, None)
     if not callable(f):
         raise DataError(f"--data {spec}: {mod} has no callable {fn}")

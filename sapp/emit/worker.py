@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     from ..errors import SappError
     from ..plan import Plan
     from . import checkpoint as ckpt_mod, dist as dist_mod, emit
-    from .train_log import StepLog
+    from .train_log import StepLog, log_error
     from .train_state import model_names
     rank, world = dist_mod.rank_world()
     resume = args.resume or (_restarted() and args.checkpoint_dir and "latest")
@@ -153,6 +153,7 @@ def main(argv=None) -> int:
         start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
         _say(rank, e)
+        log_error(args.log_json, rank, None, str(e))
         os._exit(2)
     if log.bar is not None:
         log.bar.update(start)
@@ -192,11 +193,13 @@ def main(argv=None) -> int:
                     print(f"sapp run: checkpoint {path}", flush=True)
     except SappError as e:
         _say(rank, e)
+        log_error(args.log_json, rank, len(losses), str(e))
         os._exit(2)
     except Exception as e:  # a peer died or timed out: say so in one line and end this rank
         msg = str(e).strip().splitlines()
         print(f"[rank {rank}] error at step {len(losses)}: {type(e).__name__}: {msg[0] if msg else ''}"
               f" (another rank probably died; see its log)", file=sys.stderr, flush=True)
+        log_error(args.log_json, rank, len(losses), f"{type(e).__name__}: {msg[0] if msg else ''}")
         os._exit(1)
     log.close()
     if rank == 0:

@@ -83,12 +83,20 @@ def _attach(model, spec, kind, config, data):
     return model
 
 
+def cwd_on_path() -> None:
+    """Put the current directory on sys.path, as `python -m` does: `sapp` as a console script does not
+    see it, so `--model mypkg.m:f` / `--data mypkg.d:f` typed in the folder holding mypkg would not
+    import.  Only for specs typed on the command line (or passed by the caller); never for one read
+    from a file."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def _import_factory(spec):
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ModelSpecError(f"model spec {spec!r}: write it as pkg.module:factory")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())          # `sapp` as a console script does not see the cwd
+    cwd_on_path()
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as e:

@@ -1,7 +1,7 @@
 """`explain(plan) -> str`: why this plan, where the time and memory go, what binds it, what came next."""
 from __future__ import annotations
 
-from ..units import fmt_bytes, fmt_time
+from ..units import fmt_bytes, fmt_count, fmt_time
 from ._common import (as_plan, capacity, get, opt, placement_label, recompute_label, stage_memory,
                       throughput)
 
@@ -87,7 +87,7 @@ def explain(plan) -> str:
     out = []
     n = plan["devices"]
     cname = cl.get("name", "cluster")
-    out.append(f"Plan for {model.get('name', '?')} ({model.get('params', 0) / 1e9:.2f}B params, global batch "
+    out.append(f"Plan for {model.get('name', '?')} ({fmt_count(model.get('params', 0))} params, global batch "
                f"{model.get('global_batch', '?')}) on {n} x {cname} ({cl.get('nodes')} nodes x {cl.get('gpus_per_node')})")
     levels = get(plan["mesh"], "levels", default=[]) or []
     mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"

@@ -68,7 +68,7 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     plt = _pyplot()
     p = int(plan["parallel"]["pp"])
     fig = plt.figure(figsize=(width / dpi, height / dpi), dpi=dpi)
-    gs = fig.add_gridspec(2, 1, height_ratios=[max(2, min(p, 8)), 2], hspace=0.45)
+    gs = fig.add_gridspec(2, 1, height_ratios=[max(2, min(p, 6)), 3], hspace=0.45, right=0.88)
     ax = fig.add_subplot(gs[0])
     _gantt(ax, plan, events, p)
     ax2 = fig.add_subplot(gs[1])
@@ -98,13 +98,23 @@ def _schedule_label(plan):
     return f"{pipe['schedule']}{f' v={v}' if v > 1 else ''} m={m}"
 
 
-def _gantt(ax, plan, events, p):
+MAX_BOXES_PER_ROW = 96     # beyond this a stage's micro-batches are drawn aggregated (576 boxes a row read as a barcode)
+
+
+def _gantt(ax, plan, events, p, bins=160):
     rows = max([p] + [e.stage + 1 for e in events])
+    work = [e for e in events if e.duration > 0]
+    per_row = {}
+    for e in work:
+        if e.micro_batch >= 0:
+            per_row[e.stage] = per_row.get(e.stage, 0) + 1
+    aggregate = max(per_row.values(), default=0) > MAX_BOXES_PER_ROW
     used = set()
-    label_mbs = len({e.micro_batch for e in events}) <= 32
-    for e in events:
-        if e.duration <= 0:
-            continue
+    if aggregate:
+        used |= _gantt_binned(ax, [e for e in work if e.micro_batch >= 0], rows, bins)
+        work = [e for e in work if e.micro_batch < 0]          # per-step tails (gradient sync, host) as bars
+    label_mbs = len({e.micro_batch for e in work}) <= 32
+    for e in work:
         y = rows - 1 - e.stage          # stage 0 on top
         h = 0.3 if e.kind == "comm" else 0.8
         yo = y - 0.45 if e.kind == "comm" else y - 0.4
@@ -115,41 +125,111 @@ def _gantt(ax, plan, events, p):
             ax.text(e.start + e.duration / 2, y, str(e.micro_batch), ha="center", va="center", fontsize=6,
                     color="white", clip_on=True)
     ax.set_yticks(range(rows))
-    ax.set_yticklabels([f"stage {rows - 1 - i}" for i in range(rows)])
-    ax.set_xlabel("time (s)")
-    ax.set_title("pipeline schedule (one training step)", fontsize=10, loc="left")
+    ax.set_yticklabels([f"stage {rows - 1 - i}" for i in range(rows)], fontsize=8 if rows <= 16 else 6)
+    if rows > 32:                     # label every k-th stage only
+        k = -(-rows // 32)
+        for i, t in enumerate(ax.get_yticklabels()):
+            t.set_visible((rows - 1 - i) % k == 0)
+    end = max((e.end for e in events), default=1.0)
+    if 0 < end < 1:                   # a small plan's step in milliseconds
+        from matplotlib.ticker import FuncFormatter
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * 1e3:g}"))
+        ax.set_xlabel("time (ms)")
+    else:
+        ax.set_xlabel("time (s)")
+    title = "pipeline schedule (one training step)"
+    if aggregate:
+        pipe = plan["pipeline"]
+        v = int(pipe.get("virtual_chunks") or 1)
+        title += (f": {pipe['micro_batches']} micro-batches" + (f" x {v} chunks" if v > 1 else "")
+                  + " a stage, drawn as each time slice's share of work")
+    ax.set_title(title, fontsize=10, loc="left")
     end = max((e.end for e in events), default=1.0)
     ax.set_xlim(0, end * 1.01 if end > 0 else 1.0)
     ax.set_ylim(-0.7, rows - 0.3)
     from matplotlib.patches import Patch
     handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in used]
     if handles:
-        ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=len(handles),
-                  frameon=False)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+
+
+def _gantt_binned(ax, events, rows, bins):
+    """Each stage's row cut into `bins` time slices; in each, a bar per kind of work as high as the share
+    of the slice it takes (stacked), so a schedule of thousands of boxes reads as its phases: warm-up
+    forwards, steady forward/backward, cool-down backwards; white is idle (the bubble).  Point-to-point
+    communication keeps its thin lane below.  Returns the kinds drawn."""
+    end = max((e.end for e in events), default=0.0)
+    if end <= 0:
+        return set()
+    width = end / bins
+    busy = {}                       # (stage, kind) -> per-bin seconds
+    for e in events:
+        row = busy.setdefault((e.stage, e.kind), [0.0] * bins)
+        a, b = e.start, e.end
+        k = min(int(a / width), bins - 1)
+        while a < b and k < bins:
+            edge = min(b, (k + 1) * width)
+            row[k] += edge - a
+            a, k = edge, k + 1
+    xs = [(k + 0.5) * width for k in range(bins)]
+    used = set()
+    for stage in range(rows):
+        y = rows - 1 - stage
+        bottom = [y - 0.4] * bins
+        for kind in ("fwd", "recompute", "bwd"):
+            vals = busy.get((stage, kind))
+            if not vals:
+                continue
+            hs = [0.8 * min(v / width, 1.0) for v in vals]
+            ax.bar(xs, hs, width=width, bottom=bottom, color=COLOURS[kind], linewidth=0, align="center")
+            bottom = [b + h for b, h in zip(bottom, hs)]
+            used.add(kind)
+        if (stage, "comm") in busy:
+            hs = [0.3 * min(v / width, 1.0) for v in busy[(stage, "comm")]]
+            ax.bar(xs, hs, width=width, bottom=y - 0.45 - 0.0, color=COLOURS["comm"], linewidth=0, align="center")
+            used.add("comm")
+    return used
 
 
 def _memory(ax, plan):
+    """Stacked bars per stage in the unit the data needs (KB to TB), the axis scaled to the tallest bar;
+    the capacity line drawn where it is on that scale, named in the title where it is far above."""
     rows = stage_memory(plan)
     cap = capacity(plan)
     xs = [r[0] for r in rows]
+    peak = max([t for _, t, _ in rows] + [0.0])
+    unit, scale = next(((u, s) for u, s in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if max(peak, 1.0) >= s),
+                       ("B", 1.0))
     has_bd = any(bd for _, _, bd in rows)
+    width = 0.6 if len(rows) <= 32 else 0.8
     if has_bd:
         bottom = [0.0] * len(rows)
         for part in MEMORY_PARTS:
-            vals = [((bd or {}).get(part, 0.0)) / 1e9 for _, _, bd in rows]
-            ax.bar(xs, vals, bottom=bottom, color=PART_COLOURS[part], label=part, width=0.6)
+            vals = [((bd or {}).get(part, 0.0)) / scale for _, _, bd in rows]
+            ax.bar(xs, vals, bottom=bottom, color=PART_COLOURS[part], label=part, width=width)
             bottom = [b + v for b, v in zip(bottom, vals)]
-        other = [t / 1e9 - b for (_, t, _), b in zip(rows, bottom)]
+        stacked = max(bottom + [0.0]) * scale         # the parts may add up to more than the peak
+        other = [t / scale - b for (_, t, _), b in zip(rows, bottom)]
         if any(o > 1e-3 * max(bottom + [1e-9]) for o in other):   # transient buffers etc.
-            ax.bar(xs, [max(o, 0) for o in other], bottom=bottom, color="#BBBBBB", label="other", width=0.6)
+            ax.bar(xs, [max(o, 0) for o in other], bottom=bottom, color="#BBBBBB", label="other", width=width)
     else:
-        ax.bar(xs, [t / 1e9 for _, t, _ in rows], color="#4C78A8", label="total", width=0.6)
-    if cap:
-        ax.axhline(cap / 1e9, color="#E45756", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(cap)}")
-    top = max([t for _, t, _ in rows] + [cap]) / 1e9
-    ax.set_ylim(0, top * 1.4 if top > 0 else 1)        # room for the legend above the capacity line
+        stacked = 0.0
+        ax.bar(xs, [t / scale for _, t, _ in rows], color="#4C78A8", label="total", width=width)
+    top = max(peak, stacked)
+    title = "memory per device by stage"
+    if cap and cap <= 1.5 * peak:
+        ax.axhline(cap / scale, color="#E45756", linestyle="--", linewidth=1.2, label=f"capacity {fmt_bytes(cap)}")
+        top = max(top, cap)
+    elif cap:
+        title += f" (peak {fmt_bytes(peak)} of {fmt_bytes(cap)} capacity)"
+    ax.set_ylim(0, top / scale * 1.08 if top > 0 else 1)
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"stage {x}" for x in xs])
-    ax.set_ylabel("GB per device")
-    ax.set_title("memory per device by stage", fontsize=10)
-    ax.legend(fontsize=7, loc="upper right", ncol=3)
+    ax.set_xticklabels([f"stage {x}" if len(xs) <= 16 else str(x) for x in xs], fontsize=8 if len(xs) <= 16 else 6)
+    if len(xs) > 32:
+        k = -(-len(xs) // 32)
+        for x, t in zip(xs, ax.get_xticklabels()):
+            t.set_visible(x % k == 0)
+    ax.set_xlim(min(xs, default=0) - 0.6, max(xs, default=0) + 0.6)
+    ax.set_ylabel(f"{unit} per device")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

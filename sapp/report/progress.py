@@ -5,7 +5,8 @@
             ...
             prog.update(1, note=f"best {best:.3g} s")
 
-or pass it as a callback: `joint_search(..., progress=prog)` calls `prog(done, total)`.
+or pass it as a callback: `joint_search(..., progress=prog)` calls `prog(done, total, note)`.
+`status(text)` draws a line at once (before any count: "search: capturing gpt3-175b ... 0.3s").
 
 It draws on a terminal only (silent when `stream` is not a TTY, e.g. in CI logs or pipes), redraws at
 most every `min_interval` seconds so it never costs search time, and `close()` leaves the line clean
@@ -17,8 +18,9 @@ import time
 
 
 class Progress:
-    def __init__(self, total=None, label="", stream=None, *, min_interval=0.1, enabled=None):
+    def __init__(self, total=None, label="", stream=None, *, min_interval=0.1, enabled=None, counts=True):
         self.total = total if (total is None or total > 0) else None
+        self.counts = counts          # False: the bar and its percentage only (done/total are not units)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.count = 0
@@ -46,6 +48,12 @@ class Progress:
         now = time.monotonic()
         if now - self._last_draw >= self.min_interval or (self.total and self.count >= self.total):
             self._draw(now)
+
+    def status(self, text):
+        """Say what is happening now (drawn immediately, not throttled)."""
+        self.note = str(text)
+        if self.enabled and not self._closed:
+            self._draw(time.monotonic())
 
     def __call__(self, done, total=None, note=None):
         """Callback form: `progress(done, total)` sets the absolute count (what joint_search calls)."""
@@ -75,10 +83,12 @@ class Progress:
             frac = min(self.count / self.total, 1.0)
             width = 20
             bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-            body = f"[{bar}] {self.count}/{self.total} {frac * 100:3.0f}%"
-        else:
+            body = f"[{bar}] " + (f"{self.count}/{self.total} " if self.counts else "") + f"{frac * 100:3.0f}%"
+        elif self.count:
             body = f"{self.count} done"
-        tail = f" {elapsed:.1f}s"
+        else:
+            body = ""
+        tail = f"{' ' if body else ''}{elapsed:.1f}s"
         if self.note:
             tail += f"  {self.note}"
         return head + body + tail

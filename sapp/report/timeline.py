@@ -115,7 +115,8 @@ def normalise_events(events):
 
 def plan_timeline(plan, *, use_team_simulator=True):
     """Events for one step of `plan` (sorted by stage, start).  Adds per-step tails: gradient
-    sync (stage predicted `grad_sync_s`) and host work (placement predicted `host_s`) when present."""
+    sync (stage predicted `grad_sync_s`, else the plan's predicted `grad_sync_s`: every schedule shows
+    it) and host work (placement predicted `host_s`) when present."""
     f, b, rc, p2p, v, m = _stage_times(plan)
     schedule = plan["pipeline"].get("schedule", "none")
     if int(plan["parallel"]["pp"]) == 1 and schedule != "none":
@@ -126,11 +127,15 @@ def plan_timeline(plan, *, use_team_simulator=True):
         events, _ = simulate_schedule(f, b, m, schedule, virtual_chunks=v, p2p_s=p2p, recompute_s=rc)
     p = int(plan["parallel"]["pp"])
     stages = sorted(plan["pipeline"].get("stages") or [], key=lambda s: s.get("index", 0))
+    # a stage's exposed gradient sync: its own figure where the plan lists one (plain stages); an
+    # interleaved plan's virtual chunks carry none, so every device shows the step's (the slowest stage's)
+    step_sync = float(plan["predicted"].get("grad_sync_s", 0.0) or 0.0)
     tails = []
     for i in range(p):
         end = max((e.end for e in events if e.stage == i), default=0.0)
-        st = stages[i]["predicted"] if i < len(stages) and "predicted" in stages[i] else {}
-        sync = float(st.get("grad_sync_s", 0.0))
+        own = [s["predicted"]["grad_sync_s"] for s in stages
+               if int(s.get("device_stage", s.get("index", -1))) == i and "grad_sync_s" in (s.get("predicted") or {})]
+        sync = float(max(own)) if own else step_sync
         if sync > 0:
             tails.append(Event(i, -1, "sync", end, end + sync))
             end += sync

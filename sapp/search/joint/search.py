@@ -2,14 +2,16 @@
 of the survivors."""
 from __future__ import annotations
 
+import bisect
 import heapq
+import inspect
 import math
 import time
 
 from ...constraints import Constraints
 from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
-from ...units import fmt_bytes
+from ...units import fmt_bytes, fmt_time
 from .bounds import analytic_bound, profile_bound
 from .configs import host_pinned, enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
@@ -52,13 +54,17 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best, evaluated, pruned = None, 0, 0
     feasible_seen = []
     infeasible = []
+    report = _Report(progress, [t[0] for t in ranked], exhaustive)
     while heap:
         lb, phase, _, i = heapq.heappop(heap)
         cfg = ranked[i][2]
         if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
+        n_prof = len(ctx.profiles)
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
+        if len(ctx.profiles) > n_prof:
+            report.profile(len(ctx.profiles), best, lb)
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
@@ -69,14 +75,18 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             if floor == math.inf:
                 pruned += 1
                 infeasible.append((cfg, prof))
+                report.decided(i, best, lb)
                 continue
             if floor is not None:
                 heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof, floor)), 2, cfg.key(), i))
                 continue
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
-        if progress is not None:
-            progress(evaluated, len(configs))
+        if res is not None:
+            feasible_seen.append(res)
+            if best is None or rank_key(res) < rank_key(best):
+                best = res
+        report.decided(i, best, lb)
         if res is None:
             infeasible.append((cfg, prof))     # priced for the message only if nothing fits
             continue
@@ -85,6 +95,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             best = res
     if best is None and getattr(ctx, "pin_error", None):
         raise ConstraintError(ctx.pin_error)
+    report.done(best)
     if best is None:
         closest = None            # (memory needed, config) of the best infeasible attempt
         for cfg, prof in infeasible:
@@ -104,6 +115,67 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best.notes = notes(ctx, best)
     best.alternatives = _alternatives(best, feasible_seen)
     return best
+
+
+class _Report:
+    """What the progress callback sees: `progress(done, total)`, in thousandths of the search, and a note
+    as third argument where the callback takes one (report.Progress).  Configurations are priced in the
+    order of their lower bounds and the search ends when the bound reaches the best step found, so the
+    work done is the gap closed between the bound (when the first plan was priced) and the best step;
+    it reads 0 while the first stage profiles are built and 1000 at the end.  The note counts the
+    profiles, the best step, the bound and the configurations decided (evaluated, ruled out by memory or
+    bounded above the best)."""
+    TOTAL = 1000
+
+    def __init__(self, progress, bounds, exhaustive):
+        self.fn, self.bounds, self.n, self.exhaustive = progress, bounds, len(bounds), exhaustive
+        self.seen = set()           # indices evaluated or ruled out
+        self.base = None            # the bound when the first plan was priced
+        self.done_ = 0
+        self.with_note = False
+        if progress is not None:
+            try:
+                inspect.signature(progress).bind(0, 0, "")
+                self.with_note = True
+            except (TypeError, ValueError):
+                pass
+        self._send(f"{self.n} configurations")
+
+    def _send(self, note):
+        if self.fn is not None:
+            self.fn(self.done_, self.TOTAL, note) if self.with_note else self.fn(self.done_, self.TOTAL)
+
+    def _decided(self, best):
+        if best is None or self.exhaustive:
+            return len(self.seen)
+        cut = best.step_time_s        # analytic bounds above it: popped only after the cut, never evaluated
+        above = self.n - bisect.bisect_right(self.bounds, cut)
+        return len(self.seen) + above - sum(1 for i in self.seen if self.bounds[i] > cut)
+
+    def _update(self, best, lb, head=""):
+        if self.exhaustive:
+            self.done_ = self.TOTAL * len(self.seen) // max(self.n, 1)
+        elif best is not None:
+            if self.base is None:
+                self.base = lb
+            gap = best.step_time_s - self.base
+            frac = 1.0 if gap <= 0 else (lb - self.base) / gap
+            self.done_ = max(self.done_, min(self.TOTAL - 1, int(self.TOTAL * frac)))
+        state = (f"best {fmt_time(best.step_time_s)}, bound {fmt_time(lb)}; " if best is not None else "")
+        self._send(f"{head}{state}{self._decided(best)}/{self.n} configurations decided")
+
+    def profile(self, n, best, lb):
+        if self.fn is not None:
+            self._update(best, lb, f"{n} stage profiles; ")
+
+    def decided(self, i, best, lb):
+        if self.fn is not None:
+            self.seen.add(i)
+            self._update(best, lb)
+
+    def done(self, best):
+        self.done_ = self.TOTAL
+        self._send(f"best {fmt_time(best.step_time_s)}; building the plan" if best is not None else "nothing fits")
 
 
 def _alternatives(best, seen, k=5):
