@@ -225,6 +225,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
     plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
 
+    loss_fn(logits, targets): the loss, called on `logits_of(model output)` (an HF output's .logits),
+    as capture calls it (sapp.models.WithLoss): one contract for search and training.
     example_inputs: one batch of model inputs (any batch size); needed to trace pipeline plans and to
     fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
     parameter-count and zoo-name checks still run), e.g. when a launcher already did it.

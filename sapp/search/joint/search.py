@@ -15,6 +15,7 @@ from .configs import enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
+from .evaluate import tp_shards
 from .placement import evaluate_config, host_offload_possible, rank_key
 from .stage import memory_needed
 
@@ -47,7 +48,11 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     # adds the recomputation the memory forces before evaluating.  `exhaustive` evaluates them all.
     ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
     heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
+    # tp left free: a tp level that shards nothing (every tp rank computes the whole model) spends
+    # devices dp or pp could use: evaluated only when no other configuration fits (a pinned tp stays)
+    skip_idle_tp = cons.tp is None and any(c.tp == 1 for c in configs)
     best, evaluated, pruned = None, 0, 0
+    idle = []               # tp that shards nothing: evaluated only if nothing else fits
     feasible_seen = []
     infeasible = []
     while heap:
@@ -57,6 +62,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
+        if skip_idle_tp and cfg.tp > 1 and not tp_shards(prof):
+            idle.append((cfg, prof))
+            continue
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
@@ -80,6 +88,14 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             continue
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
+            best = res
+    for cfg, prof in idle if best is None else ():
+        evaluated += 1
+        res = evaluate_config(ctx, cfg, prof)
+        if res is None:
+            infeasible.append((cfg, prof))
+        elif best is None or rank_key(res) < rank_key(best):
+            feasible_seen.append(res)
             best = res
     if best is None:
         closest = None            # (memory needed, config) of the best infeasible attempt
