@@ -45,7 +45,8 @@ def _run_case(case, rank):
         dist.barrier()
     except Exception as e:          # one line for the table; the next case may still run
         return {"error": f"step {len(losses)}: {type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step",
+                "trace": traceback.format_exc()[-2500:]}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
             "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp"),
