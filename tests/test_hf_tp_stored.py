@@ -10,9 +10,7 @@ Adam steps (issue 26).  On the code before it these failed or, worse, trained wr
   embed_positions), refusing every plan; its attention stores num_heads / embed_dim too.
 Two spawned jobs (the same harness as tests/test_hf_emit.py), about 20-30 s of CPU each on an idle
 box."""
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,7 +19,7 @@ pytest.importorskip("transformers")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests.emit_workers import hf_plans  # noqa: E402
+from tests.emit_workers import hf_harness  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
@@ -29,29 +27,14 @@ JOBS = {"stored": [("opt", "tp2"), ("stablelm", "tp2"), ("distilbert", "tp2+sp")
         "whisper": [("whisper", "dp2"), ("whisper", "pp2"), ("whisper", "tp2")]}
 
 
-def _job(name, tmp_path):
-    cases = []
-    for kind, cfg in JOBS[name]:
-        path = hf_plans.search_plan(kind, cfg, tmp_path / f"{kind}-{cfg}.json")
-        cases.append({"id": f"{kind}-{cfg}", "kind": kind, "plan_path": path, "steps": STEPS, "batch": hf_plans.BATCH})
-    cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
-    cpath.write_text(json.dumps(cases))
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.hf_harness", "2", str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert opath.exists(), proc.stderr[-3000:]
-    out = json.loads(opath.read_text())
-    assert not out["errors"], "\n".join(out["errors"].values())[-3000:]
-    return out["cases"], {c["id"]: json.loads(open(c["plan_path"]).read()) for c in cases}
-
-
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
-    return _job("stored", tmp_path_factory.mktemp("stored"))
+    return hf_harness.job(2, JOBS["stored"], tmp_path_factory.mktemp("stored"), STEPS)
 
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    return _job("whisper", tmp_path_factory.mktemp("whisper"))
+    return hf_harness.job(2, JOBS["whisper"], tmp_path_factory.mktemp("whisper"), STEPS)
 
 
 def _matches(res):

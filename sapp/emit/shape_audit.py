@@ -32,6 +32,7 @@ import re
 from torch import nn
 
 from ..errors import PlanError
+from .recompute import _common_module
 
 # attribute names that can hold a width or a count of heads; counters such as layer_idx never do
 _WIDTH_NAME = re.compile(r"head|embed|hidden|dim|size|split|width|channel|feature", re.I)
@@ -69,17 +70,6 @@ def expected_local(graph, regions: list, tp: int) -> dict:
     return exp
 
 
-def _owner(names: list) -> str:
-    """The innermost module holding every one of `names` (qualified names; '' is the model)."""
-    parts = [n.split(".")[:-1] for n in names]
-    common = []
-    for level in zip(*parts):
-        if len(set(level)) != 1:
-            break
-        common.append(level[0])
-    return ".".join(common)
-
-
 def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
     """{(class, attribute): [(module name, global value)]}: on the innermost module holding a sharded
     region's linears, the int attributes whose name says width/heads and whose value is a size the
@@ -92,7 +82,7 @@ def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
             node = graph.nodes[n]
             if d in node.out.dims and n not in r.closers:
                 sizes.add(int(node.out.shape[node.out.dims.index(d)]))
-        owner_name = _owner([graph.nodes[n].module for n in r.openers + r.closers])
+        owner_name = _common_module([graph.nodes[n].module for n in r.openers + r.closers])
         owner = model.get_submodule(owner_name) if owner_name else model
         for attr, value in list(vars(owner).items()):
             if (type(value) is int and value > 1 and value in sizes and value % tp == 0
