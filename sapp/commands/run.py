@@ -248,12 +248,23 @@ def run(args):
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if lo:
                 env.setdefault(var, lo)
-    rc = subprocess.call(cmd, env=env)
+    import tempfile
+    from ..emit import failure
     from ..emit.launch import FAILED_EXIT, TIMEOUT_EXIT
-    if rc in (FAILED_EXIT, TIMEOUT_EXIT):
-        return rc
+    with tempfile.TemporaryDirectory(prefix="sapp-fail-") as fail_dir:
+        # ranks record their errors here; the first failing rank's frames are printed once, below
+        env["SAPP_FAIL_DIR"] = fail_dir
+        rc = subprocess.call(cmd, env=env)
+        if rc in (FAILED_EXIT, TIMEOUT_EXIT):      # the launcher said it in one line
+            return rc
+        lines = failure.report(fail_dir) if rc != 0 else []
     if rc != 0:
-        print(f"sapp run: error: training failed (exit code {rc}): a rank died or raised; its message is above",
-              file=sys.stderr, flush=True)
+        if lines:
+            print(f"sapp run: error: training failed (exit code {rc}): {lines[0]}", file=sys.stderr, flush=True)
+            for line in lines[1:]:
+                print(f"sapp run: {line}", file=sys.stderr, flush=True)
+        else:
+            print(f"sapp run: error: training failed (exit code {rc}): no rank raised an exception (one exited or "
+                  f"was killed: see the launcher's report above)", file=sys.stderr, flush=True)
         return rc if rc > 0 else 1
     return 0

@@ -23,8 +23,10 @@ def as_plan(plan) -> Plan:
 
 
 def unique_param_count(model: nn.Module) -> int:
-    """Parameters counted once even when tied (GPT-2 embedding/head)."""
-    return sum(p.numel() for p in model.parameters())
+    """Trainable parameters counted once even when tied (GPT-2 embedding/head): what a plan's
+    `model.params` counts (OpGraph.param_count).  A frozen parameter (Whisper's sinusoidal
+    embed_positions) is in neither count."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _fingerprints(model: nn.Module, example_inputs):

@@ -206,12 +206,12 @@ def expected(plan, prog, regions: dict) -> dict:
                     rc[b] = {"mode": "selective", "region": reg["region"] if reg else None,
                              "ops": reg["priced"] if reg else None}
         if placement.get("groups"):
-            for n, _ in mod.named_parameters():
+            for n, p in mod.named_parameters():
                 e = resolve(placement, n) or {}
                 if e.get("weights") == "host":
                     host[n] = "host-table"
-                elif e.get("master_weights") == "host" or e.get("optimizer") == "host":
-                    host[n] = "offload"
+                elif (e.get("master_weights") == "host" or e.get("optimizer") == "host") and p.requires_grad:
+                    host[n] = "offload"         # a frozen parameter has no optimizer state to move
     pp = plan.parallel["pp"]
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
            "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",

@@ -226,6 +226,11 @@ def _offload_overlap(mod, plan, dp, pp, blocks, hooks):
     return {"accumulations": m, "blocks": blocks, "late": late, "grad_divisor": m if pp > 1 else 1}
 
 
+# set a sharded region's stored head counts / widths to the rank's share (off only in tests that
+# show what the shape audit catches without it)
+LOCALISE = True
+
+
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
          optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
          grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
@@ -233,6 +238,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
     plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
 
+    loss_fn(logits, targets): the loss, called on `logits_of(model output)` (an HF output's .logits),
+    as capture calls it (sapp.models.WithLoss): one contract for search and training.
     example_inputs: one batch of model inputs (any batch size); needed to trace pipeline plans and to
     fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
     parameter-count and zoo-name checks still run), e.g. when a launcher already did it.
@@ -246,11 +253,21 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     rank, world = rank_world(rank, world)
     checks.check_all(model, plan, world, name, _tuple(example_inputs) if example_inputs is not None else None,
                      fingerprint=check_fingerprint)
+    par = plan.parallel
+    if par["tp"] > 1 and checks.tp_groups(plan):
+        # before any collective: local head counts set, then every op's shape at one rank's layer
+        # shapes checked against the plan's split (sapp/emit/shape_audit.py)
+        from . import shape_audit
+        ex = _example_inputs(model, plan, example_inputs, 2, "cpu")
+        audit_notes = []
+        shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), par["tp"], ex, audit_notes,
+                          fix=LOCALISE)
+    else:
+        audit_notes = []
     if world > 1 and not dist.is_initialized():
         raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
                         "`sapp run` / torchrun and call sapp.emit.dist.init() first")
     device = torch.device(device) if device is not None else default_device()
-    par = plan.parallel
     pp, dp, tp = par["pp"], par["dp"], par["tp"]
     cp = par.get("cp", 1)
     if cp > 1:
@@ -261,7 +278,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         dp = dp * cp
     me = parallel.coords(rank, pp, dp, tp)
     mesh = parallel.build_mesh(device, pp, dp, tp) if world > 1 else None
-    notes = []
+    notes = audit_notes
     loss = _resolve_loss(model, loss_fn)
     modes = recompute.plan_modes(plan.recompute, model)
     blocks = recompute.block_names(model)

@@ -78,13 +78,20 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     def linear(n):
         return n_is_linear((originals or {}).get(n, mods[n]))
     extra = {}
+    scatter, late = _late_cuts(sec, mods, tp_plan)
+    for norm, axis in late.items():
+        # registered before SequenceParallel's own input hook, so the norm's input arrives cut
+        mods[norm].register_forward_pre_hook(_redistribute_input(axis, tp_mesh, False), with_kwargs=True)
+    if late and notes is not None:
+        notes.append(f"sequence parallelism: embeddings cut together where their sum enters {sorted(late)[0]} "
+                     f"(a position embedding added to a cut word embedding would read the shard's length)")
     for name, axis in sec.get("norms", {}).items():
         if name in mods:
             # the DTensor output is made local by _local_outputs: a traced stage's norm may also hand
             # its input on (a tuple), which SequenceParallel's own to_local() cannot take
             extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=False)
     gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
-    for name, axis in sec.get("scatter", {}).items():
+    for name, axis in scatter.items():
         if name in mods and name not in tp_plan:
             extra[name] = PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(axis),),
                                               use_local_output=True)
@@ -113,6 +120,27 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
                 openers.append(name)        # a lone or replicated linear gathers its own input
             _regather(mods[name], axis, [mods[n] for n in openers if n in mods], tp_mesh, where(name))
     return done
+
+
+def _late_cuts(sec: dict, mods: dict, tp_plan: dict) -> tuple:
+    """(scatter cuts kept at an embedding's output, {norm: axis} cut at the norm's input instead).
+    Embeddings whose parent also holds a sequence-parallel norm (BERT / DistilBERT: word + position
+    embeddings, summed, then LayerNorm) are cut together where their sum enters that norm: cut at
+    the word embedding, the parent reads the shard's length and looks up positions 0..s/t for every
+    rank, which the position embedding's own cut then halves again (DistilBERT).  Same values as
+    cutting each (a slice commutes with the sum); the sum runs on the whole sequence.  A
+    vocabulary-split embedding keeps its reduce-scatter (no local slice to move)."""
+    scatter, late = dict(sec.get("scatter", {})), {}
+    norms = [n for n in mods if n in sec.get("norms", {})]         # module order
+    for name, axis in list(scatter.items()):
+        if name not in mods or name in tp_plan:
+            continue
+        parent = name.rpartition(".")[0]
+        norm = next((n for n in norms if n.rpartition(".")[0] == parent), None)
+        if norm is not None and sec["norms"][norm] == axis:
+            del scatter[name]
+            late[norm] = axis
+    return scatter, late
 
 
 def _local_outputs(mod, args, out):

@@ -10,8 +10,9 @@ and after the last; --resume continues from the newest intact checkpoint in D (o
 under this plan whatever plan wrote it.  A worker restarted by torchrun (--max-restarts,
 TORCHELASTIC_RESTART_COUNT > 0) resumes from D by itself.
 
-SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself (tests:
-a dead rank ends the job; a killed rank restarts from the last checkpoint); only in a job's first
+SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself,
+"RANK:STEP:raise" raise an exception (tests: a dead rank ends the job; a killed rank restarts from
+the last checkpoint; a failure is reported once, sapp/emit/failure.py); only in a job's first
 attempt, so the restarted workers run through."""
 from __future__ import annotations
 
@@ -68,6 +69,12 @@ def _fault():
         return None
     r, s, *how = spec.split(":")
     return int(r), int(s), (how[0] if how else "exit")
+
+
+def _planted_fault(step):
+    """SAPP_FAULT="RANK:STEP:raise": an exception raised from inside this rank's step loop (tests:
+    the report shows its frames once, the other ranks say they stopped because of it)."""
+    raise RuntimeError(f"SAPP_FAULT: planted error at step {step}")
 
 
 def _data(args, gb, model):
@@ -174,6 +181,8 @@ def main(argv=None) -> int:
                       f"at t={time.time():.3f}", file=sys.stderr, flush=True)
                 if fault[2] == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if fault[2] == "raise":
+                    _planted_fault(i)
                 os._exit(1)
             x, y = batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp))
             if getattr(prog, "cp", 1) > 1:          # context parallelism: this rank's tokens of them
@@ -195,10 +204,20 @@ def main(argv=None) -> int:
         _say(rank, e)
         log_error(args.log_json, rank, len(losses), str(e))
         os._exit(2)
-    except Exception as e:  # a peer died or timed out: say so in one line and end this rank
+    except Exception as e:  # this rank's own error, or a peer's seen in a collective: one line each
+        from . import failure
+        first, culprit = failure.record(rank, len(losses), e)
         msg = str(e).strip().splitlines()
-        print(f"[rank {rank}] error at step {len(losses)}: {type(e).__name__}: {msg[0] if msg else ''}"
-              f" (another rank probably died; see its log)", file=sys.stderr, flush=True)
+        head = f"[rank {rank}] error at step {len(losses)}: "
+        if first and os.environ.get("SAPP_FAIL_DIR"):       # sapp run prints the frames once, at the end
+            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
+        elif first:
+            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}\n{failure.frames(e)}", file=sys.stderr, flush=True)
+        elif culprit is not None and culprit != rank:
+            print(f"{head}stopped because rank {culprit} failed", file=sys.stderr, flush=True)
+        else:
+            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''} (a collective failed: another rank "
+                  f"died or stalled)", file=sys.stderr, flush=True)
         log_error(args.log_json, rank, len(losses), f"{type(e).__name__}: {msg[0] if msg else ''}")
         os._exit(1)
     log.close()

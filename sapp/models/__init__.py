@@ -199,7 +199,9 @@ def _module_base():
 class WithLoss(_module_base()):
     """model + loss as one module: forward(*inputs, target) -> scalar loss.  Capture uses it so the
     loss op is part of the graph; the wrapped model is the child `model` (qualnames get a `model.`
-    prefix, which capture strips)."""
+    prefix, which capture strips).  The loss contract, the same at capture and at run
+    (sapp/emit/program.py): `loss_fn(logits, targets)` where logits = `data.logits_of(output)` (an
+    HF ModelOutput's .logits, a tuple's first element, else the output itself)."""
 
     def __init__(self, model, loss_fn=None):
         super().__init__()
@@ -210,4 +212,5 @@ class WithLoss(_module_base()):
             self.sapp_spec = spec
 
     def forward(self, *inputs, target):
-        return self.loss_fn(self.model(*inputs), target)
+        from .data import logits_of
+        return self.loss_fn(logits_of(self.model(*inputs)), target)

@@ -45,7 +45,8 @@ def _run_case(case, rank):
         dist.barrier()
     except Exception as e:          # one line for the table; the next case may still run
         return {"error": f"step {len(losses)}: {type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step"}
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step",
+                "trace": traceback.format_exc()[-2500:]}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
             "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp"),
@@ -111,6 +112,27 @@ def run(world: int, cases: list) -> dict:
             refs[key] = hf_models.reference(*key)
         out["cases"][case["id"]] = {"ref": refs[key], "ranks": {str(r): v.get(case["id"]) for r, v in sorted(per_rank.items())}}
     return out
+
+
+def job(world: int, pairs: list, tmp_path, steps: int = 3, timeout: int = 400) -> tuple:
+    """Search a plan per (kind, config) (hf_plans.search_plan) and run them all in one spawned job;
+    returns (cases as `run` gives them, {case id: plan dict}).  Asserts the job ran."""
+    import subprocess
+    from tests.emit_workers import hf_plans
+    cases = []
+    for kind, cfg in pairs:
+        path = hf_plans.search_plan(kind, cfg, tmp_path / f"{kind}-{cfg}.json")
+        cases.append({"id": f"{kind}-{cfg}", "kind": kind, "plan_path": path, "steps": steps, "batch": hf_plans.BATCH})
+    cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
+    cpath.write_text(json.dumps(cases))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # hard timeout: a hung collective must fail the test, not the CI run
+    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
+                          cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert opath.exists(), proc.stderr[-3000:]
+    out = json.loads(opath.read_text())
+    assert not out["errors"], "\n".join(out["errors"].values())[-3000:]
+    return out["cases"], {c["id"]: json.loads(open(c["plan_path"]).read()) for c in cases}
 
 
 def main(argv):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-SEQ, HIDDEN, LAYERS, HEADS, VOCAB, FFN = 16, 64, 2, 4, 256, 128
-KINDS = ("llama", "mistral", "qwen2", "gpt_neox", "bert", "vit", "t5", "mixtral")     # + llama_padded
+SEQ, HIDDEN, LAYERS, HEADS, VOCAB, FFN, MELS = 16, 64, 2, 4, 256, 128, 8
+KINDS = ("llama", "mistral", "qwen2", "gpt_neox", "bert", "vit", "t5", "mixtral",      # + llama_padded
+         "opt", "stablelm", "distilbert", "whisper")
 
 
 def _decoder(cls_cfg, cls_model, **extra):
@@ -55,6 +56,33 @@ def _make(kind):
                          num_decoder_layers=LAYERS, num_heads=HEADS, dropout_rate=0.0, use_cache=False,
                          decoder_start_token_id=0, pad_token_id=0, tie_word_embeddings=False)
         return Seq2Seq(T.T5ForConditionalGeneration(cfg))
+    if kind == "opt":       # attention views by its stored head count: view(bsz, -1, self.num_heads, hd)
+        cfg = T.OPTConfig(vocab_size=VOCAB, hidden_size=HIDDEN, ffn_dim=FFN, num_hidden_layers=LAYERS,
+                          num_attention_heads=HEADS, max_position_embeddings=64, word_embed_proj_dim=HIDDEN,
+                          dropout=0.0, attention_dropout=0.0, layerdrop=0.0, use_cache=False,
+                          tie_word_embeddings=False)
+        cfg._attn_implementation = "eager"
+        return T.OPTForCausalLM(cfg)
+    if kind == "stablelm":  # partial rotary; views by self.num_heads / num_key_value_heads
+        cfg = T.StableLmConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                               num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=64,
+                               hidden_dropout=0.0, attention_dropout=0.0, use_cache=False, tie_word_embeddings=False)
+        cfg._attn_implementation = "eager"
+        return T.StableLmForCausalLM(cfg)
+    if kind == "distilbert":    # learned position embeddings added after the word embedding
+        cfg = T.DistilBertConfig(vocab_size=VOCAB, dim=HIDDEN, hidden_dim=FFN, n_layers=LAYERS, n_heads=HEADS,
+                                 max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+        cfg._attn_implementation = "eager"
+        return T.DistilBertForMaskedLM(cfg)
+    if kind == "whisper":       # encoder features + decoder ids; frozen sinusoidal encoder positions
+        cfg = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=MELS, d_model=HIDDEN, encoder_layers=LAYERS,
+                              decoder_layers=LAYERS, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                              encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, max_source_positions=SEQ // 2,
+                              max_target_positions=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                              encoder_layerdrop=0.0, decoder_layerdrop=0.0, use_cache=False,
+                              decoder_start_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+        cfg._attn_implementation = "eager"
+        return Speech2Text(T.WhisperForConditionalGeneration(cfg))
     raise ValueError(f"unknown model kind {kind!r}; one of {', '.join(KINDS)}")
 
 
@@ -67,6 +95,17 @@ class Seq2Seq(torch.nn.Module):
 
     def forward(self, input_ids, decoder_input_ids):
         return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+
+
+class Speech2Text(torch.nn.Module):
+    """Whisper called positionally as (input features, decoder ids)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features, decoder_input_ids):
+        return self.model(input_features=input_features, decoder_input_ids=decoder_input_ids)
 
 
 def _ce(out, y):
@@ -97,6 +136,10 @@ def batch(kind: str, b: int, step: int):
     if kind == "llama_padded":     # row r ignores its last r % 4 tokens (as keys): a data-built mask
         keep = (torch.arange(SEQ) < SEQ - (torch.arange(b) % 4)[:, None]).long()
         return (ids[:, :-1], keep), ids[:, 1:]
+    if kind == "whisper":  # log-mel-like features (2 x max_source_positions frames) and decoder ids
+        feats = torch.randn(b, MELS, SEQ, generator=g)
+        dec = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
+        return (feats, dec[:, :-1]), dec[:, 1:]
     if kind == "t5":       # encoder ids and decoder ids; targets: the decoder ids shifted by one
         dec = torch.randint(1, VOCAB, (b, SEQ + 1), generator=g)
         return (ids[:, :-1], dec[:, :-1]), dec[:, 1:]

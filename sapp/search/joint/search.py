@@ -17,6 +17,7 @@ from .configs import host_pinned, enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
+from .evaluate import tp_shards
 from .placement import evaluate_config, host_offload_possible, rank_key
 from .stage import memory_needed
 
@@ -51,7 +52,11 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     # adds the recomputation the memory forces before evaluating.  `exhaustive` evaluates them all.
     ranked = sorted(((analytic_bound(ctx, c), c.key(), c) for c in configs), key=lambda t: t[:2])
     heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
+    # tp left free: a tp level that shards nothing (every tp rank computes the whole model) spends
+    # devices dp or pp could use: evaluated only when no other configuration fits (a pinned tp stays)
+    skip_idle_tp = cons.tp is None and any(c.tp == 1 for c in configs)
     best, evaluated, pruned = None, 0, 0
+    idle = []               # tp that shards nothing: evaluated only if nothing else fits
     feasible_seen = []
     infeasible = []
     report = _Report(progress, [t[0] for t in ranked], exhaustive)
@@ -65,6 +70,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
         if len(ctx.profiles) > n_prof:
             report.profile(len(ctx.profiles), best, lb)
+        if skip_idle_tp and cfg.tp > 1 and not tp_shards(prof):
+            idle.append((cfg, prof))
+            continue
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
             continue
@@ -92,6 +100,14 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             continue
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
+            best = res
+    for cfg, prof in idle if best is None else ():
+        evaluated += 1
+        res = evaluate_config(ctx, cfg, prof)
+        if res is None:
+            infeasible.append((cfg, prof))
+        elif best is None or rank_key(res) < rank_key(best):
+            feasible_seen.append(res)
             best = res
     if best is None and getattr(ctx, "pin_error", None):
         raise ConstraintError(ctx.pin_error)
