@@ -33,7 +33,7 @@ def add_arguments(p):
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument("--optimizer", default="adam", choices=("adam", "adamw", "sgd"), help="optimizer (default adam)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the initial weights, synthetic data and --shuffle order (default 0)")
+                   help="seed of the initial weights and of --shuffle's order (default 0)")
     p.add_argument("--timeout", type=float, default=20.0,
                    help="seconds a collective may wait before the job is failed (default 20)")
     p.add_argument("--log-json", dest="log_json",
