@@ -72,6 +72,10 @@ def conform(ecfg: EngineConfig, names) -> tuple:
     if out.offload_optimizer:
         raise EngineError("the plan offloads the optimizer only, which torchtitan cannot state (its CPU offload moves "
                           "parameters too); search again with --target torchtitan")
+    if out.cp > 1 and out.zero == 0:
+        notes.append("torchtitan shards with FSDP2 whenever context parallelism is on: ZeRO-0 exported as ZeRO-2 "
+                     "(fsdp_reshard_after_forward never)")
+        out.zero = 2
     if out.runtime != "eager":
         notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off): "
                      f"re-priced as eager")
