@@ -72,9 +72,10 @@ def conform(ecfg: EngineConfig, names) -> tuple:
     if out.offload_optimizer:
         raise EngineError("the plan offloads the optimizer only, which torchtitan cannot state (its CPU offload moves "
                           "parameters too); search again with --target torchtitan")
-    if out.cp > 1 and out.zero == 0:
-        notes.append("torchtitan shards with FSDP2 whenever context parallelism is on: ZeRO-0 exported as ZeRO-2 "
-                     "(fsdp_reshard_after_forward never)")
+    if out.zero == 0 and out.dp * out.cp > 1 and (out.tp, out.pp, out.cp, out.ep) != (1, 1, 1, 1):
+        # its parallelize: "DDP has not supported > 1D parallelism"; FSDP2 whenever cp is on
+        notes.append("torchtitan replicates with DDP only as the one parallelism: ZeRO-0 exported as ZeRO-2 "
+                     "(FSDP2, fsdp_reshard_after_forward never)")
         out.zero = 2
     if out.runtime != "eager":
         notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off): "
@@ -193,6 +194,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         shard = devices // (tp * pp * cp * rep)
     if rep * shard * tp * pp * cp != devices:
         raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
+    if rep > 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
+        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
+                          "shard instead (data_parallel_shard_degree)")
     if rep > 1 and shard > 1:
         raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
                           "not priced by sapp; use one of them")
