@@ -194,12 +194,12 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         shard = devices // (tp * pp * cp * rep)
     if rep * shard * tp * pp * cp != devices:
         raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
-    if rep > 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
-        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
-                          "shard instead (data_parallel_shard_degree)")
     if rep > 1 and shard > 1:
         raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
                           "not priced by sapp; use one of them")
+    if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
+        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
+                          "shard instead (data_parallel_shard_degree)")
     dp = rep * shard
     if ep > 1 and tp > 1:
         raise EngineError("expert parallelism beside tensor parallelism is not priced by sapp; use tp 1 with ep")
