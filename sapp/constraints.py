@@ -22,12 +22,13 @@ POLICIES = ("none", "selective", "full")
 # export (sapp/engines/mapping.conform).  `sp`: "any" (a choice), "with-tp" (on whenever tp > 1:
 # torchtitan's tensor-parallel plan always shards the norms' sequence), "off".  `host`: the placement
 # options it runs ("optimizer-host": DeepSpeed's offload_optimizer).  `runtimes`: the profiles that
-# price it, the first the default.
+# price it, the first the default.  `ddp_alone`: ZeRO-0 (DDP) only as the one parallelism
+# (torchtitan's parallelize refuses "DDP has not supported > 1D parallelism").
 TARGETS = {
     "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "model_parallel": True,
                  "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
     "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
-                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("eager",)},
+                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("eager",), "ddp_alone": True},
     "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
 }

@@ -32,8 +32,11 @@ def _graph(model):
 
 def _export(case, engine):
     model, cluster, batch, runtime, pins = CASES[case]
-    if engine == "deepspeed":           # (no ep in its JSON: Mixtral data-parallel; its ep is refused below)
+    if engine == "deepspeed":
         cluster = DEEPSPEED_CLUSTER.get(case, cluster)
+    if engine != "megatron":
+        # no ep in a DeepSpeed JSON; torchtitan runs ep under FSDP2 only, sapp prices it under ZeRO-0/1
+        # only: Mixtral searched without it there (the ep plan's export is refused below)
         pins = {k: v for k, v in pins.items() if k != "ep"}
     cl = api.resolve_cluster(cluster)
     graph = _graph(model)
@@ -73,6 +76,8 @@ def test_torchtitan_config_manager_accepts_the_export(case, tmp_path):
     dp = cfg.parallelism.data_parallel_replicate_degree * cfg.parallelism.data_parallel_shard_degree
     assert dp == par["dp"] and cfg.training.global_batch_size == plan["model"]["global_batch"]
     assert cfg.parallelism.expert_parallel_degree == par.get("ep", 1)
+    if cfg.parallelism.data_parallel_replicate_degree > 1:     # DDP only as the one parallelism
+        assert par["tp"] == par["pp"] == par.get("cp", 1) == 1
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -93,9 +98,12 @@ def test_405b_does_not_fit_data_parallel_only_on_h100():
                    constraints={"target": "deepspeed"})
 
 
-def test_deepspeed_refuses_expert_parallelism():
+def test_deepspeed_and_torchtitan_refuse_the_expert_parallel_plan():
     model, cluster, batch, runtime, pins = CASES["mixtral-8x7b-ep"]
     cl = api.resolve_cluster(cluster)
     plan = api.search(model, cl, graph=_graph(model), constraints={"target": "megatron", **pins}, runtime="fused")
     with pytest.raises(E.EngineError, match="data parallelism only"):
         E.export_plan(plan, "deepspeed", graph=_graph(model), cluster=cl)
+    if plan["zero"] == 1:
+        with pytest.raises(E.EngineError, match="ZeRO-1"):
+            E.export_plan(plan, "torchtitan", graph=_graph(model), cluster=cl)

@@ -21,11 +21,8 @@ class EngineError(SappError, ValueError):
 class EngineConfig:
     engine: str
     global_batch: int
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1
+    # degrees as sapp counts them: dp replicas (cp ranks share a sample), ep groups of dp ranks
+    tp: int = 1; pp: int = 1; dp: int = 1; cp: int = 1; ep: int = 1  # noqa: E702
     sp: bool = False
     schedule: str = "none"          # none | 1f1b | gpipe | interleaved
     v: int = 1                      # virtual chunks per device (interleaved)

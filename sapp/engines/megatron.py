@@ -68,13 +68,13 @@ def conform(ecfg: EngineConfig, names) -> tuple:
             new = [first] + [k] * (out.pp - 2) + [L - first - k * (out.pp - 2)]
             notes.append(f"Megatron gives the middle stages equal layer counts: stages {d} exported as {new}")
             out.device_blocks = new
-    if out.schedule == "interleaved" and out.chunk_blocks:
-        if _interleave_flags(out, L) is None:
+    if out.schedule == "interleaved":
+        if not out.chunk_blocks or _interleave_flags(out, L) is None:
             if L % (out.pp * out.v):
                 raise EngineError(f"Megatron interleaving needs virtual stages of equal size; {L} layers do not split "
                                   f"into {out.pp} x {out.v}: search again with --target megatron")
             k = L // (out.pp * out.v)
-            notes.append(f"Megatron interleaves virtual stages of equal size: chunks {out.chunk_blocks[:6]}... "
+            notes.append(f"Megatron interleaves virtual stages of equal size: chunks {(out.chunk_blocks or [])[:6]}... "
                          f"exported as {k} layers each")
             out.chunk_blocks = [k] * (out.pp * out.v)
             out.device_blocks = [k * out.v] * out.pp
@@ -314,6 +314,9 @@ def _layout(args, ecfg, L):
                bool(args.get("--account-for-loss-in-pipeline-split"))]
     k, vs = _int(args, "--num-layers-per-virtual-pipeline-stage"), _int(args, "--num-virtual-stages-per-pipeline-rank")
     if k is not None or vs is not None:
+        if "--decoder-first-pipeline-num-layers" in args or "--decoder-last-pipeline-num-layers" in args:
+            raise EngineError("sapp prices interleaving with virtual stages of equal size: drop "
+                              "--decoder-first/last-pipeline-num-layers or the virtual pipeline flag")
         if account[0] != account[1]:
             raise EngineError("sapp prices Llama 3's interleaved layout with both --account-for-embedding- and "
                               "--account-for-loss-in-pipeline-split, or neither")

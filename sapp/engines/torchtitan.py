@@ -72,6 +72,11 @@ def conform(ecfg: EngineConfig, names) -> tuple:
     if out.offload_optimizer:
         raise EngineError("the plan offloads the optimizer only, which torchtitan cannot state (its CPU offload moves "
                           "parameters too); search again with --target torchtitan")
+    if out.zero == 0 and out.dp * out.cp > 1 and (out.tp, out.pp, out.cp, out.ep) != (1, 1, 1, 1):
+        # its parallelize: "DDP has not supported > 1D parallelism"; FSDP2 whenever cp is on
+        notes.append("torchtitan replicates with DDP only as the one parallelism: ZeRO-0 exported as ZeRO-2 "
+                     "(FSDP2, fsdp_reshard_after_forward never)")
+        out.zero = 2
     if out.runtime != "eager":
         notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off): "
                      f"re-priced as eager")
@@ -192,6 +197,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if rep > 1 and shard > 1:
         raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
                           "not priced by sapp; use one of them")
+    if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
+        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
+                          "shard instead (data_parallel_shard_degree)")
     dp = rep * shard
     if ep > 1 and tp > 1:
         raise EngineError("expert parallelism beside tensor parallelism is not priced by sapp; use tp 1 with ep")

@@ -121,6 +121,8 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                 # (nothing to shard over) would be written as zero 0 beside the pin
                 if (c.zero is not None and z != c.zero) or (lim and z not in lim["zero"]):
                     continue
+                if z == 0 and lim.get("ddp_alone") and dp * cp > 1 and (tp, pp, cp) != (1, 1, 1):
+                    continue
                 for sp in _sp_options(c, tp):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
                     if c.ep is None or c.ep == 1:
