@@ -363,11 +363,9 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
             if cache is not None:
                 cache[key] = (tp_choice, method)
         if sp:      # the same regions, the ops between them split along the sequence (no new search)
-            from ..search.sp_layout import sp_choice, sp_section, vocab_split
-            g1 = rebatch(template, 1)
-            with_sp = sp_choice(g1, vocab_split(g1, tp_choice, tp), tp)
+            from ..search.sp_layout import sp_with_table
             # priced only where the emitter can place every piece (else this is the plain layout)
-            sec = sp_section(g1, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}
+            with_sp, sec = sp_with_table(rebatch(template, 1), tp_choice, tp)
             bad = sec.get("unsupported")
             if not bad:
                 # BLOCK_ENTRY: the stream is cut where the first block takes it in

@@ -44,6 +44,17 @@ def vocab_split(graph, choice: dict, tp: int) -> dict:
     return out
 
 
+def sp_with_table(graph, choice: dict, tp: int):
+    """(strategies, sp_section) of sequence parallelism on `choice` (one tp level): with the token table
+    split by vocabulary where the emitter can place that (`vocab_split`), else with the table as the
+    search left it (an HF decoder's `embed_tokens`, cut at the first block, must stay whole)."""
+    for base in (vocab_split(graph, choice, tp), choice):
+        with_sp = sp_choice(graph, base, tp)
+        sec = sp_section(graph, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}
+        if not sec.get("unsupported") or base is choice:
+            return with_sp, sec
+
+
 def sp_choice(graph, choice: dict, tp: int) -> dict:
     """`choice` ({node: tp dim or None}, e.g. from `emittable`) with sequence parallelism added: from
     the output of every row-split closer (a linear on `k`), the sequence axis is followed forward and

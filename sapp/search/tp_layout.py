@@ -235,7 +235,7 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
             if t < best:
                 strategies, method, best = alt, f"{res.method}+regions", t
     if sp:
-        strategies = sp_choice(graph, vocab_split(graph, strategies, tp), tp)
+        strategies = sp_with_table(graph, strategies, tp)[0]
     return _Result({n: (d,) for n, d in strategies.items()}, method, res)
 
 
@@ -293,4 +293,4 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
     return styles, groups, notes
 
 
-from .sp_layout import SP_KINDS, sp_choice, sp_nodes, vocab_split  # noqa: E402,F401  (sequence parallelism)
+from .sp_layout import SP_KINDS, sp_choice, sp_nodes, sp_with_table, vocab_split  # noqa: E402,F401  (sequence parallelism)
