@@ -35,14 +35,16 @@ def read_regular(path, limit: int) -> bytes:
     non-blocking, so a FIFO cannot stall the open; then anything but a regular file raises
     SpecialFileError (IsADirectoryError for a folder), and what `open` raises otherwise."""
     path = as_path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    nonblock = getattr(os, "O_NONBLOCK", 0)       # (POSIX; elsewhere a FIFO cannot be named like a file)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(path)
         if not stat.S_ISREG(mode):
             raise SpecialFileError(f"{path} is {_kind(mode)}")
-        os.set_blocking(fd, True)
+        if nonblock:
+            os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as f:
             fd = None
             return f.read(limit + 1)
