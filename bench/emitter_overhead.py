@@ -74,9 +74,12 @@ def hand_zero3(model, lf, lr):
     from torch.distributed.fsdp import fully_shard
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
+    # reshard_after_forward=True on the root too, as the plan prices ZeRO-3 and sapp emits it: torch's
+    # default (None) keeps the root gathered from forward to backward, one all-gather fewer per step
+    # but the root's parameters held whole meanwhile -- a different layout, not emitter overhead
     for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     def step(x, y):
