@@ -10,7 +10,8 @@ model (same initial weights) is trained by a plain loop written here from torch'
 alternate (emitted, hand, hand, emitted, ...) after warm-up, so machine drift hits both alike; each step
 ends in the loss all-reduce both loops make, so ranks leave it together.  Reported per layout: median
 wall and CPU (process) time per step of each, and the median over rounds of the paired ratio
-emitted / hand - 1 (the overhead).  Target: <= 5% on every layout.
+emitted / hand - 1 (the overhead), and -- machine-independent -- the aten / c10d operators whose call
+count in one profiled step differs between the two.  Target: <= 5% on every layout.
 
 On a shared, loaded machine the wall figures are noisy; the CPU-time ratio and the paired median are the
 ones to read.  Re-run on a quiet box for RESULTS."""
@@ -196,7 +197,20 @@ def run_case(case, rounds, warmup=2):
         pair = [("e", prog.step, ex, ey), ("h", hstep, hx, hy)]
         for tag, fn, a, b in (pair if r % 2 == 0 else pair[::-1]):
             (em if tag == "e" else ha).append(timed(fn, a, b))
-    return {"first_loss": first, "emitted": em, "hand": ha}
+    return {"first_loss": first, "emitted": em, "hand": ha, "op_diff": _op_diff((prog.step, ex, ey), (hstep, hx, hy))}
+
+
+def _op_diff(emitted, hand) -> dict:
+    """Operators (torch profiler names) whose call count in one step differs, {name: [emitted, hand]}:
+    the machine-independent part of the comparison (the extra work, if any, by name)."""
+    from torch.profiler import ProfilerActivity, profile
+    counts = []
+    for fn, a, b in (emitted, hand):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(a, b)
+        counts.append({k.key: k.count for k in prof.key_averages() if k.key.startswith(("aten::", "c10d::"))})
+    e, h = counts
+    return {k: [e.get(k, 0), h.get(k, 0)] for k in sorted(set(e) | set(h)) if e.get(k, 0) != h.get(k, 0)}
 
 
 def _worker(rank, world, cases, out_dir, store):
@@ -247,7 +261,7 @@ def summarise(layout, per_rank) -> dict:
     return {"layout": layout, "steps": len(em), "emitted_wall_s": statistics.median(e[0] for e in em),
             "hand_wall_s": statistics.median(h[0] for h in ha), "paired_overhead": statistics.median(ratio),
             "emitted_cpu_s": cpu["emitted"], "hand_cpu_s": cpu["hand"], "cpu_overhead": cpu["emitted"] / cpu["hand"] - 1,
-            "first_loss": r0["first_loss"]}
+            "first_loss": r0["first_loss"], "op_diff": r0.get("op_diff", {})}
 
 
 def run(layouts=tuple(LAYOUTS), rounds=20, timeout=900) -> list:
@@ -289,6 +303,7 @@ def table(rows) -> str:
         out.append(f"{r['layout']:7s} {r['steps']:>5d} {r['emitted_wall_s'] * 1e3:>10.1f} {r['hand_wall_s'] * 1e3:>8.1f} "
                    f"{r['paired_overhead'] * 100:>6.1f}% {r['emitted_cpu_s'] * 1e3:>11.1f} {r['hand_cpu_s'] * 1e3:>11.1f} "
                    f"{r['cpu_overhead'] * 100:>6.1f}%  {r['first_loss'][0]:.6f}, {r['first_loss'][1]:.6f}")
+        out.append(f"        operators whose count differs in one step (emitted, hand): {r['op_diff'] or 'none'}")
     return "\n".join(out)
 
 
