@@ -46,6 +46,17 @@ def _loss_allreduce(loss, n):
     return float(buf)
 
 
+def _plain_step(model, lf, opt, n, contributes=True):
+    """forward, backward, optimizer step, loss all-reduce: the loop FSDP2 and DTensor need no more than."""
+    def step(x, y):
+        loss = lf(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return _loss_allreduce(loss if contributes else loss * 0, n)
+    return step
+
+
 def hand_dp(model, lf, lr):
     import torch
     import torch.distributed as dist
@@ -81,15 +92,7 @@ def hand_zero3(model, lf, lr):
     for block in model.layers:
         fully_shard(block, mesh=mesh, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def step(x, y):
-        loss = lf(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return _loss_allreduce(loss, n)
-    return step, lambda x, y: (x.chunk(n)[dist.get_rank()], y.chunk(n)[dist.get_rank()])
+    return _plain_step(model, lf, torch.optim.Adam(model.parameters(), lr=lr), n), lambda x, y: (x.chunk(n)[dist.get_rank()], y.chunk(n)[dist.get_rank()])
 
 
 def hand_tp(model, lf, lr):
@@ -104,16 +107,9 @@ def hand_tp(model, lf, lr):
         plan.update({f"layers.{i}.attn.qkv": ColwiseParallel(), f"layers.{i}.attn.proj": RowwiseParallel(),
                      f"layers.{i}.mlp.fc1": ColwiseParallel(), f"layers.{i}.mlp.fc2": RowwiseParallel()})
     parallelize_module(model, mesh, plan)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def step(x, y):
-        loss = lf(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        # one contribution per replica (tp rank 0), as a user reporting the loss would
-        return _loss_allreduce(loss if dist.get_rank() == 0 else loss * 0, 1)
-    return step, lambda x, y: (x, y)
+    # one loss contribution per replica (tp rank 0), as a user reporting the loss would
+    return _plain_step(model, lf, torch.optim.Adam(model.parameters(), lr=lr), 1, dist.get_rank() == 0), \
+        lambda x, y: (x, y)
 
 
 def hand_pp(model, lf, lr, split, micro_batches):
@@ -162,7 +158,7 @@ def hand_pp(model, lf, lr, split, micro_batches):
 
 
 # ---- one rank --------------------------------------------------------------------------------------
-def run_case(case, rounds, warmup=2):
+def run_case(case, rank, warmup=2):
     import copy
     import torch
     import sapp.models as models
@@ -193,7 +189,7 @@ def run_case(case, rounds, warmup=2):
         fn(*a)
         return time.perf_counter() - w, time.process_time() - c
     em, ha = [], []
-    for r in range(rounds):
+    for r in range(case["rounds"]):
         pair = [("e", prog.step, ex, ey), ("h", hstep, hx, hy)]
         for tag, fn, a, b in (pair if r % 2 == 0 else pair[::-1]):
             (em if tag == "e" else ha).append(timed(fn, a, b))
@@ -211,42 +207,6 @@ def _op_diff(emitted, hand) -> dict:
         counts.append({k.key: k.count for k in prof.key_averages() if k.key.startswith(("aten::", "c10d::"))})
     e, h = counts
     return {k: [e.get(k, 0), h.get(k, 0)] for k in sorted(set(e) | set(h)) if e.get(k, 0) != h.get(k, 0)}
-
-
-def _worker(rank, world, cases, out_dir, store):
-    import traceback
-    from datetime import timedelta
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
-        for case in cases:
-            try:
-                res[case["layout"]] = run_case(case, case["rounds"])
-            except Exception as e:
-                res[case["layout"]] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
-            dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        res["__job__"] = {"error": traceback.format_exc()}
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _job(cases_path, out_path):
-    from tests.emit_workers.harness import fork_ranks
-    with open(cases_path) as f:
-        cases = json.load(f)
-    failed, per_rank = fork_ranks(_worker, 2, cases)
-    with open(out_path, "w") as f:
-        json.dump({"failed": failed, "ranks": per_rank}, f)
 
 
 # ---- driver -----------------------------------------------------------------------------------------
@@ -275,7 +235,7 @@ def run(layouts=tuple(LAYOUTS), rounds=20, timeout=900) -> list:
                           global_batch=GLOBAL_BATCH, constraints=LAYOUTS[lay])
             path = os.path.join(tmp, lay + ".json")
             plan.save(path)
-            cases.append({"layout": lay, "plan_path": path, "rounds": rounds})
+            cases.append({"id": lay, "layout": lay, "plan_path": path, "rounds": rounds})
         cp, op = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")
         with open(cp, "w") as f:
             json.dump(cases, f)
@@ -310,7 +270,8 @@ def table(rows) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--job":
-        _job(argv[1], argv[2])
+        from bench.gloo_job import job
+        job(run_case, 2, argv[1], argv[2])
         return 0
     ap = argparse.ArgumentParser(prog="python -m bench.emitter_overhead")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
