@@ -10,7 +10,8 @@ model (same initial weights) is trained by a plain loop written here from torch'
 alternate (emitted, hand, hand, emitted, ...) after warm-up, so machine drift hits both alike; each step
 ends in the loss all-reduce both loops make, so ranks leave it together.  Reported per layout: median
 wall and CPU (process) time per step of each, and the median over rounds of the paired ratio
-emitted / hand - 1 (the overhead).  Target: <= 5% on every layout.
+emitted / hand - 1 (the overhead), and -- machine-independent -- the aten / c10d operators whose call
+count in one profiled step differs between the two.  Target: <= 5% on every layout.
 
 On a shared, loaded machine the wall figures are noisy; the CPU-time ratio and the paired median are the
 ones to read.  Re-run on a quiet box for RESULTS."""
@@ -45,6 +46,17 @@ def _loss_allreduce(loss, n):
     return float(buf)
 
 
+def _plain_step(model, lf, opt, n, contributes=True):
+    """forward, backward, optimizer step, loss all-reduce: the loop FSDP2 and DTensor need no more than."""
+    def step(x, y):
+        loss = lf(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return _loss_allreduce(loss if contributes else loss * 0, n)
+    return step
+
+
 def hand_dp(model, lf, lr):
     import torch
     import torch.distributed as dist
@@ -74,18 +86,13 @@ def hand_zero3(model, lf, lr):
     from torch.distributed.fsdp import fully_shard
     n = dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
+    # reshard_after_forward=True on the root too, as the plan prices ZeRO-3 and sapp emits it: torch's
+    # default (None) keeps the root gathered from forward to backward, one all-gather fewer per step
+    # but the root's parameters held whole meanwhile -- a different layout, not emitter overhead
     for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def step(x, y):
-        loss = lf(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return _loss_allreduce(loss, n)
-    return step, lambda x, y: (x.chunk(n)[dist.get_rank()], y.chunk(n)[dist.get_rank()])
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    return _plain_step(model, lf, torch.optim.Adam(model.parameters(), lr=lr), n), lambda x, y: (x.chunk(n)[dist.get_rank()], y.chunk(n)[dist.get_rank()])
 
 
 def hand_tp(model, lf, lr):
@@ -100,16 +107,9 @@ def hand_tp(model, lf, lr):
         plan.update({f"layers.{i}.attn.qkv": ColwiseParallel(), f"layers.{i}.attn.proj": RowwiseParallel(),
                      f"layers.{i}.mlp.fc1": ColwiseParallel(), f"layers.{i}.mlp.fc2": RowwiseParallel()})
     parallelize_module(model, mesh, plan)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def step(x, y):
-        loss = lf(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        # one contribution per replica (tp rank 0), as a user reporting the loss would
-        return _loss_allreduce(loss if dist.get_rank() == 0 else loss * 0, 1)
-    return step, lambda x, y: (x, y)
+    # one loss contribution per replica (tp rank 0), as a user reporting the loss would
+    return _plain_step(model, lf, torch.optim.Adam(model.parameters(), lr=lr), 1, dist.get_rank() == 0), \
+        lambda x, y: (x, y)
 
 
 def hand_pp(model, lf, lr, split, micro_batches):
@@ -158,7 +158,7 @@ def hand_pp(model, lf, lr, split, micro_batches):
 
 
 # ---- one rank --------------------------------------------------------------------------------------
-def run_case(case, rounds, warmup=2):
+def run_case(case, rank, warmup=2):
     import copy
     import torch
     import sapp.models as models
@@ -189,47 +189,24 @@ def run_case(case, rounds, warmup=2):
         fn(*a)
         return time.perf_counter() - w, time.process_time() - c
     em, ha = [], []
-    for r in range(rounds):
+    for r in range(case["rounds"]):
         pair = [("e", prog.step, ex, ey), ("h", hstep, hx, hy)]
         for tag, fn, a, b in (pair if r % 2 == 0 else pair[::-1]):
             (em if tag == "e" else ha).append(timed(fn, a, b))
-    return {"first_loss": first, "emitted": em, "hand": ha}
+    return {"first_loss": first, "emitted": em, "hand": ha, "op_diff": _op_diff((prog.step, ex, ey), (hstep, hx, hy))}
 
 
-def _worker(rank, world, cases, out_dir, store):
-    import traceback
-    from datetime import timedelta
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
-        for case in cases:
-            try:
-                res[case["layout"]] = run_case(case, case["rounds"])
-            except Exception as e:
-                res[case["layout"]] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
-            dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        res["__job__"] = {"error": traceback.format_exc()}
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _job(cases_path, out_path):
-    from tests.emit_workers.harness import fork_ranks
-    with open(cases_path) as f:
-        cases = json.load(f)
-    failed, per_rank = fork_ranks(_worker, 2, cases)
-    with open(out_path, "w") as f:
-        json.dump({"failed": failed, "ranks": per_rank}, f)
+def _op_diff(emitted, hand) -> dict:
+    """Operators (torch profiler names) whose call count in one step differs, {name: [emitted, hand]}:
+    the machine-independent part of the comparison (the extra work, if any, by name)."""
+    from torch.profiler import ProfilerActivity, profile
+    counts = []
+    for fn, a, b in (emitted, hand):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(a, b)
+        counts.append({k.key: k.count for k in prof.key_averages() if k.key.startswith(("aten::", "c10d::"))})
+    e, h = counts
+    return {k: [e.get(k, 0), h.get(k, 0)] for k in sorted(set(e) | set(h)) if e.get(k, 0) != h.get(k, 0)}
 
 
 # ---- driver -----------------------------------------------------------------------------------------
@@ -244,7 +221,7 @@ def summarise(layout, per_rank) -> dict:
     return {"layout": layout, "steps": len(em), "emitted_wall_s": statistics.median(e[0] for e in em),
             "hand_wall_s": statistics.median(h[0] for h in ha), "paired_overhead": statistics.median(ratio),
             "emitted_cpu_s": cpu["emitted"], "hand_cpu_s": cpu["hand"], "cpu_overhead": cpu["emitted"] / cpu["hand"] - 1,
-            "first_loss": r0["first_loss"]}
+            "first_loss": r0["first_loss"], "op_diff": r0.get("op_diff", {})}
 
 
 def run(layouts=tuple(LAYOUTS), rounds=20, timeout=900) -> list:
@@ -258,7 +235,7 @@ def run(layouts=tuple(LAYOUTS), rounds=20, timeout=900) -> list:
                           global_batch=GLOBAL_BATCH, constraints=LAYOUTS[lay])
             path = os.path.join(tmp, lay + ".json")
             plan.save(path)
-            cases.append({"layout": lay, "plan_path": path, "rounds": rounds})
+            cases.append({"id": lay, "layout": lay, "plan_path": path, "rounds": rounds})
         cp, op = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")
         with open(cp, "w") as f:
             json.dump(cases, f)
@@ -286,13 +263,15 @@ def table(rows) -> str:
         out.append(f"{r['layout']:7s} {r['steps']:>5d} {r['emitted_wall_s'] * 1e3:>10.1f} {r['hand_wall_s'] * 1e3:>8.1f} "
                    f"{r['paired_overhead'] * 100:>6.1f}% {r['emitted_cpu_s'] * 1e3:>11.1f} {r['hand_cpu_s'] * 1e3:>11.1f} "
                    f"{r['cpu_overhead'] * 100:>6.1f}%  {r['first_loss'][0]:.6f}, {r['first_loss'][1]:.6f}")
+        out.append(f"        operators whose count differs in one step (emitted, hand): {r['op_diff'] or 'none'}")
     return "\n".join(out)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--job":
-        _job(argv[1], argv[2])
+        from bench.gloo_job import job
+        job(run_case, 2, argv[1], argv[2])
         return 0
     ap = argparse.ArgumentParser(prog="python -m bench.emitter_overhead")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))

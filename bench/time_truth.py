@@ -194,42 +194,6 @@ def _log_stage(stage, log):
     stage.forward_one_chunk, stage.backward_one_chunk = f, b
 
 
-def _worker(rank, world, cases, out_dir, store):
-    import traceback
-    from datetime import timedelta
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        for case in cases:
-            try:
-                res[case["id"]] = run_case(case, rank)
-            except Exception as e:
-                res[case["id"]] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
-            dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        res["__job__"] = {"error": traceback.format_exc()}
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _job(world, cases_path, out_path):
-    from tests.emit_workers.harness import fork_ranks
-    with open(cases_path) as f:
-        cases = json.load(f)
-    failed, per_rank = fork_ranks(_worker, world, cases)
-    with open(out_path, "w") as f:
-        json.dump({"failed": failed, "ranks": per_rank}, f)
-
-
 # ---- driver -----------------------------------------------------------------------------------------
 def run(ids=None, timeout=600) -> list:
     """Search, emit and run the cases (all, or `ids`); one row per (case, rank, relation)."""
@@ -275,7 +239,8 @@ def table(rows) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--job":
-        _job(int(argv[1]), argv[2], argv[3])
+        from bench.gloo_job import job
+        job(run_case, int(argv[1]), argv[2], argv[3])
         return 0
     ap = argparse.ArgumentParser(prog="python -m bench.time_truth")
     ap.add_argument("--cases", help="comma-separated ids (default: all): " + ",".join(c[0] for c in CASES))

@@ -9,6 +9,15 @@ per rank the table shows whether the emitter's manifest equals the plan's, and t
 recompute and ZeRO-3 transients) against the plan's prediction for that rank's stage.
 
     python -m bench.truth_matrix [--models gpt-tiny,...] [--layouts dp,tp] [--json out.json]
+                                 [--time-steps 3] [--cluster 2=cpu2.json,4=cpu4.json | --calibrate]
+
+Time truth: after the metered step each plan runs `--time-steps` more steps, timed (wall, and each
+rank's CPU time); per plan the slowest rank's median step is set against the plan's predicted step
+time -- calibrated when the plans were searched on this machine's calibrated clusters (`--cluster`
+files from `sapp calibrate --procs N`, or `--calibrate`), the `cpu` preset otherwise -- and the
+summary gives Spearman's rank correlation over plans and the spread of the relative error, so a
+pricing change that breaks time shows up like one that breaks memory.  On a shared machine the
+absolute errors move with its load; the rank correlation is the sturdier figure.
 
 Each rule the prediction rests on is measured on its own in tests/test_memory_rules.py (docs/ARCHITECTURE.md,
 "Peak memory as torch holds it").  Fixed after the first full run (274/414 ranks within 10%), each a
@@ -74,8 +83,17 @@ def case_list(models=MODELS, layouts=tuple(LAYOUTS), zeros=(0, 1, 2, 3), recompu
     return out
 
 
-def search_plans(cases, tmp) -> list:
-    """Search each case's plan on cpu:gpus=WORLD (refusals recorded, not raised)."""
+def cluster_for(world, clusters=None):
+    """The cluster a case of `world` ranks is searched on: a calibrated cluster file for that world size
+    from `clusters` ({world: path}, e.g. written by `sapp calibrate --procs N`), else the `cpu` preset."""
+    import sapp
+    path = (clusters or {}).get(world)
+    return sapp.Cluster.parse(path) if path else sapp.Cluster.parse(f"cpu:gpus={world}")
+
+
+def search_plans(cases, tmp, clusters=None) -> list:
+    """Search each case's plan on cpu:gpus=WORLD, or on clusters[WORLD] (a calibrated cluster file);
+    refusals recorded, not raised."""
     import sapp
     import sapp.models as models
     from sapp.api import search
@@ -84,25 +102,26 @@ def search_plans(cases, tmp) -> list:
         t0 = time.perf_counter()
         try:
             plan = search(models.get(c["model"], device="meta", **c.get("model_args", {})),
-                          sapp.Cluster.parse(f"cpu:gpus={c['world']}"),
+                          cluster_for(c["world"], clusters),
                           global_batch=GLOBAL_BATCH, constraints=c["constraints"])
             path = os.path.join(tmp, c["id"].replace("/", "_") + ".json")
             plan.save(path)
             c["plan_path"] = path
             c["config"] = {"m": plan.pipeline.get("micro_batches"), "schedule": plan.pipeline.get("schedule"),
                            "placement": sorted((plan.placement or {}).get("groups") or {})}
+            c["predicted_step_s"] = float(plan.predicted["step_time_s"])
         except SappError as e:
             c["refused"] = f"{type(e).__name__}: {e}"
         c["search_s"] = time.perf_counter() - t0
     return cases
 
 
-def run_jobs(cases, tmp, timeout=900, steps=2) -> dict:
+def run_jobs(cases, tmp, timeout=900, steps=2, time_steps=0) -> dict:
     """One truth_job subprocess per world size; returns {case id: {rank: record}}."""
     out = {}
     for world in sorted({c["world"] for c in cases if "plan_path" in c}):
         mine = [{"id": c["id"], "model": c["model"], "model_args": c.get("model_args", {}), "plan_path": c["plan_path"],
-                 "steps": steps}
+                 "steps": steps, "time_steps": time_steps}
                 for c in cases if c["world"] == world and "plan_path" in c]
         cpath, opath = os.path.join(tmp, f"cases{world}.json"), os.path.join(tmp, f"out{world}.json")
         with open(cpath, "w") as f:
@@ -161,7 +180,9 @@ def rows(cases, results) -> list:
                         "diff": [k for k in r["expected"] if r["expected"][k] != r["manifest"].get(k)],
                         "measured": meas, "predicted": pred, "measured_total": mt, "predicted_total": pt,
                         "error": None, "rel_err": (mt - pt) / pt if pt else float("nan"), "losses": r["losses"],
-                        "unpriced_recompute": r.get("unpriced_recompute")})
+                        "unpriced_recompute": r.get("unpriced_recompute"),
+                        "step_s": r.get("step_s") or [], "cpu_s": r.get("cpu_s") or [],
+                        "predicted_step_s": c.get("predicted_step_s")})
     return out
 
 
@@ -226,11 +247,74 @@ def measure(cases=None) -> list:
     cases = case_list() if cases is None else cases
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        search_plans(cases, tmp)
+        search_plans(cases, tmp, {})
         t1 = time.perf_counter()
         results = run_jobs(cases, tmp)
     print(f"search {t1 - t0:.0f} s, runs {time.perf_counter() - t1:.0f} s", file=sys.stderr)
     return rows(cases, results)
+
+
+def _ranks(xs) -> list:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):           # ties share their mean rank
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(xs, ys) -> float:
+    """Spearman's rank correlation (Pearson's over ranks, ties averaged); nan under 3 points."""
+    if len(xs) < 3:
+        return float("nan")
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return cov / (vx * vy) ** 0.5 if vx and vy else float("nan")
+
+
+def time_rows(rs) -> list:
+    """One row per plan: the median measured step (wall; the slowest rank's median, as steps end
+    together in the loss all-reduce) and CPU time against the plan's predicted step time."""
+    by = {}
+    for r in rs:
+        if r.get("refused") or r.get("error") or not r.get("step_s"):
+            continue
+        by.setdefault(r["id"], []).append(r)
+    out = []
+    for cid, ranks in by.items():
+        meas = max(statistics.median(r["step_s"]) for r in ranks)
+        cpu = max(statistics.median(r["cpu_s"]) for r in ranks)
+        pred = ranks[0]["predicted_step_s"]
+        out.append({"id": cid, "measured_s": meas, "cpu_s": cpu, "predicted_s": pred,
+                    "rel_err": (meas - pred) / pred if pred else float("nan")})
+    return out
+
+
+def time_summary(ts, calibrated: bool) -> str:
+    if not ts:
+        return "step time: not measured (--time-steps 0)"
+    errs = sorted(t["rel_err"] for t in ts)
+    q = lambda f: errs[min(len(errs) - 1, int(f * (len(errs) - 1) + 0.5))]
+    rho = spearman([t["predicted_s"] for t in ts], [t["measured_s"] for t in ts])
+    return (f"step time vs {'calibrated' if calibrated else 'cpu-preset (uncalibrated)'} prediction over {len(ts)} plans: "
+            f"Spearman {rho:.3f}; (measured - predicted) / predicted median {statistics.median(errs) * 100:+.1f}%, "
+            f"p10 {q(0.1) * 100:+.1f}%, p90 {q(0.9) * 100:+.1f}%, median |err| "
+            f"{statistics.median(abs(e) for e in errs) * 100:.1f}%, within 25%: {sum(abs(e) <= 0.25 for e in errs)}/{len(errs)}")
+
+
+def time_table(ts) -> str:
+    lines = [f"{'plan':38s} {'measured ms':>11s} {'CPU ms':>8s} {'predicted ms':>12s} {'err':>7s}"]
+    for t in sorted(ts, key=lambda t: t["id"]):
+        lines.append(f"{t['id']:38s} {t['measured_s'] * 1e3:>11.1f} {t['cpu_s'] * 1e3:>8.1f} "
+                     f"{t['predicted_s'] * 1e3:>12.1f} {t['rel_err'] * 100:>6.1f}%")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -240,16 +324,38 @@ def main(argv=None):
     ap.add_argument("--zeros", default="0,1,2,3")
     ap.add_argument("--recompute", default=",".join(RECOMPUTE))
     ap.add_argument("--json")
+    ap.add_argument("--time-steps", type=int, default=3, help="unmetered steps timed per plan (0: no time truth)")
+    ap.add_argument("--cluster", default="", help="calibrated cluster files per world size, e.g. "
+                    "2=cpu2.json,4=cpu4.json (default: the cpu preset, uncalibrated)")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate this machine for 2 and 4 processes first "
+                    "(sapp.calibrate, quick) and search on those clusters")
     a = ap.parse_args(argv)
     cases = case_list(a.models.split(","), a.layouts.split(","), tuple(int(z) for z in a.zeros.split(",")),
                       tuple(a.recompute.split(",")))
-    rs = measure(cases)
+    t0 = time.perf_counter()
+    clusters = {int(k): v for k, v in (x.split("=", 1) for x in a.cluster.split(",") if x)}
+    with tempfile.TemporaryDirectory() as tmp:
+        if a.calibrate:
+            from sapp.calibrate import calibrate
+            for w in sorted({c["world"] for c in cases}):
+                cl, _ = calibrate(procs=w, quick=True, timeout_s=240, name=f"cpu{w}-calibrated")
+                clusters[w] = os.path.join(tmp, f"cluster-cpu{w}.json")
+                cl.save(clusters[w])
+        search_plans(cases, tmp, clusters)
+        t1 = time.perf_counter()
+        results = run_jobs(cases, tmp, time_steps=a.time_steps)
+    rs = rows(cases, results)
+    ts = time_rows(rs)
     print(table(rs))
     print(summary(rs))
     print(families(rs))
+    if ts:
+        print(time_table(ts))
+    print(time_summary(ts, calibrated=bool(clusters)))
+    print(f"search {t1 - t0:.0f} s, runs {time.perf_counter() - t1:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cases": cases, "rows": rs}, f, indent=1, default=str)
+            json.dump({"cases": cases, "rows": rs, "time": ts}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

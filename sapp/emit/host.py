@@ -308,7 +308,7 @@ class OffloadAdam(torch.optim.Optimizer):
         def hook(p):
             t = time.perf_counter()
             g = p.grad.detach()
-            if self._async:      # async copy into pinned memory; the worker waits for its event
+            if self._async and not hasattr(g, "to_local"):   # async copy into pinned memory; the worker waits for its event
                 buf = torch.empty(g.shape, dtype=g.dtype, device="cpu", pin_memory=True)
                 buf.copy_(g, non_blocking=True)
                 ev = torch.cuda.Event()

@@ -4,9 +4,10 @@ bench/truth_matrix.py).
 
     python -m tests.emit_workers.truth_job WORLD CASES.json OUT.json
 
-A case: {"id", "model" (zoo name), "model_args" ({}), "plan_path", "steps" (>= 2)}.  Each rank trains
+A case: {"id", "model" (zoo name), "model_args" ({}), "plan_path", "steps" (>= 2), "time_steps" (0: none)}.  Each rank trains
 `steps` steps on the zoo's synthetic batch at the plan's global batch; the last one runs under
-sapp.emit.memory_meter.MemoryMeter (the first ones create the optimizer states).  A case that raises
+sapp.emit.memory_meter.MemoryMeter (the first ones create the optimizer states); then `time_steps`
+unmetered steps are timed (bench/truth_matrix.py's step-time truth).  A case that raises
 records its error and the job goes on with the next (the ranks raise together: the same plan fails the
 same way everywhere, or the collective times out in 20 s)."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from tests.emit_workers.harness import fork_ranks
 
@@ -46,11 +48,19 @@ def run_case(case, rank):
         losses.append(prog.step(*prog.shard(x, y)))
     with MemoryMeter(prog) as meter:
         losses.append(prog.step(*prog.shard(x, y)))
+    # step time: `time_steps` more steps, unmetered (each ends in the loss all-reduce every rank leaves
+    # together); wall and this process's CPU time per step
+    step_s, cpu_s = [], []
+    for _ in range(int(case.get("time_steps", 0))):
+        w, c = time.perf_counter(), time.process_time()
+        prog.step(*prog.shard(x, y))
+        step_s.append(time.perf_counter() - w)
+        cpu_s.append(time.process_time() - c)
     stage = prog.stage_indices[0]
     return {"losses": losses, "coords": list(prog.coords), "stage": stage, "stages": prog.stage_indices,
             "manifest": prog.manifest, "expected": prog.manifest_expected, "mismatches": prog.mismatches,
             "notes": prog.notes, "measured": meter.result(), "predicted": predicted_memory(plan, stage),
-            "unpriced_recompute": getattr(prog, "recompute_unpriced", {})}
+            "unpriced_recompute": getattr(prog, "recompute_unpriced", {}), "step_s": step_s, "cpu_s": cpu_s}
 
 
 def _worker(rank, world, cases, out_dir, store):
