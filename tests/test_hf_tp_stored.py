@@ -112,4 +112,4 @@ def test_late_cut_only_at_a_norm_beside_the_embeddings():
                  ("emb.LayerNorm", nn.LayerNorm(4)), ("ln", nn.LayerNorm(4))])
     sec = {"scatter": {"emb.word": 1, "emb.pos": 1}, "norms": {"emb.LayerNorm": 1, "ln": 1}, "entries": {}}
     assert _late_cuts(sec, bert, {}) == ({}, {"emb.LayerNorm": 1})
-    assert _late_cuts(sec, bert, {"emb.word": "vocab"}) == ({"emb.word": 1}, {"emb.LayerNorm": 1})
+    assert _late_cuts(sec, bert, {"emb.word": "vocab"}) == ({"emb.word": 1, "emb.pos": 1}, {})
