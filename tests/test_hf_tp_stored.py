@@ -38,14 +38,15 @@ def whisper(tmp_path_factory):
 
 
 def _matches(res):
+    """Every rank's losses equal the single-process ones (relative); returns rank 0's record."""
     ref = res["ref"]
     assert ref[-1] != ref[0]
-    for r in range(2):
-        got = res["ranks"][str(r)]
-        assert got is not None and "error" not in got, got
-        for i, (a, b) in enumerate(zip(got["losses"], ref)):
-            assert abs(a - b) <= REL_TOL * abs(b), f"rank {r} step {i}: {a} vs single-process {b}"
-    return res["ranks"]["0"]
+    ranks = res["ranks"]
+    bad = {r: g for r, g in ranks.items() if g is None or "error" in g}
+    assert not bad, bad
+    worst = max(abs(a - b) / abs(b) for g in ranks.values() for a, b in zip(g["losses"], ref))
+    assert all(len(g["losses"]) == len(ref) for g in ranks.values()) and worst <= REL_TOL, (worst, ranks, ref)
+    return ranks["0"]
 
 
 @pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in JOBS["stored"]])
