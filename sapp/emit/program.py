@@ -186,7 +186,7 @@ def _example_inputs(model, plan, example_inputs, mbs, device):
         import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
         return _tuple(models.example_inputs(model, mbs, device))
     except Exception as e:
-        raise PlanError("pipeline plans need example inputs to trace the model; pass emit(..., example_inputs=...) "
+        raise PlanError("pipeline and tensor-parallel plans need example inputs to trace the model; pass emit(..., example_inputs=...) "
                         f"(the model zoo could not make them: {type(e).__name__})") from None
 
 

@@ -129,15 +129,22 @@ def _late_cuts(sec: dict, mods: dict, tp_plan: dict) -> tuple:
     the word embedding, the parent reads the shard's length and looks up positions 0..s/t for every
     rank, which the position embedding's own cut then halves again (DistilBERT).  Same values as
     cutting each (a slice commutes with the sum); the sum runs on the whole sequence.  A
-    vocabulary-split embedding keeps its reduce-scatter (no local slice to move)."""
+    vocabulary-split embedding keeps its reduce-scatter (no local slice to move), and its siblings
+    their cuts."""
     scatter, late = dict(sec.get("scatter", {})), {}
-    norms = [n for n in mods if n in sec.get("norms", {})]         # module order
+    order = list(mods)                                              # module order
+    sp_mods = set(sec.get("norms", {})) | set(sec.get("entries", {}))
+    # a vocabulary-split embedding's reduce-scatter cannot move: its siblings keep their cuts too
+    fixed = {n.rpartition(".")[0] for n in scatter if n in tp_plan}
     for name, axis in list(scatter.items()):
-        if name not in mods or name in tp_plan:
+        if name not in mods or name in tp_plan or name.rpartition(".")[0] in fixed:
             continue
-        parent = name.rpartition(".")[0]
-        norm = next((n for n in norms if n.rpartition(".")[0] == parent), None)
-        if norm is not None and sec["norms"][norm] == axis:
+        # the next sequence-parallel module after the embedding: a norm beside it (not a final norm
+        # past the blocks, as GPT-2's ln_f beside wte / wpe)
+        i = order.index(name)
+        norm = next((n for n in order[i + 1:] if n in sp_mods), None)
+        if (norm in sec.get("norms", {}) and norm.rpartition(".")[0] == name.rpartition(".")[0]
+                and sec["norms"][norm] == axis):
             del scatter[name]
             late[norm] = axis
     return scatter, late
