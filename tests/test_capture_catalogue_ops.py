@@ -192,3 +192,25 @@ def test_fft_keeps_the_transformed_axes_whole():
     assert [d.splittable for d in f.dims] == [True, False, False] and f.operands[0].dims == ("a0", None, None)
     r = _only(g, target="real")
     assert r.kind == "view" and r.flops == 0 and r.operands[0].dims == ("a0", "a1", "a2")
+
+
+def test_vector_norm_reduces_the_dim_after_its_order():
+    class M(torch.nn.Module):                 # Swin v2's cosine attention: F.normalize(x, dim=-1)
+        def forward(self, x):
+            return torch.linalg.vector_norm(x * 1, 2, dim=1, keepdim=True)
+    g = capture(M(), (torch.randn(B, S, K),))
+    assert not g.meta["unknown_ops"]
+    n = _only(g, target="vector_norm")
+    # the reduced axis is 1 (not axis `ord` = 2 read as a dim: that reduced the hidden axis)
+    assert n.out.shape == (B, 1, K) and n.out.dims == ("a0", None, "a2") and n.flops == B * S * K
+    assert n.operands[0].dims == ("a0", "a1", "a2") and n.dim("a1").size == S
+
+
+def test_acos_is_elementwise():
+    class M(torch.nn.Module):                 # YOSO's angular hashing
+        def forward(self, x):
+            return torch.acos(x * 0.5)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    a = _only(g, target="acos")
+    assert a.kind == "elementwise" and a.flops == B * S and a.saves == ("in0",)

@@ -55,10 +55,12 @@ def reduction(c):
         red = set(range(n))
         keep = False
     else:
-        d = _arg(c, 1, "dim", None)
+        # norm(x, p, dim, keepdim) / linalg_vector_norm(x, ord, dim, keepdim): the order comes first
+        at = 2 if c.op in ("norm", "linalg_vector_norm") else 1
+        d = _arg(c, at, "dim", None)
         d = list(range(n)) if d is None else ([d] if isinstance(d, int) else list(d))
         red = {_axis(int(a), n) for a in d}
-        keep = bool(_arg(c, 2, "keepdim", False))
+        keep = bool(_arg(c, at + 1, "keepdim", False))
     summing = c.op in ("sum", "mean", "nansum")
     dims = [(f"a{i}", int(s), summing or i not in red) for i, s in enumerate(x.shape)]
     out = tuple((None if i in red else f"a{i}") for i in range(n) if keep or i not in red)
