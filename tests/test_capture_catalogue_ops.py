@@ -214,3 +214,27 @@ def test_acos_is_elementwise():
     assert not g.meta["unknown_ops"]
     a = _only(g, target="acos")
     assert a.kind == "elementwise" and a.flops == B * S and a.saves == ("in0",)
+
+
+def test_bilinear_upsample_keeps_space_whole_and_counts_four_taps():
+    class M(torch.nn.Module):                 # PVT's position embeddings resized to the patch grid
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x * 1, size=(6, 6), mode="bilinear")
+    C = 3
+    g = capture(M(), (torch.randn(B, C, 4, 4),))
+    assert not g.meta["unknown_ops"]
+    u = _only(g, target="upsample")
+    assert u.out.shape == (B, C, 6, 6) and u.flops == 2 * 4 * B * C * 36
+    assert [d.splittable for d in u.dims] == [True, True, False, False]
+    assert u.operands[0].dims == ("a0", "a1", None, None)
+
+
+def test_random_fills_are_elementwise():
+    class M(torch.nn.Module):                 # PhiMoE's router samples with exponential_ / uniform_
+        def forward(self, x):
+            return x * torch.empty_like(x).exponential_() + torch.empty_like(x).uniform_()
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    for op in ("exponential", "uniform"):
+        e = _only(g, target=op)
+        assert e.kind == "elementwise" and e.flops == B * S and e.saves == ()

@@ -2,7 +2,7 @@
 axes (those axes stay whole unless the combination is a sum, whose split leaves a Partial)."""
 from __future__ import annotations
 
-from .opspec import Spec, TRef, _act_saves, _adims, _arg, _axis, _bcast, _bias_dims, prod
+from .opspec import Spec, TRef, _act_saves, _adims, _arg, _axis, _bcast, _bias_dims, generic, prod
 from .ops_pointwise import elementwise
 
 def layer_norm(c):
@@ -113,3 +113,18 @@ def pointwise_loss(c):
     return Spec("loss", dims, ind, out, 4.0 * prod(x.shape), _act_saves(c, [0, 1]))
 
 
+
+
+def upsample(c):
+    """upsample_{nearest,bilinear,bicubic}*(x [B, C, *spatial]): batch and channels map straight, the
+    resized spatial axes stay whole (an output pixel reads input pixels across any cut).  FLOPs per
+    output element: 0 nearest (a gather), 2 per neighbour blended otherwise (linear 2, bilinear 4,
+    trilinear 8, bicubic 16 neighbours)."""
+    x, r = c.ins[0], c.out_shape
+    if len(x.shape) != len(r) or len(r) < 3:
+        return generic(c)
+    nsp = len(r) - 2
+    taps = 0 if "nearest" in c.op else (16 if "bicubic" in c.op else 2 ** nsp)
+    dims = [(f"a{i}", int(s), i < 2) for i, s in enumerate(r)]
+    ind = [tuple(f"a{i}" if i < 2 else None for i in range(len(r)))] + [() for _ in c.ins[1:]]
+    return Spec("other", dims, ind, tuple(f"a{i}" for i in range(len(r))), 2.0 * taps * prod(r), ())

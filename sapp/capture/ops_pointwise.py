@@ -16,7 +16,7 @@ NO_SAVE = {"add", "sub", "subtract", "rsub", "neg", "masked_fill", "eq", "ne", "
            "logical_not", "logical_and", "logical_or", "fill", "zero", "copy", "lerp", "sign",
            "floor", "ceil", "round", "trunc", "remainder", "fmod", "isnan", "isinf", "nan_to_num",
            "scalar_tensor", "floor_divide", "logical_xor", "type_as", "_to_copy", "to", "addcmul",
-           "addcdiv", "triu", "tril", "bitwise_xor"}
+           "addcdiv", "triu", "tril", "bitwise_xor", "uniform", "exponential", "normal", "bernoulli"}
 ELEMENTWISE = SAVE_OUT | SAVE_IN | SAVE_ALL_ACT | NO_SAVE
 
 
