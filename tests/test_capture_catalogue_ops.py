@@ -238,3 +238,13 @@ def test_random_fills_are_elementwise():
     for op in ("exponential", "uniform"):
         e = _only(g, target=op)
         assert e.kind == "elementwise" and e.flops == B * S and e.saves == ()
+
+
+def test_log_sigmoid_is_elementwise():
+    class M(torch.nn.Module):                 # Inkling's gates
+        def forward(self, x):
+            return torch.nn.functional.logsigmoid(x * 1)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    e = _only(g, target="log_sigmoid")
+    assert e.kind == "elementwise" and e.flops == B * S and e.saves == ("in0",)
