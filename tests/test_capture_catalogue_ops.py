@@ -192,3 +192,59 @@ def test_fft_keeps_the_transformed_axes_whole():
     assert [d.splittable for d in f.dims] == [True, False, False] and f.operands[0].dims == ("a0", None, None)
     r = _only(g, target="real")
     assert r.kind == "view" and r.flops == 0 and r.operands[0].dims == ("a0", "a1", "a2")
+
+
+def test_vector_norm_reduces_the_dim_after_its_order():
+    class M(torch.nn.Module):                 # Swin v2's cosine attention: F.normalize(x, dim=-1)
+        def forward(self, x):
+            return torch.linalg.vector_norm(x * 1, 2, dim=1, keepdim=True)
+    g = capture(M(), (torch.randn(B, S, K),))
+    assert not g.meta["unknown_ops"]
+    n = _only(g, target="vector_norm")
+    # the reduced axis is 1 (not axis `ord` = 2 read as a dim: that reduced the hidden axis)
+    assert n.out.shape == (B, 1, K) and n.out.dims == ("a0", None, "a2") and n.flops == B * S * K
+    assert n.operands[0].dims == ("a0", "a1", "a2") and n.dim("a1").size == S
+
+
+def test_acos_is_elementwise():
+    class M(torch.nn.Module):                 # YOSO's angular hashing
+        def forward(self, x):
+            return torch.acos(x * 0.5)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    a = _only(g, target="acos")
+    assert a.kind == "elementwise" and a.flops == B * S and a.saves == ("in0",)
+
+
+def test_bilinear_upsample_keeps_space_whole_and_counts_four_taps():
+    class M(torch.nn.Module):                 # PVT's position embeddings resized to the patch grid
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x * 1, size=(6, 6), mode="bilinear")
+    C = 3
+    g = capture(M(), (torch.randn(B, C, 4, 4),))
+    assert not g.meta["unknown_ops"]
+    u = _only(g, target="upsample")
+    assert u.out.shape == (B, C, 6, 6) and u.flops == 2 * 4 * B * C * 36
+    assert [d.splittable for d in u.dims] == [True, True, False, False]
+    assert u.operands[0].dims == ("a0", "a1", None, None)
+
+
+def test_random_fills_are_elementwise():
+    class M(torch.nn.Module):                 # PhiMoE's router samples with exponential_ / uniform_
+        def forward(self, x):
+            return x * torch.empty_like(x).exponential_() + torch.empty_like(x).uniform_()
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    for op in ("exponential", "uniform"):
+        e = _only(g, target=op)
+        assert e.kind == "elementwise" and e.flops == B * S and e.saves == ()
+
+
+def test_log_sigmoid_is_elementwise():
+    class M(torch.nn.Module):                 # Inkling's gates
+        def forward(self, x):
+            return torch.nn.functional.logsigmoid(x * 1)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"]
+    e = _only(g, target="log_sigmoid")
+    assert e.kind == "elementwise" and e.flops == B * S and e.saves == ("in0",)

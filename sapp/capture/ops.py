@@ -16,7 +16,7 @@ from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, emb
                            grouped_mm, linear, matmul, sdpa)
 from .ops_index import cumsum, diff, gather, histc, index, index_put, index_select, one_hot, sort, topk
 from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointwise_loss, pool, reduction, rms_norm,
-                       softmax)
+                       softmax, upsample)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
 from .ops_view import (cat, creation, expand, identity, im2col, pad, permute,  # noqa: F401
@@ -43,7 +43,9 @@ HANDLERS = {
     "max_pool1d": pool, "max_pool2d": pool, "max_pool3d": pool, "max_pool2d_with_indices": pool,
     "avg_pool1d": pool, "avg_pool2d": pool, "avg_pool3d": pool, "adaptive_avg_pool1d": pool,
     "adaptive_avg_pool2d": pool, "adaptive_avg_pool3d": pool, "_adaptive_avg_pool2d": pool,
-    "adaptive_max_pool2d": pool,
+    "adaptive_max_pool2d": pool, "upsample_nearest1d": upsample, "upsample_nearest2d": upsample,
+    "upsample_nearest3d": upsample, "upsample_linear1d": upsample, "upsample_bilinear2d": upsample,
+    "upsample_trilinear3d": upsample, "upsample_bicubic2d": upsample, "_upsample_nearest_exact2d": upsample,
     "cross_entropy_loss": cross_entropy, "nll_loss": cross_entropy, "nll_loss_nd": cross_entropy,
     "binary_cross_entropy_with_logits": pointwise_loss, "binary_cross_entropy": pointwise_loss,
     "mse_loss": pointwise_loss, "l1_loss": pointwise_loss, "smooth_l1_loss": pointwise_loss,

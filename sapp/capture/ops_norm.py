@@ -2,7 +2,7 @@
 axes (those axes stay whole unless the combination is a sum, whose split leaves a Partial)."""
 from __future__ import annotations
 
-from .opspec import Spec, TRef, _act_saves, _adims, _arg, _axis, _bcast, _bias_dims, prod
+from .opspec import Spec, TRef, _act_saves, _adims, _arg, _axis, _bcast, _bias_dims, generic, prod
 from .ops_pointwise import elementwise
 
 def layer_norm(c):
@@ -55,10 +55,12 @@ def reduction(c):
         red = set(range(n))
         keep = False
     else:
-        d = _arg(c, 1, "dim", None)
+        # norm(x, p, dim, keepdim) / linalg_vector_norm(x, ord, dim, keepdim): the order comes first
+        at = 2 if c.op in ("norm", "linalg_vector_norm") else 1
+        d = _arg(c, at, "dim", None)
         d = list(range(n)) if d is None else ([d] if isinstance(d, int) else list(d))
         red = {_axis(int(a), n) for a in d}
-        keep = bool(_arg(c, 2, "keepdim", False))
+        keep = bool(_arg(c, at + 1, "keepdim", False))
     summing = c.op in ("sum", "mean", "nansum")
     dims = [(f"a{i}", int(s), summing or i not in red) for i, s in enumerate(x.shape)]
     out = tuple((None if i in red else f"a{i}") for i in range(n) if keep or i not in red)
@@ -111,3 +113,18 @@ def pointwise_loss(c):
     return Spec("loss", dims, ind, out, 4.0 * prod(x.shape), _act_saves(c, [0, 1]))
 
 
+
+
+def upsample(c):
+    """upsample_{nearest,bilinear,bicubic}*(x [B, C, *spatial]): batch and channels map straight, the
+    resized spatial axes stay whole (an output pixel reads input pixels across any cut).  FLOPs per
+    output element: 0 nearest (a gather), 2 per neighbour blended otherwise (linear 2, bilinear 4,
+    trilinear 8, bicubic 16 neighbours)."""
+    x, r = c.ins[0], c.out_shape
+    if len(x.shape) != len(r) or len(r) < 3:
+        return generic(c)
+    nsp = len(r) - 2
+    taps = 0 if "nearest" in c.op else (16 if "bicubic" in c.op else 2 ** nsp)
+    dims = [(f"a{i}", int(s), i < 2) for i, s in enumerate(r)]
+    ind = [tuple(f"a{i}" if i < 2 else None for i in range(len(r)))] + [() for _ in c.ins[1:]]
+    return Spec("other", dims, ind, tuple(f"a{i}" for i in range(len(r))), 2.0 * taps * prod(r), ())

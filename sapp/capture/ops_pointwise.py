@@ -8,7 +8,7 @@ from .opspec import Spec, _act_saves, _adims, _arg, _bcast, prod
 SAVE_OUT = {"relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "hardsigmoid", "expm1"}
 SAVE_IN = {"gelu", "silu", "log", "pow", "erf", "sin", "cos", "leaky_relu", "elu", "softplus",
            "hardtanh", "mish", "abs", "log1p", "reciprocal", "hardswish", "clamp", "clamp_min",
-           "clamp_max", "square"}
+           "clamp_max", "square", "acos", "asin", "atan", "log_sigmoid"}
 SAVE_ALL_ACT = {"mul", "multiply", "div", "divide", "true_divide",
                 "maximum", "minimum", "fmax", "fmin", "atan2", "where", "max", "min"}
 NO_SAVE = {"add", "sub", "subtract", "rsub", "neg", "masked_fill", "eq", "ne", "le", "lt", "ge", "gt",
@@ -16,7 +16,7 @@ NO_SAVE = {"add", "sub", "subtract", "rsub", "neg", "masked_fill", "eq", "ne", "
            "logical_not", "logical_and", "logical_or", "fill", "zero", "copy", "lerp", "sign",
            "floor", "ceil", "round", "trunc", "remainder", "fmod", "isnan", "isinf", "nan_to_num",
            "scalar_tensor", "floor_divide", "logical_xor", "type_as", "_to_copy", "to", "addcmul",
-           "addcdiv", "triu", "tril", "bitwise_xor"}
+           "addcdiv", "triu", "tril", "bitwise_xor", "uniform", "exponential", "normal", "bernoulli"}
 ELEMENTWISE = SAVE_OUT | SAVE_IN | SAVE_ALL_ACT | NO_SAVE
 
 
