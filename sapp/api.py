@@ -133,7 +133,7 @@ def default_global_batch(info, devices) -> int:
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
            runtime=None):
-    """Find the fastest plan that fits.  `model`: an nn.Module, a zoo name, "pkg.module:factory" or an
+    """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
     captured graph.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
@@ -142,7 +142,12 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles")."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
-    module, name, info = resolve_model(model)
+    from .ir import OpGraph
+    if isinstance(model, OpGraph):       # an already captured graph (bench, engines): nothing to build
+        module, name, info = None, model.name or "graph", None
+        graph = model if graph is None else graph
+    else:
+        module, name, info = resolve_model(model)
     cons = Constraints.from_dict(constraints)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",

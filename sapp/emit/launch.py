@@ -96,6 +96,11 @@ def main(argv=None) -> int:
         codes = {f.exitcode for f in e.failures.values()}
         if 2 in codes and codes <= {2, -15}:     # a SappError, said in one line by the rank (the rest stopped)
             return FAILED_EXIT
+        fail_dir = os.environ.get("SAPP_FAIL_DIR")
+        if fail_dir:
+            from . import failure
+            if failure.report(fail_dir):         # a rank recorded its exception: `sapp run` prints it once
+                return max((c for c in codes if c > 0), default=1)
         how = [f"rank {r} " + (f"ended by {f.signal_name()}" if f.exitcode < 0 else f"exited with code {f.exitcode}")
                for r, f in sorted(e.failures.items())]
         print(f"sapp run: error: training failed ({', '.join(how)}): a rank died or raised; its message is above",
