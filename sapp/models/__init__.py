@@ -139,14 +139,16 @@ def example_inputs(model, batch: int, device=None) -> tuple:
     return (_randn((batch, c["dense"]), dev, 1), _randint(c["rows_per_field"], (batch, c["fields"]), dev, 2))
 
 
-def example_targets(model, batch: int, device=None):
+def example_targets(model, batch: int, device=None, seq=None):
+    """Targets for a batch of `batch`; `seq`: the example inputs' sequence length for token models
+    (else the spec's), so the targets match the logits the loss receives."""
     data = _data(model)
     if data is not None:
         return data.targets_at(batch, device)
     spec, dev = spec_of(model), _device(model, device)
     c = spec.config
     if spec.kind in ("gpt", "bert", "llama", "moe"):
-        return _randint(c["V"], (batch, c["s"]), dev, 3)
+        return _randint(c["V"], (batch, seq or c["s"]), dev, 3)
     if spec.kind in ("resnet", "mlp"):
         return _randint(c["classes"], (batch,), dev, 3)
     return _randint(2, (batch,), dev, 3).float()
