@@ -128,6 +128,10 @@ def run_case(searcher, model, batch, preset, devices, *, baselines=BASELINES, ex
             entry["status"] = f"invalid: predicted step time {bplan['predicted']['step_time_s']} s"
         elif bplan is not None:
             entry.update(_summary(bplan))
+            d = getattr(bplan, "_d", bplan)
+            # a pinned tp that shards nothing (every tp rank computes the whole model): the free search
+            # never spends devices on it where they can serve dp or pp (issue 26), so it is no bar for sapp
+            entry["idle_tp"] = d["parallel"]["tp"] > 1 and not d.get("tp_modules")
             if plan is not None:
                 entry["speedup"] = bplan["predicted"]["step_time_s"] / plan["predicted"]["step_time_s"]
         row[name] = entry

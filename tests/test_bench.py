@@ -149,8 +149,9 @@ def test_real_quick_case():
     for b in ("dp", "zero3", "megatron"):
         e = row[b]
         assert e["status"] == "ok" or e["status"] == "OOM" or e["status"].startswith("n/a")
-        if e["status"] == "ok":
-            # sapp searches a superset of every baseline's space with the same cost model
+        if e["status"] == "ok" and not e["idle_tp"]:
+            # sapp searches a superset of every baseline's space with the same cost model, but for a tp
+            # that shards nothing (replication), which the free search does not spend devices on
             assert e["speedup"] >= 1 - 1e-6
 
 
