@@ -69,7 +69,8 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         n = sum(stage.dense.values())
         local = None if device_split is None else sum(v / device_split.get(p, tp) for p, v in stage.dense.items())
         off = C.optimizer_offload_cost(n, cluster, settings, groups=len(stage.groups),
-                                       largest_group=max(stage.groups.values()), local_params=local, **kw)
+                                       largest_group=max(stage.groups.values()), local_params=local,
+                                       largest_param=max(stage.dense.values()), **kw)
     opt_kind = settings.optimizer if settings.optimizer in ("adam", "adamw") else "adam"
 
     plans = []   # (name, [HostCost parts], groups)
