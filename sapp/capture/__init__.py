@@ -65,8 +65,7 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     if spec is not None and (data is None or data.loss_fn is not None or loss_fn is not None):
         loss_fn = loss_fn or zoo.loss_fn(model)
         if target is None:
-            seq = int(first.shape[1]) if first is not None and first.dim() >= 2 and not first.is_floating_point() else None
-            target = zoo.example_targets(model, batch, device, seq=seq) if seq else zoo.example_targets(model, batch, device)
+            target = zoo.example_targets(model, batch, device)
     if batch == 1 and first is not None and first.shape[0] == 1:
         # A size-1 batch axis is indistinguishable from any other size-1 axis once views merge
         # it, so capture at batch 2 and scale the graph down.

@@ -134,7 +134,7 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
     exp = expected_local(graph, regions, tp)
     try:
         with _swapped(model, local), _quiet():
-            mine = capture(model, example_inputs)
+            mine = capture(model, example_inputs, target=_targets(model, example_inputs))
     except CaptureError as e:
         raise PlanError(f"tensor parallelism tp={tp}: the model cannot run at one rank's shapes "
                         f"({str(e).strip().splitlines()[0]}); it reshapes by a size the split changes: pin tp=1 "
@@ -171,7 +171,7 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     if not local:
         return 0
     with _quiet():
-        graph = capture(model, example_inputs)
+        graph = capture(model, example_inputs, target=_targets(model, example_inputs))
     regions = sharded_regions(graph, styles, groups, tp, model)
     cand = candidates(model, graph, regions, tp) if fix else {}
     tries = [cand] if cand else []
@@ -189,3 +189,13 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
                          f"(this rank's share of a size the module reshapes by; shape audit passed)")
         return checked
     return audit(model, graph, regions, local, tp, example_inputs)
+
+
+def _targets(model, example_inputs):
+    """Targets sized to the audit's own token inputs (a zoo model's default targets take the spec's
+    sequence length, which a shorter audit input would not match); None for other models."""
+    import sapp.models as models
+    first = example_inputs[0] if example_inputs else None
+    if getattr(model, "sapp_spec", None) is None or first is None or first.dim() < 2 or first.is_floating_point():
+        return None
+    return models.example_targets(model, first.shape[0], first.device, seq=int(first.shape[1]))
