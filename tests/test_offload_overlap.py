@@ -100,3 +100,27 @@ def test_offload_price_follows_what_runs():
     # after backward: one gradient copy, Adam, the weight copy, all exposed; gradients stay on the device
     assert not t["pipelined"] and dp.exposed_s == pytest.approx(t["d2h_s"] + t["optimizer_s"] + t["h2d_s"])
     assert dp.overlap_s == 0.0 and dp.saved_bytes == pytest.approx(12 * n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the asynchronous path (pinned copies, events, a worker "
+                    "thread) runs only with a CUDA device")
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+def test_cuda_async_overlap_equals_offload_after_backward():
+    """On a GPU the overlapped OffloadAdam copies gradients asynchronously into pinned buffers and steps
+    each group on a worker thread during backward; it must give the same weights, bit for bit, as the
+    same CPU Adam run after backward (same device gradients, same kernel)."""
+    torch.manual_seed(0)
+    model = models.get("gpt-tiny", device="cuda", dropout=0.0)
+    ref = copy.deepcopy(model)
+    (opt,) = host.build_optimizers(model, OFFLOAD, 1e-3, overlap={"accumulations": 2, "blocks": BLOCKS})
+    (ropt,) = host.build_optimizers(ref, OFFLOAD, 1e-3)
+    assert opt._async and not ropt.overlap
+    lf = models.loss_fn(model)
+    for batch in _batches(model, 3):
+        for net, o in ((model, opt), (ref, ropt)):
+            for ids, y in _chunks(batch, 2):
+                (lf(net(ids.cuda()), y.cuda()) / 2).backward()
+            o.step()
+            o.zero_grad()
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p, q), n
