@@ -82,6 +82,7 @@ def timeline(torch, model_name, batch, steps=3):
     rows = []
     for _ in range(steps):
         stamps.clear()
+        opt.stats.take()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -99,7 +100,8 @@ def timeline(torch, model_name, batch, steps=3):
         rows.append({"forward_s": t_fwd - t0, "backward_s": t_bwd - t_fwd, "step_after_backward_s": t_end - t_bwd,
                      "groups": len(stamps), "params_in_groups": n, "adam_s": sum(e - s for s, e, _ in stamps),
                      "adam_s_during_backward": before,
-                     "first_group_start_after_fwd_s": (stamps[0][0] - t_fwd) if stamps else None})
+                     "first_group_start_after_fwd_s": (stamps[0][0] - t_fwd) if stamps else None,
+                     "host_stats": opt.stats.take()})
     del model, opt
     torch.cuda.empty_cache()
     return rows[-1]
@@ -143,6 +145,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--models", default="gpt3-350m:4,gpt3-1.3b:4")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per `sapp run`")
+    ap.add_argument("--timeline-only", default="", help="models (comma-separated) to time without the plan runs")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -162,7 +165,8 @@ def main(argv=None):
         except Exception as e:
             entry["timeline"] = {"status": f"{type(e).__name__}: {e}"[:300]}
         print(model, "timeline", json.dumps(entry["timeline"]), file=sys.stderr, flush=True)
-        entry["runs"] = run_pair(model, int(batch), spec, args.out, args.steps, args.timeout)
+        skip = model in args.timeline_only.split(",")
+        entry["runs"] = [] if skip else run_pair(model, int(batch), spec, args.out, args.steps, args.timeout)
         ok = {r["optimizer"]: r for r in entry["runs"] if r.get("status") == "ok"}
         if len(ok) == 2:
             entry["priced_winner"] = min(ok, key=lambda k: ok[k]["predicted_s"])
