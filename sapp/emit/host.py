@@ -267,8 +267,8 @@ class OffloadAdam(torch.optim.Optimizer):
         self.stats = stats or HostStats()
         # with a CUDA device the masters live in pinned memory: the weight copy back is then a real
         # asynchronous DMA at the link's rate (what the price assumes); from pageable memory it is a
-        # synchronous staged copy at a fraction of it (measured on an H200: the 1.3B copy back cost
-        # ~0.6 s instead of ~0.1 s, RESULTS section 4)
+        # synchronous staged copy at a fraction of it (measured on an H200, bench/gpu_offload.py: the
+        # gpt3-1.3b offload step fell from 1652 to 791 ms when the masters were pinned)
         pin = any(p.device.type == "cuda" for p in params)
         self.masters = [_master(p, pin) for p in params]
         self._acc = [None] * len(params)
@@ -304,7 +304,6 @@ class OffloadAdam(torch.optim.Optimizer):
         self._group_of = {i: k for k, g in enumerate(self.groups) for i in g}
         self._async = self.overlap and any(p.device.type == "cuda" for p in params)
         self._worker = None
-        self._copy_stream = None
         self._reset_step()
         self._hooks = []
         if self.stream:
@@ -322,20 +321,11 @@ class OffloadAdam(torch.optim.Optimizer):
         def hook(p):
             t = time.perf_counter()
             g = p.grad.detach()
-            if self._async and not hasattr(g, "to_local"):
-                # async copy into pinned memory on a side stream, so that the link works while backward
-                # computes (on the compute stream the copies serialise with backward's kernels:
-                # measured on an H200, +0.12 s of a 0.23 s backward for 1.3B parameters); the side
-                # stream first waits for everything queued so far (this gradient, the kernels that
-                # still read the weight), and the worker waits for the copy's event
-                cs = self._copy_stream_for(g.device)
-                cs.wait_stream(torch.cuda.current_stream(g.device))
-                with torch.cuda.stream(cs):
-                    buf = torch.empty(g.shape, dtype=g.dtype, device="cpu", pin_memory=True)
-                    buf.copy_(g, non_blocking=True)
-                    ev = torch.cuda.Event()
-                    ev.record(cs)
-                g.record_stream(cs)          # its memory is not reused before the copy has read it
+            if self._async and not hasattr(g, "to_local"):   # async copy into pinned memory; the worker waits for its event
+                buf = torch.empty(g.shape, dtype=g.dtype, device="cpu", pin_memory=True)
+                buf.copy_(g, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
             else:
                 buf, ev = g.to("cpu", torch.float32), None
             p.grad = None
@@ -350,11 +340,6 @@ class OffloadAdam(torch.optim.Optimizer):
             else:
                 self._arrive(i, buf, ev, last)
         return hook
-
-    def _copy_stream_for(self, device):
-        if self._copy_stream is None:
-            self._copy_stream = torch.cuda.Stream(device=device)
-        return self._copy_stream
 
     def _arrive(self, i, buf, ev, last):
         """Gradient i reached the host: accumulate it; the last one of a group's last backward steps it."""
@@ -399,13 +384,10 @@ class OffloadAdam(torch.optim.Optimizer):
         for i in idx:
             p, m = params[i], self.masters[i]
             if m.grad is not None:
-                if m.is_pinned() and self._copy_stream is not None:
-                    # a pinned master crosses in fp32 on the side stream (which already waited for the
-                    # backward kernels reading p) and is cast there; step() makes the compute stream
-                    # wait for it before the next forward.  (A cast on the host would make a pageable
-                    # temporary and a synchronous copy.)
-                    with torch.cuda.stream(self._copy_stream):
-                        p.copy_(m.detach().to(p.device, non_blocking=True))
+                if m.is_pinned():
+                    # a pinned master crosses in fp32 and is cast on the device (a cast on the host
+                    # would make a pageable temporary and a synchronous copy)
+                    p.copy_(m.detach().to(p.device, non_blocking=True))
                 else:
                     p.copy_(m.detach().to(p.device, p.dtype))
             m.grad = None
@@ -423,13 +405,9 @@ class OffloadAdam(torch.optim.Optimizer):
             f.result()
         done = {i for k in self._stepped for i in self.groups[k]}
         rest = [i for i in range(len(self.masters)) if i not in done]
-        if rest and self._copy_stream is not None:   # what ran after the last hook (late gradients' sums)
-            self._copy_stream.wait_stream(torch.cuda.current_stream(self._copy_stream.device))
         if rest:
             with torch.autograd.profiler.record_function("sapp.offload_adam.after_backward"):
                 self._update(rest)
-        if self._copy_stream is not None:        # the next forward reads the weights copied back
-            torch.cuda.current_stream(self._copy_stream.device).wait_stream(self._copy_stream)
         self._reset_step()
         return loss
 

@@ -30,11 +30,15 @@ Overlap model (stated so plans can be checked against it):
     lookup, copy and update is exposed (a prefetching lookup pipeline is not emitted).
   * Optimizer offload without data parallelism (dp = 1; what sapp/emit/host.OffloadAdam(overlap=True)
     runs): gradients stream to the host as backward accumulates them; for all but the last
-    micro-batch the gradient copy and the host accumulate hide behind the next micro-batch's compute;
-    in the last backward, gradient copy -> CPU Adam -> weight copy run as a 3-stage pipeline over the
-    G parameter groups (blocks), fed by backward:
-    exposed = max(0, T_slowest - OVERLAP * backward) + (T_d2h + T_adam + T_h2d) / G.  The next
+    micro-batch the gradient copy and the host accumulate hide behind the next micro-batch's compute.
+    In the last backward each of the G parameter groups (blocks) is updated as soon as its gradients
+    are final.  On a GPU the copies leave from backward's hooks and lengthen backward by their link
+    time, and one worker thread runs each group's CPU Adam then its weight copy:
+    exposed = T_d2h + max(0, T_adam + T_h2d - OVERLAP * backward) + (T_adam + T_h2d) / G.
+    On a CPU device the hook does all three inline: exposed = T_d2h + T_adam + T_h2d.  The next
     step's forward needs the first layer, updated last, so nothing hides behind the next forward.
+    (Measured on one H200 with this host's rates, bench/gpu_offload.py; until this structure the price
+    assumed a 3-stage pipeline of copy, Adam and copy and was 35-39% under what ran.)
   * Optimizer offload with dp > 1: a gradient is final only after the data-parallel sync (DDP / one
     flat all-reduce / FSDP2's reduce-scatter), which owns the device gradients, so the emitted
     OffloadAdam copies them once after backward, runs CPU Adam over every master, then copies the
@@ -164,8 +168,17 @@ def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_gro
         c_mb = compute_s / m
         b_last = BWD_SHARE * c_mb
         early = (m - 1) * max(0.0, max(t_d2h, t_acc) - OVERLAP * c_mb)
-        t_max = max(t_d2h, t_adam, t_h2d)
-        last = max(0.0, t_max - OVERLAP * b_last) + (t_d2h + t_adam + t_h2d) / G
+        # one worker thread runs a group's CPU Adam and then its weight copy (the copy back leaves
+        # from the thread that updated the master), so the two add; only backward hides them
+        worker = t_adam + t_h2d
+        if cluster.async_launch:
+            # a GPU: each gradient's copy leaves from its hook on the backward's thread and stream,
+            # so backward is longer by about the copies' link time (bench/gpu_offload.py on an H200:
+            # gpt3-1.3b's backward 0.23 -> 0.36 s, 0.10 s of copies); the worker overlaps the rest
+            last = t_d2h + max(0.0, worker - OVERLAP * b_last) + worker / G
+        else:
+            # a CPU device: the hook copies, steps and copies back inline in backward: nothing hides
+            last = t_d2h + worker
         exposed = early + last
         host_s = m * t_d2h + (m - 1) * t_acc + t_adam + t_h2d
         # as emitted (OffloadAdam overlap, sapp/emit/host.py): each parameter's gradient is copied to
