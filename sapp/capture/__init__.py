@@ -82,8 +82,9 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
         with eager_masks(model, example_inputs, kwargs):
             return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     finally:
-        for m, t in modes.items():
-            m.train(t)
+        for m, t in modes.items():      # parents first: train() recurses, so call it only where a mode differs
+            if m.training != t:
+                m.train(t)
 
 
 def _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method):
