@@ -60,11 +60,8 @@ def phases(model, cluster, batch, warm=False):
         return _warm_phases(model, cluster, batch, out, mark)
     import torch  # noqa: F401
     mark("import torch")
-    from sapp.api import (build_plan, capture_graph, default_global_batch, resolve_cluster, resolve_model,
-                          tp_search_fn)
-    from sapp.constraints import Constraints
-    from sapp.costmodel import CostSettings
-    from sapp.search.joint import joint_search
+    from sapp.api import capture_graph, resolve_model
+    from sapp.search.joint import joint_search  # noqa: F401  (imported here to time it)
     mark("import sapp")
     import torch.export  # noqa: F401
     import torch._dynamo  # noqa: F401  (torch.export, or the first meta op with a Python kernel, imports it)
@@ -73,29 +70,30 @@ def phases(model, cluster, batch, warm=False):
     mark("build model on meta")
     graph, _ = capture_graph(module)
     mark("capture (torch.export + replicate)")
-    cl = resolve_cluster(cluster)
-    gb = batch if batch is not None else default_global_batch(info, cl.devices)
-    settings = CostSettings(precision=cl.precision, runtime="eager", dropout_noise=not cl.fused_dropout)
-    cons = Constraints.from_dict(None)
-    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, search_fn=tp_search_fn())
-    mark("joint search")
-    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
-    mark("plan (operators, schema check)")
-    plan.to_json()
-    mark("plan to JSON")
+    _search_phases(graph, name, info, cluster, batch, mark)
     return out
 
 
 def _warm_phases(model, cluster, batch, out, mark):
-    from sapp.api import build_plan, capture_spec, default_global_batch, resolve_cluster, tp_search_fn
-    from sapp.constraints import Constraints
-    from sapp.costmodel import CostSettings
-    from sapp.search.joint import joint_search
+    from sapp.api import capture_spec
+    from sapp.search.joint import joint_search  # noqa: F401  (imported here to time it)
     mark("import sapp")
     module, name, info, graph, _ = capture_spec(model)
     if module is not None:
         raise SystemExit("warm phases: the capture cache did not hold the graph")
     mark("read the cached graph")
+    _search_phases(graph, name, info, cluster, batch, mark)
+    if "torch" in sys.modules:
+        raise SystemExit("warm phases: torch was imported")
+    return out
+
+
+def _search_phases(graph, name, info, cluster, batch, mark):
+    """The phases after capture, as sapp.api.search runs them."""
+    from sapp.api import build_plan, default_global_batch, resolve_cluster, tp_search_fn
+    from sapp.constraints import Constraints
+    from sapp.costmodel import CostSettings
+    from sapp.search.joint import joint_search
     cl = resolve_cluster(cluster)
     gb = batch if batch is not None else default_global_batch(info, cl.devices)
     settings = CostSettings(precision=cl.precision, runtime="eager", dropout_noise=not cl.fused_dropout)
@@ -106,9 +104,6 @@ def _warm_phases(model, cluster, batch, out, mark):
     mark("plan (operators, schema check)")
     plan.to_json()
     mark("plan to JSON")
-    if "torch" in sys.modules:
-        raise SystemExit("warm phases: torch was imported")
-    return out
 
 
 def _phase_child(argv):
