@@ -43,6 +43,9 @@ def test_plan_is_byte_identical_with_and_without_cache(spec, cache_dir):
     warm = api.search(spec, CLUSTER, cache=True)         # reads back
     assert warm._timing.get("capture_cached")
     assert fresh.to_json() == cold.to_json() == warm.to_json()
+    # one entry serves every precision: capture does not depend on it, the cost model applies it
+    assert api.search(spec, CLUSTER, cache=True, precision="fp32").to_json() == \
+        api.search(spec, CLUSTER, cache=False, precision="fp32").to_json()
 
 
 def test_corrupt_entry_is_ignored_and_rewritten(cache_dir):

@@ -11,7 +11,9 @@ a `pkg.module:factory` is code sapp cannot hash, so it is captured every time.
 
 An entry's key hashes everything that decides the graph: the spec and its config, the capture
 batch, torch's default dtype, the sapp, torch and Python versions, and the source of
-sapp/capture/*.py, sapp/models/*.py and sapp/ir.py (a code change invalidates every entry).  Files are
+sapp/capture/*.py, sapp/models/*.py and sapp/ir.py (a code change invalidates every entry).  The
+training precision is not in it: the graph is captured in the model's own dtypes and the cost model
+applies the precision afterwards, so one entry serves every precision and runtime.  Files are
 data: one JSON header line (format, key, payload size and SHA-256) and the JSON payload
 (sapp/capture/graph_json.py); an entry whose header, checksum or contents do not match is ignored and
 overwritten, never trusted.  Written atomically (a temporary file renamed over the entry), at most
