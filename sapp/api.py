@@ -110,6 +110,24 @@ def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
     return g, time.perf_counter() - t0
 
 
+def capture_spec(spec: str):
+    """(module or None, name, info, graph, seconds) of the model spec, through the capture cache:
+    a hit builds and traces nothing (module None; no torch import), a miss captures and stores.
+    Specs the cache cannot identify (factories) are captured as without it."""
+    from .capture import cache
+    t0 = time.perf_counter()
+    key = cache.key_for(spec, CAPTURE_BATCH)
+    hit = cache.load(key) if key else None
+    if hit is not None:
+        graph, info = hit
+        return None, spec, info, graph, time.perf_counter() - t0
+    module, name, info = resolve_model(spec)
+    graph, capture_s = capture_graph(module)
+    if key:
+        cache.store(key, graph, info)          # before the search reads (and may stamp) the graph
+    return module, name, info, graph, capture_s
+
+
 # GPT-3 paper batch sizes (sequences of 2048 tokens); other models default to 8 per device.
 PAPER_BATCH = {"gpt3-125m": 256, "gpt3-350m": 256, "gpt3-760m": 256, "gpt3-1.3b": 512, "gpt3-2.7b": 512,
                "gpt3-6.7b": 1024, "gpt3-13b": 1024, "gpt3-175b": 1536}
@@ -132,27 +150,35 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None):
+           runtime=None, cache=False):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
     captured graph.  Raises InfeasibleError when nothing fits, ConstraintError for contradictory
     constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`).
     `runtime`: the runtime profile priced, "eager" (default: what sapp's emitter runs) or "fused"
-    (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles")."""
+    (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
+    `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
+    after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
     from .search.joint import joint_search
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
+    capture_s, cached = 0.0, False
+    cons = Constraints.from_dict(constraints)         # refused before any capture
+    if global_batch is not None:
+        Constraints.check_global_batch(global_batch)
     if isinstance(model, OpGraph):       # an already captured graph (bench, engines): nothing to build
         module, name, info = None, model.name or "graph", None
         graph = model if graph is None else graph
+    elif cache and graph is None and isinstance(model, str) and example_inputs is None and loss_fn is None \
+            and targets is None:
+        module, name, info, graph, capture_s = capture_spec(model)
+        cached = module is None
     else:
         module, name, info = resolve_model(model)
-    cons = Constraints.from_dict(constraints)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
                             dropout_noise=not cl.fused_dropout)
-    capture_s = 0.0
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     t0 = time.perf_counter()
@@ -163,7 +189,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     check_prediction(res.step_time_s, res.mfu)
     plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
     # wall times are printed, never stored in the plan (byte-identical files)
-    plan._timing = {"capture_s": capture_s, "search_s": search_s}
+    plan._timing = {"capture_s": capture_s, "search_s": search_s,
+                    **({"capture_cached": True} if cached else {})}
     if return_result:
         return plan, res
     return plan

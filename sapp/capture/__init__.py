@@ -17,10 +17,8 @@ import warnings
 
 from ..errors import CaptureError
 from ..ir import OpGraph, ParamInfo
-from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
-from .convert import Converter, canonical_names, dtype_str, prune
-from .fuse import fuse_rms_norms
-from .unknown import unknown_ops
+# blocks / convert import torch: they load when a capture runs, so `sapp.capture.cache` and
+# `sapp.capture.unknown` (a warm cached search) stay torch-free
 
 __all__ = ["capture"]
 
@@ -84,11 +82,13 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
         with eager_masks(model, example_inputs, kwargs):
             return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     finally:
-        for m, t in modes.items():
-            m.train(t)
+        for m, t in modes.items():      # parents first: train() recurses, so call it only where a mode differs
+            if m.training != t:
+                m.train(t)
 
 
 def _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method):
+    from .blocks import repeated_list
     stack = repeated_list(model) if fast is not False and method != "fx" else None
     run = stack[3] - stack[4] if stack is not None else 0       # identical blocks at the list's end
     if run > FAST_KEEP and (fast or run > FAST_MIN_DEPTH):
@@ -184,6 +184,10 @@ class _SkipExport(Exception):
 
 def _from_export(ep, root, strip, batch, gname, model, expand):
     from torch.export.graph_signature import InputKind
+
+    from .blocks import assign_blocks, container_children, expand_blocks, group_blocks
+    from .convert import Converter, canonical_names, prune
+    from .fuse import fuse_rms_norms
     conv = Converter(batch, strip)
     kinds = {}
     for s in ep.graph_signature.input_specs:
@@ -263,6 +267,8 @@ def _params(root, strip, entries):
     """ParamInfo per lifted parameter/buffer (buffers are not trainable).  Buffers are marked with
     a temporary name prefix so unused ones can be dropped."""
     import torch
+
+    from .convert import dtype_str
     out = {}
     for q, is_buffer in entries:
         qs = q[len(strip):] if strip and q.startswith(strip) else q
@@ -304,6 +310,7 @@ def _replicate_params(params, lq, depth, kept):
 
 
 def _finish(graph, model, spec, batch, inputs, path):
+    from .unknown import unknown_ops
     cfg = dict(spec.config) if spec else {}
     seq = cfg.get("s")
     if seq is None:

@@ -48,6 +48,12 @@ def add_arguments(p):
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
                         "as --tp-comm-overlap runs them)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    p.add_argument("--no-cache", action="store_true",
+                   help="capture the model afresh and leave the capture cache alone.  A zoo name or HF config.json "
+                        "is otherwise captured once and read back after (the same plan, seconds sooner, no torch "
+                        "import): under $SAPP_CACHE_DIR/capture or ~/.cache/sapp/capture, keyed by the model, its "
+                        "config and sapp's, torch's and the capture code's versions; SAPP_CACHE_DIR= (empty) turns "
+                        "it off for good")
     add_constraint_arguments(p)
 
 
@@ -106,7 +112,8 @@ def summary(plan, timing=None) -> str:
                  f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "
                  f"comm {fmt_time(pr['comm_s'])}, bubble {fmt_time(pr.get('bubble_s', 0))})")
     if timing:
-        lines.append(f"time      capture {timing.get('capture_s', 0):.2f} s, search {timing.get('search_s', 0):.2f} s")
+        cached = " (cached)" if timing.get("capture_cached") else ""
+        lines.append(f"time      capture {timing.get('capture_s', 0):.2f} s{cached}, search {timing.get('search_s', 0):.2f} s")
     for n in d.get("notes", []):
         lines.append(f"  - {n}")
     return "\n".join(lines)
@@ -127,7 +134,7 @@ def run(args):
         from .. import api
         prog.status(f"capturing {spec} (built on meta, traced into a graph)")
         plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
-                          precision=args.precision, progress=prog, runtime=args.runtime)
+                          precision=args.precision, progress=prog, runtime=args.runtime, cache=not args.no_cache)
     _finish(args, plan, t0)
     return 0
 
@@ -145,7 +152,10 @@ def _run_target(args, target, t0):
         raise UsageError(f"--target {target} runs the {' or '.join(runtimes)} runtime, not {args.runtime}; drop --runtime")
     cl = api.resolve_cluster(args.cluster)
     spec = model_spec(args)
-    graph, _ = api.capture_graph(api.resolve_model(spec)[0])
+    if args.no_cache:
+        graph, _ = api.capture_graph(api.resolve_model(spec)[0])
+    else:
+        graph = api.capture_spec(spec)[3]
     with Progress(label="search", counts=False) as prog:
         plan = api.search(spec, cl, global_batch=args.batch, constraints=constraints_from_args(args), graph=graph,
                           precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0])

@@ -11,6 +11,7 @@ vocabulary at every position; BERT MLM cross-entropy over the vocabulary at ever
 ResNet / MLP classification cross-entropy; Wide&Deep BCE-with-logits on a 0/1 click target."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import SappError
@@ -91,7 +92,7 @@ def info(name: str, **overrides) -> dict:
 
 def spec_of(model) -> ModelSpec:
     spec = getattr(model, "sapp_spec", None)
-    if spec is None and isinstance(model, WithLoss):
+    if spec is None and _with_loss(model):
         spec = getattr(model.model, "sapp_spec", None)
     if spec is None:
         raise SappError(f"{type(model).__name__} is not a sapp.models zoo model: pass example inputs, "
@@ -173,7 +174,7 @@ def click_bce(output, target):
 def _data(model):
     """The example data a non-zoo model was built with (sapp.models.build), or None."""
     data = getattr(model, "sapp_data", None)
-    if data is None and isinstance(model, WithLoss):
+    if data is None and _with_loss(model):
         data = getattr(model.model, "sapp_data", None)
     return data
 
@@ -193,26 +194,15 @@ def loss_fn(model):
     return click_bce
 
 
-def _module_base():
-    import torch
-    return torch.nn.Module
+def _with_loss(model) -> bool:
+    wl = sys.modules.get(f"{__name__}.withloss")     # not loaded yet: nothing can be a WithLoss
+    return wl is not None and isinstance(model, wl.WithLoss)
 
 
-class WithLoss(_module_base()):
-    """model + loss as one module: forward(*inputs, target) -> scalar loss.  Capture uses it so the
-    loss op is part of the graph; the wrapped model is the child `model` (qualnames get a `model.`
-    prefix, which capture strips).  The loss contract, the same at capture and at run
-    (sapp/emit/program.py): `loss_fn(logits, targets)` where logits = `data.logits_of(output)` (an
-    HF ModelOutput's .logits, a tuple's first element, else the output itself)."""
-
-    def __init__(self, model, loss_fn=None):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn if loss_fn is not None else globals()["loss_fn"](model)
-        spec = getattr(model, "sapp_spec", None)
-        if spec is not None:
-            self.sapp_spec = spec
-
-    def forward(self, *inputs, target):
-        from .data import logits_of
-        return self.loss_fn(logits_of(self.model(*inputs)), target)
+def __getattr__(name):
+    # WithLoss subclasses torch.nn.Module: defined on first use, so `import sapp.models` (zoo names and
+    # configs) does not import torch
+    if name == "WithLoss":
+        from .withloss import WithLoss
+        return WithLoss
+    raise AttributeError(f"module 'sapp.models' has no attribute {name!r}")

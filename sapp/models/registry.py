@@ -1,6 +1,8 @@
 """Named model sizes and their builders.  GPT vocabularies are 51200: GPT-2's 50257 padded up to a
-multiple of 1024 (as Megatron does) so vocab-parallel splits divide evenly on 2..1024 ways."""
-from . import bert, gpt, llama, mlp, moe, resnet, widedeep
+multiple of 1024 (as Megatron does) so vocab-parallel splits divide evenly on 2..1024 ways.
+The builder modules import torch; they load on first use of BUILDERS, so the names and configs
+(what a cached capture's key needs) come without it."""
+import importlib
 
 GPT_V = 51200
 GPT_S = 2048
@@ -75,12 +77,18 @@ NAMED = {
                                      expert_ffn=2048, shared=1, dense=3, hd=48)),
 }
 
-BUILDERS = {
-    "gpt": (gpt.GPT, gpt.param_count),
-    "llama": (llama.Llama, llama.param_count),
-    "bert": (bert.Bert, bert.param_count),
-    "resnet": (resnet.ResNet, resnet.param_count),
-    "widedeep": (widedeep.WideDeep, widedeep.param_count),
-    "mlp": (mlp.MLP, mlp.param_count),
-    "moe": (moe.MoEModel, moe.param_count),
-}
+# kind -> (module, class): BUILDERS[kind] is (class, param_count), imported when first asked for
+_BUILDERS = {"gpt": ("gpt", "GPT"), "llama": ("llama", "Llama"), "bert": ("bert", "Bert"),
+             "resnet": ("resnet", "ResNet"), "widedeep": ("widedeep", "WideDeep"), "mlp": ("mlp", "MLP"),
+             "moe": ("moe", "MoEModel")}
+
+
+class _Builders(dict):
+    def __missing__(self, kind):
+        mod_name, cls = _BUILDERS[kind]
+        mod = importlib.import_module(f"{__package__}.{mod_name}")
+        self[kind] = (getattr(mod, cls), mod.param_count)
+        return self[kind]
+
+
+BUILDERS = _Builders()
