@@ -2,6 +2,7 @@
 fixed set of searches (the main job, DeepSeek-V3-like, zoo models on 8 / 64 / 1024 devices, pinned,
 MoE, SP + CP, host placement, an HF config) into DIR with the code as it is; after a change
 `python -m bench.plan_golden check DIR` searches them again and compares the files byte for byte.
+Every plan is also checked against the plan JSON Schema (the search's own plans skip it: Plan.built).
 
 Nothing here is an expected result committed to the repository: DIR is written by the code before
 the change and read by the code after it (the tests compare a search run twice the same way).
@@ -9,6 +10,7 @@ the change and read by the code after it (the tests compare a search run twice t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -37,6 +39,7 @@ CASES = [
 
 def run(directory, mode, only=None):
     from sapp.api import capture_graph, resolve_model, search
+    from sapp.schema import first_error
     graphs, bad, n = {}, [], 0
     os.makedirs(directory, exist_ok=True)
     for name, model, cluster, kw in CASES:
@@ -48,6 +51,10 @@ def run(directory, mode, only=None):
         plan = search(model, cluster, graph=graphs[model], **kw)
         text = plan.to_json()
         cpu = time.process_time() - t
+        err = first_error("plan", json.loads(text))      # built plans skip the schema (Plan.built): check here
+        if err:
+            bad.append(name)
+            print(f"INVALID {name}: {err}", flush=True)
         path = os.path.join(directory, name + ".json")
         n += 1
         if mode == "save":
@@ -62,7 +69,7 @@ def run(directory, mode, only=None):
                 with open(path + ".new", "w") as f:
                     f.write(text)
             print(f"{'same' if same else 'DIFFERS':7s} {name:40s} {cpu:6.2f} CPU s (search + plan)", flush=True)
-    if mode == "check":
+    if mode == "check" or bad:
         print(f"{n - len(bad)}/{n} plans byte-identical" + (f"; differ: {', '.join(bad)} (new text in *.json.new)"
                                                             if bad else ""))
     return 1 if bad else 0

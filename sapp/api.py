@@ -306,7 +306,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
             ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
              "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
     }
-    return Plan(data)
+    return Plan.built(data)
 
 
 def _capture_notes(graph) -> list:

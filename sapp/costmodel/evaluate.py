@@ -138,12 +138,13 @@ def _shared_entry(prod, node, operand, sp, s, f, bw, settings, shared):
     return f, bw
 
 
-def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCost:
+def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None, savers=None) -> ShardingCost:
     """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
-    per device.  Edge costs are booked to the consumer's node / block."""
+    per device.  Edge costs are booked to the consumer's node / block.  `owners` / `savers`: this
+    graph's param_owners / first_savers(graph, mesh, settings) when the caller has them already."""
     check_strategies(graph, strategies, mesh)
-    owners = param_owners(graph)
-    savers = first_savers(graph, mesh, settings)
+    owners = param_owners(graph) if owners is None else owners
+    savers = first_savers(graph, mesh, settings) if savers is None else savers
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
     sigs, node_memo, edge_memo, ids = {}, {}, {}, {}

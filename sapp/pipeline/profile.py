@@ -154,6 +154,17 @@ def split_units(graph):
     return units
 
 
+def template_units(template, units):
+    """[(unit, its node names in `template`)] for the units the template holds (the glue and one
+    block per type), in model order: the profile prices these and copies the rest."""
+    out = []
+    for u in units:
+        names = [n for n in u.nodes if n in template.nodes]
+        if names:
+            out.append((u, names))
+    return out
+
+
 def template_nodes(graph, units):
     """Node names of the template: all glue and the representative of each block type."""
     keep = []
@@ -253,17 +264,16 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None):
+    """{unit name: its numbers} at the batch `graph` holds, for the units with operators in `graph`
+    (`units`: (unit, its node names in the template) pairs, template_units)."""
     st = dataclasses.replace(settings, zero=zero)
-    cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
+    owners = param_owners(graph)
+    savers = first_savers(graph, mesh, st)
+    cost = evaluate_sharding(graph, strategies, mesh, cluster, st, owners=owners, savers=savers)
     regather = sp_regather(graph, strategies, mesh, roles, st)
     seq = sp_out_shards(graph, strategies, mesh, roles)
-    owners = param_owners(graph)
-    savers = first_savers(graph, mesh, st) if acts else None
     out = {}
-    for u in units:
-        names = [n for n in u.nodes if n in graph.nodes]
-        if not names:
-            continue
+    for u, names in units:
         pn = [cost.per_node[n] for n in names]
         core = attention_core(graph, names) if u.kind == "block" else set()
         # the operators' ZeRO-3 gathers (bandwidth only), replaced by the unit's bucket (with its latency)
@@ -430,14 +440,17 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}
     z0 = zeros[0]
+    if ("units", id(units)) not in gc:    # (the same units and template in every profile of a search)
+        gc[("units", id(units))] = (units, template_units(template, units))
+    tunits = gc[("units", id(units))][1]
     # gradient sync is per step: a sparse table's touched rows accumulate over the rank's samples
     steps = max(1, max_mbs)
-    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles),
-               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles))
+    num[z0] = (_unit_numbers(t1, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles),
+               _unit_numbers(t2, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles))
     # further time samples (activations are affine: no need), see the module docstring
     points = sample_points(max_mbs)
     samples = [num[z0][0], num[z0][1]] + [
-        _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False,
+        _unit_numbers(rebatch(template, dp * b), tunits, strategies, mesh, cluster, settings, z0, dp, acts=False,
                       roles=roles)
         for b in points[2:]]
     for z in zeros[1:]:

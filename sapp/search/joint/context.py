@@ -1,6 +1,8 @@
 """Everything fixed for one joint search: the graph's units, pins, caches and per-search constants."""
 from __future__ import annotations
 
+import functools
+
 from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
 from ...pipeline.profile import build_profile, split_units
@@ -64,6 +66,12 @@ class SearchContext:
                                                max_mbs=max(2, self.B // dp),
                                                graph_cache=self.__dict__.setdefault("_graph_cache", {}))
         return self.profiles[key]
+
+    @functools.cached_property
+    def param_owners(self):
+        """costmodel.param_owners of the whole graph, once per search (every profile's table split reads it)."""
+        from ...costmodel import param_owners
+        return param_owners(self.graph)
 
     def allowed(self, block):
         pin = self.policy_pins.get(block)

@@ -96,11 +96,10 @@ def table_split(ctx, prof):
         prof._table_split = None
         return None
     ti, tp = roles.index("tp"), prof.tp
-    from ...costmodel import param_owners
     from ...pipeline.template import template_map
     tmap = template_map(ctx.graph, prof)      # (a block's nodes share its representative's strategies)
     out = {}
-    for name, ps in param_owners(ctx.graph).items():
+    for name, ps in ctx.param_owners.items():
         strat = prof.strategies.get(tmap.get(name, name))
         node = ctx.graph.nodes[name]
         d = strat[ti] if strat is not None and len(strat) > ti else None
