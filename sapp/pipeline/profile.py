@@ -24,7 +24,7 @@ from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
 from .boundary import fill_side
-from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
+from .sp_profile import sp_node_set, sp_out_shards, sp_regather, sp_regather_time
 
 ZEROS = (0, 1, 2, 3)
 
@@ -268,10 +268,12 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
     (`units`: (unit, its node names in the template) pairs, template_units)."""
     st = dataclasses.replace(settings, zero=zero)
     owners = param_owners(graph)
-    savers = first_savers(graph, mesh, st)
-    cost = evaluate_sharding(graph, strategies, mesh, cluster, st, owners=owners, savers=savers)
-    regather = sp_regather(graph, strategies, mesh, roles, st)
-    seq = sp_out_shards(graph, strategies, mesh, roles)
+    savers = first_savers(graph, mesh, st) if acts else None
+    cost = evaluate_sharding(graph, strategies, mesh, cluster, st, owners=owners, savers=savers,
+                             activations=acts, totals=False)
+    sp = sp_node_set(graph, strategies, mesh, roles)
+    regather = sp_regather(graph, strategies, mesh, roles, st, sp=sp)
+    seq = sp_out_shards(graph, strategies, mesh, roles, sp=sp)
     out = {}
     for u, names in units:
         pn = [cost.per_node[n] for n in names]

@@ -73,6 +73,23 @@ class SearchContext:
         from ...costmodel import param_owners
         return param_owners(self.graph)
 
+    @functools.cached_property
+    def owned_params(self):
+        """[(node, its block, its position in the block, [(param, the param operand's dims)])] for the
+        nodes that account for parameters (param_owners), in graph order: what every profile's
+        placement.table_split reads, without walking the whole graph per profile."""
+        out, pos = [], {}
+        for b, names in self.graph.blocks.items():
+            for i, n in enumerate(names):
+                pos[n] = i
+        for name, ps in self.param_owners.items():
+            if not ps:
+                continue
+            node = self.graph.nodes[name]
+            pdims = [(p, next((op.dims for op in node.operands if op.param == p), None)) for p in ps]
+            out.append((name, node.block, pos.get(name), pdims))
+        return out
+
     def allowed(self, block):
         pin = self.policy_pins.get(block)
         if pin:
