@@ -192,7 +192,7 @@ def operator_section(graph, prof):
     tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
     section = {"source": "graph", "groups": groups, "notes": notes}
     if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
-        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp)
+        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp, sp)
     return ops, tp_modules, section
 
 

@@ -147,6 +147,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
     leaves activation bytes at 0, `totals` False leaves the graph / block totals and the per-node
     sums (comm_s, time_s, memory_bytes) unset."""
     check_strategies(graph, strategies, mesh)
+    ensure_widths(graph)        # (first_savers stamps them too; without activations it is not called)
     owners = param_owners(graph) if owners is None else owners
     if activations:
         savers = first_savers(graph, mesh, settings) if savers is None else savers
