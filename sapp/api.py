@@ -219,7 +219,7 @@ def operator_section(graph, prof):
     tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
     section = {"source": "graph", "groups": groups, "notes": notes}
     if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
-        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp)
+        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp, sp)
     return ops, tp_modules, section
 
 
@@ -333,7 +333,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
             ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
              "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
     }
-    return Plan(data)
+    return Plan.built(data)
 
 
 def _capture_notes(graph) -> list:

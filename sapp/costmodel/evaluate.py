@@ -138,12 +138,19 @@ def _shared_entry(prod, node, operand, sp, s, f, bw, settings, shared):
     return f, bw
 
 
-def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCost:
+def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None, savers=None,
+                      activations=True, totals=True) -> ShardingCost:
     """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
-    per device.  Edge costs are booked to the consumer's node / block."""
+    per device.  Edge costs are booked to the consumer's node / block.  `owners` / `savers`: this
+    graph's param_owners / first_savers(graph, mesh, settings) when the caller has them already.
+    A stage profile reads only `per_node` and samples times at several batches: `activations` False
+    leaves activation bytes at 0, `totals` False leaves the graph / block totals and the per-node
+    sums (comm_s, time_s, memory_bytes) unset."""
     check_strategies(graph, strategies, mesh)
-    owners = param_owners(graph)
-    savers = first_savers(graph, mesh, settings)
+    ensure_widths(graph)        # (first_savers stamps them too; without activations it is not called)
+    owners = param_owners(graph) if owners is None else owners
+    if activations:
+        savers = first_savers(graph, mesh, settings) if savers is None else savers
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
     sigs, node_memo, edge_memo, ids = {}, {}, {}, {}
@@ -170,7 +177,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
         d["param_bytes"] += c.param_bytes
         d["grad_bytes"] += c.grad_bytes
         d["optimizer_bytes"] += c.optimizer_bytes
-        for tid, b in saved_items(node, s, mesh, settings):
+        for tid, b in saved_items(node, s, mesh, settings) if activations else ():
             if savers.get(tid) == node.name:
                 d["activation_bytes"] += b
         for i, o in enumerate(node.operands):
@@ -192,6 +199,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings) -> ShardingCos
     if overlap:
         _overlap_tp(graph, overlap, gemms, per_node, mesh)
     tot = ShardingCost(per_node=per_node)
+    if not totals:
+        return tot
     for name, d in per_node.items():
         for k in _KEYS:
             setattr(tot, k, getattr(tot, k) + d[k])

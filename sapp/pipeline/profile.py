@@ -24,7 +24,7 @@ from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
 from .boundary import fill_side
-from .sp_profile import sp_out_shards, sp_regather, sp_regather_time
+from .sp_profile import sp_node_set, sp_out_shards, sp_regather, sp_regather_time
 
 ZEROS = (0, 1, 2, 3)
 
@@ -154,6 +154,17 @@ def split_units(graph):
     return units
 
 
+def template_units(template, units):
+    """[(unit, its node names in `template`)] for the units the template holds (the glue and one
+    block per type), in model order: the profile prices these and copies the rest."""
+    out = []
+    for u in units:
+        names = [n for n in u.nodes if n in template.nodes]
+        if names:
+            out.append((u, names))
+    return out
+
+
 def template_nodes(graph, units):
     """Node names of the template: all glue and the representative of each block type."""
     keep = []
@@ -252,18 +263,24 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
     return out
 
 
-def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None):
+def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None,
+                  owners=None):
+    """{unit name: its numbers} at the batch `graph` holds, for the units with operators in `graph`
+    (`units`: Units, or their (unit, node names in the template) pairs from template_units, which
+    build_profile computes once per search; `owners`: param_owners of the template, the same at
+    every batch)."""
+    if units and not isinstance(units[0], tuple):
+        units = template_units(graph, units)
     st = dataclasses.replace(settings, zero=zero)
-    cost = evaluate_sharding(graph, strategies, mesh, cluster, st)
-    regather = sp_regather(graph, strategies, mesh, roles, st)
-    seq = sp_out_shards(graph, strategies, mesh, roles)
-    owners = param_owners(graph)
+    owners = param_owners(graph) if owners is None else owners
     savers = first_savers(graph, mesh, st) if acts else None
+    cost = evaluate_sharding(graph, strategies, mesh, cluster, st, owners=owners, savers=savers,
+                             activations=acts, totals=False)
+    sp = sp_node_set(graph, strategies, mesh, roles)
+    regather = sp_regather(graph, strategies, mesh, roles, st, sp=sp)
+    seq = sp_out_shards(graph, strategies, mesh, roles, sp=sp)
     out = {}
-    for u in units:
-        names = [n for n in u.nodes if n in graph.nodes]
-        if not names:
-            continue
+    for u, names in units:
         pn = [cost.per_node[n] for n in names]
         core = attention_core(graph, names) if u.kind == "block" else set()
         # the operators' ZeRO-3 gathers (bandwidth only), replaced by the unit's bucket (with its latency)
@@ -364,8 +381,15 @@ def stage_strategies(template, mesh, roles, cluster, settings, dp, tp, search_fn
                 cache[key] = (tp_choice, method)
         if sp:      # the same regions, the ops between them split along the sequence (no new search)
             from ..search.sp_layout import sp_with_table
-            # priced only where the emitter can place every piece (else this is the plain layout)
-            with_sp, sec = sp_with_table(rebatch(template, 1), tp_choice, tp)
+            # priced only where the emitter can place every piece (else this is the plain layout);
+            # like the tp choice it depends on tp only: derived once per tp, shared by every dp
+            skey = ("sp", tp)
+            if cache is not None and skey in cache:
+                with_sp, sec = cache[skey]
+            else:
+                with_sp, sec = sp_with_table(rebatch(template, 1), tp_choice, tp)
+                if cache is not None:
+                    cache[skey] = (with_sp, sec)
             bad = sec.get("unsupported")
             if not bad:
                 # BLOCK_ENTRY: the stream is cut where the first block takes it in
@@ -430,15 +454,18 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
     num = {}
     z0 = zeros[0]
+    if ("units", id(units)) not in gc:    # (the same units and template in every profile of a search)
+        gc[("units", id(units))] = (units, template_units(template, units), param_owners(template))
+    _, tunits, owners = gc[("units", id(units))]
     # gradient sync is per step: a sparse table's touched rows accumulate over the rank's samples
     steps = max(1, max_mbs)
-    num[z0] = (_unit_numbers(t1, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles),
-               _unit_numbers(t2, units, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles))
+    num[z0] = tuple(_unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles,
+                                  owners=owners) for t in (t1, t2))
     # further time samples (activations are affine: no need), see the module docstring
     points = sample_points(max_mbs)
     samples = [num[z0][0], num[z0][1]] + [
-        _unit_numbers(rebatch(template, dp * b), units, strategies, mesh, cluster, settings, z0, dp, acts=False,
-                      roles=roles)
+        _unit_numbers(rebatch(template, dp * b), tunits, strategies, mesh, cluster, settings, z0, dp, acts=False,
+                      roles=roles, owners=owners)
         for b in points[2:]]
     for z in zeros[1:]:
         sz = dataclasses.replace(settings, zero=z)

@@ -6,7 +6,17 @@ from __future__ import annotations
 from ..costmodel import collective_time, saved_items
 
 
-def sp_regather(graph, strategies, mesh, roles, settings):
+def sp_node_set(graph, strategies, mesh, roles):
+    """tp_layout.sp_nodes on the mesh's tp level (empty without one): what sp_regather and
+    sp_out_shards both read, computed once by a caller that needs both."""
+    from ..search.tp_layout import sp_nodes
+    if not roles or "tp" not in roles:
+        return set()
+    lv = roles.index("tp")
+    return sp_nodes(graph, strategies, lv, mesh.levels[lv].size)
+
+
+def sp_regather(graph, strategies, mesh, roles, settings, sp=None):
     """{(opener, tensor id): tp} for the inputs of sequence-parallel region entries: a column-split
     linear whose input arrives sequence-sharded all-gathers it in forward; like Megatron, the emitter
     (sapp/emit/sp.py) saves only this rank's shard for backward and gathers it again there, so the
@@ -17,7 +27,7 @@ def sp_regather(graph, strategies, mesh, roles, settings):
     if lv is None:
         return {}
     tp = mesh.levels[lv].size
-    sp = sp_nodes(graph, strategies, lv, tp)
+    sp = sp_nodes(graph, strategies, lv, tp) if sp is None else sp
     out = {}
     for n, node in graph.nodes.items():
         s = strategies.get(n) or ()
@@ -39,7 +49,7 @@ def sp_regather_time(graph, regather, names, mesh, roles, cluster, settings):
                for (n, _), (_, nbytes) in regather.items() if n in names)
 
 
-def sp_out_shards(graph, strategies, mesh, roles):
+def sp_out_shards(graph, strategies, mesh, roles, sp=None):
     """{node: tp} for the sequence-parallel nodes: a stage boundary after one sends its sequence shard
     (1/tp of the activation per tp rank, Megatron's scatter/gather with the gather left to the next
     region's entry, which all-gathers anyway)."""
@@ -48,4 +58,4 @@ def sp_out_shards(graph, strategies, mesh, roles):
         return {}
     lv = roles.index("tp")
     tp = mesh.levels[lv].size
-    return {n: tp for n in sp_nodes(graph, strategies, lv, tp)}
+    return {n: tp for n in (sp_nodes(graph, strategies, lv, tp) if sp is None else sp)}

@@ -173,7 +173,7 @@ def _block_entry(graph, p, block, sp, consumers) -> bool:
     return bool(inside) and all(c in sp for c in inside)
 
 
-def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
+def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
     """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
     counted in the module's own tensor:
       norms    {module: seq axis}  SequenceParallel: replicated weights, input and output sequence shards
@@ -187,8 +187,9 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
       block_scatter {block: seq axis}  a replicated producer whose parent module also reads it whole (an
                                    HF decoder's embed_tokens) is cut to the shard where the first block
                                    takes it in (its activation input)
-      unsupported [why, ...]       edges the emitter cannot place (emit refuses such a plan)"""
-    sp = sp_nodes(graph, strategies, tp_level, tp)
+      unsupported [why, ...]       edges the emitter cannot place (emit refuses such a plan)
+    `sp`: sp_nodes(graph, strategies, tp_level, tp) when the caller has it already."""
+    sp = sp_nodes(graph, strategies, tp_level, tp) if sp is None else sp
     if not sp:
         return {}
     sec = {"norms": {}, "entries": {}, "exits": {}, "scatter": {}, "block_scatter": {}, "unsupported": []}
@@ -241,10 +242,14 @@ def sp_section(graph, strategies: dict, tp_level, tp: int) -> dict:
                 sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
     # a scattered or reduce-scattered output is the shard for every reader: each must take the shard
     owner = {graph.nodes[n].module: n for n in graph.nodes if graph.nodes[n].module}
+    # each module's first embedding / linear outside the SP set, found in one pass (not one per module)
+    opener = {}
+    for n, node in graph.nodes.items():
+        if node.module and n not in sp and node.kind in ("embedding", "matmul"):
+            opener.setdefault(node.module, n)
     for key in ("exits", "scatter"):
         for mod in sec[key]:
-            p = next((n for n in graph.nodes if graph.nodes[n].module == mod and n not in sp
-                      and graph.nodes[n].kind in ("embedding", "matmul")), owner.get(mod))
+            p = opener.get(mod, owner.get(mod))
             for c, _ in consumers.get(p, ()):
                 cn = graph.nodes[c]
                 if c not in sp and not (cn.kind == "matmul" and any(o.param is not None for o in cn.operands)):

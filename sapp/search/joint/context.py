@@ -1,6 +1,8 @@
 """Everything fixed for one joint search: the graph's units, pins, caches and per-search constants."""
 from __future__ import annotations
 
+import functools
+
 from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
 from ...pipeline.profile import build_profile, split_units
@@ -64,6 +66,29 @@ class SearchContext:
                                                max_mbs=max(2, self.B // dp),
                                                graph_cache=self.__dict__.setdefault("_graph_cache", {}))
         return self.profiles[key]
+
+    @functools.cached_property
+    def param_owners(self):
+        """costmodel.param_owners of the whole graph, once per search (every profile's table split reads it)."""
+        from ...costmodel import param_owners
+        return param_owners(self.graph)
+
+    @functools.cached_property
+    def owned_params(self):
+        """[(node, its block, its position in the block, [(param, the param operand's dims)])] for the
+        nodes that account for parameters (param_owners), in graph order: what every profile's
+        placement.table_split reads, without walking the whole graph per profile."""
+        out, pos = [], {}
+        for b, names in self.graph.blocks.items():
+            for i, n in enumerate(names):
+                pos[n] = i
+        for name, ps in self.param_owners.items():
+            if not ps:
+                continue
+            node = self.graph.nodes[name]
+            pdims = [(p, next((op.dims for op in node.operands if op.param == p), None)) for p in ps]
+            out.append((name, node.block, pos.get(name), pdims))
+        return out
 
     def allowed(self, block):
         pin = self.policy_pins.get(block)

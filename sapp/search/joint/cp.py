@@ -132,6 +132,17 @@ def cp_degrees(graph, n):
     return [c for c in divisors(n) if check_sequence(seq, c)]
 
 
+def _kv_of(ctx, prof, rep, tp_index, tp):
+    """kv_saved_per_sample of block `rep` under this profile's splits, once per profile and block type:
+    it does not depend on the micro-batch or cp degree, and the bounds ask it for every configuration."""
+    memo = prof.__dict__.setdefault("_kv_saved", {})
+    key = (rep, tp_index, tp)
+    if key not in memo:
+        memo[key] = kv_saved_per_sample(ctx.graph, ctx.graph.blocks.get(rep) or [], prof.strategies, tp_index, tp,
+                                        ctx.settings)
+    return memo[key]
+
+
 class CPTerms:
     """Per-unit additions of a cp > 1 configuration at micro-batch size `mbs` (samples per cp group)."""
 
@@ -144,9 +155,7 @@ class CPTerms:
         for u in prof.units:
             if u.kind != "block" or u.rep in self.fwd:
                 continue
-            names = ctx.graph.blocks.get(u.rep) or []
-            ex, base, saved, out = kv_saved_per_sample(ctx.graph, names, prof.strategies, tp_index, cfg.tp,
-                                                       ctx.settings)
+            ex, base, saved, out = _kv_of(ctx, prof, u.rep, tp_index, cfg.tp)
             # mbs: the samples whose whole sequences this rank's K/V cover; it holds 1/cp of each
             f, b = kv_exchange_time(ex * cfg.mbs, cfg.cp, link, cl)
             self.fwd[u.rep], self.bwd[u.rep] = f, b

@@ -160,8 +160,12 @@ def _gathers(prof, cfg, fwd, t):
     """Per unit in forward order: (forward gathers, backward gathers, forward compute, backward compute),
     compute being the unit's priced time less its gathers."""
     gf, gb, cf, cb = [], [], [], []
+    memo = {}           # identical blocks share their representative's curves: one evaluation per type
     for u, f, tt in zip(prof.units, fwd, t):
-        g1, g2 = _unit_gather(u, cfg)
+        key = u.rep if u.kind == "block" else u.name
+        if key not in memo:
+            memo[key] = _unit_gather(u, cfg)
+        g1, g2 = memo[key]
         gf.append(g1)
         gb.append(g2)
         cf.append(max(0.0, f - g1))

@@ -96,16 +96,14 @@ def table_split(ctx, prof):
         prof._table_split = None
         return None
     ti, tp = roles.index("tp"), prof.tp
-    from ...costmodel import param_owners
-    from ...pipeline.template import template_map
-    tmap = template_map(ctx.graph, prof)      # (a block's nodes share its representative's strategies)
+    blocks = ctx.graph.blocks
     out = {}
-    for name, ps in param_owners(ctx.graph).items():
-        strat = prof.strategies.get(tmap.get(name, name))
-        node = ctx.graph.nodes[name]
+    for name, b, pos, pdims in ctx.owned_params:
+        # a block's nodes share its representative's strategies (pipeline/template.template_map)
+        rep = prof.rep_of.get(b, b) if b is not None else None
+        strat = prof.strategies.get(name if rep == b else blocks[rep][pos])
         d = strat[ti] if strat is not None and len(strat) > ti else None
-        for p in ps:
-            dims = next((op.dims for op in node.operands if op.param == p), None)
+        for p, dims in pdims:
             out[p] = tp if d is not None and (dims is None or d in dims) else 1
     prof._table_split = out
     return out

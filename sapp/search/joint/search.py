@@ -125,7 +125,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
     pruned = len(configs) - evaluated
     best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
-                  "profiles": len(ctx.profiles), "searches": len(ctx.strategy_cache),
+                  "profiles": len(ctx.profiles),
+                  # (the tp searches, not the SP layouts derived from them: pipeline/profile.stage_strategies)
+                  "searches": sum(1 for k in ctx.strategy_cache if k[0] == "tp"),
                   "search_s": time.perf_counter() - t0}
     best.capacity_bytes = cluster.usable_memory
     best.notes = notes(ctx, best)

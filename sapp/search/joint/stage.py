@@ -2,6 +2,7 @@
 recomputation."""
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_left
 
@@ -44,13 +45,21 @@ class StageEvaluator:
         self.num = unit_numbers(ctx, prof, cfg)
         self.n = len(prof.units)
         self.units = prof.units
-        # the sends at every cut (numbers.boundary_sends); sg: Megatron's scatter/gather
-        self.tx = boundary_sends(ctx, cfg, self.num)
-        self.sg = self.tx.sg
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
         self._tab = None
+
+    @functools.cached_property
+    def tx(self):
+        """The sends at every cut (numbers.boundary_sends), built on first use: the memory bounds
+        (memory_floor, memory_needed) build an evaluator and never send."""
+        return boundary_sends(self.ctx, self.cfg, self.num)
+
+    @property
+    def sg(self):
+        """Whether the sends use Megatron's scatter/gather."""
+        return self.tx.sg
 
     def chunk_accumulators(self, i, a, b, ch):
         """Interleaved chunks of unequal size `ch` (unequal_chunks): per unit of [a, b), whether its
