@@ -311,6 +311,18 @@ def report(rows, attempted: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def sample(archs, pool_files, n: int, seed: int) -> list:
+    """n architectures of `archs` that captured in any of `pool_files`, drawn by a seeded RNG from the
+    sorted pool (the same files and seed give the same list)."""
+    import random
+    pool = set()
+    for path in pool_files:
+        for r in load(path):
+            if r.get("capture") or (r.get("column") is None and "unknown" in r):
+                pool.add(r["arch"])
+    return random.Random(seed).sample(sorted(pool & set(archs)), n)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hf_catalogue")
     p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results (appended; done cases are skipped)")
@@ -320,6 +332,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    p.add_argument("--sample", type=int, help="N architectures drawn (seeded) from those that captured in --pool; "
+                   "--only's are added after them")
+    p.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
+    p.add_argument("--pool", help="comma-separated JSONL files: a cheap row with capture, or a capture-only row "
+                   "with an 'unknown' list, puts its architecture in the pool")
     a = p.parse_args(argv)
     import torch
     torch.set_num_threads(1)
@@ -329,6 +346,10 @@ def main(argv=None) -> int:
         print(report(load(a.out), attempted=len(archs)))
         return 0
     i, n = (int(v) for v in a.shard.split("/"))
+    if a.sample:
+        drawn = sample(archs, (a.pool or a.out).split(","), a.sample, a.seed)
+        print("sample:", ",".join(drawn), flush=True)
+        a.only = ",".join(drawn + [w for w in (a.only or "").split(",") if w and w not in drawn])
     if a.only:
         want = a.only.split(",")
         bad = [w for w in want if w not in archs]

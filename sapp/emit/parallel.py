@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import sp
+from . import dtensor_local, sp
 from .recompute import block_names
 
 
@@ -144,12 +144,12 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
     `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     mods = dict(module.named_modules())
     if groups is not None:
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         if plan:
-            parallelize_module(module, tp_mesh, plan)
+            _parallelize(module, tp_mesh, plan)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
             sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
         return sorted(plan)
@@ -175,8 +175,17 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
             else:
                 plan[name] = RowwiseParallel() if fed else RowwiseParallel(input_layouts=Replicate())
     if plan:
-        parallelize_module(module, tp_mesh, plan)
+        _parallelize(module, tp_mesh, plan)
     return sorted(plan)
+
+
+def _parallelize(module, tp_mesh, plan: dict) -> None:
+    """parallelize_module, the layers' outputs handed on as local tensors the model may modify in
+    place (sapp/emit/dtensor_local.py)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    dtensor_local.hand_back_local(module, plan)
+    parallelize_module(module, tp_mesh, plan)
+    dtensor_local.register(module, plan)
 
 
 def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list, ignored: set = None, mixed: bool = False) -> None:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
+from . import dtensor_local
 
 
 def section(plan) -> dict:
@@ -87,7 +88,7 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
                      f"(a position embedding added to a cut word embedding would read the shard's length)")
     for name, axis in sec.get("norms", {}).items():
         if name in mods:
-            # the DTensor output is made local by _local_outputs: a traced stage's norm may also hand
+            # the DTensor output is made local by dtensor_local.local_outputs: a traced stage's norm may also hand
             # its input on (a tuple), which SequenceParallel's own to_local() cannot take
             extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=False)
     gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
@@ -99,7 +100,7 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
         parallelize_module(module, tp_mesh, extra)
     for name in sec.get("norms", {}):
         if name in extra:
-            mods[name].register_forward_hook(_local_outputs)
+            mods[name].register_forward_hook(dtensor_local.local_outputs)
     # the modules that take the sequence-split activation in: which input of a traced module is it
     readers = set(extra) | {n for n, s in tp_plan.items() if s in ("colwise", "colwise_gather")}
     readers |= {n for n in sec.get("entries", {}) if n in mods and linear(n)}
@@ -148,14 +149,6 @@ def _late_cuts(sec: dict, mods: dict, tp_plan: dict) -> tuple:
             del scatter[name]
             late[norm] = axis
     return scatter, late
-
-
-def _local_outputs(mod, args, out):
-    """A sequence-parallel norm's outputs as this rank's local shards (plain tensors)."""
-    from torch.distributed.tensor import DTensor
-    if isinstance(out, (tuple, list)):
-        return type(out)(o.to_local() if isinstance(o, DTensor) else o for o in out)
-    return out.to_local() if isinstance(out, DTensor) else out
 
 
 class _InputFinder:
