@@ -129,10 +129,26 @@ def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
     for name, style in plan.items():
         lin = mods[name]
         if style == "colwise":
-            out[name] = nn.Linear(lin.in_features, lin.out_features // tp, bias=lin.bias is not None)
+            out[name] = _resized(lin, lin.in_features, lin.out_features // tp)
         elif style == "rowwise":
-            out[name] = nn.Linear(lin.in_features // tp, lin.out_features, bias=lin.bias is not None)
+            out[name] = _resized(lin, lin.in_features // tp, lin.out_features)
     return out
+
+
+def _resized(lin: nn.Linear, k: int, n: int) -> nn.Linear:
+    """A copy of `lin` with an (n, k) weight (and n bias), of its own class: a subclass's forward
+    (Falcon's `x @ self.weight.T`) runs the same ops as the layer it stands in for, so the shape
+    audit's second capture lines up with the first op for op."""
+    import copy
+    new = copy.copy(lin)                       # the attributes, without copying the weights
+    new._parameters = dict(lin._parameters)
+    new._buffers, new._modules = dict(lin._buffers), dict(lin._modules)
+    w = lin.weight
+    new.weight = nn.Parameter(torch.zeros((n, k), dtype=w.dtype, device=w.device), requires_grad=w.requires_grad)
+    if lin.bias is not None:
+        new.bias = nn.Parameter(torch.zeros(n, dtype=w.dtype, device=w.device))
+    new.in_features, new.out_features = k, n
+    return new
 
 
 def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,
