@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
-from . import dtensor_local
+from . import dtensor_local, sp_entry
+from .recompute import block_names
 
 
 def section(plan) -> dict:
@@ -75,6 +76,11 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     if not sec:
         return []
     mods = dict(module.named_modules())
+    sec, moved = sp_entry.relayout(sec, module, tp_plan, block_names(module))
+    if moved and notes is not None:
+        notes.append(f"sequence parallelism: the residual stream is cut at the blocks' input, not at {moved[0]}"
+                     f"{f' (and {len(moved) - 1} more)' if len(moved) > 1 else ''} before them (code between "
+                     f"reads the whole sequence: masks, positions)")
 
     def linear(n):
         return n_is_linear((originals or {}).get(n, mods[n]))
@@ -385,8 +391,19 @@ def _pieces(norms, entries, cuts) -> dict:
 def expected(sec: dict, mods: dict) -> dict:
     """The plan's SP pieces present in this rank's stage modules (the manifest's vocabulary)."""
     names = {n for mod in mods.values() for n, _ in mod.named_modules()}
+    if len(mods) == 1:                          # one module: the pieces sp.apply moved (sp_entry)
+        mod = next(iter(mods.values()))
+        tp_plan = {n for n, m in mod.named_modules() if _sharded_weight(m)}
+        sec = sp_entry.relayout(sec, mod, tp_plan, block_names(mod))[0]
     pick = lambda key: {n for n in (sec or {}).get(key, {}) if n in names}   # noqa: E731
     return _pieces(pick("norms"), pick("entries"), pick("block_scatter"))
+
+
+def _sharded_weight(m) -> bool:
+    """Whether a module's weight is a DTensor sharded (not replicated) on "tp"."""
+    from torch.distributed.tensor import DTensor
+    w = getattr(m, "weight", None)
+    return isinstance(w, DTensor) and not _replicated_on_tp(w)
 
 
 def _replicated_on_tp(p) -> bool:
