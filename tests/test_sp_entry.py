@@ -72,3 +72,16 @@ def test_ernie_tp2_sp_equals_one_process(ernie):
         assert max(abs(a - b) / abs(b) for a, b in zip(g["losses"], ref)) <= 1e-5, (g["losses"], ref)
         assert g["dtensor_params"] > 0
         assert any("cut at the blocks' input, not at ernie.embeddings.LayerNorm" in n for n in g["notes"]), g["notes"]
+
+
+def test_an_entry_holding_blocks_is_refused_in_one_line():
+    """Encoder-decoder + SP: the plan gathers the decoder module's input, and the hook would take its
+    token ids, leaving the encoder output cut for cross-attention (refused before anything runs)."""
+    from sapp.emit import sp
+    from sapp.errors import PlanError
+    m = tree([("enc", nn.Module()), ("enc.layers", nn.ModuleList([nn.Module()])), ("dec", nn.Module()),
+              ("dec.layers", nn.ModuleList([nn.Module()]))])
+    sec = {"entries": {"dec": 1}, "norms": {"enc.layers.0": 1}, "scatter": {}, "exits": {}}
+    with pytest.raises(PlanError) as e:
+        sp.apply(m, sec, None, {}, [])
+    assert "\n" not in str(e.value) and "dec (Module) holds a stack of blocks" in str(e.value)

@@ -76,7 +76,9 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     if not sec:
         return []
     mods = dict(module.named_modules())
-    sec, moved = sp_entry.relayout(sec, module, tp_plan, block_names(module))
+    blocks = block_names(module)
+    sp_entry.check_entries(sec, mods, blocks)
+    sec, moved = sp_entry.relayout(sec, module, tp_plan, blocks)
     if moved and notes is not None:
         notes.append(f"sequence parallelism: the residual stream is cut at the blocks' input, not at {moved[0]}"
                      f"{f' (and {len(moved) - 1} more)' if len(moved) > 1 else ''} before them (code between "

@@ -19,6 +19,8 @@ what it reads; an HF decoder gathering the encoder's output counts); and on trac
 nn.ModuleList blocks to find)."""
 from __future__ import annotations
 
+from ..errors import PlanError
+
 
 def _inside(name: str, blocks) -> bool:
     return any(name == b or name.startswith(b + ".") for b in blocks)
@@ -74,3 +76,17 @@ def relayout(sec: dict, module, tp_plan: dict, blocks: list) -> tuple:
         cuts.setdefault(block, inner[0] if inner else axis)
     out["block_scatter"] = dict(sorted(cuts.items()))
     return out, sorted(pre)
+
+
+def check_entries(sec: dict, mods: dict, blocks: list) -> None:
+    """Refuse an entry that holds a stack of blocks (an HF encoder-decoder's decoder, planned to gather
+    the encoder's sequence-split output): its gather hook takes the first positional tensor or
+    `hidden_states` or the first tensor keyword, which for a decoder called with keywords is its
+    token ids - the encoder's output would reach cross-attention as a shard, and without a mask
+    to disagree the keys would silently be half the sequence."""
+    for name in (sec or {}).get("entries") or {}:
+        if name in mods and any(b.startswith(name + ".") for b in blocks):
+            raise PlanError(f"sequence parallelism: {name} ({type(mods[name]).__name__}) holds a stack of blocks and "
+                            f"is planned to gather one of its inputs, which sapp cannot tell apart from the others "
+                            f"(an encoder-decoder's decoder reading the encoder output); search again with sp pinned "
+                            f"to false (constraints sp=false)")
