@@ -98,5 +98,30 @@ def test_closer_output_modified_in_place_equals_one_process():
         assert g["grad_diff"] <= 1e-5
 
 
+class NormedEmbedding(nn.Embedding):
+    """An HF embedding subclass with a norm inside (Inkling2NormedEmbedding): DTensor's Rowwise style
+    registered its dotted 'embed_norm.weight' and emit stopped with KeyError "parameter name can't
+    contain '.'"; a vocabulary split would also have normalised partial sums."""
+
+    def __init__(self):
+        super().__init__(16, 8)
+        self.embed_norm = nn.LayerNorm(8)
+
+    def forward(self, ids):
+        return self.embed_norm(super().forward(ids))
+
+
+def test_embedding_with_its_own_sub_module_parameters_runs_replicated_with_a_note():
+    from sapp.emit import parallel
+    m = nn.Module()
+    m.emb, m.head = NormedEmbedding(), nn.Linear(8, 16)
+    notes = []
+    plan = parallel._derived_styles(m, dict(m.named_modules()), {"emb": "vocab", "head": "colwise_gather"},
+                                    [["emb"], ["head"]], None, notes, dry=True)
+    assert plan == {"head": "colwise_gather"}
+    assert notes == ["tp region emb .. runs replicated: emb is a NormedEmbedding, and DTensor splits only Linear and "
+                     "Embedding (without sub-modules' parameters)"]
+
+
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -67,7 +67,15 @@ def _tp_leaf(module, mods, name, originals):
     orig = (originals or {}).get(name)
     if not isinstance(mods[name], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
         mods[name] = _restore_leaf(module, name, orig)
-    return mods[name] if isinstance(mods[name], (nn.Linear, nn.Embedding)) else None
+    return mods[name] if _splittable(mods[name]) else None
+
+
+def _splittable(m) -> bool:
+    """A Linear / Embedding DTensor's styles can split: one holding sub-modules with parameters of
+    their own (an HF embedding subclass with a scale or a projection inside) makes DTensor register
+    dotted parameter names (KeyError "parameter name can't contain '.'")."""
+    return isinstance(m, (nn.Linear, nn.Embedding)) and not any(
+        True for c in m.children() for _ in c.parameters())
 
 
 def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False, sp_sec=None):
@@ -85,7 +93,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
         here = [n for n in group if n in mods and n in styles]
         if not here:
             continue
-        leaves = {n: (mods[n] if isinstance(mods[n], (nn.Linear, nn.Embedding)) else None) if dry
+        leaves = {n: (mods[n] if _splittable(mods[n]) else None) if dry
                   else _tp_leaf(module, mods, n, originals) for n in here}
         odd = [n for n, leaf in leaves.items() if leaf is None]
         tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1]
@@ -96,7 +104,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
         if odd:
             if notes is not None:
                 notes.append(f"tp region {here[0]} .. runs replicated: {odd[0]} is a {type(mods[odd[0]]).__name__}, "
-                             f"and DTensor splits only Linear and Embedding")
+                             f"and DTensor splits only Linear and Embedding (without sub-modules' parameters)")
             continue
         for n in here:
             style = styles[n]
