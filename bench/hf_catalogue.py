@@ -61,6 +61,12 @@ CLASSES = (
     ("data-dependent control flow", r"[Dd]ata.dependent|GuardOnDataDependent|symbolic|Could not guard"),
     ("tp2 shards nothing", r"^tp2: shards nothing"),
     ("unknown ops", r"^unknown:"),
+    ("batch statistics over a split batch (refused)", r"normalises by batch statistics"),
+    ("expert parallelism on a MoE layer the emitter does not run (refused)", r"has ep=\d+ but the model has no MoE"),
+    ("shape audit: the model cannot run at a rank's shapes (refused)", r"cannot run at one rank's shapes"),
+    ("shape audit: an op's shape differs from the plan's (refused)", r"where the plan implies"),
+    ("sp: an entry holds a stack of blocks (refused)", r"holds a stack of blocks"),
+    ("DTensor registers a dotted parameter name", r"parameter name can.{1,2}t contain"),
     ("refused before the first step", r"^emit: .*(Error|Refused)"),
 )
 
