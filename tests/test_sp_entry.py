@@ -45,7 +45,8 @@ def test_norm_before_the_blocks_moves_the_cut_to_the_first_block():
 
 def test_what_cannot_move_stays_as_planned():
     m = _bert()
-    assert relayout(BERT_SEC, m, {"emb.word": "vocab"}, block_names(m)) == (BERT_SEC, [])   # reduce-scatter cut
+    out, moved = relayout(BERT_SEC, m, {"emb.word": "vocab"}, block_names(m))   # a vocab-split table moves too:
+    assert moved and out["scatter"] == {} and out["block_scatter"] == {"enc.layer.0": 1}   # all-reduced, not cut
     early = dict(BERT_SEC, entries={"emb.word": 1})                                        # read before the blocks
     assert relayout(early, m, {}, block_names(m)) == (early, [])
     gpt = dict(BERT_SEC, norms={"enc.layer.0": 1})                                          # no norm before the blocks

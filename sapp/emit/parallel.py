@@ -171,6 +171,8 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     mods = dict(module.named_modules())
     if groups is not None:
+        if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/sp_entry.py)
+            sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         if plan:
             _parallelize(module, tp_mesh, plan)

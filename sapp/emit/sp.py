@@ -67,6 +67,16 @@ def adjust(name: str, style: str, sec: dict, kw: dict) -> dict:
     return kw
 
 
+def relayout_noted(sec: dict, module: nn.Module, notes: list) -> dict:
+    """sp_entry.relayout with its note (once: a relayouted section moves nothing more)."""
+    sec, moved = sp_entry.relayout(sec, module, {}, block_names(module))
+    if moved and notes is not None:
+        notes.append(f"sequence parallelism: the residual stream is cut at the blocks' input, not at {moved[0]}"
+                     f"{f' (and {len(moved) - 1} more)' if len(moved) > 1 else ''} before them (code between "
+                     f"reads the whole sequence: masks, positions)")
+    return sec
+
+
 def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, originals: dict = None) -> list:
     """The SP pieces present in `module` that the region styles (`tp_plan`: name -> style applied) do not
     already carry; then the re-gather hooks.  Returns the module names given an SP piece.  `originals`:
@@ -76,13 +86,8 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     if not sec:
         return []
     mods = dict(module.named_modules())
-    blocks = block_names(module)
-    sp_entry.check_entries(sec, mods, blocks)
-    sec, moved = sp_entry.relayout(sec, module, tp_plan, blocks)
-    if moved and notes is not None:
-        notes.append(f"sequence parallelism: the residual stream is cut at the blocks' input, not at {moved[0]}"
-                     f"{f' (and {len(moved) - 1} more)' if len(moved) > 1 else ''} before them (code between "
-                     f"reads the whole sequence: masks, positions)")
+    sp_entry.check_entries(sec, mods, block_names(module))
+    sec = relayout_noted(sec, module, notes)
 
     def linear(n):
         return n_is_linear((originals or {}).get(n, mods[n]))
@@ -395,17 +400,9 @@ def expected(sec: dict, mods: dict) -> dict:
     names = {n for mod in mods.values() for n, _ in mod.named_modules()}
     if len(mods) == 1:                          # one module: the pieces sp.apply moved (sp_entry)
         mod = next(iter(mods.values()))
-        tp_plan = {n for n, m in mod.named_modules() if _sharded_weight(m)}
-        sec = sp_entry.relayout(sec, mod, tp_plan, block_names(mod))[0]
+        sec = sp_entry.relayout(sec, mod, {}, block_names(mod))[0]
     pick = lambda key: {n for n in (sec or {}).get(key, {}) if n in names}   # noqa: E731
     return _pieces(pick("norms"), pick("entries"), pick("block_scatter"))
-
-
-def _sharded_weight(m) -> bool:
-    """Whether a module's weight is a DTensor sharded (not replicated) on "tp"."""
-    from torch.distributed.tensor import DTensor
-    w = getattr(m, "weight", None)
-    return isinstance(w, DTensor) and not _replicated_on_tp(w)
 
 
 def _replicated_on_tp(p) -> bool:

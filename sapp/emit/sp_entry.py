@@ -13,8 +13,9 @@ one process runs it.  The pieces moved are elementwise (an embedding sum, a norm
 run on t times the rows on each rank, which the plan priced at 1/t (small beside the blocks).  Embeddings
 cut where their own parent sums them, with no norm before the blocks (sapp's GPT), keep the planned cut.
 
-Left as planned (nothing moved) when a piece before the blocks cannot move: a vocabulary-split
-embedding (its reduce-scatter is the cut), or a module reading the shard before the blocks (it gathers
+A vocabulary-split table moved (RoBERTa's position / token-type tables) all-reduces its partial sums
+instead of reduce-scattering them (twice that op's traffic, unpriced; the tables are small).
+Left as planned (nothing moved) when a module reads the shard before the blocks (it gathers
 what it reads; an HF decoder gathering the encoder's output counts); and on traced pipeline stages (no
 nn.ModuleList blocks to find)."""
 from __future__ import annotations
@@ -42,7 +43,9 @@ def _first_block_after(name: str, order: dict, blocks: list):
 
 def relayout(sec: dict, module, tp_plan: dict, blocks: list) -> tuple:
     """(the SP section with the pieces before the blocks moved to the blocks' entries, what moved:
-    [piece names]); `sec` itself when nothing moves."""
+    [piece names]); `sec` itself when nothing moves.  A vocabulary-split embedding moved loses its
+    `scatter`: its partial sums are all-reduced (RowwiseParallel's default) instead of reduce-scattered
+    (parallel.apply_tp relayouts before choosing the styles).  `tp_plan` is not read any more."""
     if not sec or not blocks:
         return sec, []
     order = {}
@@ -56,8 +59,6 @@ def relayout(sec: dict, module, tp_plan: dict, blocks: list) -> tuple:
             block = _first_block_after(name, order, blocks)
             if block is None:
                 continue
-            if key == "scatter" and name in tp_plan:
-                return sec, []                  # a vocabulary-split embedding: its reduce-scatter is the cut
             pre[name] = (block, axis)
     if not any(n in (sec.get("norms") or {}) for n in pre):
         return sec, []                          # embeddings cut where their parent sums them: as planned
