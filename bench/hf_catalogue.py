@@ -61,6 +61,12 @@ CLASSES = (
     ("data-dependent control flow", r"[Dd]ata.dependent|GuardOnDataDependent|symbolic|Could not guard"),
     ("tp2 shards nothing", r"^tp2: shards nothing"),
     ("unknown ops", r"^unknown:"),
+    ("batch statistics over a split batch (refused)", r"normalises by batch statistics"),
+    ("expert parallelism on a MoE layer the emitter does not run (refused)", r"has ep=\d+ but the model has no MoE"),
+    ("shape audit: the model cannot run at a rank's shapes (refused)", r"cannot run at one rank's shapes"),
+    ("shape audit: an op's shape differs from the plan's (refused)", r"where the plan implies"),
+    ("sp: an entry holds a stack of blocks (refused)", r"holds a stack of blocks"),
+    ("DTensor registers a dotted parameter name", r"parameter name can.{1,2}t contain"),
     ("refused before the first step", r"^emit: .*(Error|Refused)"),
 )
 
@@ -170,13 +176,17 @@ def case_emit(arch: str, config: str, tmp: str) -> dict:
     if any(g is None for g in got):
         err = next(iter(out["errors"].values()), "") or out.get("failed") or "a rank reported nothing"
         return dict(row, ok=False, phase="rank", reason=err.strip().splitlines()[-1][:200])
-    errs = [g for g in got if "error" in g]
+    # the rank whose own code raised, not one that lost its peer in a collective
+    errs = sorted((g for g in got if "error" in g), key=lambda g: bool(re.search(_PEER_LOST, g["error"])))
     if errs:
         return dict(row, ok=False, phase=errs[0].get("phase", "emit"), reason=errs[0]["error"][:200])
     rel = max(abs(a - b) / abs(b) for g in got for a, b in zip(g["losses"], ref))
     ok = rel <= TOL and len(got[0]["losses"]) == len(ref)
     return dict(row, ok=ok, rel=rel, phase="compare",
                 reason="" if ok else f"losses differ from one process (max rel {rel:.2e}) with no error")
+
+
+_PEER_LOST = r"Connection closed by peer|Connection reset|remote worker crash|another rank"
 
 
 def _child(arch, column, conn):
@@ -311,6 +321,18 @@ def report(rows, attempted: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def sample(archs, pool_files, n: int, seed: int) -> list:
+    """n architectures of `archs` that captured in any of `pool_files`, drawn by a seeded RNG from the
+    sorted pool (the same files and seed give the same list)."""
+    import random
+    pool = set()
+    for path in pool_files:
+        for r in load(path):
+            if r.get("capture") or (r.get("column") is None and "unknown" in r):
+                pool.add(r["arch"])
+    return random.Random(seed).sample(sorted(pool & set(archs)), n)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hf_catalogue")
     p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results (appended; done cases are skipped)")
@@ -320,6 +342,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    p.add_argument("--sample", type=int, help="N architectures drawn (seeded) from those that captured in --pool; "
+                   "--only's are added after them")
+    p.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
+    p.add_argument("--pool", help="comma-separated JSONL files: a cheap row with capture, or a capture-only row "
+                   "with an 'unknown' list, puts its architecture in the pool")
     a = p.parse_args(argv)
     import torch
     torch.set_num_threads(1)
@@ -329,6 +356,10 @@ def main(argv=None) -> int:
         print(report(load(a.out), attempted=len(archs)))
         return 0
     i, n = (int(v) for v in a.shard.split("/"))
+    if a.sample:
+        drawn = sample(archs, (a.pool or a.out).split(","), a.sample, a.seed)
+        print("sample:", ",".join(drawn), flush=True)
+        a.only = ",".join(drawn + [w for w in (a.only or "").split(",") if w and w not in drawn])
     if a.only:
         want = a.only.split(",")
         bad = [w for w in want if w not in archs]

@@ -121,3 +121,46 @@ def test_candidates_are_sizes_the_region_splits(planted):
     cand = shape_audit.candidates(model, graph, regions, 2)
     assert sorted(cand) == [("StoredHeadsAttention", "embed_dim"), ("StoredHeadsAttention", "num_heads")]
     assert cand[("StoredHeadsAttention", "num_heads")] == [("blocks.0.attn", H), ("blocks.1.attn", H)]
+
+
+class TransposedLinear(nn.Linear):
+    """Falcon's FalconLinear: an nn.Linear subclass computing `x @ self.weight.T` (a matmul, not a
+    linear op, in the captured graph)."""
+
+    def forward(self, x):
+        y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
+class MatmulNet(nn.Module):
+    """A Falcon-like block: an MLP of TransposedLinears, then another matmul (a lone LM head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.up, self.down = TransposedLinear(D, 2 * D, bias=False), TransposedLinear(2 * D, D, bias=False)
+        self.head = TransposedLinear(D, VOCAB, bias=False)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = x + self.down(F.gelu(self.up(x)))
+        return self.head(x)
+
+
+def test_stand_ins_keep_the_layer_class_so_the_audit_lines_up():
+    """The audit's rank-shaped stand-ins are of the layer's own class: a plain nn.Linear in place of a
+    TransposedLinear ran another op, every later node was compared with the next one's shape and
+    Falcon's sharded MLP was refused ('gives [8, 16, 96] ... implies [8, 16, 64]')."""
+    from sapp.api import search
+    from sapp.emit import checks, parallel
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with torch.device("meta"):
+        meta = MatmulNet()
+    plan = search(meta, TP_CLUSTER, global_batch=BATCH, example_inputs=(ids,), loss_fn=_ce, targets=ids,
+                  constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0})
+    styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
+    assert styles.get("up") == "colwise" and styles.get("down") == "rowwise", styles
+    model = MatmulNet()
+    local = parallel.local_layers(model, styles, 2, groups)
+    assert type(local["up"]) is TransposedLinear and tuple(local["up"].weight.shape) == (D, D)
+    assert shape_audit.check(model, styles, groups, 2, (ids,), []) > 0

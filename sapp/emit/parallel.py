@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import sp
+from . import dtensor_local, sp
 from .recompute import block_names
 
 
@@ -67,7 +67,15 @@ def _tp_leaf(module, mods, name, originals):
     orig = (originals or {}).get(name)
     if not isinstance(mods[name], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
         mods[name] = _restore_leaf(module, name, orig)
-    return mods[name] if isinstance(mods[name], (nn.Linear, nn.Embedding)) else None
+    return mods[name] if _splittable(mods[name]) else None
+
+
+def _splittable(m) -> bool:
+    """A Linear / Embedding DTensor's styles can split: one holding sub-modules with parameters of
+    their own (an HF embedding subclass with a scale or a projection inside) makes DTensor register
+    dotted parameter names (KeyError "parameter name can't contain '.'")."""
+    return isinstance(m, (nn.Linear, nn.Embedding)) and not any(
+        True for c in m.children() for _ in c.parameters())
 
 
 def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False, sp_sec=None):
@@ -85,7 +93,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
         here = [n for n in group if n in mods and n in styles]
         if not here:
             continue
-        leaves = {n: (mods[n] if isinstance(mods[n], (nn.Linear, nn.Embedding)) else None) if dry
+        leaves = {n: (mods[n] if _splittable(mods[n]) else None) if dry
                   else _tp_leaf(module, mods, n, originals) for n in here}
         odd = [n for n, leaf in leaves.items() if leaf is None]
         tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1]
@@ -96,7 +104,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
         if odd:
             if notes is not None:
                 notes.append(f"tp region {here[0]} .. runs replicated: {odd[0]} is a {type(mods[odd[0]]).__name__}, "
-                             f"and DTensor splits only Linear and Embedding")
+                             f"and DTensor splits only Linear and Embedding (without sub-modules' parameters)")
             continue
         for n in here:
             style = styles[n]
@@ -129,10 +137,26 @@ def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
     for name, style in plan.items():
         lin = mods[name]
         if style == "colwise":
-            out[name] = nn.Linear(lin.in_features, lin.out_features // tp, bias=lin.bias is not None)
+            out[name] = _resized(lin, lin.in_features, lin.out_features // tp)
         elif style == "rowwise":
-            out[name] = nn.Linear(lin.in_features // tp, lin.out_features, bias=lin.bias is not None)
+            out[name] = _resized(lin, lin.in_features // tp, lin.out_features)
     return out
+
+
+def _resized(lin: nn.Linear, k: int, n: int) -> nn.Linear:
+    """A copy of `lin` with an (n, k) weight (and n bias), of its own class: a subclass's forward
+    (Falcon's `x @ self.weight.T`) runs the same ops as the layer it stands in for, so the shape
+    audit's second capture lines up with the first op for op."""
+    import copy
+    new = copy.copy(lin)                       # the attributes, without copying the weights
+    new._parameters = dict(lin._parameters)
+    new._buffers, new._modules = dict(lin._buffers), dict(lin._modules)
+    w = lin.weight
+    new.weight = nn.Parameter(torch.zeros((n, k), dtype=w.dtype, device=w.device), requires_grad=w.requires_grad)
+    if lin.bias is not None:
+        new.bias = nn.Parameter(torch.zeros(n, dtype=w.dtype, device=w.device))
+    new.in_features, new.out_features = k, n
+    return new
 
 
 def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,
@@ -144,12 +168,14 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
     `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     mods = dict(module.named_modules())
     if groups is not None:
+        if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/sp_entry.py)
+            sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         if plan:
-            parallelize_module(module, tp_mesh, plan)
+            _parallelize(module, tp_mesh, plan)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
             sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
         return sorted(plan)
@@ -175,8 +201,17 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
             else:
                 plan[name] = RowwiseParallel() if fed else RowwiseParallel(input_layouts=Replicate())
     if plan:
-        parallelize_module(module, tp_mesh, plan)
+        _parallelize(module, tp_mesh, plan)
     return sorted(plan)
+
+
+def _parallelize(module, tp_mesh, plan: dict) -> None:
+    """parallelize_module, the layers' outputs handed on as local tensors the model may modify in
+    place (sapp/emit/dtensor_local.py)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+    dtensor_local.hand_back_local(module, plan)
+    parallelize_module(module, tp_mesh, plan)
+    dtensor_local.register(module, plan)
 
 
 def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list, ignored: set = None, mixed: bool = False) -> None:

@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
+from . import dtensor_local, sp_entry
+from .recompute import block_names
 
 
 def section(plan) -> dict:
@@ -65,6 +67,16 @@ def adjust(name: str, style: str, sec: dict, kw: dict) -> dict:
     return kw
 
 
+def relayout_noted(sec: dict, module: nn.Module, notes: list) -> dict:
+    """sp_entry.relayout with its note (once: a relayouted section moves nothing more)."""
+    sec, moved = sp_entry.relayout(sec, module, {}, block_names(module))
+    if moved and notes is not None:
+        notes.append(f"sequence parallelism: the residual stream is cut at the blocks' input, not at {moved[0]}"
+                     f"{f' (and {len(moved) - 1} more)' if len(moved) > 1 else ''} before them (code between "
+                     f"reads the whole sequence: masks, positions)")
+    return sec
+
+
 def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, originals: dict = None) -> list:
     """The SP pieces present in `module` that the region styles (`tp_plan`: name -> style applied) do not
     already carry; then the re-gather hooks.  Returns the module names given an SP piece.  `originals`:
@@ -74,6 +86,8 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     if not sec:
         return []
     mods = dict(module.named_modules())
+    sp_entry.check_entries(sec, mods, block_names(module))
+    sec = relayout_noted(sec, module, notes)
 
     def linear(n):
         return n_is_linear((originals or {}).get(n, mods[n]))
@@ -87,7 +101,7 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
                      f"(a position embedding added to a cut word embedding would read the shard's length)")
     for name, axis in sec.get("norms", {}).items():
         if name in mods:
-            # the DTensor output is made local by _local_outputs: a traced stage's norm may also hand
+            # the DTensor output is made local by dtensor_local.local_outputs: a traced stage's norm may also hand
             # its input on (a tuple), which SequenceParallel's own to_local() cannot take
             extra[name] = SequenceParallel(sequence_dim=axis, use_local_output=False)
     gathers = [n for n in sec.get("entries", {}) if n in mods and n not in tp_plan]
@@ -99,7 +113,7 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
         parallelize_module(module, tp_mesh, extra)
     for name in sec.get("norms", {}):
         if name in extra:
-            mods[name].register_forward_hook(_local_outputs)
+            mods[name].register_forward_hook(dtensor_local.local_outputs)
     # the modules that take the sequence-split activation in: which input of a traced module is it
     readers = set(extra) | {n for n, s in tp_plan.items() if s in ("colwise", "colwise_gather")}
     readers |= {n for n in sec.get("entries", {}) if n in mods and linear(n)}
@@ -148,14 +162,6 @@ def _late_cuts(sec: dict, mods: dict, tp_plan: dict) -> tuple:
             del scatter[name]
             late[norm] = axis
     return scatter, late
-
-
-def _local_outputs(mod, args, out):
-    """A sequence-parallel norm's outputs as this rank's local shards (plain tensors)."""
-    from torch.distributed.tensor import DTensor
-    if isinstance(out, (tuple, list)):
-        return type(out)(o.to_local() if isinstance(o, DTensor) else o for o in out)
-    return out.to_local() if isinstance(out, DTensor) else out
 
 
 class _InputFinder:
@@ -392,6 +398,9 @@ def _pieces(norms, entries, cuts) -> dict:
 def expected(sec: dict, mods: dict) -> dict:
     """The plan's SP pieces present in this rank's stage modules (the manifest's vocabulary)."""
     names = {n for mod in mods.values() for n, _ in mod.named_modules()}
+    if len(mods) == 1:                          # one module: the pieces sp.apply moved (sp_entry)
+        mod = next(iter(mods.values()))
+        sec = sp_entry.relayout(sec, mod, {}, block_names(mod))[0]
     pick = lambda key: {n for n in (sec or {}).get(key, {}) if n in names}   # noqa: E731
     return _pieces(pick("norms"), pick("entries"), pick("block_scatter"))
 

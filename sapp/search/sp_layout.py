@@ -32,11 +32,13 @@ def vocab_split(graph, choice: dict, tp: int) -> dict:
     another stage (issue 29: SP + selective priced as slow as full recomputation).  A token lookup
     is one whose output has a batch dim (position tables are left alone); a table tied to another
     weight stays whole, as in `tp_layout.emittable`."""
-    from .tp_layout import _param_uses
+    from .tp_layout import _nested_holders, _param_uses
     tied = {p for p, k in _param_uses(graph).items() if k > 1}
+    nested = _nested_holders(graph)             # a table with a norm inside: DTensor cannot split it
     out = dict(choice)
     for n, node in graph.nodes.items():
-        if node.kind != "embedding" or choice.get(n) is not None or not node.module or set(node.params) & tied:
+        if (node.kind != "embedding" or choice.get(n) is not None or not node.module or set(node.params) & tied
+                or node.module in nested):
             continue
         v = next((d for d in node.dims if d.name == "v"), None)
         if v is not None and v.splittable and v.size % tp == 0 and any(d.batch for d in node.dims):

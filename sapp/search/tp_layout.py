@@ -53,12 +53,26 @@ def _param_uses(graph) -> dict:
     return uses
 
 
+def _nested_holders(graph) -> set:
+    """Modules with a sub-module that holds parameters of its own (an HF embedding with a norm inside):
+    DTensor's Linear / Embedding styles cannot split such a module, so the emitter could not run what
+    the search would price."""
+    holders = {node.module for node in graph.nodes.values() if node.module and node.params}
+    out = set()
+    for m in holders:
+        parts = m.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return out
+
+
 def linears(graph) -> list:
     """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
-    the word embedding) is not split: splitting one of its users would untie the two."""
+    the word embedding) is not split: splitting one of its users would untie the two; nor is a
+    linear module holding sub-modules with parameters (`_nested_holders`)."""
     uses = _param_uses(graph)
+    nested = _nested_holders(graph)
     return [n for n, node in graph.nodes.items()
-            if (w := _linear_weight(node)) is not None and uses.get(w.param) == 1]
+            if (w := _linear_weight(node)) is not None and uses.get(w.param) == 1 and node.module not in nested]
 
 
 def _members(graph, consumers, start, is_linear):
@@ -177,8 +191,10 @@ def emittable(graph, choice: dict, tp: int):
         else:
             notes.append(f"tp layout: {graph.nodes[r.openers[0]].module} .. stays replicated ({r.why})")
     tied = {p for p, k in _param_uses(graph).items() if k > 1}
+    nested = _nested_holders(graph)
     for n, node in graph.nodes.items():
-        if node.kind == "embedding" and choice.get(n) == "v" and node.module and not (set(node.params) & tied):
+        if (node.kind == "embedding" and choice.get(n) == "v" and node.module and not (set(node.params) & tied)
+                and node.module not in nested):
             dim = next((d for d in node.dims if d.name == "v"), None)
             if dim is not None and dim.size % tp == 0:
                 out[n] = "v"
