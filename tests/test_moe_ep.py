@@ -164,3 +164,23 @@ def test_plan_carries_ep_round_trips_and_old_plans_load(tiny_graph, tmp_path):
     d["parallel"]["ep"] = 0
     with pytest.raises(PlanError):
         Plan(d)
+
+
+def test_ep_offered_only_for_moe_layers_the_emitter_runs(tiny_graph):
+    """Capture lists the MoE layers of sapp's contract; the search gives ep > 1 to those only (an HF
+    MoE's grouped experts are run whole on each rank, so ep there would be refused at run time)."""
+    import dataclasses
+    from sapp.search.joint import joint_search
+    from sapp.models.moe import MoE
+    mods = sorted(n for n, m in zoo.get("moe-tiny").named_modules() if isinstance(m, MoE))
+    assert mods and tiny_graph.meta["ep_modules"] == mods
+    cl = Cluster.parse("cpu:gpus=4")
+    s = CostSettings(precision="fp32")
+    pins = dict(dp=4, tp=1, pp=1, micro_batches=1, zero=0, recompute="none", ep=2)
+    assert joint_search(tiny_graph, cl, global_batch=8, constraints=pins, settings=s).config.ep == 2
+    foreign = dataclasses.replace(tiny_graph, meta={**tiny_graph.meta, "ep_modules": []})
+    with pytest.raises(SappError):
+        joint_search(foreign, cl, global_batch=8, constraints=pins, settings=s)
+    free = dict(pins)
+    free.pop("ep")
+    assert joint_search(foreign, cl, global_batch=8, constraints=free, settings=s).config.ep == 1

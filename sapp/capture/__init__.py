@@ -324,10 +324,17 @@ def _finish(graph, model, spec, batch, inputs, path):
         "params": int(sum(p.numel() for p in model.parameters())),
         "batch": int(batch),
         "capture": path,
+        # the MoE layers expert parallelism can run (search/joint/ep.py offers ep > 1 for these only)
+        "ep_modules": _ep_modules(model),
     })
     graph.meta["unknown_ops"] = unknown_ops(graph)
     graph.batch_size = int(batch)
     return graph
+
+
+def _ep_modules(model) -> list:
+    from ..models.moe import ep_capable
+    return sorted(n for n, m in model.named_modules() if ep_capable(m))
 
 
 class _ModuleTracker:

@@ -30,8 +30,8 @@ from ..errors import PlanError
 
 
 def moe_modules(model: nn.Module) -> list:
-    return [(n, m) for n, m in model.named_modules()
-            if hasattr(m, "experts_fn") and hasattr(m, "w_in") and hasattr(m, "w_out")]
+    from ..models.moe import ep_capable
+    return [(n, m) for n, m in model.named_modules() if ep_capable(m)]
 
 
 def check(plan, model) -> int:

@@ -127,6 +127,13 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+def ep_capable(m) -> bool:
+    """Whether expert parallelism can run module `m` (sapp/emit/ep.py swaps its `experts_fn` for the
+    all-to-all version): this module's contract, not any grouped-expert layer (an HF MoE's experts are
+    priced and run whole on each rank)."""
+    return hasattr(m, "experts_fn") and hasattr(m, "w_in") and hasattr(m, "w_out")
+
+
 class MoE(nn.Module):
     def __init__(self, h, experts, top_k, expert_ffn, shared=0, capacity_factor=0.0):
         super().__init__()

@@ -24,7 +24,7 @@ def moe_facts(ctx) -> dict:
     B = max(1, g.batch_size)
     for block, names in (g.blocks or {}).items():
         nodes = [g.nodes[n] for n in names if n in g.nodes]
-        gemms = [n for n in nodes if n.extra.get("experts")]
+        gemms = [n for n in nodes if n.extra.get("experts") and _runs_ep(g, n)]
         if not gemms:
             continue
         topk = [n for n in nodes if ".topk" in n.target]
@@ -43,6 +43,17 @@ def moe_facts(ctx) -> dict:
                         "capacity_factor": float(g.meta.get("moe_capacity_factor", 0.0) or 0.0)}
     ctx._moe_facts = facts
     return facts
+
+
+def _runs_ep(g, node) -> bool:
+    """Whether the emitter can spread `node`'s experts: it sits in a MoE layer of sapp's contract
+    (capture lists them in meta "ep_modules"; a graph built without capture lists none and keeps
+    every grouped GEMM).  An HF MoE's grouped experts (Mixtral, PhiMoE, ...) are priced whole on each
+    rank, as they run: the search used to give them ep = 2, which sapp run then refused."""
+    mods = g.meta.get("ep_modules")
+    if mods is None:
+        return True
+    return any(node.module == m or node.module.startswith(m + ".") for m in mods)
 
 
 def _topk_from_dims(node):
