@@ -75,8 +75,11 @@ def shrink(d: dict) -> dict:
         elif isinstance(v, list):
             d[n] = [x if not isinstance(x, int) or x < VOCAB else VOCAB - 1 for x in v]
     for k, v in list(d.items()):
+        # every random draw in training off, dropout's kin included (router / input jitter noise: a
+        # pipeline's micro-batches draw it per micro-batch, one process per batch, so the comparison
+        # with one process would differ by the draws, not by sapp: PhiMoE pp2 at 1.5e-4)
         if isinstance(v, float) and ("dropout" in k or "drop_prob" in k or k.endswith("pdrop") or k.endswith("_drop")
-                                     or k == "drop_path_rate"):
+                                     or k == "drop_path_rate" or "jitter" in k):
             d[k] = 0.0
         elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
             d[k] = {x: y for x, y in v.items() if int(x) < LAYERS}     # per-layer settings by layer index
