@@ -162,7 +162,7 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
             ep, err, where = None, e, tracker.failed_at()
     if ep is not None:
         try:
-            return _from_export(ep, root, strip, batch, gname, model, expand)
+            return _from_export(_lower_transforms(ep), root, strip, batch, gname, model, expand)
         except CaptureError:
             raise
         except Exception as e:        # noqa: BLE001 - torch traced the model; sapp could not read the graph
@@ -176,6 +176,17 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
         if err is None:
             err, where = e, None
     raise CaptureError(_explain(err, where, root, ours))
+
+
+def _lower_transforms(ep):
+    """torch.export keeps a functorch transform (`torch.vmap`: T5Gemma2's mask functions) as calls
+    into torch._functorch.predispatch (_add_batch_dim ... _remove_batch_dim) around per-sample ops,
+    which price one sample of the vmapped batch.  Lowering the program to ATen
+    (run_decompositions with an empty table) batches those ops for real and leaves every other op
+    (linear, sdpa, layer_norm) as it is; only programs holding such calls are lowered."""
+    if not any(getattr(n.target, "__module__", "") == "torch._functorch.predispatch" for n in ep.graph.nodes):
+        return ep
+    return ep.run_decompositions({})
 
 
 class _SkipExport(Exception):
