@@ -10,16 +10,17 @@ blocks in an nn.ModuleList is captured with three blocks and replicated to the f
 equal to a direct capture, checked by tests/test_capture_expand.py) - 96-layer GPT-3 in well under
 a second instead of several; blocks of another kind before the run (DeepSeek-V3's first 3 dense
 blocks before 58 MoE ones) are captured as they are.  When export fails, a torch.fx symbolic trace is tried; when both fail
-a CaptureError names the module that broke and what to try."""
+a CaptureError names the module that broke and what to try.  Before that, export is retried for the
+classes sapp/capture/retry.py names (a cpu tensor meeting meta ones, Hugging Face's compile-only
+branches, a Python branch on a tensor's value taken as the real example's values take it)."""
 from __future__ import annotations
-
-import warnings
 
 from ..errors import CaptureError
 from ..ir import OpGraph, ParamInfo
 from .blocks import assign_blocks, container_children, expand_blocks, group_blocks, repeated_list
 from .convert import Converter, canonical_names, dtype_str, prune
 from .fuse import fuse_rms_norms
+from .retry import export
 from .unknown import unknown_ops
 
 __all__ = ["capture"]
@@ -153,9 +154,7 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
         try:
             if method == "fx":
                 raise _SkipExport()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
+            ep = export(root, inputs, kwargs)
         except _SkipExport:
             ep = None
         except Exception as e:        # noqa: BLE001 - any tracing failure goes to the fallback
@@ -378,7 +377,8 @@ def _explain(err, where, root, ours=False):
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
     elif "data-dependent" in low or "data dependent" in low or "guard" in low or "item()" in low:
-        hint = "avoid Python control flow on tensor values in forward (use torch.where / torch.cond)"
+        hint = ("avoid Python control flow on tensor values in forward (use torch.where / torch.cond), or capture "
+                "the model with real parameters and example inputs (not meta): the branch then follows their values")
     elif "argument" in low or "positional" in low or "missing" in low:
         hint = "pass example_inputs matching forward(...)"
     else:

@@ -20,7 +20,7 @@ from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointw
                        softmax, upsample)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, col2im, creation, expand, identity, im2col, pad, permute,  # noqa: F401
+from .ops_view import (as_strided, cat, col2im, creation, expand, identity, im2col, pad, permute,  # noqa: F401
                        repeat_interleave, reshape, reshape_groups, select, slice_, stack)
 
 HANDLERS = {
@@ -64,7 +64,7 @@ HANDLERS = {
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
     "stack": stack, "repeat_interleave": repeat_interleave, "pad": pad, "constant_pad_nd": pad,
     "im2col": im2col, "col2im": col2im, "view_as_real": view_as_real, "view_as_complex": view_as_complex,
-    "polar": polar,
+    "polar": polar, "as_strided": as_strided,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,

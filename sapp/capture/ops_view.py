@@ -196,6 +196,18 @@ def col2im(c):
                 float(prod(x.shape)), (), trusted=True)
 
 
+def as_strided(c):
+    """as_strided(x, size, stride): any window over x's storage (Longformer's overlapping chunks).
+    Only a leading axis that walks x's own leading axis (same size, x's contiguous row stride) maps to
+    it, so the batch still splits; every other axis is kept whole.  A view: no bytes, no FLOPs."""
+    x, r = c.ins[0], c.out_shape
+    stride = list(_arg(c, 2, "stride", ()))
+    lead = (len(x.shape) > 0 and len(r) > 0 and stride and int(r[0]) == int(x.shape[0])
+            and int(stride[0]) == prod(x.shape[1:]))
+    ind = tuple("a0" if (i == 0 and lead) else None for i in range(len(x.shape)))
+    return _view_spec(c, [ind], set(range(1 if lead else 0, len(r))))
+
+
 def creation(c):
     r = c.out_shape
     # zeros_like(x) & co. read nothing from x, but the new tensor is laid out like it: the data
