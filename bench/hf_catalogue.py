@@ -69,7 +69,8 @@ def failure(r) -> str:
     """The named class(es) of a failed row: a cheap row lists one per part ("unknown: ...; tp2: ...")."""
     if r["phase"] != "cheap":
         return classify(r["phase"], r["reason"])
-    return "; ".join(classify(*part.split(": ", 1)) for part in r["reason"].split("; "))
+    parts = re.split(r"; (?=(?:unknown|search|tp2): )", r["reason"])     # a part's own text may hold "; "
+    return "; ".join(classify(*part.partition(": ")[::2]) for part in parts)
 
 
 def classify(phase: str, reason: str) -> str:
