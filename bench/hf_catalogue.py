@@ -84,6 +84,7 @@ def classify(phase: str, reason: str) -> str:
     if not causes:
         return f"{phase}: failed"
     kind, msg = causes[-1]                 # the innermost cause, its first words without numbers
+    msg = msg.split(";")[0]                # (not sapp's hint after it)
     words = re.sub(r"\d+", "N", re.sub(r"'[^']*'|\[[^\]]*\]", "_", msg)).split()[:6]
     return f"{phase}: {kind}: {' '.join(words)}"
 
