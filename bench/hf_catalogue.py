@@ -75,7 +75,8 @@ def failure(r) -> str:
     """The named class(es) of a failed row: a cheap row lists one per part ("unknown: ...; tp2: ...")."""
     if r["phase"] != "cheap":
         return classify(r["phase"], r["reason"])
-    return "; ".join(classify(*part.split(": ", 1)) for part in r["reason"].split("; "))
+    parts = re.split(r"; (?=(?:unknown|search|tp2): )", r["reason"])     # a part's own text may hold "; "
+    return "; ".join(classify(*part.partition(": ")[::2]) for part in parts)
 
 
 def classify(phase: str, reason: str) -> str:
@@ -89,6 +90,7 @@ def classify(phase: str, reason: str) -> str:
     if not causes:
         return f"{phase}: failed"
     kind, msg = causes[-1]                 # the innermost cause, its first words without numbers
+    msg = msg.split(";")[0]                # (not sapp's hint after it)
     words = re.sub(r"\d+", "N", re.sub(r"'[^']*'|\[[^\]]*\]", "_", msg)).split()[:6]
     return f"{phase}: {kind}: {' '.join(words)}"
 
@@ -117,7 +119,14 @@ def case_cheap(arch: str, tmp: str, free: bool = True) -> dict:
         why = _eager_fails(kind)
         if why:                               # the tiny model itself does not run: not sapp's failure
             return dict(row, ok=False, phase="build", reason="eager forward fails: " + why, buildable=False)
-        return dict(row, ok=False, phase="capture", reason=_line(e), capture=False)
+        if "real parameters and example inputs" not in str(e):
+            return dict(row, ok=False, phase="capture", reason=_line(e), capture=False)
+        try:                                  # a branch on tensor values: capture takes it with real values
+            model, loss_fn = C.build(kind)
+            graph, _ = capture_graph(model, x, loss_fn, y)
+            row.update(capture_real=True)
+        except Exception as e2:               # noqa: BLE001
+            return dict(row, ok=False, phase="capture", reason=_line(e2), capture=False)
     unk = graph.meta.get("unknown_ops") or []
     row.update(capture=True, nodes=len(graph.nodes), capture_cpu_s=round(time.process_time() - t, 2),
                unknown=[{"op": r["op"], "count": r["count"], "module": (r["modules"] or [""])[0]} for r in unk])

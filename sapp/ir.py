@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 DTYPE_BYTES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-    "int8": 1, "uint8": 1, "bool": 1, "complex64": 8,
+    "int8": 1, "uint8": 1, "bool": 1, "complex32": 4, "complex64": 8, "complex128": 16,
 }
 
 OP_KINDS = (

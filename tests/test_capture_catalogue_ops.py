@@ -248,3 +248,56 @@ def test_log_sigmoid_is_elementwise():
     assert not g.meta["unknown_ops"]
     e = _only(g, target="log_sigmoid")
     assert e.kind == "elementwise" and e.flops == B * S and e.saves == ("in0",)
+
+
+def test_complex_rotary_counts_a_complex_tensor_as_its_real_pairs():
+    H, D = 2, 8                               # Llama 4's rotary embedding: polar, view_as_complex/real
+
+    class M(torch.nn.Module):
+        def forward(self, q, angle):
+            freqs = torch.polar(torch.ones_like(angle), angle)            # [S, D/2] complex64
+            qc = torch.view_as_complex((q * 1).reshape(B, S, H, D // 2, 2))
+            return torch.view_as_real(qc * freqs[:, None, :]).flatten(3)
+    g = capture(M(), (torch.randn(B, S, H, D), torch.randn(S, D // 2)))
+    assert not g.meta["unknown_ops"], g.meta["unknown_ops"]
+    p = _only(g, target="polar")
+    # one FLOP per real component of the complex output; complex64 = 8 bytes = two float32
+    assert p.kind == "elementwise" and p.flops == 2 * S * (D // 2) and p.out.nbytes == S * (D // 2) * 8
+    vc = _only(g, target="view_as_complex")
+    assert vc.kind == "view" and vc.bytes == 0 and vc.flops == 0 and vc.out.shape == (B, S, H, D // 2)
+    assert vc.operands[0].dims == ("a0", "a1", "a2", "a3", None) and all(d.splittable for d in vc.dims)
+    vr = _only(g, target="view_as_real")
+    assert vr.kind == "view" and vr.bytes == 0 and vr.out.shape == (B, S, H, D // 2, 2)
+    assert vr.operands[0].dims == ("a0", "a1", "a2", "a3")
+    assert [d.splittable for d in vr.dims] == [True, True, True, True, False]     # the pair stays whole
+    mul = next(n for n in g.nodes.values() if n.target.endswith("mul.Tensor") and n.out.dtype == "complex64")
+    # (a+bi)(c+di): 4 multiplies + 2 adds per complex element
+    assert mul.flops == 6 * B * S * H * (D // 2)
+    assert mul.bytes == (2 * B * S * H * (D // 2) + S * (D // 2)) * 8
+
+
+def test_col2im_folds_rows_back_to_channels_and_adds_each_column_once():
+    C, P = 4, 2                               # MobileViTv2 folds 2x2 patches back to the image
+
+    class M(torch.nn.Module):
+        def forward(self, cols):
+            return torch.nn.functional.fold(cols * 1, output_size=(4, 4), kernel_size=P, stride=P)
+    g = capture(M(), (torch.randn(B, C * P * P, 4),))
+    assert not g.meta["unknown_ops"]
+    f = _only(g, target="col2im")
+    assert f.out.shape == (B, C, 4, 4) and f.flops == B * C * P * P * 4
+    assert f.dim("a1").size == C and [d.splittable for d in f.dims] == [True, True, False, False]
+    assert f.operands[0].dims == ("a0", "a1", None)
+    assert f.bytes == 2 * B * C * 16 * 4                 # reads the columns, writes the image (same count here)
+
+
+def test_vmap_is_lowered_to_batched_ops():
+    class M(torch.nn.Module):                 # T5Gemma2 builds its masks with torch.vmap
+        def forward(self, x):
+            return torch.vmap(lambda r: torch.exp(r) + r.sum())(x * 1)
+    g = capture(M(), (torch.randn(B, S),))
+    assert not g.meta["unknown_ops"], g.meta["unknown_ops"]
+    e = _only(g, target="exp")
+    assert e.out.shape == (B, S) and e.flops == B * S and e.dim("a0").batch     # every sample, not one
+    s = _only(g, kind="reduction")
+    assert s.flops == B * S and s.operands[0].dims == ("a0", "a1")

@@ -10,10 +10,10 @@ blocks in an nn.ModuleList is captured with three blocks and replicated to the f
 equal to a direct capture, checked by tests/test_capture_expand.py) - 96-layer GPT-3 in well under
 a second instead of several; blocks of another kind before the run (DeepSeek-V3's first 3 dense
 blocks before 58 MoE ones) are captured as they are.  When export fails, a torch.fx symbolic trace is tried; when both fail
-a CaptureError names the module that broke and what to try."""
+a CaptureError names the module that broke and what to try.  Before that, export is retried for the
+classes sapp/capture/retry.py names (a cpu tensor meeting meta ones, Hugging Face's compile-only
+branches, a Python branch on a tensor's value taken as the real example's values take it)."""
 from __future__ import annotations
-
-import warnings
 
 from ..errors import CaptureError
 from ..ir import OpGraph, ParamInfo
@@ -148,21 +148,21 @@ def _capture_fast(root, model, stack, inputs, kwargs, strip, batch, gname):
 
 def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None, method="auto"):
     import torch
+
+    from .retry import export
     err, where, ours = None, None, False
     with _ModuleTracker(root, strip) as tracker:
         try:
             if method == "fx":
                 raise _SkipExport()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ep = torch.export.export(root, tuple(inputs), kwargs, strict=False)
+            ep = export(root, inputs, kwargs)
         except _SkipExport:
             ep = None
         except Exception as e:        # noqa: BLE001 - any tracing failure goes to the fallback
             ep, err, where = None, e, tracker.failed_at()
     if ep is not None:
         try:
-            return _from_export(ep, root, strip, batch, gname, model, expand)
+            return _from_export(_lower_transforms(ep), root, strip, batch, gname, model, expand)
         except CaptureError:
             raise
         except Exception as e:        # noqa: BLE001 - torch traced the model; sapp could not read the graph
@@ -176,6 +176,17 @@ def _capture_once(root, inputs, kwargs, strip, batch, gname, model, expand=None,
         if err is None:
             err, where = e, None
     raise CaptureError(_explain(err, where, root, ours))
+
+
+def _lower_transforms(ep):
+    """torch.export keeps a functorch transform (`torch.vmap`: T5Gemma2's mask functions) as calls
+    into torch._functorch.predispatch (_add_batch_dim ... _remove_batch_dim) around per-sample ops,
+    which price one sample of the vmapped batch.  Lowering the program to ATen
+    (run_decompositions with an empty table) batches those ops for real and leaves every other op
+    (linear, sdpa, layer_norm) as it is; only programs holding such calls are lowered."""
+    if not any(getattr(n.target, "__module__", "") == "torch._functorch.predispatch" for n in ep.graph.nodes):
+        return ep
+    return ep.run_decompositions({})
 
 
 class _SkipExport(Exception):
@@ -381,7 +392,8 @@ def _explain(err, where, root, ours=False):
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
     elif "data-dependent" in low or "data dependent" in low or "guard" in low or "item()" in low:
-        hint = "avoid Python control flow on tensor values in forward (use torch.where / torch.cond)"
+        hint = ("avoid Python control flow on tensor values in forward (use torch.where / torch.cond), or capture "
+                "the model with real parameters and example inputs (not meta): the branch then follows their values")
     elif "argument" in low or "positional" in low or "missing" in low:
         hint = "pass example_inputs matching forward(...)"
     else:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from .opspec import OpCall, Spec, Tin, TRef, generic, prod  # noqa: F401 - the handler vocabulary
 from .ops_contract import (addmm, conv, conv_transpose, convolution, einsum, embedding, embedding_bag, fft,
                            grouped_mm, linear, matmul, sdpa)
+from .ops_complex import polar, view_as_complex, view_as_real
 from .ops_index import cumsum, diff, gather, histc, index, index_put, index_select, one_hot, sort, topk
 from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointwise_loss, pool, reduction, rms_norm,
                        softmax, upsample)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (cat, creation, expand, identity, im2col, pad, permute,  # noqa: F401
+from .ops_view import (as_strided, cat, col2im, creation, expand, identity, im2col, pad, permute,  # noqa: F401
                        repeat_interleave, reshape, reshape_groups, select, slice_, stack)
 
 HANDLERS = {
@@ -62,7 +63,8 @@ HANDLERS = {
     "type_as": identity, "copy": identity,
     "slice": slice_, "narrow": slice_, "select": select, "cat": cat, "concat": cat, "concatenate": cat,
     "stack": stack, "repeat_interleave": repeat_interleave, "pad": pad, "constant_pad_nd": pad,
-    "im2col": im2col,
+    "im2col": im2col, "col2im": col2im, "view_as_real": view_as_real, "view_as_complex": view_as_complex,
+    "polar": polar, "as_strided": as_strided,
     "arange": creation, "zeros": creation, "ones": creation, "full": creation, "empty": creation,
     "zeros_like": creation, "ones_like": creation, "full_like": creation, "empty_like": creation,
     "new_ones": creation, "new_zeros": creation, "new_full": creation, "new_empty": creation,

@@ -2,6 +2,7 @@
 axis splittable.  1 FLOP per output element; what each op saves for backward follows its derivative."""
 from __future__ import annotations
 
+from .ops_complex import complex_flops
 from .opspec import Spec, _act_saves, _adims, _arg, _bcast, prod
 
 # ---- element-wise ----------------------------------------------------------------------------
@@ -31,7 +32,7 @@ def elementwise(c):
         saves = _act_saves(c, tensors) if len(tensors) > 1 else ()
     else:
         saves = ()
-    flops = 0.0 if c.op in ("_to_copy", "to", "type_as", "copy", "fill", "zero") else float(prod(r))
+    flops = 0.0 if c.op in ("_to_copy", "to", "type_as", "copy", "fill", "zero") else complex_flops(c, float(prod(r)))
     if c.op in ("tril", "triu"):
         # Not quite element-wise (position dependent) but keeps shape; its last two axes stay whole.
         return Spec("elementwise", _adims(r, {len(r) - 1, len(r) - 2}), [_bcast(t.shape, r) for t in c.ins],

@@ -2,7 +2,7 @@
 creation.  No FLOPs; views move no bytes."""
 from __future__ import annotations
 
-from .opspec import Spec, _adims, _arg, _axis, _bcast, generic
+from .opspec import Spec, _adims, _arg, _axis, _bcast, generic, prod
 
 def reshape_groups(ish, osh):
     """Pair up runs of input and output axes with equal products.  Size-1 axes on one side only
@@ -181,6 +181,31 @@ def im2col(c):
     s.dims[1] = ("a1", int(x.shape[1]), True)
     s.trusted = True
     return s
+
+
+def col2im(c):
+    """col2im / fold(cols [B, C * kh * kw, L], output_size, kernel): im2col's inverse, each column's
+    value added into its window of [B, C, H, W] (MobileViTv2 folds its patches back).  Column row
+    c * kh * kw + j goes to channel c, so the rows map to the channels (the dim takes the channel
+    count); H and W stay whole (windows may overlap).  One add per input element."""
+    x = c.ins[0]
+    r = c.out_shape
+    if len(x.shape) != 3 or len(r) != 4 or x.shape[1] % max(int(r[1]), 1):
+        return generic(c)
+    return Spec("other", _adims(r, {2, 3}), [("a0", "a1", None)], ("a0", "a1", "a2", "a3"),
+                float(prod(x.shape)), (), trusted=True)
+
+
+def as_strided(c):
+    """as_strided(x, size, stride): any window over x's storage (Longformer's overlapping chunks).
+    Only a leading axis that walks x's own leading axis (same size, x's contiguous row stride) maps to
+    it, so the batch still splits; every other axis is kept whole.  A view: no bytes, no FLOPs."""
+    x, r = c.ins[0], c.out_shape
+    stride = list(_arg(c, 2, "stride", ()))
+    lead = (len(x.shape) > 0 and len(r) > 0 and stride and int(r[0]) == int(x.shape[0])
+            and int(stride[0]) == prod(x.shape[1:]))
+    ind = tuple("a0" if (i == 0 and lead) else None for i in range(len(x.shape)))
+    return _view_spec(c, [ind], set(range(1 if lead else 0, len(r))))
 
 
 def creation(c):

@@ -127,6 +127,7 @@ def split_units(graph):
                 cur = (key, [])
                 units.append(cur)
             cur[1].append(name)
+        units = _merge_reused(units)
         out, seen_block = [], False
         for i, (key, names) in enumerate(units):
             if key == "__glue__":
@@ -163,6 +164,38 @@ def template_units(template, units):
         if names:
             out.append((u, names))
     return out
+
+
+def _merge_reused(runs):
+    """A block called again after other nodes ran (HRM's L and H stacks alternating over their
+    cycles: the same weights at several points of the forward) cannot be cut from its other calls
+    without its weights on two stages: from its first run to its last, the runs become one glue run
+    (never a stage start).  Blocks called in one run each keep their cut points."""
+    where = {}
+    for i, (key, _) in enumerate(runs):
+        if key != "__glue__":
+            where.setdefault(key, []).append(i)
+    spans = sorted((v[0], v[-1]) for v in where.values() if len(v) > 1)
+    if not spans:
+        return runs
+    merged = [list(spans[0])]
+    for a, b in spans[1:]:
+        if a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out, i = [], 0
+    for a, b in merged:
+        out += runs[i:a]
+        out.append(("__glue__", [n for _, names in runs[a:b + 1] for n in names]))
+        i = b + 1
+    joined = []
+    for key, names in out + runs[i:]:            # glue next to glue: one run
+        if joined and key == "__glue__" == joined[-1][0]:
+            joined[-1] = (key, joined[-1][1] + names)
+        else:
+            joined.append((key, names))
+    return joined
 
 
 def template_nodes(graph, units):
