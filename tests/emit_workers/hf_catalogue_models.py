@@ -79,7 +79,7 @@ def shrink(d: dict) -> dict:
         # pipeline's micro-batches draw it per micro-batch, one process per batch, so the comparison
         # with one process would differ by the draws, not by sapp: PhiMoE pp2 at 1.5e-4)
         if isinstance(v, float) and ("dropout" in k or "drop_prob" in k or k.endswith("pdrop") or k.endswith("_drop")
-                                     or k == "drop_path_rate" or "jitter" in k):
+                                     or k == "drop_path_rate" or "jitter" in k or "layerdrop" in k):
             d[k] = 0.0
         elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
             d[k] = {x: y for x, y in v.items() if int(x) < LAYERS}     # per-layer settings by layer index
