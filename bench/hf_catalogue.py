@@ -53,6 +53,7 @@ CLASSES = (
     ("tiny config does not run (eager forward fails)", r"^build: eager forward fails"),
     ("view absorbs a sharded dim (shape invalid)", r"^(emit|step|rank|compare): .*shape '\[.*\]' is invalid"),
     ("losses differ silently", r"losses differ"),
+    ("replicated parameter drifts between ranks silently", r"differs between ranks .* with no error"),
     ("operand shapes disagree in a step (a sharded dim)", r"^step: .*(size of tensor a .* must match|shapes cannot be"
                                                           r" multiplied|Expected size|dimension mismatch)"),
     ("frozen params counted differently", r"^(emit|step|rank): .*(trainable|frozen)"),
@@ -191,8 +192,25 @@ def case_emit(arch: str, config: str, tmp: str) -> dict:
         return dict(row, ok=False, phase=errs[0].get("phase", "emit"), reason=errs[0]["error"][:200])
     rel = max(abs(a - b) / abs(b) for g in got for a, b in zip(g["losses"], ref))
     ok = rel <= TOL and len(got[0]["losses"]) == len(ref)
+    drift = replica_drift(got) if int((row["parallel"] or {}).get("pp", 1) or 1) == 1 else None
+    if ok and drift:
+        return dict(row, ok=False, rel=rel, phase="compare",
+                    reason=f"replicated parameter {drift[0]} differs between ranks (rel {drift[1]:.2e}) with no error")
     return dict(row, ok=ok, rel=rel, phase="compare",
                 reason="" if ok else f"losses differ from one process (max rel {rel:.2e}) with no error")
+
+
+def replica_drift(got: list, tol: float = 1e-6):
+    """(name, relative difference) of the first parameter two ranks both hold whole but with different
+    values, or None.  A replicated weight must stay the same on every rank; one stepped with a
+    rank-local partial gradient drifts while the losses can still agree for a few steps."""
+    a, b = (g.get("replicas") or {} for g in got[:2])
+    for name in sorted(set(a) & set(b)):
+        for x, y in zip(a[name], b[name]):
+            d = abs(x - y) / max(abs(x), abs(y), 1e-12)
+            if d > tol:
+                return name, d
+    return None
 
 
 _PEER_LOST = r"Connection closed by peer|Connection reset|remote worker crash|another rank"

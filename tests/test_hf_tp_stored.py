@@ -23,7 +23,7 @@ from tests.emit_workers import hf_harness  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
-JOBS = {"stored": [("opt", "tp2"), ("stablelm", "tp2"), ("distilbert", "tp2+sp")],
+JOBS = {"stored": [("opt", "tp2"), ("stablelm", "tp2"), ("distilbert", "tp2+sp"), ("cat:qwen3", "tp2")],
         "whisper": [("whisper", "dp2"), ("whisper", "pp2"), ("whisper", "tp2")]}
 
 
@@ -49,7 +49,7 @@ def _matches(res):
     return ranks["0"]
 
 
-@pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in JOBS["stored"]])
+@pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in JOBS["stored"] if not k.startswith("cat:")])
 def test_stored_head_counts_run_equal_to_one_process(stored, cid):
     cases, plans = stored
     got = _matches(cases[cid])
@@ -57,6 +57,23 @@ def test_stored_head_counts_run_equal_to_one_process(stored, cid):
     attn = {"opt-tp2": "OPTAttention.num_heads 4 -> 2", "stablelm-tp2": "StableLmAttention.num_heads 4 -> 2",
             "distilbert-tp2+sp": "DistilBertSelfAttention"}[cid]
     assert any(n.startswith(f"tp: {attn}") for n in got["notes"]), got["notes"]
+
+
+def test_replicated_weights_inside_a_sharded_region_get_the_whole_gradient(stored):
+    """Qwen3's q_norm / k_norm (RMSNorm over head_dim) run on this rank's heads only: backward leaves
+    each tp rank part of their gradient.  Stepped as it was, each rank's copy drifted its own way while
+    the losses stayed within 1e-5 for 3 steps (2.1e-6); the emitter now sums those gradients over the
+    tp group, so both ranks hold the same weights and the losses match one process."""
+    from bench.hf_catalogue import replica_drift
+    cases, plans = stored
+    res = cases["cat:qwen3-tp2"]
+    got = _matches(res)
+    assert plans["cat:qwen3-tp2"]["parallel"]["tp"] == 2 and got["dtensor_params"] > 0
+    ranks = [res["ranks"][r] for r in ("0", "1")]
+    norms = [n for n in ranks[0]["replicas"] if n.endswith(("q_norm.weight", "k_norm.weight"))]
+    assert norms and all(n in ranks[1]["replicas"] for n in norms)
+    assert replica_drift(ranks) is None, replica_drift(ranks)
+    assert any("gradients summed over the tp group" in n for n in got["notes"]), got["notes"]
 
 
 def test_distilbert_sp_cuts_the_embeddings_at_their_sum(stored):

@@ -292,6 +292,30 @@ class GradAllReduce:
             off += g.numel()
 
 
+class TPPartialGrads:
+    """After backward: the gradients of replicated parameters that a sharded region applies to this
+    rank's part only (shape_audit.partial_params: a q_norm over head_dim on this rank's heads) are
+    summed over the tp group, so every tp rank steps the same full gradient, as one process does.
+    One flat all-reduce; under FSDP a gradient is this rank's dp shard, the same layout on every tp
+    rank, so its local part is summed."""
+
+    def __init__(self, params, group):
+        self.params = [p for p in params if p.requires_grad]
+        self.group = group
+
+    def __call__(self):
+        grads = [(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+                 for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+
 def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list,
             staged: bool = False, host_names: tuple = (), mixed: bool = False, grad_sync: str = "auto"):
     """Returns (module to run, gradient hook or None, effective zero level).  `host_names`: parameters

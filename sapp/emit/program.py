@@ -135,7 +135,9 @@ class Program:
             raise PlanError(f"local batch {inputs[0].shape[0]} does not split into {n} micro-batches; "
                             f"use a global batch divisible by dp x micro_batches")
         kw = {}
-        args = inputs if self.first_stage else ()
+        # contiguous: the stage was traced with contiguous examples, and torch's pipelining (2.11)
+        # refuses a micro-batch whose strides differ (ids sliced off a longer row: stride (17, 1))
+        args = tuple(x.contiguous() if torch.is_tensor(x) else x for x in inputs) if self.first_stage else ()
         losses = []
         if self.last_stage:
             kw = {"target": targets, "losses": losses}
@@ -259,11 +261,11 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         # shapes checked against the plan's split (sapp/emit/shape_audit.py)
         from . import shape_audit
         ex = _example_inputs(model, plan, example_inputs, 2, "cpu")
-        audit_notes = []
+        audit_notes, partial = [], []
         shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), par["tp"], ex, audit_notes,
-                          fix=LOCALISE)
+                          fix=LOCALISE, partial=partial)
     else:
-        audit_notes = []
+        audit_notes, partial = [], []
     if world > 1 and not dist.is_initialized():
         raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
                         "`sapp run` / torchrun and call sapp.emit.dist.init() first")
@@ -377,6 +379,14 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         wrapped[s] = w
         if hook:
             hooks.append(hook)
+    if partial:
+        # replicated weights applied to this rank's heads only: their gradients summed over tp
+        ids = {id(p) for n, p in model.named_parameters() if n in set(partial)}
+        mine_p = [p for mod in raw.values() for p in mod.parameters() if id(p) in ids]
+        if mine_p:
+            hooks.insert(0, parallel.TPPartialGrads(mine_p, mesh["tp"].get_group()))
+            notes.append(f"tp: {len(mine_p)} replicated parameter(s) applied to this rank's share of a split "
+                         f"axis (e.g. {sorted(partial)[0]}): gradients summed over the tp group")
     if traced is not None:
         tied = pipe_mod.TiedGrads(model, traced, n_stages, raw, pp, dp, tp)
         if tied.ties:

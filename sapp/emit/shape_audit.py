@@ -70,6 +70,51 @@ def expected_local(graph, regions: list, tp: int) -> dict:
     return exp
 
 
+def partial_params(graph, regions: list) -> list:
+    """Parameters a rank's gradient holds only part of: a replicated weight an op inside a sharded
+    region applies to the split axis it lacks (Qwen3's q_norm / k_norm over head_dim, applied to this
+    rank's heads).  Backward sums its gradient over this rank's heads only, so each tp rank would step
+    its copy with a different partial sum and the copies drift apart; the emitter sums those
+    gradients over the tp group (parallel.TPPartialGrads).  The openers' and closers' own weights are
+    split (or, for a closer's bias, added after its all-reduce) and are not partial."""
+    # weights reach an op through casts and arithmetic of their own (Gemma's `x * (1 + w.float())`):
+    # the parameters behind every node computed from parameters and constants alone
+    derived = {}
+    for name, node in graph.nodes.items():
+        acts = [o for o in node.operands if o.param is None and o.producer is not None]
+        if node.params and all(o.producer in derived for o in acts):
+            derived[name] = set(node.params).union(*(derived[o.producer] for o in acts))
+        elif not node.params and acts and all(o.producer in derived for o in acts):
+            derived[name] = set().union(*(derived[o.producer] for o in acts))
+    out = set()
+    for r in regions:
+        edge = {graph.nodes[n].module for n in r.openers + r.closers}
+        for n, d in r.dims.items():
+            node = graph.nodes[n]
+            if n in r.openers or n in r.closers or node.module in edge:
+                continue
+            for op in node.operands:
+                if d in op.dims:
+                    continue
+                if op.param is not None:
+                    out.add(op.param)
+                elif op.producer in derived:
+                    out.update(derived[op.producer])
+    out = {p for p in out if getattr(graph.params.get(p), "trainable", False)}     # not buffers
+    # a weight also used whole outside the regions would get that part summed tp times: refused
+    inside = {n for r in regions for n in r.dims}
+    for name, node in graph.nodes.items():
+        if name in inside or name in derived:
+            continue
+        used = set(node.params).union(*(derived.get(o.producer, ()) for o in node.operands if o.param is None))
+        if used & out:
+            p = sorted(used & out)[0]
+            raise PlanError(f"tensor parallelism: parameter {p!r} is applied both to a rank's share of a split "
+                            f"axis and to whole tensors (op {node.target or node.kind} in module "
+                            f"{node.module or '(model)'!r}); sapp cannot sum its gradient right: pin tp=1")
+    return sorted(out)
+
+
 def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
     """{(class, attribute): [(module name, global value)]}: on the innermost module holding a sharded
     region's linears, the int attributes whose name says width/heads and whose value is a size the
@@ -159,12 +204,12 @@ MAX_TRIES = 8
 
 
 def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple, notes: list,
-          fix: bool = True) -> int:
+          fix: bool = True, partial: list | None = None) -> int:
     """Everything above for one rank's tp layout; returns the ops checked (0: nothing sharded).
     The stored sizes set to local values are the candidates' largest set the audit passes: all of
     them, else all but one (a count that equals a head count by chance, e.g. StableLM's rotary_ndims
     at 4 heads), else none - and then the audit's refusal stands.  `fix=False` sets none (what the
-    audit catches without it: tests)."""
+    audit catches without it: tests).  `partial` (a list) receives partial_params' names."""
     from ..capture import capture
     from . import parallel
     local = parallel.local_layers(model, styles, tp, groups)
@@ -173,6 +218,8 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     with _quiet():
         graph = capture(model, example_inputs, target=_targets(model, example_inputs))
     regions = sharded_regions(graph, styles, groups, tp, model)
+    if partial is not None:
+        partial.extend(partial_params(graph, regions))
     cand = candidates(model, graph, regions, tp) if fix else {}
     tries = [cand] if cand else []
     if 1 < len(cand) <= MAX_TRIES:

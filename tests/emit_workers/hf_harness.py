@@ -48,9 +48,24 @@ def _run_case(case, rank):
                          f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", "phase": "step",
                 "trace": traceback.format_exc()[-2500:]}
     return {"losses": losses, "notes": prog.notes, "wall_s": time.perf_counter() - t0,
+            "replicas": _replicas(prog),
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
             "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp"),
             "stage": prog.stage_indices[0], "measured": measured, "sends": sends}
+
+
+def _replicas(prog) -> dict:
+    """{name: [sum, sum of squares]} of the parameters this rank holds whole (not DTensor shards)
+    after training: every tp rank must hold the same values, or a replicated weight stepped with a
+    gradient only part of the model's (a rank-local partial sum) and the copies drifted apart, an
+    error the losses can hide for a few steps."""
+    out = {}
+    for mod in prog.modules:
+        for n, p in mod.named_parameters():
+            if not hasattr(p, "placements"):
+                d = p.detach().double()
+                out[n] = [float(d.sum()), float((d * d).sum())]
+    return out
 
 
 def _record_sends(prog) -> dict:
