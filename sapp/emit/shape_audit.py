@@ -83,11 +83,27 @@ def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
             if d in node.out.dims and n not in r.closers:
                 sizes.add(int(node.out.shape[node.out.dims.index(d)]))
         owner_name = _common_module([graph.nodes[n].module for n in r.openers + r.closers])
-        owner = model.get_submodule(owner_name) if owner_name else model
-        for attr, value in list(vars(owner).items()):
-            if (type(value) is int and value > 1 and value in sizes and value % tp == 0
-                    and _WIDTH_NAME.search(attr)):
-                out.setdefault((type(owner).__name__, attr), []).append((owner_name, value))
+        for name in _holders(owner_name, [graph.nodes[n].module for n in r.openers]):
+            owner = model.get_submodule(name) if name else model
+            for attr, value in list(vars(owner).items()):
+                if (type(value) is int and value > 1 and value in sizes and value % tp == 0
+                        and _WIDTH_NAME.search(attr)):
+                    out.setdefault((type(owner).__name__, attr), []).append((name, value))
+    return out
+
+
+def _holders(owner: str, openers: list) -> list:
+    """`owner` and the modules between it and the openers: the sizes an attention reshapes by live
+    where its q/k/v do, which may sit below the module that also holds the closer (BigBird's
+    `attention.self` beside `attention.output.dense`)."""
+    out = [owner]
+    for o in openers:
+        parts = o.split(".")[:-1]
+        start = len(owner.split(".")) if owner else 0
+        for i in range(start + 1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name not in out:
+                out.append(name)
     return out
 
 
