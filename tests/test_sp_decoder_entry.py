@@ -103,3 +103,18 @@ def test_free_sp_search_shards_without_sp():
     sp_entry.check_entries(sec, dict(Seq2Seq().named_modules()), ["decoder.layers.0", "decoder.layers.1",
                                                                   "encoder.0", "encoder.1"])
     assert not plan.parallel.get("sp")
+
+
+def test_hf_encoder_decoder_tp2_plan_has_no_unplaceable_sp(tmp_path):
+    """transformers' EncoderDecoderModel (BERT + BERT, the catalogue's tiny config): SP priced on the
+    block template looked placeable; on the whole graph the decoder gathers the encoder's output.  A
+    free tp=2 search now returns tp without SP (before: sp on, and emit refused the plan)."""
+    import json
+
+    import pytest
+    pytest.importorskip("transformers")
+    from tests.emit_workers import hf_plans
+    with open(hf_plans.search_plan("cat:encoder-decoder", "tp2", tmp_path / "p.json")) as f:
+        plan = json.load(f)
+    assert plan["parallel"]["tp"] == 2 and plan["tp_modules"]
+    assert not plan["parallel"].get("sp") and "sp" not in plan["tp_layout"], plan["parallel"]

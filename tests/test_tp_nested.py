@@ -7,7 +7,9 @@ that the shape audit refused under tp=2):
   and fc2 were both column-split and the run failed at one rank's shapes;
 - an attention whose stored sizes live in a child module (`attention.self`) while the closer sits in
   a sibling (`attention.output.dense`), as BigBird / CvT write it: the local head count must be set
-  on the child, not only on the module holding both.
+  on the child, not only on the module holding both;
+- CvT's `permute(0, 2, 1, 3).contiguous()` over heads: at one local head the permuted tensor is
+  already contiguous and no op is recorded; the audit pairs the other ops in order.
 
 Each is checked by the shape audit at one rank's shapes (no processes): before the fixes it refuses."""
 import os
@@ -147,3 +149,42 @@ def test_sizes_in_a_child_module_are_made_local(ids):
     assert model.blocks[1].attention.self.all_head_size == D // 2
     # head size is no split size: kept
     assert model.blocks[1].attention.self.attention_head_size == D // H
+
+
+class TwoHeads(nn.Module):
+    """CvtSelfAttention's reshapes: head_dim from two stored sizes, heads joined after a contiguous()."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed_dim, self.num_heads = D, 2
+        self.q, self.k, self.v = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        hd = self.embed_dim // self.num_heads
+        q, k, v = (m(x).view(b, t, self.num_heads, hd).permute(0, 2, 1, 3) for m in (self.q, self.k, self.v))
+        a = torch.softmax(q @ k.transpose(-1, -2) * hd ** -0.5, dim=-1) @ v
+        return a.permute(0, 2, 1, 3).contiguous().view(b, t, self.num_heads * hd)
+
+
+class CvtLike(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.attention = nn.ModuleDict({"attention": TwoHeads(), "output": nn.Linear(D, D)})
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = x + self.attention["output"](self.attention["attention"](x))
+        return self.head(x)
+
+
+def test_a_contiguous_that_vanishes_at_one_local_head(ids):
+    torch.manual_seed(0)
+    model = CvtLike()
+    styles, groups = _layout(model, ids, _every_linear_cut)
+    assert styles["attention.attention.q"] == "colwise" and styles["attention.output"] == "rowwise", styles
+    notes = []
+    assert shape_audit.check(model, styles, groups, 2, (ids,), notes) > 0
+    assert model.attention["attention"].num_heads == 1 and model.attention["attention"].embed_dim == D // 2
