@@ -90,15 +90,11 @@ class Block(nn.Module):
 class Net(nn.Module):
     def __init__(self, gated: bool):
         super().__init__()
-        self.emb = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList([Block(gated), Block(gated)])
-        self.head = nn.Linear(D, VOCAB)
+        self.emb, self.head = nn.Embedding(VOCAB, D), nn.Linear(D, VOCAB)
+        self.blocks = nn.Sequential(Block(gated), Block(gated))
 
     def forward(self, ids):
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
+        return self.head(self.blocks(self.emb(ids)))
 
 
 def _layout(model, ids, choice_fn):
