@@ -185,6 +185,17 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
                        search_fn=tp_search_fn())
+    if cons.sp is None and _sp_unplaceable(graph, res):
+        # SP is priced on the block template; on the whole graph a piece may have no place the emitter
+        # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
+        # plan, so with sp free the search runs again without it (tp still shards its regions)
+        import dataclasses
+        from .errors import SappError
+        try:
+            res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
+                               settings=settings, progress=progress, search_fn=tp_search_fn())
+        except SappError:
+            pass                          # nothing else fits: the plan keeps SP and emit says why not
     search_s = time.perf_counter() - t0
     check_prediction(res.step_time_s, res.mfu)
     plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
@@ -194,6 +205,15 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if return_result:
         return plan, res
     return plan
+
+
+def _sp_unplaceable(graph, res) -> bool:
+    """Whether the result's sequence parallelism has a piece the emitter cannot place (sp_section's
+    `unsupported`, on the whole graph)."""
+    cfg = res.config
+    if not (getattr(cfg, "sp", False) and cfg.tp > 1):
+        return False
+    return bool(operator_section(graph, res.profile)[2].get("sp", {}).get("unsupported"))
 
 
 def tp_search_fn():

@@ -128,11 +128,27 @@ def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
             if d in node.out.dims and n not in r.closers:
                 sizes.add(int(node.out.shape[node.out.dims.index(d)]))
         owner_name = _common_module([graph.nodes[n].module for n in r.openers + r.closers])
-        owner = model.get_submodule(owner_name) if owner_name else model
-        for attr, value in list(vars(owner).items()):
-            if (type(value) is int and value > 1 and value in sizes and value % tp == 0
-                    and _WIDTH_NAME.search(attr)):
-                out.setdefault((type(owner).__name__, attr), []).append((owner_name, value))
+        for name in _holders(owner_name, [graph.nodes[n].module for n in r.openers]):
+            owner = model.get_submodule(name) if name else model
+            for attr, value in list(vars(owner).items()):
+                if (type(value) is int and value > 1 and value in sizes and value % tp == 0
+                        and _WIDTH_NAME.search(attr)):
+                    out.setdefault((type(owner).__name__, attr), []).append((name, value))
+    return out
+
+
+def _holders(owner: str, openers: list) -> list:
+    """`owner` and the modules between it and the openers: the sizes an attention reshapes by live
+    where its q/k/v do, which may sit below the module that also holds the closer (BigBird's
+    `attention.self` beside `attention.output.dense`)."""
+    out = [owner]
+    for o in openers:
+        parts = o.split(".")[:-1]
+        start = len(owner.split(".")) if owner else 0
+        for i in range(start + 1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name not in out:
+                out.append(name)
     return out
 
 
@@ -185,8 +201,13 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
                         f"({str(e).strip().splitlines()[0]}); it reshapes by a size the split changes: pin tp=1 "
                         f"or shard other layers") from None
     checked = 0
-    for n, node in graph.nodes.items():
-        got = mine.nodes.get(n)
+    # ops paired in order, skipping those that vanish where a tensor is already in the layout asked
+    # for (CvT's `permute(0, 2, 1, 3).contiguous()` over one local head dispatches nothing): they change
+    # no shape, and every op that does is still compared
+    ours = [m for m in mine.nodes.values() if str(m.target) not in _LAYOUT_ONLY]
+    theirs = [(n, node) for n, node in graph.nodes.items() if str(node.target) not in _LAYOUT_ONLY]
+    for i, (n, node) in enumerate(theirs):
+        got = ours[i] if i < len(ours) else None
         where = f"module {node.module or '(model)'!r}, op {node.target or node.kind}"
         if got is None or got.target != node.target:
             raise PlanError(f"tensor parallelism tp={tp}: at one rank's shapes the model runs other ops than "
@@ -198,6 +219,9 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
         checked += 1
     return checked
 
+
+# ops that return their input when it already has the layout asked for (no op recorded then)
+_LAYOUT_ONLY = frozenset({"aten.contiguous.default"})
 
 # at most this many leave-one-out tries when setting every candidate fails the audit
 MAX_TRIES = 8

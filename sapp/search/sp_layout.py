@@ -200,6 +200,7 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
         s = strategies.get(n) or ()
         return s[tp_level] if tp_level < len(s) else None
     consumers = graph.consumers()
+    blocks = {node.block for node in graph.nodes.values() if node.block}
     for n in graph.nodes:
         if n not in sp:
             continue
@@ -239,6 +240,12 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                     o.param is not None for o in cn.operands):
                 others = [graph.nodes[x].module or "" for x, _ in consumers[n] if x in sp]
                 where = _enclosing(cn.module, [node.module or ""] + others)
+                if any(b.startswith(where + ".") for b in blocks):
+                    # an encoder-decoder's decoder reading the encoder's output: its gather could not
+                    # tell that input from the others (sapp/emit/sp_entry.check_entries refuses it), so
+                    # sequence parallelism is not priced here and tp runs without it
+                    sec["unsupported"].append(f"{where} holds a stack of blocks and reads the sequence split of {n}")
+                    continue
                 sec["entries"].setdefault(where, axis)
             else:
                 sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")

@@ -178,14 +178,17 @@ def emittable(graph, choice: dict, tp: int):
     used, notes = [], []
     lin = set(linears(graph))
     cut = {n for n, d in choice.items() if n in lin and d in ("n", "k")}
-    for r in regions(graph, tp):
-        chosen = cut & (set(r.openers) | set(r.closers))
-        if not chosen:
-            continue
+    rs = [r for r in regions(graph, tp) if cut & (set(r.openers) | set(r.closers))]
+    for r in rs:
         if not r.why:
             out.update(r.dims)
             used.append(r)
-        elif len(r.openers) == 1 and choice.get(r.openers[0]) == "n":
+    # then the lone column splits, never over a linear a valid region already placed: AXK2's gate MLP
+    # fc2 closes fc1's region (row split) and opens an invalid one (its output meets the unsplit norm)
+    for r in rs:
+        if not r.why:
+            continue
+        if len(r.openers) == 1 and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None:
             out[r.openers[0]] = "n"             # e.g. the LM head: column split, output gathered
             used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
         else:
