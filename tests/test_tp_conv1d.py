@@ -112,32 +112,38 @@ def _reference():
     return m, x, float(loss.detach())
 
 
-def _rank(rank, world, out_dir, store):
+def _run(rank, world, store) -> dict:
+    """Both apply_tp paths on copies of the reference block, on this gloo rank."""
     import copy
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    code = 0
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from sapp.emit import parallel
+    ref, x, ref_loss = _reference()
+    res = {"ref": ref_loss}
+    mesh = init_device_mesh("cpu", (world,))
+    for how, groups in (("derived", GROUPS), ("hand-written", None)):
+        m = copy.deepcopy(ref)
+        m.zero_grad()
+        sharded = parallel.apply_tp(m, STYLES, mesh, notes=[], groups=groups)
+        loss = m(x).pow(2).sum()
+        loss.backward()
+        diff, local = 0.0, {}
+        for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            diff = max(diff, float((g - q.grad).abs().max() / q.grad.abs().max()))   # relative
+            local[n] = list((p.to_local() if hasattr(p, "to_local") else p).shape)
+        res[how] = {"loss": float(loss.detach()), "grad_diff": diff, "sharded": sharded, "local": local}
+    dist.destroy_process_group()
+    return res
+
+
+def _rank(rank, world, _cases, out_dir, store):
+    """A rank of tests/emit_workers/harness.fork_ranks: `_run`'s result (or its error) in rank<r>.json."""
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-        from sapp.emit import parallel
-        ref, x, ref_loss = _reference()
-        mesh = init_device_mesh("cpu", (world,))
-        res = {"ref": ref_loss}
-        for how, groups in (("derived", GROUPS), ("hand-written", None)):
-            m = copy.deepcopy(ref)
-            m.zero_grad()
-            sharded = parallel.apply_tp(m, STYLES, mesh, notes=[], groups=groups)
-            loss = m(x).pow(2).sum()
-            loss.backward()
-            diff, local = 0.0, {}
-            for (n, p), (_, q) in zip(m.named_parameters(), ref.named_parameters()):
-                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                diff = max(diff, float((g - q.grad).abs().max() / q.grad.abs().max()))   # relative
-                local[n] = list((p.to_local() if hasattr(p, "to_local") else p).shape)
-            res[how] = {"loss": float(loss.detach()), "grad_diff": diff, "sharded": sharded, "local": local}
-        dist.destroy_process_group()
+        res, code = _run(rank, world, store), 0
     except BaseException as e:                 # noqa: BLE001 - reported to the test
         res, code = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}, 1
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -145,25 +151,18 @@ def _rank(rank, world, out_dir, store):
     os._exit(code)
 
 
-def main(out_dir):
-    import torch.multiprocessing as mp
-    ctx = mp.start_processes(_rank, args=(2, out_dir, os.path.join(out_dir, "store")), nprocs=2, join=False,
-                             start_method="fork")
-    try:
-        while not ctx.join():
-            pass
-    except Exception:                          # noqa: BLE001 - the ranks' files say what happened
-        pass
-
-
 def test_conv1d_styles_equal_one_process_loss_and_gradients():
     """Both apply_tp paths (a searched layout's groups, a hand-written tp_modules): each Conv1D holds
     this rank's half on its own [in, out] layout, and loss and every gradient equal one process."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "tests.test_tp_conv1d", tmp], cwd=ROOT, timeout=120, check=False,
+        out = os.path.join(tmp, "out.json")
+        # a fresh process forks the ranks (not pytest's); a hung collective fails the test
+        subprocess.run([sys.executable, "-m", "tests.test_tp_conv1d", out], cwd=ROOT, timeout=120, check=False,
                        env=dict(os.environ, PYTHONPATH=ROOT))
-        got = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(2)]
-    for g in got:
+        with open(out) as f:
+            per_rank = json.load(f)
+    assert len(per_rank) == 2, per_rank
+    for g in per_rank.values():
         assert "error" not in g, g["error"]
         for how in ("derived", "hand-written"):
             r = g[how]
@@ -175,4 +174,6 @@ def test_conv1d_styles_equal_one_process_loss_and_gradients():
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from tests.emit_workers.harness import fork_ranks
+    with open(sys.argv[1], "w") as f:
+        json.dump(fork_ranks(_rank, 2, [])[1], f)
