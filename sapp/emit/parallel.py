@@ -79,8 +79,8 @@ def _splittable(m) -> bool:
     their own (an HF embedding subclass with a scale or a projection inside) makes DTensor register
     dotted parameter names (KeyError "parameter name can't contain '.'").  HF's Conv1D too, with
     styles of its own (sapp/emit/conv1d.py)."""
-    return conv1d.is_conv1d(m) or isinstance(m, (nn.Linear, nn.Embedding)) and not any(
-        True for c in m.children() for _ in c.parameters())
+    return conv1d.is_conv1d(m) or (isinstance(m, (nn.Linear, nn.Embedding)) and not any(
+        True for c in m.children() for _ in c.parameters()))
 
 
 def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False, sp_sec=None):
@@ -89,9 +89,8 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
     not a Linear/Embedding DTensor can split, not at all (a half-sharded region computes wrong
     values)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-    # Linear / Embedding styles also split HF's Conv1D on its [in, out] layout
-    ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's classes, subclassed
+    # torch's Colwise/RowwiseParallel, subclassed to also split HF's Conv1D on its [in, out] layout
+    ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's class names
     plan = {}
     owners = {}
     for n, p in module.named_parameters(remove_duplicate=False):
