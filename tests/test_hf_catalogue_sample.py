@@ -1,7 +1,7 @@
 """CI's fixed sample of the transformers catalogue (bench/hf_catalogue.py, issue #26): each architecture
 built tiny from its shrunk default config, captured with its loss, with 0 unknown ops, and a pinned tp=2
 search on a cluster where tp pays shards at least one module.  The sample covers every failure class
-the catalogue showed and capture now fixes: Falcon's `x @ W.T` linears (aten.numpy_T: unknown, tp2
+the catalogue showed and capture (or the layout) now fixes: GPT-2's Conv1D, Falcon's `x @ W.T` linears (aten.numpy_T: unknown, tp2
 sharded nothing), GPT-J's stack + repeat_interleave, Apertus' expm1, ConvBERT's im2col and multiply,
 Falcon-H1's einsum, beside plain decoders, an encoder, an encoder-decoder and a vision model (pad and
 eye, Bailing's, are too slow to capture here: tests/test_capture_catalogue_ops.py).  (Emission of these classes: tests/test_hf_emit.py.)"""
@@ -13,6 +13,7 @@ from bench import hf_catalogue as H  # noqa: E402
 
 SAMPLE = {
     "falcon": "x @ W.T linears (numpy_T)",
+    "gpt2": "HF Conv1D linears (addmm, weight stored [in, out]): tp2 sharded nothing",
     "gptj": "stack, repeat_interleave in rotary",
     "apertus": "expm1 in xIELU",
     "llama": "decoder, GQA",

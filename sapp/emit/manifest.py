@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from . import checks, ep as ep_mod, recompute, sp as sp_mod
+from . import checks, conv1d, ep as ep_mod, recompute, sp as sp_mod
 
 ROOT = "<root>"
 
@@ -77,6 +77,8 @@ def _tp_style(mod, tp_dim):
         return None
     if isinstance(mod, nn.Embedding):
         style = "vocab" if dim == 0 else "colwise"
+    elif conv1d.is_conv1d(mod):                # HF's Conv1D: weight [in, out]
+        style = "colwise" if dim == 1 else "rowwise"
     else:
         style = "colwise" if dim == 0 else "rowwise"
     if style == "colwise" and _gathers_output(mod):
@@ -114,7 +116,7 @@ def observed(prog) -> dict:
             if _is_fsdp(m):
                 units.append(pre + (name or ROOT))
                 zero = max(zero, 3 if _reshards(m) else 2)
-            style = _tp_style(m, "tp") if isinstance(m, (nn.Linear, nn.Embedding)) else None
+            style = _tp_style(m, "tp") if isinstance(m, (nn.Linear, nn.Embedding)) or conv1d.is_conv1d(m) else None
             if style:
                 tp[name] = style
             if type(m).__name__ == "HostEmbedding":
@@ -249,7 +251,8 @@ def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
         return "vocab"
     if groups is None and style in ("colwise", "colwise_gather"):
         splittable = {n: ("rowwise" if s == "vocab" else "colwise" if s == "colwise_gather" else s)
-                      for n, s in wanted.items() if issubclass(types.get(n, nn.Module), (nn.Linear, nn.Embedding))}
+                      for n, s in wanted.items() if issubclass(types.get(n, nn.Module), (nn.Linear, nn.Embedding))
+                      or conv1d.is_conv1d_class(types.get(n, nn.Module))}
         keep = style == "colwise" and _partnered(name, splittable, "rowwise")
         return "colwise" if keep else "colwise_gather"
     return style
@@ -273,7 +276,7 @@ def priced_tp(plan, types: dict) -> dict:
         t = types.get(mod)
         if d is None or t is None:
             continue
-        if issubclass(t, nn.Linear) and op.get("kind") == "matmul":
+        if (issubclass(t, nn.Linear) or conv1d.is_conv1d_class(t)) and op.get("kind") == "matmul":
             style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
         elif issubclass(t, nn.Embedding) and op.get("kind") == "embedding":
             style = "vocab" if d == "v" else ("colwise" if d == "h" else None)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import dtensor_local, sp
+from . import conv1d, dtensor_local, sp
 from .recompute import block_names
 
 
@@ -61,11 +61,15 @@ def _restore_leaf(module: nn.Module, name: str, original: nn.Module) -> nn.Modul
     return leaf
 
 
+def _leaf_type(m) -> bool:
+    return isinstance(m, (nn.Linear, nn.Embedding)) or conv1d.is_conv1d(m)
+
+
 def _tp_leaf(module, mods, name, originals):
-    """The Linear/Embedding at `name` in `module` (a pipeline stage's traced stand-in replaced by a
-    copy of the original layer), or None when it is another layer type."""
+    """The Linear/Embedding/Conv1D at `name` in `module` (a pipeline stage's traced stand-in replaced
+    by a copy of the original layer), or None when it is another layer type."""
     orig = (originals or {}).get(name)
-    if not isinstance(mods[name], (nn.Linear, nn.Embedding)) and isinstance(orig, (nn.Linear, nn.Embedding)):
+    if not _leaf_type(mods[name]) and _leaf_type(orig):
         mods[name] = _restore_leaf(module, name, orig)
     return mods[name] if _splittable(mods[name]) else None
 
@@ -73,9 +77,10 @@ def _tp_leaf(module, mods, name, originals):
 def _splittable(m) -> bool:
     """A Linear / Embedding DTensor's styles can split: one holding sub-modules with parameters of
     their own (an HF embedding subclass with a scale or a projection inside) makes DTensor register
-    dotted parameter names (KeyError "parameter name can't contain '.'")."""
-    return isinstance(m, (nn.Linear, nn.Embedding)) and not any(
-        True for c in m.children() for _ in c.parameters())
+    dotted parameter names (KeyError "parameter name can't contain '.'").  HF's Conv1D too, with
+    styles of its own (sapp/emit/conv1d.py)."""
+    return conv1d.is_conv1d(m) or (isinstance(m, (nn.Linear, nn.Embedding)) and not any(
+        True for c in m.children() for _ in c.parameters()))
 
 
 def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = False, sp_sec=None):
@@ -84,7 +89,8 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
     not a Linear/Embedding DTensor can split, not at all (a half-sharded region computes wrong
     values)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    # torch's Colwise/RowwiseParallel, subclassed to also split HF's Conv1D on its [in, out] layout
+    ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's class names
     plan = {}
     owners = {}
     for n, p in module.named_parameters(remove_duplicate=False):
@@ -136,7 +142,11 @@ def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
     out = {}
     for name, style in plan.items():
         lin = mods[name]
-        if style == "colwise":
+        if conv1d.is_conv1d(lin):           # weight [in, out]: nx in, nf out features
+            if style in ("colwise", "rowwise"):
+                k, n = (lin.nx, lin.nf // tp) if style == "colwise" else (lin.nx // tp, lin.nf)
+                out[name] = conv1d.resized(lin, k, n)
+        elif style == "colwise":
             out[name] = _resized(lin, lin.in_features, lin.out_features // tp)
         elif style == "rowwise":
             out[name] = _resized(lin, lin.in_features // tp, lin.out_features)
@@ -165,10 +175,11 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     `groups` (plans from sapp's search): the layout's regions, each sharded whole or not at all, with
     the styles meaning exactly what tp_layout derived.  Without groups (hand-written plans) a colwise
     layer keeps its output split when a rowwise sibling follows it (same parent), and other layer
-    types (e.g. HF GPT-2's Conv1D) stay replicated, with a note: still correct, only slower.
+    types stay replicated, with a note: still correct, only slower.  HF's Conv1D (GPT-2) is split
+    like a Linear on its own [in, out] layout (sapp/emit/conv1d.py).
     `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's, also for Conv1D
     mods = dict(module.named_modules())
     if groups is not None:
         if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/sp_entry.py)
@@ -185,8 +196,8 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
             continue
         if _tp_leaf(module, mods, n, originals) is None:
             if notes is not None:
-                notes.append(f"tp_modules[{n}] is a {type(mods[n]).__name__}; DTensor splits only Linear and "
-                             f"Embedding, so it runs replicated")
+                notes.append(f"tp_modules[{n}] is a {type(mods[n]).__name__}; DTensor splits only Linear, "
+                             f"Embedding and HF's Conv1D, so it runs replicated")
             continue
         present[n] = "rowwise" if s == "vocab" else ("colwise" if s == "colwise_gather" else s)
     plan = {}

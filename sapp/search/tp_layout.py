@@ -36,11 +36,14 @@ class Region:
 
 
 def _linear_weight(node):
-    """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None."""
+    """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None.
+    `addmm(bias, x, W[k, n])` is a linear too: HF's Conv1D (GPT-2's layers) stores its weight
+    transposed, and the emitter splits it along the same n / k (sapp/emit/conv1d.py)."""
     if node.kind != "matmul" or not node.module:
         return None
     for op in node.operands:
-        if op.param is not None and tuple(op.dims) == ("n", "k"):
+        if op.param is not None and (tuple(op.dims) == ("n", "k") or (
+                tuple(op.dims) == ("k", "n") and str(node.target).startswith("aten.addmm"))):
             return op
     return None
 

@@ -51,6 +51,7 @@ def _run_case(case, rank):
             "replicas": _replicas(prog),
             "dtensor_params": sum(1 for p in prog.parameters if hasattr(p, "placements")),
             "sp": prog.manifest.get("sp"), "sp_expected": prog.manifest_expected.get("sp"),
+            "tp_modules": prog.manifest.get("tp_modules"),
             "stage": prog.stage_indices[0], "measured": measured, "sends": sends}
 
 
