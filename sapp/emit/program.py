@@ -451,5 +451,24 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                    full_model=model if traced is None else None, allow_mismatch=allow_mismatch, mismatches=[],
                    repriced=None, runtime_checked=not any(m == "selective" for m in run_modes.values()))
     prog.manifest_expected = manifest_mod.expected(plan, prog, regions)
-    manifest_mod.check(prog)
+    _agree(lambda: manifest_mod.check(prog), world, device)
     return prog
+
+
+def _agree(check, world: int, device) -> None:
+    """Run a per-rank check and refuse on every rank if any rank refuses: a pipeline rank compares
+    only its own stages, and one rank raising while the others go on into the first step's
+    collectives would leave them waiting on it until the process group's timeout."""
+    try:
+        check()
+        err = None
+    except PlanError as e:
+        err = e
+    if world > 1 and dist.is_initialized():
+        flag = torch.tensor([0.0 if err is None else 1.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if err is None and flag.item() > 0:
+            raise PlanError("another rank refused the plan before the first step (its message says why); "
+                            "this rank stopped with it")
+    if err is not None:
+        raise err
