@@ -146,17 +146,21 @@ def test_unsupported_hf_architecture_is_one_line(tmp_path):
         search(str(tmp_path / "missing.json"), "cpu:gpus=1", global_batch=8)
 
 
-def test_cli_search_hf_config():
+def test_cli_search_hf_config(capsys, monkeypatch):
+    """In-process: a fresh interpreter per command only paid for importing torch."""
     pytest.importorskip("transformers")
-    p = _sapp("search", "--hf-config", "tests/data/llama.json", "--cluster", "h100-80g:nodes=1", "--json")
-    assert p.returncode == 0, p.stderr[-2000:]
-    plan = json.loads(p.stdout)
+    from sapp.cli import main
+    monkeypatch.chdir(ROOT)
+    rc = main(["search", "--hf-config", "tests/data/llama.json", "--cluster", "h100-80g:nodes=1", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-2000:]
+    plan = json.loads(out)
     assert plan["model"]["name"] == "tests/data/llama.json" and plan["devices"] == 8
     assert plan["model"]["meta"]["unknown_ops"] == []
     # 2 layers x (q, k, v, o, gate, up, down) + lm_head, all priced as GEMMs
     assert sum(1 for o in plan["operators"].values() if o["kind"] == "matmul") == 2 * 7 + 1
-    bad = _sapp("search", "--model", "gpt-tiny", "--hf-config", "tests/data/llama.json", "--cluster", "cpu")
-    assert bad.returncode != 0 and "not both" in bad.stderr
+    rc = main(["search", "--model", "gpt-tiny", "--hf-config", "tests/data/llama.json", "--cluster", "cpu"])
+    assert rc != 0 and "not both" in capsys.readouterr().err
 
 
 def test_cli_run_factory_model_two_processes(tmp_path):

@@ -146,12 +146,19 @@ def test_corrupted_latest_falls_back_to_previous(reference):
     assert ck.verify(str(d / "bad" / "step-00000006"))[0] is not None     # rewritten intact
 
 
-def test_unwritable_checkpoint_dir_refused_before_launch(reference, tmp_path):
+def test_unwritable_checkpoint_dir_refused_before_launch(reference, tmp_path, capsys, monkeypatch):
+    """In-process (a fresh interpreter only paid for importing torch); the launcher call is forbidden."""
+    from sapp.cli import main
+
+    def launched(*a, **k):
+        raise AssertionError("sapp run launched workers although the checkpoint directory was refused")
+    monkeypatch.setattr(subprocess, "call", launched)
     d, _, _ = reference
     (tmp_path / "file").write_text("x")
-    p = _sapp("run", str(d / "plan.json"), "--model", "gpt-tiny", "--checkpoint-dir", str(tmp_path / "file" / "c"))
-    assert p.returncode == 2 and "is not writable" in p.stderr and "Traceback" not in p.stderr
-    assert "launching" not in p.stdout
+    rc = main(["run", str(d / "plan.json"), "--model", "gpt-tiny", "--checkpoint-dir", str(tmp_path / "file" / "c")])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "is not writable" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "launching" not in out
 
 
 def test_resume_a_named_checkpoint_under_another_plan(reference):

@@ -67,7 +67,7 @@ class _Payload:
 
 
 # ---- finding 1: a crafted .metadata ------------------------------------------------------------------
-def test_crafted_metadata_is_refused_and_never_runs(tmp_path):
+def test_crafted_metadata_is_refused_and_never_runs(tmp_path, capsys):
     _saved(tmp_path / "c")
     path = str(tmp_path / "c" / "step-00000001")
     marker = tmp_path / "pwned"
@@ -81,14 +81,21 @@ def test_crafted_metadata_is_refused_and_never_runs(tmp_path):
     prog, names = _program()
     with pytest.raises(CheckpointError, match="refusing it"):
         ck.Checkpointer(str(tmp_path / "c"), names=names).load(prog, path)
-    # through `sapp run --resume PATH`: refused before any process starts, in one line
+    # through `sapp run --resume PATH`: refused before any process starts (the launcher call is
+    # forbidden), in one line; in-process: a fresh interpreter only paid for importing torch
     from tests.emit_workers.plans import make_plan
+    from sapp.cli import main
     import sapp.models as models
+
+    def launched(*a, **k):
+        raise AssertionError("sapp run launched workers although the checkpoint was refused")
     make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=4).save(tmp_path / "p.json")
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model", "mlp-tiny",
-                        "--resume", path], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=200)
-    assert p.returncode == 2 and "Traceback" not in p.stderr and "launching" not in p.stdout, p.stderr[-2000:]
-    assert len(p.stderr.strip().splitlines()) == 1 and "cannot resume from" in p.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess, "call", launched)
+        rc = main(["run", str(tmp_path / "p.json"), "--model", "mlp-tiny", "--resume", path])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in err and "launching" not in out, err[-2000:]
+    assert len(err.strip().splitlines()) == 1 and "cannot resume from" in err
     assert not marker.exists()              # the payload never ran
     pickle.loads(pickle.dumps(_Payload(marker)))
     assert marker.exists()                  # ... and would have, unpickled plainly

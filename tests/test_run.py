@@ -65,18 +65,29 @@ def test_sapp_run_with_data_file(tmp_path):
     assert len(losses) == 3 and len(set(losses)) == 3     # three different batches of 4 rows
 
 
-def test_refused_before_launch(searched_plan, tmp_path):
+def test_refused_before_launch(searched_plan, tmp_path, capsys, monkeypatch):
+    """In-process (the refusal happens before any worker; a fresh interpreter per case only paid for
+    importing torch): the launcher call itself is forbidden, so "before launch" is checked, not assumed."""
+    from sapp.cli import main
+
+    def launched(*a, **k):
+        raise AssertionError("sapp run launched workers although the plan was refused")
+    monkeypatch.setattr(subprocess, "call", launched)
+
+    def refused(*argv):
+        rc = main(list(argv))
+        out, err = capsys.readouterr()
+        assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "step 0" not in out and "launching" not in out
+        return err
     path, _ = searched_plan
-    p = _sapp("run", str(path), "--model", "gpt-tiny", "--nproc", "3")
-    assert p.returncode == 2 and "plan is for 2 devices" in p.stderr and "--nproc 2" in p.stderr
-    assert "step 0" not in p.stdout
-    p = _sapp("run", str(path), "--model", "gpt-small")
-    assert p.returncode == 2 and "search a new plan" in p.stderr and "Traceback" not in p.stderr
+    err = refused("run", str(path), "--model", "gpt-tiny", "--nproc", "3")
+    assert "plan is for 2 devices" in err and "--nproc 2" in err
+    assert "search a new plan" in refused("run", str(path), "--model", "gpt-small")
     d = json.loads(path.read_text())
     d["model"]["fingerprint"] = "0000000000000000"
     (tmp_path / "other.json").write_text(json.dumps(d))
-    p = _sapp("run", str(tmp_path / "other.json"), "--model", "gpt-tiny")
-    assert p.returncode == 2 and "fingerprint" in p.stderr and "step 0" not in p.stdout
+    assert "fingerprint" in refused("run", str(tmp_path / "other.json"), "--model", "gpt-tiny")
 
 
 def test_dead_rank_ends_job_quickly(searched_plan):

@@ -132,7 +132,9 @@ def main(argv):
     world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
     with open(cases_path) as f:
         cases = json.load(f)
-    failed, per_rank = fork_ranks(_worker, world, cases)
+    specs = {json.dumps(c["model"], sort_keys=True): c["model"] for c in cases if c.get("model")}
+    failed, per_rank = fork_ranks(_worker, world, cases,
+                                  builders=[lambda s=s: model(dict(s, device="meta")) for s in specs.values()])
     out = {"failed": failed, "cases": {}}
     for case in cases:
         losses, params = reference(case["steps"], case["batch"], case.get("model"))

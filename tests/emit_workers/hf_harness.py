@@ -118,8 +118,11 @@ def _worker(rank, world, cases, out_dir, store):
 
 def run(world: int, cases: list) -> dict:
     """Spawn `world` ranks over `cases`; {"failed", "errors", "cases": {id: {"ref", "ranks"}}}."""
+    import functools
     from tests.emit_workers import hf_models
-    failed, per_rank = fork_ranks(_worker, world, cases)
+    kinds = sorted({c["kind"] for c in cases})
+    failed, per_rank = fork_ranks(_worker, world, cases,
+                                  builders=[functools.partial(hf_models.build, k, device="meta") for k in kinds])
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:
