@@ -178,9 +178,14 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
         savers = first_savers(graph, mesh, settings) if savers is None else savers
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
-    sigs, node_memo, edge_memo, ids = {}, {}, {}, {}
-    for node in graph.nodes.values():
-        sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+    node_memo, edge_memo = {}, {}
+    sigs = memo.get("sigs") if memo is not None else None     # (the graph's nodes do not change)
+    if sigs is None:
+        sigs, ids = {}, {}
+        for node in graph.nodes.values():
+            sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+        if memo is not None:
+            memo["sigs"] = sigs
     overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
     gemms = {}
     shared = set()          # (producer, module, src, dst, direction) moved for another linear (_shared_entry)

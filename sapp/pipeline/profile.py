@@ -68,7 +68,7 @@ class Unit:
 def _pw(f, b):
     """Value at b of an affine (c0, c1) or of a convex piecewise-linear ((c0, c1), ...) function."""
     if f and isinstance(f[0], tuple):
-        return max(c0 + c1 * b for c0, c1 in f)
+        return max([c0 + c1 * b for c0, c1 in f])      # (a list: faster than a generator, the same max)
     return f[0] + f[1] * b
 
 
@@ -547,8 +547,9 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         num[z] = (one, two)
     rep_of = {u.name: u.rep for u in units}
     per_sample_flops = {}
-    for u in units:
-        per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
+    for u in reversed(units):       # (the last unit of each type sets it: only that one's sum is read)
+        if u.rep not in per_sample_flops:
+            per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
     out_units = []
     made = {}          # key -> the first unit built for it: identical blocks copy its numbers
     for u in units:

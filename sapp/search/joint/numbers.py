@@ -13,7 +13,7 @@ class UnitNumbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
-        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
+        cpt = cp_terms(ctx, prof, cfg)
         self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = (
             [] for _ in range(10))
         for u in prof.units:
@@ -50,6 +50,19 @@ class UnitNumbers:
         return self.hf[a] + self.hb[b - 1]
 
 
+def cp_terms(ctx, prof, cfg):
+    """CPTerms of a cp > 1 configuration (None at cp = 1), once per profile and (micro-batch size, cp,
+    tp): the unit and bound numbers of every ZeRO stage and ep degree share them."""
+    if cfg.cp <= 1:
+        return None
+    memo = prof.__dict__.setdefault("_cp_terms", {})
+    key = (cfg.mbs, cfg.cp, cfg.tp)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = CPTerms(ctx, prof, cfg)
+    return got
+
+
 def _values(u, cfg, cpt, ctx):
     """(time, act, extra, out, states, grad sync, param bytes, fwd, sync latency, held accumulators)
     of one unit."""
@@ -77,11 +90,15 @@ def _cuts(prof) -> list:
     """Indices j of the units a stage may end with: every block (as always priced), and glue a stage
     may end with (the next unit can start a stage; not before the first block under the block-entry
     cut of sequence parallelism, joint/evaluate._partition)."""
+    got = prof.__dict__.get("_cuts")       # (once per profile: every configuration's numbers ask)
+    if got is not None:
+        return got
     units = prof.units
     first = next((i for i, u in enumerate(units) if u.kind == "block"), None)
     shut = first if (first is not None and cut_at_block_entry(prof)) else None
-    return [j for j, u in enumerate(units) if u.kind == "block" or
-            (j + 1 < len(units) and units[j + 1].cut_before and j + 1 != shut)]
+    got = prof._cuts = [j for j, u in enumerate(units) if u.kind == "block" or
+                        (j + 1 < len(units) and units[j + 1].cut_before and j + 1 != shut)]
+    return got
 
 
 def cut_bytes(prof, out, cfg) -> dict:
@@ -118,7 +135,7 @@ class BoundNumbers:
                     counts[key] = [u, 0]
                 counts[key][1] += 1
             prof._rep_counts = counts
-        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
+        cpt = cp_terms(ctx, prof, cfg)
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         self.tblock = None          # the cheapest block's time (whole blocks per stage)
         self.gs_block = 0.0         # the cheapest block's gradient sync (the least last bucket)

@@ -29,8 +29,15 @@ def unequal_chunks(cfg, i, k):
     """The block counts of stage i's v chunks when they differ (interleaved, k blocks), else None."""
     if cfg.schedule != "interleaved" or cfg.v < 2 or k < 1:
         return None
+    return _unequal(cfg.v, cfg.pp, i, k)
+
+
+@functools.lru_cache(maxsize=4096)
+def _unequal(v, p, i, k):
+    """unequal_chunks of an interleaved schedule (the bounds and the partition ask it per stage and
+    block count, over and over)."""
     try:
-        ch = chunk_counts(int(round(k)), cfg.v, stage_end(i, cfg.pp))
+        ch = chunk_counts(int(round(k)), v, stage_end(i, p))
     except ValueError:          # fewer blocks than chunks: no layout (the partition never asks)
         return None
     return None if min(ch) == max(ch) else tuple(ch)
