@@ -57,6 +57,10 @@ class Unit:
     def reshard_at(self, b):
         return _pw(self.reshard, b)
 
+    def fb_at(self, b, zero):
+        """(fwd_s, bwd_s) at micro-batch size b: the first two of `at`."""
+        return _pw(self.zfwd.get(zero, self.fwd), b), _pw(self.zbwd.get(zero, self.bwd), b)
+
     def at(self, b, zero):
         """(fwd_s, bwd_s, act(3), extra(3), out_bytes) at micro-batch size b."""
         f = self.zfwd.get(zero, self.fwd)

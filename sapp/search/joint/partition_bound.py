@@ -78,7 +78,9 @@ def _floor_tables(ev):
     >= 0 to the memory floor, so a longer segment's floor is never lower (the loops may stop early);
     `tmono`: every unit time >= 0 (the time floor grows with the segment; otherwise the plain
     program runs)."""
-    tab = ev.__dict__.get("_pb_tab")
+    store = getattr(ev, "_shared", None)       # (StageEvaluator: shared by the evaluators of one configuration)
+    store = ev.__dict__ if store is None else store
+    tab = store.get("_pb_tab")
     if tab is not None:
         return tab
     num, cfg = ev.num, ev.cfg
@@ -91,7 +93,7 @@ def _floor_tables(ev):
         mono = mono and x >= 0 and a >= 0
         mem.append(mem[-1] + x)
         act.append(act[-1] + a)
-    tab = ev._pb_tab = {"t": tt, "mem": mem, "act": act, "mono": mono, "tmono": tmono}
+    tab = store["_pb_tab"] = {"t": tt, "mem": mem, "act": act, "mono": mono, "tmono": tmono}
     return tab
 
 
