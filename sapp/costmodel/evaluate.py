@@ -186,13 +186,24 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
             sigs[node.name] = ids.setdefault(_sig(node), len(ids))
         if memo is not None:
             memo["sigs"] = sigs
+    # per node: its operands' trainable flags (the node-memo key) and whether it is a linear with
+    # parameters (_shared_entry), fixed for this graph and owners table
+    okey = ("node facts", id(owners))
+    facts = memo.get(okey) if memo is not None else None
+    if facts is None or facts[0] is not owners:
+        facts = (owners, {n.name: (tuple(owners[n.name].get(o.param) for o in n.operands if o.param is not None),
+                                   bool(n.kind == "matmul" and n.params)) for n in graph.nodes.values()})
+        if memo is not None:
+            memo[okey] = facts
+    facts = facts[1]
     overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
     gemms = {}
     shared = set()          # (producer, module, src, dst, direction) moved for another linear (_shared_entry)
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
         own = owners[node.name]
-        nkey = (sigs[node.name], s, tuple(own.get(o.param) for o in node.operands if o.param is not None))
+        trainable, linear = facts[node.name]
+        nkey = (sigs[node.name], s, trainable)
         c = node_memo.get(nkey)
         if c is None:
             gk = (node.name, s, nkey[2])
@@ -201,7 +212,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
                 c = gnode[gk] = node_cost(node, s, mesh, cluster, settings, params=own)
             node_memo[nkey] = c
         d = per_node[node.name]
-        if overlap is not None and node.kind == "matmul" and node.params:
+        if overlap is not None and linear:
             gemms[node.name] = [c.fwd_s, c.bwd_s]
         d["fwd_s"] += c.fwd_s + c.fwd_comm_s
         d["bwd_s"] += c.bwd_s + c.bwd_comm_s
@@ -227,7 +238,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
                     fb = gedge[gk] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
                 edge_memo[ekey] = fb
             f, bw = fb
-            if node.kind == "matmul" and node.params and f + bw > 0:
+            if linear and f + bw > 0:
                 f, bw = _shared_entry(graph.nodes[o.producer], node, o, sp, s, f, bw, settings, shared)
             d["fwd_s"] += f
             d["bwd_s"] += bw
