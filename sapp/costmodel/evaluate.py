@@ -138,36 +138,81 @@ def _shared_entry(prod, node, operand, sp, s, f, bw, settings, shared):
     return f, bw
 
 
+def memo_tables(memo, mesh, cluster, settings):
+    """(node costs, edge times, saved items) kept in `memo` (a dict the caller holds for one graph,
+    whose nodes do not change) for this mesh, cluster and settings: results of node_cost, edge_times
+    and saved_items keyed by node names and strategies, shared by the evaluations of that graph."""
+    key = ("cost", mesh, id(cluster), settings)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = ({}, {}, {}, cluster)      # (the cluster held: its id stays its own)
+    return got[:3]
+
+
+def _saved(table, node, s, mesh, settings):
+    """saved_items(node, s, ...), looked up in `table` (memo_tables) when one is given."""
+    if table is None:
+        return saved_items(node, s, mesh, settings)
+    got = table.get((node.name, s))
+    if got is None:
+        got = table[(node.name, s)] = saved_items(node, s, mesh, settings)
+    return got
+
+
 def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None, savers=None,
-                      activations=True, totals=True) -> ShardingCost:
+                      activations=True, totals=True, memo=None) -> ShardingCost:
     """Additive cost: sum of node costs + edge resharding; memory = model states + saved activations
     per device.  Edge costs are booked to the consumer's node / block.  `owners` / `savers`: this
     graph's param_owners / first_savers(graph, mesh, settings) when the caller has them already.
     A stage profile reads only `per_node` and samples times at several batches: `activations` False
     leaves activation bytes at 0, `totals` False leaves the graph / block totals and the per-node
-    sums (comm_s, time_s, memory_bytes) unset."""
+    sums (comm_s, time_s, memory_bytes) unset.  `memo`: a dict the caller keeps with this graph
+    (memo_tables), for evaluations of it under other strategies on the same mesh: an operator or
+    edge whose strategies an earlier evaluation priced is not priced again (the same call, the
+    same numbers)."""
     check_strategies(graph, strategies, mesh)
+    gnode, gedge, gsaved = memo_tables(memo, mesh, cluster, settings) if memo is not None else ({}, {}, None)
     ensure_widths(graph)        # (first_savers stamps them too; without activations it is not called)
     owners = param_owners(graph) if owners is None else owners
     if activations:
         savers = first_savers(graph, mesh, settings) if savers is None else savers
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
-    sigs, node_memo, edge_memo, ids = {}, {}, {}, {}
-    for node in graph.nodes.values():
-        sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+    node_memo, edge_memo = {}, {}
+    sigs = memo.get("sigs") if memo is not None else None     # (the graph's nodes do not change)
+    if sigs is None:
+        sigs, ids = {}, {}
+        for node in graph.nodes.values():
+            sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+        if memo is not None:
+            memo["sigs"] = sigs
+    # per node: its operands' trainable flags (the node-memo key) and whether it is a linear with
+    # parameters (_shared_entry), fixed for this graph and owners table
+    okey = ("node facts", id(owners))
+    facts = memo.get(okey) if memo is not None else None
+    if facts is None or facts[0] is not owners:
+        facts = (owners, {n.name: (tuple(owners[n.name].get(o.param) for o in n.operands if o.param is not None),
+                                   bool(n.kind == "matmul" and n.params)) for n in graph.nodes.values()})
+        if memo is not None:
+            memo[okey] = facts
+    facts = facts[1]
     overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
     gemms = {}
     shared = set()          # (producer, module, src, dst, direction) moved for another linear (_shared_entry)
     for node in graph.nodes.values():
         s = tuple(strategies[node.name])
         own = owners[node.name]
-        nkey = (sigs[node.name], s, tuple(own.get(o.param) for o in node.operands if o.param is not None))
+        trainable, linear = facts[node.name]
+        nkey = (sigs[node.name], s, trainable)
         c = node_memo.get(nkey)
         if c is None:
-            c = node_memo[nkey] = node_cost(node, s, mesh, cluster, settings, params=own)
+            gk = (node.name, s, nkey[2])
+            c = gnode.get(gk)
+            if c is None:
+                c = gnode[gk] = node_cost(node, s, mesh, cluster, settings, params=own)
+            node_memo[nkey] = c
         d = per_node[node.name]
-        if overlap is not None and node.kind == "matmul" and node.params:
+        if overlap is not None and linear:
             gemms[node.name] = [c.fwd_s, c.bwd_s]
         d["fwd_s"] += c.fwd_s + c.fwd_comm_s
         d["bwd_s"] += c.bwd_s + c.bwd_comm_s
@@ -177,7 +222,7 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
         d["param_bytes"] += c.param_bytes
         d["grad_bytes"] += c.grad_bytes
         d["optimizer_bytes"] += c.optimizer_bytes
-        for tid, b in saved_items(node, s, mesh, settings) if activations else ():
+        for tid, b in _saved(gsaved, node, s, mesh, settings) if activations else ():
             if savers.get(tid) == node.name:
                 d["activation_bytes"] += b
         for i, o in enumerate(node.operands):
@@ -187,9 +232,13 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
             ekey = (sigs[o.producer], sigs[node.name], i, sp, s)
             fb = edge_memo.get(ekey)
             if fb is None:
-                fb = edge_memo[ekey] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
+                gk = (o.producer, node.name, i, sp, s)
+                fb = gedge.get(gk)
+                if fb is None:
+                    fb = gedge[gk] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
+                edge_memo[ekey] = fb
             f, bw = fb
-            if node.kind == "matmul" and node.params and f + bw > 0:
+            if linear and f + bw > 0:
                 f, bw = _shared_entry(graph.nodes[o.producer], node, o, sp, s, f, bw, settings, shared)
             d["fwd_s"] += f
             d["bwd_s"] += bw

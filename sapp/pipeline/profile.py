@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..costmodel import (collective_time, evaluate_sharding, first_savers, model_state_bytes,
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
+from ..costmodel.evaluate import memo_tables
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
@@ -56,6 +57,10 @@ class Unit:
     def reshard_at(self, b):
         return _pw(self.reshard, b)
 
+    def fb_at(self, b, zero):
+        """(fwd_s, bwd_s) at micro-batch size b: the first two of `at`."""
+        return _pw(self.zfwd.get(zero, self.fwd), b), _pw(self.zbwd.get(zero, self.bwd), b)
+
     def at(self, b, zero):
         """(fwd_s, bwd_s, act(3), extra(3), out_bytes) at micro-batch size b."""
         f = self.zfwd.get(zero, self.fwd)
@@ -67,7 +72,7 @@ class Unit:
 def _pw(f, b):
     """Value at b of an affine (c0, c1) or of a convex piecewise-linear ((c0, c1), ...) function."""
     if f and isinstance(f[0], tuple):
-        return max(c0 + c1 * b for c0, c1 in f)
+        return max([c0 + c1 * b for c0, c1 in f])      # (a list: faster than a generator, the same max)
     return f[0] + f[1] * b
 
 
@@ -245,9 +250,10 @@ def _producer(tid):
     return tid.split(":")[0]       # "<producer>:mask", "<producer>:cast><saver>#<i>" (an autocast copy)
 
 
-def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, regather=None):
+def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, regather=None, saved=None):
     """(none, selective, full) activation bytes per device for one unit.  `regather` ({(saver,
-    tensor id): shards}): inputs a sequence-parallel region entry keeps as its shard (sp_regather)."""
+    tensor id): shards}): inputs a sequence-parallel region entry keeps as its shard (sp_regather);
+    `saved`: saved_items per (node, strategy) already computed for this graph (memo_tables)."""
     names = list(unit_nodes)
     inside = set(names)
     core = attention_core(graph, names)
@@ -255,7 +261,9 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
     regather = regather or {}
     for n in names:
         node = graph.nodes[n]
-        for tid, b in saved_items(node, tuple(strategies[n]), mesh, settings):
+        s = tuple(strategies[n])
+        got = saved.get((n, s)) if saved is not None else None
+        for tid, b in got if got is not None else saved_items(node, s, mesh, settings):
             if savers.get(tid) != n:
                 continue
             b /= regather.get((n, tid), (1, 0.0))[0]
@@ -297,19 +305,28 @@ def unit_params(graph, names, strategies, mesh, owners, dp=1):
 
 
 def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, acts=True, samples=1.0, roles=None,
-                  owners=None):
+                  owners=None, sp=None, memo=None):
     """{unit name: its numbers} at the batch `graph` holds, for the units with operators in `graph`
     (`units`: Units, or their (unit, node names in the template) pairs from template_units, which
     build_profile computes once per search; `owners`: param_owners of the template, the same at
-    every batch)."""
+    every batch; `sp`: sp_node_set of these strategies, which reads no batch size: the same at every
+    batch; `memo`: a dict kept with `graph` for evaluate_sharding's per-node results)."""
     if units and not isinstance(units[0], tuple):
         units = template_units(graph, units)
     st = dataclasses.replace(settings, zero=zero)
     owners = param_owners(graph) if owners is None else owners
-    savers = first_savers(graph, mesh, st) if acts else None
+    savers = None
+    if acts:        # (per graph, mesh and settings: the same for every layout on that mesh)
+        skey = ("savers", mesh, st)
+        savers = memo.get(skey) if memo is not None else None
+        if savers is None:
+            savers = first_savers(graph, mesh, st)
+            if memo is not None:
+                memo[skey] = savers
     cost = evaluate_sharding(graph, strategies, mesh, cluster, st, owners=owners, savers=savers,
-                             activations=acts, totals=False)
-    sp = sp_node_set(graph, strategies, mesh, roles)
+                             activations=acts, totals=False, memo=memo)
+    sp = sp_node_set(graph, strategies, mesh, roles) if sp is None else sp
+    saved = memo_tables(memo, mesh, cluster, st)[2] if memo is not None else None
     regather = sp_regather(graph, strategies, mesh, roles, st, sp=sp)
     seq = sp_out_shards(graph, strategies, mesh, roles, sp=sp)
     out = {}
@@ -323,7 +340,8 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         fwd = sum(d["fwd_s"] for d in pn) - pc + gather
         rg = sp_regather_time(graph, regather, set(names), mesh, roles, cluster, st)
         bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg
-        act = unit_activations(graph, names, strategies, mesh, st, savers, regather) if acts else (0.0, 0.0, 0.0)
+        act = (unit_activations(graph, names, strategies, mesh, st, savers, regather, saved) if acts
+               else (0.0, 0.0, 0.0))
         sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
@@ -338,6 +356,16 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
             "out": _out_bytes(graph, names, dp, st) / seq.get(names[-1], 1),
         }
     return out
+
+
+def _fresh(numbers):
+    """A copy of build_profile's (num, samples) whose mutable members (a unit's states, its parameter
+    list) no other profile shares."""
+    def unit(d):
+        return dict(d, states=dict(d["states"]), param_list=list(d["param_list"]))
+    (a, b), samples = numbers
+    a2, b2 = {k: unit(v) for k, v in a.items()}, {k: unit(v) for k, v in b.items()}
+    return (a2, b2), [a2, b2] + [{k: unit(v) for k, v in smp.items()} for smp in samples[2:]]
 
 
 def _out_bytes(graph, names, dp, settings):
@@ -492,14 +520,25 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     _, tunits, owners = gc[("units", id(units))]
     # gradient sync is per step: a sparse table's touched rows accumulate over the rank's samples
     steps = max(1, max_mbs)
-    num[z0] = tuple(_unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps, roles=roles,
-                                  owners=owners) for t in (t1, t2))
-    # further time samples (activations are affine: no need), see the module docstring
     points = sample_points(max_mbs)
-    samples = [num[z0][0], num[z0][1]] + [
-        _unit_numbers(rebatch(template, dp * b), tunits, strategies, mesh, cluster, settings, z0, dp, acts=False,
-                      roles=roles, owners=owners)
-        for b in points[2:]]
+    # A profile whose strategies equal an earlier one's on the same mesh (sequence parallelism
+    # unavailable: the same layout as without it; tp = 1) has the same numbers: computed once.
+    nkey = ("numbers", dp, tp, tuple(strategies.items()), z0, steps, tuple(points), settings, id(cluster))
+    if nkey in gc:
+        num[z0], samples = _fresh(gc[nkey])
+    else:
+        sp_set = sp_node_set(t1, strategies, mesh, roles)
+
+        def memo(t):        # evaluate_sharding's per-node results, kept per rebatched template
+            return gc.setdefault(("cost memo", t.batch_size), {})
+        num[z0] = tuple(_unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps,
+                                      roles=roles, owners=owners, sp=sp_set, memo=memo(t)) for t in (t1, t2))
+        # further time samples (activations are affine: no need), see the module docstring
+        samples = [num[z0][0], num[z0][1]] + [
+            _unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, acts=False, roles=roles,
+                          owners=owners, sp=sp_set, memo=memo(t))
+            for t in (rebatch(template, dp * b) for b in points[2:])]
+        gc[nkey] = _fresh((num[z0], samples))
     for z in zeros[1:]:
         sz = dataclasses.replace(settings, zero=z)
         one, two = {}, {}
@@ -512,8 +551,9 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         num[z] = (one, two)
     rep_of = {u.name: u.rep for u in units}
     per_sample_flops = {}
-    for u in units:
-        per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
+    for u in reversed(units):       # (the last unit of each type sets it: only that one's sum is read)
+        if u.rep not in per_sample_flops:
+            per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
     out_units = []
     made = {}          # key -> the first unit built for it: identical blocks copy its numbers
     for u in units:

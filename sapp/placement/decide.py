@@ -67,7 +67,7 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
     off = None
     if stage.dense:
         n = sum(stage.dense.values())
-        local = None if device_split is None else sum(v / device_split.get(p, tp) for p, v in stage.dense.items())
+        local = None if device_split is None else _local_params(stage, device_split, tp)
         off = C.optimizer_offload_cost(n, cluster, settings, groups=len(stage.groups),
                                        largest_group=max(stage.groups.values()), local_params=local,
                                        largest_param=max(stage.dense.values()), **kw)
@@ -115,6 +115,23 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         raise InfeasibleError(_host_msg(need, cap, cluster, sharers, "the pinned host placement"),
                               needed_bytes=need, capacity_bytes=cap)
     return opts if keep_host_infeasible else fits
+
+
+_LOCAL = {}     # (id(stage), id(device_split), tp) -> (stage, device_split, sum): the joint search asks per config
+
+
+def _local_params(stage, device_split, tp):
+    """Dense parameters one tp rank holds: each divided by the ways the stage's layout splits it
+    (memoised per stage, split table and tp: the joint search weighs the same model for many configurations)."""
+    key = (id(stage), id(device_split), tp)
+    hit = _LOCAL.get(key)
+    if hit is not None and hit[0] is stage and hit[1] is device_split:
+        return hit[2]
+    got = sum(v / device_split.get(p, tp) for p, v in stage.dense.items())
+    if len(_LOCAL) >= 256:
+        _LOCAL.clear()
+    _LOCAL[key] = (stage, device_split, got)
+    return got
 
 
 def _emittable(plans, zero):

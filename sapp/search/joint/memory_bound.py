@@ -32,15 +32,20 @@ def envelope(points):
     """f(y): the least extra seconds of any fractional mix of `points` [(stash bytes, extra s)] whose
     stash is at most y (None below the smallest stash).  Two points suffice for one constraint."""
     pts = sorted(set(points))
+    # per point, the later points it spans (a2 > a1) with e1 - e2 and a2 - a1 computed once: the
+    # same floats and the same order of `min` as the plain double loop (it is asked per stage price)
+    pre = [(a1, e1, [(a2, e2, e1 - e2, a2 - a1) for a2, e2 in pts[i + 1:] if a2 > a1])
+           for i, (a1, e1) in enumerate(pts)]
 
     def f(y):
         best = None
-        for i, (a1, e1) in enumerate(pts):
-            if a1 <= y:
-                best = e1 if best is None else min(best, e1)
-            for a2, e2 in pts[i + 1:]:
-                if a1 <= y <= a2 and a2 > a1:
-                    e = e2 + (e1 - e2) * (a2 - y) / (a2 - a1)
+        for a1, e1, spans in pre:
+            if a1 > y:
+                break           # (sorted: no later point is below y either)
+            best = e1 if best is None else min(best, e1)
+            for a2, e2, de, da in spans:
+                if y <= a2:
+                    e = e2 + de * (a2 - y) / da
                     best = e if best is None else min(best, e)
         return best
     return f

@@ -13,17 +13,16 @@ class UnitNumbers:
 
     def __init__(self, prof, cfg, ctx):
         per_rep = {}
-        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
-        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = (
-            [] for _ in range(10))
+        cpt = cp_terms(ctx, prof, cfg)
+        rows = []
         for u in prof.units:
             key = u.rep if u.kind == "block" else u.name
             r = per_rep.get(key)
             if r is None:
                 r = per_rep[key] = _values(u, cfg, cpt, ctx)
-            for lst, val in zip((self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes,
-                                 self.fwd, self.lat, self.gacc), r):
-                lst.append(val)
+            rows.append(r)
+        cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(10)]
+        self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = cols
         # what a stage boundary after unit j sends per device: {j: (forward, of which not floating
         # point, backward)}, and the most over the cuts
         self.cuts = cut_bytes(prof, self.out, cfg)
@@ -48,6 +47,36 @@ class UnitNumbers:
         if self.hf is None or b <= a:
             return 0.0
         return self.hf[a] + self.hb[b - 1]
+
+
+def cp_terms(ctx, prof, cfg):
+    """CPTerms of a cp > 1 configuration (None at cp = 1), once per profile and (micro-batch size, cp,
+    tp): the unit and bound numbers of every ZeRO stage and ep degree share them."""
+    if cfg.cp <= 1:
+        return None
+    memo = prof.__dict__.setdefault("_cp_terms", {})
+    key = (cfg.mbs, cfg.cp, cfg.tp)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = CPTerms(ctx, prof, cfg)
+    return got
+
+
+def _bound_values(u, cfg, cpt, ctx):
+    """What BoundNumbers reads of `_values` (time, out, grad sync, fwd, sync latency), by the same
+    operations, without the memory terms (the bounds are asked for every configuration)."""
+    bs = cfg.mbs / cfg.cp
+    f, b = u.fb_at(bs, cfg.zero)
+    out = u.out_bytes[0] + u.out_bytes[1] * bs
+    if cpt is not None:
+        cf, cb, _, _ = cpt.of(u)
+        f, b = f + cf, b + cb
+    sync = u.grad_sync[cfg.zero]
+    if cfg.ep > 1:
+        d = unit_delta(ctx, u, cfg)
+        f, b = f + d["fwd_s"], b + d["bwd_s"]
+        sync = max(0.0, sync + d["sync_s"])
+    return (f + b, None, None, out, None, sync, None, f, u.sync_lat.get(cfg.zero, 0.0), None)
 
 
 def _values(u, cfg, cpt, ctx):
@@ -77,11 +106,15 @@ def _cuts(prof) -> list:
     """Indices j of the units a stage may end with: every block (as always priced), and glue a stage
     may end with (the next unit can start a stage; not before the first block under the block-entry
     cut of sequence parallelism, joint/evaluate._partition)."""
+    got = prof.__dict__.get("_cuts")       # (once per profile: every configuration's numbers ask)
+    if got is not None:
+        return got
     units = prof.units
     first = next((i for i, u in enumerate(units) if u.kind == "block"), None)
     shut = first if (first is not None and cut_at_block_entry(prof)) else None
-    return [j for j, u in enumerate(units) if u.kind == "block" or
-            (j + 1 < len(units) and units[j + 1].cut_before and j + 1 != shut)]
+    got = prof._cuts = [j for j, u in enumerate(units) if u.kind == "block" or
+                        (j + 1 < len(units) and units[j + 1].cut_before and j + 1 != shut)]
+    return got
 
 
 def cut_bytes(prof, out, cfg) -> dict:
@@ -91,11 +124,14 @@ def cut_bytes(prof, out, cfg) -> dict:
     position-only ones are recomputed by every stage; the others go forward, and their gradient
     back only when they carry one)."""
     b = cfg.mbs / cfg.cp
+    memo = prof.__dict__.setdefault("_side_at", {})     # (per profile and micro-batch: the same for every zero)
+    side = memo.get(b)
+    if side is None:
+        side = memo[b] = [(j, tuple(c0 + c1 * b for c0, c1 in getattr(prof.units[j], "side", _NO_SIDE)),
+                           getattr(prof.units[j], "out_crosses", True)) for j in _cuts(prof)]
     out_d = {}
-    for j in _cuts(prof):
-        u = prof.units[j]
-        fl, other, bwd = (c0 + c1 * b for c0, c1 in getattr(u, "side", _NO_SIDE))
-        own = out[j] if getattr(u, "out_crosses", True) else 0.0
+    for j, (fl, other, bwd), crosses in side:
+        own = out[j] if crosses else 0.0
         out_d[j] = (own + fl + other, other, own + bwd)
     return out_d
 
@@ -118,14 +154,14 @@ class BoundNumbers:
                     counts[key] = [u, 0]
                 counts[key][1] += 1
             prof._rep_counts = counts
-        cpt = CPTerms(ctx, prof, cfg) if cfg.cp > 1 else None
+        cpt = cp_terms(ctx, prof, cfg)
         self.tot = self.tmax = self.gs = self.lat = self.boundary = 0.0
         self.tblock = None          # the cheapest block's time (whole blocks per stage)
         self.gs_block = 0.0         # the cheapest block's gradient sync (the least last bucket)
         # ZeRO-3 under FSDP2's prefetch hides a gather by at most its neighbour's compute
         # (costmodel.gradsync.fsdp_prefetch_hidden), so by at most the largest unit's (a lower bound)
         prefetch = cfg.zero == 3 and overlap_rule(ctx.cluster, 3, cfg.pp, cfg.tp, ctx.settings.runtime) == "fsdp-units"
-        vals = [(u, k, _values(u, cfg, cpt, ctx)) for u, k in counts.values()]
+        vals = [(u, k, _bound_values(u, cfg, cpt, ctx)) for u, k in counts.values()]
         if prefetch:
             gath = {id(u): _unit_gather(u, cfg) for u, _, _ in vals}
             cf = max(max(0.0, v[7] - gath[id(u)][0]) for u, _, v in vals)
@@ -151,8 +187,8 @@ def _unit_gather(u, cfg):
     """(forward, backward) seconds of a unit's ZeRO-3 parameter gathers at this micro-batch size: what
     the profile's ZeRO-3 curves add to its ZeRO-0 ones (batch-independent: pipeline/profile.py)."""
     b = cfg.mbs / cfg.cp
-    f3, b3 = u.at(b, 3)[:2]
-    f0, b0 = u.at(b, 0)[:2]
+    f3, b3 = u.fb_at(b, 3)
+    f0, b0 = u.fb_at(b, 0)
     return max(0.0, f3 - f0), max(0.0, b3 - b0)
 
 

@@ -78,7 +78,9 @@ def _floor_tables(ev):
     >= 0 to the memory floor, so a longer segment's floor is never lower (the loops may stop early);
     `tmono`: every unit time >= 0 (the time floor grows with the segment; otherwise the plain
     program runs)."""
-    tab = ev.__dict__.get("_pb_tab")
+    store = getattr(ev, "_shared", None)       # (StageEvaluator: shared by the evaluators of one configuration)
+    store = ev.__dict__ if store is None else store
+    tab = store.get("_pb_tab")
     if tab is not None:
         return tab
     num, cfg = ev.num, ev.cfg
@@ -91,7 +93,7 @@ def _floor_tables(ev):
         mono = mono and x >= 0 and a >= 0
         mem.append(mem[-1] + x)
         act.append(act[-1] + a)
-    tab = ev._pb_tab = {"t": tt, "mem": mem, "act": act, "mono": mono, "tmono": tmono}
+    tab = store["_pb_tab"] = {"t": tt, "mem": mem, "act": act, "mono": mono, "tmono": tmono}
     return tab
 
 
@@ -135,6 +137,10 @@ def _solve(ev, n, p, cut_before, tab, sc, U):
         last = i == p - 1
         js = (n,) if last else ends
         left = p - 1 - i
+        # (this stage's constants and the previous stage's rows in locals: the loops below are the
+        # search's innermost; the same expressions, evaluated in the same order)
+        sci, infli, mcapi = sc[i], infl[i], mcap[i]
+        pf0, pf1 = (f0[i - 1], f1[i - 1]) if i > 0 else (None, None)
         for j in js:
             if not last and Tt[n] - Tt[j] > left * U * slack:
                 exact = False              # the rest cannot fit in the stages left within U
@@ -144,21 +150,22 @@ def _solve(ev, n, p, cut_before, tab, sc, U):
             else:
                 ks = range(j - 1, 0, -1)
             cands = []
+            Ttj, Mj, Aj = Tt[j], M[j], A[j]
             for k in ks:
-                tf = ((Tt[j] - Tt[k]) + sc[i]) * lo_t
+                tf = ((Ttj - Tt[k]) + sci) * lo_t
                 if tf > U:
                     exact = False
                     break                  # longer segments only take longer
                 if i > 0:
                     if not cut_before[k]:
                         continue
-                    prev0 = f0[i - 1][k]
+                    prev0 = pf0[k]
                     if prev0 == INF:
                         continue
-                    prev1 = f1[i - 1][k]
+                    prev1 = pf1[k]
                 else:
                     prev0 = prev1 = 0.0
-                if (M[j] - M[k]) + infl[i] * (A[j] - A[k]) > mcap[i]:
+                if (Mj - M[k]) + infli * (Aj - A[k]) > mcapi:
                     if mono:
                         break              # nor would any longer segment
                     continue               # seg would find it does not fit

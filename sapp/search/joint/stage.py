@@ -7,13 +7,20 @@ import math
 from bisect import bisect_left
 
 from ...pipeline.partition import chunk_counts, stage_end
-from ...pipeline.schedule import chunk_peak, in_flight
+from ...pipeline.schedule import chunk_peak as _chunk_peak, in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
 from .numbers import boundary_sends, gathered_params, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
 MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
+
+
+@functools.lru_cache(maxsize=4096)
+def chunk_peak(p, m, v, i, blocks):
+    """schedule.chunk_peak, memoised (it walks the stage's whole interleaved order; the bounds and the
+    partition ask it for the same stage and chunk sizes over and over).  `blocks`: a tuple."""
+    return _chunk_peak(p, m, v, i, blocks)
 
 
 def stage_in_flight(cfg, infl, i, k):
@@ -29,8 +36,15 @@ def unequal_chunks(cfg, i, k):
     """The block counts of stage i's v chunks when they differ (interleaved, k blocks), else None."""
     if cfg.schedule != "interleaved" or cfg.v < 2 or k < 1:
         return None
+    return _unequal(cfg.v, cfg.pp, i, k)
+
+
+@functools.lru_cache(maxsize=4096)
+def _unequal(v, p, i, k):
+    """unequal_chunks of an interleaved schedule (the bounds and the partition ask it per stage and
+    block count, over and over)."""
     try:
-        ch = chunk_counts(int(round(k)), cfg.v, stage_end(i, cfg.pp))
+        ch = chunk_counts(int(round(k)), v, stage_end(i, p))
     except ValueError:          # fewer blocks than chunks: no layout (the partition never asks)
         return None
     return None if min(ch) == max(ch) else tuple(ch)
@@ -48,13 +62,25 @@ class StageEvaluator:
         self.infl = in_flight(cfg.schedule, cfg.pp, cfg.m, cfg.v)
         self.policy = policy       # force one policy for every block (exhaustive benchmark)
         self.cache = {}
-        self._tab = None
+        # what does not depend on the capacity (the prefix tables, the sends, the transient tables) is
+        # shared by the evaluators of one configuration: the device pricing, each host placement's
+        # re-pricing (cap_extra), the memory bounds
+        memo = ctx.__dict__.setdefault("_stage_shared", {})
+        key = (cfg, id(prof), policy)
+        got = memo.get(key)
+        if got is None or got[0] is not prof:
+            got = memo[key] = (prof, {})
+        self._shared = got[1]
+        self._tab = self._shared.get("tab")
 
     @functools.cached_property
     def tx(self):
         """The sends at every cut (numbers.boundary_sends), built on first use: the memory bounds
         (memory_floor, memory_needed) build an evaluator and never send."""
-        return boundary_sends(self.ctx, self.cfg, self.num)
+        got = self._shared.get("tx")
+        if got is None:
+            got = self._shared["tx"] = boundary_sends(self.ctx, self.cfg, self.num)
+        return got
 
     @property
     def sg(self):
@@ -169,7 +195,7 @@ class StageEvaluator:
                 T[name].append(T[name][-1] + v)
             if not fixed:
                 T["classes"].setdefault((u.rep, al), ([], j))[0].append(j)
-        self._tab = T
+        self._tab = self._shared["tab"] = T
         return T
 
     def _transient_any(self, a, b, no_full):
@@ -177,7 +203,7 @@ class StageEvaluator:
         O(units) table: with after_j = P[b] - P[j+1] (P the prefix sums of each unit's least stash),
         max_j (rc_j - after_j) = max_j (rc_j + P[j+1]) - P[b].  The search asks it for every segment
         the exact partition tries, so the per-segment walk dominated the search time."""
-        tabs = self.__dict__.setdefault("_tr_tabs", {})
+        tabs = self._shared.setdefault("tr_tabs", {})
         tab = tabs.get(no_full)
         if tab is None:
             num, P, V = self.num, [0.0], []
