@@ -118,3 +118,36 @@ def test_hf_encoder_decoder_tp2_plan_has_no_unplaceable_sp(tmp_path):
         plan = json.load(f)
     assert plan["parallel"]["tp"] == 2 and plan["tp_modules"]
     assert not plan["parallel"].get("sp") and "sp" not in plan["tp_layout"], plan["parallel"]
+
+
+class ScaledDecoder(nn.Module):
+    """Granite's decoder model, reduced: the embedding scaled by a constant in the module that also
+    computes positions from the scaled tensor's length and runs the blocks.  A sequence cut at the
+    embedding (where the scale sums it) made the positions those of the shard: the step failed at
+    `q * cos` (16 against 8), and a model whose numbers happened to fit would have run wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(VOCAB, D), nn.Embedding(SEQ, D)
+        self.layers = nn.ModuleList([Mlp(), Mlp()])
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, ids):
+        x = self.emb(ids) * 2.0
+        x = x + self.pos(torch.arange(x.shape[1], device=x.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_embedding_scaled_in_the_module_running_the_blocks_is_not_cut_there():
+    from sapp.capture import capture
+    from sapp.search import tp_layout
+    from sapp.search.sp_layout import sp_with_table
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    graph = capture(ScaledDecoder(), (ids,))
+    strategies, _, _ = tp_layout.emittable(graph, {n: "n" for n in tp_layout.linears(graph)}, 2)
+    _, sec = sp_with_table(graph, strategies, 2)
+    assert "emb" not in sec.get("scatter", {}), sec
+    assert any("also runs the blocks" in u for u in sec["unsupported"]), sec["unsupported"]

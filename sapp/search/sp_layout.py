@@ -175,6 +175,11 @@ def _block_entry(graph, p, block, sp, consumers) -> bool:
     return bool(inside) and all(c in sp for c in inside)
 
 
+def _runs_blocks(module: str, blocks) -> bool:
+    """Whether `module` (qualname, "" = the model) holds repeated blocks below it."""
+    return any(not module or b.startswith(module + ".") for b in blocks)
+
+
 def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
     """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
     counted in the module's own tensor:
@@ -217,6 +222,13 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                 sec["unsupported"].append(f"{n} reads {p} without a module boundary")
             elif dim(p) == "k":
                 sec["exits"][pn.module] = axis
+            elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
+                    node.module == pn.module.rpartition(".")[0]) and _runs_blocks(node.module, blocks):
+                # the parent sums it but also runs the blocks (Granite's `embed_tokens(ids) * multiplier`
+                # in the decoder model): it reads the cut length for positions and masks, and the blocks'
+                # first input is not where the cut would be
+                sec["unsupported"].append(f"{n} ({node.module or 'the model'}) works on {p}'s output in a module that "
+                                          f"also runs the blocks")
             elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
                     node.module == pn.module.rpartition(".")[0]):
                 # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
