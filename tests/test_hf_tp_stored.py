@@ -23,7 +23,8 @@ from tests.emit_workers import hf_harness  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
-JOBS = {"stored": [("opt", "tp2"), ("stablelm", "tp2"), ("distilbert", "tp2+sp"), ("cat:qwen3", "tp2")],
+JOBS = {"stored": [("opt", "tp2"), ("stablelm", "tp2"), ("distilbert", "tp2+sp"), ("cat:qwen3", "tp2"),
+                   ("cat:convnextv2", "pp2")],
         "whisper": [("whisper", "dp2"), ("whisper", "pp2"), ("whisper", "tp2")]}
 
 
@@ -74,6 +75,15 @@ def test_replicated_weights_inside_a_sharded_region_get_the_whole_gradient(store
     assert norms and all(n in ranks[1]["replicas"] for n in norms)
     assert replica_drift(ranks) is None, replica_drift(ranks)
     assert any("gradients summed over the tp group" in n for n in got["notes"]), got["notes"]
+
+
+def test_pipeline_stage_with_a_strided_output_runs(stored):
+    """ConvNeXt V2's stage 0 ends in a channels-last permute: PipelineStage received into buffers
+    laid out like it, which gloo refuses ("input tensor has to be contiguous" at step 0, torch 2.13).
+    Stage outputs are now handed on contiguous (pipe.contiguous_outputs)."""
+    cases, plans = stored
+    assert plans["cat:convnextv2-pp2"]["parallel"]["pp"] == 2
+    _matches(cases["cat:convnextv2-pp2"])
 
 
 def test_distilbert_sp_cuts_the_embeddings_at_their_sum(stored):

@@ -244,3 +244,40 @@ def scatter_gather(mod: nn.Module, stage: int, n_stages: int, tp_mesh) -> None:
     inner = getattr(mod, "module", None)        # the manifest reads the unwrapped module
     if isinstance(inner, nn.Module):
         inner.sapp_scatter_gather = marks
+
+
+def _contiguous(out):
+    if torch.is_tensor(out):
+        return out.contiguous()
+    if isinstance(out, tuple):
+        return tuple(_contiguous(o) for o in out)
+    if isinstance(out, list):
+        return [_contiguous(o) for o in out]
+    return out
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity forward; backward hands the gradient on contiguous."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _contiguous_grads(args):
+    return tuple(_ContiguousGrad.apply(a) if torch.is_tensor(a) and a.requires_grad else a for a in args)
+
+
+def contiguous_outputs(stage_module) -> None:
+    """What crosses a stage boundary, contiguous both ways: PipelineStage allocates the buffers it
+    receives into like the tensors it inferred (the next stage's activations, the gradients of this
+    stage's outputs, which the next stage's backward computes), and gloo cannot send or receive a
+    strided tensor (ConvNeXt V2's channels-last permute at a stage's edge: "input tensor has to be
+    contiguous" at step 0, torch 2.13).  A copy only where a tensor is strided."""
+    stage_module.register_forward_pre_hook(lambda mod, args: _contiguous_grads(args))
+    stage_module.register_forward_hook(lambda mod, args, out: _contiguous(out))
+
