@@ -80,7 +80,7 @@ def test_replicated_weights_inside_a_sharded_region_get_the_whole_gradient(store
 def test_pipeline_stage_with_a_strided_output_runs(stored):
     """ConvNeXt V2's stage 0 ends in a channels-last permute: PipelineStage received into buffers
     laid out like it, which gloo refuses ("input tensor has to be contiguous" at step 0, torch 2.13).
-    Stage outputs are now handed on contiguous (pipe.contiguous_outputs)."""
+    Stage edges are now contiguous both ways (graph_fix.compiled_stage)."""
     cases, plans = stored
     assert plans["cat:convnextv2-pp2"]["parallel"]["pp"] == 2
     _matches(cases["cat:convnextv2-pp2"])

@@ -114,8 +114,28 @@ def _contiguous(out):
     return out
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity forward; backward hands the gradient on contiguous."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _contiguous_grads(args):
+    return tuple(_ContiguousGrad.apply(a) if torch.is_tensor(a) and a.requires_grad else a for a in args)
+
+
 def compiled_stage(mod: nn.Module) -> nn.Module:
-    """A private stage copy that runs generated code and returns contiguous tensors (in place)."""
+    """A private stage copy that runs generated code (in place), contiguous both ways at its edges:
+    it returns contiguous tensors, and the gradients it hands back for its inputs are contiguous.
+    PipelineStage receives into buffers laid out like what it inferred, and gloo can neither send nor
+    receive a strided tensor (ViT's sliced CLS token forward; ConvNeXt V2's channels-last permute
+    backward: "input tensor has to be contiguous" at step 0)."""
     # torch.export's InterpreterModules run node by node through torch.fx.Interpreter by default:
     # about 30 us of Python per node per call (a gpt-small stage: 6-7 ms per micro-batch); each also
     # holds the generated code of the same graph, which we run instead
@@ -132,7 +152,7 @@ def compiled_stage(mod: nn.Module) -> nn.Module:
     inner = mod.forward
 
     def forward(*args, **kwargs):
-        return _contiguous(inner(*args, **kwargs))
+        return _contiguous(inner(*_contiguous_grads(args), **kwargs))
 
     mod.forward = forward
     return mod

@@ -297,10 +297,15 @@ class GradAllReduce:
         else:
             dist.all_reduce(flat, group=self.group)
         flat /= n
-        off = 0
-        for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
-            off += g.numel()
+        _unflatten_into(flat, grads)
+
+
+def _unflatten_into(flat, grads) -> None:
+    """Copy a flat buffer back into the gradients it was concatenated from, in order."""
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()
 
 
 class TPPartialGrads:
@@ -321,10 +326,7 @@ class TPPartialGrads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.group)
-        off = 0
-        for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
-            off += g.numel()
+        _unflatten_into(flat, grads)
 
 
 def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: list, device, notes: list,

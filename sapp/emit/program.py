@@ -381,7 +381,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             hooks.append(hook)
     if partial:
         # replicated weights applied to this rank's heads only: their gradients summed over tp
-        ids = {id(p) for n, p in model.named_parameters() if n in set(partial)}
+        names = set(partial)
+        ids = {id(p) for n, p in model.named_parameters() if n in names}
         mine_p = [p for mod in raw.values() for p in mod.parameters() if id(p) in ids]
         if mine_p:
             hooks.insert(0, parallel.TPPartialGrads(mine_p, mesh["tp"].get_group()))
@@ -434,8 +435,6 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if plan.pipeline.get("scatter_gather") and tp > 1:     # Megatron's boundary scatter/gather (priced)
             for s in mine:
                 pipe_mod.scatter_gather(wrapped[s], s, n_stages, mesh["tp"])
-        for s in mine:
-            pipe_mod.contiguous_outputs(wrapped[s])
         stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
     extra = {"cp": cp, "dp_only": dp // cp, "cp_rank": me[1] % cp} if cp > 1 else {}
