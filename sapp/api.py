@@ -185,7 +185,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
                        search_fn=tp_search_fn())
-    if cons.sp is None and _sp_unplaceable(graph, res):
+    section = operator_section(graph, res.profile) if _sp_chosen(res) else None
+    if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
         # SP is priced on the block template; on the whole graph a piece may have no place the emitter
         # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
         # plan, so with sp free the search runs again without it (tp still shards its regions)
@@ -194,11 +195,13 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         try:
             res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
                                settings=settings, progress=progress, search_fn=tp_search_fn())
+            section = None
         except SappError:
             pass                          # nothing else fits: the plan keeps SP and emit says why not
     search_s = time.perf_counter() - t0
     check_prediction(res.step_time_s, res.mfu)
-    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings)
+    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
+                      section=section)
     # wall times are printed, never stored in the plan (byte-identical files)
     plan._timing = {"capture_s": capture_s, "search_s": search_s,
                     **({"capture_cached": True} if cached else {})}
@@ -207,13 +210,12 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     return plan
 
 
-def _sp_unplaceable(graph, res) -> bool:
-    """Whether the result's sequence parallelism has a piece the emitter cannot place (sp_section's
-    `unsupported`, on the whole graph)."""
+def _sp_chosen(res) -> bool:
+    """Whether the result runs sequence parallelism; its operator section's `sp.unsupported` (on the
+    whole graph) then says whether the emitter can place every piece.  The section is built once and
+    handed to build_plan."""
     cfg = res.config
-    if not (getattr(cfg, "sp", False) and cfg.tp > 1):
-        return False
-    return bool(operator_section(graph, res.profile)[2].get("sp", {}).get("unsupported"))
+    return bool(getattr(cfg, "sp", False) and cfg.tp > 1)
 
 
 def tp_search_fn():
@@ -301,9 +303,10 @@ def recompute_section(res):
     return {"default": default, "blocks": {b: p for b, p in sorted(blocks.items()) if p != default}}
 
 
-def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings) -> Plan:
+def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings, section=None) -> Plan:
+    """`section`: operator_section(graph, res.profile) when the caller has built it already."""
     cfg, prof = res.config, res.profile
-    ops, tp_modules, tp_layout = operator_section(graph, prof)
+    ops, tp_modules, tp_layout = section if section is not None else operator_section(graph, prof)
     mem = res.memory
     placement = {"groups": {}, "predicted": {}}
     if res.placement is not None and getattr(res.placement, "section", None):
