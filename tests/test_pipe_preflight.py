@@ -1,7 +1,7 @@
 """Pipeline pre-flight (sapp/emit/preflight.py) and the repairs of sapp/emit/graph_fix.py, in one
 process: a split torch cannot run is one PlanError line naming the stage and module and saying what to
 change; HF models' stages run (rotary embeddings under no_grad, a sub-module named `self`, strided
-outputs) and compute what the whole model does."""
+outputs) and compute what the whole model does, gradients included."""
 import os
 import sys
 
@@ -94,3 +94,70 @@ def test_run_precheck_refuses_a_split_torch_cannot_run_on_meta():
     with pytest.raises(PlanError, match=r"stage 1 of 2 .* in module 'layers.1'"):
         checks.check_pipeline_split(m, plan, (torch.empty(4, 8, device="meta"),))
     checks.check_pipeline_split(m, make_plan(params=1))          # pp = 1: nothing to check
+
+
+class Pick(nn.Module):
+    """Like DeepSeek-V3.2's sparse-attention indexer (also dots3, glm_moe_dsa): scores under no_grad,
+    reading `h.to(<h's own dtype>)`, which eager returns as `h` itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(8, 1)
+
+    @torch.no_grad()
+    def forward(self, h):
+        return self.score(h.to(self.score.weight.dtype)).squeeze(-1).argmax(-1)
+
+
+class PickBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.pick = nn.LayerNorm(8), Pick()
+        self.lin, self.gate = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.norm(x)
+        idx = self.pick(h)
+        out = x + self.lin(h) * self.gate(h).sigmoid()       # h used again after the no-grad region
+        return out + out.gather(1, idx[:, None, None].expand(-1, 1, 8))
+
+
+class PickNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.layers = nn.ModuleList([PickBlock(), PickBlock()])
+
+    def forward(self, x):
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+def test_a_no_grad_region_handing_back_its_input_keeps_the_callers_gradient():
+    """Export records the uses of `h` after `h.to(h.dtype)` inside no_grad as uses of the region's
+    output; inlining the region detached that output, so the norms got no gradient and every earlier
+    parameter a wrong one (dots3_note_text pp2: losses off by 5e-5 from step 1, no error)."""
+    torch.manual_seed(0)
+    m = PickNet()
+    x = torch.randn(2, 5, 8)
+    m(x).square().sum().backward()
+    ref = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    stages = pipe.stage_modules(pipe.trace(m, (x,), ["layers.1"]), [0, 1])
+    s0, s1 = stages[0], stages[1]
+    h = s0(x)
+    h = h if torch.is_tensor(h) else h[0]
+    received = h.detach().requires_grad_()
+    out = s1(received)
+    (out if torch.is_tensor(out) else out[0]).square().sum().backward()
+    h.backward(received.grad)
+    got = {}
+    for s in (s0, s1):
+        got.update({n.replace(".", "_"): p.grad for n, p in s.named_parameters()})
+    assert len(ref) == 14
+    for name, g in ref.items():
+        mine = [v for k, v in got.items() if k.endswith(name.replace(".", "_"))]
+        assert mine and mine[0] is not None, f"{name} got no gradient in its stage"
+        assert torch.allclose(mine[0], g, atol=1e-5), name

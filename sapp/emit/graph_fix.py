@@ -4,7 +4,9 @@
   embeddings) exports as a higher-order op that takes its body as a sub-GraphModule argument; the
   pipeline's module outliner turns that argument into a missing input ("forward() missing 2 required
   positional arguments: 'unsqueeze_default' and 'submod_1'").  We inline the body and, for a no-grad
-  region, detach its outputs: gradients stop there exactly as they did under no_grad.
+  region, detach its outputs: gradients stop there exactly as they did under no_grad -- except an
+  output that is one of the region's inputs handed back unchanged (`x.to(x.dtype)`), which eager
+  returns as the same tensor, history and all.
 - `drop_metadata_asserts`: export records every `.to(dtype)` as an `aten._assert_tensor_metadata`
   check beside the copy; DTensor has no sharding rule for it, so a stage module that runs on DTensors
   (a sequence-parallel norm: HF's RMSNorm casts to fp32) fails there.  The check only repeats what the
@@ -30,6 +32,38 @@ def _body_index(node: fx.Node, gm: fx.GraphModule):
 
 def _is_region(node: fx.Node) -> bool:
     return node.op == "call_function" and type(node.target).__name__ in ("WrapWithSetGradEnabled", "WrapWithAutocast")
+
+
+# ops that return their input itself when nothing changes (`x.to(x.dtype)`, `x.float()` on float32,
+# `.contiguous()` on a contiguous tensor): the same object, so the same autograd history
+_SELF_RETURNING = {"aten.to.dtype", "aten.to.dtype_layout", "aten.to.device", "aten.to.other",
+                   "aten.contiguous.default", "aten.type_as.default"}
+
+
+def _unchanged(node: fx.Node) -> bool:
+    a, b = node.args[0].meta.get("val"), node.meta.get("val")
+    if not (torch.is_tensor(a) and torch.is_tensor(b)):
+        return False
+    schema = getattr(node.target, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
+        if arg.name == "copy" and (node.args[i] if i < len(node.args) else node.kwargs.get("copy")):
+            return False                # copy=True: a new tensor, detached under no_grad
+    return (a.dtype, a.device, a.layout, tuple(a.shape), a.is_contiguous()) == \
+           (b.dtype, b.device, b.layout, tuple(b.shape), b.is_contiguous())
+
+
+def _returns_operand(r: fx.Node, env: dict):
+    """The parent-graph operand that a no-grad region's output `r` IS in eager, or None.
+
+    Under no_grad, `h.to(h.dtype)` returns `h` itself, still on the autograd graph; export then records
+    the caller's later uses of `h` as uses of the region's output (DeepSeek-V3.2-style sparse-attention
+    indexers call `hidden_states.to(...)` inside no_grad, and the attention's gate reads hidden_states
+    after it).  Detaching that output cut the gradient of every such later use: a pipeline stage
+    trained to wrong losses with no error."""
+    while r.op == "call_function" and str(r.target) in _SELF_RETURNING and isinstance(r.args[0], fx.Node) \
+            and _unchanged(r):
+        r = r.args[0]
+    return env[r] if r.op == "placeholder" else None
 
 
 def inline_grad_regions(gm: fx.GraphModule) -> fx.GraphModule:
@@ -62,7 +96,10 @@ def inline_grad_regions(gm: fx.GraphModule) -> fx.GraphModule:
             results = []
             for r in (out if isinstance(out, (tuple, list)) else (out,)):
                 v = env[r] if isinstance(r, fx.Node) else r
-                if no_grad and isinstance(v, fx.Node):
+                same = _returns_operand(r, env) if no_grad and isinstance(r, fx.Node) else None
+                if same is not None:      # eager handed back the caller's own tensor, history and all
+                    v = same
+                elif no_grad and isinstance(v, fx.Node):
                     d = graph.call_function(torch.ops.aten.detach.default, (v,))
                     d.meta = dict(v.meta)
                     v = d
