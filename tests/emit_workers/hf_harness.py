@@ -128,8 +128,10 @@ def run(world: int, cases: list) -> dict:
     for case in cases:
         key = (case["kind"], case["steps"], case["batch"])
         if key not in refs:
-            refs[key] = hf_models.reference(*key)
-        out["cases"][case["id"]] = {"ref": refs[key], "ranks": {str(r): v.get(case["id"]) for r, v in sorted(per_rank.items())}}
+            params = {}
+            refs[key] = (hf_models.reference(*key, params=params), params)
+        out["cases"][case["id"]] = {"ref": refs[key][0], "ref_params": refs[key][1],
+                                    "ranks": {str(r): v.get(case["id"]) for r, v in sorted(per_rank.items())}}
     return out
 
 

@@ -146,8 +146,9 @@ def batch(kind: str, b: int, step: int):
     return (ids[:, :-1],), ids[:, 1:]
 
 
-def reference(kind: str, steps: int, b: int, lr: float = 1e-3) -> list:
-    """Single-process full-batch Adam training: the losses every emitted plan must reproduce."""
+def reference(kind: str, steps: int, b: int, lr: float = 1e-3, params: dict | None = None) -> list:
+    """Single-process full-batch Adam training: the losses every emitted plan must reproduce.
+    `params`, if given, receives {name: [sum, sum of squares]} of every parameter after training."""
     m, loss_fn = build(kind)
     opt = torch.optim.Adam(m.parameters(), lr=lr)
     out = []
@@ -158,4 +159,8 @@ def reference(kind: str, steps: int, b: int, lr: float = 1e-3) -> list:
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
+    if params is not None:
+        for n, p in m.named_parameters():
+            d = p.detach().double()
+            params[n] = [float(d.sum()), float((d * d).sum())]
     return out
