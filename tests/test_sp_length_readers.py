@@ -4,15 +4,9 @@ the size of tensor b (8)").  Its embeddings module sums the tables, and the SP s
 (`scatter`), as for sapp's GPT; but the model module then builds the causal mask from the summed
 output's shape - for a shard, a mask over 8 keys against scores over 16.  The cut now moves to where
 the first block takes the stream in (`block_scatter`), so the mask is built for the whole sequence."""
-import os
-import sys
-
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 D, FF, SEQ, VOCAB, BATCH, H = 64, 128, 16, 128, 4, 4
 

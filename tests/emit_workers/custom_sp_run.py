@@ -10,7 +10,7 @@ import subprocess
 import sys
 import traceback
 
-from tests.emit_workers.harness import fork_ranks
+from tests.emit_workers.harness import finish, fork_ranks
 
 STEPS, BATCH = 3, 4
 TP_CLUSTER = "cpu:gpus=2,peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
@@ -58,10 +58,7 @@ def _worker(rank, world, cases, out_dir, store):
         dist.destroy_process_group()
     except BaseException:
         out = {"error": traceback.format_exc()[-3000:]}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    sys.stdout.flush()
-    os._exit(0)
+    finish(out_dir, rank, out)
 
 
 def single(cls) -> list:
