@@ -94,3 +94,27 @@ def test_run_precheck_refuses_a_split_torch_cannot_run_on_meta():
     with pytest.raises(PlanError, match=r"stage 1 of 2 .* in module 'layers.1'"):
         checks.check_pipeline_split(m, plan, (torch.empty(4, 8, device="meta"),))
     checks.check_pipeline_split(m, make_plan(params=1))          # pp = 1: nothing to check
+
+
+class GlobalBranch(nn.Module):
+    """Longformer / LED: `if is_global_attn:` on the inputs' values before the blocks.  Capture takes
+    the branch as the example takes it (it prices the graph); a traced stage would keep that branch
+    for every later batch, so the split is refused before any step."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x):
+        if (x > 3).any():
+            x = x * 0.5
+        for m in self.layers:
+            x = m(x)
+        return x
+
+
+def test_a_branch_on_values_is_refused_for_a_pipeline_in_one_line():
+    with pytest.raises(PlanError) as e:
+        pipe.trace(GlobalBranch(), (torch.randn(2, 8),), ["layers.1"])
+    msg = str(e.value)
+    assert "\n" not in msg and "branches on tensor values" in msg and "pin pp=1" in msg
