@@ -201,12 +201,12 @@ class _Net(nn.Module):
 
 
 def test_uncapturable_model_names_module():
-    # a branch on values: on meta nothing tells the branch, so it is refused naming the module
-    # (with real parameters it is captured as the example's values take it: test_capture_retry.py)
+    # a branch on values: with the model and its inputs on meta nothing tells the branch, so it is
+    # refused naming the module (with real inputs it is captured as their values take it: test_capture_retry.py)
     with torch.device("meta"):
         net = _Net()
     with pytest.raises(CaptureError) as e:
-        capture(net, (torch.randn(2, 4),))
+        capture(net, (torch.randn(2, 4, device="meta"),))
     msg = str(e.value)
     assert "\n" not in msg and "'gate'" in msg and "_Gate" in msg
     with pytest.raises(CaptureError) as e:

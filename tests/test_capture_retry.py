@@ -34,6 +34,17 @@ def test_a_cpu_tensor_meeting_meta_parameters_is_captured_on_meta():
     assert any(n.kind == "elementwise" and n.out.shape == (B, S, K) for n in g.nodes.values())
 
 
+def test_the_error_past_a_cpu_tensor_is_the_one_reported():
+    """ImageGPT's catalogue row: past the cpu tensor (retried on meta) its loss got targets of the
+    wrong shape; the refusal named the device mismatch the retry had already solved."""
+    with torch.device("meta"):
+        m = CpuTensorMeetsMeta()
+    with pytest.raises(CaptureError) as e:
+        capture(m, (torch.randn(B, S, K),), target=torch.zeros(B * S * 2, dtype=torch.long),
+                loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out.reshape(-1, K), y))
+    assert "DeviceMismatch" not in str(e.value) and "batch_size" in str(e.value)
+
+
 def _fake_hf_module():
     """A module named like transformers' own, holding the compile check HF models import."""
     mod = types.ModuleType("transformers.models.sapp_retry_test")
@@ -104,13 +115,71 @@ def test_layerdrop_capture_is_the_same_every_time():
     assert runs[0] == runs[1]
 
 
-def test_a_branch_on_values_of_a_meta_model_is_refused_in_one_line():
+def _graph_rows(g):
+    return sorted((n.kind, n.target, n.out.shape, n.flops) for n in g.nodes.values())
+
+
+def test_a_branch_on_values_of_a_meta_model_follows_its_real_inputs():
+    """`sapp search` builds a model on meta; its real example inputs still decide the branch (the
+    parameters stand in for the trace only): the graph is the one the real model gives."""
+    padded = torch.randint(2, 16, (B, S))
+    padded[0, -1] = 1
+    torch.manual_seed(0)
+    real = BranchOnValues()
+    with torch.device("meta"):
+        m = BranchOnValues()
+    for ids in (padded, torch.randint(2, 16, (B, S))):
+        g = capture(m, (ids,))
+        assert _graph_rows(g) == _graph_rows(capture(real, (ids,)))
+        assert any("masked_fill" in n.target for n in g.nodes.values()) == bool(ids.eq(1).any())
+        assert {p.shape for p in g.params.values()} == {(16, K), (K, K), (K,)}
+    assert all(p.device.type == "meta" for p in m.parameters())        # swapped back after the trace
+
+
+def test_a_branch_on_values_of_a_meta_model_with_meta_inputs_is_refused_in_one_line():
+    with torch.device("meta"):
+        m = BranchOnValues()
+    with pytest.raises(CaptureError) as e:
+        capture(m, (torch.randint(0, 16, (B, S), device="meta"),))
+    msg = str(e.value)
+    assert "\n" not in msg and "pass real example inputs (not meta)" in msg
+
+
+def test_a_branch_on_values_of_a_meta_model_too_large_to_stand_in_is_refused(monkeypatch):
+    from sapp.capture import retry
+    monkeypatch.setattr(retry, "MATERIALISE_MAX_BYTES", 1024)
     with torch.device("meta"):
         m = BranchOnValues()
     with pytest.raises(CaptureError) as e:
         capture(m, (torch.randint(0, 16, (B, S)),))
     msg = str(e.value)
-    assert "\n" not in msg and "real parameters and example inputs (not meta)" in msg
+    assert "\n" not in msg and "real parameters and example inputs (not meta)" in msg and "GiB" in msg
+
+
+class MaskOnTheParameterDevice(torch.nn.Module):
+    """Longformer / LED: the mask is built on the embeddings' device (meta for a meta model) from the
+    inputs, then a branch reads it (`is_global_attn = mask.flatten().any().item()`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, K)
+        self.lin = torch.nn.Linear(K, K)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        mask = (ids == 1).to(h.device)
+        if mask.flatten().any().item():
+            h = h + self.lin(h) * mask[:, :, None]
+        return self.lin(h)
+
+
+def test_a_mask_built_on_the_meta_device_takes_the_branch_its_inputs_take():
+    with torch.device("meta"):
+        m = MaskOnTheParameterDevice()
+    glob = torch.randint(2, 16, (B, S))
+    glob[1, 2] = 1
+    assert sum(n.kind == "matmul" for n in capture(m, (glob,)).nodes.values()) == 2
+    assert sum(n.kind == "matmul" for n in capture(m, (torch.randint(2, 16, (B, S)),)).nodes.values()) == 1
 
 
 def test_as_strided_windows_keep_the_batch_splittable():

@@ -48,10 +48,10 @@ def test_uncapturable_model_gives_one_line_error():
                 return x * self.w
             return x
 
-    # with real parameters the branch is captured as the example's values take it (test_capture_retry.py);
-    # a meta model cannot tell the branch: refused
+    # with real inputs the branch is captured as their values take it (test_capture_retry.py);
+    # a meta model with meta inputs cannot tell the branch: refused
     with torch.device("meta"):
         gate = Gate()
     with pytest.raises(sapp.CaptureError) as e:
-        search(gate, "a100-80g:nodes=1", global_batch=8, example_inputs=(torch.ones(8, 4),))
+        search(gate, "a100-80g:nodes=1", global_batch=8, example_inputs=(torch.ones(8, 4, device="meta"),))
     assert "\n" not in str(e.value) and "Gate" in str(e.value)

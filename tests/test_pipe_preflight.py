@@ -161,3 +161,27 @@ def test_a_no_grad_region_handing_back_its_input_keeps_the_callers_gradient():
         mine = [v for k, v in got.items() if k.endswith(name.replace(".", "_"))]
         assert mine and mine[0] is not None, f"{name} got no gradient in its stage"
         assert torch.allclose(mine[0], g, atol=1e-5), name
+
+
+class GlobalBranch(nn.Module):
+    """Longformer / LED: `if is_global_attn:` on the inputs' values before the blocks.  Capture takes
+    the branch as the example takes it (it prices the graph); a traced stage would keep that branch
+    for every later batch, so the split is refused before any step."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x):
+        if (x > 3).any():
+            x = x * 0.5
+        for m in self.layers:
+            x = m(x)
+        return x
+
+
+def test_a_branch_on_values_is_refused_for_a_pipeline_in_one_line():
+    with pytest.raises(PlanError) as e:
+        pipe.trace(GlobalBranch(), (torch.randn(2, 8),), ["layers.1"])
+    msg = str(e.value)
+    assert "\n" not in msg and "branches on tensor values" in msg and "pin pp=1" in msg

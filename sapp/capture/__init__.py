@@ -56,6 +56,7 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
         example_inputs = zoo.example_inputs(model, batch, device)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
+    given = tuple(example_inputs)           # their values, for a meta model's branch on them (retry.py)
     example_inputs = tuple(_to(x, device) for x in example_inputs)
     first = next((x for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
     batch = batch or (int(first.shape[0]) if first is not None else 1)
@@ -78,8 +79,10 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     root.train()                  # capture what training runs: dropout, batch statistics
     # an HF decoder's attention masks as its eager forward decides them, not as export forces them
     from ..models.hf import eager_masks
+    from .retry import example_values
     try:
-        with eager_masks(model, example_inputs, kwargs):
+        with eager_masks(model, example_inputs, kwargs), \
+                example_values(given, {"target": target} if with_loss else {}):
             return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     finally:
         for m, t in modes.items():      # parents first: train() recurses, so call it only where a mode differs
@@ -392,8 +395,9 @@ def _explain(err, where, root, ours=False):
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
     elif "data-dependent" in low or "data dependent" in low or "guard" in low or "item()" in low:
-        hint = ("avoid Python control flow on tensor values in forward (use torch.where / torch.cond), or capture "
-                "the model with real parameters and example inputs (not meta): the branch then follows their values")
+        what = getattr(err, "sapp_hint", None) or "capture the model with real parameters and example inputs (not meta)"
+        hint = (f"avoid Python control flow on tensor values in forward (use torch.where / torch.cond), or {what}: "
+                "the branch then follows their values")
     elif "argument" in low or "positional" in low or "missing" in low:
         hint = "pass example_inputs matching forward(...)"
     else:

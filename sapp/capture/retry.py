@@ -12,31 +12,60 @@ captured exactly as before):
   FSMT, M2M100, NLLB-MoE, SeamlessM4T, Longformer, LED, I-BERT): the branch is taken as the example's
   values take it, by running the trace with real values alongside the fake ones (torch's
   fake_tensor_propagate_real_tensors; the random stream seeded, so the same inputs give the same
-  graph).  That needs real parameters and inputs: on meta the CaptureError says so."""
+  graph).  That needs real values.  A model on meta (what `sapp search` builds) whose example
+  inputs are real is traced once more with its meta parameters and buffers swapped, for the trace
+  only, for host tensors of seeded stand-in values (floating N(0, 0.02), others zero) and the
+  example's own inputs: the branches such models take read the inputs (Longformer's and LED's
+  global-attention mask, built on the embeddings' device), not the weights.  Only up to
+  MATERIALISE_MAX_BYTES of parameters and buffers (a deep stack is traced with three blocks, so this
+  bounds its embeddings and three blocks); beyond that, or with inputs on meta, the CaptureError
+  says what to pass."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import warnings
+
+MATERIALISE_MAX_BYTES = 2 << 30
+
+# (inputs, kwargs) as the caller passed them, before capture moved them to the model's device:
+# the values a meta model's trace can take its branches from (set by sapp.capture.capture)
+_EXAMPLE = contextvars.ContextVar("sapp_capture_example", default=None)
+
+
+@contextlib.contextmanager
+def example_values(inputs, kwargs):
+    token = _EXAMPLE.set((tuple(inputs), dict(kwargs or {})))
+    try:
+        yield
+    finally:
+        _EXAMPLE.reset(token)
 
 
 def export(root, inputs, kwargs):
     """torch.export.export(root, inputs, kwargs, strict=False), with the retries above.  Raises the
-    first export's error when no retry applies, else the last retry's."""
+    first export's error when no retry applies, else the last retry's (the first's where a retry
+    only met it again in another form; a fix that got past the first error shows the next one)."""
     import torch
     fixes, first = [], None
     while True:
         with contextlib.ExitStack() as stack:
             for f in fixes:
                 stack.enter_context(f(root))
+            args, kw = _real_example() if _materialise in fixes else (tuple(inputs), kwargs)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    return torch.export.export(root, tuple(inputs), kwargs, strict=False)
+                    return torch.export.export(root, args, kw, strict=False)
             except Exception as e:        # noqa: BLE001 - a retry may apply, else re-raised
                 first = first or e
                 fix = _next_fix(root, inputs, kwargs, e, fixes)
                 if fix is None:           # a branch on values is the clearer cause once retries got there
-                    raise (e if data_dependent(e) else first) from None
+                    past = _prefer_meta in fixes and "DeviceMismatch" in type(first).__name__ \
+                        and "DeviceMismatch" not in type(e).__name__
+                    if data_dependent(e) and on_meta(root) and _materialise not in fixes:
+                        e.sapp_hint = _why_not_materialised(root)
+                    raise (e if data_dependent(e) or past else first) from None
                 fixes.append(fix)
 
 
@@ -60,7 +89,70 @@ def _next_fix(root, inputs, kwargs, e, fixes):
         return _eager_branches
     if _real_values not in fixes and data_dependent(e) and not on_meta(root, inputs, kwargs):
         return _real_values
+    if _materialise not in fixes and data_dependent(e) and _why_not_materialised(root) is None:
+        return _materialise
     return None
+
+
+def _real_example():
+    return _EXAMPLE.get()
+
+
+def _meta_tensors(root):
+    """{id: tensor} of root's parameters and buffers on meta (a tied tensor once)."""
+    out = {}
+    for m in root.modules():
+        for t in list(m._parameters.values()) + list(m._buffers.values()):
+            if t is not None and t.device.type == "meta":
+                out[id(t)] = t
+    return out
+
+
+def _why_not_materialised(root) -> str | None:
+    """None when a meta model can be traced with stand-in values (see the module's doc), else the
+    reason, phrased as what to pass instead."""
+    import torch
+    ex = _EXAMPLE.get()
+    if ex is None or not on_meta(root):
+        return "capture the model with real parameters and example inputs (not meta)"
+    ts = [x for x in ex[0] + tuple(ex[1].values()) if isinstance(x, torch.Tensor)]
+    if not ts or any(t.device.type == "meta" for t in ts):
+        return ("pass real example inputs (not meta), or capture the model with real parameters and example "
+                "inputs (not meta)")
+    size = sum(t.numel() * t.element_size() for t in _meta_tensors(root).values())
+    if size > MATERIALISE_MAX_BYTES:
+        return (f"capture the model with real parameters and example inputs (not meta): its {size / 2**30:.1f} GiB of "
+                f"meta parameters are more than sapp stands in for a trace ({MATERIALISE_MAX_BYTES / 2**30:.0f} GiB)")
+    return None
+
+
+@contextlib.contextmanager
+def _materialise(root):
+    """Every meta parameter and buffer of root swapped for a host tensor of stand-in values for the
+    trace (seeded: the same model gives the same graph), and back afterwards; the example's real
+    values are traced alongside (_real_values)."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    new = {}
+    for i, t in _meta_tensors(root).items():
+        with torch.no_grad():
+            r = torch.zeros(t.shape, dtype=t.dtype)
+            if r.is_floating_point():
+                r.normal_(0.0, 0.02, generator=gen)
+        new[i] = torch.nn.Parameter(r, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else r
+    saved = []
+    for m in root.modules():
+        for slot in (m._parameters, m._buffers):
+            for k, t in slot.items():
+                if t is not None and id(t) in new:
+                    saved.append((slot, k, t))
+                    slot[k] = new[id(t)]
+    try:
+        with _real_values(root):
+            yield
+    finally:
+        for slot, k, t in saved:
+            slot[k] = t
 
 
 @contextlib.contextmanager

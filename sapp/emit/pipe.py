@@ -66,6 +66,13 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         with eager_masks(model, example_mb):
             pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
+        from ..capture.retry import data_dependent
+        if data_dependent(_innermost(e)):
+            # capture may take such a branch as the example's values do (it only prices the graph); a
+            # stage traced so would run that branch for every later batch
+            raise PlanError(f"could not split the model into pipeline stages before {points}: its forward "
+                            f"branches on tensor values ({_cause(e)[:120]}), which a traced stage would fix "
+                            f"to this batch's branch; pin pp=1") from e
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
                         f"inputs, or pin pp=1") from e
@@ -76,10 +83,15 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
     return pipe
 
 
-def _cause(e: BaseException) -> str:
-    """The innermost exception of a chain, as 'Type: first line' (torch wraps the real cause)."""
+def _innermost(e: BaseException) -> BaseException:
     while e.__cause__ is not None:
         e = e.__cause__
+    return e
+
+
+def _cause(e: BaseException) -> str:
+    """The innermost exception of a chain, as 'Type: first line' (torch wraps the real cause)."""
+    e = _innermost(e)
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}"
 

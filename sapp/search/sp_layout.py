@@ -180,6 +180,77 @@ def _runs_blocks(module: str, blocks) -> bool:
     return any(not module or b.startswith(module + ".") for b in blocks)
 
 
+def _builds_for_blocks(graph, runner: str, skip: str, consumers):
+    """A node of `runner`'s (outside its blocks and outside the module `skip`) that a block reads
+    and that reads nothing a block made: a mask or positions the model builds from the sequence
+    length before the blocks (XLM-RoBERTa-XL's causal mask, made from the embeddings' output shape).
+    Its name, or None."""
+    for n, node in graph.nodes.items():
+        m = node.module or ""
+        if node.block or node.kind == "input" or (runner and not (m == runner or m.startswith(runner + "."))):
+            continue
+        if m == skip or m.startswith(skip + "."):
+            continue
+        if any(graph.nodes[o.producer].block for o in node.operands if o.producer):
+            continue
+        if any(graph.nodes[c].block for c, _ in consumers[n]):
+            return n
+    return None
+
+
+def _cut_where_blocks_read_length(graph, sec, sp, dim, blocks, consumers):
+    """Embeddings cut where their parent sums them (`scatter`) hand that parent's caller a shard; a
+    caller that also runs the blocks and builds what they read from the length it sees (HF's masks)
+    builds them for the shard (XLM-RoBERTa-XL tp2+sp: mask over 8 keys, scores over 16, at step 0).
+    There the cut moves to where the first block takes the stream in (`block_scatter`, as for an HF
+    decoder's embed_tokens): the sum runs whole on each rank (t times the few elementwise rows the
+    plan prices at 1/t, as sp_entry's relayout does).  A vocabulary-split table cannot move (its
+    partial sums are reduce-scattered into the cut): unsupported, so the search keeps the table whole.
+    Models with a sequence-parallel norm before the blocks are left to sp_entry.relayout (BERT)."""
+    order = list(graph.nodes)
+    first = next((i for i, n in enumerate(order) if graph.nodes[n].block), len(order))
+    if not sec["scatter"] or any(graph.nodes[order[i]].kind == "norm" and order[i] in sp for i in range(first)):
+        return
+    mods = set(sec["scatter"])
+    prods = [n for n, node in graph.nodes.items() if node.module in mods and node.kind in ("embedding", "matmul")
+             and n not in sp]
+    summing = {graph.nodes[p].module.rpartition(".")[0] for p in prods}
+    runners = {}
+    for m in summing:
+        anc = m
+        while anc:
+            anc = anc.rpartition(".")[0]
+            if _runs_blocks(anc, blocks):
+                runners[m] = anc
+                break
+    hit = next(((m, b) for m, r in sorted(runners.items()) if (b := _builds_for_blocks(graph, r, m, consumers))), None)
+    if hit is None:
+        return
+    if any(dim(p) == "v" for p in prods):
+        sec["unsupported"].append(f"{hit[1]} ({graph.nodes[hit[1]].module or 'the model'}) is built from the length of "
+                                  f"{hit[0]}'s output for the blocks; a vocabulary-split table cannot be cut at the blocks")
+        return
+    # follow the sequence-parallel ops outside the blocks from the tables to the first block's entry
+    seen, stack, entries = set(prods), list(prods), set()
+    while stack:
+        x = stack.pop()
+        for c, _ in consumers[x]:
+            cn = graph.nodes[c]
+            if cn.block and x not in prods:
+                entries.add((x, cn.block))
+            elif c in sp and not cn.block and c not in seen:
+                seen.add(c)
+                stack.append(c)
+    blocks_in = {b for _, b in entries}
+    if len(blocks_in) != 1 or not all(_block_entry(graph, x, b, sp, consumers) for x, b in entries):
+        sec["unsupported"].append(f"{hit[1]} ({graph.nodes[hit[1]].module or 'the model'}) is built from the length of "
+                                  f"{hit[0]}'s output for the blocks, and the stream enters them in more than one place")
+        return
+    x, b = next(iter(entries))
+    sec["block_scatter"][b] = graph.nodes[x].out.dims.index(dim(x))
+    sec["scatter"] = {}
+
+
 def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
     """Where the emitter puts each runtime piece of sequence parallelism ({} when none runs), axes
     counted in the module's own tensor:
@@ -261,6 +332,7 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                 sec["entries"].setdefault(where, axis)
             else:
                 sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+    _cut_where_blocks_read_length(graph, sec, sp, dim, blocks, consumers)
     # a scattered or reduce-scattered output is the shard for every reader: each must take the shard
     owner = {graph.nodes[n].module: n for n in graph.nodes if graph.nodes[n].module}
     # each module's first embedding / linear outside the SP set, found in one pass (not one per module)

@@ -101,6 +101,15 @@ def warm(builders=()):
     torch.set_rng_state(rng)
 
 
+def finish(out_dir, rank, out: dict):
+    """A forked rank's last act: write what it has to out_dir/rank<r>.json and leave at once (no
+    atexit handlers of the parent's)."""
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def fork_ranks(worker, world: int, cases: list, builders=()):
     """Fork `world` ranks running worker(rank, world, cases, tmp, store) (each writes tmp/rank<r>.json);
     returns (the first line of a rank's failure or None, {rank: what it wrote}).  A rank that exits

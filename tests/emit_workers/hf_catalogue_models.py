@@ -213,6 +213,8 @@ def batch(kind: str, b: int, step: int):
     if task == "image" and "pixel_values" in names:
         return tuple(ins), torch.randint(0, labels, (b,), generator=g)
     ids = torch.randint(1, vocab, (b, SEQ + 1), generator=g)
+    if task == "image":                      # an image classifier over token ids (ImageGPT's colour clusters)
+        return (ids[:, :-1],), torch.randint(0, labels, (b,), generator=g)
     if len(names) > 1:                       # encoder input + decoder ids; targets: decoder ids shifted
         dec = torch.randint(1, vocab, (b, SEQ + 1), generator=g)
         ins = [ids[:, :-1] if x is None and n == "input_ids" else x for n, x in zip(names, ins)]
