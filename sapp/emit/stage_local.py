@@ -22,6 +22,9 @@ import torch
 from torch import fx
 
 
+COPY = "sapp_stage_local"     # node.meta key of a copy (split_module and the outliner keep node meta)
+
+
 def _split_op():
     return torch.ops.pippy._pipe_split.default
 
@@ -126,5 +129,6 @@ def _copy_into(graph, node, s, pos, order, copies, tail):
     for n in sorted(need, key=order.__getitem__):
         with graph.inserting_after(tail[s]):
             c = graph.node_copy(n, lambda a: copies.get((s, a), a))
-        c.meta = dict(n.meta)
+        # marked: the manifest does not count a block as run by stage s for its copies alone
+        c.meta = dict(n.meta, **{COPY: True})
         copies[(s, n)] = tail[s] = c
