@@ -100,10 +100,12 @@ def drop_metadata_asserts(gm: fx.GraphModule) -> fx.GraphModule:
 
 def prepare(gm: fx.GraphModule) -> fx.GraphModule:
     """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy);
-    last, every stage gets its own copy of the position-only values it reads (stage_local.py), so
-    what crosses a boundary is what carries data."""
+    then every stage gets its own copy of the position-only values it reads (stage_local.py), so
+    what crosses a boundary is what carries data; last, a value read further on than the next stage
+    (a model input from stage 1 on) is carried through the stages between (stage_carry.py)."""
+    from .stage_carry import carry_values
     from .stage_local import recompute_position_tensors
-    return recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(gm)))
+    return carry_values(recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(gm))))
 
 
 def _contiguous(out):

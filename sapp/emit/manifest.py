@@ -52,20 +52,22 @@ def _stage_blocks(mod, blocks) -> list:
     rotary table cast in `layers.0.self_attn`, GraniteMoeHybrid's `rotary_embs.0`): that stage does
     not run the block."""
     names = dict(mod.named_modules())
-    present = [b for b in blocks if b in names and _runs(names[b])]
+    traced = bool(_graphs(mod))
+    present = [b for b in blocks if b in names and (not traced or _runs(names[b]))]
     return sorted(b for b in present if not any(b.startswith(o + ".") for o in present))
 
 
-def _runs(mod) -> bool:
-    """Whether a module runs an operator of its own: any op of its graphs (a traced stage's
-    InterpreterModules) that is not a stage-local copy; an eager module runs what it holds."""
+def _graphs(mod) -> list:
     from torch import fx
+    return [g for g in (getattr(m, "graph", None) for m in mod.modules()) if isinstance(g, fx.Graph)]
 
+
+def _runs(mod) -> bool:
+    """Whether a module of a traced stage runs an operator of its own: any op of its graphs (the
+    stage's InterpreterModules) that is not a stage-local copy.  (A module that only holds a buffer
+    other ops read has no graph.)  In an eager stage every module present runs."""
     from .stage_local import COPY
-    graphs = [g for g in (getattr(m, "graph", None) for m in mod.modules()) if isinstance(g, fx.Graph)]
-    if not graphs:
-        return True
-    return any(n.op in ("call_function", "call_method") and not n.meta.get(COPY) for g in graphs for n in g.nodes)
+    return any(n.op in ("call_function", "call_method") and not n.meta.get(COPY) for g in _graphs(mod) for n in g.nodes)
 
 
 # ---- observed ------------------------------------------------------------------------------------

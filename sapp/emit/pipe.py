@@ -155,6 +155,25 @@ def _like(p, local):
     return local
 
 
+def make_stage(mod, index: int, n_stages: int, device, group):
+    """torch's PipelineStage, whose first-step shape inference calls a later stage on tensors made
+    from the received metadata with torch.empty: an integer one holds garbage, and a stage that
+    indexes with a carried model input (DeepSeek-V4's `tid2eid[input_ids]`, an nn.Embedding of the
+    ids) fails there with "index out of range" before the real micro-batch arrives.  Integer and
+    boolean ones are zeros instead (a valid index, a valid mask); shapes and dtypes are the same."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class _Stage(PipelineStage):
+        def _to_tensor(self, arg):
+            t = super()._to_tensor(arg)
+            if not torch.is_tensor(arg) and torch.is_tensor(t) and not t.is_floating_point() \
+                    and not t.is_complex() and type(t) is torch.Tensor:
+                t.zero_()
+            return t
+
+    return _Stage(mod, index, n_stages, device, group=group)
+
+
 def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     from torch.distributed import pipelining as P
     cls = getattr(P, SCHEDULES[kind])
