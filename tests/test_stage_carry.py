@@ -88,3 +88,19 @@ def test_searched_pp2_plan_equals_one_process(tmp_path):
         assert len(got) == 3
         for a, b in zip(got, res["ref"]):
             assert abs(a - b) <= 1e-5 * abs(b), (r, got, res["ref"])
+
+
+def test_block_whose_modules_export_records_relative_paths_splits():
+    # OpenAI GPT: with the split block's forward patched, torch.export records `attn`, `attn.c_attn`
+    # under `transformer.h.1` (relative paths) and torch's outliner refused them; rejoined, the
+    # stages chained equal the model
+    pytest.importorskip("transformers")
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+    torch.manual_seed(0)
+    cfg = OpenAIGPTConfig(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                          embd_pdrop=0.0, attn_pdrop=0.0)
+    model = OpenAIGPTLMHeadModel(cfg).train()
+    x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    out, stages = _chain(model, (x,), ["transformer.h.1"])
+    torch.testing.assert_close(out, model(x).logits, rtol=0, atol=1e-5)
+    assert "transformer.h.1.attn" in dict(stages[1].named_modules())

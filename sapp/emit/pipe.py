@@ -11,6 +11,7 @@ single-process gradient and stays equal under the same optimizer update."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,8 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
         with eager_masks(model, example_mb):
-            pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
+            names = frozenset(n for n, _ in model.named_modules())
+            pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
