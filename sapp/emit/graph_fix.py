@@ -9,6 +9,8 @@
   check beside the copy; DTensor has no sharding rule for it, so a stage module that runs on DTensors
   (a sequence-parallel norm: HF's RMSNorm casts to fp32) fails there.  The check only repeats what the
   trace fixed (the dtype and device of a value it produced), so it is dropped.
+- `rejoin_module_paths`: module stacks recorded relative to a patched split block made whole again
+  (the outliner refuses them: OpenAI GPT, XLM).
 - `compiled_stage`: run each stage sub-module's generated code instead of the fx interpreter (speed),
   renaming graph values called `self` first (BERT has a sub-module named `self`, whose result would
   shadow the method's `self`: "'Tensor' object has no attribute 'output'"), and make the stage's
