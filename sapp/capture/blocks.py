@@ -8,11 +8,17 @@ from ..ir import OpNode, Operand
 
 
 def container_children(model, strip: str = "") -> set:
-    """Qualnames of the children of every nn.ModuleList / nn.Sequential."""
+    """Qualnames of the children of every nn.ModuleList / nn.Sequential that can be a block: not
+    themselves a ModuleList / ModuleDict (never called, so never a scope: PoolFormer's
+    `encoder.block.0` is a ModuleList and its blocks are `encoder.block.0.0`, ...).  The one list of
+    block candidates: capture assigns operators to them and the emitter's manifest names a pipeline
+    stage's blocks by it (sapp/emit/manifest.py)."""
     out = set()
     for qn, m in model.named_modules():
         if isinstance(m, (nn.ModuleList, nn.Sequential)):
-            for child in m._modules:
+            for child, sub in m._modules.items():
+                if isinstance(sub, (nn.ModuleList, nn.ModuleDict)):
+                    continue
                 q = f"{qn}.{child}" if qn else child
                 if strip and q.startswith(strip):
                     q = q[len(strip):]

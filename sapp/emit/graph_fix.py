@@ -11,6 +11,8 @@
   check beside the copy; DTensor has no sharding rule for it, so a stage module that runs on DTensors
   (a sequence-parallel norm: HF's RMSNorm casts to fp32) fails there.  The check only repeats what the
   trace fixed (the dtype and device of a value it produced), so it is dropped.
+- `rejoin_module_paths`: module stacks recorded relative to a patched split block made whole again
+  (the outliner refuses them: OpenAI GPT, XLM).
 - `compiled_stage`: run each stage sub-module's generated code instead of the fx interpreter (speed),
   renaming graph values called `self` first (BERT has a sub-module named `self`, whose result would
   shadow the method's `self`: "'Tensor' object has no attribute 'output'"), and make the stage's
@@ -135,12 +137,43 @@ def drop_metadata_asserts(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def prepare(gm: fx.GraphModule) -> fx.GraphModule:
-    """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy);
-    last, every stage gets its own copy of the position-only values it reads (stage_local.py), so
-    what crosses a boundary is what carries data."""
+def rejoin_module_paths(gm: fx.GraphModule, names) -> fx.GraphModule:
+    """Make every node's module stack a chain of paths, each inside the one before (in place).
+
+    With a split point's forward patched (annotate_split_points), torch.export records some models'
+    modules inside that block under paths relative to it (OpenAI GPT, XLM: `attn` and `attn.c_attn`
+    under `transformer.h.1`), and torch's module outliner refuses them ("Child module 'attn' is not
+    a descendant of parent module 'transformer.h.1'").  An entry whose path names no module of the
+    model (`names`) but does under the entry before is that relative path: it and every entry after
+    it get that entry's path as prefix.  (A module called from one it is not a child of -- a shared
+    table -- keeps its own, real, path.)"""
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        items, base, out, changed = list(stack.items()), None, [], False
+        for i, (key, (path, ty)) in enumerate(items):
+            prev = out[-1][1][0] if out else ""
+            if base is None and i > 0 and prev and path not in names and f"{prev}.{path}" in names:
+                base = prev
+            if base is not None:       # the key names one call of the module: kept unique, "@n" kept
+                head, at, idx = key.partition("@")
+                key, path, changed = f"{head}__in__{base}{at}{idx}", f"{base}.{path}", True
+            out.append((key, (path, ty)))
+        if changed:
+            n.meta["nn_module_stack"] = dict(out)
+    return gm
+
+
+def prepare(gm: fx.GraphModule, names=frozenset()) -> fx.GraphModule:
+    """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy;
+    `names`: the model's module names);
+    then every stage gets its own copy of the position-only values it reads (stage_local.py), so
+    what crosses a boundary is what carries data; last, a value read further on than the next stage
+    (a model input from stage 1 on) is carried through the stages between (stage_carry.py)."""
+    from .stage_carry import carry_values
     from .stage_local import recompute_position_tensors
-    return recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(gm)))
+    return carry_values(recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(rejoin_module_paths(gm, names)))))
 
 
 def _contiguous(out):

@@ -43,12 +43,31 @@ def _blocks_in(mod, blocks) -> list:
 
 
 def _stage_blocks(mod, blocks) -> list:
-    """The blocks a stage holds as a plan lists them: the outermost ones.  `blocks` (every
-    ModuleList's children) also names blocks nested in blocks (T5's `encoder.block.0.layer.0`);
-    capture assigns each operator to its outermost block (capture/blocks.py), and the plan's stages
-    list those."""
-    present = _blocks_in(mod, blocks)
-    return [b for b in present if not any(b.startswith(o + ".") for o in present)]
+    """The blocks a stage runs as a plan lists them: the outermost ones, sorted (a stage's set of
+    blocks; the plan lists them in the order capture met them).  `blocks` (capture's candidates,
+    capture/blocks.container_children) also names blocks nested in blocks (T5's
+    `encoder.block.0.layer.0`); capture assigns each operator to its outermost block, and the plan's
+    stages list those.  A traced stage module holds a block's module also where it only reads one of
+    its weights (get_attr) or runs copies of its position-only ops (stage_local.py: Llama 4's complex
+    rotary table cast in `layers.0.self_attn`, GraniteMoeHybrid's `rotary_embs.0`): that stage does
+    not run the block."""
+    names = dict(mod.named_modules())
+    traced = bool(_graphs(mod))
+    present = [b for b in blocks if b in names and (not traced or _runs(names[b]))]
+    return sorted(b for b in present if not any(b.startswith(o + ".") for o in present))
+
+
+def _graphs(mod) -> list:
+    from torch import fx
+    return [g for g in (getattr(m, "graph", None) for m in mod.modules()) if isinstance(g, fx.Graph)]
+
+
+def _runs(mod) -> bool:
+    """Whether a module of a traced stage runs an operator of its own: any op of its graphs (the
+    stage's InterpreterModules) that is not a stage-local copy.  (A module that only holds a buffer
+    other ops read has no graph.)  In an eager stage every module present runs."""
+    from .stage_local import COPY
+    return any(n.op in ("call_function", "call_method") and not n.meta.get(COPY) for g in _graphs(mod) for n in g.nodes)
 
 
 # ---- observed ------------------------------------------------------------------------------------
@@ -111,7 +130,7 @@ def observed(prog) -> dict:
     zero = 0
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
-        stages[str(s)] = _stage_blocks(mod, prog.block_list)
+        stages[str(s)] = _stage_blocks(mod, prog.stage_block_list)
         for name, m in mod.named_modules():
             if _is_fsdp(m):
                 units.append(pre + (name or ROOT))
@@ -186,8 +205,8 @@ def expected(plan, prog, regions: dict) -> dict:
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
         present = _blocks_in(mod, prog.block_list)
-        stages[str(s)] = (list(listed.get(str(s)) or _stage_blocks(mod, prog.block_list)) if plan.parallel["pp"] > 1
-                          else _stage_blocks(mod, prog.block_list))
+        stages[str(s)] = (sorted(listed.get(str(s)) or []) or _stage_blocks(mod, prog.stage_block_list)
+                          if plan.parallel["pp"] > 1 else _stage_blocks(mod, prog.stage_block_list))
         names = dict(mod.named_modules())
         if zero >= 2:
             host_params = {n for n, _ in mod.named_parameters()

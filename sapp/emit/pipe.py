@@ -11,6 +11,7 @@ single-process gradient and stays equal under the same optimizer update."""
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,8 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
         with eager_masks(model, example_mb):
-            pipe = Pipe.from_tracing(model, example_mb, split_policy=graph_fix.prepare)
+            names = frozenset(n for n, _ in model.named_modules())
+            pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         from ..capture.retry import data_dependent
         if data_dependent(_innermost(e)):
@@ -165,6 +167,25 @@ def _like(p, local):
         from torch.distributed.tensor import DTensor
         return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
     return local
+
+
+def make_stage(mod, index: int, n_stages: int, device, group):
+    """torch's PipelineStage, whose first-step shape inference calls a later stage on tensors made
+    from the received metadata with torch.empty: an integer one holds garbage, and a stage that
+    indexes with a carried model input (DeepSeek-V4's `tid2eid[input_ids]`, an nn.Embedding of the
+    ids) fails there with "index out of range" before the real micro-batch arrives.  Integer and
+    boolean ones are zeros instead (a valid index, a valid mask); shapes and dtypes are the same."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class _Stage(PipelineStage):
+        def _to_tensor(self, arg):
+            t = super()._to_tensor(arg)
+            if not torch.is_tensor(arg) and torch.is_tensor(t) and not t.is_floating_point() \
+                    and not t.is_complex() and type(t) is torch.Tensor:
+                t.zero_()
+            return t
+
+    return _Stage(mod, index, n_stages, device, group=group)
 
 
 def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):

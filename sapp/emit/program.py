@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from ..capture.blocks import container_children
 from ..errors import PlanError
 from ..models.data import logits_of
 from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, sp as sp_mod, zero1
@@ -431,11 +432,10 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
 
     schedule = None
     if traced is not None:
-        from torch.distributed.pipelining import PipelineStage
         if plan.pipeline.get("scatter_gather") and tp > 1:     # Megatron's boundary scatter/gather (priced)
             for s in mine:
                 pipe_mod.scatter_gather(wrapped[s], s, n_stages, mesh["tp"])
-        stages = [PipelineStage(wrapped[s], s, n_stages, device, group=mesh["pp"].get_group()) for s in mine]
+        stages = [pipe_mod.make_stage(wrapped[s], s, n_stages, device, mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
     extra = {"cp": cp, "dp_only": dp // cp, "cp_rank": me[1] % cp} if cp > 1 else {}
     prog = (cp_mod.CPProgram if cp > 1 else Program)(**extra, plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp, ep=ep,
@@ -448,7 +448,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                    plan_precision=plan_precision(plan),
                    first_stage=0 in mine, last_stage=(n_stages - 1) in mine,
                    # what the manifest needs of the whole model (a pipeline rank holds only its stages)
-                   block_list=blocks, recompute_modes=modes, full_modules={n: type(m) for n, m in model.named_modules()},
+                   block_list=blocks, recompute_modes=modes, stage_block_list=sorted(container_children(model)), full_modules={n: type(m) for n, m in model.named_modules()},
                    full_model=model if traced is None else None, allow_mismatch=allow_mismatch, mismatches=[],
                    repriced=None, runtime_checked=not any(m == "selective" for m in run_modes.values()))
     prog.manifest_expected = manifest_mod.expected(plan, prog, regions)

@@ -22,6 +22,9 @@ import torch
 from torch import fx
 
 
+COPY = "sapp_stage_local"     # node.meta key of a copy (split_module and the outliner keep node meta)
+
+
 def _split_op():
     return torch.ops.pippy._pipe_split.default
 
@@ -89,9 +92,9 @@ def _stages(graph: fx.Graph):
 
 def recompute_position_tensors(gm: fx.GraphModule) -> fx.GraphModule:
     """Give every stage that reads a position-only value from an earlier stage its own copy of the
-    ops producing it (in place; returns gm).  Copies keep the originals' metadata (module stack), so
-    the stage's module tree holds e.g. its own `model.rotary_emb`; buffers they read (inv_freq) are
-    moved into that stage by the pipeline like any attribute two stages use."""
+    ops producing it (in place; returns gm).  Copies run at the stage's top level (the root entry of
+    the originals' module stack) and are marked `COPY`; buffers they read (inv_freq) are moved into
+    that stage by the pipeline like any attribute two stages use."""
     graph = gm.graph
     pos = position_only(gm)
     stage, opener = _stages(graph)
@@ -126,5 +129,12 @@ def _copy_into(graph, node, s, pos, order, copies, tail):
     for n in sorted(need, key=order.__getitem__):
         with graph.inserting_after(tail[s]):
             c = graph.node_copy(n, lambda a: copies.get((s, a), a))
-        c.meta = dict(n.meta)
+        # marked: the manifest does not count a block as run by stage s for its copies alone
+        c.meta = dict(n.meta, **{COPY: True})
+        stack = n.meta.get("nn_module_stack")
+        if stack:
+            # at the stage's top level: kept in the original's modules, the copies would call a module
+            # the stage calls again later for its own work (Gemma 4's rotary table in
+            # `model.language_model`, then its layers), which the module outliner cannot tell apart
+            c.meta["nn_module_stack"] = dict([next(iter(stack.items()))])
         copies[(s, n)] = tail[s] = c

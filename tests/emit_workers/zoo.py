@@ -30,6 +30,9 @@ def build(kind: str, seed: int = 0):
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         m = GPT2LMHeadModel(cfg)
         return m, lambda out, y: F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    if kind == "stagey":        # blocks in nested lists, a parameter-less block, inputs read by every block
+        from tests.emit_workers import pp_toys
+        return pp_toys.build(seed)
     raise ValueError(kind)
 
 
@@ -39,6 +42,9 @@ def batch(kind: str, b: int, step: int):
     if kind in ("gpt", "gpt2", "gpt6", "gpt7", "gpt-sdpa", "llama"):
         ids = torch.randint(0, 256, (b, 17), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
+    if kind == "stagey":
+        from tests.emit_workers import pp_toys
+        return pp_toys.batch(b, step)
     if kind == "mlp":
         return (torch.randn(b, 32, generator=g),), torch.randint(0, 10, (b,), generator=g)
     if kind in ("widedeep", "widedeep-sparse"):
