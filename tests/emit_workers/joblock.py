@@ -15,12 +15,13 @@ import tempfile
 def run(cmd, **kw):
     """subprocess.run(cmd, **kw) while holding the run's job lock: `timeout` counts from the job's start,
     not from the wait."""
-    with _held():
+    with held():
         return subprocess.run(cmd, **kw)
 
 
 @contextlib.contextmanager
-def _held():
+def held():
+    """The run's job lock, for jobs launched by bench/ helpers (truth_matrix.run_jobs, time_truth.run)."""
     uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not uid:
         yield
