@@ -8,10 +8,10 @@ the memory the meter measures (saved-tensor hooks) is within 10% of what the pla
 spawned jobs (2, 4 and 8 ranks), each bounded by a hard timeout."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from tests.emit_workers import joblock
 
 pytest.importorskip("transformers")
 
@@ -74,8 +74,8 @@ def _run_job(world, tmp):
     cpath, opath = tmp / "cases.json", tmp / "out.json"
     cpath.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.cp_job", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.cp_job", str(world), str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0 and opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert out["failed"] is None, out["failed"]

@@ -4,7 +4,6 @@ Two spawned gloo jobs (2 and 4 ranks) each run many cases in the same processes;
 5 Adam steps and its per-step global loss must equal the single-process loss within REL_TOL."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)          # tests/ has no __init__: make `tests.emit_workers` importable
 from tests.emit_workers import zoo  # noqa: E402
 from tests.emit_workers.plans import make_plan  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
+
 REL_TOL = 1e-5      # fp32; measured worst case ~1.2e-7 (all-reduce / reduce-scatter summation order)
 STEPS, BATCH = 5, 8
 GPT_TP = {"layers.0.attn.qkv": "colwise", "layers.0.attn.proj": "rowwise",
@@ -110,8 +111,8 @@ def _run_job(world, cases, tmp_path):
     cpath, opath = tmp_path / f"cases{world}.json", tmp_path / f"out{world}.json"
     cpath.write_text(json.dumps(cases))
     # hard timeout: a hung collective must fail the test, not the CI run
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.harness", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.harness", str(world), str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert not out["errors"], "\n".join(out["errors"].values())[-4000:]

@@ -17,7 +17,6 @@ plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5 minute
 box; the timeouts are generous because a loaded one runs several times slower."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -27,6 +26,7 @@ pytest.importorskip("transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tests.emit_workers import hf_models, hf_plans  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
@@ -47,8 +47,8 @@ def _job(world, tmp_path):
     cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
     cpath.write_text(json.dumps(cases))
     # hard timeout: a hung collective must fail the test, not the CI run
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=500)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert not out["errors"], "\n".join(out["errors"].values())[-3000:]

@@ -4,10 +4,10 @@ multiple of pp), emitted with torch.distributed.pipelining's ScheduleInterleaved
 and equal to single-process training (1e-5 relative, 3 Adam steps)."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from tests.emit_workers import joblock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_TOL, STEPS, BATCH = 1e-5, 3, 12
@@ -47,8 +47,8 @@ def job(tmp_path_factory):
         cases.append({"id": cid, "kind": kind, "plan_path": path, "steps": STEPS, "batch": BATCH})
     cpath, opath = tmp / "cases.json", tmp / "out.json"
     cpath.write_text(json.dumps(cases))
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.harness", "2", str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.harness", "2", str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert not out["errors"], "\n".join(out["errors"].values())[-4000:]

@@ -7,7 +7,6 @@ heads, wo row-split; with kv=2 each rank holds one whole KV head and its two que
 (1F1B), and the SDPA GPT tp2."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tests.emit_workers.hf_plans import CONFIGS, TP_CLUSTER  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
 
 REL_TOL = 1e-5
 STEPS = 3
@@ -50,8 +50,8 @@ def job(tmp_path_factory):
     cpath, opath = tmp / "cases.json", tmp / "out.json"
     cpath.write_text(json.dumps(cases))
     # hard timeout: a hung collective must fail the test, not the CI run
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.harness", "2", str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=500)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.harness", "2", str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert not out["errors"], "\n".join(out["errors"].values())[-3000:]

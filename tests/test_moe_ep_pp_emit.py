@@ -11,6 +11,7 @@ import pytest
 
 from sapp.emit import ep as ep_mod
 from sapp.errors import PlanError
+from tests.emit_workers import joblock
 from tests.emit_workers.ep_job import launch
 from tests.emit_workers.plans import make_plan
 
@@ -97,7 +98,8 @@ def test_searched_ep_x_pp_plan_runs_as_priced(tmp_path):
         plan = json.loads(open(c["plan_path"]).read())
         assert plan["parallel"] == {"dp": 2, "tp": 1, "pp": 2, "ep": 2}
         assert not any("refuses" in n for n in plan.get("notes", []))
-    results = tm.run_jobs(cases, str(tmp_path), timeout=400, steps=3)
+    with joblock.held():
+        results = tm.run_jobs(cases, str(tmp_path), timeout=400, steps=3)
     rows = tm.rows(cases, results)
     assert len(rows) == 8 and not any(r.get("error") for r in rows), [r.get("error") for r in rows]
     ref = tm.reference_losses("moe-tiny", {}, 3)

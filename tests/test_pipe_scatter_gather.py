@@ -10,7 +10,6 @@ manifest shows the split / gather on the stages the plan puts them, and measured
 within 10% of the plan's prediction for its stage."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ sys.path.insert(0, ROOT)
 from sapp.cluster import Cluster  # noqa: E402
 from sapp.errors import PlanError  # noqa: E402
 from sapp.search.joint.numbers import boundary_send, p2p_time  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
 
 B = float(2 ** 23)          # an 8 MiB boundary activation per device and micro-batch
 
@@ -99,8 +99,8 @@ def job():
         path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "out.json")
         plan.save(path)
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.sg_job", "4", path, out, str(GB)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+        proc = joblock.run([sys.executable, "-m", "tests.emit_workers.sg_job", "4", path, out, str(GB)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
         assert os.path.exists(out), proc.stderr[-2000:]
         with open(out) as f:
             res = json.load(f)

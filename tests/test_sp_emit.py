@@ -6,7 +6,6 @@ joint search and build_plan with Megatron's regions forced (tests/emit_workers/s
 sharding search never shards the tiny model on the cpu preset).  Each job bounded by a timeout."""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -15,6 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tests.emit_workers.sp_plans import forced_plan  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
 
 GB = 8
 
@@ -31,8 +31,8 @@ def _run(pp, sp):
         path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "out.json")
         plan.save(path)
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.sp_job", str(2 * pp), path, out, str(GB)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+        proc = joblock.run([sys.executable, "-m", "tests.emit_workers.sp_job", str(2 * pp), path, out, str(GB)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
         assert os.path.exists(out), proc.stderr[-2000:]
         with open(out) as f:
             res = json.load(f)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench import truth_matrix as tm
+from tests.emit_workers import joblock
 
 REL_TOL = 1e-5
 
@@ -51,7 +52,8 @@ def test_device_sparse_tables_match_single_process_and_memory():
     with tempfile.TemporaryDirectory() as tmp:
         tm.search_plans(cases, tmp)
         assert not [c for c in cases if "refused" in c]
-        results = tm.run_jobs(cases, tmp, timeout=600, steps=3)
+        with joblock.held():
+            results = tm.run_jobs(cases, tmp, timeout=600, steps=3)
     rows = tm.rows(cases, results)
     assert len(rows) == 2 * 4 + 4 * 2          # dp z0-3 on 2 ranks, dpxtp z0/z2 on 4
     for r in rows:

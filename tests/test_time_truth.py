@@ -9,6 +9,7 @@ import tempfile
 import pytest
 
 from bench import time_truth as T
+from tests.emit_workers import joblock
 
 _CASE = {"id": "x", "world": 2, "grad_sync": "auto", "rule": "none", "schedule": "none", "m": 1,
          "offload_pipelined": None}
@@ -55,6 +56,7 @@ def test_offloaded_adam_runs_inside_the_last_backward_as_priced():
 
 @pytest.mark.skipif(os.cpu_count() is None, reason="needs processes")
 def test_zero3_and_1f1b_orders_hold_on_two_gloo_ranks():
-    rows = T.run({"dp2-z3", "pp2-1f1b-m4"}, timeout=300)
+    with joblock.held():
+        rows = T.run({"dp2-z3", "pp2-1f1b-m4"}, timeout=300)
     assert {r["id"] for r in rows} == {"dp2-z3", "pp2-1f1b-m4"} and len({r["rank"] for r in rows}) == 2
     assert all(r["holds"] for r in rows), T.table(rows)

@@ -13,6 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import truth_matrix as tm  # noqa: E402
+from tests.emit_workers import joblock  # noqa: E402
 
 TOL = 0.10
 SLICE = [  # (model, layout, zero, recompute, host)
@@ -50,7 +51,8 @@ def rows():
         tm.search_plans(cases, tmp)
         refused = [c for c in cases if "refused" in c]
         assert not refused, refused[0]["refused"]
-        results = tm.run_jobs(cases, tmp, timeout=240)
+        with joblock.held():
+            results = tm.run_jobs(cases, tmp, timeout=240)
     out = tm.rows(cases, results)
     print("\n" + tm.table(out) + "\n" + tm.summary(out))
     return out

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import traceback
+from tests.emit_workers import joblock
 
 SEED = 0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,12 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def launch(world, cases, tmp_path, timeout):
     """Run `cases` as one forked job of `world` gloo ranks (this module as a subprocess, bounded by
     `timeout` seconds) and return its output, asserting that it ran without a failure."""
-    import subprocess
     cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
     cpath.write_text(json.dumps(cases))
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.ep_job", str(world), str(cpath), str(opath)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.ep_job", str(world), str(cpath), str(opath)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(opath.read_text())
     assert out["failed"] is None and not out["errors"], (out["failed"], out["errors"])

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 from tests.emit_workers.harness import fork_ranks
+from tests.emit_workers import joblock
 
 
 def _run_case(case, rank):
@@ -138,7 +139,6 @@ def run(world: int, cases: list) -> dict:
 def job(world: int, pairs: list, tmp_path, steps: int = 3, timeout: int = 400) -> tuple:
     """Search a plan per (kind, config) (hf_plans.search_plan) and run them all in one spawned job;
     returns (cases as `run` gives them, {case id: plan dict}).  Asserts the job ran."""
-    import subprocess
     from tests.emit_workers import hf_plans
     cases = []
     for kind, cfg in pairs:
@@ -148,8 +148,8 @@ def job(world: int, pairs: list, tmp_path, steps: int = 3, timeout: int = 400) -
     cpath.write_text(json.dumps(cases))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # hard timeout: a hung collective must fail the test, not the CI run
-    proc = subprocess.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
-                          cwd=root, capture_output=True, text=True, timeout=timeout)
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
+                       cwd=root, capture_output=True, text=True, timeout=timeout)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
     assert not out["errors"], "\n".join(out["errors"].values())[-3000:]
