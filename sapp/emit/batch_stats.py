@@ -2,23 +2,23 @@
 one process does (forward, backward and the running-statistics update).
 
 On CUDA torch's SyncBatchNorm does it; its forward runs only on accelerators, so on CPU (gloo) the
-layer becomes `GlobalBatchNorm`, which all-reduces per-channel (sum, sum of squares, count) through
-torch.distributed.nn's autograd all-reduce: the backward all-reduces their gradients, so every
+layer becomes `GlobalBatchNorm`, which all-reduces per-channel (sum, count), then the sum of squared
+deviations from the global mean, through torch.distributed.nn's autograd all-reduce: the backward
+all-reduces their gradients, so every
 rank's input gradient is the one-process gradient of the global loss.  Both keep the original
 layer's parameters and buffers (same objects, same names), so optimizers, checkpoints and the
 fingerprint see the same model.  Priced in costmodel/batchstats.py."""
 from __future__ import annotations
 
-import warnings
-
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class GlobalBatchNorm(_BatchNorm):
-    """A batch norm whose training statistics are reduced over `group` (one all-reduce forward, one
+    """A batch norm whose training statistics are reduced over `group` (two all-reduces forward, two
     backward).  Outside training with running statistics it is the plain layer."""
 
     def __init__(self, src: _BatchNorm, group):
@@ -39,23 +39,9 @@ class GlobalBatchNorm(_BatchNorm):
         use_batch = self.training or self.running_mean is None
         if not use_batch:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
-        from torch.distributed.nn.functional import all_reduce
-        # (torch 2.13 marks it deprecated for _functional_collectives.all_reduce, which has no autograd)
-        warnings.filterwarnings("ignore", message="torch.distributed.nn.functional.all_reduce is deprecated")
-        c = x.shape[1]
-        dims = [0] + list(range(2, x.dim()))
-        xf = x.float()
-        local = torch.cat([xf.sum(dims), (xf * xf).sum(dims), xf.new_full((1,), x.numel() / c)])
-        stats = all_reduce(local, group=self.group)          # autograd: backward all-reduces the gradient
-        n = stats[2 * c]
-        mean = stats[:c] / n
-        var = (stats[c:2 * c] / n - mean * mean).clamp_min(0.0)   # biased, as normalisation uses
-        shape = [1, c] + [1] * (x.dim() - 2)
-        y = (xf - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
-        if self.weight is not None:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
+        y, mean, var, n = _GlobalNorm.apply(x.float(), self.weight, self.bias, self.eps, self.group)
         if self.training and self.track_running_stats and self.running_mean is not None:
-            self._update_running(mean.detach(), var.detach(), n.item())
+            self._update_running(mean, var, n)
         return y.to(x.dtype)
 
     @torch.no_grad()
@@ -67,6 +53,50 @@ class GlobalBatchNorm(_BatchNorm):
         self.running_mean.mul_(1 - f).add_(mean.to(self.running_mean.dtype), alpha=f)
         unbiased = var * (n / max(n - 1.0, 1.0))
         self.running_var.mul_(1 - f).add_(unbiased.to(self.running_var.dtype), alpha=f)
+
+
+class _GlobalNorm(torch.autograd.Function):
+    """Batch normalisation by the group's global statistics, forward and backward written as torch's
+    own kernels compute them (fewer rounding steps than autograd through the statistics: RegNet's
+    Adam steps turn a gradient's last digits into visible loss differences).  Forward: all-reduce
+    (sum, count), then the squared deviations from the global mean (two passes, as one process).
+    Backward: one all-reduce of (sum dy, sum dy * x_hat); the input gradient is
+    w * invstd * (dy - (sum dy + x_hat * sum dy x_hat) / n), the weight and bias gradients this
+    rank's own sums (the dp gradient sync averages them, as any parameter's)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, group):
+        c = x.shape[1]
+        dims = [0] + list(range(2, x.dim()))
+        shape = [1, c] + [1] * (x.dim() - 2)
+        sums = torch.cat([x.sum(dims), x.new_full((1,), x.numel() / c)])
+        dist.all_reduce(sums, group=group)
+        n = float(sums[c])
+        mean = sums[:c] / n
+        d = x - mean.view(shape)
+        sq = (d * d).sum(dims)
+        dist.all_reduce(sq, group=group)
+        var = sq / n                                   # biased, as normalisation uses
+        invstd = torch.rsqrt(var + eps)
+        xhat = d * invstd.view(shape)
+        y = xhat if weight is None else xhat * weight.view(shape).float() + bias.view(shape).float()
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.n, ctx.group, ctx.dims, ctx.shape = n, group, dims, shape
+        ctx.mark_non_differentiable(mean, var)
+        return y, mean, var, n
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _dvar, _dn):
+        xhat, invstd, weight = ctx.saved_tensors
+        dims, shape, c = ctx.dims, ctx.shape, xhat.shape[1]
+        local = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
+        g_w, g_b = (local[c:].clone(), local[:c].clone()) if weight is not None else (None, None)
+        dist.all_reduce(local, group=ctx.group)
+        scale = invstd if weight is None else invstd * weight.float()
+        dx = (dy - (local[:c].view(shape) + xhat * local[c:].view(shape)) / ctx.n) * scale.view(shape)
+        if weight is not None:
+            g_w, g_b = g_w.to(weight.dtype), g_b.to(weight.dtype)
+        return dx, g_w, g_b, None, None
 
 
 def sync_batch_norms(module: nn.Module, group, device) -> int:
