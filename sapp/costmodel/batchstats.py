@@ -6,7 +6,7 @@ collectives in each layer's forward and backward, on the critical path (nothing 
 overlap them with: the next op needs the result).  On an accelerator torch's SyncBatchNorm
 all-gathers each rank's (mean, invstd, count) in forward and all-reduces (sum dy, sum dy·x̂) in
 backward; on a CPU our module all-reduces (sum, count) and then the squared deviations from the
-global mean (two passes, as one process computes them), and autograd all-reduces their gradients.  Pure: no torch, no I/O."""
+global mean (two passes, as one process computes them) in forward, (sum dy, sum dy·x̂) in backward.  Pure: no torch, no I/O."""
 from __future__ import annotations
 
 from .primitives import collective_time
@@ -32,7 +32,8 @@ def batch_stats_sync_time(channels, n: int, link: str, cluster) -> float:
         if accelerator:
             total += collective_time("all_gather", (2 * c + 1) * FP32 * n, n, link, cluster)
             total += collective_time("all_reduce", 2 * c * FP32, n, link, cluster)
-        else:       # (sum, count), then the squared deviations; autograd repeats both in backward
-            total += 2 * (collective_time("all_reduce", (c + 1) * FP32, n, link, cluster)
-                          + collective_time("all_reduce", c * FP32, n, link, cluster))
+        else:       # forward (sum, count), then the squared deviations; backward (sum dy, sum dy x_hat)
+            total += (collective_time("all_reduce", (c + 1) * FP32, n, link, cluster)
+                      + collective_time("all_reduce", c * FP32, n, link, cluster)
+                      + collective_time("all_reduce", 2 * c * FP32, n, link, cluster))
     return total

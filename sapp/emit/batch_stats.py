@@ -2,10 +2,9 @@
 one process does (forward, backward and the running-statistics update).
 
 On CUDA torch's SyncBatchNorm does it; its forward runs only on accelerators, so on CPU (gloo) the
-layer becomes `GlobalBatchNorm`, which all-reduces per-channel (sum, count), then the sum of squared
-deviations from the global mean, through torch.distributed.nn's autograd all-reduce: the backward
-all-reduces their gradients, so every
-rank's input gradient is the one-process gradient of the global loss.  Both keep the original
+layer becomes `GlobalBatchNorm`: forward all-reduces per-channel (sum, count), then the squared
+deviations from the global mean; backward all-reduces (sum dy, sum dy·x̂), so every rank's input
+gradient is the one-process gradient of the global loss.  Both keep the original
 layer's parameters and buffers (same objects, same names), so optimizers, checkpoints and the
 fingerprint see the same model.  Priced in costmodel/batchstats.py."""
 from __future__ import annotations
@@ -18,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class GlobalBatchNorm(_BatchNorm):
-    """A batch norm whose training statistics are reduced over `group` (two all-reduces forward, two
+    """A batch norm whose training statistics are reduced over `group` (two all-reduces forward, one
     backward).  Outside training with running statistics it is the plain layer."""
 
     def __init__(self, src: _BatchNorm, group):
