@@ -1,7 +1,8 @@
-"""A model normalising by batch statistics (BatchNorm) computes other values on a per-rank micro-batch
-than one process on the global batch: RegNet trained dp2 to losses 4.6e-2 off, and tp2 with 8
-gradient-accumulation steps 2.8e-1 off, with no error.  emit refuses such a plan in one line before
-anything runs; a plan that keeps the whole batch on every rank, or a model in eval mode, passes."""
+"""A model normalising by batch statistics (BatchNorm) computes other values on a micro-batch than one
+process on the whole batch: RegNet tp2 with 8 gradient-accumulation steps trained 2.8e-1 off with no
+error.  emit refuses such a plan in one line before anything runs; dp is synced (a torch BatchNorm in
+a whole module, emit/batch_stats.py, tests/test_batch_norm_sync.py), and a plan that keeps the whole
+batch on every rank, or a model in eval mode, passes."""
 from __future__ import annotations
 
 import pytest
@@ -37,19 +38,25 @@ class OwnBatchNorm(nn.Module):
 
 
 def test_batch_norm_split_batch_refused_in_one_line():
+    """What the emitter cannot make equal to one process: a micro-batch's statistics (gradient
+    accumulation or a pipeline's micro-batches), dp inside a traced pipeline stage."""
     m = ConvNet()
-    for kw in ({"dp": 2}, {"micro_batches": 8}, {"pp": 2, "schedule": "gpipe", "micro_batches": 2,
-                                                  "split_before": ("head",)}):
+    for kw in ({"micro_batches": 8}, {"dp": 2, "micro_batches": 2},
+               {"pp": 2, "schedule": "gpipe", "micro_batches": 2, "split_before": ("head",)},
+               {"pp": 2, "dp": 2, "schedule": "gpipe", "micro_batches": 1, "split_before": ("head",)}):
         with pytest.raises(PlanError) as e:
             checks.check_batch_statistics(m, make_plan(global_batch=8, **kw))
         msg = str(e.value)
         assert "\n" not in msg and "'bn' (BatchNorm2d)" in msg and "micro_batches=1" in msg
 
 
-def test_batch_statistics_whole_batch_or_eval_pass():
+def test_batch_statistics_whole_batch_synced_or_eval_pass():
     m = ConvNet()
     checks.check_batch_statistics(m, make_plan(global_batch=8, tp=2))          # every rank sees the batch
-    checks.check_batch_statistics(m.eval(), make_plan(global_batch=8, dp=2))   # running statistics
-    with pytest.raises(PlanError, match="OwnBatchNorm"):
+    checks.check_batch_statistics(m, make_plan(global_batch=8, dp=2))          # synced over dp (emit/batch_stats.py)
+    checks.check_batch_statistics(m, make_plan(global_batch=8, pp=2, schedule="gpipe", micro_batches=1,
+                                               split_before=("head",)))       # one micro-batch: the batch
+    checks.check_batch_statistics(m.eval(), make_plan(global_batch=8, dp=2, micro_batches=2))   # running statistics
+    with pytest.raises(PlanError, match="OwnBatchNorm"):                      # no torch BatchNorm: not synced
         checks.check_batch_statistics(nn.Sequential(OwnBatchNorm(3)), make_plan(global_batch=8, dp=2))
-    checks.check_batch_statistics(nn.Sequential(nn.LayerNorm(3)), make_plan(global_batch=8, dp=2))
+    checks.check_batch_statistics(nn.Sequential(nn.LayerNorm(3)), make_plan(global_batch=8, dp=2, micro_batches=2))

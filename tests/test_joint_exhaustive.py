@@ -174,9 +174,10 @@ def test_search_equals_exact_reference_with_context_parallelism():
 
 def test_search_equals_exact_reference_with_several_block_types():
     # a ResNet's blocks are of several types: the search tries its cheapest count choices with their
-    # real transient (it held only the worst order's bound before: 15.8% slower here)
+    # real transient (it held only the worst order's bound before: 15.8% slower here).  Its BatchNorms
+    # take one micro-batch a step (search.joint.configs.batch_stats_problem): 40 MB, not 20, fits
     r, e, u, _ = _case("resnet-tiny", {"layers": (2, 2, 2, 2), "width": 16, "image": 64}, 512,
-                       "a100-80g:devices=4,memory=20MB")
+                       "a100-80g:devices=4,memory=40MB")
     assert r.step_time_s == pytest.approx(e.step_time_s, rel=1e-9)
     assert len({p for s in r.stages for p in s.recompute.values()}) > 1
     assert u.step_time_s > e.step_time_s * 1.05

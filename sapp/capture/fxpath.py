@@ -160,7 +160,8 @@ def _module_call(m, q, n):
     if isinstance(m, nn.LayerNorm):
         return "layer_norm", (x, list(m.normalized_shape), P("weight"), P("bias"), m.eps), {}
     if isinstance(m, nn.modules.batchnorm._BatchNorm):
-        return "batch_norm", (x, P("weight"), P("bias"), P("running_mean"), P("running_var")), {}
+        return "batch_norm", (x, P("weight"), P("bias"), P("running_mean"), P("running_var"),
+                              m.training or m.running_mean is None), {}
     if isinstance(m, nn.GroupNorm):
         return "group_norm", (x, m.num_groups, P("weight"), P("bias")), {}
     if isinstance(m, nn.modules.dropout._DropoutNd):

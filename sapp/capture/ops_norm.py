@@ -25,11 +25,17 @@ def rms_norm(c):
 
 def batch_norm(c):
     r = c.out_shape
-    # Spatial axes stay whole; the batch axis may split (per-replica statistics, as DDP does).
+    # Spatial axes stay whole; the batch axis splits over dp, where the emitter syncs the statistics
+    # (emit/batch_stats.py).  `batch_stats`: training mode, statistics over the batch (not the running
+    # ones): every replica must see the global batch's, and a micro-batch's differ (search: one only).
     unsplit = set(range(2, len(r)))
     ind = [tuple(f"a{i}" for i in range(len(r)))] + [("a1",) for _ in c.ins[1:]]
+    # batch_norm / native_batch_norm / _native_batch_norm_legit(_functional): training is argument 5;
+    # _native_batch_norm_legit.no_stats (no running buffers) has it at 3
+    at = 3 if len(c.args) > 3 and isinstance(c.args[3], bool) else 5
+    extra = {"batch_stats": True} if bool(_arg(c, at, "training", False)) else {}
     return Spec("norm", _adims(r, unsplit), ind, tuple(f"a{i}" for i in range(len(r))), 5.0 * prod(r),
-                _act_saves(c, [0]))
+                _act_saves(c, [0]), extra=extra)
 
 
 def group_norm(c):

@@ -198,22 +198,27 @@ def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_
 
 def check_batch_statistics(model: nn.Module, plan: Plan) -> None:
     """A norm that normalises by statistics over the batch (BatchNorm, or any layer keeping running
-    batch statistics) computes other values on a per-rank micro-batch than on the global batch one
-    process sees: dp > 1 or gradient accumulation would train silently different losses (RegNet dp2:
-    4.6e-2, tp2 with 8 accumulation steps: 2.8e-1).  Refused; in eval mode the running statistics are
-    used and any split is exact."""
+    batch statistics) must see the whole batch, as one process does.  Over dp the emitter syncs a
+    torch BatchNorm's statistics (emit/batch_stats.py) in a whole module, not in a traced pipeline
+    stage; a micro-batch's statistics are not the batch's (RegNet, tp2 with 8 accumulation steps:
+    2.8e-1 off), and a layer of another class cannot be synced (HF's own: dp2 4.6e-2 off).  The
+    search plans none of these; a hand-written plan is refused here.  In eval mode the running
+    statistics are used and any split is exact."""
     gb = plan.model.get("global_batch")
-    dp, m = plan.parallel["dp"], plan.pipeline.get("micro_batches", 1) or 1
+    dp, m, pp = plan.parallel["dp"], plan.pipeline.get("micro_batches", 1) or 1, plan.parallel["pp"]
     if not isinstance(gb, int) or dp * m <= 1:
         return
     for name, mod in model.named_modules():
-        batchy = isinstance(mod, nn.modules.batchnorm._BatchNorm) or (
-            isinstance(getattr(mod, "running_mean", None), torch.Tensor) and hasattr(mod, "momentum"))
-        if batchy and mod.training:
-            raise PlanError(f"module {name!r} ({type(mod).__name__}) normalises by batch statistics, which a "
-                            f"micro-batch of {gb // (dp * m)} (dp={dp} x micro_batches={m} of global batch {gb}) "
-                            f"computes differently from the whole batch; pin dp=1 and micro_batches=1 "
-                            f"(constraints), or train in eval mode")
+        torch_bn = isinstance(mod, nn.modules.batchnorm._BatchNorm)
+        batchy = torch_bn or (isinstance(getattr(mod, "running_mean", None), torch.Tensor) and hasattr(mod, "momentum"))
+        if not (batchy and mod.training):
+            continue
+        why = (f"a micro-batch of {gb // (dp * m)} (micro_batches={m}) computes differently from the whole batch"
+               if m > 1 else f"dp={dp} cannot sync inside a pipeline stage (pp={pp})" if pp > 1 else
+               f"dp={dp} cannot sync in a layer that is not a torch BatchNorm" if not torch_bn else None)
+        if why:
+            raise PlanError(f"module {name!r} ({type(mod).__name__}) normalises by batch statistics, which {why}; "
+                            f"pin micro_batches=1 (and dp=1 with pp > 1) in the constraints, or train in eval mode")
 
 
 def check_placement(plan: Plan) -> None:

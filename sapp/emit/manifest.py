@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import PlanError
-from . import checks, conv1d, ep as ep_mod, recompute, sp as sp_mod
+from . import checks, conv1d, ep as ep_mod, pipe, recompute, sp as sp_mod
 
 ROOT = "<root>"
 
@@ -235,7 +235,8 @@ def expected(plan, prog, regions: dict) -> dict:
                     host[n] = "offload"         # a frozen parameter has no optimizer state to move
     pp = plan.parallel["pp"]
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
-           "stages": stages, "schedule": plan.pipeline.get("schedule", "none") if pp > 1 else "none",
+           "stages": stages, "schedule": "none" if pp == 1 else pipe.schedule_run(
+               plan.pipeline.get("schedule", "none"), int(plan.pipeline.get("micro_batches") or 1), pp),
            "micro_batches": int(plan.pipeline.get("micro_batches") or 1), "host": dict(sorted(host.items())),
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import conv1d, dtensor_local, sp
+from . import batch_stats, conv1d, dtensor_local, sp
 from .recompute import block_names
 
 
@@ -335,9 +335,8 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
     kept out of DDP/FSDP/the all-reduce (host tables; the placement code averages their gradients)."""
     if dp == 1:
         return module, None, 0
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
-        notes.append("BatchNorm statistics are per data-parallel rank (SyncBatchNorm needs CUDA), so losses "
-                     "differ slightly from single-device training")
+    if not staged and batch_stats.sync_batch_norms(module, mesh["dp"].get_group(), device):
+        notes.append("BatchNorm statistics are the global batch's: synced over the dp group (emit/batch_stats.py)")
     if zero == 1 and tp > 1:
         notes.append("zero 1 with tensor parallelism runs as zero 2 (ZeroRedundancyOptimizer cannot hold DTensors)")
         zero = 2

@@ -10,6 +10,7 @@ TiedGrads adds their gradients across the owning stages after backward so every 
 single-process gradient and stays equal under the same optimizer update."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
@@ -48,7 +49,8 @@ def trace(model: nn.Module, example_mb: tuple, points: list, local: dict = None)
         saved[name] = (owner, child, getattr(owner, child))
         setattr(owner, child, stand_in)
     try:
-        return _trace(model, example_mb, points)
+        with buffers_kept(model):       # tracing and the preflight run forwards: no running statistics kept
+            return _trace(model, example_mb, points)
     finally:
         for owner, child, original in saved.values():
             setattr(owner, child, original)
@@ -96,6 +98,48 @@ def _cause(e: BaseException) -> str:
     e = _innermost(e)
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}"
+
+
+@contextlib.contextmanager
+def buffers_kept(module: nn.Module):
+    """Put every buffer of `module` back as it was on exit: forwards run to trace or check a stage
+    are not training steps, and a train-mode BatchNorm would count them in its running statistics
+    (one process's running mean and variance see only the real steps)."""
+    saved = [(b, b.detach().clone()) for b in module.buffers() if not b.is_meta]
+    try:
+        yield
+    finally:
+        # through .data: torch's backward metadata inference still differentiates the forward
+        # that saved these buffers, and a tracked in-place write would fail its version check
+        for b, v in saved:
+            b.data.copy_(v)
+
+
+def pipeline_stage(module: nn.Module, index: int, n: int, device, group):
+    """torch's PipelineStage for `module`, whose set-up before the first step (torch 2.13: metadata
+    inference, forward and backward on uninitialised tensors) leaves the module's buffers as it
+    found them (buffers_kept) and gets zeros, not garbage, for integer inputs."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class Stage(PipelineStage):
+        # torch's first-step shape inference calls a later stage on tensors made from the received
+        # metadata with torch.empty: an integer one holds garbage, and a stage that indexes with a
+        # carried model input (DeepSeek-V4's `tid2eid[input_ids]`) fails there with "index out of
+        # range" before the real micro-batch arrives.  Integer and boolean ones are zeros instead.
+        def _to_tensor(self, arg):
+            t = super()._to_tensor(arg)
+            if not torch.is_tensor(arg) and torch.is_tensor(t) and not t.is_floating_point() \
+                    and not t.is_complex() and type(t) is torch.Tensor:
+                t.zero_()
+            return t
+    for name in ("_prepare_forward_infra", "_prepare_backward_infra"):
+        inner = getattr(PipelineStage, name, None)
+        if inner is not None:
+            def kept(self, *a, _inner=inner, **k):
+                with buffers_kept(self.submod):
+                    return _inner(self, *a, **k)
+            setattr(Stage, name, kept)
+    return Stage(module, index, n, device, group=group)
 
 
 def stage_modules(pipe, indices: list) -> dict:
@@ -169,27 +213,16 @@ def _like(p, local):
     return local
 
 
-def make_stage(mod, index: int, n_stages: int, device, group):
-    """torch's PipelineStage, whose first-step shape inference calls a later stage on tensors made
-    from the received metadata with torch.empty: an integer one holds garbage, and a stage that
-    indexes with a carried model input (DeepSeek-V4's `tid2eid[input_ids]`, an nn.Embedding of the
-    ids) fails there with "index out of range" before the real micro-batch arrives.  Integer and
-    boolean ones are zeros instead (a valid index, a valid mask); shapes and dtypes are the same."""
-    from torch.distributed.pipelining import PipelineStage
-
-    class _Stage(PipelineStage):
-        def _to_tensor(self, arg):
-            t = super()._to_tensor(arg)
-            if not torch.is_tensor(arg) and torch.is_tensor(t) and not t.is_floating_point() \
-                    and not t.is_complex() and type(t) is torch.Tensor:
-                t.zero_()
-            return t
-
-    return _Stage(mod, index, n_stages, device, group=group)
+def schedule_run(kind: str, n_micro: int, n_stages: int) -> str:
+    """The schedule a plan's runs as: 1F1B with fewer micro-batches than stages (a batch-statistics
+    model's one, search.joint.configs) runs every stage's forwards before its backwards, GPipe's
+    order, which torch's 1F1B refuses to run, so GPipe runs it."""
+    return "gpipe" if kind == "1f1b" and n_micro < n_stages else kind
 
 
 def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     from torch.distributed import pipelining as P
+    kind = schedule_run(kind, n_micro, stages[0].num_stages)
     cls = getattr(P, SCHEDULES[kind])
     if kind == "interleaved":
         # torch 2.13's flex interleaving: rounds = max(1, m // pp) must divide m (any v, any

@@ -435,7 +435,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         if plan.pipeline.get("scatter_gather") and tp > 1:     # Megatron's boundary scatter/gather (priced)
             for s in mine:
                 pipe_mod.scatter_gather(wrapped[s], s, n_stages, mesh["tp"])
-        stages = [pipe_mod.make_stage(wrapped[s], s, n_stages, device, mesh["pp"].get_group()) for s in mine]
+        stages = [pipe_mod.pipeline_stage(wrapped[s], s, n_stages, device, mesh["pp"].get_group()) for s in mine]
         schedule = pipe_mod.build_schedule(sched_kind, stages, plan.pipeline["micro_batches"], loss)
     extra = {"cp": cp, "dp_only": dp // cp, "cp_rank": me[1] % cp} if cp > 1 else {}
     prog = (cp_mod.CPProgram if cp > 1 else Program)(**extra, plan=plan, rank=rank, world=world, device=device, coords=me, pp=pp, dp=dp, tp=tp, ep=ep,

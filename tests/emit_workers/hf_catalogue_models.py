@@ -78,9 +78,14 @@ def shrink(d: dict) -> dict:
         # every random draw in training off, dropout's kin included (router / input jitter noise: a
         # pipeline's micro-batches draw it per micro-batch, one process per batch, so the comparison
         # with one process would differ by the draws, not by sapp: PhiMoE pp2 at 1.5e-4)
-        if isinstance(v, float) and ("dropout" in k or "drop_prob" in k or k.endswith("pdrop") or k.endswith("_drop")
-                                     or k == "drop_path_rate" or "jitter" in k or "layerdrop" in k):
+        # (per-stage lists too: CvT's drop_path_rate [0, 0, 0.1], stochastic depth in its last stage,
+        # trained dp2 1.5e-1 off one process by the ranks' own masks)
+        drawn = ("dropout" in k or "drop_prob" in k or k.endswith("pdrop") or k.endswith("_drop")
+                 or k in ("drop_path_rate", "drop_rate", "attention_drop_rate") or "jitter" in k or "layerdrop" in k)
+        if drawn and isinstance(v, float):
             d[k] = 0.0
+        elif drawn and isinstance(v, list) and v and all(isinstance(x, float) for x in v):
+            d[k] = [0.0] * len(v)
         elif isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
             d[k] = {x: y for x, y in v.items() if int(x) < LAYERS}     # per-layer settings by layer index
         elif isinstance(v, dict) and ("model_type" in v or k.endswith("_config")):

@@ -62,6 +62,8 @@ def enumerate_configs(ctx):
                 continue
             for cp in (cp_ok(N // (pp * tp)) if not single else [1]):
                 dp = N // (pp * tp * cp)
+                if ctx.bn_channels and (cp > 1 or (pp > 1 and dp > 1)):
+                    continue        # batch statistics are synced over dp in whole modules only (batch_stats_problem)
                 if (c.dp is not None and dp != c.dp) or (c.max_dp is not None and dp > c.max_dp):
                     continue
                 if ctx.B % dp:
@@ -97,7 +99,9 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
     for m in divisors(per_rep):
         if c.micro_batches is not None and m != c.micro_batches:
             continue
-        if pp > 1 and m < pp and c.micro_batches is None:
+        if ctx.bn_channels and m > 1:
+            continue            # a micro-batch's statistics are not the batch's (batch_stats_problem)
+        if pp > 1 and m < pp and c.micro_batches is None and not ctx.bn_channels:
             continue            # fewer micro-batches than stages: idle stages, never better
         scheds = []
         if pp == 1:
@@ -108,8 +112,10 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
         for s, v in scheds:
             if (c.schedule is not None and s != c.schedule) or (lim and s not in lim["schedules"]):
                 continue
-            if s != "gpipe" and m < pp:
-                continue        # torch's 1F1B schedules need micro-batches >= stages
+            if s != "gpipe" and m < pp and not (s == "1f1b" and ctx.bn_channels):
+                # torch's 1F1B schedules need micro-batches >= stages (with fewer, 1F1B's order is
+                # GPipe's, which the emitter then runs: a batch-statistics model's one micro-batch)
+                continue
             if c.virtual_chunks is not None and s == "interleaved" and v != c.virtual_chunks:
                 continue
             if cp > 1 and _plain_dp_equivalent(c, dp, cp, per_rep // m):
@@ -129,6 +135,25 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                         out.append(cfg)
                     if cp == 1 and lim.get("model_parallel", True):   # expert parallelism: without cp
                         out += ep_configs(ctx, cfg)
+
+
+def batch_stats_problem(ctx):
+    """One line when the pins leave a model normalising by batch statistics no configuration where
+    every replica normalises by the whole batch's statistics, as one process does; None otherwise.
+    Such a model runs one micro-batch a step (each would otherwise have its own statistics), with
+    the statistics synced over dp (emit/batch_stats.py) in whole modules: not in a pipeline stage
+    (a traced graph) and not under context parallelism."""
+    c = ctx.cons
+    if not ctx.bn_channels:
+        return None
+    why = ("micro_batches must be 1" if c.micro_batches not in (None, 1) else
+           "pp > 1 runs with dp = 1 only" if (c.pp or 1) > 1 and (c.dp or 1) > 1 else
+           "cp must be 1" if (getattr(c, "cp", None) or 1) > 1 else
+           f"the schedule {c.schedule!r} needs micro-batches >= stages" if c.schedule == "interleaved" else None)
+    if why is None:
+        return None
+    return (f"the model normalises by batch statistics (BatchNorm in training mode) over the whole batch, so {why}; "
+            f"relax the pins (or train it in eval mode)")
 
 
 LONG_CONTEXT = 16384     # tokens per sample from which cp is searched in every form it is priced

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+from ...costmodel.batchstats import batch_stat_channels
 from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
 from ...pipeline.profile import build_profile, split_units
@@ -29,6 +30,8 @@ class SearchContext:
         self.cap = cluster.usable_memory
         # the step's closing loss all-reduce: the same for every configuration
         self.loss_sync_s = loss_sync_time(cluster)
+        # train-mode batch norms: one micro-batch a step, statistics synced over dp (costmodel.batchstats)
+        self.bn_channels = batch_stat_channels(graph)
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (the FLOPs the cost model's kernels run: costmodel.nodes.time_flops)
         per = sum(sum(time_flops(n, n.flops)) for n in graph.nodes.values())

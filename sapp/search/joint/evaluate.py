@@ -2,6 +2,7 @@
 sync, optimizer update."""
 from __future__ import annotations
 
+from ...costmodel.batchstats import batch_stats_sync_time
 from ...costmodel.gradsync import exposed_grad_sync, overlap_rule
 from ...costmodel.optimizer import optimizer_step_time
 from ...pipeline.partition import chunk_counts, partition_counts, partition_dp, stage_end, stage_kmins
@@ -58,7 +59,9 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
                                     tensors=s.param_tensors / (cfg.dp_cp if cfg.zero == 1 else 1), sharded=sharded)
                 for s in stages)
     loss_s = ctx.loss_sync_s
-    step = step_pipe + gs + opt_s + loss_s
+    # batch statistics synced over dp, per micro-batch on the critical path (costmodel.batchstats)
+    bn_s = cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
+    step = step_pipe + gs + opt_s + loss_s + bn_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
@@ -76,14 +79,21 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs / cfg.cp) for n in s.units if n in by_name) for s in stages)
     res.optimizer_s = opt_s
     res.compute_s = compute_like + opt_s - tp_comm
-    res.comm_s = gs + res.p2p_s + tp_comm + loss_s
+    res.comm_s = gs + res.p2p_s + tp_comm + loss_s + bn_s
     res.comm_by_kind = {"reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s, "loss_sync": loss_s}
+    if bn_s:
+        res.comm_by_kind["batch_stats_sync"] = bn_s
     res.peak_memory_bytes = max(s.memory_bytes for s in stages)
     res.capacity_bytes = ctx.cap
     res.model_flops = ctx.model_flops_per_sample * ctx.B
     res.mfu = res.model_flops / (step * ctx.cluster.devices * ctx.cluster.peak_flops) if step > 0 else 0.0
     res.profile = prof
     return res
+
+
+def dp_link(cluster, cfg) -> str:
+    """The dp group's link: inter-node when a stage's dp x cp x tp ranks span nodes (pipeline.profile.stage_mesh)."""
+    return "inter" if cfg.dp_cp * cfg.tp > cluster.gpus_per_node else "intra"
 
 
 def _exposed_sync(ev, rule, st, a, b):

@@ -13,7 +13,7 @@ from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes, fmt_time
 from .bounds import analytic_bound, profile_bound
-from .configs import host_pinned, enumerate_configs, interleave_problem
+from .configs import batch_stats_problem, host_pinned, enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
@@ -37,6 +37,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
     configs = enumerate_configs(ctx)
+    if not configs and batch_stats_problem(ctx):
+        raise ConstraintError(batch_stats_problem(ctx))
     if not configs and interleave_problem(ctx):
         raise ConstraintError(interleave_problem(ctx))
     if not configs:

@@ -1,0 +1,259 @@
+"""BatchNorm models (RegNet, MobileViT, CvT, Granite Speech ...) under dp2, pp2 and tp2, equal to one
+process.  A train-mode BatchNorm normalises by its batch's statistics: under dp the emitter reduces
+them over the dp group (emit/batch_stats.py: torch's SyncBatchNorm on CUDA, our all-reduce module
+on CPU), and the search plans one micro-batch a step (a micro-batch's statistics are not the
+batch's), 1F1B with one micro-batch running as GPipe.  Compared with one process on a conv + BN
+model of ours (BatchNorm2d, and a BatchNorm1d with momentum 0.3): the losses
+of 3 Adam steps and every running mean / variance afterwards.  Before this, dp2 / pp2 / tp2 were
+refused ("normalises by batch statistics") or, with the check bypassed, dp2 trained on per-rank
+statistics."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+BATCH, STEPS = 8, 3
+CONFIGS = {"dp2": {"dp": 2, "tp": 1, "pp": 1}, "pp2": {"dp": 1, "tp": 1, "pp": 2, "schedule": "1f1b"},
+           "tp2": {"dp": 1, "tp": 2, "pp": 1}}
+TP_CLUSTER = "cpu:gpus=2,peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return x + torch.relu(self.bn(self.conv(x)))
+
+
+class BNNet(nn.Module):
+    """A conv stem with BatchNorm2d, two residual conv + BN blocks, a linear head with BatchNorm1d
+    (momentum 0.3) on the pooled features.  The layers before a BatchNorm have no bias, as in RegNet:
+    its gradient is zero up to rounding, and Adam's first steps turn that noise into +-lr updates."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.stem_bn = nn.BatchNorm2d(c)
+        self.blocks = nn.ModuleList([Block(c) for _ in range(2)])
+        self.fc = nn.Linear(c, 16, bias=False)
+        self.fc_bn = nn.BatchNorm1d(16, momentum=0.3)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.stem_bn(self.stem(x)))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(torch.relu(self.fc_bn(self.fc(x.mean((2, 3))))))
+
+
+def build():
+    torch.manual_seed(0)
+    m = BNNet()
+    with torch.no_grad():            # affine parameters away from 1 / 0, so a wrong scale shows
+        for n, p in m.named_parameters():
+            if "bn" in n:
+                p.normal_()
+    return m
+
+
+def data(step):
+    g = torch.Generator().manual_seed(100 + step)
+    # channel means far from 0 and unequal halves of the batch: per-rank statistics differ
+    x = torch.randn(BATCH, 3, 6, 6, generator=g) * 2 + torch.arange(BATCH).view(-1, 1, 1, 1) * 0.5
+    return x, torch.randint(0, 5, (BATCH,), generator=g)
+
+
+def loss_fn(out, y):
+    return nn.functional.cross_entropy(out, y)
+
+
+def running(module) -> dict:
+    return {n: v.detach().double().reshape(-1).tolist() for n, v in module.named_buffers()
+            if n.endswith(("running_mean", "running_var", "num_batches_tracked"))}
+
+
+def reference():
+    m = build()
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses = []
+    for i in range(STEPS):
+        x, y = data(i)
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, running(m)
+
+
+def plan_for(config, path):
+    from sapp.api import search
+    cons = dict(CONFIGS[config], zero=0)
+    cluster = TP_CLUSTER if cons["tp"] > 1 else "cpu:gpus=2"
+    x, y = data(0)
+    plan = search(build(), cluster, global_batch=BATCH, example_inputs=(x,), constraints=cons, loss_fn=loss_fn, targets=y)
+    plan.save(path)
+    return plan
+
+
+def _rank(rank, world, cases, out_dir, store):
+    """A rank of tests/emit_workers/harness.fork_ranks: each case's losses and the running statistics
+    of the BatchNorms this rank holds (a pipeline stage: those of its half), or its error."""
+    import torch.distributed as dist
+    from datetime import timedelta
+    from sapp.emit import emit
+    from sapp.plan import Plan
+    torch.set_num_threads(1)
+    res, code = {}, 0
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        for config, path in cases:
+            x0, _ = data(0)
+            prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,),
+                        check_fingerprint=False)
+            losses = []
+            for i in range(STEPS):
+                x, y = data(i)
+                losses.append(prog.step(*prog.shard((x,), y)))
+            stats = {}
+            for mod in prog.modules:
+                stats.update(running(mod))
+            res[config] = {"losses": losses, "running": stats, "notes": prog.notes,
+                           "sync": sorted({type(mod).__name__ for p in prog.modules for mod in p.modules()
+                                           if "BatchNorm" in type(mod).__name__})}
+        res["layers"] = _layers(rank, world)
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:                 # noqa: BLE001 - reported to the test
+        import traceback
+        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+        code = 1
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    os._exit(code)
+
+
+LAYERS = (("bn1d-momentum-None-no-affine", dict(num_features=6, momentum=None, affine=False), (8, 6)),
+          ("bn1d-3d-input", dict(num_features=6, momentum=0.2), (8, 6, 5)))
+
+
+def _layers(rank, world) -> dict:
+    """GlobalBatchNorm alone over the ranks against one process's BatchNorm1d on the whole batch:
+    3 training forwards (running statistics; momentum None is the cumulative average) and the
+    input gradient of the last, for this rank's rows."""
+    import torch.distributed as dist
+    from sapp.emit.batch_stats import sync_batch_norms
+    out = {}
+    for name, kw, shape in LAYERS:
+        ref, mine = nn.Sequential(nn.BatchNorm1d(**kw)), nn.Sequential(nn.BatchNorm1d(**kw))
+        assert sync_batch_norms(mine, dist.group.WORLD, torch.device("cpu")) == 1
+        rows = slice(rank * shape[0] // world, (rank + 1) * shape[0] // world)
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            x = torch.randn(*shape, generator=g) * 3 + 1
+            w = torch.randn(*shape, generator=g)
+            xr, xm = x.clone().requires_grad_(), x[rows].clone().requires_grad_()
+            (ref(xr) * w).sum().backward()
+            (mine(xm) * w[rows]).sum().backward()
+        grad_diff = float((xm.grad - xr.grad[rows]).abs().max() / xr.grad.abs().max())
+        stat_diff = max(float((a - b).abs().max()) for a, b in zip(ref.buffers(), mine.buffers()))
+        out[name] = {"grad_diff": grad_diff, "stat_diff": stat_diff, "type": type(mine[0]).__name__}
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """{config: (plan path, plan dict)}, searched once for the module's tests."""
+    tmp = tmp_path_factory.mktemp("bn_plans")
+    out = {}
+    for c in CONFIGS:
+        path = str(tmp / f"{c}.json")
+        out[c] = (path, plan_for(c, path)._d)
+    return out
+
+
+def test_search_plans_one_micro_batch_and_prices_the_sync(plans):
+    """What the search plans for a BatchNorm model: one micro-batch a step under every layout (the
+    free tp2 search chose 8 accumulation steps before), and the statistics' all-reduces priced under
+    dp (2 per BatchNorm: forward and backward)."""
+    from sapp.costmodel.batchstats import batch_stats_sync_time
+    from sapp.cluster import Cluster
+    plans = {c: d for c, (_, d) in plans.items()}
+    for c, p in plans.items():
+        assert p["pipeline"]["micro_batches"] == 1, (c, p["pipeline"])
+    assert plans["pp2"]["pipeline"]["schedule"] == "1f1b"
+    kinds = plans["dp2"]["predicted"]["comm_by_kind"]
+    cl = Cluster.parse("cpu:gpus=2")
+    want = batch_stats_sync_time((8, 8, 8, 16), 2, "intra", cl)
+    assert want > 0 and abs(kinds["batch_stats_sync"] - want) <= 1e-5 * want   # (6 digits in the plan)
+    assert "batch_stats_sync" not in plans["tp2"]["predicted"]["comm_by_kind"]
+
+
+def test_pins_that_split_the_statistics_refused_in_one_line():
+    from sapp.api import search
+    from sapp.errors import ConstraintError
+    x, y = data(0)
+    for cons, why in (({"micro_batches": 2}, "micro_batches must be 1"),
+                      ({"dp": 2, "pp": 2}, "pp > 1 runs with dp = 1")):
+        with pytest.raises(ConstraintError) as e:
+            search(build(), "cpu:gpus=4" if "pp" in cons else "cpu:gpus=1", global_batch=BATCH,
+                   example_inputs=(x,), constraints=cons, loss_fn=loss_fn, targets=y)
+        assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bn_model_dp2_pp2_tp2_equal_one_process(plans):
+    ref_losses, ref_running = reference()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [(c, path) for c, (path, _) in plans.items()]
+        with open(os.path.join(tmp, "cases.json"), "w") as f:
+            json.dump(cases, f)
+        out = os.path.join(tmp, "out.json")
+        # a fresh process forks the ranks (not pytest's); a hung collective fails the test
+        subprocess.run([sys.executable, "-m", "tests.test_batch_norm_sync", os.path.join(tmp, "cases.json"), out],
+                       cwd=ROOT, timeout=150, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+        with open(out) as f:
+            per_rank = json.load(f)
+    assert len(per_rank) == 2, per_rank
+    for r, got in per_rank.items():
+        assert "error" not in got, got["error"]
+        for c in CONFIGS:
+            g = got[c]
+            assert len(g["losses"]) == STEPS
+            for a, b in zip(g["losses"], ref_losses):
+                assert abs(a - b) <= 1e-5 * abs(b), (c, g["losses"], ref_losses)
+            if c == "dp2":
+                assert g["sync"] == ["GlobalBatchNorm"], g["sync"]     # CPU: our all-reduce module
+            # every BatchNorm this rank holds (all of them, or its pipeline stage's) has the
+            # running statistics one process has: momentum, global count, unbiased variance
+            assert g["running"] and (c == "pp2" or set(g["running"]) == set(ref_running)), (c, sorted(g["running"]))
+            for n, v in g["running"].items():
+                want = ref_running[n]
+                assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v, want)), (c, n, v, want)
+    for r, got in per_rank.items():          # the layer alone: gradients and running statistics
+        for name, _, _ in LAYERS:
+            g = got["layers"][name]
+            assert g["type"] == "GlobalBatchNorm" and g["grad_diff"] <= 1e-5 and g["stat_diff"] <= 1e-5, (name, g)
+    # a pipeline's two stages together hold every BatchNorm
+    assert set(per_rank["0"]["pp2"]["running"]) | set(per_rank["1"]["pp2"]["running"]) == set(ref_running)
+
+
+if __name__ == "__main__":
+    from tests.emit_workers.harness import fork_ranks
+    with open(sys.argv[1]) as f:
+        todo = json.load(f)
+    with open(sys.argv[2], "w") as f:
+        json.dump(fork_ranks(_rank, 2, todo)[1], f)
