@@ -54,7 +54,6 @@ CLASSES = (
     ("view absorbs a sharded dim (shape invalid)", r"^(emit|step|rank|compare): .*shape '\[.*\]' is invalid"),
     ("losses differ silently", r"losses differ"),
     ("replicated parameter drifts between ranks silently", r"differs between ranks .* with no error"),
-    ("a parameter trains differently from one process silently", r"differs from one process after training"),
     ("operand shapes disagree in a step (a sharded dim)", r"^step: .*(size of tensor a .* must match|shapes cannot be"
                                                           r" multiplied|Expected size|dimension mismatch)"),
     ("frozen params counted differently", r"^(emit|step|rank): .*(trainable|frozen)"),
@@ -197,10 +196,12 @@ def case_emit(arch: str, config: str, tmp: str) -> dict:
     if ok and drift:
         return dict(row, ok=False, rel=rel, phase="compare",
                     reason=f"replicated parameter {drift[0]} differs between ranks (rel {drift[1]:.2e}) with no error")
+    # recorded, not judged: Adam steps a weight whose true gradient is 0 (a key bias under softmax's
+    # shift invariance: Funnel, BERT) by lr-sized moves on rounding noise, so one process against
+    # itself differs there as much as a wrong gradient would show (Funnel's k_head.bias: 4e-3..9e-2)
     off = reference_drift(got, res.get("ref_params") or {})
-    if ok and off:
-        return dict(row, ok=False, rel=rel, phase="compare",
-                    reason=f"parameter {off[0]} differs from one process after training (rel {off[1]:.2e}) with no error")
+    if off:
+        row["weights_off"] = [off[0], off[1]]
     return dict(row, ok=ok, rel=rel, phase="compare",
                 reason="" if ok else f"losses differ from one process (max rel {rel:.2e}) with no error")
 
@@ -220,10 +221,11 @@ def replica_drift(got: list, tol: float = 1e-6):
 
 def reference_drift(got: list, ref: dict, tol: float = 1e-5):
     """(name, relative difference) of the first parameter a rank holds whole whose sum of squares after
-    training differs from one process's by more than `tol`, or None.  A wrong gradient (a cut path in
-    a pipeline stage, a partial sum) moves the weights long before the losses show it: on 3 Adam steps
-    a clean run stays within ~1e-7 here, dots3_note_text's cut gradient was 8e-5 after one step.
-    Stage modules keep the model's dotted names, maybe under a prefix (`module.` for DDP)."""
+    training differs from one process's by more than `tol`, or None: a diagnostic column.  A wrong
+    gradient (a cut path in a pipeline stage) moves the weights before the losses show it (Llama pp2
+    stays within 1.3e-7; dots3_note_text's cut gradient was 8e-5 after one step), but so does Adam on a
+    weight with no true gradient, so rows record it and the losses judge.  Stage modules keep the
+    model's dotted names, maybe under a prefix (`module.` for DDP)."""
     for g in got:
         for name, (_, sq) in sorted((g.get("replicas") or {}).items()):
             mine = [k for k in ref if k == name or name.endswith("." + k)]
@@ -349,7 +351,7 @@ def report(rows, attempted: int | None = None) -> str:
         rs = [r for (a, c), r in sorted(last.items()) if c == col]
         silent += sum(1 for r in rs if r.get("phase") == "compare" and not r["ok"])
         share(f"{col} equals one process (of run)", sum(1 for r in rs if r["ok"]), len(rs))
-    lines += ["", f"silently wrong runs (losses or weights differ, no error): {silent}", "",
+    lines += ["", f"silently wrong runs (losses differ, no error): {silent}", "",
               "| column | failure class | count | e.g. |", "|---|---|---|---|"]
     for col in COLUMNS:
         rs = [r for (a, c), r in sorted(last.items()) if c == col and not r["ok"]]
