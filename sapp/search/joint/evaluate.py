@@ -60,7 +60,8 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
                 for s in stages)
     loss_s = ctx.loss_sync_s
     # batch statistics synced over dp, per micro-batch on the critical path (costmodel.batchstats)
-    bn_s = cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
+    bn_s = (cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
+            if ctx.bn_channels and cfg.dp > 1 else 0.0)   # (the search's hot path: most models have none)
     step = step_pipe + gs + opt_s + loss_s + bn_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
