@@ -20,8 +20,9 @@ wrong values.  So before any collective:
 
 Capture runs on meta/fake tensors: no weights are read or written and no process talks to another.
 What the audit covers: the tensor-parallel regions (with or without a pipeline: a stage runs the
-same ops).  Sequence, context and expert parallelism change shapes outside the regions and are
-checked by their own code (sp.py, cp.py, ep.py)."""
+same ops); with `sp_sec`, the sequence cuts and gathers too (sp_audit.py, a plan without a pipeline).
+Context and expert parallelism change shapes outside the regions and are checked by their own code
+(cp.py, ep.py)."""
 from __future__ import annotations
 
 import contextlib
