@@ -12,9 +12,9 @@ weights (issue 26, the transformers catalogue on torch 2.13):
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-D, FF, SEQ, VOCAB, BATCH, H = 64, 128, 16, 128, 4, 4
+# the XLM-RoBERTa-XL case's sizes and blocks (custom_sp_run reads SEQ / VOCAB off this file)
+from tests.test_sp_length_readers import BATCH, D, SEQ, VOCAB, Layer
 
 
 class Embeddings(nn.Module):
@@ -26,32 +26,6 @@ class Embeddings(nn.Module):
 
     def forward(self, ids):
         return self.LayerNorm(self.word(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
-
-    def forward(self, h, mask):
-        b, s, _ = h.shape
-        q, k, v = (f(h).view(b, s, -1, D // H).transpose(1, 2) for f in (self.q, self.k, self.v))
-        a = torch.softmax(q @ k.transpose(-1, -2) / (D // H) ** 0.5 + mask, dim=-1) @ v
-        return self.o(a.transpose(1, 2).reshape(b, s, -1))
-
-
-class Layer(nn.Module):
-    AFFINE = True
-
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.ln2 = (nn.LayerNorm(D, elementwise_affine=self.AFFINE) for _ in range(2))
-        self.attn = Attention()
-        self.fc1, self.fc2 = nn.Linear(D, FF), nn.Linear(FF, D)
-
-    def forward(self, x, mask):
-        x = x + self.attn(self.ln1(x), mask)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 class Body(nn.Module):
@@ -84,7 +58,9 @@ class HeadFirst(nn.Module):
 
 
 class NoWeightLayer(Layer):
-    AFFINE = False
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D, elementwise_affine=False), nn.LayerNorm(D, elementwise_affine=False)
 
 
 class NoWeightNorms(nn.Module):
