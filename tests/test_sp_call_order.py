@@ -128,3 +128,25 @@ def test_sp_audit_refuses_a_cut_the_mask_builder_reads(head_first_plan, monkeypa
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("sequence parallelism tp=2: at one rank's sequence shard"), msg
     assert "'body.layer.0" in msg and "sp=false" in msg, msg
+
+
+def test_relayout_reads_call_order_not_registration_order():
+    """The unit under the runs above: a head registered first but called last is an entry after the
+    blocks once the call order is known, so the cuts before the blocks move; without it, as before,
+    nothing moves."""
+    from types import SimpleNamespace
+    from sapp.emit import sp_entry
+    from sapp.emit.recompute import block_names
+    torch.manual_seed(0)
+    m = HeadFirst()
+    sec = {"scatter": {"body.embeddings.word": 1, "body.embeddings.pos": 0},
+           "norms": {"body.embeddings.LayerNorm": 1, "body.layer.0.ln1": 1}, "entries": {"lm_head": 1},
+           "exits": {}, "block_scatter": {}}
+    assert sp_entry.relayout(sec, m, {}, block_names(m)) == (sec, [])          # registration order
+    called = ["body.embeddings.word", "body.embeddings.pos", "body.embeddings.LayerNorm", "body.layer.0.ln1",
+              "body.layer.0.attn.q", "body.layer.1.ln1", "lm_head"]
+    sp_entry.remember_order(m, SimpleNamespace(nodes={i: SimpleNamespace(module=n) for i, n in enumerate(called)}))
+    out, moved = sp_entry.relayout(sec, m, {}, block_names(m))
+    assert moved == ["body.embeddings.LayerNorm", "body.embeddings.pos", "body.embeddings.word"]
+    assert out["block_scatter"] == {"body.layer.0": 1} and out["entries"] == {"lm_head": 1}
+    assert out["scatter"] == {} and out["norms"] == {"body.layer.0.ln1": 1}
