@@ -264,7 +264,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         ex = _example_inputs(model, plan, example_inputs, 2, "cpu")
         audit_notes, partial = [], []
         shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), par["tp"], ex, audit_notes,
-                          fix=LOCALISE, partial=partial)
+                          fix=LOCALISE, partial=partial, sp_sec=sp_mod.section(plan) if par["pp"] == 1 else None)
     else:
         audit_notes, partial = [], []
     if world > 1 and not dist.is_initialized():

@@ -20,8 +20,9 @@ wrong values.  So before any collective:
 
 Capture runs on meta/fake tensors: no weights are read or written and no process talks to another.
 What the audit covers: the tensor-parallel regions (with or without a pipeline: a stage runs the
-same ops).  Sequence, context and expert parallelism change shapes outside the regions and are
-checked by their own code (sp.py, cp.py, ep.py)."""
+same ops); with `sp_sec`, the sequence cuts and gathers too (sp_audit.py, a plan without a pipeline).
+Context and expert parallelism change shapes outside the regions and are checked by their own code
+(cp.py, ep.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -228,12 +229,14 @@ MAX_TRIES = 8
 
 
 def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple, notes: list,
-          fix: bool = True, partial: list | None = None) -> int:
+          fix: bool = True, partial: list | None = None, sp_sec: dict | None = None) -> int:
     """Everything above for one rank's tp layout; returns the ops checked (0: nothing sharded).
     The stored sizes set to local values are the candidates' largest set the audit passes: all of
     them, else all but one (a count that equals a head count by chance, e.g. StableLM's rotary_ndims
     at 4 heads), else none - and then the audit's refusal stands.  `fix=False` sets none (what the
-    audit catches without it: tests).  `partial` (a list) receives partial_params' names."""
+    audit catches without it: tests).  `partial` (a list) receives partial_params' names.
+    `sp_sec` (the plan's SP section, a plan without a pipeline): the call order is remembered for
+    sp_entry's relayout, then the sequence pieces are audited too (sapp/emit/sp_audit.py)."""
     from ..capture import capture
     from . import parallel
     local = parallel.local_layers(model, styles, tp, groups)
@@ -241,6 +244,9 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
         return 0
     with _quiet():
         graph = capture(model, example_inputs, target=_targets(model, example_inputs))
+    if sp_sec:
+        from . import sp_entry
+        sp_entry.remember_order(model, graph)
     regions = sharded_regions(graph, styles, groups, tp, model)
     if partial is not None:
         partial.extend(partial_params(graph, regions))
@@ -258,8 +264,23 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
         for (cls, attr), where in sorted(picked.items()):
             notes.append(f"tp: {cls}.{attr} {where[0][1]} -> {where[0][1] // tp} on {len(where)} module(s) "
                          f"(this rank's share of a size the module reshapes by; shape audit passed)")
-        return checked
-    return audit(model, graph, regions, local, tp, example_inputs)
+        break
+    else:
+        checked = audit(model, graph, regions, local, tp, example_inputs)
+    if sp_sec:
+        _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sp_sec)
+    return checked
+
+
+def _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sec) -> None:
+    """The SP section as sp.apply places it (relayouted in call order, beside the styles the
+    regions run) audited at one rank's shapes (sapp/emit/sp_audit.py)."""
+    from . import parallel, sp_audit, sp_entry
+    from .recompute import block_names
+    sec = sp_entry.relayout(sec, model, {}, block_names(model))[0]
+    run = parallel._derived_styles(model, dict(model.named_modules()), styles, groups, None, None, dry=True,
+                                   sp_sec=sec)
+    sp_audit.audit(model, graph, sec, run, local, tp, example_inputs)
 
 
 def _targets(model, example_inputs):

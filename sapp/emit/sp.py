@@ -114,6 +114,9 @@ def apply(module: nn.Module, sec: dict, tp_mesh, tp_plan: dict, notes: list, ori
     for name in sec.get("norms", {}):
         if name in extra:
             mods[name].register_forward_hook(dtensor_local.local_outputs)
+            # read by the manifest: a norm without weights (OLMo's LayerNorm) has no replicated
+            # DTensor to show that SequenceParallel wraps it
+            mods[name].sapp_sp_norm = True
     # the modules that take the sequence-split activation in: which input of a traced module is it
     readers = set(extra) | {n for n, s in tp_plan.items() if s in ("colwise", "colwise_gather")}
     readers |= {n for n in sec.get("entries", {}) if n in mods and linear(n)}
@@ -146,7 +149,8 @@ def _late_cuts(sec: dict, mods: dict, tp_plan: dict) -> tuple:
     vocabulary-split embedding keeps its reduce-scatter (no local slice to move), and its siblings
     their cuts."""
     scatter, late = dict(sec.get("scatter", {})), {}
-    order = list(mods)                                              # module order
+    rank = sp_entry.module_order(mods[""]) if "" in mods else {}
+    order = sorted(mods, key=lambda n: rank.get(n, len(rank)))      # call order where known
     sp_mods = set(sec.get("norms", {})) | set(sec.get("entries", {}))
     # a vocabulary-split embedding's reduce-scatter cannot move: its siblings keep their cuts too
     fixed = {n.rpartition(".")[0] for n in scatter if n in tp_plan}
@@ -371,13 +375,15 @@ def _contiguous_stride(shape):
 
 def observed(mods: dict) -> dict:
     """What sequence parallelism runs in a rank's stage modules ({stage: module}), read off the objects:
-    norms whose own weights are replicated DTensors on "tp" (only SequenceParallel makes them so) and
-    entries carrying re-gather hooks.  {} when none."""
+    norms whose own weights are replicated DTensors on "tp" (only SequenceParallel makes them so; a
+    norm with no weights, by the mark apply leaves beside its hooks) and entries carrying re-gather hooks.  {} when none."""
     norms, entries, cuts = set(), set(), set()
     for mod in mods.values():
         for name, m in mod.named_modules():
             own = list(m.parameters(recurse=False))
             if own and not isinstance(m, (nn.Linear, nn.Embedding)) and all(_replicated_on_tp(p) for p in own):
+                norms.add(name)
+            elif not own and getattr(m, "sapp_sp_norm", False):
                 norms.add(name)
             if getattr(m, "sapp_sp_regather", False):
                 entries.add(name)

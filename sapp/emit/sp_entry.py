@@ -20,7 +20,42 @@ what it reads; an HF decoder gathering the encoder's output counts); and on trac
 nn.ModuleList blocks to find)."""
 from __future__ import annotations
 
+import weakref
+
 from ..errors import PlanError
+
+# module -> {sub-module name: index of the first op it runs}, from a capture of that module (the
+# shape audit's): the order forward calls them in, which registration order need not be
+# (CamemBERT / XLM-RoBERTa register lm_head before roberta: by that order the head came before
+# the blocks, read the shard "before" them, and the embeddings' cut stayed where the mask is built)
+_CALLED = weakref.WeakKeyDictionary()
+
+
+def remember_order(module, graph) -> None:
+    """Keep the order `module`'s sub-modules run in, read off its captured `graph`: a module's place is
+    its first op's (or its first descendant's)."""
+    order = {}
+    for i, node in enumerate(graph.nodes.values()):
+        name = node.module or ""
+        while True:
+            order.setdefault(name, i)
+            if not name:
+                break
+            name = name.rpartition(".")[0]
+    _CALLED[module] = order
+
+
+def module_order(module) -> dict:
+    """{sub-module name: rank}: the call order remembered for `module` where known (modules it never
+    ran after every one it did, in registration order), else registration order."""
+    reg = {}
+    for i, (n, _) in enumerate(module.named_modules(remove_duplicate=False)):
+        reg.setdefault(n, i)
+    called = _CALLED.get(module)
+    if not called:
+        return reg
+    late = len(called) + len(reg)
+    return {n: called.get(n, late + i) for n, i in reg.items()}
 
 
 def _inside(name: str, blocks) -> bool:
@@ -28,7 +63,7 @@ def _inside(name: str, blocks) -> bool:
 
 
 def _first_block_after(name: str, order: dict, blocks: list):
-    """The first block (in module order) after `name` under its nearest ancestor holding blocks;
+    """The first block (in call order, `module_order`) after `name` under its nearest ancestor holding blocks;
     None when every block there comes before it (a final norm)."""
     anc = name
     while True:
@@ -48,9 +83,7 @@ def relayout(sec: dict, module, tp_plan: dict, blocks: list) -> tuple:
     (parallel.apply_tp relayouts before choosing the styles).  `tp_plan` is not read any more."""
     if not sec or not blocks:
         return sec, []
-    order = {}
-    for i, (n, _) in enumerate(module.named_modules(remove_duplicate=False)):
-        order.setdefault(n, i)
+    order = module_order(module)
     pre = {}                                   # piece -> (block whose entry takes the cut, axis)
     for key in ("scatter", "norms"):
         for name, axis in (sec.get(key) or {}).items():
