@@ -10,7 +10,8 @@ import functools
 import inspect
 
 import torch
-from torch.nn import functional as F
+
+from tests.emit_workers.hf_models import _ce    # the same loss as the matrix's models
 
 SEQ, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, IMAGE, LABELS = 16, 64, 2, 4, 2, 16, 128, 256, 64, 10
 TASKS = ("seq2seq", "causal", "masked", "image")      # an encoder-decoder type is its full model
@@ -166,11 +167,6 @@ def _make(model_type):
     names = _input_names(cls, cfg)
     first = next(iter(inspect.signature(model.forward).parameters), None)
     return (model if names == (first,) else Named(model, names)), names, cfg, task
-
-
-def _ce(out, y):
-    out = out.logits if hasattr(out, "logits") else out
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
 
 
 def _mt(kind: str) -> str:
