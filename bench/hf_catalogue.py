@@ -32,10 +32,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 TOL = 1e-5
-# the float64 re-run's bar: a correct layout agrees with one process there to ~1e-12 after 3 Adam
-# steps (measured on the BatchNorm rows: notes in bench/RESULTS.md), a real bug stays at its float32 size
+# the float64 re-run's bar: a correct layout agrees with one process there to <= 3e-12 after 3 Adam
+# steps (measured: the BatchNorm rows 4e-2 off in float32 -- MobileNet v1/v2, MobileViT, EfficientNet
+# under dp2/pp2/tp2 -- and a conv+BN net of ours at 4e-16), while a float32 step anywhere in a float64
+# run (the offload masters were fp32) already shows as 2.7e-8
 TOL_F64 = 1e-9
-F64 = "differ"          # "differ": only rows over TOL re-run in float64; "all": every row records rel_f64
+F64 = "differ"          # "differ": only rows over TOL re-run in float64; "all": every row, judged by it
 EMIT = ("dp2", "pp2", "tp2", "tp2+sp")
 COLUMNS = ("cheap",) + EMIT
 DEFAULT_OUT = os.path.join(ROOT, "bench", "hf_catalogue.jsonl")
@@ -201,9 +203,8 @@ def case_emit(arch: str, config: str, tmp: str) -> dict:
             return dict(row, ok=False, rel=rel, phase="compare",
                         reason=f"losses differ from one process (max rel {rel:.2e}); the float64 re-run failed: "
                                f"{failed64['reason']}"[:200])
-        else:
-            row["rel_f64"] = rel64
-        if not ok and not failed64:
+        else:                                 # the float64 run judges (with --f64 all, a row
+            row["rel_f64"] = rel64            # within the float32 bar too)
             ok, rel, got, res = rel64 <= TOL_F64, rel64, got64, res64
             if not ok:
                 return dict(row, ok=False, rel=rel, phase="compare",
@@ -430,8 +431,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--f64", choices=("differ", "all"), default=F64,
-                   help="re-run in float64 only the rows over the float32 bar (they are judged by it), or every "
-                        "row (recorded: rel_f64)")
+                   help="re-run in float64 (and judge by it, at 1e-9) only the rows over the float32 bar, or "
+                        "every row")
     p.add_argument("--report", action="store_true", help="print the table of --out and exit")
     p.add_argument("--sample", type=int, help="N architectures drawn (seeded) from those that captured in --pool; "
                    "--only's are added after them")
