@@ -106,3 +106,18 @@ def test_a_row_over_the_bar_is_judged_by_its_float64_rerun(monkeypatch, tmp_path
     if not ok:
         assert f"in float64 (max rel {rel64:.2e}; float32 {rel32:.2e})" in row["reason"]
         assert H.classify("compare", row["reason"]) == "losses differ silently"
+
+
+def test_shrunk_configs_draw_nothing_random_in_training():
+    """Every random draw is off in the tiny configs: EfficientNet's drop_connect_rate (0.2: an
+    nn.Dropout of up to 0.2 in 48 of its blocks) was left on and its dp2 / pp2 rows differed from one
+    process by the ranks' own masks (float64: 6e-4), not by sapp.  Other sizes are kept."""
+    import torch
+    from tests.emit_workers import hf_catalogue_models as C
+    d = C.shrink({"drop_connect_rate": 0.2, "drop_path_rate": [0.1, 0.2], "attention_drop_rate": 0.1,
+                  "hidden_dropout_prob": 0.1, "layer_norm_eps": 1e-5, "initializer_range": 0.02})
+    assert d == {"drop_connect_rate": 0.0, "drop_path_rate": [0.0, 0.0], "attention_drop_rate": 0.0,
+                 "hidden_dropout_prob": 0.0, "layer_norm_eps": 1e-5, "initializer_range": 0.02}
+    model, _ = C.build("cat:efficientnet", device="meta")
+    drops = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and set(drops) == {0.0}
