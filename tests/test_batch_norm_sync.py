@@ -11,8 +11,9 @@ statistics.
 The same runs again in float64 (model, data and reference: tests/emit_workers/hf_models.default_dtype)
 to 1e-10: in float32 a BatchNorm net's few Adam steps amplify the summation order's rounding (the
 catalogue's MobileNets differ 4e-2 under dp2 with no bug), in float64 a correct layout agrees to
-~1e-13, so only float64 can show a small real difference.  Before, GlobalBatchNorm computed in
-float32 (x.float()) and the emitted loss was reduced in float32: a float64 model lost its digits."""
+~1e-15 (measured 4e-16), so only float64 can show a small real difference.  Before, a float64
+model lost digits in float32 steps: GlobalBatchNorm's statistics (x.float()), the reported loss, and
+OffloadAdam's fp32 masters (the dp2 and pp2 plans offload the optimizer: 2.7e-8 off one process)."""
 from __future__ import annotations
 
 import json
