@@ -6,8 +6,8 @@ A case: {"id", "kind", "plan_path", "steps", "batch", optional "meter" (the last
 sapp.emit.memory_meter), optional "dtype" ("float64": model, batches and the reference built in
 float64 on every rank and in the parent, hf_models.default_dtype)}.  Each rank records its losses
 and the bytes its pipeline stages send (or its error, as one line, and goes on with the next case
-when the failure was local to emit); the parent adds the single-process reference losses and the case's wall time.  Ranks end with os._exit
-(gloo teardown)."""
+when the failure was local to emit); the parent adds the single-process reference losses and the
+case's wall time.  Ranks end with os._exit (gloo teardown)."""
 from __future__ import annotations
 
 import json
