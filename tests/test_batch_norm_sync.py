@@ -6,7 +6,14 @@ batch's), 1F1B with one micro-batch running as GPipe.  Compared with one process
 model of ours (BatchNorm2d, and a BatchNorm1d with momentum 0.3): the losses
 of 3 Adam steps and every running mean / variance afterwards.  Before this, dp2 / pp2 / tp2 were
 refused ("normalises by batch statistics") or, with the check bypassed, dp2 trained on per-rank
-statistics."""
+statistics.
+
+The same runs again in float64 (model, data and reference: tests/emit_workers/hf_models.default_dtype)
+to 1e-10: in float32 a BatchNorm net's few Adam steps amplify the summation order's rounding (the
+catalogue's MobileNets differ 4e-2 under dp2 with no bug), in float64 a correct layout agrees to
+~1e-15 (measured 4e-16), so only float64 can show a small real difference.  Before, a float64
+model lost digits in float32 steps: GlobalBatchNorm's statistics (x.float()), the reported loss, and
+OffloadAdam's fp32 masters (the dp2 and pp2 plans offload the optimizer: 2.7e-8 off one process)."""
 from __future__ import annotations
 
 import json
@@ -85,7 +92,13 @@ def running(module) -> dict:
             if n.endswith(("running_mean", "running_var", "num_batches_tracked"))}
 
 
-def reference():
+def reference(dtype=None):
+    from tests.emit_workers.hf_models import default_dtype
+    with default_dtype(dtype):
+        return _reference()
+
+
+def _reference():
     m = build()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
     losses = []
@@ -114,28 +127,18 @@ def _rank(rank, world, cases, out_dir, store):
     of the BatchNorms this rank holds (a pipeline stage: those of its half), or its error."""
     import torch.distributed as dist
     from datetime import timedelta
-    from sapp.emit import emit
-    from sapp.plan import Plan
+    from tests.emit_workers.hf_models import default_dtype
     torch.set_num_threads(1)
     res, code = {}, 0
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        for config, path in cases:
-            x0, _ = data(0)
-            prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,),
-                        check_fingerprint=False)
-            losses = []
-            for i in range(STEPS):
-                x, y = data(i)
-                losses.append(prog.step(*prog.shard((x,), y)))
-            stats = {}
-            for mod in prog.modules:
-                stats.update(running(mod))
-            res[config] = {"losses": losses, "running": stats, "notes": prog.notes,
-                           "sync": sorted({type(mod).__name__ for p in prog.modules for mod in p.modules()
-                                           if "BatchNorm" in type(mod).__name__})}
+        for config, path, dtype in cases:
+            with default_dtype(dtype):
+                res[config + (dtype or "")] = _train(path)
         res["layers"] = _layers(rank, world)
+        with default_dtype("float64"):
+            res["layers_float64"] = _layers(rank, world)
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:                 # noqa: BLE001 - reported to the test
@@ -145,6 +148,23 @@ def _rank(rank, world, cases, out_dir, store):
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     os._exit(code)
+
+
+def _train(path) -> dict:
+    from sapp.emit import emit
+    from sapp.plan import Plan
+    x0, _ = data(0)
+    prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
+    losses = []
+    for i in range(STEPS):
+        x, y = data(i)
+        losses.append(prog.step(*prog.shard((x,), y)))
+    stats = {}
+    for mod in prog.modules:
+        stats.update(running(mod))
+    return {"losses": losses, "running": stats, "notes": prog.notes,
+            "sync": sorted({type(mod).__name__ for p in prog.modules for mod in p.modules()
+                            if "BatchNorm" in type(mod).__name__})}
 
 
 LAYERS = (("bn1d-momentum-None-no-affine", dict(num_features=6, momentum=None, affine=False), (8, 6)),
@@ -215,26 +235,33 @@ def test_pins_that_split_the_statistics_refused_in_one_line():
         assert why in str(e.value) and "\n" not in str(e.value)
 
 
-def test_bn_model_dp2_pp2_tp2_equal_one_process(plans):
-    ref_losses, ref_running = reference()
+@pytest.fixture(scope="module")
+def per_rank(plans):
+    """{rank: its results} of one forked job: every layout in float32 and in float64."""
     with tempfile.TemporaryDirectory() as tmp:
-        cases = [(c, path) for c, (path, _) in plans.items()]
+        cases = [(c, path, dtype) for dtype in (None, "float64") for c, (path, _) in plans.items()]
         with open(os.path.join(tmp, "cases.json"), "w") as f:
             json.dump(cases, f)
         out = os.path.join(tmp, "out.json")
         # a fresh process forks the ranks (not pytest's); a hung collective fails the test
         subprocess.run([sys.executable, "-m", "tests.test_batch_norm_sync", os.path.join(tmp, "cases.json"), out],
-                       cwd=ROOT, timeout=150, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+                       cwd=ROOT, timeout=200, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
         with open(out) as f:
-            per_rank = json.load(f)
-    assert len(per_rank) == 2, per_rank
+            got = json.load(f)
+    assert len(got) == 2, got
+    for r, g in got.items():
+        assert "error" not in g, g["error"]
+    return got
+
+
+def _check(per_rank, dtype, tol):
+    ref_losses, ref_running = reference(dtype)
     for r, got in per_rank.items():
-        assert "error" not in got, got["error"]
         for c in CONFIGS:
-            g = got[c]
+            g = got[c + (dtype or "")]
             assert len(g["losses"]) == STEPS
             for a, b in zip(g["losses"], ref_losses):
-                assert abs(a - b) <= 1e-5 * abs(b), (c, g["losses"], ref_losses)
+                assert abs(a - b) <= tol * abs(b), (c, dtype, g["losses"], ref_losses)
             if c == "dp2":
                 assert g["sync"] == ["GlobalBatchNorm"], g["sync"]     # CPU: our all-reduce module
             # every BatchNorm this rank holds (all of them, or its pipeline stage's) has the
@@ -242,13 +269,24 @@ def test_bn_model_dp2_pp2_tp2_equal_one_process(plans):
             assert g["running"] and (c == "pp2" or set(g["running"]) == set(ref_running)), (c, sorted(g["running"]))
             for n, v in g["running"].items():
                 want = ref_running[n]
-                assert all(abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(v, want)), (c, n, v, want)
+                assert all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(v, want)), (c, dtype, n, v, want)
     for r, got in per_rank.items():          # the layer alone: gradients and running statistics
         for name, _, _ in LAYERS:
-            g = got["layers"][name]
-            assert g["type"] == "GlobalBatchNorm" and g["grad_diff"] <= 1e-5 and g["stat_diff"] <= 1e-5, (name, g)
+            g = got["layers" + ("_" + dtype if dtype else "")][name]
+            assert g["type"] == "GlobalBatchNorm" and g["grad_diff"] <= tol and g["stat_diff"] <= tol, (name, g)
     # a pipeline's two stages together hold every BatchNorm
-    assert set(per_rank["0"]["pp2"]["running"]) | set(per_rank["1"]["pp2"]["running"]) == set(ref_running)
+    pp = "pp2" + (dtype or "")
+    assert set(per_rank["0"][pp]["running"]) | set(per_rank["1"][pp]["running"]) == set(ref_running)
+
+
+def test_bn_model_dp2_pp2_tp2_equal_one_process(per_rank):
+    _check(per_rank, None, 1e-5)
+
+
+def test_bn_model_in_float64_equals_one_process_to_1e_10(per_rank):
+    """The catalogue's float64 re-run (bench/hf_catalogue.py) on a model of ours: dp2 (our
+    all-reduced statistics), pp2 and tp2 equal one process in float64 to 1e-10, the bar's ground."""
+    _check(per_rank, "float64", 1e-10)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,51 @@ def test_weights_off_one_process_are_found_by_their_stage_names():
     off = [same[0], {"replicas": {"module.model.layers.1.norm.weight": [16.0, 16.0 * (1 + 8e-5)]}}]
     name, d = H.reference_drift(off, ref)
     assert name == "module.model.layers.1.norm.weight" and d == pytest.approx(8e-5, rel=1e-3)
+
+
+@pytest.mark.parametrize("rel32,rel64,mode,ok", [(3.8e-2, 2.7e-12, "differ", True), (1.4e-4, 1.4e-4, "differ", False),
+                                                 (2e-7, None, "differ", True), (2e-7, 2.7e-8, "all", False)])
+def test_a_row_over_the_bar_is_judged_by_its_float64_rerun(monkeypatch, tmp_path, rel32, rel64, mode, ok):
+    """A row whose float32 losses differ with no error is re-run with model, batches and reference in
+    float64: rounding chaos (BatchNorm nets: 3.8e-2 in float32) is equal there to ~1e-12, a real
+    difference keeps its size and stays a silently wrong row.  A row within the bar runs once, unless
+    --f64 all: then float64 judges it too (a float32 step inside a float64 run shows as 2.7e-8)."""
+    from tests.emit_workers import hf_harness, hf_plans
+    monkeypatch.setattr(H, "F64", mode)
+    plan = tmp_path / "p.json"
+    plan.write_text('{"parallel": {"dp": 2, "tp": 1, "pp": 1}}')
+    monkeypatch.setattr(hf_plans, "search_plan", lambda kind, config, path: str(plan))
+    calls = []
+
+    def run(world, cases):
+        (case,) = cases
+        calls.append(case.get("dtype"))
+        rel = rel64 if case.get("dtype") == "float64" else rel32
+        ranks = {str(r): {"losses": [2.0, 2.0 * (1 + rel)], "replicas": {}} for r in range(2)}
+        return {"errors": {}, "cases": {case["id"]: {"ref": [2.0, 2.0], "ranks": ranks, "ref_params": {}}}}
+    monkeypatch.setattr(hf_harness, "run", run)
+    row = H.case_emit("mobilenet_v1", "dp2", str(tmp_path))
+    assert row["ok"] is ok, row
+    if rel64 is None:
+        assert calls == [None] and "rel_f64" not in row
+        return
+    assert calls == [None, "float64"]
+    assert row["rel_f32"] == pytest.approx(rel32) and row["rel_f64"] == pytest.approx(rel64)
+    if not ok:
+        assert f"in float64 (max rel {rel64:.2e}; float32 {rel32:.2e})" in row["reason"]
+        assert H.classify("compare", row["reason"]) == "losses differ silently"
+
+
+def test_shrunk_configs_draw_nothing_random_in_training():
+    """Every random draw is off in the tiny configs: EfficientNet's drop_connect_rate (0.2: an
+    nn.Dropout of up to 0.2 in 48 of its blocks) was left on and its dp2 / pp2 rows differed from one
+    process by the ranks' own masks (float64: 6e-4), not by sapp.  Other sizes are kept."""
+    import torch
+    from tests.emit_workers import hf_catalogue_models as C
+    d = C.shrink({"drop_connect_rate": 0.2, "drop_path_rate": [0.1, 0.2], "attention_drop_rate": 0.1,
+                  "hidden_dropout_prob": 0.1, "layer_norm_eps": 1e-5, "initializer_range": 0.02})
+    assert d == {"drop_connect_rate": 0.0, "drop_path_rate": [0.0, 0.0], "attention_drop_rate": 0.0,
+                 "hidden_dropout_prob": 0.0, "layer_norm_eps": 1e-5, "initializer_range": 0.02}
+    model, _ = C.build("cat:efficientnet", device="meta")
+    drops = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and set(drops) == {0.0}

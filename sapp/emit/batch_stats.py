@@ -38,7 +38,10 @@ class GlobalBatchNorm(_BatchNorm):
         use_batch = self.training or self.running_mean is None
         if not use_batch:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
-        y, mean, var, n = _GlobalNorm.apply(x.float(), self.weight, self.bias, self.eps, self.group)
+        # statistics in at least float32 (half inputs widen, as torch's kernel accumulates); a float64
+        # model's stay float64 (the harness's rounding-free re-run compares at 1e-9)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        y, mean, var, n = _GlobalNorm.apply(x.to(wide), self.weight, self.bias, self.eps, self.group)
         if self.training and self.track_running_stats and self.running_mean is not None:
             self._update_running(mean, var, n)
         return y.to(x.dtype)
@@ -78,7 +81,7 @@ class _GlobalNorm(torch.autograd.Function):
         var = sq / n                                   # biased, as normalisation uses
         invstd = torch.rsqrt(var + eps)
         xhat = d * invstd.view(shape)
-        y = xhat if weight is None else xhat * weight.view(shape).float() + bias.view(shape).float()
+        y = xhat if weight is None else xhat * weight.view(shape).to(x.dtype) + bias.view(shape).to(x.dtype)
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.n, ctx.group, ctx.dims, ctx.shape = n, group, dims, shape
         ctx.mark_non_differentiable(mean, var)
@@ -91,7 +94,7 @@ class _GlobalNorm(torch.autograd.Function):
         local = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
         g_w, g_b = (local[c:].clone(), local[:c].clone()) if weight is not None else (None, None)
         dist.all_reduce(local, group=ctx.group)
-        scale = invstd if weight is None else invstd * weight.float()
+        scale = invstd if weight is None else invstd * weight.to(xhat.dtype)
         dx = (dy - (local[:c].view(shape) + xhat * local[c:].view(shape)) / ctx.n) * scale.view(shape)
         if weight is not None:
             g_w, g_b = g_w.to(weight.dtype), g_b.to(weight.dtype)

@@ -230,8 +230,9 @@ class SparseFtrl(torch.optim.Optimizer):
 
 # ---- optimizer offload -------------------------------------------------------------------------
 def _master(p, pin: bool):
-    """p's fp32 master copy on the host (pinned if `pin`, except DTensor shards)."""
-    m = p.detach().to("cpu", torch.float32).clone()
+    """p's fp32 master copy on the host (pinned if `pin`, except DTensor shards); a float64
+    parameter's master stays float64 (narrowing it would round every step of a float64 run)."""
+    m = p.detach().to("cpu", torch.promote_types(p.dtype, torch.float32)).clone()
     if pin and not hasattr(m, "placements"):
         m = m.pin_memory()
     return m.requires_grad_(True)
@@ -327,7 +328,7 @@ class OffloadAdam(torch.optim.Optimizer):
                 ev = torch.cuda.Event()
                 ev.record()
             else:
-                buf, ev = g.to("cpu", torch.float32), None
+                buf, ev = g.to("cpu", self.masters[i].dtype), None
             p.grad = None
             self._seen[i] += 1
             last = self.overlap and self._seen[i] == self.accumulations
@@ -345,7 +346,7 @@ class OffloadAdam(torch.optim.Optimizer):
         """Gradient i reached the host: accumulate it; the last one of a group's last backward steps it."""
         if ev is not None:
             ev.synchronize()
-            buf = buf.to(torch.float32)
+            buf = buf.to(self.masters[i].dtype)
         self._acc[i] = buf if self._acc[i] is None else self._acc[i].add_(buf)
         if last:
             k = self._group_of[i]
@@ -361,7 +362,7 @@ class OffloadAdam(torch.optim.Optimizer):
 
     def _host_grad(self, i, p):
         if i in self._late or not self.stream:
-            return None if p.grad is None else p.grad.detach().to("cpu", torch.float32)
+            return None if p.grad is None else p.grad.detach().to("cpu", self.masters[i].dtype)
         g = self._acc[i]
         if g is not None and self.grad_divisor != 1:
             g = g.div_(self.grad_divisor)

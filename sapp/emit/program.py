@@ -24,8 +24,13 @@ from .dist import default_device, rank_world
 def default_loss(out, target):
     out = logits_of(out)
     if not target.is_floating_point():
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
-    return F.mse_loss(out.reshape(target.shape).float(), target)
+        return F.cross_entropy(_wide(out.reshape(-1, out.shape[-1])), target.reshape(-1))
+    return F.mse_loss(_wide(out.reshape(target.shape)), target)
+
+
+def _wide(t):
+    """`t` in at least float32: half-precision logits widen for the loss; a float64 model's stay."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _resolve_loss(model, loss_fn):
@@ -144,20 +149,30 @@ class Program:
             kw = {"target": targets, "losses": losses}
         self.schedule.step(*args, **kw)
         if self.last_stage:
-            return torch.stack([l.detach().float() for l in losses]).mean()
+            return torch.stack([_wide(l.detach()) for l in losses]).mean()
         return None
 
     def _global_loss(self, local) -> float:
         if self.world == 1:
             return float(local)
         # only one rank per data-parallel replica contributes: the last stage's tp rank 0
-        contrib = local.float() / self.dp if (local is not None and self.last_stage and self.coords[2] == 0) else None
-        buf = torch.zeros((), device=self.device) if contrib is None else contrib.reshape(())
+        # every rank reduces in one dtype: float32, or float64 for a float64 model (its loss kept whole)
+        wide = torch.promote_types(self._param_dtype(), torch.float32)
+        contrib = local.to(wide) / self.dp if (local is not None and self.last_stage and self.coords[2] == 0) else None
+        buf = torch.zeros((), device=self.device, dtype=wide) if contrib is None else contrib.reshape(())
         if hasattr(buf, "full_tensor"):
             buf = buf.full_tensor()
         buf = buf.clone()
         dist.all_reduce(buf)
         return float(buf)
+
+    def _param_dtype(self):
+        """The widest floating dtype of this rank's parameters (float32 if it holds none)."""
+        out = torch.float32
+        for p in self.parameters:
+            if p.is_floating_point():
+                out = torch.promote_types(out, p.dtype)
+        return out
 
     @property
     def parameters(self) -> list:

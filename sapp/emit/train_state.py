@@ -236,7 +236,7 @@ class LoadTargets:
             if isinstance(opt, OffloadAdam):
                 with torch.no_grad():
                     for m, p in zip(opt.masters, opt.device_params):
-                        m.copy_(p.detach().to("cpu", torch.float32))
+                        m.copy_(p.detach().to("cpu", m.dtype))
         r = self.prog.rank
         if f"rng.cpu.{r}" in self._rng:
             torch.set_rng_state(self._rng[f"rng.cpu.{r}"])

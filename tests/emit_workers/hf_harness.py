@@ -3,10 +3,11 @@
     python -m tests.emit_workers.hf_harness WORLD CASES.json OUT.json
 
 A case: {"id", "kind", "plan_path", "steps", "batch", optional "meter" (the last step under
-sapp.emit.memory_meter)}.  Each rank records its losses and the bytes its pipeline stages send (or
-its error, as one line, and goes on with the next case when the failure was local to emit); the
-parent adds the single-process reference losses and the case's wall time.  Ranks end with os._exit
-(gloo teardown)."""
+sapp.emit.memory_meter), optional "dtype" ("float64": model, batches and the reference built in
+float64 on every rank and in the parent, hf_models.default_dtype)}.  Each rank records its losses
+and the bytes its pipeline stages send (or its error, as one line, and goes on with the next case
+when the failure was local to emit); the parent adds the single-process reference losses and the
+case's wall time.  Ranks end with os._exit (gloo teardown)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,12 @@ from tests.emit_workers import joblock
 
 
 def _run_case(case, rank):
+    from tests.emit_workers import hf_models
+    with hf_models.default_dtype(case.get("dtype")):
+        return _run_case_in(case, rank)
+
+
+def _run_case_in(case, rank):
     import torch.distributed as dist
     from sapp.emit import emit
     from sapp.plan import Plan
@@ -127,10 +134,11 @@ def run(world: int, cases: list) -> dict:
     out = {"failed": failed, "errors": {r: v["error"] for r, v in per_rank.items() if "error" in v}, "cases": {}}
     refs = {}
     for case in cases:
-        key = (case["kind"], case["steps"], case["batch"])
+        key = (case["kind"], case["steps"], case["batch"], case.get("dtype"))
         if key not in refs:
             params = {}
-            refs[key] = (hf_models.reference(*key, params=params), params)
+            with hf_models.default_dtype(case.get("dtype")):
+                refs[key] = (hf_models.reference(*key[:3], params=params), params)
         out["cases"][case["id"]] = {"ref": refs[key][0], "ref_params": refs[key][1],
                                     "ranks": {str(r): v.get(case["id"]) for r, v in sorted(per_rank.items())}}
     return out

@@ -6,6 +6,8 @@ b, step)` a seeded global batch, `reference(kind, steps, b)` single-process Adam
 mask is built from that input, so it is data a pipeline must send (sapp/pipeline/boundary.py)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.nn import functional as F
 
@@ -110,7 +112,25 @@ class Speech2Text(torch.nn.Module):
 
 def _ce(out, y):
     out = out.logits if hasattr(out, "logits") else out
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+    return F.cross_entropy(wide(out.reshape(-1, out.shape[-1])), y.reshape(-1))
+
+
+def wide(t):
+    """`t` in at least float32 (half logits widened for the loss); a float64 run stays float64."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+@contextlib.contextmanager
+def default_dtype(name: str | None):
+    """Build models, batches and references in `name` ("float64": the harness's rounding-free
+    re-run, where one process and a layout that only sums in another order agree to ~1e-12, so a
+    difference left is a real one); None or "float32" keeps torch's default."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, name or "float32"))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def build(kind: str, seed: int = 0, device="cpu"):
