@@ -73,6 +73,7 @@ CLASSES = (
     ("shape audit: the model cannot run at a rank's shapes (refused)", r"cannot run at one rank's shapes"),
     ("shape audit: an op's shape differs from the plan's (refused)", r"where the plan implies"),
     ("sp: an entry holds a stack of blocks (refused)", r"holds a stack of blocks"),
+    ("sp audit: the model fails at a rank's sequence shard (refused)", r"at one rank's sequence shard"),
     ("DTensor registers a dotted parameter name", r"parameter name can.{1,2}t contain"),
     ("refused before the first step", r"^emit: .*(Error|Refused)"),
 )
