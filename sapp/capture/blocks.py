@@ -28,15 +28,26 @@ def container_children(model, strip: str = "") -> set:
 
 def assign_blocks(nodes: dict, scopes: dict, candidates: set) -> dict:
     """Set node.block to the OUTERMOST enclosing container child; return {block: [names]} in
-    order of first appearance."""
+    order of first appearance.  A scope's owners count as enclosing it: a block its parent runs as
+    `layer.forward(...)` (SqueezeBERT's encoder) calls no hook, so the trace's module stack skips it
+    and names only its submodules; the emitter's stages hold it by the module tree all the same."""
     blocks = {}
     for name, node in nodes.items():
-        for path in scopes.get(name, ()):
-            if path in candidates:
-                node.block = path
-                blocks.setdefault(path, []).append(name)
-                break
+        path = _enclosing(scopes.get(name, ()), candidates)
+        if path is not None:
+            node.block = path
+            blocks.setdefault(path, []).append(name)
     return blocks
+
+
+def _enclosing(paths, candidates: set):
+    for path in paths:
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            q = ".".join(parts[:i])
+            if q in candidates:
+                return q
+    return None
 
 
 def _rel(q, prefix):
