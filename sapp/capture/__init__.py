@@ -342,6 +342,10 @@ def _finish(graph, model, spec, batch, inputs, path):
         "ep_modules": _ep_modules(model),
     })
     graph.meta["unknown_ops"] = unknown_ops(graph)
+    from .batchy import batch_stat_modules
+    bn = batch_stat_modules(model)      # in training mode here (capture's root.train()), ran or not
+    if bn:
+        graph.meta["batch_stat_modules"] = bn
     graph.batch_size = int(batch)
     return graph
 

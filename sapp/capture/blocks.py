@@ -28,15 +28,29 @@ def container_children(model, strip: str = "") -> set:
 
 def assign_blocks(nodes: dict, scopes: dict, candidates: set) -> dict:
     """Set node.block to the OUTERMOST enclosing container child; return {block: [names]} in
-    order of first appearance."""
+    order of first appearance.  A block its parent runs as `layer.forward(...)` (SqueezeBERT's
+    encoder) calls no hook, so the trace's module stack never names it, only its submodules: a
+    candidate no stack names owns the ops of the modules under it, as the emitter's stages hold it
+    by the module tree.  (A block that is entered keeps only the ops run inside it: a module of its
+    tree called from elsewhere, e.g. a rotary table called from the model's forward, stays out.)"""
+    entered = {p for paths in scopes.values() for p in paths}
     blocks = {}
     for name, node in nodes.items():
-        for path in scopes.get(name, ()):
-            if path in candidates:
-                node.block = path
-                blocks.setdefault(path, []).append(name)
-                break
+        path = _enclosing(scopes.get(name, ()), candidates, entered)
+        if path is not None:
+            node.block = path
+            blocks.setdefault(path, []).append(name)
     return blocks
+
+
+def _enclosing(paths, candidates: set, entered: set):
+    for path in paths:
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            q = ".".join(parts[:i])
+            if q in candidates and (q == path or q not in entered):
+                return q
+    return None
 
 
 def _rel(q, prefix):

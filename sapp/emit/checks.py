@@ -208,11 +208,9 @@ def check_batch_statistics(model: nn.Module, plan: Plan) -> None:
     dp, m, pp = plan.parallel["dp"], plan.pipeline.get("micro_batches", 1) or 1, plan.parallel["pp"]
     if not isinstance(gb, int) or dp * m <= 1:
         return
-    for name, mod in model.named_modules():
-        torch_bn = isinstance(mod, nn.modules.batchnorm._BatchNorm)
-        batchy = torch_bn or (isinstance(getattr(mod, "running_mean", None), torch.Tensor) and hasattr(mod, "momentum"))
-        if not (batchy and mod.training):
-            continue
+    from ..capture.batchy import batch_stat_modules
+    for name, kind in batch_stat_modules(model).items():
+        mod, torch_bn = model.get_submodule(name), kind == "torch"
         why = (f"a micro-batch of {gb // (dp * m)} (micro_batches={m}) computes differently from the whole batch"
                if m > 1 else f"dp={dp} cannot sync inside a pipeline stage (pp={pp})" if pp > 1 else
                f"dp={dp} cannot sync in a layer that is not a torch BatchNorm" if not torch_bn else None)

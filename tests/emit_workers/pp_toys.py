@@ -7,7 +7,12 @@
   stage that reads its value computes its own copy (sapp/emit/stage_local.py);
 - every block reads the model input `ids` (DeepSeek-V4's hash-routed experts) and the embedding `e`
   made before the first block (a skip connection that carries a gradient): a stage past the first
-  reads values made further back than the stage before it (sapp/emit/stage_carry.py)."""
+  reads values made further back than the stage before it (sapp/emit/stage_carry.py).
+
+`build(direct=True)`: each block is a module whose forward only calls its parts and the encoder calls
+it as `block.forward(...)` (SqueezeBERT's layers), which runs no module hook: the trace's module stack
+names the block's submodules but not the block."""
+
 from __future__ import annotations
 
 import torch
@@ -35,11 +40,21 @@ class Block(nn.Module):
         return h + torch.tanh(self.lin(h) * ang) + self.route(ids) * e.sigmoid()
 
 
-class Stagey(nn.Module):
-    def __init__(self, n_blocks: int = 2):
+class Direct(nn.Module):
+    def __init__(self):
         super().__init__()
+        self.inner = Block()
+
+    def forward(self, h, ang, ids, e):
+        return self.inner(h, ang, ids, e)
+
+
+class Stagey(nn.Module):
+    def __init__(self, n_blocks: int = 2, direct: bool = False):
+        super().__init__()
+        self.direct = direct
         self.emb = nn.Embedding(V, H)
-        self.groups = nn.ModuleList(nn.ModuleList([Block()]) for _ in range(n_blocks))
+        self.groups = nn.ModuleList(nn.ModuleList([Direct() if direct else Block()]) for _ in range(n_blocks))
         self.angles = nn.ModuleList([Angles()])
         self.head = nn.Linear(H, V)
 
@@ -49,13 +64,13 @@ class Stagey(nn.Module):
         h = e
         for group in self.groups:
             for block in group:
-                h = block(h, ang, ids, e)
+                h = block.forward(h, ang, ids, e) if self.direct else block(h, ang, ids, e)
         return self.head(h)
 
 
-def build(seed: int = 0, n_blocks: int = 2):
+def build(seed: int = 0, n_blocks: int = 2, direct: bool = False):
     torch.manual_seed(seed)
-    m = Stagey(n_blocks)
+    m = Stagey(n_blocks, direct)
     return m, lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 

@@ -33,6 +33,9 @@ def build(kind: str, seed: int = 0):
     if kind == "stagey":        # blocks in nested lists, a parameter-less block, inputs read by every block
         from tests.emit_workers import pp_toys
         return pp_toys.build(seed)
+    if kind == "stagey-direct":     # the same, each block called as `block.forward(...)` (SqueezeBERT)
+        from tests.emit_workers import pp_toys
+        return pp_toys.build(seed, direct=True)
     raise ValueError(kind)
 
 
@@ -42,7 +45,7 @@ def batch(kind: str, b: int, step: int):
     if kind in ("gpt", "gpt2", "gpt6", "gpt7", "gpt-sdpa", "llama"):
         ids = torch.randint(0, 256, (b, 17), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
-    if kind == "stagey":
+    if kind in ("stagey", "stagey-direct"):
         from tests.emit_workers import pp_toys
         return pp_toys.batch(b, step)
     if kind == "mlp":

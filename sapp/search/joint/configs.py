@@ -62,7 +62,7 @@ def enumerate_configs(ctx):
                 continue
             for cp in (cp_ok(N // (pp * tp)) if not single else [1]):
                 dp = N // (pp * tp * cp)
-                if ctx.bn_channels and (cp > 1 or (pp > 1 and dp > 1)):
+                if ctx.batch_stats and (cp > 1 or (dp > 1 and (pp > 1 or ctx.batch_stats_unsynced))):
                     continue        # batch statistics are synced over dp in whole modules only (batch_stats_problem)
                 if (c.dp is not None and dp != c.dp) or (c.max_dp is not None and dp > c.max_dp):
                     continue
@@ -99,9 +99,9 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
     for m in divisors(per_rep):
         if c.micro_batches is not None and m != c.micro_batches:
             continue
-        if ctx.bn_channels and m > 1:
+        if ctx.batch_stats and m > 1:
             continue            # a micro-batch's statistics are not the batch's (batch_stats_problem)
-        if pp > 1 and m < pp and c.micro_batches is None and not ctx.bn_channels:
+        if pp > 1 and m < pp and c.micro_batches is None and not ctx.batch_stats:
             continue            # fewer micro-batches than stages: idle stages, never better
         scheds = []
         if pp == 1:
@@ -112,7 +112,7 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
         for s, v in scheds:
             if (c.schedule is not None and s != c.schedule) or (lim and s not in lim["schedules"]):
                 continue
-            if s != "gpipe" and m < pp and not (s == "1f1b" and ctx.bn_channels):
+            if s != "gpipe" and m < pp and not (s == "1f1b" and ctx.batch_stats):
                 # torch's 1F1B schedules need micro-batches >= stages (with fewer, 1F1B's order is
                 # GPipe's, which the emitter then runs: a batch-statistics model's one micro-batch)
                 continue
@@ -144,10 +144,12 @@ def batch_stats_problem(ctx):
     the statistics synced over dp (emit/batch_stats.py) in whole modules: not in a pipeline stage
     (a traced graph) and not under context parallelism."""
     c = ctx.cons
-    if not ctx.bn_channels:
+    if not ctx.batch_stats:
         return None
     why = ("micro_batches must be 1" if c.micro_batches not in (None, 1) else
            "pp > 1 runs with dp = 1 only" if (c.pp or 1) > 1 and (c.dp or 1) > 1 else
+           "dp must be 1 (a batch norm of its own class, which the emitter cannot sync)"
+           if ctx.batch_stats_unsynced and (c.dp or 1) > 1 else
            "cp must be 1" if (getattr(c, "cp", None) or 1) > 1 else
            f"the schedule {c.schedule!r} needs micro-batches >= stages" if c.schedule == "interleaved" else None)
     if why is None:

@@ -32,6 +32,12 @@ class SearchContext:
         self.loss_sync_s = loss_sync_time(cluster)
         # train-mode batch norms: one micro-batch a step, statistics synced over dp (costmodel.batchstats)
         self.bn_channels = batch_stat_channels(graph)
+        # the rules (one micro-batch; dp only in whole modules) hold for every batch-statistics module
+        # of the model, also one the example inputs do not run (capture's meta: the emitter refuses
+        # by the module tree); "other": a class the emitter cannot sync, so dp = 1 as well
+        mods = graph.meta.get("batch_stat_modules") or {}
+        self.batch_stats = bool(self.bn_channels or mods)
+        self.batch_stats_unsynced = "other" in mods.values()
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (the FLOPs the cost model's kernels run: costmodel.nodes.time_flops)
         per = sum(sum(time_flops(n, n.flops)) for n in graph.nodes.values())
