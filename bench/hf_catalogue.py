@@ -316,6 +316,9 @@ def run(archs, columns, out, timeout=300.0, workers=1, log=print):
     todo += [(a, c) for a in archs for c in EMIT if c in columns and (a, c) not in done]
     ctx = mp.get_context("fork")
     running = {}                              # pid -> (proc, conn, arch, column, t0)
+    # a case's clock counts only the time this loop ran: a stopped catalogue (kill -STOP while the
+    # suite runs, a suspended machine) stops its cases too, and must not time them out at -CONT
+    active, last = {}, time.monotonic()
     while todo or running:
         while todo and len(running) < workers:
             arch, col = todo[0]
@@ -333,6 +336,10 @@ def run(archs, columns, out, timeout=300.0, workers=1, log=print):
             snd.close()
             running[p.pid] = (p, rcv, arch, col, time.time())
         time.sleep(0.2)
+        now = time.monotonic()
+        gap, last = min(now - last, 5.0), now
+        for pid in running:
+            active[pid] = active.get(pid, 0.0) + gap
         for pid, (p, rcv, arch, col, t0) in list(running.items()):
             res = None
             if rcv.poll():
@@ -342,7 +349,7 @@ def run(archs, columns, out, timeout=300.0, workers=1, log=print):
                     res = {"ok": False, "phase": "harness", "reason": "the case's process died without a result"}
             elif not p.is_alive():
                 res = {"ok": False, "phase": "harness", "reason": f"the case's process died (exit {p.exitcode})"}
-            elif time.time() - t0 > timeout:
+            elif active[pid] > timeout:
                 try:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -352,7 +359,7 @@ def run(archs, columns, out, timeout=300.0, workers=1, log=print):
                 continue
             p.join(5)
             del running[pid]
-            res.update(arch=arch, column=col, wall_s=round(time.time() - t0, 1))
+            res.update(arch=arch, column=col, wall_s=round(time.time() - t0, 1), active_s=round(active.pop(pid), 1))
             if not res["ok"]:
                 res["failure"] = failure(res)
             if col == "cheap":

@@ -5,6 +5,8 @@ the catalogue showed and capture (or the layout) now fixes: GPT-2's Conv1D, Falc
 sharded nothing), GPT-J's stack + repeat_interleave, Apertus' expm1, ConvBERT's im2col and multiply,
 Falcon-H1's einsum, beside plain decoders, an encoder, an encoder-decoder and a vision model (pad and
 eye, Bailing's, are too slow to capture here: tests/test_capture_catalogue_ops.py).  (Emission of these classes: tests/test_hf_emit.py.)"""
+import os
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -121,3 +123,27 @@ def test_shrunk_configs_draw_nothing_random_in_training():
     model, _ = C.build("cat:efficientnet", device="meta")
     drops = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert drops and set(drops) == {0.0}
+
+
+def test_a_stopped_catalogue_does_not_time_out_its_cases(tmp_path, monkeypatch):
+    """The catalogue is paused with kill -STOP while the suite runs: its cases stop with it, so the
+    time it stood still must not count against their limit (moshi's tp2 rows 'timed out' at 1153 s
+    wall against 300 s, both at the same check after such a pause).  The parent's clock jumps 1000 s
+    once here, as a stop would make it; the case still ends with its result."""
+    import itertools
+    import time as _time
+
+    def case(arch, column, conn):
+        _time.sleep(0.5)
+        conn.send({"ok": True, "phase": "compare", "reason": ""})
+        conn.close()
+        os._exit(0)
+    monkeypatch.setattr(H, "_child", case)
+    for clock in ("monotonic", "time"):            # both clocks jump once the case is running
+        real, ticks = getattr(_time, clock), itertools.count()
+        monkeypatch.setattr(H.time, clock, lambda real=real, ticks=ticks: real() + (1000.0 if next(ticks) >= 2 else 0.0))
+    out = tmp_path / "rows.jsonl"
+    H.run(["gpt2"], ["dp2"], str(out), timeout=30.0, log=lambda s: None)
+    row = H.load(str(out))[-1]
+    assert row["ok"] and row["column"] == "dp2", row
+    assert row["active_s"] < 30.0
