@@ -147,3 +147,26 @@ def test_a_stopped_catalogue_does_not_time_out_its_cases(tmp_path, monkeypatch):
     row = H.load(str(out))[-1]
     assert row["ok"] and row["column"] == "dp2", row
     assert row["active_s"] < 30.0
+
+
+def test_blocks_and_batch_norms_come_from_the_module_tree_on_real_architectures():
+    """Two catalogue classes fixed in the sixteenth session, on the architectures that showed them:
+    SqueezeBERT's encoder calls its layers as `layer.forward(...)` (no hook: the trace never names
+    them, capture found no blocks and pp2 was refused), and Granite Speech's audio encoder holds
+    BatchNorm1d layers the text-only example never runs (the search planned 2 micro-batches and emit
+    refused).  Own-model versions: test_stage_carry.py, test_batch_statistics.py."""
+    from sapp.api import capture_graph, search
+    from tests.emit_workers import hf_catalogue_models as C
+    from tests.emit_workers import hf_plans
+
+    model, loss_fn = C.build("cat:squeezebert", device="meta")
+    x, y = C.batch("cat:squeezebert", H.BATCH, 0)
+    graph, _ = capture_graph(model, x, loss_fn, y)
+    assert list(graph.blocks) == ["transformer.encoder.layers.0", "transformer.encoder.layers.1"]
+
+    model, loss_fn = C.build("cat:granite_speech", device="meta")
+    x, y = C.batch("cat:granite_speech", H.BATCH, 0)
+    plan = search(model, hf_plans.TP_CLUSTER.format(n=2), global_batch=H.BATCH, example_inputs=x,
+                  constraints={"dp": 1, "tp": 1, "pp": 2}, loss_fn=loss_fn, targets=y)
+    assert any("batch_norm" in n for n in plan.model["meta"]["batch_stat_modules"])
+    assert plan.pipeline["micro_batches"] == 1
