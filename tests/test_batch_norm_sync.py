@@ -13,7 +13,12 @@ to 1e-10: in float32 a BatchNorm net's few Adam steps amplify the summation orde
 catalogue's MobileNets differ 4e-2 under dp2 with no bug), in float64 a correct layout agrees to
 ~1e-15 (measured 4e-16), so only float64 can show a small real difference.  Before, a float64
 model lost digits in float32 steps: GlobalBatchNorm's statistics (x.float()), the reported loss, and
-OffloadAdam's fp32 masters (the dp2 and pp2 plans offload the optimizer: 2.7e-8 off one process)."""
+OffloadAdam's fp32 masters (the dp2 and pp2 plans offload the optimizer: 2.7e-8 off one process).
+
+The blocks' norms are `BatchNormAct2d`, a BatchNorm2d subclass whose forward also applies its
+activation, written as vision libraries write it (F.batch_norm, then the activation): the sync must
+keep the subclass's forward.  Replacing the module by a plain synced layer (as torch's
+convert_sync_batchnorm does) dropped the activation and trained dp2 to other losses from step 0.""" 
 from __future__ import annotations
 
 import json
@@ -35,14 +40,32 @@ CONFIGS = {"dp2": {"dp": 2, "tp": 1, "pp": 1}, "pp2": {"dp": 1, "tp": 1, "pp": 2
 TP_CLUSTER = "cpu:gpus=2,peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
 
 
+class BatchNormAct2d(nn.BatchNorm2d):
+    """Norm + activation in one module, the way vision model libraries write it: the forward repeats
+    _BatchNorm's running-statistics rule, calls F.batch_norm, then applies the activation."""
+
+    def __init__(self, c, momentum=0.1):
+        super().__init__(c, momentum=momentum)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        f = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            f = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        x = nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                     self.training, f, self.eps)
+        return self.act(x)
+
+
 class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(c)
+        self.bn = BatchNormAct2d(c)
 
     def forward(self, x):
-        return x + torch.relu(self.bn(self.conv(x)))
+        return x + self.bn(self.conv(x))
 
 
 class BNNet(nn.Module):
@@ -152,6 +175,7 @@ def _rank(rank, world, cases, out_dir, store):
 
 def _train(path) -> dict:
     from sapp.emit import emit
+    from sapp.emit.batch_stats import is_synced
     from sapp.plan import Plan
     x0, _ = data(0)
     prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
@@ -163,24 +187,28 @@ def _train(path) -> dict:
     for mod in prog.modules:
         stats.update(running(mod))
     return {"losses": losses, "running": stats, "notes": prog.notes,
-            "sync": sorted({type(mod).__name__ for p in prog.modules for mod in p.modules()
+            "sync": sorted({f"{type(mod).__name__}:{is_synced(mod)}" for p in prog.modules for mod in p.modules()
                             if "BatchNorm" in type(mod).__name__})}
 
 
-LAYERS = (("bn1d-momentum-None-no-affine", dict(num_features=6, momentum=None, affine=False), (8, 6)),
-          ("bn1d-3d-input", dict(num_features=6, momentum=0.2), (8, 6, 5)))
+LAYERS = (("bn1d-momentum-None-no-affine", nn.BatchNorm1d, dict(num_features=6, momentum=None, affine=False), (8, 6)),
+          ("bn1d-3d-input", nn.BatchNorm1d, dict(num_features=6, momentum=0.2), (8, 6, 5)),
+          ("bn-act-subclass", BatchNormAct2d, dict(c=6, momentum=None), (8, 6, 3, 3)))
 
 
 def _layers(rank, world) -> dict:
-    """GlobalBatchNorm alone over the ranks against one process's BatchNorm1d on the whole batch:
-    3 training forwards (running statistics; momentum None is the cumulative average) and the
-    input gradient of the last, for this rank's rows."""
+    """A synced norm alone over the ranks against one process's on the whole batch: 3 training
+    forwards (running statistics; momentum None is the cumulative average) and the input gradient
+    of the last, for this rank's rows.  Then world size 1: a group of one changes no output bit."""
     import torch.distributed as dist
-    from sapp.emit.batch_stats import sync_batch_norms
+    from sapp.emit.batch_stats import is_synced, sync_batch_norms
     out = {}
-    for name, kw, shape in LAYERS:
-        ref, mine = nn.Sequential(nn.BatchNorm1d(**kw)), nn.Sequential(nn.BatchNorm1d(**kw))
-        assert sync_batch_norms(mine, dist.group.WORLD, torch.device("cpu")) == 1
+    for name, cls, kw, shape in LAYERS:
+        torch.manual_seed(1)
+        ref = nn.Sequential(cls(**kw))
+        torch.manual_seed(1)
+        mine = nn.Sequential(cls(**kw))
+        assert sync_batch_norms(mine, dist.group.WORLD) == 1
         rows = slice(rank * shape[0] // world, (rank + 1) * shape[0] // world)
         for step in range(3):
             g = torch.Generator().manual_seed(step)
@@ -191,8 +219,21 @@ def _layers(rank, world) -> dict:
             (mine(xm) * w[rows]).sum().backward()
         grad_diff = float((xm.grad - xr.grad[rows]).abs().max() / xr.grad.abs().max())
         stat_diff = max(float((a - b).abs().max()) for a, b in zip(ref.buffers(), mine.buffers()))
-        out[name] = {"grad_diff": grad_diff, "stat_diff": stat_diff, "type": type(mine[0]).__name__}
+        out[name] = {"grad_diff": grad_diff, "stat_diff": stat_diff,
+                     "type": f"{type(mine[0]).__name__}:{isinstance(mine[0], cls)}:{is_synced(mine[0])}"}
+    solo, plain = BatchNormAct2d(6), BatchNormAct2d(6)
+    sync_batch_norms(solo, _own_group(rank, world))
+    x = torch.randn(8, 6, 3, 3, generator=torch.Generator().manual_seed(7)) * 2 + 1
+    out["world1_equal"] = bool(torch.equal(solo(x), plain(x)) and all(
+        torch.equal(a, b) for a, b in zip(solo.buffers(), plain.buffers())))
     return out
+
+
+def _own_group(rank, world):
+    """A group of this rank alone (new_group is collective: every rank creates every group)."""
+    import torch.distributed as dist
+    groups = [dist.new_group([r]) for r in range(world)]
+    return groups[rank]
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +304,8 @@ def _check(per_rank, dtype, tol):
             for a, b in zip(g["losses"], ref_losses):
                 assert abs(a - b) <= tol * abs(b), (c, dtype, g["losses"], ref_losses)
             if c == "dp2":
-                assert g["sync"] == ["GlobalBatchNorm"], g["sync"]     # CPU: our all-reduce module
+                # every norm synced, each keeping its own class (the subclass's activation included)
+                assert g["sync"] == ["BatchNorm1d:True", "BatchNorm2d:True", "BatchNormAct2d:True"], g["sync"]
             # every BatchNorm this rank holds (all of them, or its pipeline stage's) has the
             # running statistics one process has: momentum, global count, unbiased variance
             assert g["running"] and (c == "pp2" or set(g["running"]) == set(ref_running)), (c, sorted(g["running"]))
@@ -271,9 +313,11 @@ def _check(per_rank, dtype, tol):
                 want = ref_running[n]
                 assert all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(v, want)), (c, dtype, n, v, want)
     for r, got in per_rank.items():          # the layer alone: gradients and running statistics
-        for name, _, _ in LAYERS:
-            g = got["layers" + ("_" + dtype if dtype else "")][name]
-            assert g["type"] == "GlobalBatchNorm" and g["grad_diff"] <= tol and g["stat_diff"] <= tol, (name, g)
+        layers = got["layers" + ("_" + dtype if dtype else "")]
+        for name, cls, _, _ in LAYERS:
+            g = layers[name]
+            assert g["type"] == f"{cls.__name__}:True:True" and g["grad_diff"] <= tol and g["stat_diff"] <= tol, (name, g)
+        assert layers["world1_equal"] is True
     # a pipeline's two stages together hold every BatchNorm
     pp = "pp2" + (dtype or "")
     assert set(per_rank["0"][pp]["running"]) | set(per_rank["1"][pp]["running"]) == set(ref_running)
@@ -287,6 +331,39 @@ def test_bn_model_in_float64_equals_one_process_to_1e_10(per_rank):
     """The catalogue's float64 re-run (bench/hf_catalogue.py) on a model of ours: dp2 (our
     all-reduced statistics), pp2 and tp2 equal one process in float64 to 1e-10, the bar's ground."""
     _check(per_rank, "float64", 1e-10)
+
+
+def test_cuda_path_keeps_the_subclass_forward(monkeypatch):
+    """The GPU path on CPU: a synced BatchNormAct2d whose input counts as CUDA sends its own
+    batch-norm call to torch's SyncBatchNorm function (recorded here, computing the local norm) and
+    still applies its activation; the module keeps its class, tensors and names (torch's
+    convert_sync_batchnorm would build a plain SyncBatchNorm without the activation)."""
+    import torch.distributed as dist
+    from torch.nn.modules import _functions
+    from sapp.emit import batch_stats
+    calls = []
+
+    def fake_sync(x, w, b, rm, rv, eps, momentum, group, world):
+        calls.append((rm is bn.running_mean, w is bn.weight, momentum, world))
+        return nn.functional.batch_norm(x, rm, rv, w, b, True, momentum, eps)
+
+    monkeypatch.setattr(batch_stats, "_on_cuda", lambda x: True)
+    monkeypatch.setattr(_functions.SyncBatchNorm, "apply", fake_sync)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    torch.manual_seed(0)
+    bn, ref = BatchNormAct2d(4), BatchNormAct2d(4)
+    ref.load_state_dict(bn.state_dict())
+    names = [n for n, _ in bn.named_parameters()] + [n for n, _ in bn.named_buffers()]
+    assert batch_stats.sync_batch_norms(nn.Sequential(bn), group=object()) == 1
+    x = torch.randn(4, 4, 3, 3) * 2 + 1
+    assert isinstance(bn, BatchNormAct2d) and batch_stats.is_synced(bn)
+    assert names == [n for n, _ in bn.named_parameters()] + [n for n, _ in bn.named_buffers()]
+    assert torch.equal(bn(x), ref(x))                  # the activation ran (a plain norm would differ)
+    assert calls == [(True, True, 0.1, 2)]
+    assert torch.equal(bn.running_mean, ref.running_mean) and int(bn.num_batches_tracked) == 1
+    bn.eval()
+    bn(x)
+    assert len(calls) == 1                             # eval mode: the running statistics, no sync
 
 
 if __name__ == "__main__":

@@ -1,12 +1,18 @@
 """BatchNorm under data parallelism: every replica normalises by the global batch's statistics, as
 one process does (forward, backward and the running-statistics update).
 
-On CUDA torch's SyncBatchNorm does it; its forward runs only on accelerators, so on CPU (gloo) the
-layer becomes `GlobalBatchNorm`: forward all-reduces per-channel (sum, count), then the squared
-deviations from the global mean; backward all-reduces (sum dy, sum dy·x̂), so every rank's input
-gradient is the one-process gradient of the global loss.  Both keep the original
-layer's parameters and buffers (same objects, same names), so optimizers, checkpoints and the
-fingerprint see the same model.  Priced in costmodel/batchstats.py."""
+The module is never replaced.  A norm's class is swapped, in place, for a subclass of its own class
+whose forward runs the original forward under a torch-function mode that catches the batch-norm call
+on this module's own tensors (`F.batch_norm` or `torch.batch_norm`) and computes it over the dp
+group.  Whatever a subclass does around the normalisation (a vision library's norm + activation
+module: BatchNormAct2d applies its activation in `forward`) still runs, its running-statistics rule
+(momentum, `num_batches_tracked`) is the one its forward computes, and parameters, buffers, names
+and `isinstance` checks are untouched.  (torch's `SyncBatchNorm.convert_sync_batchnorm` builds a
+plain layer instead, so a subclass's activation vanishes: dp2 trained to other losses.)
+
+The kernel follows the input: on CUDA torch's own sync function (`_functions.SyncBatchNorm`), on
+CPU (gloo) `_GlobalNorm` below.  A group of one passes the call through unchanged.  Priced in
+costmodel/batchstats.py."""
 from __future__ import annotations
 
 import torch
@@ -14,47 +20,98 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.overrides import TorchFunctionMode
+
+_SYNCED: dict = {}          # original class -> its synced subclass (one per class, so types compare)
 
 
-class GlobalBatchNorm(_BatchNorm):
-    """A batch norm whose training statistics are reduced over `group` (two all-reduces forward, one
-    backward).  Outside training with running statistics it is the plain layer."""
+def is_synced(mod: nn.Module) -> bool:
+    return getattr(type(mod), "_sapp_global_stats", False)
 
-    def __init__(self, src: _BatchNorm, group):
-        super().__init__(src.num_features, src.eps, src.momentum, src.affine, src.track_running_stats,
-                         device="meta")
-        self.weight, self.bias = src.weight, src.bias
-        self.running_mean, self.running_var = src.running_mean, src.running_var
-        self.num_batches_tracked = src.num_batches_tracked
-        self.training = src.training
-        self.group = group
-        self._check_dims = src._check_input_dim
 
-    def _check_input_dim(self, x):
-        self._check_dims(x)
+def _synced_forward(self, *args, **kwargs):
+    with _GlobalStats(self):
+        return super(type(self), self).forward(*args, **kwargs)
 
-    def forward(self, x):
-        self._check_input_dim(x)
-        use_batch = self.training or self.running_mean is None
-        if not use_batch:
-            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+
+def _synced_class(cls: type) -> type:
+    if cls not in _SYNCED:
+        # same name and module, so messages, reprs and the manifest's type names stay the user's
+        _SYNCED[cls] = type(cls.__name__, (cls,), {"forward": _synced_forward, "_sapp_global_stats": True,
+                                                   "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _SYNCED[cls]
+
+
+def _bn_args(func, args, kwargs):
+    """(input, running_mean, running_var, weight, bias, training, momentum, eps) of a batch-norm call,
+    or None for any other function."""
+    if func is F.batch_norm:
+        names, defaults = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum",
+                           "eps"), (None, None, False, 0.1, 1e-5)
+    elif func is torch.batch_norm:
+        names, defaults = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum",
+                           "eps", "cudnn_enabled"), ()
+    else:
+        return None
+    got = dict(zip(names, args))
+    got.update(kwargs)
+    for name, d in zip(names[len(names) - len(defaults):], defaults):
+        got.setdefault(name, d)
+    return tuple(got[k] for k in ("input", "running_mean", "running_var", "weight", "bias", "training",
+                                  "momentum", "eps"))
+
+
+class _GlobalStats(TorchFunctionMode):
+    """Active during one synced norm's forward: its own training-mode batch-norm call is computed over
+    the module's dp group; every other call (eval mode, other tensors, other ops) runs unchanged."""
+
+    def __init__(self, bn: nn.Module):
+        super().__init__()
+        self.bn = bn
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        a = _bn_args(func, args, kwargs)
+        if a is None or not self._owns(a):
+            return func(*args, **kwargs)
+        x, rmean, rvar, weight, bias, training, momentum, eps = a
+        group = self.bn._sapp_bn_group
+        if not training or dist.get_world_size(group) == 1:
+            return func(*args, **kwargs)
+        if _on_cuda(x):                 # torch's kernels (batch_norm_stats / gather_stats: CUDA only)
+            from torch.nn.modules import _functions
+            return _functions.SyncBatchNorm.apply(x, weight, bias, rmean, rvar, eps, momentum or 0.0, group,
+                                    dist.get_world_size(group))
         # statistics in at least float32 (half inputs widen, as torch's kernel accumulates); a float64
         # model's stay float64 (the harness's rounding-free re-run compares at 1e-9)
         wide = torch.promote_types(x.dtype, torch.float32)
-        y, mean, var, n = _GlobalNorm.apply(x.to(wide), self.weight, self.bias, self.eps, self.group)
-        if self.training and self.track_running_stats and self.running_mean is not None:
-            self._update_running(mean, var, n)
+        y, mean, var, n = _GlobalNorm.apply(x.to(wide), weight, bias, eps, group)
+        if rmean is not None:
+            _update_running(rmean, rvar, mean, var, n, momentum)
         return y.to(x.dtype)
 
-    @torch.no_grad()
-    def _update_running(self, mean, var, n):
-        # _BatchNorm.forward's rule: momentum None is a cumulative average; unbiased variance over
-        # the global count, as one process's batch_norm stores it
-        self.num_batches_tracked.add_(1)
-        f = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-        self.running_mean.mul_(1 - f).add_(mean.to(self.running_mean.dtype), alpha=f)
-        unbiased = var * (n / max(n - 1.0, 1.0))
-        self.running_var.mul_(1 - f).add_(unbiased.to(self.running_var.dtype), alpha=f)
+    def _owns(self, a) -> bool:
+        """The call normalises with this module's own statistics or affine tensors (a subclass may run
+        other batch norms of other tensors inside its forward; those stay local)."""
+        mine = [t for t in (self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias)
+                if t is not None]
+        if not mine:                    # no affine, no running statistics: the module's only norm
+            return True
+        return any(t is m for t in a[1:5] if t is not None for m in mine)
+
+
+def _on_cuda(x) -> bool:
+    return x.is_cuda
+
+
+@torch.no_grad()
+def _update_running(rmean, rvar, mean, var, n, momentum):
+    """F.batch_norm's update with the momentum the module's forward computed (a cumulative average
+    when its momentum is None); unbiased variance over the global count, as one process stores it."""
+    f = 0.0 if momentum is None else float(momentum)
+    rmean.mul_(1 - f).add_(mean.to(rmean.dtype), alpha=f)
+    unbiased = var * (n / max(n - 1.0, 1.0))
+    rvar.mul_(1 - f).add_(unbiased.to(rvar.dtype), alpha=f)
 
 
 class _GlobalNorm(torch.autograd.Function):
@@ -101,21 +158,14 @@ class _GlobalNorm(torch.autograd.Function):
         return dx, g_w, g_b, None, None
 
 
-def sync_batch_norms(module: nn.Module, group, device) -> int:
-    """Replace every BatchNorm under `module` (in place, the same parameters and buffers) by one
-    whose statistics are the dp group's global batch's; returns how many.  The root itself is not
-    replaced (a bare BatchNorm model is not a case the emitter meets)."""
+def sync_batch_norms(module: nn.Module, group) -> int:
+    """Make every BatchNorm under `module` (and the root, if one) normalise by the dp group's global
+    batch: each keeps its object, class behaviour and tensors (see the module docstring); returns how
+    many.  torch's own SyncBatchNorm already syncs and is left alone."""
     count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, _BatchNorm) and not isinstance(child, (nn.SyncBatchNorm, GlobalBatchNorm)):
-            setattr(module, name, _synced(child, group, device))
+    for mod in module.modules():
+        if isinstance(mod, _BatchNorm) and not isinstance(mod, nn.SyncBatchNorm) and not is_synced(mod):
+            mod.__class__ = _synced_class(type(mod))
+            mod._sapp_bn_group = group
             count += 1
-        else:
-            count += sync_batch_norms(child, group, device)
     return count
-
-
-def _synced(bn: _BatchNorm, group, device) -> nn.Module:
-    if device.type == "cuda":           # torch's own (same parameter and buffer objects)
-        return nn.SyncBatchNorm.convert_sync_batchnorm(bn, process_group=group)
-    return GlobalBatchNorm(bn, group)

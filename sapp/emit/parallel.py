@@ -335,7 +335,7 @@ def wrap_dp(module: nn.Module, *, dp: int, tp: int, zero: int, mesh, blocks: lis
     kept out of DDP/FSDP/the all-reduce (host tables; the placement code averages their gradients)."""
     if dp == 1:
         return module, None, 0
-    if not staged and batch_stats.sync_batch_norms(module, mesh["dp"].get_group(), device):
+    if not staged and batch_stats.sync_batch_norms(module, mesh["dp"].get_group()):
         notes.append("BatchNorm statistics are the global batch's: synced over the dp group (emit/batch_stats.py)")
     if zero == 1 and tp > 1:
         notes.append("zero 1 with tensor parallelism runs as zero 2 (ZeroRedundancyOptimizer cannot hold DTensors)")
