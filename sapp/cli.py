@@ -18,6 +18,7 @@ COMMANDS = {
     "schema": "print the JSON Schema of plan or cluster files",
     "export": "write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON",
     "import": "price a Megatron-LM / torchtitan / DeepSpeed configuration as a plan, beside sapp's best",
+    "replan": "re-plan a job for the nodes left (or added): the new layout and its step time",
 }
 
 

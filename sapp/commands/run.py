@@ -162,10 +162,14 @@ def precheck_training(args, plan):
         raise SappError(f"--keep {args.keep} would delete every checkpoint; keep at least 1")
     if getattr(args, "resume", None) == "latest" and not args.checkpoint_dir:
         raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
-    if getattr(args, "resume", None) not in (None, "latest"):
+    resume = getattr(args, "resume", None)
+    if resume not in (None, "latest"):
         _, why = checkpoint.verify(args.resume)
         if why:
             raise SappError(f"cannot resume from {args.resume}: {why}; pass another checkpoint to --resume")
+    if resume and getattr(args, "checkpoint_dir", None) and os.path.isdir(args.checkpoint_dir):
+        # before launching: a resume that would overwrite another run's steps, or that finds only damaged ones
+        checkpoint.resume_point(args.checkpoint_dir, None if resume == "latest" else resume, log=lambda _m: None)
     if getattr(args, "resume_partial", False) and not getattr(args, "resume", None):
         raise SappError("--resume-partial needs --resume (it says how much of a checkpoint to load)")
     if getattr(args, "checkpoint_dir", None):
@@ -236,7 +240,9 @@ def run(args):
     plan, nproc = precheck(args)
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
-    env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
+    import uuid
+    # one id for the whole job, every rank and every restart: checkpoint markers record which job wrote them
+    env = dict(os.environ, SAPP_RUN_PRECHECKED="1", SAPP_RUN_ID=uuid.uuid4().hex[:16])
     # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
     # elastic restart the new workers can read the dead attempt's gloo/NCCL addresses from it and fail
     # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection

@@ -30,167 +30,21 @@ The directory must be shared by all ranks (one machine, or a shared filesystem a
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
 import shutil
-import stat
-import zlib
 
+from .checkpoint_find import (MARKER, _NAME, _crc, _fsync_dir, _is_dir, _is_file, checksum, choose,  # noqa: F401
+                              committed, identity_diff, resume_point, step_dir, verify)
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
-MARKER = "sapp-checkpoint.json"
 LOCK = ".sapp-lock"
 # Checkpoint collectives wait for the slowest rank's writes: minutes for a large model, far beyond the
 # training group's short hang timeout (sapp/emit/dist.py).  They run on their own gloo group (object
 # collectives on the CPU, also under nccl); a rank that dies meanwhile is ended by torchrun's agent.
 TIMEOUT_S = 600.0
-_NAME = re.compile(r"^step-(\d{8})$")
 _ANY = re.compile(r"^(\.tmp-|\.del-)?step-\d{8}$")
-
-
-def step_dir(directory: str, step: int) -> str:
-    return os.path.join(directory, f"step-{step:08d}")
-
-
-def _crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _is_dir(path: str) -> bool:
-    """A real directory, not a symlink to one."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _is_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def committed(directory: str) -> list:
-    """[(step, path)] of committed checkpoints (by name and marker), oldest first; not verified."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    out = []
-    for n in names:
-        m = _NAME.match(n)
-        p = os.path.join(directory, n)
-        if m and _is_dir(p) and _is_file(os.path.join(p, MARKER)):
-            out.append((int(m.group(1)), p))
-    return sorted(out)
-
-
-def checksum(meta: dict) -> str:
-    """SHA-256 of a marker's fields (all but `checksum` itself), canonical JSON."""
-    body = {k: v for k, v in meta.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def verify(path: str) -> tuple:
-    """(marker dict, None) when the marker is intact and every file matches it, else (None, why in a
-    few words).  Reads .metadata through the restricted unpickler (nothing in it is executed)."""
-    if not _is_dir(path):
-        return None, "it is not a directory" + (" (a symlink)" if os.path.islink(path) else "")
-    mp = os.path.join(path, MARKER)
-    if not _is_file(mp):
-        return None, f"{MARKER} is missing or not a plain file"
-    try:
-        with open(mp) as f:
-            meta = json.load(f)
-        files = meta["files"]
-        files.items()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        return None, f"unreadable {MARKER} ({type(e).__name__})"
-    if meta.get("checksum") != checksum(meta):
-        return None, f"{MARKER} fails its own checksum (edited, or written by an older sapp)"
-    m = _NAME.match(os.path.basename(os.path.normpath(path)))
-    if m and int(m.group(1)) != meta.get("step"):
-        return None, f"{MARKER} is for step {meta.get('step')}, not {int(m.group(1))}"
-    for name, entry in sorted(files.items()):
-        p = os.path.join(path, name)
-        if os.path.basename(name) != name or name in (".", ".."):
-            return None, f"{MARKER} lists {name[:80]!r}, not a file of the checkpoint"
-        if not _is_file(p):
-            return None, f"{name} is missing" if not os.path.lexists(p) else f"{name} is not a plain file"
-        size, crc = entry
-        if os.path.getsize(p) != size:
-            return None, f"{name} has {os.path.getsize(p)} bytes, {size} were written"
-        if _crc(p) != crc:
-            return None, f"{name} fails its checksum"
-    if ".metadata" not in files:
-        return None, "no DCP .metadata"
-    from . import dcp_reader
-    try:
-        md = dcp_reader.read(path)
-    except CheckpointError as e:
-        return None, str(e).replace(os.path.join(path, ""), "")
-    stray = sorted({i.relative_path for i in md.storage_data.values()} - set(files))
-    if stray:
-        return None, f".metadata points at {stray[0][:80]}, which the marker does not list"
-    return meta, None
-
-
-def identity_diff(saved: dict, mine: dict) -> tuple:
-    """(what differs in a few words or None, names whose shape and dtype match in both) for two
-    {name: [shape, dtype]} tables (a marker's model_state and this model's)."""
-    same = {k for k in saved.keys() & mine.keys() if list(saved[k][0]) == list(mine[k][0]) and saved[k][1] == mine[k][1]}
-    extra, lacking = sorted(saved.keys() - mine.keys()), sorted(mine.keys() - saved.keys())
-    other = sorted(k for k in saved.keys() & mine.keys() if k not in same)
-    parts = []
-    if extra:
-        parts.append(f"it holds {len(extra)} entr{'y' if len(extra) == 1 else 'ies'} this model lacks ({', '.join(extra[:3])}"
-                     f"{', ...' if len(extra) > 3 else ''})")
-    if lacking:
-        parts.append(f"this model has {len(lacking)} it lacks ({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''})")
-    if other:
-        k = other[0]
-        parts.append(f"{k} is {_shape(saved[k])} there, {_shape(mine[k])} here"
-                     + (f" (and {len(other) - 1} more)" if len(other) > 1 else ""))
-    return ("; ".join(parts) or None), same
-
-
-def _shape(entry) -> str:
-    return "x".join(str(int(d)) for d in entry[0]) + f" {entry[1]}" if entry[0] else f"scalar {entry[1]}"
-
-
-def choose(directory: str, log=print):
-    """(path, marker) of the newest intact checkpoint in `directory`, or None; one line per damaged one."""
-    skipped = []
-    for step, path in reversed(committed(directory)):
-        meta, why = verify(path)
-        if meta is not None:
-            for bad, reason in skipped:
-                log(f"sapp run: checkpoint {bad} is damaged ({reason}); resuming from {path} instead")
-            return path, meta
-        skipped.append((path, why))
-    for bad, reason in skipped:
-        log(f"sapp run: checkpoint {bad} is damaged ({reason}) and no older intact one is left")
-    return None
 
 
 def estimate_bytes(params: int, optimizer: str = "adam") -> int:
@@ -301,7 +155,7 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
-        self.group, self._lock, self._good = None, None, set()
+        self.group, self._lock, self._good, self._protected = None, None, set(), set()
         import torch.distributed as dist
         if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
             from datetime import timedelta
@@ -350,12 +204,13 @@ class Checkpointer:
         os.rename(tmp, final)
         _fsync_dir(self.directory)
         self._good.add(final)
-        self._retain()
+        self._retain(keep_also=final)
         return final
 
-    def _retain(self) -> None:
+    def _retain(self, keep_also: str = "") -> None:
         """Keep the newest `keep` checkpoints that verify; delete the committed ones older than the
-        oldest of those (a damaged newer one stays, skipped with a line on resume), then leftovers."""
+        oldest of those (a damaged newer one stays, skipped with a line on resume), then leftovers.
+        Never deleted: the checkpoint just written and the one this run resumed from."""
         kept = []
         for _, path in reversed(committed(self.directory)):
             if path in self._good or verify(path)[0] is not None:
@@ -365,7 +220,8 @@ class Checkpointer:
                     break
         if kept:
             for _, path in committed(self.directory):
-                if path < kept[-1]:
+                spared = os.path.realpath(path) in self._protected or path == keep_also
+                if path < kept[-1] and not spared:
                     _discard(path)
                     self._good.discard(path)
         for n in os.listdir(self.directory):
@@ -374,16 +230,16 @@ class Checkpointer:
             if n.startswith((".tmp-step-", ".del-step-")) and _is_dir(p) or orphan:
                 shutil.rmtree(p, ignore_errors=True)
 
-    def find(self, path: str = None):
-        """(path, marker) to resume from: `path` itself when given (it must be intact), else the newest
-        intact checkpoint in the directory, else None."""
+    def find(self, path: str = None, writing: bool = True, run: str = None, restarted: bool = False):
+        """(path, marker) to resume from (checkpoint_find.resume_point), or None.  `run`: this job's id
+        (a restarted worker goes on from its own newest checkpoint).  Retention never deletes a
+        checkpoint of another job that this one resumed from."""
         def pick():
-            if path:
-                meta, why = verify(path)
-                if meta is None:
-                    raise CheckpointError(f"cannot resume from {path}: {why}; pass another checkpoint to --resume")
-                return path, meta
-            return choose(self.directory, log=self.log)
+            found = resume_point(self.directory, path, writing=writing, log=self.log,
+                                 run=run if restarted else None)
+            if found is not None and (not run or found[1].get("run") != run):
+                self._protected.add(os.path.realpath(found[0]))
+            return found
         return _collective(pick, self.world, self.group)
 
     def load(self, prog, path: str, only=None) -> None:

@@ -89,7 +89,9 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from .lifeline import terminate_then_exit, watch_parent
     rendezvous_handler_registry.register(BACKEND, _create_handler)
+    watch_parent(terminate_then_exit())      # `sapp run` killed: stop the workers, then this agent
     try:
         run.main(argv)
     except ChildFailedError as e:       # torchrun would print its own traceback around the summary

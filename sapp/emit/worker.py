@@ -88,7 +88,8 @@ def _data(args, gb, model):
 def _resume(args, ckpt, prog, gb, log):
     """(first step, losses so far) from the checkpoint to resume from, or (0, [])."""
     from .train_state import CheckpointError
-    found = ckpt.find(None if args.resume in (None, "latest") else args.resume)
+    found = ckpt.find(None if args.resume in (None, "latest") else args.resume, writing=bool(args.checkpoint_dir),
+                      run=run_id(), restarted=_restarted())
     if found is None:
         log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
         return 0, []
@@ -112,7 +113,14 @@ def _resume(args, ckpt, prog, gb, log):
         f"written under dp={meta['parallel']['dp']} tp={meta['parallel']['tp']} pp={meta['parallel']['pp']} zero={meta['zero']})"
         + (f"; partial: {len(same)} of {len(ckpt.names.shapes)} entries loaded" + (f" ({differs})" if differs else "")
            if args.resume_partial else ""))
+    args.parent = {"checkpoint": os.path.basename(path), "step": int(meta["step"]), "run": meta.get("run")}
     return int(meta["step"]), list(meta.get("losses", []))
+
+
+def run_id() -> str:
+    """The job's id, the same for every rank and every torchrun restart of it: `sapp run` sets
+    SAPP_RUN_ID once per launch; a bare torchrun launch has its rendezvous id."""
+    return os.environ.get("SAPP_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
 
 
 def _order(data, shuffle, seed) -> str:
@@ -121,6 +129,8 @@ def _order(data, shuffle, seed) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from .lifeline import exit_now, watch_parent
+    watch_parent(exit_now(f"rank {os.environ.get('RANK', '?')}"))     # its agent killed: end, do not train on
     import torch
     import torch.distributed as dist
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
@@ -167,7 +177,9 @@ def main(argv=None) -> int:
     fault = _fault()
     times = []
     meta = {"global_batch": gb, "data": args.data or "synthetic", "shuffle": bool(args.shuffle), "seed": args.seed, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
-            "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world}
+            "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world,
+            # lineage: which job wrote the step, and which checkpoint that job started from
+            "run": run_id(), "parent": getattr(args, "parent", None)}
     # a step's time runs from the end of the one before (the first: from its own start).  Each step
     # ends in a loss all-reduce every rank leaves together, so this is the cadence all ranks share;
     # rank 0's own start can lag (its log line, the scheduler), and with more processes than cores

@@ -1,0 +1,38 @@
+"""`sapp replan PLAN --nodes N | --devices N | --cluster SPEC`: what a job running PLAN becomes on
+another number of nodes (sapp/replan.py): the new layout, both predicted step times, the search time,
+the pins that had to go.  The same re-plan `sapp run --elastic` makes when nodes leave or join."""
+from __future__ import annotations
+
+from ._model import add_model_arguments, model_spec
+
+
+def add_arguments(p):
+    p.add_argument("plan", help="plan JSON file")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--nodes", type=int, help="nodes left (or added): the plan's cluster with this many nodes")
+    size.add_argument("--devices", type=int, help="devices left: whole nodes of the plan's cluster, or one partial node")
+    size.add_argument("--cluster", help="a cluster spec or file to re-plan for")
+    add_model_arguments(p, default_help=" (default: the plan's model)")
+    p.add_argument("--trust-plan-model", dest="trust_plan_model", action="store_true",
+                   help="import and call the plan's pkg.module:factory model (never done by default: a plan is data)")
+    p.add_argument("--out", help="write the new plan here")
+
+
+def run(args):
+    from .. import api
+    from ..plan import Plan
+    from ..replan import replan, scaled_cluster
+    from ._paths import check_out
+    if args.out:
+        check_out(args.out)
+    plan = Plan.load(args.plan)
+    model = model_spec(args, default=plan["model"].get("name"))
+    cluster = (api.resolve_cluster(args.cluster) if args.cluster
+               else scaled_cluster(plan, nodes=args.nodes, devices=args.devices))
+    r = replan(model, plan, cluster)
+    for line in r.lines():
+        print(line)
+    if args.out:
+        r.plan.save(args.out)
+        print(f"plan written to {args.out}")
+    return 0

@@ -1,0 +1,133 @@
+"""Re-planning for another number of devices: the same model, global batch, precision, runtime and
+(where they still fit) pins, searched again for a cluster scaled to the nodes that are left or were
+added.  `sapp replan` shows it in advance; `sapp run --elastic` does it when torchrun's agent forms a
+group of another size (sapp/emit/worker.py), then resumes the last checkpoint under the new plan
+(DCP reshards it; the data order does not depend on the plan, so no sample is lost or repeated).
+
+A world of N nodes may admit no layout at all (1,016 A100s = 8 x 127: no dp x tp x pp of them divides a
+global batch of 1536), and a few nodes fewer can be faster than all of them.  So the candidates are
+N, N-1, N-2, N-3 nodes and the largest power of two <= N; the fastest plan wins and the spare nodes
+idle (they still hold a rank: `sapp run` gives them no work).  Pins the user gave are kept when a
+search with them succeeds; otherwise they are dropped one at a time, device-count pins (dp, tp, pp,
+cp, ep) first, and every dropped pin is said."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .cluster import Cluster
+from .errors import SappError
+
+DEVICE_PINS = ("dp", "pp", "tp", "cp", "ep")
+
+
+@dataclasses.dataclass
+class Replan:
+    plan: object                    # the new Plan
+    old: dict                       # the old plan's layout and prediction
+    new: dict
+    nodes: int                      # nodes the new plan uses (of `available`)
+    available: int
+    dropped_pins: list
+    search_s: float
+    tried: list                     # [(nodes, step time or why not)]
+
+    def lines(self) -> list:
+        o, n = self.old, self.new
+        change = n["step_time_s"] / o["step_time_s"] - 1 if o["step_time_s"] else 0.0
+        out = [f"old: {_layout(o)} on {o['devices']} devices: {o['step_time_s']:.4g} s/step",
+               f"new: {_layout(n)} on {n['devices']} devices: {n['step_time_s']:.4g} s/step ({change:+.1%}), "
+               f"searched in {self.search_s:.1f} s"]
+        if self.nodes < self.available:
+            out.append(f"{self.available - self.nodes} of {self.available} nodes idle: "
+                       + ", ".join(f"{k} nodes {'no layout fits' if isinstance(v, str) else f'{v:.4g} s/step'}"
+                                    for k, v in self.tried))
+        if self.dropped_pins:
+            out.append(f"pins dropped (no plan fits with them): {', '.join(self.dropped_pins)}")
+        return out
+
+
+def _layout(d: dict) -> str:
+    p = d["parallel"]
+    return (f"dp {p['dp']} tp {p['tp']} pp {p['pp']}" + (f" cp {p['cp']}" if p.get("cp", 1) > 1 else "")
+            + (f" ep {p['ep']}" if p.get("ep", 1) > 1 else "") + f", {d['micro_batches']} micro-batches, zero {d['zero']}")
+
+
+def summary(plan) -> dict:
+    return {"parallel": dict(plan["parallel"]), "micro_batches": plan["pipeline"].get("micro_batches", 1),
+            "zero": plan["zero"], "devices": plan["devices"], "step_time_s": plan["predicted"]["step_time_s"]}
+
+
+def scaled_cluster(plan, nodes: int = None, devices: int = None) -> Cluster:
+    """The plan's cluster with `nodes` nodes (or `devices` devices: whole nodes, or one partial node)."""
+    cl = Cluster.from_dict(plan["cluster"], where="the plan's cluster")
+    if devices is not None:
+        if devices < 1:
+            raise SappError(f"--devices {devices}: give a positive number of devices")
+        if devices < cl.gpus_per_node:
+            return cl.replace(nodes=1, gpus_per_node=devices).validate()
+        if devices % cl.gpus_per_node:
+            raise SappError(f"--devices {devices} is not a multiple of the plan's {cl.gpus_per_node} devices per node; "
+                            "give whole nodes (--nodes) or a multiple")
+        nodes = devices // cl.gpus_per_node
+    if nodes is None or nodes < 1:
+        raise SappError("give the number of nodes (--nodes N) or devices (--devices N) to re-plan for, at least 1")
+    return cl.replace(nodes=nodes).validate()
+
+
+def candidates(nodes: int) -> list:
+    out = [n for n in range(nodes, max(nodes - 4, 0), -1)]
+    p2 = 1 << (nodes.bit_length() - 1)
+    return out + ([p2] if p2 not in out else [])
+
+
+def replan(model, plan, cluster: Cluster, *, graph=None, search=None) -> Replan:
+    """The fastest plan for `cluster` (or a few nodes fewer of it) keeping `plan`'s global batch,
+    precision, runtime and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
+    parameter so the worker passes its own module).  Raises SappError in one line when no plan fits,
+    saying what would."""
+    if search is None:
+        from .api import search
+    gb = int(plan["model"]["global_batch"])
+    settings = plan["settings"]
+    pins = dict(plan["constraints"] or {})
+    t0 = time.perf_counter()
+    if graph is None:               # captured once for every candidate
+        from . import api
+        if isinstance(model, str):
+            _, _, _, graph, _ = api.capture_spec(model)
+        elif not hasattr(model, "nodes"):
+            graph, _ = api.capture_graph(model)
+    best, tried, dropped, last_err = None, [], [], None
+    for nodes in candidates(cluster.nodes):
+        cl = cluster.replace(nodes=nodes)
+        got, why, drop = _search_keeping_pins(search, model, cl, gb, settings, pins, graph)
+        tried.append((nodes, got["predicted"]["step_time_s"] if got is not None else why))
+        if got is not None and (best is None or got["predicted"]["step_time_s"] < best[0]["predicted"]["step_time_s"]):
+            best, dropped = (got, nodes), drop
+        last_err = why or last_err
+    search_s = time.perf_counter() - t0
+    if best is None:
+        raise SappError(f"no plan fits {cluster.devices} devices or a few nodes fewer ({last_err}); "
+                        f"the job needs more nodes than {cluster.nodes}, or a smaller global batch than {gb}")
+    new, nodes = best
+    return Replan(plan=new, old=summary(plan), new=summary(new), nodes=nodes, available=cluster.nodes,
+                  dropped_pins=dropped, search_s=search_s, tried=tried)
+
+
+def _search_keeping_pins(search, model, cl, gb, settings, pins, graph):
+    """(plan, None, dropped pins) or (None, why, ...): with every pin, then dropping device-count pins
+    one at a time, then any pin."""
+    order = [k for k in DEVICE_PINS if k in pins] + sorted(k for k in pins if k not in DEVICE_PINS)
+    kept, dropped, why = dict(pins), [], None
+    while True:
+        try:
+            p = search(model, cl, global_batch=gb, constraints=kept or None, precision=settings.get("precision"),
+                       runtime=settings.get("runtime"), graph=graph)
+            return p, None, dropped
+        except SappError as e:
+            why = str(e).splitlines()[0][:200]
+        if not order:
+            return None, why, dropped
+        k = order.pop(0)
+        dropped.append(f"{k}={kept.pop(k)}")
