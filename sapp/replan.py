@@ -81,9 +81,9 @@ def candidates(nodes: int) -> list:
     return out + ([p2] if p2 not in out else [])
 
 
-def replan(model, plan, cluster: Cluster, *, graph=None, search=None) -> Replan:
-    """The fastest plan for `cluster` (or a few nodes fewer of it) keeping `plan`'s global batch,
-    precision, runtime and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
+def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: bool = False) -> Replan:
+    """The fastest plan for `cluster` (or a few nodes fewer of it; `exact`: all of it, as a running
+    group whose every rank trains needs) keeping `plan`'s global batch, precision, runtime and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
     parameter so the worker passes its own module).  Raises SappError in one line when no plan fits,
     saying what would."""
     if search is None:
@@ -99,7 +99,7 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None) -> Replan:
         elif not hasattr(model, "nodes"):
             graph, _ = api.capture_graph(model)
     best, tried, dropped, last_err = None, [], [], None
-    for nodes in candidates(cluster.nodes):
+    for nodes in ([cluster.nodes] if exact else candidates(cluster.nodes)):
         cl = cluster.replace(nodes=nodes)
         got, why, drop = _search_keeping_pins(search, model, cl, gb, settings, pins, graph)
         tried.append((nodes, got["predicted"]["step_time_s"] if got is not None else why))

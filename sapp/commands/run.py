@@ -49,6 +49,9 @@ def add_arguments(p):
     c.add_argument("--resume-partial", dest="resume_partial", action="store_true",
                    help="with --resume: load only the entries whose names and shapes match this model (the others "
                    "keep their initial values), also from a run on other data or order")
+    p.add_argument("--elastic", action="store_true",
+                   help="with --nnodes MIN:MAX and --checkpoint-dir: a group of another size re-plans for the devices it "
+                        "has and resumes the last checkpoint under that plan (sapp/emit/elastic.py)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
@@ -170,13 +173,16 @@ def precheck_training(args, plan):
     if resume and getattr(args, "checkpoint_dir", None) and os.path.isdir(args.checkpoint_dir):
         # before launching: a resume that would overwrite another run's steps, or that finds only damaged ones
         checkpoint.resume_point(args.checkpoint_dir, None if resume == "latest" else resume, log=lambda _m: None)
+    if getattr(args, "elastic", False) and not getattr(args, "checkpoint_dir", None):
+        raise SappError("--elastic needs --checkpoint-dir: a group of another size resumes its last checkpoint")
     if getattr(args, "resume_partial", False) and not getattr(args, "resume", None):
         raise SappError("--resume-partial needs --resume (it says how much of a checkpoint to load)")
     if getattr(args, "checkpoint_dir", None):
+        elastic = getattr(args, "elastic", False)      # a joining node finds the job's checkpoints and lock
         checkpoint.check_directory(args.checkpoint_dir,
                                    checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer),
-                                   resuming=bool(args.resume))
-        if not args.nnodes or str(getattr(args, "node_rank", None) or "0") == "0":   # one job per directory
+                                   resuming=bool(args.resume) or elastic)
+        if not elastic and (not args.nnodes or str(getattr(args, "node_rank", None) or "0") == "0"):   # one job per directory
             checkpoint.lock(args.checkpoint_dir, hold=False)
 
 
@@ -207,6 +213,8 @@ def command(args, nproc: int) -> list:
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
     if getattr(args, "allow_mismatch", False):
         cmd.append("--allow-mismatch")
+    if getattr(args, "elastic", False):
+        cmd.append("--elastic")
     for kv in args.model_arg:
         cmd += ["--model-arg", kv]
     for flag in ("data", "out", "log_json", "checkpoint_dir", "resume"):
@@ -240,9 +248,7 @@ def run(args):
     plan, nproc = precheck(args)
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
-    import uuid
-    # one id for the whole job, every rank and every restart: checkpoint markers record which job wrote them
-    env = dict(os.environ, SAPP_RUN_PRECHECKED="1", SAPP_RUN_ID=uuid.uuid4().hex[:16])
+    env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
     # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
     # elastic restart the new workers can read the dead attempt's gloo/NCCL addresses from it and fail
     # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection

@@ -50,6 +50,14 @@ def log_error(path, rank: int, step, message: str) -> None:
         pass
 
 
+def log_event(path, rank: int, event: str, **fields) -> None:
+    """Append one event (a re-plan, say) to a rank's JSON log."""
+    if not path:
+        return
+    with open(rank_path(path, rank), "a") as f:
+        f.write(json.dumps({"rank": rank, "event": event, **fields, "time": time.time()}) + "\n")
+
+
 class StepLog:
     def __init__(self, rank: int, total_steps: int, global_batch: int, device, *, json_path=None, start=0,
                  stream=None):

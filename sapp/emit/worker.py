@@ -13,7 +13,10 @@ TORCHELASTIC_RESTART_COUNT > 0) resumes from D by itself.
 SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself,
 "RANK:STEP:raise" raise an exception (tests: a dead rank ends the job; a killed rank restarts from
 the last checkpoint; a failure is reported once, sapp/emit/failure.py); only in a job's first
-attempt, so the restarted workers run through."""
+attempt, so the restarted workers run through.  SAPP_TEST_PACE=S sleeps S seconds before each step
+(tests that must act while a job runs).
+
+--elastic: a group of another size than the plan's re-plans for it first (sapp/emit/elastic.py)."""
 from __future__ import annotations
 
 import argparse
@@ -44,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--keep", type=int, default=2)
     p.add_argument("--resume", nargs="?", const="latest")
     p.add_argument("--resume-partial", dest="resume_partial", action="store_true")
+    p.add_argument("--elastic", action="store_true")
     p.add_argument("--allow-mismatch", action="store_true")
     return p.parse_args(argv)
 
@@ -89,7 +93,7 @@ def _resume(args, ckpt, prog, gb, log):
     """(first step, losses so far) from the checkpoint to resume from, or (0, [])."""
     from .train_state import CheckpointError
     found = ckpt.find(None if args.resume in (None, "latest") else args.resume, writing=bool(args.checkpoint_dir),
-                      run=run_id(), restarted=_restarted())
+                      run=run_id(), restarted=_restarted() or args.elastic)
     if found is None:
         log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
         return 0, []
@@ -118,8 +122,8 @@ def _resume(args, ckpt, prog, gb, log):
 
 
 def run_id() -> str:
-    """The job's id, the same for every rank and every torchrun restart of it: `sapp run` sets
-    SAPP_RUN_ID once per launch; a bare torchrun launch has its rendezvous id."""
+    """The job's id, the same on every node, rank and torchrun restart of it: torchrun's rendezvous id
+    (`sapp run` draws one per single-node launch; several nodes share their --rdzv-id)."""
     return os.environ.get("SAPP_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
 
 
@@ -140,7 +144,9 @@ def main(argv=None) -> int:
     from .train_log import StepLog, log_error
     from .train_state import model_names
     rank, world = dist_mod.rank_world()
-    resume = args.resume or (_restarted() and args.checkpoint_dir and "latest")
+    # a restarted group, and every group of an elastic job (a joining node's agent has not restarted),
+    # resumes the newest checkpoint: every rank decides alike
+    resume = args.resume or ((_restarted() or args.elastic) and args.checkpoint_dir and "latest")
     try:
         plan = Plan.load(args.plan)
         torch.manual_seed(args.seed)     # identical initial weights on every rank
@@ -154,6 +160,12 @@ def main(argv=None) -> int:
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
+        if args.elastic:      # a group of another size than the plan's: re-plan for it (sapp/emit/elastic.py)
+            from .elastic import plan_for_world
+            from .checkpoint_find import committed
+            regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
+            plan = plan_for_world(args, plan, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), rank, regroup,
+                                  say=(lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None))
         ckpt = None
         if resume == "latest" and not args.checkpoint_dir:
             raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
@@ -175,6 +187,7 @@ def main(argv=None) -> int:
     if log.bar is not None:
         log.bar.update(start)
     fault = _fault()
+    pace = float(os.environ.get("SAPP_TEST_PACE", "0") or 0)     # tests: seconds added to each step
     times = []
     meta = {"global_batch": gb, "data": args.data or "synthetic", "shuffle": bool(args.shuffle), "seed": args.seed, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
             "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world,
@@ -199,6 +212,8 @@ def main(argv=None) -> int:
             x, y = batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp))
             if getattr(prog, "cp", 1) > 1:          # context parallelism: this rank's tokens of them
                 x, y = prog.shard_tokens(x, y)
+            if pace:
+                time.sleep(pace)
             t0 = time.perf_counter()
             loss = prog.step(x, y)
             end = time.perf_counter()
