@@ -160,7 +160,6 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
-    from .search.joint import joint_search
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
     capture_s, cached = 0.0, False
@@ -182,32 +181,44 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     t0 = time.perf_counter()
-    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
-    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
-                       search_fn=tp_search_fn())
-    section = operator_section(graph, res.profile) if _sp_chosen(res) else None
-    if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
-        # SP is priced on the block template; on the whole graph a piece may have no place the emitter
-        # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
-        # plan, so with sp free the search runs again without it (tp still shards its regions)
-        import dataclasses
-        from .errors import SappError
-        try:
-            res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
-                               settings=settings, progress=progress, search_fn=tp_search_fn())
-            section = None
-        except SappError:
-            pass                          # nothing else fits: the plan keeps SP and emit says why not
+
+    def run(skip):
+        res = _joint(graph, cl, gb, cons, settings, progress, skip)
+        check_prediction(res.step_time_s, res.mfu)
+        return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
+                          section=res.sapp_section), res
+    # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/runnable.py)
+    from .runnable import first_runnable
+    plan, res = first_runnable(run, module, example_inputs, cons)
     search_s = time.perf_counter() - t0
-    check_prediction(res.step_time_s, res.mfu)
-    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
-                      section=section)
     # wall times are printed, never stored in the plan (byte-identical files)
     plan._timing = {"capture_s": capture_s, "search_s": search_s,
                     **({"capture_cached": True} if cached else {})}
     if return_result:
         return plan, res
     return plan
+
+
+def _joint(graph, cl, gb, cons, settings, progress, skip):
+    """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`."""
+    from .search.joint import joint_search
+    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
+    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
+                       search_fn=tp_search_fn(), skip=skip)
+    section = operator_section(graph, res.profile) if _sp_chosen(res) else None
+    if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
+        # SP is priced on the block template; on the whole graph a piece may have no place the emitter
+        # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
+        # plan, so with sp free the search runs again without it (tp still shards its regions)
+        import dataclasses
+        try:
+            res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
+                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip)
+            section = None
+        except SappError:
+            pass                          # nothing else fits: the plan keeps SP and emit says why not
+    res.sapp_section = section
+    return res
 
 
 def _sp_chosen(res) -> bool:
