@@ -5,11 +5,12 @@ split whose ops give other shapes at one rank's layer shapes (a module reshaping
 fixed for the whole model: sapp/emit/shape_audit.py, the SP pieces: sp_audit.py), and a pipeline
 split torch cannot trace or whose stages cannot run (sapp/emit/pipe.trace and its preflight).  The
 cost model cannot see these, so the search runs the same checks on the candidate it is about to
-return, when it has the module: on a copy whose parameters and buffers are on meta (nothing is
-allocated; the user's module is never touched), with the example inputs the search captured.  A
-candidate that fails is dropped with every configuration failing the same way (the tp degree
-whose shapes fail, the pipeline depth whose split fails), the next best is searched and checked,
-at most MAX_DROPS times; the plan's notes say what was dropped and why.  A pinned option that
+return, when it has the module (sapp's own zoo models excepted: _zoo_model): on a copy whose
+parameters and buffers are on meta (nothing is allocated; the user's module is never touched), with
+the example inputs the search captured.  A candidate that fails is dropped with every
+configuration failing the same way (the tp degree whose shapes fail, the pipeline depth whose
+split fails), the next best is searched and checked, at most MAX_DROPS times; the plan's notes say
+what was dropped and why.  A pinned option that
 fails is refused in one line."""
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def first_runnable(run, module, example_inputs, cons):
                 raise
             raise ConstraintError(f"no runnable plan: {dropped[-1][1]}, and without it "
                                   f"{' '.join(str(e).split())}") from None
-        if module is None:
+        if module is None or _zoo_model(module):
             return plan, res
         failure = check(module, plan, example_inputs)
         if failure is None:
@@ -48,6 +49,14 @@ def first_runnable(run, module, example_inputs, cons):
         dropped.append((rule, why))
         if len(dropped) >= MAX_DROPS:
             raise ConstraintError(f"no runnable plan after dropping {len(dropped)} candidates; the last: {msg}")
+
+
+def _zoo_model(module) -> bool:
+    """sapp's own zoo models are written for the emitter (its tests run them under every layout)
+    and can be huge: the pipeline trace alone of GPT-3 175B's 96 blocks takes ~20 s.  Models from
+    Hugging Face configs and factories are checked."""
+    spec = getattr(module, "sapp_spec", None)
+    return spec is not None and spec.kind not in ("hf", "custom")
 
 
 def check(module, plan, example_inputs):
