@@ -365,7 +365,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
         "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
             ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
-             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
+             "place it): priced and emitted without it"] if constraints.sp and "sp" not in tp_layout else []),
     }
     return Plan.built(data)
 
