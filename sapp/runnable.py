@@ -66,14 +66,30 @@ def check(module, plan, example_inputs):
     tp, pp = par["tp"], par["pp"]
     if (tp == 1 and pp == 1) or par.get("cp", 1) > 1:
         return None                     # context parallelism checks its own shapes (emit/cp.py)
+    try:
+        skel = meta_copy(module)
+    except Exception:                   # noqa: BLE001 - a module deepcopy refuses: the ranks check at emit
+        return None
+    ex = _inputs(skel, example_inputs, 2)
+    if ex is None:
+        return None                     # nothing to trace with: the ranks check at emit
+    import contextlib
+    import io
+    try:
+        # torch prints the graphs of traces that fail; the check's answer is its one line
+        with contextlib.redirect_stderr(io.StringIO()):
+            return _check(module, skel, plan, ex, example_inputs)
+    except Exception:                   # noqa: BLE001 - what the meta copy cannot show, the ranks check at emit
+        return None
+
+
+def _check(module, skel, plan, ex, example_inputs):
     from .capture.devices import meta_as_training_device
     from .emit import checks, pipe, shape_audit
     from .emit import parallel as emit_parallel
     from .emit import sp as emit_sp
-    skel = meta_copy(module)
-    ex = _inputs(skel, example_inputs, 2)
-    if ex is None:
-        return None                     # nothing to trace with: the ranks check at emit
+    par = plan.parallel
+    tp, pp = par["tp"], par["pp"]
     styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
     with meta_as_training_device():
         if tp > 1 and groups:

@@ -78,6 +78,29 @@ def test_pinned_tp_that_cannot_run_refused_in_one_line():
     assert "pinned tp=2" in msg and "layers.0.attn" in msg and "\n" not in msg, msg
 
 
+@pytest.mark.parametrize("kind", ["none-list", "autocast"])
+def test_captures_on_meta(kind):
+    """Each model alone, built on meta: a None list slot, autocast asked for the tensors' device."""
+    from sapp.api import capture_graph
+    x, y = P.data(0)
+    graph, _ = capture_graph(P.build(kind).to("meta"), (x,), P.loss_fn, y)
+    blocks = sorted(graph.blocks)
+    assert blocks == ["layers.0", "layers.2"] if kind == "none-list" else blocks == ["layers.0", "layers.1"], blocks
+
+
+def test_pipeline_that_cannot_run_dropped_and_pinned_refused():
+    """A branch on a tensor's value: a traced stage cannot keep it, so pp=2 is dropped from the free
+    search (each pipeline form tried says why in a note) and a pinned pp=2 is refused in one line."""
+    from sapp.errors import SappError
+    plan = _search("value-branch", {"dp": 1})
+    assert plan.parallel["pp"] == 1 and plan.parallel["tp"] == 2, plan.parallel
+    dropped = [n for n in plan.notes if n.startswith("dropped ")]
+    assert dropped and all("pp=2" in n and "branches on tensor values" in n for n in dropped), plan.notes
+    with pytest.raises(SappError) as e:
+        _search("value-branch", CONFIGS["pp2"])
+    assert "pinned pp=2" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_capture_failure_is_one_line_naming_module_and_op():
     """A model that breaks in forward: one CaptureError line naming the module and the model's line."""
     from torch import nn

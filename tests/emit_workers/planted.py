@@ -5,7 +5,9 @@
 - `AutocastNet`: attention whose rotary embedding runs under `torch.autocast(x.device.type,
   enabled=False)` (capture on meta sees the device type 'meta', which autocast refuses);
 - `FixedHeadsNet`: attention that reshapes by a head count fixed at import (a module constant): at
-  one tensor-parallel rank's shapes the `-1` of its reshape absorbs half the head dim, so tp=2 cannot run.
+  one tensor-parallel rank's shapes the `-1` of its reshape absorbs half the head dim, so tp=2 cannot run;
+- `ValueBranchNet`: blocks with a Python branch on a tensor's value, which capture follows as the
+  example takes it but a traced pipeline stage would fix: pp=2 cannot run.
 
 Each takes float inputs (batch, SEQ, DIM) and trains with a mean-squared loss against float targets."""
 from __future__ import annotations
@@ -141,7 +143,30 @@ class FixedHeadsNet(nn.Module):
         return self.head(x)
 
 
-MODELS = {"none-list": NoneListNet, "autocast": AutocastNet, "fixed-heads": FixedHeadsNet}
+class ValueBranchBlock(MLPBlock):
+    def forward(self, x):
+        y = super().forward(x)
+        if y.abs().mean() > 100:        # never taken by these inputs, but a branch on a value
+            y = y * 0.5
+        return y
+
+
+class ValueBranchNet(nn.Module):
+    def __init__(self, d=DIM):
+        super().__init__()
+        self.inp = nn.Linear(d, d)
+        self.layers = nn.ModuleList([ValueBranchBlock(d), ValueBranchBlock(d)])
+        self.head = nn.Linear(d, d)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+MODELS = {"none-list": NoneListNet, "autocast": AutocastNet, "fixed-heads": FixedHeadsNet,
+          "value-branch": ValueBranchNet}
 
 
 def build(kind: str, seed: int = 0):
