@@ -17,6 +17,7 @@ from .costmodel.layouts import layout_str, output_layout
 from .errors import CaptureError, ClusterError, PlanError, SappError
 from .pipeline.schedule import too_long
 from .pipeline.template import template_map
+from .plan_sections import pipeline_section, recompute_section
 from .plan import SCHEMA, Plan
 
 CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
@@ -160,7 +161,6 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
-    from .search.joint import joint_search
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
     capture_s, cached = 0.0, False
@@ -182,32 +182,44 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     t0 = time.perf_counter()
-    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
-    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
-                       search_fn=tp_search_fn())
-    section = operator_section(graph, res.profile) if _sp_chosen(res) else None
-    if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
-        # SP is priced on the block template; on the whole graph a piece may have no place the emitter
-        # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
-        # plan, so with sp free the search runs again without it (tp still shards its regions)
-        import dataclasses
-        from .errors import SappError
-        try:
-            res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
-                               settings=settings, progress=progress, search_fn=tp_search_fn())
-            section = None
-        except SappError:
-            pass                          # nothing else fits: the plan keeps SP and emit says why not
+
+    def run(skip):
+        res = _joint(graph, cl, gb, cons, settings, progress, skip)
+        check_prediction(res.step_time_s, res.mfu)
+        return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
+                          section=res.sapp_section), res
+    # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/runnable.py)
+    from .runnable import first_runnable
+    plan, res = first_runnable(run, module, example_inputs, cons)
     search_s = time.perf_counter() - t0
-    check_prediction(res.step_time_s, res.mfu)
-    plan = build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
-                      section=section)
     # wall times are printed, never stored in the plan (byte-identical files)
     plan._timing = {"capture_s": capture_s, "search_s": search_s,
                     **({"capture_cached": True} if cached else {})}
     if return_result:
         return plan, res
     return plan
+
+
+def _joint(graph, cl, gb, cons, settings, progress, skip):
+    """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`."""
+    from .search.joint import joint_search
+    # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
+    res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
+                       search_fn=tp_search_fn(), skip=skip)
+    section = operator_section(graph, res.profile) if _sp_chosen(res) else None
+    if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
+        # SP is priced on the block template; on the whole graph a piece may have no place the emitter
+        # can put it (an encoder-decoder's decoder gathering the encoder output): emit would refuse the
+        # plan, so with sp free the search runs again without it (tp still shards its regions)
+        import dataclasses
+        try:
+            res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
+                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip)
+            section = None
+        except SappError:
+            pass                          # nothing else fits: the plan keeps SP and emit says why not
+    res.sapp_section = section
+    return res
 
 
 def _sp_chosen(res) -> bool:
@@ -243,64 +255,6 @@ def operator_section(graph, prof):
     if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
         section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp, sp)
     return ops, tp_modules, section
-
-
-def head_module(graph, prof):
-    """The module the glue after the last block starts with (its final norm or head): where a stage
-    holding the head and loss alone begins (Llama 3's interleaved layout)."""
-    epi = next((u for u in reversed(prof.units) if u.kind == "glue"), None)
-    if epi is None or prof.units[-1] is not epi:
-        return None
-    return next((graph.nodes[n].module for n in epi.nodes if graph.nodes[n].module), None)
-
-
-def pipeline_section(res, devices, graph=None):
-    cfg = res.config
-    S = devices // cfg.pp
-    stages = []
-    if cfg.schedule == "interleaved" and cfg.v > 1:
-        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i); a device's
-        # chunks may differ in size (pipeline.partition.chunk_counts), priced by block share
-        pp = cfg.pp
-        per = {}
-        for st in res.stages:
-            ch = st.chunks or [len(st.blocks) // cfg.v] * cfg.v
-            offs = [sum(ch[:c]) for c in range(cfg.v)]
-            per[st.index] = [st.blocks[o:o + n] for o, n in zip(offs, ch)]
-        order = [per[j % pp][j // pp] for j in range(pp * cfg.v)]
-        for j, blocks in enumerate(order):
-            i = j % pp
-            st = res.stages[i]
-            share = st.chunk_shares[j // pp] if st.chunk_shares else len(blocks) / max(1, len(st.blocks))
-            nxt = next((b[0] for b in order[j + 1:] if b), None)
-            if nxt is None and j < len(order) - 1:
-                nxt = head_module(graph, res.profile)       # the next chunk holds the head alone
-            stages.append({"index": j, "device_stage": i, "blocks": list(blocks), "split_before": nxt,
-                           "devices": [i * S, (i + 1) * S],
-                           # memory: the whole device's (every chunk it holds), as for a plain stage
-                           "predicted": {"fwd_s": st.fwd_s * share, "bwd_s": st.bwd_s * share,
-                                         "memory_bytes": st.memory_bytes, "memory": dict(st.memory)}})
-        return stages
-    for st in res.stages:
-        nxt = res.stages[st.index + 1].blocks[0] if st.index + 1 < len(res.stages) else None
-        stages.append({"index": st.index, "blocks": list(st.blocks), "split_before": nxt,
-                       "devices": [st.index * S, (st.index + 1) * S],
-                       "predicted": {"fwd_s": st.fwd_s, "bwd_s": st.bwd_s, "recompute_s": st.recompute_s,
-                                     "send_s": st.send_s, "grad_sync_s": st.grad_sync_s,
-                                     "in_flight": st.in_flight, "memory_bytes": st.memory_bytes,
-                                     "memory": dict(st.memory)}})
-    return stages
-
-
-def recompute_section(res):
-    blocks = {}
-    for st in res.stages:
-        blocks.update(st.recompute)
-    counts = {}
-    for v in blocks.values():
-        counts[v] = counts.get(v, 0) + 1
-    default = max(sorted(counts), key=lambda k: counts[k]) if counts else "none"
-    return {"default": default, "blocks": {b: p for b, p in sorted(blocks.items()) if p != default}}
 
 
 def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings, section=None) -> Plan:
@@ -354,7 +308,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
         "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
             ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
-             "place it): priced and emitted without it"] if cfg.sp and "sp" not in tp_layout else []),
+             "place it): priced and emitted without it"] if constraints.sp and "sp" not in tp_layout else []),
     }
     return Plan.built(data)
 

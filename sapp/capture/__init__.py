@@ -79,11 +79,18 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     root.train()                  # capture what training runs: dropout, batch statistics
     # an HF decoder's attention masks as its eager forward decides them, not as export forces them
     from ..models.hf import eager_masks
+    from .devices import meta_as_training_device
     from .retry import example_values
     try:
-        with eager_masks(model, example_inputs, kwargs), \
+        with eager_masks(model, example_inputs, kwargs), meta_as_training_device(), \
                 example_values(given, {"target": target} if with_loss else {}):
             return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
+    except CaptureError:
+        raise
+    except Exception as e:            # noqa: BLE001 - never a traceback: one line naming where it broke
+        short = " ".join(str(e).split())[:160]
+        raise CaptureError(f"cannot capture {type(root).__name__}{_op_at(e)}: {type(e).__name__}: {short}; sapp's "
+                           "capture does not handle this model yet: report it with this line") from None
     finally:
         for m, t in modes.items():      # parents first: train() recurses, so call it only where a mode differs
             if m.training != t:
@@ -394,7 +401,7 @@ def _explain(err, where, root, ours=False):
     low = msg.lower()
     if ours:
         short = msg[:160] + ("..." if len(msg) > 160 else "")
-        return (f"sapp could not read the traced graph of {type(root).__name__}: {type(err).__name__}: {short}; "
+        return (f"sapp could not read the traced graph of {type(root).__name__}{_op_at(err)}: {type(err).__name__}: {short}; "
                 "torch traced your model and inputs fine - this is a gap in sapp's capture: report it with this line")
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
@@ -408,7 +415,28 @@ def _explain(err, where, root, ours=False):
         hint = "pass example_inputs matching forward(...), or make the failing module traceable"
     loc = f" in module '{where[0] or '<root>'}' ({where[1]})" if where else ""
     short = msg[:200] + ("..." if len(msg) > 200 else "")
-    return f"cannot capture {type(root).__name__}{loc}: {type(err).__name__}: {short}; {hint}"
+    return f"cannot capture {type(root).__name__}{loc}{_op_at(err)}: {type(err).__name__}: {short}; {hint}"
+
+
+def _op_at(err) -> str:
+    """' at FILE:LINE `source`': the innermost frame of the error's traceback outside torch, Python's
+    library and sapp's capture machinery - the model's line (the op) that failed; '' when none."""
+    import linecache
+    import os
+    import sysconfig
+    import torch
+    skip = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(__file__))
+    tb, best = getattr(err, "__traceback__", None), None
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if not f.startswith(skip) and not f.startswith("<"):
+            best = (f, tb.tb_lineno)
+        tb = tb.tb_next
+    if best is None:
+        return ""
+    src = " ".join(linecache.getline(*best).split())
+    src = src[:80] + ("..." if len(src) > 80 else "")
+    return f" at {os.path.basename(best[0])}:{best[1]}" + (f" `{src}`" if src else "")
 
 
 class _CallableModule(__import__("types").ModuleType):

@@ -103,6 +103,8 @@ def repeated_list(model):
         if type(m) is not nn.ModuleList or len(m) < 3:
             continue
         sigs = [_module_sig(c) for c in m]
+        if sigs[-1] is None:        # a run of empty slots holds no block to replicate
+            continue
         start = len(sigs) - 1
         while start > 0 and sigs[start - 1] == sigs[-1]:
             start -= 1
@@ -116,6 +118,8 @@ def repeated_list(model):
 
 
 def _module_sig(m):
+    if m is None:               # a list slot left empty (a layer a config switches off)
+        return None
     return (type(m), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m.named_parameters()),
             tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers()))
 

@@ -147,7 +147,9 @@ def precheck(args):
     checks.check_model(meta, plan, args.model)      # name, size and (capture on meta) fingerprint
     checks.check_pipeline(plan)
     checks.check_names(meta, plan)
-    checks.check_pipeline_split(meta, plan)        # trace the split once here, not on the ranks
+    from ..capture.devices import meta_as_training_device
+    with meta_as_training_device():                 # model code asking its tensors' device type
+        checks.check_pipeline_split(meta, plan)    # trace the split once here, not on the ranks
     if not plan.model.get("global_batch"):
         raise PlanError("plan has no model.global_batch; search it with a global batch")
     precheck_training(args, plan)

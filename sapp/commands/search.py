@@ -57,6 +57,17 @@ def add_arguments(p):
     add_constraint_arguments(p)
 
 
+def _block_range(blocks) -> str:
+    """'h.0..5' for blocks of one list, 'layer1.0..layer2.3' across lists (ResNet's stages)."""
+    if not blocks:
+        return "-"
+    if len(blocks) == 1:
+        return blocks[0]
+    first, last = blocks[0], blocks[-1]
+    same = first.rpartition(".")[0] == last.rpartition(".")[0]
+    return f"{first}..{last.rpartition('.')[2] if same else last}"
+
+
 def _stage_rows(pipe, cap) -> list:
     """One row per pipeline stage (a device's share of the pipeline).  An interleaved plan lists pp·v
     virtual chunks; they are grouped by the stage that runs them (as `sapp explain` does): the stage's
@@ -81,13 +92,34 @@ def _stage_rows(pipe, cap) -> list:
         blocks = [b for c in cs for b in (c.get("blocks") or [])]
         if len(cs) > 1:
             rng = f"{len(blocks)} in {len(cs)} chunks"
+        elif len(keys) == 1:
+            rng = "whole model"         # the one stage: every block and what runs around them
         else:
-            rng = f"{blocks[0]}..{blocks[-1].split('.')[-1]}" if len(blocks) > 1 else (blocks[0] if blocks else "-")
+            rng = _block_range(blocks)
         pdx = [c.get("predicted", {}) for c in cs]
         fwd, bwd = sum(p.get("fwd_s", 0) for p in pdx), sum(p.get("bwd_s", 0) for p in pdx)
         mem = max(p.get("memory_bytes", 0) for p in pdx)        # each chunk carries its device's total
         lines.append(f"{k:>5} {rng:>16} {fmt_time(fwd):>10} {fmt_time(bwd):>10} {fmt_bytes(mem):>10} {fmt_bytes(cap):>10}")
     return lines
+
+
+def _memory_lines(d, mem, peak, head) -> list:
+    """The per-device memory line (device memory only) and, where a placement keeps model states in
+    host memory, a line of its own for them: the plan's memory breakdown counts the states whole.
+    The states on the device are the peak less the other parts (the breakdown's figures are stored
+    to 6 digits: tens of GB less tens of GB would not give megabytes right)."""
+    pl = (d.get("placement") or {}).get("predicted") or {}
+    host = float(pl.get("saved_bytes") or 0.0)
+    parts = {k: float(v) for k, v in mem.items() if v}
+    if host > 0:
+        for k in ("params", "grads", "optimizer"):
+            parts.pop(k, None)
+        parts = {"model states": max(float(peak) - sum(parts.values()), 0.0), **parts}
+    out = [f"memory    {head} (" + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items() if v) + ")"]
+    if host > 0:
+        out.append(f"host      {fmt_bytes(host)} of model states per device held in host memory "
+                   f"(placement {pl.get('option', 'host')})")
+    return out
 
 
 def summary(plan, timing=None) -> str:
@@ -106,8 +138,7 @@ def summary(plan, timing=None) -> str:
     mem = pr.get("memory", {})
     total = d["cluster"].get("device_memory", cap)
     usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
-    lines.append(f"memory    peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device ("
-                 + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in mem.items() if v) + ")")
+    lines += _memory_lines(d, mem, pr["peak_memory_bytes"], f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device")
     lines.append(f"predicted step {fmt_time(pr['step_time_s'])}  MFU {pr['mfu']:.1%}  "
                  f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "
                  f"comm {fmt_time(pr['comm_s'])}, bubble {fmt_time(pr.get('bubble_s', 0))})")

@@ -44,6 +44,22 @@ def binding_constraint(plan):
     return label, f"{name} is {100 * share:.0f}% of the step: {reasons[name]}"
 
 
+def _device_rows(rows):
+    """Rows of device memory only: where a placement keeps model states on the host (a stage's
+    negative host_offload), the states column is what stays on the device (the total less the other
+    parts) and the host's share is returned apart (the largest over the stages, 0 when none)."""
+    host = max((-float((bd or {}).get("host_offload", 0.0) or 0.0) for _, _, bd in rows), default=0.0)
+    if host <= 0:
+        return rows, 0.0
+    out = []
+    for idx, total, bd in rows:
+        if bd:
+            other = sum(float(v) for k, v in bd.items() if k not in ("params", "grads", "optimizer", "host_offload"))
+            bd = {"states": max(total - other, 0.0), "activations": bd.get("activations", 0.0)}
+        out.append((idx, total, bd))
+    return out, host
+
+
 def _alt_line(i, alt, best_step):
     par = alt.get("parallel") or {k: alt.get(k) for k in ("dp", "tp", "pp") if k in alt}
     cp = f" cp={par['cp']}" if par and (par.get("cp") or 1) > 1 else ""
@@ -156,20 +172,23 @@ def explain(plan) -> str:
     cap = capacity(plan)
     out.append("")
     out.append(f"Memory per device (capacity {fmt_bytes(cap)})")
-    rows = stage_memory(plan)
+    rows, host = _device_rows(stage_memory(plan))
+    parts = ("states", "activations") if host else MEMORY_PARTS
     has_bd = any(bd for _, _, bd in rows)
-    header = f"  {'stage':>5}" + ("".join(f" {p:>12}" for p in MEMORY_PARTS) if has_bd else "") + f" {'total':>12} {'use':>6}"
+    header = f"  {'stage':>5}" + ("".join(f" {p:>12}" for p in parts) if has_bd else "") + f" {'total':>12} {'use':>6}"
     out.append(header)
     for idx, total, bd in rows:
         line = f"  {idx:>5}"
         if has_bd:
-            line += "".join(f" {fmt_bytes((bd or {}).get(p, 0)):>12}" for p in MEMORY_PARTS)
+            line += "".join(f" {fmt_bytes((bd or {}).get(p, 0)):>12}" for p in parts)
         line += f" {fmt_bytes(total):>12} {_pct(total, cap)}"
         if cap and total > cap:
             line += "  OVER CAPACITY"
         out.append(line)
-    if not has_bd and isinstance(pr.get("memory"), dict):
+    if not has_bd and isinstance(pr.get("memory"), dict) and not host:
         out.append("  breakdown (peak stage): " + ", ".join(f"{k} {fmt_bytes(pr['memory'][k])}" for k in MEMORY_PARTS if k in pr["memory"]))
+    if host:
+        out.append(f"  host memory: up to {fmt_bytes(host)} of model states per device (the placement's), not on the device")
 
     name, why = binding_constraint(plan)
     out.append("")

@@ -33,8 +33,12 @@ def notes(ctx, res):
         out.append(cp_note(ctx, res))
     if cfg.zero:
         over = f"dp x cp = {cfg.dp}x{cfg.cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
-        out.append(f"ZeRO-{cfg.zero} over {over}: model states per device "
-                   f"{fmt_bytes(sum(res.memory[k] for k in ('params', 'grads', 'optimizer')))}")
+        # device memory only: states a placement keeps on the host (host_offload, negative) are not
+        # on the device
+        states = sum(res.memory[k] for k in ('params', 'grads', 'optimizer'))
+        host = -float(res.memory.get("host_offload", 0.0) or 0.0)
+        out.append(f"ZeRO-{cfg.zero} over {over}: model states per device {fmt_bytes(states - host)}"
+                   + (f" on the device ({fmt_bytes(host)} more per device held in host memory)" if host > 0 else ""))
     pl = res.placement
     if pl is not None and pl.name != "device":
         pr = pl.section.get("predicted", {})

@@ -23,9 +23,11 @@ from .stage import memory_needed
 
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
-                 progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None) -> JointResult:
+                 progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None,
+                 skip=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
-    that would fit and the best configuration tried) when nothing fits."""
+    that would fit and the best configuration tried) when nothing fits.  `skip(config)`: configurations
+    ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py)."""
     t0 = time.perf_counter()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
@@ -37,6 +39,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
     configs = enumerate_configs(ctx)
+    if skip is not None:
+        configs = [c for c in configs if not skip(c)]
     if not configs and batch_stats_problem(ctx):
         raise ConstraintError(batch_stats_problem(ctx))
     if not configs and interleave_problem(ctx):

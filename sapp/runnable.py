@@ -1,0 +1,184 @@
+"""A plan the search returns is a plan the emitter runs.
+
+The emitter refuses some layouts before its first step, from the model itself: a tensor-parallel
+split whose ops give other shapes at one rank's layer shapes (a module reshaping by a head count it
+fixed for the whole model: sapp/emit/shape_audit.py, the SP pieces: sp_audit.py), and a pipeline
+split torch cannot trace or whose stages cannot run (sapp/emit/pipe.trace and its preflight).  The
+cost model cannot see these, so the search runs the same checks on the candidate it is about to
+return, when it has the module (sapp's own zoo models excepted: _zoo_model): on a copy whose
+parameters and buffers are on meta (nothing is allocated; the user's module is never touched), with
+the example inputs the search captured.  A candidate that fails is dropped with every
+configuration failing the same way (the tp degree whose shapes fail, the pipeline depth whose
+split fails), the next best is searched and checked, at most MAX_DROPS times; the plan's notes say
+what was dropped and why.  A pinned option that
+fails is refused in one line."""
+from __future__ import annotations
+
+import copy
+
+from .errors import ConstraintError, PlanError, SappError
+
+MAX_DROPS = 8       # candidates dropped before the search gives up (each costs a search and a check)
+
+
+def first_runnable(run, module, example_inputs, cons):
+    """`run(skip)` -> (plan, result) searches with configurations `skip(cfg)` rules out; returns the
+    first plan whose pre-step checks pass (with a note per dropped candidate) and its result."""
+    dropped = []            # (rule, what was dropped and why)
+    while True:
+        skip = _skipper([r for r, _ in dropped])
+        try:
+            plan, res = run(skip if dropped else None)
+        except SappError as e:
+            if not dropped:
+                raise
+            raise ConstraintError(f"no runnable plan: {dropped[-1][1]}, and without it "
+                                  f"{' '.join(str(e).split())}") from None
+        if module is None or _zoo_model(module):
+            return plan, res
+        failure = check(module, plan, example_inputs)
+        if failure is None:
+            for _, why in dropped:
+                plan._d["notes"].append(why)
+            return plan, res
+        rule, msg = failure
+        pinned = _pinned(rule, cons)
+        if pinned:
+            raise ConstraintError(f"the pinned {pinned} cannot run this model: {msg}")
+        why = f"dropped {res.config.describe()} (every {_rule_str(rule)} alike): {msg}"
+        dropped.append((rule, why))
+        if len(dropped) >= MAX_DROPS:
+            raise ConstraintError(f"no runnable plan after dropping {len(dropped)} candidates; the last: {msg}")
+
+
+def _zoo_model(module) -> bool:
+    """sapp's own zoo models are written for the emitter (its tests run them under every layout)
+    and can be huge: the pipeline trace alone of GPT-3 175B's 96 blocks takes ~20 s.  Models from
+    Hugging Face configs and factories are checked."""
+    spec = getattr(module, "sapp_spec", None)
+    return spec is not None and spec.kind not in ("hf", "custom")
+
+
+def check(module, plan, example_inputs):
+    """None when the emitter's pre-step checks pass for `plan` on `module`, else (rule, one line):
+    rule ("tp", t) / ("sp", t) / ("pp", p, v) names the configurations failing the same way."""
+    par = plan.parallel
+    tp, pp = par["tp"], par["pp"]
+    if (tp == 1 and pp == 1) or par.get("cp", 1) > 1:
+        return None                     # context parallelism checks its own shapes (emit/cp.py)
+    try:
+        skel = meta_copy(module)
+    except Exception:                   # noqa: BLE001 - a module deepcopy refuses: the ranks check at emit
+        return None
+    ex = _inputs(skel, example_inputs, 2)
+    if ex is None:
+        return None                     # nothing to trace with: the ranks check at emit
+    import contextlib
+    import io
+    try:
+        # torch prints the graphs of traces that fail; the check's answer is its one line
+        with contextlib.redirect_stderr(io.StringIO()):
+            return _check(module, skel, plan, ex, example_inputs)
+    except Exception:                   # noqa: BLE001 - what the meta copy cannot show, the ranks check at emit
+        return None
+
+
+def _check(module, skel, plan, ex, example_inputs):
+    from .capture.devices import meta_as_training_device
+    from .emit import checks, pipe, shape_audit
+    from .emit import parallel as emit_parallel
+    from .emit import sp as emit_sp
+    par = plan.parallel
+    tp, pp = par["tp"], par["pp"]
+    styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
+    with meta_as_training_device():
+        if tp > 1 and groups:
+            try:
+                sp_sec = emit_sp.section(plan) if pp == 1 else None
+                shape_audit.check(skel, styles, groups, tp, ex, [], fix=True, sp_sec=sp_sec or None)
+            except PlanError as e:
+                return _tp_or_sp(module, plan, ex, styles, groups, tp), _line(e)
+        if pp > 1:
+            mbs = plan.pipeline.get("micro_batch_size") or 1
+            ex = _inputs(skel, example_inputs, mbs)
+            local = emit_parallel.local_layers(skel, styles, tp, groups) if tp > 1 else None
+            try:
+                checks.check_pipeline(plan)
+                pipe.trace(skel, pipe.micro_example(ex, mbs), checks.split_points(plan), local=local)
+            except PlanError as e:
+                return ("pp", pp, plan.pipeline.get("virtual_chunks") or 1), _line(e)
+    return None
+
+
+def _tp_or_sp(module, plan, ex, styles, groups, tp):
+    """Which rule a failed tensor-parallel audit breaks: ("sp", tp) when the layout passes without
+    its sequence pieces (the same tp without SP may run), else ("tp", tp)."""
+    from .emit import shape_audit
+    if not plan.parallel.get("sp"):
+        return ("tp", tp)
+    try:
+        shape_audit.check(meta_copy(module), styles, groups, tp, ex, [], fix=True)
+    except PlanError:
+        return ("tp", tp)
+    return ("sp", tp)
+
+
+def meta_copy(module):
+    """A deep copy of `module` with every parameter and buffer on meta (its own attributes, hooks and
+    submodules copied): the checks may set attributes and split points on it."""
+    import torch
+    from torch import nn
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def _inputs(skel, example_inputs, batch):
+    """The search's example inputs on meta (a zoo model's own at `batch` when none were given)."""
+    import torch
+    if example_inputs is None:
+        try:
+            import sapp.models as models  # not `from . import`: sapp.__getattr__ recurses on it
+            ex = models.example_inputs(skel, batch, "meta")
+        except Exception:                 # noqa: BLE001 - a model without its own inputs
+            return None
+    else:
+        ex = example_inputs
+    ex = tuple(ex) if isinstance(ex, (tuple, list)) else (ex,)
+    return tuple(torch.empty_like(x, device="meta") if isinstance(x, torch.Tensor) and x.device.type != "meta"
+                 else x for x in ex)
+
+
+def _skipper(rules):
+    def skip(cfg):
+        for r in rules:
+            if r[0] == "tp" and cfg.tp == r[1]:
+                return True
+            if r[0] == "sp" and cfg.tp == r[1] and cfg.sp:
+                return True
+            if r[0] == "pp" and cfg.pp == r[1] and (cfg.v or 1) == r[2]:
+                return True
+        return False
+    return skip
+
+
+def _rule_str(rule) -> str:
+    return {"tp": lambda: f"tp={rule[1]}", "sp": lambda: f"tp={rule[1]} with sequence parallelism",
+            "pp": lambda: f"pp={rule[1]}" + (f" with {rule[2]} virtual chunks" if rule[2] > 1 else "")}[rule[0]]()
+
+
+def _pinned(rule, cons):
+    if rule[0] == "tp" and cons.tp is not None:
+        return f"tp={cons.tp}"
+    if rule[0] == "sp" and cons.sp:
+        return f"sp=true at tp={rule[1]}"
+    if rule[0] == "pp" and cons.pp is not None:
+        return f"pp={cons.pp}"
+    return None
+
+
+def _line(e) -> str:
+    return " ".join(str(e).split())
