@@ -135,7 +135,9 @@ def precheck(args):
         check_out(args.out)
     plan = Plan.load(args.plan)
     nproc = args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
-    if nproc is None or nproc * nodes != plan.devices:
+    if getattr(args, "elastic", False) and args.nproc:
+        pass        # an elastic job runs on the processes it is given: the workers re-plan for them
+    elif nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
     args.model, args.hf_config = model_spec(args), None     # one spec string, passed on to every rank

@@ -54,6 +54,9 @@ def _replan_text(args, plan, world, local_world, say):
     from ..replan import replan
     from .checkpoint_find import resume_point
     t0 = time.perf_counter()
+    if os.environ.get("SAPP_FAULT_REPLAN") and not int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+        import signal                    # tests: rank 0 dies inside the re-plan, in the job's first attempt
+        os.kill(os.getpid(), signal.SIGKILL)
     try:
         # the plan's device figures, this group's shape (nodes x processes per node)
         cl = Cluster.from_dict(plan["cluster"], where="the plan's cluster").replace(

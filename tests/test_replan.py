@@ -1,0 +1,78 @@
+"""`sapp replan` and the re-plan an elastic job makes: the same model, global batch and pins that
+still fit, searched for the devices left; one line when nothing fits; and a job whose rank 0 dies
+inside the re-plan's search restarts, re-plans and trains as a fault-free run of that plan."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sapp.errors import SappError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+DATA = "tests.emit_workers.datasets:tokens"
+
+
+def _sapp(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sapp.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(ENV, **(env or {})))
+
+
+@pytest.fixture(scope="module")
+def plan4(tmp_path_factory):
+    from sapp.api import search
+    path = tmp_path_factory.mktemp("replan") / "plan.json"
+    search("gpt-tiny", "cpu:gpus=2,nodes=2", global_batch=8, constraints={"pp": 2, "dp": 2}).save(path)
+    return path
+
+
+def test_replan_keeps_batch_and_the_pins_that_fit(plan4):
+    from sapp.plan import Plan
+    from sapp.replan import replan, scaled_cluster
+    plan = Plan.load(plan4)
+    r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=1))
+    assert r.plan["devices"] == 2 and r.plan["model"]["global_batch"] == 8
+    assert r.plan["parallel"]["pp"] == 2 and r.dropped_pins == ["dp=2"]      # pp=2 still fits 2 devices
+    assert r.plan["constraints"] == {"pp": 2}
+    lines = r.lines()
+    assert lines[0].startswith("old: dp 2 tp 1 pp 2") and "on 4 devices" in lines[0]
+    assert lines[1].startswith("new: dp 1 tp 1 pp 2") and "on 2 devices" in lines[1]
+    assert "pins dropped (no plan fits with them): dp=2" in lines
+
+
+def test_sapp_replan_command(plan4, tmp_path):
+    p = _sapp("replan", str(plan4), "--nodes", "1", "--out", str(tmp_path / "new.json"))
+    assert p.returncode == 0, p.stderr
+    assert "new: dp 1 tp 1 pp 2" in p.stdout and json.loads((tmp_path / "new.json").read_text())["devices"] == 2
+    for bad, says in ((["--nodes", "0"], "at least 1"), (["--devices", "3"], "not a multiple of the plan's 2")):
+        p = _sapp("replan", str(plan4), *bad)
+        assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_nothing_fits_is_one_line():
+    import sapp
+    from sapp.replan import replan, scaled_cluster
+    plan = sapp.search("gpt3-175b", "a100-80g:nodes=128", global_batch=1536)
+    with pytest.raises(SappError) as e:
+        replan("gpt3-175b", plan, scaled_cluster(plan, devices=8))
+    assert "no plan fits 8 devices" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rank0_killed_inside_the_replan_restarts_and_trains_as_that_plan(plan4, tmp_path):
+    """An elastic job started on 2 processes with a plan for 4: rank 0 SIGKILLs itself inside the
+    re-plan's search; torchrun restarts the group, which re-plans and runs 6 steps, with the losses of
+    the re-planned plan run on its own."""
+    p = _sapp("run", str(plan4), "--model", "gpt-tiny", "--model-arg", "dropout=0", "--steps", "6", "--data", DATA,
+              "--nproc", "2", "--elastic", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3",
+              "--max-restarts", "1", "--out", str(tmp_path / "out.json"), env={"SAPP_FAULT_REPLAN": "1"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "re-planned for 2 devices (the plan is for 4)" in p.stdout
+    plans = os.listdir(tmp_path / "ck" / "plans")
+    assert plans == ["step-00000000-devices-2.json"], plans
+    got = json.loads((tmp_path / "out.json").read_text())["losses"]
+    p = _sapp("run", str(tmp_path / "ck" / "plans" / plans[0]), "--model", "gpt-tiny", "--model-arg", "dropout=0",
+              "--steps", "6", "--data", DATA, "--out", str(tmp_path / "ref.json"))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert got == json.loads((tmp_path / "ref.json").read_text())["losses"]
