@@ -6,8 +6,8 @@ group of another size (sapp/emit/worker.py), then resumes the last checkpoint un
 
 A world of N nodes may admit no layout at all (1,016 A100s = 8 x 127: no dp x tp x pp of them divides a
 global batch of 1536), and a few nodes fewer can be faster than all of them.  So the candidates are
-N, N-1, N-2, N-3 nodes and the largest power of two <= N; the fastest plan wins and the spare nodes
-idle (they still hold a rank: `sapp run` gives them no work).  Pins the user gave are kept when a
+N, N-1, N-2, N-3 nodes, the largest smaller counts whose devices factor into a layout of the batch,
+and the largest power of two <= N (`candidates`); the fastest plan wins and the spare nodes idle.  Pins the user gave are kept when a
 search with them succeeds; otherwise they are dropped one at a time, device-count pins (dp, tp, pp,
 cp, ep) first, and every dropped pin is said."""
 from __future__ import annotations
@@ -75,8 +75,22 @@ def scaled_cluster(plan, nodes: int = None, devices: int = None) -> Cluster:
     return cl.replace(nodes=nodes).validate()
 
 
-def candidates(nodes: int) -> list:
+def candidates(nodes: int, per_node: int = 1, global_batch: int = 0, blocks: int = 0, top: int = 4) -> list:
+    """Node counts to search: N, N-1, N-2, N-3; then the `top` largest counts below whose devices
+    factor as dp x tp x pp with dp dividing the global batch (tp up to the devices of a node, pp up
+    to 128), and the `top` largest where pp also divides the `blocks` (even stages); then the largest
+    power of two.  A lost node of 2,048 leaves 2,047 = 23 x 89: no layout of a 2,048-sequence batch
+    fits it or its neighbours, while 2,016 nodes (dp 32 x tp 8 x pp 63) or 1,536 (dp 512 x tp 8 x
+    pp 3) do, and which is faster is the search's call."""
     out = [n for n in range(nodes, max(nodes - 4, 0), -1)]
+    if global_batch:
+        dps = [d for d in range(1, global_batch + 1) if global_batch % d == 0] if global_batch <= 1 << 16 else \
+            [1 << k for k in range(global_batch.bit_length()) if global_batch % (1 << k) == 0]
+        tps = [t for t in (1, 2, 4, 8, 16) if t <= per_node]
+        for pps in (range(1, 129), [p for p in range(1, 129) if blocks and blocks % p == 0]):
+            fits = {dp * tp * pp // per_node for dp in dps for tp in tps for pp in pps
+                    if dp * tp * pp <= nodes * per_node and (dp * tp * pp) % per_node == 0}
+            out += sorted(fits - set(out), reverse=True)[:top]
     p2 = 1 << (nodes.bit_length() - 1)
     return out + ([p2] if p2 not in out else [])
 
@@ -99,7 +113,8 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
         elif not hasattr(model, "nodes"):
             graph, _ = api.capture_graph(model)
     best, tried, dropped, last_err = None, [], [], None
-    for nodes in ([cluster.nodes] if exact else candidates(cluster.nodes)):
+    for nodes in ([cluster.nodes] if exact else candidates(cluster.nodes, cluster.gpus_per_node, gb,
+                                                                   len(getattr(graph, "blocks", None) or ()))):
         cl = cluster.replace(nodes=nodes)
         got, why, drop = _search_keeping_pins(search, model, cl, gb, settings, pins, graph)
         tried.append((nodes, got["predicted"]["step_time_s"] if got is not None else why))
