@@ -93,7 +93,7 @@ def _resume(args, ckpt, prog, gb, log):
     """(first step, losses so far) from the checkpoint to resume from, or (0, [])."""
     from .train_state import CheckpointError
     found = ckpt.find(None if args.resume in (None, "latest") else args.resume, writing=bool(args.checkpoint_dir),
-                      run=run_id(), restarted=_restarted() or args.elastic)
+                      run=run_id(), restarted=_restarted() or getattr(args, "elastic", False))
     if found is None:
         log(f"sapp run: no checkpoint in {args.checkpoint_dir} yet; starting from step 0")
         return 0, []
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     rank, world = dist_mod.rank_world()
     # a restarted group, and every group of an elastic job (a joining node's agent has not restarted),
     # resumes the newest checkpoint: every rank decides alike
-    resume = args.resume or ((_restarted() or args.elastic) and args.checkpoint_dir and "latest")
+    resume = args.resume or ((_restarted() or getattr(args, "elastic", False)) and args.checkpoint_dir and "latest")
     try:
         plan = Plan.load(args.plan)
         torch.manual_seed(args.seed)     # identical initial weights on every rank
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
-        if args.elastic:      # a group of another size than the plan's: re-plan for it (sapp/emit/elastic.py)
+        if getattr(args, "elastic", False):      # a group of another size than the plan's: re-plan for it (sapp/emit/elastic.py)
             from .elastic import plan_for_world
             from .checkpoint_find import committed
             regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
