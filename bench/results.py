@@ -10,13 +10,13 @@ A generated section's body sits between two markers in RESULTS.md,
 and only that text is replaced; the handwritten text around it (what the table shows and does not
 show) is kept as it is.  Sections, in the order RESULTS.md has them (SECTIONS below):
 
-    zoo        "Model zoo vs baselines", `python -m bench`: model zoo x clusters x device counts vs
+    zoo        §1 "Model zoo vs baselines", `python -m bench`: model zoo x clusters x device counts vs
                the baselines and the exhaustive optimum (predicted step times; search seconds
                depend on the machine)
-    published  "Published training runs", `python -m bench.published`: published training runs
-               priced pinned and searched
-    truth      "The truth matrix", `python -m bench.truth_matrix`: 144 plans run on gloo, memory and
-               manifest vs plan
+    truth      §6 "The truth matrix", `python -m bench.truth_matrix`: 144 plans run on gloo, memory
+               and manifest vs plan
+    published  §8 "Published runs", `python -m bench.published`: published training runs priced
+               pinned and searched
 
 `--only zoo,published` regenerates those alone (the truth matrix trains every plan: the slowest)."""
 from __future__ import annotations
@@ -64,7 +64,7 @@ def published() -> str:
     return _stamp("python -m bench.published", time.perf_counter() - t0) + "\n\n" + text
 
 
-SECTIONS = {"zoo": zoo, "published": published, "truth": truth}
+SECTIONS = {"zoo": zoo, "truth": truth, "published": published}
 
 
 def markers(name):
