@@ -7,13 +7,16 @@ A generated section's body sits between two markers in RESULTS.md,
     ...
     <!-- end generated: NAME -->
 
-and only that text is replaced; handwritten sections (history, analysis) around it are kept as they
-are.  Sections, in the order RESULTS.md has them (SECTIONS below):
+and only that text is replaced; the handwritten text around it (what the table shows and does not
+show) is kept as it is.  Sections, in the order RESULTS.md has them (SECTIONS below):
 
-    zoo        §1, `python -m bench`: model zoo x clusters x device counts vs the baselines and the
-               exhaustive optimum (predicted step times; search seconds depend on the machine)
-    truth      §6, `python -m bench.truth_matrix`: 144 plans run on gloo, memory and manifest vs plan
-    published  §8, `python -m bench.published`: published training runs priced pinned and searched
+    zoo        §1 "Model zoo vs baselines", `python -m bench`: model zoo x clusters x device counts vs
+               the baselines and the exhaustive optimum (predicted step times; search seconds
+               depend on the machine)
+    truth      §6 "The truth matrix", `python -m bench.truth_matrix`: 144 plans run on gloo, memory
+               and manifest vs plan
+    published  §8 "Published runs", `python -m bench.published`: published training runs priced
+               pinned and searched
 
 `--only zoo,published` regenerates those alone (the truth matrix trains every plan: the slowest)."""
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _stamp(command, seconds):
 
 
 def zoo() -> str:
-    """§1's table, exactly what `python -m bench` writes to bench/results/results.md."""
+    """The zoo table, exactly what `python -m bench` writes to bench/results/results.md."""
     from . import run
     t0 = time.perf_counter()
     run.main([])
@@ -45,7 +48,7 @@ def zoo() -> str:
 
 
 def truth() -> str:
-    """§6's summary and per-family table (`python -m bench.truth_matrix`, every plan run on gloo)."""
+    """The truth matrix's summary and per-family table (`python -m bench.truth_matrix`, every plan run on gloo)."""
     from . import truth_matrix as tm
     t0 = time.perf_counter()
     rs = tm.measure()

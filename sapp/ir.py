@@ -14,6 +14,20 @@ marked `batch=True` follow the data batch (they are what data parallelism splits
 `saves` lists what the op keeps for its backward pass: "in<i>" (operand i, counted once per producer
 even if several consumers save it; parameter operands are not activations), "out" (its own output) or
 "mask" (a 1-byte-per-element mask the size of its output, e.g. dropout).
+
+Dim names capture gives and the search and emitter rely on (sapp/capture/ops.py):
+  linear / matmul x[..., k] W[n, k]       leading `b0, b1, ...` (the data batch's `batch=True`), `n` out, `k` contraction
+  batched matmul A[.., m, k] B[.., k, n]  `b0..`, `m`, `n`, `k`
+  embedding W[v, h], ids [b0, b1]         `b0, b1`, `v` vocabulary (a contraction: split, the output is Partial), `h`
+  grouped expert GEMM x[R, k] W[E, k, n]  `b0` routed rows (tokens x top-k), `n`, `k`, `e` experts; FLOPs 2 R k n
+  conv x[N, C, H, W] w[O, C, kh, kw]      `b0`, `o`, `c` (contraction), spatial dims not splittable
+  LSTM / GRU / RNN unit                   `b0`, `t`, `h`, `i` (only `b0` splits)
+  attention (SDPA)                        `b0, b1` batch and heads, `m` queries, `n` keys, `k` / `j` head dims
+  gather / index / sort / topk / cumsum   output axes `a0, ...`; the indexed, ranked or scanned axis whole unless
+                                          it carries the data batch
+  element-wise / norm / softmax / view    output axes `a0, a1, ...`; normalised and softmax axes not splittable
+  loss                                    `b0..` per-sample dims, `v` classes
+The zoo GPT's `qkv` output rows are grouped per head as [q|k|v], so a column shard holds whole heads.
 """
 from __future__ import annotations
 

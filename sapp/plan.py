@@ -3,7 +3,18 @@
 Same inputs give byte-identical JSON: keys are sorted, floats are rounded to 6 significant digits,
 nothing time- or machine-dependent is stored (search time is printed, not saved).
 The schema is sapp/schema/plan.schema.json (`sapp schema plan`), checked on every load and save;
-the checks that need the whole document follow it (`_semantic`).  See docs/ARCHITECTURE.md."""
+the checks that need the whole document follow it (`_semantic`): dp x tp x pp (x cp) = devices,
+micro-batches <= global batch, stages numbered 0..n-1 (pp or pp·v of them), each block in one stage,
+one split entry per mesh level.  Fields a reader meets first:
+  - `pipeline.stages[i].split_before`: the first module of the next stage (a plan giving only
+    `blocks` runs too); an interleaved plan lists pp·v virtual stages, stage s on pp rank s % pp;
+  - `tp_modules` styles: `colwise` / `rowwise` (DTensor's), `colwise_gather` (a lone column split with
+    its output gathered: an LM head), `vocab` (an embedding split by vocabulary); searched plans add
+    `tp_layout` (its regions, and `sp` where sequence parallelism runs);
+  - `mesh.roles`: "dp" or "tp" per level; `predicted.compute_s` includes the optimizer update and
+    `comm_s` is the sum of `comm_by_kind`.
+Sizes are bounded so that no input makes the search spin (devices, per-node counts, global batch,
+interleaved chunk operations, nesting, string lengths: sapp/schema)."""
 from __future__ import annotations
 
 import json

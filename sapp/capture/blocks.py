@@ -1,5 +1,15 @@
 """Repeated blocks: which module a node belongs to, which blocks are structurally identical, and
-the capture accelerator that replicates one captured block to the full depth."""
+the capture accelerator that replicates one captured block to the full depth.
+
+A deep list of identical blocks is traced with 3 of them and stamped to full depth (checked equal to
+a direct capture: GPT-3 175B captures in about a second); blocks of another kind before that run
+(DeepSeek-V3's dense blocks before its MoE ones) are traced as they are (`repeated_list` says where
+the run starts).  Candidates come from one list (`container_children`: ModuleList / ModuleDict
+children, never the containers), which the plan's and the emitter's stage lists share.  A block its
+parent calls as `layer.forward(...)` (SqueezeBERT) runs no hook and no trace stack names it: such a
+candidate owns the ops of the modules under it (`assign_blocks`); an entered block keeps only the ops
+run inside it.  `block_groups` lists structurally identical blocks (same node count, kinds and
+shapes, in order), which the search prices once."""
 from __future__ import annotations
 
 from torch import nn

@@ -1,5 +1,5 @@
-"""Kernel fusion of the "fused" runtime profile (CostSettings.runtime, docs/ARCHITECTURE.md "Runtime
-profiles").  Pure Python: no torch here.
+"""Kernel fusion of the "fused" runtime profile (CostSettings.runtime, sapp/costmodel/settings.py
+on runtime profiles).  Pure Python: no torch here.
 
 Megatron-Core (and torch.compile) runs chains of point-wise ops as one kernel: scale + mask + softmax
 (fused softmax), bias + dropout + residual add, bias + GeLU, the rotary multiply-adds.  Inside such a

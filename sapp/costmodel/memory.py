@@ -1,4 +1,21 @@
-"""Activation memory: tensors kept for backward, each counted once, at its sharded size."""
+"""Activation memory: tensors kept for backward, each counted once, at its sharded size.
+
+Peak memory as torch holds it.  A stage's prediction is params + grads + optimizer + activations +
+transient, each what the emitted program holds (sapp/emit/memory_meter.py reads the same components
+on every rank; tests/test_memory_rules.py measures each rule on one small module):
+  - activations: what backward keeps (here) times the micro-batches in flight; dropout keeps a 1-byte
+    mask where it runs fused (CUDA) and on a CPU its scaled noise at the input's width
+    (`Cluster.fused_dropout` -> `CostSettings.dropout_noise`); p = 0 keeps nothing;
+  - transient (search/joint/stage.py `transient`): at block j's backward, what j's recomputation saves
+    again and plain ZeRO-3's gathers, less the stashes of the units after j, already freed;
+  - FSDP2 (search/joint/numbers.py `gathered_params`, `held_states`): ZeRO-2 holds P/dp shards and the
+    gathered P from forward to backward; plain ZeRO-3 nothing gathered after forward; a pipeline stage
+    with m > 1 keeps each block gathered from its backward to the next forward; accumulating
+    micro-batches hold the whole unsharded gradients where a forward follows a backward of the step;
+    host tables are neither sharded nor gathered (sapp/placement/cost.py).
+Not priced: selective checkpointing's cache also keeps MUST_SAVE outputs no backward needs (one
+(b, s, h) per selective block), and FSDP2's root unit holds its unsharded gradients through the whole
+backward (ZeRO-2/3, m = 1), at activations below the forward peak."""
 from __future__ import annotations
 
 from .dtypes import ensure_widths, operand_bytes, out_bytes

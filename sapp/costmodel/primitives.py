@@ -1,4 +1,24 @@
-"""Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2)."""
+"""Roofline compute time, alpha-beta ring collectives, model-state bytes (REFERENCE.md section 2).
+
+One operator's time: compute_scale x combine(max(flops / (peak·efficiency), bytes / stream_bw(bytes),
+randoms / rng(randoms), elements / op_rate[op]), launches x op_overhead), where combine is + on a
+serial device (CPU eager) and max on an asynchronous one (GPU).  A memory-bound op streams at the
+measured `mem_bw_curve` at the bytes it moves where the cluster has one (small ops run from cache,
+several times DRAM's rate), else at mem_bandwidth x memory_efficiency.
+
+Compute efficiency by kernel (one model for every plan and runtime profile, held by the cluster):
+  - a fused attention kernel (SDPA / flash) runs at its own fraction of peak
+    (`Cluster.attention_efficiency`, `attention_bwd_efficiency`; the Hopper presets carry cuDNN's
+    published figures, sapp/cluster.py), counting FLOPs as nodes.time_flops does (causal half,
+    backward 2.5x forward);
+  - dense GEMMs (matmul, conv) on the *summed* roofline where `gemm_memory_overlap` is 0 (the GPU
+    presets): arithmetic at compute_efficiency plus operand and output traffic at memory_efficiency,
+    an efficiency of compute_efficiency·AI / (AI + ridge) with AI = FLOPs / bytes and ridge = peak /
+    bandwidth: larger GEMMs reach more of peak, as Megatron-LM's weak-scaling README describes (a
+    model choice, not a measurement by shape).  `gemm_memory_overlap` 1 (CPU, calibrated clusters,
+    whose measured efficiency already folds the traffic in) is the plain roofline's max.
+The joint search's analytic bound divides by the largest efficiency the cluster names, so it stays a
+lower bound."""
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,15 @@
-"""Training precision / optimizer settings the cost model prices model states and activations with."""
+"""Training precision / optimizer settings the cost model prices model states and activations with.
+
+Runtime profiles (`CostSettings.runtime`, plan `settings.runtime`, `sapp search --runtime`): one named
+setting for what the training program runs, never a per-row correction (RUNTIMES below).  A published
+Megatron run cannot be priced with eager torch's passes and fp32 softmax (Korthikanti 2022 Table 4's
+22B layer: eager 29.5 ms, fused 19.0 ms against 19.6 published).  Under "fused" every float activation
+is priced in the half precision except the loss: Megatron-Core's vocab-parallel cross entropy casts
+the logits to fp32 and runs pass by pass (nodes.megatron_cross_entropy_bytes); its distributed
+optimizer overlaps the parameter all-gather with the next step's first forward and the
+reduce-scatter with the last backward (gradsync rule "megatron-buckets").  sapp's emitter runs
+"eager": its manifest records that, so emitting a "fused" plan is a one-line mismatch (allowed with
+`--allow-mismatch`, re-priced as eager)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +19,7 @@ from ..ir import DTYPE_BYTES
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
-# The runtime a plan is priced for (docs/ARCHITECTURE.md "Runtime profiles"):
+# The runtime a plan is priced for (the module docstring says why):
 #   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
 #            losses, fp32 spreading through element-wise ops), one kernel per operator;
 #   "fused": what Megatron-Core runs - fused point-wise chains (scale-mask-softmax, bias-dropout-add,
