@@ -91,3 +91,19 @@ def test_an_import_of_a_tied_dense_file_says_it_builds_another_model():
     assert "fp32 gradients" in notes
     same = E.import_config(text, "megatron", graph, cl, "gpt3-175b")
     assert "another model" not in " ".join(same._d.get("notes") or [])
+
+
+@pytest.mark.parametrize("model,flavor", [("llama3-70b", "70B"), ("llama3-8b", "8B"), ("gpt3-175b", None)])
+def test_torchtitan_export_names_its_flavor_or_says_loudly(model, flavor, tmp_path):
+    import tomllib
+    from sapp.engines import torchtitan
+    meta = {"kind": api.resolve_model(model)[2]["kind"], "config": api.resolve_model(model)[2]["config"]}
+    arch = E.arch_facts(model, meta, meta["config"]["l"])["arch"]
+    from sapp.engines.mapping import EngineConfig
+    text = torchtitan.export(EngineConfig(engine="torchtitan", global_batch=8, dp=8), {"arch": arch},
+                             [f"layers.{i}" for i in range(meta["config"]["l"])])
+    doc = tomllib.loads(text)
+    if flavor:
+        assert doc["model"] == {"name": "llama3", "flavor": flavor} and "NOTE" not in text
+    else:
+        assert "model" not in doc and "# NOTE: this model is none of torchtitan's llama3 flavors" in text
