@@ -152,6 +152,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     if facts.get("seq"):
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    if ecfg.precision != "fp32":
+        train["mixed_precision_reduce"] = "bfloat16"    # sapp prices 2-byte gradients; torchtitan reduces fp32 ones otherwise
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
         par["pipeline_parallel_microbatch_size"] = ecfg.mbs
@@ -197,6 +199,8 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise EngineError(f"not a TOML file ({e})") from None
+    from .torchtitan_fields import check
+    check(doc)
     par, train = doc.get("parallelism") or {}, doc.get("training") or {}
     ac, comp = doc.get("activation_checkpoint") or {}, doc.get("compile") or {}
     L = facts["layers"]
@@ -265,6 +269,10 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if comp.get("enable"):
         notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
                      "modelled), so the step may run faster than priced")
+    if train.get("mixed_precision_param", "bfloat16") != "float32" and \
+            train.get("mixed_precision_reduce", "float32") != "bfloat16" and zero > 0:
+        notes.append("FSDP2 reduces fp32 gradients unless mixed_precision_reduce = \"bfloat16\"; priced with bf16 "
+                     "gradients (half the reduce traffic torchtitan runs)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
     ecfg.notes = notes
