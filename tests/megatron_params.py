@@ -37,7 +37,8 @@ def _build(a, layers, moe_layers):
     if a.get("--swiglu"):
         kw.update(gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=False)
     if E:
-        kw.update(num_moe_experts=E, moe_router_topk=i("--moe-router-topk"), moe_ffn_hidden_size=i("--moe-ffn-hidden-size"),
+        kw.update(num_moe_experts=E, moe_router_topk=i("--moe-router-topk"),
+                  moe_ffn_hidden_size=i("--moe-ffn-hidden-size"),
                   # the dispatcher holds no parameters; the all-to-all one opens a CUDA stream when
                   # built, so the count is taken with the allgather one (the same modules otherwise)
                   moe_token_dispatcher_type="allgather",

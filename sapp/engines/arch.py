@@ -38,7 +38,8 @@ def architecture(name: str, meta: dict, layers: int) -> dict | None:
     elif kind == "moe":
         a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["kv"], head_dim=c.get("hd") or c["h"] // c["a"],
                  ffn=c["ffn"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="RMSNorm", norm_eps=1e-6, glu=True,
-                 act="silu", position="rope", rope_base=None, bias=False, qkv_bias=False, tied=False, experts=c["experts"],
+                 act="silu", position="rope", rope_base=None, bias=False, qkv_bias=False, tied=False,
+                 experts=c["experts"],
                  top_k=c["top_k"], expert_ffn=c["expert_ffn"], shared_ffn=c.get("shared", 0) * c["expert_ffn"],
                  dense_layers=c.get("dense", 0))
         if c.get("capacity_factor"):
@@ -89,7 +90,8 @@ def _hf(path: str, facts: dict, seq) -> dict:
     if a["act"] != "silu":
         raise EngineError(f"{path}: hidden_act {a['act']!r}; Megatron's SwiGLU is silu-gated: export to deepspeed")
     if not mt.startswith("qwen2") and (raw.get("attention_bias") or raw.get("mlp_bias")):
-        raise EngineError(f"{path}: attention_bias / mlp_bias on a {mt} model has no Megatron flag; export to deepspeed")
+        raise EngineError(f"{path}: attention_bias / mlp_bias on a {mt} model has no Megatron flag; export to "
+                          f"deepspeed")
     if raw.get("rope_scaling"):
         a["rope_scaling"] = raw["rope_scaling"]
     if mt == "mixtral":

@@ -153,7 +153,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
     if ecfg.precision != "fp32":
-        train["mixed_precision_reduce"] = "bfloat16"    # sapp prices 2-byte gradients; torchtitan reduces fp32 ones otherwise
+        # sapp prices 2-byte gradients; torchtitan's FSDP2 reduces fp32 ones otherwise
+        train["mixed_precision_reduce"] = "bfloat16"
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
         par["pipeline_parallel_microbatch_size"] = ecfg.mbs
