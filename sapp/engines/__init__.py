@@ -38,6 +38,15 @@ def model_facts(meta: dict, names) -> dict:
             "experts": c.get("experts"), "top_k": c.get("top_k")}
 
 
+def arch_facts(name, meta, layers) -> dict:
+    """{"arch": the architecture an engine builds (sapp/engines/arch.py) or None, "arch_why": why not}."""
+    from .arch import architecture
+    try:
+        return {"arch": architecture(name, meta, layers), "arch_why": None}
+    except EngineError as e:
+        return {"arch": None, "arch_why": str(e)}
+
+
 def block_names(graph) -> list:
     from ..pipeline.profile import split_units
     return [u.name for u in split_units(graph) if u.kind == "block"]
@@ -62,6 +71,8 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None):
         exported = price(graph, cl, out, name=plan["model"]["name"],
                          notes=[f"exported to {engine}: {n}" for n in notes])
     facts = model_facts(plan["model"].get("meta") or {}, names)
+    if engine != "deepspeed":       # DeepSpeed trains the user's own module
+        facts.update(arch_facts(plan["model"]["name"], plan["model"].get("meta") or {}, len(names)))
     pr = exported["predicted"]
     header = [f"{engine} configuration written by `sapp export` for {plan['model']['name']} on {plan['devices']} GPUs",
               f"priced {pr['step_time_s']:.4g} s/step, MFU {pr['mfu']:.1%} ({out.runtime} runtime): {out.describe()}"]
@@ -81,6 +92,8 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     mod = get(engine)
     names = block_names(graph)
     facts = model_facts(meta if meta is not None else graph.meta, names)
+    if engine != "deepspeed":
+        facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
     ecfg = mod.parse(text, facts, cluster.devices)
     where = f" {source}" if source else ""
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])

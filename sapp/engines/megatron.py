@@ -1,6 +1,12 @@
 """Megatron-LM `pretrain_gpt.py` arguments: a plan written as an argument file, and an argument file
 read back as a configuration (tokens only: shlex, never executed).
 
+The file states the whole model (model_args: sizes, vocabulary unpadded, norm, SwiGLU, positions,
+biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients in bf16
+(--grad-reduce-in-bf16: sapp prices 2-byte gradients; Megatron keeps fp32 ones without it); the
+environment Megatron-Core asserts (CUDA_DEVICE_MAX_CONNECTIONS=1) is a `# environment:` comment line.
+An imported file that builds another model or keeps fp32 gradients is priced with a note saying so.
+
 Runtime: Megatron-Core's fused kernels ("fused"; "fused+tp-overlap" with --tp-comm-overlap).  ZeRO-1
 is the distributed optimizer; its gradient reduce-scatter and parameter all-gather overlap as the
 fused profile prices them (--overlap-grad-reduce, --overlap-param-gather).  Stages: equal, or the
@@ -14,6 +20,7 @@ from __future__ import annotations
 import shlex
 
 from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
+from .megatron_model import ENV, MODEL, model_args, model_notes
 
 NAME = "megatron"
 RUNTIMES = ("fused", "fused+tp-overlap")
@@ -23,7 +30,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--bf16", "--fp16", "--tp-comm-overlap", "--recompute-activations", "--group-query-attention",
             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
-            "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"}
+            "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
+            "--grad-reduce-in-bf16", "--moe-grouped-gemm", "--add-qkv-bias", "--use-rope-scaling"}
 # what the importer reads (everything else is listed in a note: it does not change a step's price)
 READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
@@ -34,7 +42,7 @@ READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--con
         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
         "--micro-batch-size", "--global-batch-size", "--max-position-embeddings", "--bf16", "--fp16", "--cp-comm-type",
         "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size",
-        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk"}
+        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk"} | set(MODEL)
 # flags that change what a step runs in ways sapp does not price: refused, never ignored
 REFUSED = {"--fp8-format": "FP8 training", "--fp8": "FP8 training", "--cpu-offloading": "activation offloading",
            "--use-torch-fsdp2": "torch FSDP2 inside Megatron", "--use-megatron-fsdp": "Megatron FSDP",
@@ -127,30 +135,22 @@ def _interleave_flags(ecfg, L):
 def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     """The argument file's text: one flag (and value) per line, comments first."""
     L = len(names)
-    lines = [f"# {h}" for h in header]
+    lines = [f"# {h}" for h in header] + [f"# {ENV}"]
     a = []
 
     def add(flag, value=None):
         a.append(flag if value is None else f"{flag} {value}")
 
-    for flag, key in (("--num-layers", "layers"), ("--hidden-size", "hidden"), ("--num-attention-heads", "heads"),
-                      ("--ffn-hidden-size", "ffn"), ("--seq-length", "seq")):
-        if facts.get(key):
-            add(flag, facts[key])
-    if facts.get("seq"):
-        add("--max-position-embeddings", facts["seq"])
-    if facts.get("kv_heads") and facts.get("heads") and facts["kv_heads"] != facts["heads"]:
-        add("--group-query-attention")
-        add("--num-query-groups", facts["kv_heads"])
-    if facts.get("experts"):
-        add("--num-experts", facts["experts"])
-        add("--moe-router-topk", facts.get("top_k") or 1)
+    if facts.get("arch") is None:
+        raise EngineError(facts.get("arch_why") or "Megatron builds its own GPT model and sapp does not know a "
+                          "factory model's architecture; export to deepspeed, which trains your own module")
+    a += model_args(facts["arch"], ecfg.tp)
     add("--tensor-model-parallel-size", ecfg.tp)
     add("--pipeline-model-parallel-size", ecfg.pp)
     if ecfg.cp > 1:
         add("--context-parallel-size", ecfg.cp)
         add("--cp-comm-type", "all_gather")        # keys and values all-gathered: what sapp prices
-    if ecfg.ep > 1 or facts.get("experts"):
+    if ecfg.ep > 1 or facts["arch"].get("experts"):
         add("--expert-model-parallel-size", ecfg.ep)
         add("--expert-tensor-parallel-size", 1)
     if ecfg.sp:
@@ -193,6 +193,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     add("--global-batch-size", ecfg.global_batch)
     if ecfg.precision == "bf16-mixed":
         add("--bf16")
+        add("--grad-reduce-in-bf16")          # sapp prices 2-byte gradients; Megatron keeps fp32 ones otherwise
     elif ecfg.precision == "fp16-mixed":
         add("--fp16")
     return "\n".join(lines + a) + "\n"
@@ -281,6 +282,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if ecfg.zero == 1 and ecfg.dp * ecfg.cp > 1 and not args.get("--overlap-param-gather"):
         notes.append("priced with the distributed optimizer's parameter all-gather overlapped "
                      "(--overlap-param-gather); this file does not set it")
+    notes += model_notes(args, facts.get("arch"), tp, ecfg.precision)
     other = sorted(k for k in args if k not in READ)
     if other:
         notes.append(f"{len(other)} argument(s) do not change the priced step and were not read: "

@@ -62,6 +62,28 @@ def _layout_for(ecfg, L):
     return None, 1, 1, want
 
 
+# torchtitan 0.2.2's llama3 flavors (models/llama3/__init__.py: llama3_args, ffn from its
+# ffn_dim_multiplier / multiple_of rule; vocabulary 128256, RMSNorm eps 1e-5, rope base 500000, untied)
+FLAVORS = {"8B": (32, 4096, 32, 8, 14336), "70B": (80, 8192, 64, 8, 28672), "405B": (126, 16384, 128, 8, 53248)}
+
+
+def model_section(arch) -> tuple:
+    """({"name", "flavor"} or None, a note when torchtitan has no flavor of this architecture)."""
+    if arch is not None:
+        shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn"])
+        llama = (arch["norm"] == "RMSNorm" and arch["glu"] and arch["position"] == "rope" and not arch["bias"]
+                 and not arch["qkv_bias"] and not arch["tied"] and not arch.get("experts") and arch["vocab"] == 128256
+                 and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000)
+        for flavor, f in FLAVORS.items():
+            if llama and shape == f:
+                return {"name": "llama3", "flavor": flavor}, None
+    what = "sapp does not know its architecture" if arch is None else (
+        f"{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads / {arch['kv_heads']} kv, ffn "
+        f"{arch['ffn']}, vocabulary {arch['vocab']}" + (f", {arch['experts']} experts" if arch.get("experts") else ""))
+    return None, (f"this model is none of torchtitan's llama3 flavors ({what}): without a [model] name / flavor of "
+                  f"this architecture torchtitan trains its 6-layer debug model, not the model priced")
+
+
 # ---- export ----------------------------------------------------------------------------------------
 def conform(ecfg: EngineConfig, names) -> tuple:
     notes = []
@@ -130,6 +152,9 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     if facts.get("seq"):
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    if ecfg.precision != "fp32":
+        # sapp prices 2-byte gradients; torchtitan's FSDP2 reduces fp32 ones otherwise
+        train["mixed_precision_reduce"] = "bfloat16"
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
         par["pipeline_parallel_microbatch_size"] = ecfg.mbs
@@ -158,9 +183,11 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     elif isinstance(rc, dict):
         n = _every_nth([rc[b] for b in names])
         ac = {"mode": "selective", "selective_ac_option": str(n)}
-    lines = [f"# {h}" for h in header]
-    for sec, body in (("parallelism", par), ("training", train), ("activation_checkpoint", ac),
-                      ("compile", {"enable": False})):
+    model, note = model_section(facts.get("arch"))
+    lines = [f"# {h}" for h in header] + ([f"# NOTE: {note}"] if note else [])
+    sections = [("model", model)] if model else []
+    for sec, body in sections + [("parallelism", par), ("training", train), ("activation_checkpoint", ac),
+                      ("compile", {"enable": False})]:
         lines.append(f"[{sec}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
         lines.append("")
@@ -173,6 +200,8 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise EngineError(f"not a TOML file ({e})") from None
+    from .torchtitan_fields import check
+    check(doc)
     par, train = doc.get("parallelism") or {}, doc.get("training") or {}
     ac, comp = doc.get("activation_checkpoint") or {}, doc.get("compile") or {}
     L = facts["layers"]
@@ -241,6 +270,10 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if comp.get("enable"):
         notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
                      "modelled), so the step may run faster than priced")
+    if train.get("mixed_precision_param", "bfloat16") != "float32" and \
+            train.get("mixed_precision_reduce", "float32") != "bfloat16" and zero > 0:
+        notes.append("FSDP2 reduces fp32 gradients unless mixed_precision_reduce = \"bfloat16\"; priced with bf16 "
+                     "gradients (half the reduce traffic torchtitan runs)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
     ecfg.notes = notes

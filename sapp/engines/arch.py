@@ -1,0 +1,131 @@
+"""The architecture an engine must build to train the model sapp priced: sizes, norm, activation,
+position embedding, biases, tying and the MoE layer, read from the plan's model section (a zoo
+config; for a Hugging Face config, the config.json the plan names, read as JSON data) and checked
+against the parameter count captured when the plan was priced (`meta["params"]`): an engine's file
+that would build another model is refused, never written.
+
+    a = architecture(plan["model"]["name"], meta, layers)   # dict, or None: sapp does not know it
+    count(a), count(a, active=True)                          # the parameters an engine builds
+
+`count` is the Megatron-Core GPT model's parameter count (embedding, position table when learned,
+per layer: two norms, q/k/v and output projections, the MLP or the routed and shared experts with
+the router; final norm; the output layer when untied)."""
+from __future__ import annotations
+
+import json
+
+from .mapping import EngineError
+
+# HF model types whose decoder is Megatron's GPT with RMSNorm, SwiGLU and rotary embeddings
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe")
+
+
+def architecture(name: str, meta: dict, layers: int) -> dict | None:
+    """The model's architecture (see the module doc), or None where sapp does not know it (a factory
+    model).  Raises EngineError when the facts disagree with the priced model."""
+    kind, c = meta.get("kind"), dict(meta.get("config") or {})
+    seq = meta.get("seq") or c.get("s")
+    if kind == "gpt":
+        a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["a"], head_dim=c["h"] // c["a"],
+                 ffn=c.get("ffn") or 4 * c["h"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="LayerNorm",
+                 norm_eps=1e-5, glu=False, act="gelu", position="learned_absolute", rope_base=None, bias=True,
+                 qkv_bias=True, tied=bool(c.get("tie_embeddings")))
+    elif kind == "llama":
+        a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["kv"], head_dim=c["h"] // c["a"],
+                 ffn=c["ffn"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="RMSNorm", norm_eps=c.get("eps", 1e-5),
+                 glu=True, act="silu", position="rope", rope_base=c.get("theta", 500000.0), bias=False, qkv_bias=False,
+                 tied=False)
+    elif kind == "moe":
+        a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["kv"], head_dim=c.get("hd") or c["h"] // c["a"],
+                 ffn=c["ffn"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="RMSNorm", norm_eps=1e-6, glu=True,
+                 act="silu", position="rope", rope_base=None, bias=False, qkv_bias=False, tied=False,
+                 experts=c["experts"],
+                 top_k=c["top_k"], expert_ffn=c["expert_ffn"], shared_ffn=c.get("shared", 0) * c["expert_ffn"],
+                 dense_layers=c.get("dense", 0))
+        if c.get("capacity_factor"):
+            a["capacity_factor"] = c["capacity_factor"]
+    elif kind == "hf":
+        a = _hf(name, c, seq)
+    else:
+        return None
+    if a["layers"] != layers:
+        raise EngineError(f"the model states {a['layers']} layers but sapp priced {layers} blocks; search the plan "
+                          f"again for this model")
+    priced = meta.get("params")
+    if priced and count(a) != priced:
+        raise EngineError(f"{name}: the architecture an engine would build has {count(a):,} parameters, the priced "
+                          f"model {priced:,}; search the plan again for this model (or export to deepspeed, which "
+                          f"trains your own module)")
+    return a
+
+
+def _hf(path: str, facts: dict, seq) -> dict:
+    from ..fileio import read_regular
+    mt = facts.get("model_type")
+    if mt not in LLAMA_LIKE:
+        raise EngineError(f"HF model type {mt!r}: sapp writes engine models for {', '.join(LLAMA_LIKE)} decoders; "
+                          f"export to deepspeed, which trains your own module")
+    try:
+        raw = json.loads(read_regular(path, 64 << 20))
+    except (OSError, ValueError) as e:
+        raise EngineError(f"cannot read the plan's HF config {path} ({type(e).__name__}); export where the "
+                          f"config.json the plan was searched with is") from None
+    if not isinstance(raw, dict) or raw.get("model_type") != mt:
+        raise EngineError(f"{path} is not the {mt} config the plan was searched with; export beside that file")
+
+    def num(key, default=None):
+        v = raw.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise EngineError(f"{path}: {key} is {v!r}, not a number; fix the config")
+        return v
+    h, heads = int(num("hidden_size")), int(num("num_attention_heads"))
+    hd = raw.get("head_dim") or h // heads
+    a = dict(layers=int(num("num_hidden_layers")), hidden=h, heads=heads,
+             kv_heads=int(num("num_key_value_heads", heads)), head_dim=int(hd), ffn=int(num("intermediate_size")),
+             vocab=int(num("vocab_size")), seq=seq, max_pos=int(num("max_position_embeddings", seq)),
+             norm="RMSNorm", norm_eps=float(num("rms_norm_eps", 1e-6)), glu=True,
+             act=raw.get("hidden_act", "silu"), position="rope", rope_base=float(num("rope_theta", 10000.0)),
+             bias=False, qkv_bias=mt.startswith("qwen2"),
+             tied=bool(raw.get("tie_word_embeddings", False)))
+    if a["act"] != "silu":
+        raise EngineError(f"{path}: hidden_act {a['act']!r}; Megatron's SwiGLU is silu-gated: export to deepspeed")
+    if not mt.startswith("qwen2") and (raw.get("attention_bias") or raw.get("mlp_bias")):
+        raise EngineError(f"{path}: attention_bias / mlp_bias on a {mt} model has no Megatron flag; export to "
+                          f"deepspeed")
+    if raw.get("rope_scaling"):
+        a["rope_scaling"] = raw["rope_scaling"]
+    if mt == "mixtral":
+        a.update(experts=int(num("num_local_experts")), top_k=int(num("num_experts_per_tok")), expert_ffn=a["ffn"],
+                 shared_ffn=0, dense_layers=0)
+    elif mt == "qwen2_moe":
+        raise EngineError(f"{path}: Qwen2-MoE's gated shared expert has no Megatron flag; export to deepspeed")
+    return a
+
+
+def count(a: dict, active: bool = False) -> int:
+    """Parameters of the GPT model an engine builds from `a` (active: top_k routed experts per MoE
+    layer, what one token meets)."""
+    h, hd, ffn = a["hidden"], a["head_dim"], a["ffn"]
+    norm = 2 * h if a["norm"] == "LayerNorm" else h
+    qkv = h * (a["heads"] + 2 * a["kv_heads"]) * hd
+    attn = qkv + a["heads"] * hd * h + 2 * norm
+    if a["qkv_bias"]:
+        attn += (a["heads"] + 2 * a["kv_heads"]) * hd
+    if a["bias"]:
+        attn += h
+
+    def mlp(f):
+        n = (3 if a["glu"] else 2) * h * f
+        if a["bias"]:
+            n += f * (2 if a["glu"] else 1) + h
+        return n
+    L = a["layers"]
+    if a.get("experts"):
+        E, dense = a["experts"], a.get("dense_layers", 0)
+        routed = (a["top_k"] if active else E) * mlp(a["expert_ffn"])
+        moe = h * E + routed + (mlp(a["shared_ffn"]) if a.get("shared_ffn") else 0)
+        layers = L * attn + dense * mlp(ffn) + (L - dense) * moe
+    else:
+        layers = L * (attn + mlp(ffn))
+    emb = a["vocab"] * h + (a["max_pos"] * h if a["position"] == "learned_absolute" else 0)
+    return layers + emb + norm + (0 if a["tied"] else a["vocab"] * h)

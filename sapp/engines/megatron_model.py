@@ -1,0 +1,104 @@
+"""The model half of a Megatron-LM argument file: the flags that make Megatron-Core build the
+architecture sapp priced (sapp/engines/arch.py), and what an imported file builds differently."""
+from __future__ import annotations
+
+import math
+
+from .mapping import EngineError
+
+# the environment Megatron-LM asserts for Megatron-Core's tensor-parallel layers, whose overlap of a
+# collective with the next GEMM relies on one CUDA connection scheduling kernels in launch order: a
+# comment line, which `$(grep -v '^#' file)` skips
+ENV = "environment: CUDA_DEVICE_MAX_CONNECTIONS=1"
+# the rest of the model's description (model_args): compared with the priced model (model_notes)
+MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--normalization", "--norm-epsilon",
+         "--swiglu", "--position-embedding-type", "--rotary-base", "--use-rope-scaling", "--disable-bias-linear",
+         "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
+         "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
+         "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--grad-reduce-in-bf16")
+
+
+def model_args(a: dict, tp: int) -> list:
+    """The flags that make Megatron build the architecture `a` (sapp/engines/arch.py) and nothing else:
+    Megatron's defaults (LayerNorm, GELU, learned positions, biases, tied output, dropout 0.1, a
+    vocabulary padded to a multiple of 128 x tp, the allgather MoE dispatcher) are stated whenever the
+    model differs from them."""
+    if a.get("capacity_factor"):
+        raise EngineError("the model drops tokens past an expert capacity, which sapp prices only as padding; "
+                          "Megatron's --moe-expert-capacity-factor is not priced: use a dropless model")
+    h, V = a["hidden"], a["vocab"]
+    if V % tp:
+        raise EngineError(f"Megatron pads the vocabulary ({V}) to a multiple of tp {tp}, a larger model than "
+                          f"priced; search again with a tp that divides {V}")
+    out = [f"--num-layers {a['layers']}", f"--hidden-size {h}", f"--ffn-hidden-size {a['ffn']}",
+           f"--num-attention-heads {a['heads']}"]
+    if a["kv_heads"] != a["heads"]:
+        out += ["--group-query-attention", f"--num-query-groups {a['kv_heads']}"]
+    if a["head_dim"] * a["heads"] != h:
+        out.append(f"--kv-channels {a['head_dim']}")
+    out += [f"--seq-length {a['seq']}", f"--max-position-embeddings {max(a['max_pos'] or 0, a['seq'])}"]
+    # the tokenizer's vocabulary as it is (no padding): a divisor that tp x it divides V
+    out += [f"--vocab-size {V}", f"--make-vocab-size-divisible-by {math.gcd(V // tp, 128)}"]
+    out += [f"--normalization {a['norm']}", f"--norm-epsilon {a['norm_eps']:g}"]
+    if a["glu"]:
+        out.append("--swiglu")
+    out.append(f"--position-embedding-type {a['position']}")
+    if a["position"] == "rope":
+        if a.get("rope_base"):
+            out.append(f"--rotary-base {int(a['rope_base'])}")
+        rs = a.get("rope_scaling")
+        if rs:
+            if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type")) != "llama3":
+                raise EngineError(f"rope_scaling {rs!r}: Megatron states Llama 3's rope scaling only")
+            out.append("--use-rope-scaling")
+    if not a["bias"]:
+        out.append("--disable-bias-linear")
+        if a["qkv_bias"]:
+            out.append("--add-qkv-bias")
+    if not a["tied"]:
+        out.append("--untie-embeddings-and-output-weights")
+    drop = 0.0 if a["position"] == "rope" else 0.1
+    out += [f"--attention-dropout {drop}", f"--hidden-dropout {drop}"]
+    if a.get("experts"):
+        out += [f"--num-experts {a['experts']}", f"--moe-router-topk {a['top_k']}",
+                f"--moe-ffn-hidden-size {a['expert_ffn']}", "--moe-token-dispatcher-type alltoall",
+                "--moe-grouped-gemm"]
+        if a.get("shared_ffn"):
+            out.append(f"--moe-shared-expert-intermediate-size {a['shared_ffn']}")
+        d = a.get("dense_layers", 0)
+        if d:
+            out.append(f"--moe-layer-freq ([0]*{d}+[1]*{a['layers'] - d})")
+    return out
+
+
+def model_notes(args, arch, tp, precision) -> list:
+    """What Megatron runs from this file that differs from the priced model and step, in notes (the
+    sizes themselves are checked by _check_shape)."""
+    out = []
+    if precision == "bf16-mixed" and not args.get("--grad-reduce-in-bf16"):
+        out.append("without --grad-reduce-in-bf16 Megatron keeps and reduces fp32 gradients; priced with bf16 "
+                   "gradients (half the gradient memory and reduce traffic Megatron runs)")
+    if arch is None:
+        return out
+    try:
+        want = dict((f.split(" ", 1) + [True])[:2] for f in model_args(arch, tp))
+    except EngineError:
+        return out
+    skip = {"--seq-length", "--max-position-embeddings", "--num-layers", "--hidden-size", "--ffn-hidden-size",
+            "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
+            "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size"}
+    defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
+                "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1"}
+    differ = []
+    for flag, v in want.items():
+        if flag in skip or flag in ("--norm-epsilon", "--rotary-base"):
+            continue
+        got = args.get(flag, defaults.get(flag, False))
+        if str(got) != str(v):
+            differ.append(f"{flag} {got if got is not False else '(absent)'} (the model: {v})")
+    for flag in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--add-qkv-bias"):
+        if args.get(flag) and flag not in want:
+            differ.append(f"{flag} (the model has none)")
+    if differ:
+        out.append("Megatron builds another model from this file than the one priced: " + "; ".join(differ))
+    return out
