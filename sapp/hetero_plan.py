@@ -16,7 +16,7 @@ def _num(x):
 
 
 def search(model, mc, *, global_batch=None, constraints=None, precision=None, runtime=None, graph=None,
-           exhaustive=False, q=None):
+           exhaustive=False, q=None, example_inputs=None):
     """The hetero plan document (a dict) for `model` on the MixedCluster `mc`."""
     import time
     from . import api
@@ -30,7 +30,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
             _, name, info, graph, _ = api.capture_spec(model)
         else:
             module, name, info = api.resolve_model(model)
-            graph, _ = api.capture_graph(module)
+            graph, _ = api.capture_graph(module, example_inputs)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None
                                         else api.default_global_batch(info, mc.devices))
     slow = mc.slowest()
