@@ -124,3 +124,16 @@ def test_clusters_shows_groups(capsys):
     assert main(["clusters", "a100-80g:nodes=16+h100-80g:nodes=8"]) == 0
     text = capsys.readouterr().out
     assert "group a100-80g: 16 x 8" in text and "group h100-80g: 8 x 8" in text and "link between groups" in text
+
+
+def test_homogeneous_entry_points_refuse_a_mixed_cluster_in_one_line():
+    import sapp
+    with pytest.raises(ClusterError) as e:
+        sapp.search("gpt3-125m", "a100-80g+h100-80g")
+    assert "sapp search --cluster A+B" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_schema_command_prints_the_hetero_schema(capsys):
+    from sapp.cli import main
+    assert main(["schema", "hetero"]) == 0
+    assert json.loads(capsys.readouterr().out)["properties"]["schema"]["const"] == "sapp.hetero-plan/1"
