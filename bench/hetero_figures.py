@@ -41,7 +41,7 @@ def main(argv=None):
               f"{doc['predicted']['cross_group_sync_s']:.3g} s]  alone: "
               + ", ".join(f"{k} {fmt(v)}" for k, v in alone.items())
               + f"  best alone {fmt(best_alone)}  uniform-as-A100 {fmt(uni)}"
-              + f"  search {timing['search_s']:.1f} s ({timing['evaluations']} group searches)", flush=True)
+              + f"  search {timing['search_s']:.1f} s (split {timing['split_search_s']:.1f} s, {timing['evaluations']} group searches)", flush=True)
     if not args.only or args.only == "scale":
         from sapp import search
         model, mixed, homo = SCALE
@@ -50,7 +50,7 @@ def main(argv=None):
         plan = search(model, homo, cache=True)
         homo_s = time.perf_counter() - t0
         print(f"scale {model} 1024 devices: mixed {mixed} search {timing['search_s']:.1f} s "
-              f"({timing['evaluations']} group searches), homogeneous {homo} search {homo_s:.1f} s "
+              f"(split {timing['split_search_s']:.1f} s, {timing['evaluations']} group searches, baselines and plans the rest), homogeneous {homo} search {homo_s:.1f} s "
               f"(plan step {plan['predicted']['step_time_s']:.4g} s, mixed {doc['predicted']['step_time_s']:.4g} s)",
               flush=True)
     return 0
