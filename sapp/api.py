@@ -27,8 +27,11 @@ CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the 
 def resolve_cluster(cluster) -> Cluster:
     if isinstance(cluster, Cluster):
         return cluster.validate()
-    if isinstance(cluster, str):
+    if isinstance(cluster, str) and "+" not in cluster:
         return Cluster.parse(cluster)
+    if isinstance(cluster, str) or type(cluster).__name__ == "MixedCluster":
+        raise ClusterError("a cluster of several device groups is planned by `sapp search --cluster A+B` or "
+                           "sapp.hetero_plan.search (data-parallel groups with uneven batch shares)")
     raise SappError(f"cluster must be a Cluster or a spec string like 'a100-80g:nodes=16', got {type(cluster).__name__}")
 
 

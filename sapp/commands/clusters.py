@@ -4,9 +4,14 @@ from ..units import fmt_bytes, fmt_flops
 
 def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the presets as JSON")
+    p.add_argument("spec", nargs="?", help="describe this cluster spec or file instead (A+B: a mixed cluster's groups)")
 
 
 def run(args):
+    if getattr(args, "spec", None):
+        from ..cluster_groups import describe_any
+        print(describe_any(args.spec, as_json=args.json))
+        return 0
     if args.json:
         import json
         print(json.dumps({k: v.to_dict() for k, v in PRESETS.items()}, indent=2, sort_keys=True))

@@ -158,6 +158,12 @@ def run(args):
     spec = model_spec(args)
     t0 = time.perf_counter()
     target = getattr(args, "target", None)
+    if "+" in args.cluster or args.cluster.strip().lower().endswith(".json"):
+        from ..cluster_groups import MixedCluster, parse
+        mc = parse(args.cluster)
+        if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
+            from .search_hetero import run_hetero
+            return run_hetero(args, spec, mc)
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search

@@ -1,0 +1,23 @@
+"""`sapp search --cluster A+B`: the plan over a mixed cluster (sapp/search/hetero.py)."""
+from __future__ import annotations
+
+
+def run_hetero(args, spec, mc):
+    from .. import hetero_plan
+    from ..errors import UsageError
+    if getattr(args, "target", None):
+        raise UsageError("--target exports a one-kind plan; a mixed cluster's plan is sapp's own (drop --target)")
+    doc, timing = hetero_plan.search(spec, mc, global_batch=args.batch, constraints=_cons(args),
+                                     precision=args.precision, runtime=args.runtime)
+    print(hetero_plan.explain(doc), end="")
+    print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} group searches)")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(hetero_plan.dumps(doc))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _cons(args):
+    from .search import constraints_from_args
+    return constraints_from_args(args)

@@ -1,0 +1,125 @@
+"""Plans over mixed clusters (sapp.hetero-plan/1): each group's assignment is an ordinary plan of
+that group at its share of the global batch, plus what joins them (the cross-group gradient sync)
+and the baselines the split has to beat.  Checked against sapp/schema/hetero.schema.json."""
+from __future__ import annotations
+
+import json
+import math
+
+from . import schema as _schema
+from .errors import PlanError
+from .search.hetero import SCHEMA
+
+
+def _num(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def search(model, mc, *, global_batch=None, constraints=None, precision=None, runtime=None, graph=None,
+           exhaustive=False, q=None, example_inputs=None):
+    """The hetero plan document (a dict) for `model` on the MixedCluster `mc`."""
+    import time
+    from . import api
+    from .constraints import Constraints
+    from .costmodel import CostSettings
+    from .search import hetero
+    cons = Constraints.from_dict(constraints)
+    info, name = None, getattr(graph, "name", None) or "graph"
+    if graph is None:
+        if isinstance(model, str):
+            _, name, info, graph, _ = api.capture_spec(model)
+        else:
+            module, name, info = api.resolve_model(model)
+            graph, _ = api.capture_graph(module, example_inputs)
+    gb = Constraints.check_global_batch(global_batch if global_batch is not None
+                                        else api.default_global_batch(info, mc.devices))
+    slow = mc.slowest()
+    settings = CostSettings(precision=precision or slow.precision, runtime=runtime or "eager",
+                            dropout_noise=not slow.fused_dropout)
+    t0 = time.perf_counter()
+    shares, step, d = hetero.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
+                                    search_fn=api.tp_search_fn(), exhaustive=exhaustive, q=q)
+    groups = []
+    for g, (cl, b) in enumerate(zip(mc.groups, shares)):
+        entry = {"name": cl.name, "devices": cl.devices, "batch_share": b}
+        if b:
+            res = d["pricer"].result(g, b)
+            plan = api.build_plan(graph, cl, res, name=name, global_batch=b, constraints=cons, settings=settings)
+            entry.update(parallel=dict(plan["parallel"]), step_time_s=res.step_time_s, plan=plan.to_dict())
+        groups.append(entry)
+    doc = {"schema": SCHEMA, "mode": "data",
+           "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
+                     "global_batch": gb},
+           "cluster": mc.to_dict(), "devices": mc.devices, "groups": groups,
+           "predicted": {"step_time_s": step, "cross_group_sync_s": d["sync_s"],
+                         "samples_per_s": gb / step},
+           "baselines": {"alone": {k: _num(v) for k, v in d["alone"].items()},
+                         "uniform_slowest": _num(d["uniform"])},
+           "notes": [f"batch split in quanta of {d['quantum']} samples; gradients weighted by share / global batch "
+                     f"and summed over all ranks"]}
+    check(doc)
+    doc_timing = {"search_s": time.perf_counter() - t0, "split_search_s": d["search_s"], "evaluations": d["evaluations"]}
+    return doc, doc_timing
+
+
+def check(doc) -> dict:
+    if not isinstance(doc, dict):
+        raise PlanError("a mixed-cluster plan must be a JSON object")
+    bad = _schema.shape_problem(doc) or _schema.non_finite_path(doc)
+    if bad:
+        raise PlanError(f"{bad}; not a sapp mixed-cluster plan")
+    err = _schema.first_error("hetero", _schema.plain(doc))
+    if err:
+        raise PlanError(f"mixed-cluster plan: {err}")
+    if sum(g["batch_share"] for g in doc["groups"]) != doc["model"]["global_batch"]:
+        raise PlanError("mixed-cluster plan: the groups' batch shares do not add up to model.global_batch")
+    return doc
+
+
+def is_hetero(text: str) -> bool:
+    return f'"{SCHEMA}"' in text[:4096] or '"schema": "sapp.hetero-plan/1"' in text
+
+
+def dumps(doc) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def explain(doc) -> str:
+    pr, base = doc["predicted"], doc["baselines"]
+    gb = doc["model"]["global_batch"]
+    lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
+             f"in {len(doc['groups'])} groups (data-parallel replicas, uneven shares)"]
+    for g in doc["groups"]:
+        if g["batch_share"]:
+            p = g["parallel"]
+            lines.append(f"  group {g['name']}: {g['devices']} devices, share {g['batch_share']}/{gb}, "
+                         f"dp={p['dp']} tp={p['tp']} pp={p['pp']}, step {g['step_time_s']:.4g} s")
+        else:
+            lines.append(f"  group {g['name']}: {g['devices']} devices, unused (its share would slow the step)")
+    link = doc["cluster"]["link"]
+    lines.append(f"  cross-group gradient all-reduce: {pr['cross_group_sync_s']:.4g} s over {link['bw'] / 1e9:.4g} GB/s "
+                 f"per device")
+    lines.append(f"  predicted step {pr['step_time_s']:.4g} s ({pr['samples_per_s']:.4g} samples/s)")
+    for name, t in base["alone"].items():
+        lines.append(f"  baseline {name} alone: " + ("does not fit" if t is None else
+                                                      f"{t:.4g} s ({t / pr['step_time_s']:.3g}x)"))
+    u = base["uniform_slowest"]
+    lines.append("  baseline all devices as the slowest kind: " + ("does not fit" if u is None else
+                                                                     f"{u:.4g} s ({u / pr['step_time_s']:.3g}x)"))
+    return "\n".join(lines) + "\n"
+
+
+def load_if_hetero(path):
+    """The checked document when `path` holds a mixed-cluster plan, else None (read as a plan)."""
+    from .fileio import read_regular
+    try:
+        text = read_regular(path, 256 << 20).decode("utf-8")
+    except Exception:
+        return None                 # Plan.load says why in one line
+    if not is_hetero(text):
+        return None
+    try:
+        doc = _schema.strict_loads(text)
+    except (ValueError, RecursionError) as e:
+        raise PlanError(f"plan file {path} is not valid JSON ({str(e)[:80]})") from None
+    return check(doc)

@@ -1,0 +1,169 @@
+"""Plans over mixed clusters: data-parallel replicas on device groups of different kinds.
+
+Each group runs its own layout (the homogeneous joint search, unchanged, on the group's Cluster and
+its share of the global batch); the groups' gradients then meet over the link between groups.
+A step costs the slowest group's step on its share plus that cross-group all-reduce, so the search
+splits the batch unevenly, in proportion to what each group does in a step:
+
+    step(b_1..b_G) = max_g T_g(b_g) + sync(groups with b_g > 0)
+
+T_g is the joint search's best step for group g at global batch b_g (infinite where nothing fits).
+sync is a ring all-reduce of the full gradient between the groups, striped over the devices of the
+smallest group taking part (each device carries its slice over its share of the link), priced after
+the groups' own gradient sync and not overlapped with it.
+
+Shares are whole multiples of a quantum q (a divisor of the batch).  The free search starts from
+shares proportional to each group's compute and moves quanta from the slowest group to the one that
+stays fastest with them, in steps that halve down to one quantum; every group alone is a candidate
+too.  `exhaustive=True` enumerates every composition of the batch into quanta instead (small cases:
+bench/hetero_exhaustive.py checks the two agree).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from ..errors import InfeasibleError, SappError
+
+SCHEMA = "sapp.hetero-plan/1"
+
+
+class GroupPricer:
+    """T_g(b), memoised: the joint search's result for group g at batch b (None where nothing fits)."""
+
+    def __init__(self, graph, mc, constraints, settings, search_fn):
+        self.graph, self.mc, self.cons, self.settings, self.search_fn = graph, mc, constraints, settings, search_fn
+        self.cache = {}
+
+    def result(self, g, b):
+        key = (g, b)
+        if key not in self.cache:
+            from .joint import joint_search
+            try:
+                self.cache[key] = joint_search(self.graph, self.mc.groups[g], global_batch=b,
+                                               constraints=self.cons, settings=self.settings, search_fn=self.search_fn)
+            except SappError:          # infeasible or no layout for this share: not a candidate
+                self.cache[key] = None
+        return self.cache[key]
+
+    def time(self, g, b):
+        if b == 0:
+            return 0.0
+        r = self.result(g, b)
+        return math.inf if r is None else r.step_time_s
+
+
+def sync_s(graph, mc, settings, used) -> float:
+    """Ring all-reduce of the gradient between the groups in `used` (indices)."""
+    k = len(used)
+    if k < 2:
+        return 0.0
+    lanes = min(mc.groups[g].devices for g in used)
+    grad = graph.param_count() * settings.grad_bytes
+    return 2 * (k - 1) / k * grad / (lanes * mc.link_bw) + 2 * (k - 1) * mc.link_latency
+
+
+def quantum(global_batch, groups) -> int:
+    """The share granularity: the largest divisor of the batch giving at least 16 quanta per group
+    (every divisor for small batches), so a share can follow a group's speed to ~1/16."""
+    want = max(1, global_batch // (16 * groups))
+    return max(d for d in range(1, want + 1) if global_batch % d == 0)
+
+
+def _price(pr, graph, mc, settings, shares, q):
+    used = [g for g, k in enumerate(shares) if k > 0]
+    t = max(pr.time(g, shares[g] * q) for g in used)
+    return t + sync_s(graph, mc, settings, used) if math.isfinite(t) else math.inf
+
+
+def _compositions(n, k):
+    if k == 1:
+        yield (n,)
+        return
+    for first in range(n + 1):
+        for rest in _compositions(n - first, k - 1):
+            yield (first,) + rest
+
+
+def _free(pr, graph, mc, settings, n, q):
+    G = len(mc.groups)
+    power = [g.devices * g.peak_flops * g.compute_efficiency for g in mc.groups]
+    shares = [int(n * p / sum(power)) for p in power]
+    shares[max(range(G), key=lambda g: power[g])] += n - sum(shares)
+    best = (_price(pr, graph, mc, settings, shares, q), tuple(shares))
+    step = max(1, n // 8)
+    while True:
+        improved = False
+        times = [pr.time(g, s * q) for g, s in enumerate(shares)]
+        slow = max((g for g in range(G) if shares[g] > 0), key=lambda g: times[g])
+        mv = min(step, shares[slow])
+        cands = []
+        for g in range(G):
+            if g != slow and mv > 0:
+                trial = list(shares)
+                trial[slow] -= mv
+                trial[g] += mv
+                cands.append((_price(pr, graph, mc, settings, trial, q), tuple(trial)))
+        if cands:
+            c = min(cands)
+            if c[0] < best[0]:
+                best, shares, improved = c, list(c[1]), True
+        if not improved:
+            if step == 1:
+                break
+            step //= 2
+    for g in range(G):              # every group alone
+        alone = tuple(n if i == g else 0 for i in range(G))
+        best = min(best, (_price(pr, graph, mc, settings, alone, q), alone))
+    return best
+
+
+def search(graph, mc, *, global_batch, constraints=None, settings=None, search_fn=None, exhaustive=False,
+           q=None, baselines=True):
+    """(best shares in samples, step seconds, details dict).  Raises InfeasibleError when no split fits."""
+    from ..constraints import Constraints
+    from ..costmodel import CostSettings
+    t0 = time.perf_counter()
+    cons = Constraints.from_dict(constraints)
+    settings = settings or CostSettings()
+    pr = GroupPricer(graph, mc, cons, settings, search_fn)
+    G = len(mc.groups)
+    q = q or quantum(global_batch, G)
+    if global_batch % q:
+        raise SappError(f"share quantum {q} does not divide the global batch {global_batch}")
+    n = global_batch // q
+    if exhaustive:
+        best = min((_price(pr, graph, mc, settings, s, q), s) for s in _compositions(n, G))
+    else:
+        best = _free(pr, graph, mc, settings, n, q)
+    step, shares = best
+    if not math.isfinite(step):
+        raise InfeasibleError(f"no split of global batch {global_batch} over the groups "
+                              f"{', '.join(g.name for g in mc.groups)} fits; add devices or lower the batch")
+    search_s = time.perf_counter() - t0
+    shares = tuple(s * q for s in shares)
+    used = [g for g, b in enumerate(shares) if b > 0]
+    detail = {"pricer": pr, "quantum": q, "search_s": search_s, "evaluations": len(pr.cache),
+              "sync_s": sync_s(graph, mc, settings, used)}
+    if baselines:
+        detail["alone"] = {mc.groups[g].name: pr.time(g, global_batch) for g in range(G)}
+        detail["uniform"] = uniform_baseline(graph, mc, global_batch, cons, settings, search_fn)
+    return shares, step, detail
+
+
+def uniform_cluster(mc):
+    """Every device of the mixed cluster priced as the slowest kind (one homogeneous cluster)."""
+    slow = mc.slowest()
+    total = mc.devices
+    if total % slow.gpus_per_node == 0:
+        return slow.replace(nodes=total // slow.gpus_per_node, name=f"{slow.name}-uniform")
+    return slow.replace(nodes=1, gpus_per_node=total, name=f"{slow.name}-uniform")
+
+
+def uniform_baseline(graph, mc, global_batch, cons, settings, search_fn):
+    from .joint import joint_search
+    try:
+        return joint_search(graph, uniform_cluster(mc), global_batch=global_batch, constraints=cons,
+                            settings=settings, search_fn=search_fn).step_time_s
+    except SappError:
+        return math.inf

@@ -1,0 +1,139 @@
+"""Mixed clusters (sapp/cluster_groups.py) and the search over their groups (sapp/search/hetero.py)."""
+import json
+import math
+
+import pytest
+
+from sapp.cluster import Cluster
+from sapp.cluster_groups import MixedCluster, parse
+from sapp.errors import ClusterError, PlanError
+
+
+def test_spec_groups_and_default_link_is_the_slower_groups():
+    mc = parse("a100-80g:nodes=16+h100-80g:nodes=8")
+    assert isinstance(mc, MixedCluster)
+    assert [g.name for g in mc.groups] == ["a100-80g", "h100-80g"]
+    assert [g.devices for g in mc.groups] == [128, 64] and mc.devices == 192
+    assert mc.link_bw == min(g.inter_bw for g in mc.groups) == 25e9
+    assert mc.slowest().name == "a100-80g"
+    # a one-group spec stays an ordinary Cluster, equal to what Cluster.parse gives
+    assert parse("a100-80g:nodes=2") == Cluster.parse("a100-80g:nodes=2")
+
+
+def test_file_round_trip_and_schema(tmp_path):
+    from sapp import schema
+    mc = parse("a100-80g:nodes=2+h100-80g:nodes=1,inter_bw=40GB/s")
+    mc.save(tmp_path / "mx.json")
+    d = json.loads((tmp_path / "mx.json").read_text())
+    assert schema.first_error("cluster", d) is None
+    assert parse(str(tmp_path / "mx.json")) == mc
+    # the homogeneous form still validates, and keeps its own messages
+    assert schema.first_error("cluster", Cluster.parse("a100-80g").to_dict()) is None
+    assert "missing field" in schema.first_error("cluster", {"nodes": 1})
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("a100-80g:nodes=2+", "empty group"),
+    ("a100-80g+nope", "unknown cluster preset"),
+    ("a100-80g:nodes=0+h100-80g", "positive"),
+])
+def test_bad_specs_are_one_line(spec, words):
+    with pytest.raises(ClusterError) as e:
+        parse(spec)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["link"].__setitem__("bw", -1), "link.bw"),
+    (lambda d: d["groups"].pop(), "at least 2"),
+    (lambda d: d["groups"][1].__setitem__("name", d["groups"][0]["name"]), "two groups are named"),
+    (lambda d: d["groups"][0].pop("peak_flops"), "missing field"),
+    (lambda d: d.__setitem__("extra", 1), "unknown field"),
+])
+def test_bad_files_are_one_line(tmp_path, edit, words):
+    d = parse("a100-80g:nodes=2+h100-80g:nodes=1").to_dict()
+    edit(d)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ClusterError) as e:
+        parse(str(p))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def small():
+    from sapp.api import capture_spec, tp_search_fn
+    from sapp.costmodel import CostSettings
+    graph = capture_spec("gpt3-125m")[3]
+    return graph, CostSettings(), tp_search_fn()
+
+
+def test_free_search_equals_exhaustive_and_shares_follow_speed(small):
+    from sapp.search import hetero
+    graph, settings, fn = small
+    mc = parse("a100-80g:nodes=1+h100-80g:nodes=1")
+    free = hetero.search(graph, mc, global_batch=64, settings=settings, search_fn=fn, q=2)
+    full = hetero.search(graph, mc, global_batch=64, settings=settings, search_fn=fn, q=2, exhaustive=True,
+                         baselines=False)
+    assert free[1] <= full[1] * (1 + 1e-3)
+    a100, h100 = free[0]
+    assert sum(free[0]) == 64 and 0 < a100 < h100          # the faster group takes the larger share
+    d = free[2]
+    # the step: the slower group on its share plus the cross-group sync
+    pr = d["pricer"]
+    assert free[1] == pytest.approx(max(pr.time(0, a100), pr.time(1, h100)) + d["sync_s"])
+    # it beats each group alone and all devices priced as A100s
+    assert free[1] < min(d["alone"].values()) and free[1] < d["uniform"]
+
+
+def test_sync_grows_as_the_link_slows(small):
+    from sapp.search import hetero
+    graph, settings, _ = small
+    fast = MixedCluster.build(parse("a100-80g+h100-80g").groups, link_bw=100e9)
+    slow = MixedCluster.build(parse("a100-80g+h100-80g").groups, link_bw=1e9)
+    assert hetero.sync_s(graph, slow, settings, [0, 1]) > 50 * hetero.sync_s(graph, fast, settings, [0, 1]) > 0
+    assert hetero.sync_s(graph, slow, settings, [1]) == 0.0
+
+
+def test_hetero_plan_document_cli(tmp_path, capsys):
+    from sapp.cli import main
+    out = tmp_path / "h.json"
+    assert main(["search", "--model", "gpt3-125m", "--cluster", "a100-80g:nodes=1+h100-80g:nodes=1",
+                 "--batch", "64", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    from sapp import hetero_plan, schema
+    assert doc["schema"] == "sapp.hetero-plan/1" and schema.first_error("hetero", doc) is None
+    shares = [g["batch_share"] for g in doc["groups"]]
+    assert sum(shares) == 64
+    for g in doc["groups"]:
+        if g["batch_share"]:
+            assert g["plan"]["model"]["global_batch"] == g["batch_share"]
+            assert g["plan"]["devices"] == g["devices"]
+    assert set(doc["baselines"]["alone"]) == {"a100-80g", "h100-80g"}
+    capsys.readouterr()
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "group a100-80g" in text and "baseline all devices as the slowest kind" in text
+    doc["groups"][0]["batch_share"] += 1
+    with pytest.raises(PlanError):
+        hetero_plan.check(doc)
+
+
+def test_clusters_shows_groups(capsys):
+    from sapp.cli import main
+    assert main(["clusters", "a100-80g:nodes=16+h100-80g:nodes=8"]) == 0
+    text = capsys.readouterr().out
+    assert "group a100-80g: 16 x 8" in text and "group h100-80g: 8 x 8" in text and "link between groups" in text
+
+
+def test_homogeneous_entry_points_refuse_a_mixed_cluster_in_one_line():
+    import sapp
+    with pytest.raises(ClusterError) as e:
+        sapp.search("gpt3-125m", "a100-80g+h100-80g")
+    assert "sapp search --cluster A+B" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_schema_command_prints_the_hetero_schema(capsys):
+    from sapp.cli import main
+    assert main(["schema", "hetero"]) == 0
+    assert json.loads(capsys.readouterr().out)["properties"]["schema"]["const"] == "sapp.hetero-plan/1"
