@@ -54,7 +54,7 @@ import importlib as _importlib
 import sys as _sys
 import types as _types
 
-_ENTRIES = {"sapp.search": ("sapp.api", "search"), "sapp.emit": ("sapp.emit.program", "emit"),
+_ENTRIES = {"sapp.search": ("sapp.api", "search"), "sapp.emit": ("sapp.emit.runtime.program", "emit"),
             "sapp.capture": ("sapp.capture", "capture")}
 
 

@@ -175,7 +175,7 @@ def _rank(rank, world, cases, out_dir, store):
 
 def _train(path) -> dict:
     from sapp.emit import emit
-    from sapp.emit.batch_stats import is_synced
+    from sapp.emit.tp.batch_stats import is_synced
     from sapp.plan import Plan
     x0, _ = data(0)
     prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
@@ -201,7 +201,7 @@ def _layers(rank, world) -> dict:
     forwards (running statistics; momentum None is the cumulative average) and the input gradient
     of the last, for this rank's rows.  Then world size 1: a group of one changes no output bit."""
     import torch.distributed as dist
-    from sapp.emit.batch_stats import is_synced, sync_batch_norms
+    from sapp.emit.tp.batch_stats import is_synced, sync_batch_norms
     out = {}
     for name, cls, kw, shape in LAYERS:
         torch.manual_seed(1)
@@ -340,7 +340,7 @@ def test_cuda_path_keeps_the_subclass_forward(monkeypatch):
     convert_sync_batchnorm would build a plain SyncBatchNorm without the activation)."""
     import torch.distributed as dist
     from torch.nn.modules import _functions
-    from sapp.emit import batch_stats
+    from sapp.emit.tp import batch_stats
     calls = []
 
     def fake_sync(x, w, b, rm, rv, eps, momentum, group, world):

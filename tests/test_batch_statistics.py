@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sapp.emit import checks
+from sapp.emit.checks import plan as checks
 from sapp.errors import PlanError
 from tests.emit_workers.plans import make_plan
 

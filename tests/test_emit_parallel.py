@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sapp.emit import parallel
+from sapp.emit.tp import parallel
 
 
 def test_adam_is_fused_for_plain_parameters():

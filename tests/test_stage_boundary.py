@@ -2,7 +2,7 @@
 
 The model builds a causal mask and rotary-like angles once, from positions and a buffer, and hands
 them to every layer, as Hugging Face decoders do.  Emission gives every stage its own copy of those
-ops (sapp/emit/stage_local.py), so stage 0 hands on only the hidden state; a mask built from an input
+ops (sapp/emit/pp/stage_local.py), so stage 0 hands on only the hidden state; a mask built from an input
 or a tensor from a random op stays one value and is sent.  The cost model reads the same rule off the
 captured graph (sapp/pipeline/boundary.py) and prices what is sent: forward bytes with the data mask,
 backward bytes without it (no gradient)."""
@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sapp.emit import pipe  # noqa: E402
+from sapp.emit.pp import pipe  # noqa: E402
 
 B, S, H, V = 4, 8, 16, 32
 

@@ -140,7 +140,7 @@ OVERLAP_RULES = ("none", "ddp-buckets", "fsdp-units")
 
 
 def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
-    """How the emitted runtime (sapp/emit/parallel.wrap_dp) overlaps a stage's gradient sync with its
+    """How the emitted runtime (sapp/emit/tp/parallel.wrap_dp) overlaps a stage's gradient sync with its
     backward pass on `cluster`, one stated rule per cluster kind, not a knob:
       - "none": a serial device (CPU eager, `async_launch` False: one stream, the flat all-reduce
         runs after backward), or tensor parallelism / a pipeline under ZeRO-0/1 (DDP cannot run

@@ -1,5 +1,5 @@
 """Stage-profile pieces of sequence parallelism (sapp/search/sp_layout.py): the region entries' saved
-inputs kept as sequence shards and re-gathered in backward (Megatron; sapp/emit/sp.py does the same),
+inputs kept as sequence shards and re-gathered in backward (Megatron; sapp/emit/tp/sp.py does the same),
 and the sequence-sharded activation a stage boundary sends."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def sp_node_set(graph, strategies, mesh, roles):
 def sp_regather(graph, strategies, mesh, roles, settings, sp=None):
     """{(opener, tensor id): tp} for the inputs of sequence-parallel region entries: a column-split
     linear whose input arrives sequence-sharded all-gathers it in forward; like Megatron, the emitter
-    (sapp/emit/sp.py) saves only this rank's shard for backward and gathers it again there, so the
+    (sapp/emit/tp/sp.py) saves only this rank's shard for backward and gathers it again there, so the
     saved input costs 1/tp (Korthikanti 2022: 34/t) and backward pays one more all-gather
     (`sp_regather_time`)."""
     from ..search.tp_layout import sp_nodes

@@ -6,7 +6,7 @@ the sequence on the tp level instead: a region's entry becomes an all-gather (S(
 exit a reduce-scatter (Partial -> S(seq)) in place of the all-reduce; the ops and what they save
 shrink by 1/tp.  The cost model prices exactly that from the strategies `sp_choice` returns
 (costmodel/layouts.py reshards), no special case: SP is a choice of per-op dims on the tp level, like
-the regions themselves.  `sp_section` tells the emitter (sapp/emit/sp.py) where each runtime piece
+the regions themselves.  `sp_section` tells the emitter (sapp/emit/tp/sp.py) where each runtime piece
 goes.  Pure Python over the OpGraph: no torch."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _seq_dim(node):
 def vocab_split(graph, choice: dict, tp: int) -> dict:
     """`choice` with every token embedding split by vocabulary on the tp level, as Megatron's sequence
     parallelism runs it (VocabParallelEmbedding, its partial sums reduce-scattered straight into the
-    sequence shards: sapp/emit/sp.py's `scatter` of a 'vocab' embedding).  The sharding search alone
+    sequence shards: sapp/emit/tp/sp.py's `scatter` of a 'vocab' embedding).  The sharding search alone
     keeps a large table whole (it weighs time, and the lookup is cheaper unsplit), which leaves the
     table's weights, gradients and optimizer states on every tp rank: for the 1T GPT at t=8 about
     19 GB more on the first pipeline stage, which then holds one block fewer and pushes a third onto
@@ -325,7 +325,7 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                 where = _enclosing(cn.module, [node.module or ""] + others)
                 if any(b.startswith(where + ".") for b in blocks):
                     # an encoder-decoder's decoder reading the encoder's output: its gather could not
-                    # tell that input from the others (sapp/emit/sp_entry.check_entries refuses it), so
+                    # tell that input from the others (sapp/emit/tp/sp_entry.check_entries refuses it), so
                     # sequence parallelism is not priced here and tp runs without it
                     sec["unsupported"].append(f"{where} holds a stack of blocks and reads the sequence split of {n}")
                     continue

@@ -38,7 +38,7 @@ class Region:
 def _linear_weight(node):
     """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None.
     `addmm(bias, x, W[k, n])` is a linear too: HF's Conv1D (GPT-2's layers) stores its weight
-    transposed, and the emitter splits it along the same n / k (sapp/emit/conv1d.py)."""
+    transposed, and the emitter splits it along the same n / k (sapp/emit/tp/conv1d.py)."""
     if node.kind != "matmul" or not node.module:
         return None
     for op in node.operands:

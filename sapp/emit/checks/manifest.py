@@ -6,11 +6,11 @@
     differences(exp, obs)   -> ["zero: plan 1, emitted 2", ...]
 
 Fields: zero (0-3), fsdp_units, recompute {block: {mode, region, ops}}, tp_modules {module: style}, sp
-{norms, entries} (sequence parallelism: sapp/emit/sp.py),
+{norms, entries} (sequence parallelism: sapp/emit/tp/sp.py),
 stages {stage: [outermost blocks]}, schedule, micro_batches, host {param: host-table|offload}, precision,
 runtime (always "eager": a plan priced for the "fused" runtime is a prediction for Megatron-Core-like
 kernels that the emitted torch program does not run), ep (expert-parallel degree), cp (context-parallel
-degree the attention modules were rewritten for, sapp/emit/cp.py).
+degree the attention modules were rewritten for, sapp/emit/cp/cp.py).
 `observed` never reads the emitter's own bookkeeping where the object itself can say (a module is an
 FSDP unit because fully_shard changed its class, a layer is column-parallel because its weight is a
 DTensor sharded on dim 0 over "tp", colwise_gather when the output hook DTensor registered on it
@@ -22,8 +22,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import PlanError
-from . import checks, conv1d, ep as ep_mod, pipe, recompute, sp as sp_mod
+from ...errors import PlanError
+from . import plan as checks
+from ..tp import conv1d, sp as sp_mod
+from ..ep import experts as ep_mod
+from ..pp import pipe
+from ..recompute import checkpointing as recompute
 
 ROOT = "<root>"
 
@@ -66,7 +70,7 @@ def _runs(mod) -> bool:
     """Whether a module of a traced stage runs an operator of its own: any op of its graphs (the
     stage's InterpreterModules) that is not a stage-local copy.  (A module that only holds a buffer
     other ops read has no graph.)  In an eager stage every module present runs."""
-    from .stage_local import COPY
+    from ..pp.stage_local import COPY
     return any(n.op in ("call_function", "call_method") and not n.meta.get(COPY) for g in _graphs(mod) for n in g.nodes)
 
 
@@ -160,13 +164,13 @@ def observed(prog) -> dict:
     sched = type(prog.schedule).__name__ if prog.schedule is not None else None
     kind = {v: k for k, v in _schedules().items()}.get(sched, "none")
     n = getattr(prog.schedule, "_n_microbatches", None) if prog.schedule is not None else None
-    from .cp import observed_cp
+    from ..cp.cp import observed_cp
     out = {"zero": zero, "fsdp_units": sorted(units), "recompute": rc, "tp_modules": dict(sorted(tp.items())),
            "stages": stages, "schedule": kind, "micro_batches": int(n or prog.micro_batches or 1),
            "host": dict(sorted(host.items())), "precision": prog.precision, "sp": sp_mod.observed(mods),
            # torch eager kernels under autocast: the emitter runs no fused point-wise chains
            "runtime": "eager",
-           # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep.py)
+           # expert parallelism as run: the EP degree the MoE layers dispatch over (sapp/emit/ep/experts.py)
            "ep": max([getattr(m, "sapp_ep", 1) for mod in mods.values() for m in mod.modules()] or [1])}
     # the ranks the all-to-all runs over (one stage's dp ranks under a pipeline), and the pipeline
     # depth the schedule's stages were built for (present when > 1, like the plan's)
@@ -185,14 +189,14 @@ def observed(prog) -> dict:
 
 
 def _schedules():
-    from .pipe import SCHEDULES
+    from ..pp.pipe import SCHEDULES
     return SCHEDULES
 
 
 # ---- expected --------------------------------------------------------------------------------------
 def expected(plan, prog, regions: dict) -> dict:
     """The plan's fields for this rank.  `regions`: recompute.priced_regions (selective blocks)."""
-    from ..placement.schema import resolve
+    from ...placement.schema import resolve
     mods = _stage_mods(prog)
     dp = plan.parallel["dp"] * plan.parallel.get("cp", 1)   # ZeRO shards over dp x cp
     zero = plan.zero if dp > 1 else 0          # with one replica there is nothing to shard
@@ -265,7 +269,7 @@ def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
     hand-written tp_modules (no groups) is read as apply_tp documents it: a colwise layer keeps its
     output split only when a rowwise sibling (same parent) follows it, otherwise (an output head) its
     output is gathered; rowwise on an Embedding is the vocabulary split."""
-    from .parallel import _partnered
+    from ..tp.parallel import _partnered
     t = types.get(name, nn.Module)
     if style == "rowwise" and issubclass(t, nn.Embedding):
         return "vocab"
@@ -368,10 +372,10 @@ def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
 
 def reprice(prog) -> None:
     """sapp.evaluate of the plan rewritten to what runs; the result goes to prog.repriced and a note."""
-    from ..plan import Plan
+    from ...plan import Plan
     try:
         import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-        from ..api import evaluate
+        from ...api import evaluate
         name = prog.plan.model.get("name")
         model = name if name in set(models.names()) else prog.full_model
         if model is None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import PlanError
-from ..plan import Plan
+from ...errors import PlanError
+from ...plan import Plan
 
 # colwise_gather: a column split whose output is gathered (a lone LM head); vocab: an embedding
 # split over its rows
@@ -34,13 +34,13 @@ def _fingerprints(model: nn.Module, example_inputs):
     """Fingerprints sapp.capture gives this model: of the model alone and of model + loss (the zoo's
     WithLoss, which search may have captured).  Empty when capture is unavailable or fails."""
     try:
-        from ..capture import capture
+        from ...capture import capture
     except Exception:
         return
     if example_inputs is None:
         try:
             import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-            from ..api import CAPTURE_BATCH
+            from ...api import CAPTURE_BATCH
             # the batch search captures at: a batch of 2 coincides with BERT's 2 token types, and the
             # batch dims capture infers (part of the fingerprint) then differ
             example_inputs = models.example_inputs(model, CAPTURE_BATCH)    # on the model's device (meta is fine)
@@ -208,7 +208,7 @@ def check_batch_statistics(model: nn.Module, plan: Plan) -> None:
     dp, m, pp = plan.parallel["dp"], plan.pipeline.get("micro_batches", 1) or 1, plan.parallel["pp"]
     if not isinstance(gb, int) or dp * m <= 1:
         return
-    from ..capture.batchy import batch_stat_modules
+    from ...capture.batchy import batch_stat_modules
     for name, kind in batch_stat_modules(model).items():
         mod, torch_bn = model.get_submodule(name), kind == "torch"
         why = (f"a micro-batch of {gb // (dp * m)} (micro_batches={m}) computes differently from the whole batch"
@@ -230,12 +230,12 @@ def check_placement(plan: Plan) -> None:
 
 def check_pipeline_split(model: nn.Module, plan: Plan, example_inputs=None) -> None:
     """`sapp run`'s pre-flight of a pipeline plan, before launching: trace the split on `model`
-    (meta weights are fine) and run every stage on fake tensors (sapp/emit/preflight.py), so a
+    (meta weights are fine) and run every stage on fake tensors (sapp/emit/checks/preflight.py), so a
     split torch cannot run is refused here in one line rather than on the ranks.  Without example
     inputs (and none from the model zoo) it returns: the ranks run the same check in emit."""
     if plan.parallel["pp"] == 1:
         return
-    from . import pipe
+    from ..pp import pipe
     mbs = plan.pipeline.get("micro_batch_size") or 1
     dev = next((p.device for p in model.parameters()), None)
     if example_inputs is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 
 def _tensors(x) -> list:

@@ -32,8 +32,8 @@ import re
 
 from torch import nn
 
-from ..errors import PlanError
-from .recompute import _common_module
+from ...errors import PlanError
+from ..recompute.checkpointing import _common_module
 
 # attribute names that can hold a width or a count of heads; counters such as layer_idx never do
 _WIDTH_NAME = re.compile(r"head|embed|hidden|dim|size|split|width|channel|feature", re.I)
@@ -42,8 +42,8 @@ _WIDTH_NAME = re.compile(r"head|embed|hidden|dim|size|split|width|channel|featur
 def sharded_regions(graph, styles: dict, groups, tp: int, model: nn.Module) -> list:
     """The graph's tp regions (tp_layout.Region) whose linears the emitter shards: every opener
     and closer module is a Linear the derived plan splits (parallel._derived_styles)."""
-    from ..search import tp_layout
-    from . import parallel
+    from ...search import tp_layout
+    from ..tp import parallel
     mods = dict(model.named_modules())
     run = parallel._derived_styles(model, dict(mods), styles, groups, None, None, dry=True)
     out = []
@@ -191,8 +191,8 @@ def _quiet():
 def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_inputs: tuple) -> int:
     """Capture `model` with this rank's layer shapes (`local` stand-ins) and compare every op's
     output shape with `expected_local`; PlanError on the first difference.  Returns the ops checked."""
-    from ..capture import capture
-    from ..errors import CaptureError
+    from ...capture import capture
+    from ...errors import CaptureError
     exp = expected_local(graph, regions, tp)
     try:
         with _swapped(model, local), _quiet():
@@ -236,16 +236,16 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     at 4 heads), else none - and then the audit's refusal stands.  `fix=False` sets none (what the
     audit catches without it: tests).  `partial` (a list) receives partial_params' names.
     `sp_sec` (the plan's SP section, a plan without a pipeline): the call order is remembered for
-    sp_entry's relayout, then the sequence pieces are audited too (sapp/emit/sp_audit.py)."""
-    from ..capture import capture
-    from . import parallel
+    sp_entry's relayout, then the sequence pieces are audited too (sapp/emit/checks/sp_audit.py)."""
+    from ...capture import capture
+    from ..tp import parallel
     local = parallel.local_layers(model, styles, tp, groups)
     if not local:
         return 0
     with _quiet():
         graph = capture(model, example_inputs, target=_targets(model, example_inputs))
     if sp_sec:
-        from . import sp_entry
+        from ..tp import sp_entry
         sp_entry.remember_order(model, graph)
     regions = sharded_regions(graph, styles, groups, tp, model)
     if partial is not None:
@@ -274,9 +274,10 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
 
 def _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sec) -> None:
     """The SP section as sp.apply places it (relayouted in call order, beside the styles the
-    regions run) audited at one rank's shapes (sapp/emit/sp_audit.py)."""
-    from . import parallel, sp_audit, sp_entry
-    from .recompute import block_names
+    regions run) audited at one rank's shapes (sapp/emit/checks/sp_audit.py)."""
+    from ..tp import parallel, sp_entry
+    from . import sp_audit
+    from ..recompute.checkpointing import block_names
     sec = sp_entry.relayout(sec, model, {}, block_names(model))[0]
     run = parallel._derived_styles(model, dict(model.named_modules()), styles, groups, None, None, dry=True,
                                    sp_sec=sec)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 
 def _pieces(model, sec: dict, tp_plan: dict) -> list:
     """[(module name, "pre" | "post", "cut" | "gather", axis)] as sp.apply places them."""
-    from . import sp
+    from ..tp import sp
     mods = dict(model.named_modules())
     scatter, late = sp._late_cuts(sec, mods, tp_plan)
     out = [(n, "post", "cut", a) for n, a in scatter.items()]
@@ -46,7 +46,7 @@ def _move(x, kind: str, axis: int, tp: int):
 
 
 def _pre(kind, axis, tp):
-    from .sp import _pick
+    from ..tp.sp import _pick
 
     def hook(mod, args, kwargs):
         i = _pick(args, kwargs, axis)
@@ -82,8 +82,8 @@ def audit(model, graph, sec: dict, tp_plan: dict, local: dict, tp: int, example_
     """Capture `model` at one rank's layer shapes (`local` stand-ins) with the SP pieces of `sec` (the
     section sp.apply will place) simulated; PlanError naming the module where that fails, or when the
     output's shapes differ from `graph`'s (the global capture)."""
-    from ..capture import capture
-    from ..errors import CaptureError
+    from ...capture import capture
+    from ...errors import CaptureError
     from .preflight import _Where
     from .shape_audit import _quiet, _swapped, _targets
     handles, where = [], None

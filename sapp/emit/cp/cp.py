@@ -2,7 +2,7 @@
 
     cp ranks share every sample: each holds 2 of the sequence's 2·cp chunks (rank r: chunks r and
     2cp-1-r, so causal work is even), runs the whole layer on its tokens, and all-gathers the keys
-    and values of the whole sequence before attention (sapp/emit/cp_attention.py: all-gather
+    and values of the whole sequence before attention (sapp/emit/cp/cp_attention.py: all-gather
     forward, the gradients' reduce-scatter backward).  Queries stay local; the causal mask compares
     global positions.  Position ids are the tokens' global positions.  Parameters are replicated over
     cp, and the gradients are averaged over dp x cp: the emitter's data-parallel group is dp·cp ranks
@@ -12,7 +12,7 @@
 
 What it covers: the zoo GPT (eager or SDPA attention, learned positions) and Llama (SDPA, rotary,
 grouped-query), and Hugging Face models whose attention runs through transformers' attention
-interface (sapp/emit/cp_hf.py: Llama, Qwen2, Mistral, ...), with pp = 1, any tp and ZeRO 0-3.  A
+interface (sapp/emit/cp/cp_hf.py: Llama, Qwen2, Mistral, ...), with pp = 1, any tp and ZeRO 0-3.  A
 pipeline or host placement with cp is refused before training (`check_plan`), as is a model whose
 attention cannot be rewritten (`apply`), each with a PlanError saying what to change.  On gloo (no
 reduce-scatter) the backward is an all-reduce keeping this rank's chunk: the same numbers, more bytes
@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from ..costmodel.context import check_sequence, chunk_positions
-from ..errors import PlanError
+from ...costmodel.context import check_sequence, chunk_positions
+from ...errors import PlanError
 from .cp_attention import Layout, _resolve, fused_attention, gather_kv
-from .program import Program
+from ..runtime.program import Program
 
 
 # ---- plan checks ---------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.T
     return t.index_select(dim, positions(t.shape[dim], cp, rank, t.device))
 
 
-# ---- module rewrites (the zoo's models; Hugging Face models: sapp/emit/cp_hf.py) ----------------------
+# ---- module rewrites (the zoo's models; Hugging Face models: sapp/emit/cp/cp_hf.py) ----------------------
 def _embed_forward(self, ids):
     lay = self._sapp_cp_pos
     return self.drop(self.tok(ids) + self.pos(lay.positions(ids.shape[1], ids.device)))
@@ -86,7 +86,7 @@ def _gpt_attention_forward(self, x):
 
 
 def _llama_attention_forward(self, x):
-    from ..models.llama import rotate
+    from ...models.llama import rotate
     b, t, _ = x.shape
     lay = self._sapp_cp
     q = self.wq(x).view(b, t, -1, self.hd).transpose(1, 2)
@@ -104,7 +104,7 @@ def apply(model, group, cp: int, rank: int) -> int:
     """Rewrite the attention (and learned positions) of `model` for cp ranks; returns the attention
     modules rewritten.  The zoo GPT (eager or SDPA attention) and Llama are rewritten here, Hugging
     Face models through transformers' attention interface (cp_hf).  PlanError for a model with none."""
-    from ..models import gpt, llama
+    from ...models import gpt, llama
     from . import cp_hf
     lay = Layout(group, cp, rank)
     n = 0

@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from ..costmodel.context import balanced_chunks, check_sequence
-from ..errors import PlanError
+from ...costmodel.context import balanced_chunks, check_sequence
+from ...errors import PlanError
 
 
 # The K/V exchange as two custom operators (torch.library): eager code calls them like any op, and
 # torch.export keeps them as single nodes, so a pipeline stage traced from a cp-prepared model runs
-# the same exchange (sapp/emit/pipe.py).  The group travels by name (ProcessGroup.group_name).
+# the same exchange (sapp/emit/pp/pipe.py).  The group travels by name (ProcessGroup.group_name).
 @torch.library.custom_op("sapp::cp_gather", mutates_args=())
 def _gather(x: torch.Tensor, group_name: str, dim: int) -> torch.Tensor:
     group = _resolve(group_name)
@@ -112,7 +112,7 @@ class Layout:
                 raise PlanError(f"a cp={self.cp} rank holds {t} tokens, which is not two equal chunks; use a "
                                 f"sequence length divisible by {2 * self.cp}")
             # built from aranges (no tensor constants): in a traced stage these are position-only
-            # ops every stage recomputes (sapp/emit/stage_local.py) instead of receiving them
+            # ops every stage recomputes (sapp/emit/pp/stage_local.py) instead of receiving them
             mine = self._chunks(seq, self.rank, device)
             keys = torch.cat([self._chunks(seq, r, device) for r in range(self.cp)])
             got = (mine, keys, torch.argsort(keys))

@@ -5,7 +5,7 @@ model's config at it.  It receives each layer's q, k, v after the projections an
 (k, v un-repeated under grouped-query attention: what is gathered and priced), all-gathers k and v
 over the cp group and attends as the model's own implementation would:
 - "sdpa" (the default of HF models) or a flash kernel: fused attention per local chunk
-  (sapp/emit/cp_attention.py), the kernel sapp prices for an `attention` operator;
+  (sapp/emit/cp/cp_attention.py), the kernel sapp prices for an `attention` operator;
 - "eager": the model file's own `eager_attention_forward` on the gathered keys with an additive mask
   of global positions, so the ops and the saved s² terms are those the capture priced.
 
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from ..errors import PlanError
+from ...errors import PlanError
 from .cp_attention import Layout, fused_attention, gather_kv
 
 NAME = "sapp_cp"

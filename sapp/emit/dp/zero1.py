@@ -81,7 +81,7 @@ class LocalShardZero1:
         if self.optim is not None:
             self.optim.load_state_dict(sd)
 
-    # Checkpoints name optimizer state per parameter (sapp/emit/train_state.py), so that a checkpoint
+    # Checkpoints name optimizer state per parameter (sapp/emit/runtime/train_state.py), so that a checkpoint
     # written under one plan loads under any other: the shards are gathered to whole per-parameter
     # tensors on save and sliced back on load.  Collective over the dp group: every rank calls these
     # for the same parameters in the same order.
@@ -133,7 +133,7 @@ class LocalShardZero1:
 def make(params, kind: str, lr: float, dp_group) -> LocalShardZero1:
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}.get(kind)
     if cls is None:
-        from ..errors import PlanError
+        from ...errors import PlanError
         raise PlanError(f"optimizer {kind!r} is not supported; use adam, adamw or sgd")
     kw = {"lr": lr}
     if kind != "sgd":

@@ -9,7 +9,7 @@ Contract with the model (sapp/models/moe.py): an MoE module has `E`, `w_in` [E, 
 `offs`; this module swaps `experts_fn` and replaces the weights by this rank's slice.
 
 Emitted for tp = 1, ZeRO-0 or ZeRO-1 (experts' optimizer states sharded over expert-DP,
-sapp/emit/zero1.py; what the joint search offers ep > 1 with), with or without pipeline stages;
+sapp/emit/dp/zero1.py; what the joint search offers ep > 1 with), with or without pipeline stages;
 anything else is a PlanError naming what to change.
 
 Under a pipeline (pp > 1) the EP and expert-DP groups are a stage's own: the ep consecutive dp ranks of
@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 
 def moe_modules(model: nn.Module) -> list:
-    from ..models.moe import ep_capable
+    from ...models.moe import ep_capable
     return [(n, m) for n, m in model.named_modules() if ep_capable(m)]
 
 

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import PlanError
-from ..placement.schema import resolve, validate_section
+from ...errors import PlanError
+from ...placement.schema import resolve, validate_section
 
 
 # ---- timings ------------------------------------------------------------------------------------
@@ -552,7 +552,7 @@ def train_steps(model, section, batches, steps, device, *, lr=1e-3, optimizer="a
         optimizers = build_optimizers(model, section, lr, optimizer=optimizer, ftrl_lr=ftrl_lr,
                                       overrides={"wide*": "ftrl"} if wd else None)
     if loss_fn is None and not wd:
-        from ..models import loss_fn as zoo_loss
+        from ...models import loss_fn as zoo_loss
         loss_fn = zoo_loss(model)
     stats = _stats(model)
     stats.take()

@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import PlanError
-from ..models.hf import eager_masks
-from . import graph_fix, preflight
+from ...errors import PlanError
+from ...models.hf import eager_masks
+from . import graph_fix
+from ..checks import preflight
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 
@@ -41,7 +42,7 @@ def trace(model: nn.Module, example_mb: tuple, points: list, local: dict = None)
     """torch.export the model once and cut it BEFORE each split point; every stage is then checked
     in-process (preflight) so a stage torch cannot run fails here, on every rank alike, as one line.
     `local`: {module name: stand-in} traced in place of those modules (tensor-parallel layers at
-    this rank's shapes, sapp.emit.parallel.local_layers); the model is restored afterwards."""
+    this rank's shapes, sapp.emit.tp.parallel.local_layers); the model is restored afterwards."""
     saved = {}
     for name, stand_in in (local or {}).items():
         parent, _, child = name.rpartition(".")
@@ -70,7 +71,7 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
             names = frozenset(n for n, _ in model.named_modules())
             pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
-        from ..capture.retry import data_dependent
+        from ...capture.retry import data_dependent
         if data_dependent(_innermost(e)):
             # capture may take such a branch as the example's values do (it only prices the graph); a
             # stage traced so would run that branch for every later batch
@@ -227,7 +228,7 @@ def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     if kind == "interleaved":
         # torch 2.13's flex interleaving: rounds = max(1, m // pp) must divide m (any v, any
         # stage sizes); refused here in one line rather than by torch's ValueError on the ranks
-        from ..pipeline.schedule import interleave_rounds
+        from ...pipeline.schedule import interleave_rounds
         pp = stages[0].group_size
         if interleave_rounds(pp, n_micro) is None:
             raise PlanError(f"interleaved 1F1B cannot run {n_micro} micro-batches over pp={pp} (torch needs a "

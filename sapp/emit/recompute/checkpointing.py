@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 aten = torch.ops.aten
 # matmuls whose operands may both be activations (q.k^T, att.v); a linear layer runs addmm / mm on a
@@ -87,8 +87,8 @@ def priced_regions(model: nn.Module, modes: dict, example_inputs) -> dict:
     sel = sorted(b for b, m in modes.items() if m == "selective")
     if not sel:
         return {}
-    from ..capture import capture
-    from ..pipeline.profile import attention_core
+    from ...capture import capture
+    from ...pipeline.profile import attention_core
     graph, err = None, None
     # the zoo's own inputs first (what search captured); a model the zoo does not know needs the caller's
     for how in ("zoo", "given"):
@@ -246,7 +246,7 @@ def _checkpointed(mod: nn.Module, selective_record: dict | None = None, selectiv
         # allow_cache_entry_mutation: a dropout after the core fills its saved mask in place
         # (empty_like, bernoulli_, div_); the cached final values are the ones backward needs
         def ctx():
-            from . import memory_meter     # a test's meter counts the cache as saved activations
+            from ..runtime import memory_meter     # a test's meter counts the cache as saved activations
             return memory_meter.meter_sac(create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation=True))
         return checkpoint(inner, *args, use_reentrant=False, context_fn=ctx, **kwargs)
 

@@ -1,5 +1,5 @@
 """Checkpoints of a training run on disk: written with torch.distributed.checkpoint (every rank its own
-shards, see sapp/emit/train_state.py for what is in them), committed atomically, verified on resume.
+shards, see sapp/emit/runtime/train_state.py for what is in them), committed atomically, verified on resume.
 
 Layout of --checkpoint-dir:
     step-00000004/            a committed checkpoint after 4 training steps
@@ -22,7 +22,7 @@ older ones by renaming them to .del-* first, then any stale .tmp-* / .del-* dire
 left without its marker.
 
 Nothing in the directory is followed or executed: entries that are symlinks or not directories are
-refused, DCP's pickled .metadata is read by sapp/emit/dcp_reader.py (DCP's metadata classes only).
+refused, DCP's pickled .metadata is read by sapp/emit/runtime/dcp_reader.py (DCP's metadata classes only).
 
 Resume: rank 0 walks the committed checkpoints newest first and takes the first whose files all match
 their marker (a damaged newer one is reported in one line and skipped), then tells every rank which.
@@ -43,7 +43,7 @@ from .train_state import CheckpointError, LoadTargets, Names, save_entries
 MARKER = "sapp-checkpoint.json"
 LOCK = ".sapp-lock"
 # Checkpoint collectives wait for the slowest rank's writes: minutes for a large model, far beyond the
-# training group's short hang timeout (sapp/emit/dist.py).  They run on their own gloo group (object
+# training group's short hang timeout (sapp/emit/runtime/dist.py).  They run on their own gloo group (object
 # collectives on the CPU, also under nccl); a rank that dies meanwhile is ended by torchrun's agent.
 TIMEOUT_S = 600.0
 _NAME = re.compile(r"^step-(\d{8})$")
@@ -203,7 +203,7 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
     """Refuse an unwritable or too-full checkpoint directory before any training (creates it), and,
     for a run that starts afresh, one that holds another run's checkpoints (retention orders by step:
     the old run's later steps would outlive the new run's and be what a restart resumes from)."""
-    from ..units import fmt_bytes
+    from ...units import fmt_bytes
     probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
@@ -297,7 +297,7 @@ class Checkpointer:
     """Save and find checkpoints of one run in `directory` (every call is collective over all ranks)."""
 
     def __init__(self, directory: str, *, keep: int = 2, names: Names = None, world: int = 1, log=print):
-        """`names`: sapp.emit.train_state.model_names(model) of the model given to emit."""
+        """`names`: sapp.emit.runtime.train_state.model_names(model) of the model given to emit."""
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
@@ -430,7 +430,7 @@ def write_failure(tmp: str, e) -> str:
     if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         hint = "free space in --checkpoint-dir or choose another"
     else:         # torch.save's writer reports a short write as "unexpected pos": say what the disk has
-        from ..units import fmt_bytes
+        from ...units import fmt_bytes
         try:
             free = f"{fmt_bytes(shutil.disk_usage(os.path.dirname(tmp) or '.').free)} free there"
         except OSError:

@@ -18,7 +18,7 @@ import importlib
 
 import torch
 
-from ..errors import SappError
+from ...errors import SappError
 
 
 class DataError(SappError, ValueError):
@@ -31,7 +31,7 @@ def _tuple(x):
 
 def load(path: str):
     """(inputs tuple, targets) from a torch.save'd (inputs, targets) pair with a leading sample axis."""
-    from ..fileio import special_kind
+    from ...fileio import special_kind
     kind = special_kind(path)
     if kind:        # torch.load would block on a FIFO
         raise DataError(f"data file {path} is {kind}, not a file; give a torch.save'd (inputs, targets) file")
@@ -58,7 +58,7 @@ def is_factory(spec: str) -> bool:
 
 def resolve_factory(spec: str):
     """The callable named by `pkg.module:name` (import errors become one-line DataErrors)."""
-    from ..models.resolve import cwd_on_path
+    from ...models.resolve import cwd_on_path
     mod, _, fn = spec.rpartition(":")
     cwd_on_path()                  # like --model: the folder the command was typed in
     try:

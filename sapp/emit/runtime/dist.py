@@ -47,7 +47,7 @@ def _bound_store(timeout):
         return dist.TCPStore(addr, port, world, False, timeout=timeout)
     sock = bound_listener(addr, port)
     if sock is None:
-        from ..errors import SappError
+        from ...errors import SappError
         raise SappError(f"rank 0 cannot listen on MASTER_ADDR {addr}:{port} (not an address of this machine, "
                            "or the port is taken)")
     _LISTENERS.append(sock)          # the store serves on this socket's fd for the job's life

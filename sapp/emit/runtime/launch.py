@@ -1,10 +1,10 @@
-"""torchrun for `sapp run` (python -m sapp.emit.launch TORCHRUN-ARGS...): torch.distributed.run with a
+"""torchrun for `sapp run` (python -m sapp.emit.runtime.launch TORCHRUN-ARGS...): torch.distributed.run with a
 rendezvous backend, "sapp-c10d", whose TCPStore listens on one address instead of every interface.
 
 torch's c10d rendezvous store and the store rank 0 hosts for init_process_group bind the wildcard
 address, so anyone who can reach the machine can talk to them (they have no authentication).  Here
 the rendezvous store listens on the --rdzv-endpoint address only (127.0.0.1 for a single-node run),
-and the workers' store on MASTER_ADDR (sapp/emit/dist.py, asked for by SAPP_BIND_STORE=1), which
+and the workers' store on MASTER_ADDR (sapp/emit/runtime/dist.py, asked for by SAPP_BIND_STORE=1), which
 `sapp run` sets with --local-addr.  Otherwise it is torch's own dynamic rendezvous over the same
 store.  A rendezvous that times out (a node never joined) ends in one line naming the missing node
 ranks: every agent writes `sapp/node/<its --node-rank>` into the store when it joins (SAPP_NODE_RANK)."""

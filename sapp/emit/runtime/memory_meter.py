@@ -14,7 +14,7 @@ from the objects that hold it, in device bytes, each storage once:
   optimizer    the device optimizers' state tensors after their step (host optimizers excluded)
   activations  peak live bytes of tensors saved for backward: saved-tensor hooks (autograd, and the
                inputs a non-reentrant checkpoint keeps) plus what selective checkpointing caches
-               (sapp/emit/recompute.py reports its cache here), parameters and their views excluded
+               (sapp/emit/recompute/checkpointing.py reports its cache here), parameters and their views excluded
   transient    how far saved + FSDP2's gathered (unsharded) parameters ever rise above the activation
                peak (sampled whenever a tensor is saved, or used by backward)
   buffers      the flat gradient all-reduce buffer the CPU data-parallel path keeps (not priced)

@@ -13,11 +13,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from ..capture.blocks import container_children
-from ..errors import PlanError
-from ..models.data import logits_of
-from . import checks, ep as ep_mod, manifest as manifest_mod, parallel, pipe as pipe_mod, recompute, sp as sp_mod, zero1
-from . import sparse as sparse_mod
+from ...capture.blocks import container_children
+from ...errors import PlanError
+from ...models.data import logits_of
+from ..checks import plan as checks, manifest as manifest_mod
+from ..ep import experts as ep_mod
+from ..tp import parallel, sp as sp_mod
+from ..pp import pipe as pipe_mod
+from ..recompute import checkpointing as recompute
+from ..dp import zero1
+from ..host import sparse as sparse_mod
 from .dist import default_device, rank_world
 
 
@@ -52,7 +57,7 @@ class Program:
     """One rank's training program.  Attributes: plan, rank, world, device, coords (pp_i, dp_i, tp_i),
     dp/tp/pp, modules (this rank's model or stage modules, wrapped), parameters, optimizers, mesh,
     notes (what the emitter decided beyond the plan), recomputed (module names checkpointed),
-    manifest (what runs: sapp/emit/manifest.py), mismatches (allowed differences from the plan),
+    manifest (what runs: sapp/emit/checks/manifest.py), mismatches (allowed differences from the plan),
     repriced (sapp.evaluate of what runs, when it differs and that was allowed)."""
 
     def __init__(self, **kw):
@@ -84,7 +89,7 @@ class Program:
         return self.dp
 
     def _local(self, rows):
-        """This rank's part of its rows (all of them; sapp/emit/cp.py keeps its tokens)."""
+        """This rank's part of its rows (all of them; sapp/emit/cp/cp.py keeps its tokens)."""
         return rows
 
     @property
@@ -193,7 +198,7 @@ class _HostSync:
         self.module, self.section, self.group = module, section, group
 
     def __call__(self):
-        from . import host
+        from ..host import host
         host.sync_host_grads(self.module, self.section, group=self.group)
 
 
@@ -254,7 +259,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
          grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
     """Turn `plan` into this rank's training program for `model` (identically initialised on every
     rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
-    plan has more than one device (sapp.emit.dist.init() does it from the torchrun environment).
+    plan has more than one device (sapp.emit.runtime.dist.init() does it from the torchrun environment).
 
     loss_fn(logits, targets): the loss, called on `logits_of(model output)` (an HF output's .logits),
     as capture calls it (sapp.models.WithLoss): one contract for search and training.
@@ -263,7 +268,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     parameter-count and zoo-name checks still run), e.g. when a launcher already did it.
     grad_sync (data parallelism without ZeRO-2/3): "auto" = DDP on CUDA, one flat all-reduce after
     backward on CPU; "ddp" or "allreduce" force one.
-    allow_mismatch: where what runs differs from the plan (see sapp/emit/manifest.py), keep going with
+    allow_mismatch: where what runs differs from the plan (see sapp/emit/checks/manifest.py), keep going with
     a loud note and a re-priced prediction instead of raising PlanError."""
     if grad_sync not in ("auto", "ddp", "allreduce"):
         raise PlanError(f"grad_sync must be 'auto', 'ddp' or 'allreduce', got {grad_sync!r}")
@@ -274,8 +279,8 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     par = plan.parallel
     if par["tp"] > 1 and checks.tp_groups(plan):
         # before any collective: local head counts set, then every op's shape at one rank's layer
-        # shapes checked against the plan's split (sapp/emit/shape_audit.py)
-        from . import shape_audit
+        # shapes checked against the plan's split (sapp/emit/checks/shape_audit.py)
+        from ..checks import shape_audit
         ex = _example_inputs(model, plan, example_inputs, 2, "cpu")
         audit_notes, partial = [], []
         shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), par["tp"], ex, audit_notes,
@@ -284,14 +289,14 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         audit_notes, partial = [], []
     if world > 1 and not dist.is_initialized():
         raise PlanError("the plan needs several processes but torch.distributed is not initialised; launch with "
-                        "`sapp run` / torchrun and call sapp.emit.dist.init() first")
+                        "`sapp run` / torchrun and call sapp.emit.runtime.dist.init() first")
     device = torch.device(device) if device is not None else default_device()
     pp, dp, tp = par["pp"], par["dp"], par["tp"]
     cp = par.get("cp", 1)
     if cp > 1:
-        # context parallelism (sapp/emit/cp.py): parameters are replicated over dp x cp, so from here
+        # context parallelism (sapp/emit/cp/cp.py): parameters are replicated over dp x cp, so from here
         # on "dp" is that gradient group; the data shard and the attention know the split
-        from . import cp as cp_mod
+        from ..cp import cp as cp_mod
         cp_mod.check_plan(plan)
         dp = dp * cp
     me = parallel.coords(rank, pp, dp, tp)
@@ -351,7 +356,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
 
     wrapped, hooks, optimizers, recomputed, eff_zero = {}, [], [], {}, zero
     # ZeRO-1: gradients synchronised like ZeRO-0, optimizer states sharded evenly, element by element,
-    # over the dp group (sapp/emit/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
+    # over the dp group (sapp/emit/dp/zero1.py) -- under TP not FSDP's ZeRO-2, with host placement not a
     # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
     local_zero1 = zero == 1 and dp > 1
     ep = ep_mod.check(plan, model)
@@ -362,7 +367,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
             _autocast_stage(mod, device, half)
     for s, mod in raw.items():
         if host_groups:
-            from . import host      # engineer H4's host placement: host tables stay on the CPU
+            from ..host import host      # engineer H4's host placement: host tables stay on the CPU
             host.apply_placement(mod, placement, device)
         else:
             mod.to(device)
@@ -373,7 +378,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
                               groups=checks.tp_groups(plan), sp_sec=sp_mod.section(plan))
         host_names = ()
         if host_groups and dp > 1:
-            from . import host
+            from ..host import host
             host_names = tuple(host.ignore_host_params_in_ddp(mod, placement))
             if host_names:
                 hooks.append(_HostSync(mod, placement, parallel.gloo_dp_group(mesh, device, pp, dp, tp)))
@@ -412,7 +417,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     for s, mod in raw.items():
         sparse_ids = {id(p) for n, p in mod.named_parameters() if n in set(sparse_names[s])}
         if host_groups:
-            from . import host
+            from ..host import host
             opts = list(host.build_optimizers(mod, placement, lr, optimizer=optimizer,
                                               overrides={n: "sparse_adam" for n in sparse_names[s]},
                                               overlap=_offload_overlap(mod, plan, dp, pp, blocks, hooks)))

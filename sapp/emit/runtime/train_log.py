@@ -59,7 +59,7 @@ class StepLog:
         tty = getattr(self.stream, "isatty", None)
         self.bar = None
         if rank == 0 and tty and tty():
-            from ..report.progress import Progress
+            from ...report.progress import Progress
             self.bar = Progress(total=total_steps, label="training", stream=self.stream)
             self.bar.update(start)
         # rank 0 alone prints steps; on a terminal its bar replaces the lines

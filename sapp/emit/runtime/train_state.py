@@ -1,7 +1,7 @@
 """A training program's state as one flat dict of tensors keyed by the ORIGINAL model's parameter names,
 so that a checkpoint written under one plan loads under any other: torch.distributed.checkpoint (DCP)
 matches entries by key and reshards what differs (plain tensor <-> FSDP2 / tensor-parallel DTensor
-shards), and a pipeline stage's parameters keep the un-split model's names (sapp/emit/pipe.py).
+shards), and a pipeline stage's parameters keep the un-split model's names (sapp/emit/pp/pipe.py).
 
     model.<name>            parameters and persistent buffers
     optim.<name>.<key>      optimizer state of that parameter: Adam / AdamW / SparseAdam: step,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import SappError
+from ...errors import SappError
 
 
 class CheckpointError(SappError, RuntimeError):
@@ -79,7 +79,7 @@ def _names(prog, names: Names) -> dict:
 def _optimizer_pairs(opt):
     """[(the optimizer holding the state, state parameter, named parameter)]."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    from .host import OffloadAdam
+    from ..host.host import OffloadAdam
     if isinstance(opt, ZeroRedundancyOptimizer):      # this rank's partition only
         return [(opt.optim, p, p) for g in opt.optim.param_groups for p in g["params"]]
     if isinstance(opt, OffloadAdam):    # dense masters in .inner, sparse tables' in .inner_sparse
@@ -98,7 +98,7 @@ def _group_of(opt, p):
 def _fresh_state(opt, p) -> dict:
     """The state `opt` would create for `p` at its first step (zeros), to load a checkpoint into."""
     from torch.optim.optimizer import _get_scalar_dtype
-    from .host import SparseFtrl
+    from ..host.host import SparseFtrl
     g = _group_of(opt, p)
     if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
         fused = bool(g.get("fused")) or bool(g.get("capturable"))
@@ -151,7 +151,7 @@ def save_entries(prog, names: Names) -> dict:
             out[f"model.{a}"] = v
     names_of = _names(prog, names)
     for opt in prog.optimizers:
-        if getattr(opt, "zero_stage", None) == 1:     # sapp/emit/zero1.py: gathered per parameter
+        if getattr(opt, "zero_stage", None) == 1:     # sapp/emit/dp/zero1.py: gathered per parameter
             for i, p in enumerate(opt.params):
                 for key, v in opt.full_state(i).items():
                     for n in names_of[id(p)]:
@@ -231,7 +231,7 @@ class LoadTargets:
                 else:
                     st[k] = v
             inner.state[sp] = st
-        from .host import OffloadAdam
+        from ..host.host import OffloadAdam
         for opt in self.prog.optimizers:     # the host masters are the fp32 parameters just loaded
             if isinstance(opt, OffloadAdam):
                 with torch.no_grad():

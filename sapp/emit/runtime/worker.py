@@ -1,18 +1,18 @@
-"""One rank of `sapp run` (started by torchrun):  python -m sapp.emit.worker PLAN --model NAME ...
+"""One rank of `sapp run` (started by torchrun):  python -m sapp.emit.runtime.worker PLAN --model NAME ...
 
 Order: plan -> model -> data -> process group -> checkpoint directory check -> emit -> resume ->
-steps (checkpoint every N) -> summary.  Logs each step (sapp/emit/train_log.py); rank 0 ends with the
+steps (checkpoint every N) -> summary.  Logs each step (sapp/emit/runtime/train_log.py); rank 0 ends with the
 measured step time next to the plan's prediction and, with --out, a JSON result whose `losses` cover
 every step of the run, restored ones included.
 
-Checkpoints (sapp/emit/checkpoint.py): --checkpoint-dir D saves after every --checkpoint-every N steps
+Checkpoints (sapp/emit/runtime/checkpoint.py): --checkpoint-dir D saves after every --checkpoint-every N steps
 and after the last; --resume continues from the newest intact checkpoint in D (or from the one named),
 under this plan whatever plan wrote it.  A worker restarted by torchrun (--max-restarts,
 TORCHELASTIC_RESTART_COUNT > 0) resumes from D by itself.
 
 SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself,
 "RANK:STEP:raise" raise an exception (tests: a dead rank ends the job; a killed rank restarts from
-the last checkpoint; a failure is reported once, sapp/emit/failure.py); only in a job's first
+the last checkpoint; a failure is reported once, sapp/emit/runtime/failure.py); only in a job's first
 attempt, so the restarted workers run through."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="sapp.emit.worker")
+    p = argparse.ArgumentParser(prog="sapp.emit.runtime.worker")
     p.add_argument("plan")
     p.add_argument("--model", required=True)
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
@@ -124,9 +124,10 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-    from ..errors import SappError
-    from ..plan import Plan
-    from . import checkpoint as ckpt_mod, dist as dist_mod, emit
+    from ...errors import SappError
+    from ...plan import Plan
+    from . import checkpoint as ckpt_mod, dist as dist_mod
+    from .. import emit
     from .train_log import StepLog, log_error
     from .train_state import model_names
     rank, world = dist_mod.rank_world()

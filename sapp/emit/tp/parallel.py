@@ -14,7 +14,7 @@ Mapping (plan feature -> torch runtime):
                   ZeroRedundancyOptimizer cannot hold DTensors, so it runs as zero 2
   zero 2          FSDP2 fully_shard(reshard_after_forward=False) per block + root over mesh["dp"]
   zero 3          FSDP2 fully_shard per block + root over mesh["dp"]
-  host tables     kept out of DDP / FSDP2 / the all-reduce; sapp/emit/host.py averages their sparse
+  host tables     kept out of DDP / FSDP2 / the all-reduce; sapp/emit/host/host.py averages their sparse
                   gradients over a gloo dp group
 Pipeline stages are traced (torch.export) and hold InterpreterModules instead of nn.Linear: tensor
 parallelism puts a copy of the original layer back before sharding it (PP x TP)."""
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import batch_stats, conv1d, dtensor_local, sp
-from .recompute import block_names
+from ..recompute.checkpointing import block_names
 
 
 def build_mesh(device: torch.device, pp: int, dp: int, tp: int):
@@ -78,7 +78,7 @@ def _splittable(m) -> bool:
     """A Linear / Embedding DTensor's styles can split: one holding sub-modules with parameters of
     their own (an HF embedding subclass with a scale or a projection inside) makes DTensor register
     dotted parameter names (KeyError "parameter name can't contain '.'").  HF's Conv1D too, with
-    styles of its own (sapp/emit/conv1d.py)."""
+    styles of its own (sapp/emit/tp/conv1d.py)."""
     return conv1d.is_conv1d(m) or (isinstance(m, (nn.Linear, nn.Embedding)) and not any(
         True for c in m.children() for _ in c.parameters()))
 
@@ -114,7 +114,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
             continue
         for n in here:
             style = styles[n]
-            # sequence parallelism (sapp/emit/sp.py) moves an entry's gather / an exit's reduction here
+            # sequence parallelism (sapp/emit/tp/sp.py) moves an entry's gather / an exit's reduction here
             kw = sp.adjust(n, style, sp_sec or {}, {})
             if dry:
                 plan[n] = style
@@ -176,13 +176,13 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
     the styles meaning exactly what tp_layout derived.  Without groups (hand-written plans) a colwise
     layer keeps its output split when a rowwise sibling follows it (same parent), and other layer
     types stay replicated, with a note: still correct, only slower.  HF's Conv1D (GPT-2) is split
-    like a Linear on its own [in, out] layout (sapp/emit/conv1d.py).
+    like a Linear on its own [in, out] layout (sapp/emit/tp/conv1d.py).
     `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
     from torch.distributed.tensor import Replicate
     ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's, also for Conv1D
     mods = dict(module.named_modules())
     if groups is not None:
-        if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/sp_entry.py)
+        if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/tp/sp_entry.py)
             sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         if plan:
@@ -218,7 +218,7 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
 
 def _parallelize(module, tp_mesh, plan: dict) -> None:
     """parallelize_module, the layers' outputs handed on as local tensors the model may modify in
-    place (sapp/emit/dtensor_local.py)."""
+    place (sapp/emit/tp/dtensor_local.py)."""
     from torch.distributed.tensor.parallel import parallelize_module
     dtensor_local.hand_back_local(module, plan)
     parallelize_module(module, tp_mesh, plan)
@@ -369,7 +369,7 @@ def make_optimizer(params, kind: str, lr: float, *, zero: int, dp_group=None):
     params = [p for p in params if p.requires_grad]
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}.get(kind)
     if cls is None:
-        from ..errors import PlanError
+        from ...errors import PlanError
         raise PlanError(f"optimizer {kind!r} is not supported; use adam, adamw or sgd")
     kw = {"lr": lr}
     if kind in ("adam", "adamw") and params and all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda")

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
 from . import dtensor_local, sp_entry
-from .recompute import block_names
+from ..recompute.checkpointing import block_names
 
 
 def section(plan) -> dict:
@@ -290,7 +290,7 @@ class _Gathered:
 def _regather(entry: nn.Module, axis: int, openers: list, tp_mesh, index=None) -> None:
     """Saved-tensor hooks around the entry's column-split linears: a saved tensor living in the gathered
     input's storage is kept as this rank's sequence shard and all-gathered again when backward needs it."""
-    from . import memory_meter
+    from ..runtime import memory_meter
     group = tp_mesh.get_group()
     n, me = dist.get_world_size(group), dist.get_rank(group)
     g = _Gathered()

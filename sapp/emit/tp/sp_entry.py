@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 # module -> {sub-module name: index of the first op it runs}, from a capture of that module (the
 # shape audit's): the order forward calls them in, which registration order need not be

@@ -171,7 +171,7 @@ def _cp_searched(ctx, c, pp, tp):
     below, without a pipeline only (short sequences: cp is one way among several to cut activation
     traffic there, and pipelined cp configurations multiply the space for little: GPT-3 175B on 1024
     A100, 6,648 -> 54,248 configurations, search 1.06 -> 2.35 s CPU, the same plan), unless cp is
-    pinned.  sapp run emits every form (sapp/emit/cp.py)."""
+    pinned.  sapp run emits every form (sapp/emit/cp/cp.py)."""
     if c.cp is not None:
         return True
     seq = _seq(ctx) or 0
