@@ -14,8 +14,8 @@ from torch.nn import functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sapp.emit.runtime import program
-from sapp.emit.checks import shape_audit  # noqa: E402
+from sapp.emit import emit  # noqa: E402
+from sapp.emit.checks import before, shape_audit  # noqa: E402
 from sapp.errors import PlanError  # noqa: E402
 
 D, H, SEQ, VOCAB, BATCH = 64, 4, 16, 128, 8
@@ -87,10 +87,10 @@ def test_audit_refuses_a_stored_head_count_before_any_step(planted, monkeypatch)
     """The fix off: the audit names the module, the op and both shapes, before any process group
     exists (emit raises before its own 'torch.distributed is not initialised' check)."""
     plan, ids = planted
-    monkeypatch.setattr(program, "LOCALISE", False)
+    monkeypatch.setattr(before, "LOCALISE", False)
     torch.manual_seed(0)
     with pytest.raises(PlanError) as e:
-        program.emit(Net(), plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
+        emit(Net(), plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
     msg = str(e.value)
     assert "\n" not in msg
     assert "module 'blocks.0.attn', op aten.view.default gives [8, 8, 4, 16]" in msg, msg
@@ -104,7 +104,7 @@ def test_local_head_count_passes_the_audit(planted):
     torch.manual_seed(0)
     model = Net()
     with pytest.raises(PlanError, match="torch.distributed is not initialised"):
-        program.emit(model, plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
+        emit(model, plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
     attn = model.blocks[1].attn
     assert (attn.num_heads, attn.embed_dim, attn.head_dim) == (H // 2, D // 2, D // H)
 

@@ -15,7 +15,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from sapp.capture.blocks import container_children  # noqa: E402
-from sapp.emit.checks import manifest
+from sapp.emit.checks import manifest  # noqa: E402
 from sapp.emit.pp import pipe  # noqa: E402
 from tests.emit_workers import pp_toys  # noqa: E402
 

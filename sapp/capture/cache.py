@@ -116,7 +116,7 @@ def key_for(spec: str, batch: int) -> str | None:
     facts = model_facts(spec)
     if facts is None:
         return None
-    from .. import __version__
+    from ..version import __version__
     facts.update({"batch": batch, "default_dtype": _default_dtype(), "sapp": __version__,
                   "torch": _version("torch"), "python": list(sys.version_info[:2]),
                   "sources": sources_hash(), "format": graph_json.FORMAT})
