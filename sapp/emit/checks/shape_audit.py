@@ -25,15 +25,13 @@ Context and expert parallelism change shapes outside the regions and are checked
 (cp.py, ep.py)."""
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import re
 
 from torch import nn
 
 from ...errors import PlanError
 from ..recompute.checkpointing import _common_module
+from .rank_capture import quiet as _quiet, swapped as _swapped, targets as _targets
 
 # attribute names that can hold a width or a count of heads; counters such as layer_idx never do
 _WIDTH_NAME = re.compile(r"head|embed|hidden|dim|size|split|width|channel|feature", re.I)
@@ -159,35 +157,6 @@ def _set(model, picked: dict, tp: int, local: bool) -> None:
             setattr(model.get_submodule(owner) if owner else model, attr, value // tp if local else value)
 
 
-@contextlib.contextmanager
-def _swapped(model: nn.Module, local: dict):
-    saved = []
-    for name, stand_in in local.items():
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        saved.append((owner, child, getattr(owner, child)))
-        setattr(owner, child, stand_in)
-    try:
-        yield
-    finally:
-        for owner, child, original in saved:
-            setattr(owner, child, original)
-
-
-@contextlib.contextmanager
-def _quiet():
-    """torch.export logs a failed fake-tensor op with its whole stack (and fx's shape propagation
-    prints it): the audit's one line says it."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        log.setLevel(level)
-
-
 def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_inputs: tuple) -> int:
     """Capture `model` with this rank's layer shapes (`local` stand-ins) and compare every op's
     output shape with `expected_local`; PlanError on the first difference.  Returns the ops checked."""
@@ -283,12 +252,3 @@ def _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sec) -> N
                                    sp_sec=sec)
     sp_audit.audit(model, graph, sec, run, local, tp, example_inputs)
 
-
-def _targets(model, example_inputs):
-    """Targets sized to the audit's own token inputs (a zoo model's default targets take the spec's
-    sequence length, which a shorter audit input would not match); None for other models."""
-    import sapp.models as models
-    first = example_inputs[0] if example_inputs else None
-    if getattr(model, "sapp_spec", None) is None or first is None or first.dim() < 2 or first.is_floating_point():
-        return None
-    return models.example_targets(model, first.shape[0], first.device, seq=int(first.shape[1]))

@@ -85,7 +85,7 @@ def audit(model, graph, sec: dict, tp_plan: dict, local: dict, tp: int, example_
     from ...capture import capture
     from ...errors import CaptureError
     from .preflight import _Where
-    from .shape_audit import _quiet, _swapped, _targets
+    from .rank_capture import quiet as _quiet, swapped as _swapped, targets as _targets
     handles, where = [], None
     try:
         with _swapped(model, local), _quiet():
