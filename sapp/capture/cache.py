@@ -90,7 +90,7 @@ def model_facts(spec: str) -> dict | None:
     kind = kind_of(spec)
     if kind == "zoo":
         import importlib
-        zoo = importlib.import_module("sapp.models")
+        zoo = importlib.import_module("sapp.models.zoo")
         if spec not in zoo.NAMED:
             return None
         zkind, cfg = zoo._config(spec, {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import loss_fn as _default_loss
+from .zoo import loss_fn as _default_loss
 from .data import logits_of
 
 
