@@ -128,14 +128,14 @@ def test_layout_does_not_split_a_table_with_a_norm_inside():
     as vocabulary-split, so the plan does not promise what the emitter cannot run (the manifest
     refused it: 'the emitted program differs from the plan')."""
     from sapp.capture import capture
-    from sapp.search import tp_layout
+    from sapp.search import linears, tp_layout
     from sapp.search.sp_layout import vocab_split
     m = nn.Module()
     m.emb, m.head = NormedEmbedding(), nn.Linear(8, 16)
     m.forward = lambda ids: m.head(m.emb(ids))
     g = capture(m, (torch.randint(0, 16, (2, 4)),))
     emb = next(n for n, node in g.nodes.items() if node.kind == "embedding")
-    assert "emb" in tp_layout._nested_holders(g)
+    assert "emb" in linears.nested_holders(g)
     assert tp_layout.emittable(g, {emb: "v"}, 2)[0][emb] is None
     assert vocab_split(g, {}, 2).get(emb) is None
 

@@ -102,7 +102,7 @@ class Profile:
     template: object           # the template OpGraph (batch = dp)
     rep_of: dict               # block -> representative block
     method: str = ""
-    sp: bool = False           # sequence parallelism on the tp level (sapp.search.tp_layout.sp_choice)
+    sp: bool = False           # sequence parallelism on the tp level (sapp.search.sp_layout.sp_choice)
 
     @property
     def n_blocks(self):

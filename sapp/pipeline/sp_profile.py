@@ -7,9 +7,9 @@ from ..costmodel import collective_time, saved_items
 
 
 def sp_node_set(graph, strategies, mesh, roles):
-    """tp_layout.sp_nodes on the mesh's tp level (empty without one): what sp_regather and
+    """sp_layout.sp_nodes on the mesh's tp level (empty without one): what sp_regather and
     sp_out_shards both read, computed once by a caller that needs both."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     if not roles or "tp" not in roles:
         return set()
     lv = roles.index("tp")
@@ -22,7 +22,7 @@ def sp_regather(graph, strategies, mesh, roles, settings, sp=None):
     (sapp/emit/tp/sp.py) saves only this rank's shard for backward and gathers it again there, so the
     saved input costs 1/tp (Korthikanti 2022: 34/t) and backward pays one more all-gather
     (`sp_regather_time`)."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     lv = (roles or ()).index("tp") if "tp" in (roles or ()) else None
     if lv is None:
         return {}
@@ -53,7 +53,7 @@ def sp_out_shards(graph, strategies, mesh, roles, sp=None):
     """{node: tp} for the sequence-parallel nodes: a stage boundary after one sends its sequence shard
     (1/tp of the activation per tp rank, Megatron's scatter/gather with the gather left to the next
     region's entry, which all-gathers anyway)."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     if not roles or "tp" not in roles:
         return {}
     lv = roles.index("tp")

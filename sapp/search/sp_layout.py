@@ -32,9 +32,9 @@ def vocab_split(graph, choice: dict, tp: int) -> dict:
     another stage (issue 29: SP + selective priced as slow as full recomputation).  A token lookup
     is one whose output has a batch dim (position tables are left alone); a table tied to another
     weight stays whole, as in `tp_layout.emittable`."""
-    from .tp_layout import _nested_holders, _param_uses
-    tied = {p for p, k in _param_uses(graph).items() if k > 1}
-    nested = _nested_holders(graph)             # a table with a norm inside: DTensor cannot split it
+    from .linears import nested_holders, param_uses
+    tied = {p for p, k in param_uses(graph).items() if k > 1}
+    nested = nested_holders(graph)             # a table with a norm inside: DTensor cannot split it
     out = dict(choice)
     for n, node in graph.nodes.items():
         if (node.kind != "embedding" or choice.get(n) is not None or not node.module or set(node.params) & tied
@@ -65,7 +65,7 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
     (embeddings, the head, the loss), which stay as they are and meet the split through resharding.
     An op joins only if that axis is a splittable, non-batch dim dividing by tp, it is not a model
     output, and it does not meet the axis on a different dim from another joined op."""
-    from .tp_layout import linears      # (tp_layout re-exports this module's names)
+    from .linears import linears
     out = dict(choice)
     lin = set(linears(graph))
     consumers = graph.consumers()
