@@ -14,8 +14,9 @@ Structure (branch and bound, deterministic):
   4. stop when the next bound is no better than the best found.
 Ties are broken by (step time, peak memory, pp, tp, micro-batches, schedule, zero).
 """
-from .configs import divisors, enumerate_configs
-from .configs import divisors as _divisors  # noqa: F401  (the name before the package split)
+from .configs import enumerate_configs
+from .divisors import divisors
+from .divisors import divisors as _divisors  # noqa: F401  (the name before the package split)
 from .context import SearchContext
 from .placement import evaluate_config
 from .result import Config, JointResult, StageResult

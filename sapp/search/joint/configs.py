@@ -4,23 +4,9 @@ from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
 from ...pipeline.schedule import interleave_rounds, too_long
+from .divisors import divisors
 from .ep import ep_configs
 from .result import Config
-
-
-def divisors(n):
-    """Divisors of n in increasing order, in O(sqrt n) steps (device counts and batches can be huge)."""
-    if n < 1:
-        return []
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
 
 
 def _sp_options(cons, tp):
@@ -225,7 +211,7 @@ def _chunks_fit(ctx, pp, v):
     """Whether pp stages of v chunks each get their blocks: v a stage, or Llama 3's layout where the
     first / last stage holds v - 1 beside a glue-only chunk (partition.stage_kmins; pinned v only)."""
     from ...pipeline.partition import stage_kmins
-    from .evaluate import glue_ends
+    from .interleave import glue_ends
     return stage_kmins(ctx.L, pp, v, *glue_ends(ctx)) is not None
 
 

@@ -125,7 +125,7 @@ def admits_cp(graph):
 def cp_degrees(graph, n):
     """cp degrees to try with n devices left after pp and tp: 1, and the divisors of n that split the
     sequence into 2·cp equal chunks."""
-    from .configs import divisors
+    from .divisors import divisors
     if not admits_cp(graph):
         return [1]
     seq = sequence_length(graph)
