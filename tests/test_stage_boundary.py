@@ -121,7 +121,7 @@ def test_plan_prices_what_the_boundary_sends(keep, tmp_path):
 def test_side_tensors_of_the_captured_graph():
     from sapp.capture import capture
     from sapp.pipeline.boundary import carries_grad, side_tensors
-    from sapp.pipeline.profile import split_units
+    from sapp.pipeline.units import split_units
     torch.manual_seed(0)
     g = capture(Toy(), _inputs(keep=True))
     units = split_units(g)

@@ -39,7 +39,7 @@ def model_facts(meta: dict, names) -> dict:
 
 
 def block_names(graph) -> list:
-    from ..pipeline.profile import split_units
+    from ..pipeline.units import split_units
     return [u.name for u in split_units(graph) if u.kind == "block"]
 
 
