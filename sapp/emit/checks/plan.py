@@ -199,7 +199,7 @@ def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_
 def check_batch_statistics(model: nn.Module, plan: Plan) -> None:
     """A norm that normalises by statistics over the batch (BatchNorm, or any layer keeping running
     batch statistics) must see the whole batch, as one process does.  Over dp the emitter syncs a
-    torch BatchNorm's statistics (emit/batch_stats.py) in a whole module, not in a traced pipeline
+    torch BatchNorm's statistics (emit/dp/batch_stats.py) in a whole module, not in a traced pipeline
     stage; a micro-batch's statistics are not the batch's (RegNet, tp2 with 8 accumulation steps:
     2.8e-1 off), and a layer of another class cannot be synced (HF's own: dp2 4.6e-2 off).  The
     search plans none of these; a hand-written plan is refused here.  In eval mode the running

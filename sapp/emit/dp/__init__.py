@@ -1,2 +1,3 @@
-"""Data parallelism's ZeRO-1: optimizer states sharded element-wise over dp (zero1.py); DDP and FSDP2
-wrapping is tp/parallel.wrap_dp."""
+"""Data parallelism: the gradient sync and optimizer per ZeRO stage (wrap.py: DDP, a flat all-reduce,
+FSDP2), ZeRO-1's element-wise sharded optimizer states (zero1.py), BatchNorm statistics over dp
+(batch_stats.py)."""

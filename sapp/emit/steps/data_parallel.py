@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from ..build import Build
-from ..tp import parallel
+from ..dp import wrap
 
 
 def apply(b: Build, s: int) -> None:
     # ZeRO-1 is synchronised like ZeRO-0 here: under TP not FSDP's ZeRO-2, with host placement not a
     # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
-    w, hook, b.zero = parallel.wrap_dp(b.stages[s], dp=b.dp, tp=b.tp, zero=0 if b.local_zero1 else b.plan.zero,
+    w, hook, b.zero = wrap.wrap_dp(b.stages[s], dp=b.dp, tp=b.tp, zero=0 if b.local_zero1 else b.plan.zero,
                                        mesh=b.mesh, blocks=b.blocks, device=b.device, notes=b.notes,
                                        staged=b.traced is not None, host_names=b.dp_excluded.get(s, ()),
                                        mixed=b.mixed, grad_sync="allreduce" if b.ep > 1 else b.grad_sync)

@@ -7,7 +7,7 @@ from ..build import Build
 from ..dp import zero1
 from ..host import host, sparse as sparse_mod
 from ..pp import pipe as pipe_mod
-from ..tp import parallel
+from ..dp import wrap
 
 
 def apply(b: Build, s: int) -> None:
@@ -43,7 +43,7 @@ def apply(b: Build, s: int) -> None:
         b.optimizers.append(zero1.make(dense, kind, lr, b.mesh["dp"].get_group()))
     else:
         dp_group = b.mesh["dp"].get_group() if (b.dp > 1 and b.zero == 1) else None
-        b.optimizers.append(parallel.make_optimizer(dense, kind, lr, zero=b.zero, dp_group=dp_group))
+        b.optimizers.append(wrap.make_optimizer(dense, kind, lr, zero=b.zero, dp_group=dp_group))
 
 
 def _offload_overlap(mod, b: Build):

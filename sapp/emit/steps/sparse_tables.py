@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..build import Build
 from ..host import host, sparse as sparse_mod
-from ..tp import parallel
+from ..dp import wrap
 
 
 class HostSync:
@@ -23,7 +23,7 @@ def apply(b: Build, s: int) -> None:
     if b.host_groups and b.dp > 1:
         names = tuple(host.ignore_host_params_in_ddp(mod, b.placement))
         if names:
-            b.hooks.append(HostSync(mod, b.placement, parallel.gloo_dp_group(b.mesh, b.device, b.pp, b.dp, b.tp)))
+            b.hooks.append(HostSync(mod, b.placement, wrap.gloo_dp_group(b.mesh, b.device, b.pp, b.dp, b.tp)))
     b.sparse_names[s] = sparse_mod.table_names(mod)
     if b.sparse_names[s] and b.dp > 1:     # device sparse tables: outside DDP/FSDP, rows all-gathered
         named = dict(mod.named_parameters())

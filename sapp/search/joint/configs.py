@@ -127,7 +127,7 @@ def batch_stats_problem(ctx):
     """One line when the pins leave a model normalising by batch statistics no configuration where
     every replica normalises by the whole batch's statistics, as one process does; None otherwise.
     Such a model runs one micro-batch a step (each would otherwise have its own statistics), with
-    the statistics synced over dp (emit/batch_stats.py) in whole modules: not in a pipeline stage
+    the statistics synced over dp (emit/dp/batch_stats.py) in whole modules: not in a pipeline stage
     (a traced graph) and not under context parallelism."""
     c = ctx.cons
     if not ctx.batch_stats:
