@@ -162,7 +162,8 @@ def run_case(case, rank, warmup=2):
     import copy
     import torch
     import sapp.models as models
-    from sapp.emit import checks, emit
+    from sapp.emit.checks import plan as checks
+    from sapp.emit import emit
     from sapp.plan import Plan
     plan = Plan.load(case["plan_path"])
     torch.manual_seed(0)

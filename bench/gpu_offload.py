@@ -62,7 +62,7 @@ def cluster_spec(h2d, adam_params_s, preset="h200"):
 def timeline(torch, model_name, batch, steps=3):
     """Stamps of OffloadAdam(overlap)'s group updates against the end of backward, last step."""
     import sapp.models as models
-    from sapp.emit import host
+    from sapp.emit.host import host
     model = models.get(model_name, device="cuda", dropout=0.0)      # fp32 weights, bf16 autocast: as emitted
     section = {"groups": {"*": {"weights": "device", "grads": "host", "master_weights": "host",
                                 "optimizer": "host", "optimizer_kind": "adam"}}}

@@ -31,8 +31,8 @@ def main(argv=None) -> int:
 
     import sapp.models as models
     from sapp.calibrate import reference_step_seconds
-    from sapp.emit import data as data_mod
-    from sapp.emit import dist as dist_mod
+    from sapp.emit.runtime import data as data_mod
+    from sapp.emit.runtime import dist as dist_mod
     from sapp.emit import emit
     from sapp.plan import Plan
 

@@ -89,7 +89,7 @@ def measure(steps=5):
     import torch
 
     import sapp.models as M
-    from sapp.emit import host
+    from sapp.emit.host import host
     from sapp.placement import placement_options
     torch.manual_seed(0)
     rows, batch = 20_000, 2048

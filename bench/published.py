@@ -395,7 +395,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     text = section(args.only, args.runtime, not args.no_free, args.compare)
     if args.write:
-        from .results import write
+        from .results_doc import write
         write("published", text)
     return 0
 

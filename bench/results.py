@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+from .results_doc import RESULTS, markers, replace, write  # noqa: F401  (markers, write: read as results.*)
 
 
 def _stamp(command, seconds):
@@ -65,27 +65,6 @@ def published() -> str:
 
 
 SECTIONS = {"zoo": zoo, "truth": truth, "published": published}
-
-
-def markers(name):
-    return (f"<!-- generated: {name} (python -m bench.results --only {name}) -->", f"<!-- end generated: {name} -->")
-
-
-def replace(doc: str, name: str, body: str) -> str:
-    """`doc` with section `name`'s generated body replaced by `body` (the markers must be there)."""
-    start, end = markers(name)
-    i, j = doc.find(start), doc.find(end)
-    if i < 0 or j < i:
-        raise ValueError(f"bench/RESULTS.md has no generated section {name!r}: add the markers {start} ... {end}")
-    return doc[:i + len(start)] + "\n" + body.strip("\n") + "\n" + doc[j:]
-
-
-def write(name: str, body: str, path: str = RESULTS) -> None:
-    with open(path) as f:
-        doc = f.read()
-    doc = replace(doc, name, body)
-    with open(path, "w") as f:
-        f.write(doc)
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ plan per {dp, tp, pp, dp x pp, dp x tp} x ZeRO 0-3 (where dp > 1) x recompute no
 (for models with blocks) x host placement (Wide&Deep's tables: device, host), each dimension pinned with
 constraints.  Every plan runs in one spawned gloo job per world size (tests/emit_workers/truth_job.py);
 per rank the table shows whether the emitter's manifest equals the plan's, and the measured memory
-(sapp/emit/memory_meter.py: parameters + gradients + optimizer states + saved activations, incl. the
+(sapp/emit/runtime/memory_meter.py: parameters + gradients + optimizer states + saved activations, incl. the
 recompute and ZeRO-3 transients) against the plan's prediction for that rank's stage.
 
     python -m bench.truth_matrix [--models gpt-tiny,...] [--layouts dp,tp] [--json out.json]
@@ -35,7 +35,7 @@ Left: host placements with tp > 1 (the saving is priced per tp shard while the s
 tables whole); selective checkpointing also caches MUST_SAVE outputs no backward needs (the attention
 module's output; inside 10%).
 Device sparse tables (Wide&Deep's, pinned to the device): outside DDP/FSDP with SparseAdam and an
-all-gather of touched rows (sapp/emit/sparse.py), priced whole at every ZeRO stage.
+all-gather of touched rows (sapp/emit/host/sparse.py), priced whole at every ZeRO stage.
 Emitter-side differences the manifest refuses: ZeRO >= 1 with the optimizer offloaded to the host
 (OffloadAdam keeps the whole host state on every rank), ZeRO-3 + offload (not emitted).
 """

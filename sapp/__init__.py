@@ -9,8 +9,7 @@ from .cluster import Cluster, PRESETS as CLUSTER_PRESETS
 from .errors import (CaptureError, ClusterError, ConstraintError, InfeasibleError, PlanError,
                      SappError)
 from .plan import Plan
-
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["Cluster", "Plan", "search", "evaluate", "capture", "emit", "models", "Constraints",
            "SappError", "ClusterError", "CaptureError", "PlanError", "ConstraintError", "InfeasibleError"]
 
@@ -54,7 +53,7 @@ import importlib as _importlib
 import sys as _sys
 import types as _types
 
-_ENTRIES = {"sapp.search": ("sapp.api", "search"), "sapp.emit": ("sapp.emit.program", "emit"),
+_ENTRIES = {"sapp.search": ("sapp.api", "search"), "sapp.emit": ("sapp.emit.recipe", "emit"),
             "sapp.capture": ("sapp.capture", "capture")}
 
 

@@ -13,12 +13,10 @@ import time
 from .cluster import Cluster
 from .constraints import Constraints
 from .costmodel import CostSettings
-from .costmodel.layouts import layout_str, output_layout
 from .errors import CaptureError, ClusterError, PlanError, SappError
 from .pipeline.schedule import too_long
-from .pipeline.template import template_map
-from .plan_sections import pipeline_section, recompute_section
-from .plan import SCHEMA, Plan
+from .plan import Plan
+from .plan_build import build_plan, operator_section
 
 CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
 
@@ -236,91 +234,6 @@ def _sp_chosen(res) -> bool:
 def tp_search_fn():
     from .search import tp_layout
     return tp_layout.search_fn
-
-
-# ---- plan building --------------------------------------------------------------------------------
-def operator_section(graph, prof):
-    """(operators, tp_modules, tp_layout) of the plan; tp_modules and tp_layout are derived from the
-    graph and the searched splits by sapp.search.tp_layout (not from module names)."""
-    from .search import tp_layout
-    tmap = template_map(graph, prof)
-    ops, strategies = {}, {}
-    for name, node in graph.nodes.items():
-        s = tuple(prof.strategies[tmap[name]])
-        strategies[name] = s
-        lay = output_layout(node, s)
-        ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
-    tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
-    from .search.sp_layout import sp_nodes, sp_section
-    sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
-    tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
-    section = {"source": "graph", "groups": groups, "notes": notes}
-    if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
-        section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp, sp)
-    return ops, tp_modules, section
-
-
-def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings, section=None) -> Plan:
-    """`section`: operator_section(graph, res.profile) when the caller has built it already."""
-    cfg, prof = res.config, res.profile
-    ops, tp_modules, tp_layout = section if section is not None else operator_section(graph, prof)
-    mem = res.memory
-    placement = {"groups": {}, "predicted": {}}
-    if res.placement is not None and getattr(res.placement, "section", None):
-        placement = res.placement.section
-    data = {
-        "schema": SCHEMA,
-        "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                  "global_batch": global_batch, "meta": dict(graph.meta)},
-        "cluster": cluster.to_dict(),
-        "devices": cluster.devices,
-        # cp and ep only when used: plans without them load as 1; sp only where a tp group exists
-        # (tp = 1 plans keep their old form)
-        "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
-                     **({"sp": bool(cfg.sp and "sp" in tp_layout)} if cfg.tp > 1 else {}),
-                     **({"cp": cfg.cp} if cfg.cp > 1 else {}), **({"ep": cfg.ep} if cfg.ep > 1 else {})},
-        "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
-        "operators": ops,
-        "tp_modules": tp_modules,
-        "tp_layout": tp_layout,
-        "pipeline": {"schedule": cfg.schedule if cfg.pp > 1 else "none", "micro_batches": cfg.m,
-                     "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
-                     "stages": pipeline_section(res, cluster.devices, graph),
-                     # boundary sends: only pipelines (old plans load as false / unknown)
-                     **({"scatter_gather": bool(getattr(res, "scatter_gather", False))} if cfg.pp > 1 and cfg.tp > 1 else {}),
-                     **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {}),
-                     # backward sends, only where they differ (side tensors without gradient)
-                     **({"boundary_grad_bytes": float(res.boundary_grad_bytes)}
-                        if cfg.pp > 1 and getattr(res, "boundary_grad_bytes", None) is not None
-                        and res.boundary_grad_bytes != res.boundary_bytes else {})},
-        "recompute": recompute_section(res),
-        "zero": cfg.zero,
-        "placement": placement,
-        "constraints": constraints.to_dict(),
-        "settings": {"precision": settings.precision, "optimizer": settings.optimizer,
-                     "grad_sync_overlap": settings.grad_sync_overlap, "runtime": settings.runtime,
-                     "grad_sync_overlap_rule": getattr(res, "overlap", "none"),
-                     **({"moe_imbalance": settings.moe_imbalance} if settings.moe_imbalance != 1.0 else {})},
-        "predicted": {"step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes,
-                      "capacity_bytes": res.capacity_bytes, "mfu": res.mfu, "compute_s": res.compute_s,
-                      "comm_s": res.comm_s, "bubble_s": res.bubble_s, "host_s": res.host_s, "optimizer_s": res.optimizer_s, "comm_by_kind": res.comm_by_kind,
-                      "grad_sync_s": res.grad_sync_s, "p2p_s": res.p2p_s,
-                      "samples_per_s": global_batch / res.step_time_s if res.step_time_s > 0 else 0.0,
-                      "model_flops": res.model_flops,      # per step: forward + backward, no recomputation
-                      "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
-        "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
-            ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
-             "place it): priced and emitted without it"] if constraints.sp and "sp" not in tp_layout else []),
-    }
-    return Plan.built(data)
-
-
-def _capture_notes(graph) -> list:
-    """Ops capture priced without knowing them (never silent: sapp/capture/unknown.py)."""
-    from .capture.unknown import unknown_note
-    note = unknown_note(graph.meta.get("unknown_ops") or [])
-    return [note] if note else []
 
 
 # ---- evaluate -------------------------------------------------------------------------------------

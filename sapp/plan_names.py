@@ -1,7 +1,7 @@
 """Every name a plan gives must be a name of the captured model: a plan whose stages list a block the
 model lacks, whose tp_modules or placement name a module or table it does not have, was made for
 another model or edited by hand, and re-scoring it while skipping those names prices something
-else than the plan says (the emitter refuses the same names at run time: sapp/emit/checks.py)."""
+else than the plan says (the emitter refuses the same names at run time: sapp/emit/checks/plan.py)."""
 from __future__ import annotations
 
 import fnmatch

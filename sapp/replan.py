@@ -1,7 +1,7 @@
 """Re-planning for another number of devices: the same model, global batch, precision, runtime and
 (where they still fit) pins, searched again for a cluster scaled to the nodes that are left or were
 added.  `sapp replan` shows it in advance; `sapp run --elastic` does it when torchrun's agent forms a
-group of another size (sapp/emit/worker.py), then resumes the last checkpoint under the new plan
+group of another size (sapp/emit/runtime/worker.py), then resumes the last checkpoint under the new plan
 (DCP reshards it; the data order does not depend on the plan, so no sample is lost or repeated).
 
 A world of N nodes may admit no layout at all (1,016 A100s = 8 x 127: no dp x tp x pp of them divides a

@@ -2,7 +2,7 @@
 
 The emitter refuses some layouts before its first step, from the model itself: a tensor-parallel
 split whose ops give other shapes at one rank's layer shapes (a module reshaping by a head count it
-fixed for the whole model: sapp/emit/shape_audit.py, the SP pieces: sp_audit.py), and a pipeline
+fixed for the whole model: sapp/emit/checks/shape_audit.py, the SP pieces: sp_audit.py), and a pipeline
 split torch cannot trace or whose stages cannot run (sapp/emit/pipe.trace and its preflight).  The
 cost model cannot see these, so the search runs the same checks on the candidate it is about to
 return, when it has the module (sapp's own zoo models excepted: _zoo_model): on a copy whose
@@ -85,9 +85,10 @@ def check(module, plan, example_inputs):
 
 def _check(module, skel, plan, ex, example_inputs):
     from .capture.devices import meta_as_training_device
-    from .emit import checks, pipe, shape_audit
-    from .emit import parallel as emit_parallel
-    from .emit import sp as emit_sp
+    from .emit.checks import plan as checks, shape_audit
+    from .emit.pp import pipe
+    from .emit.tp import parallel as emit_parallel
+    from .emit.tp import sp as emit_sp
     par = plan.parallel
     tp, pp = par["tp"], par["pp"]
     styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
@@ -125,7 +126,7 @@ def _meta_artifact(e) -> bool:
 def _tp_or_sp(module, plan, ex, styles, groups, tp):
     """Which rule a failed tensor-parallel audit breaks: ("sp", tp) when the layout passes without
     its sequence pieces (the same tp without SP may run), else ("tp", tp)."""
-    from .emit import shape_audit
+    from .emit.checks import shape_audit
     if not plan.parallel.get("sp"):
         return ("tp", tp)
     try:

@@ -71,7 +71,7 @@ def test_pinned_tensor_and_interleaved_pipeline_plan():
     assert [s["split_before"] for s in st] == ["layers.1", "layers.2", "layers.3", None]
     assert [s["devices"] for s in st] == [[0, 4], [4, 8], [0, 4], [4, 8]]
     assert set(d["tp_modules"].values()) <= {"colwise", "rowwise", "vocab"}
-    checks = importlib.import_module("sapp.emit.checks")
+    checks = importlib.import_module("sapp.emit.checks.plan")
     checks.check_pipeline(plan)
     assert checks.split_points(plan) == ["layers.1", "layers.2", "layers.3"]
     models = importlib.import_module("sapp.models")

@@ -1,6 +1,6 @@
 """BatchNorm models (RegNet, MobileViT, CvT, Granite Speech ...) under dp2, pp2 and tp2, equal to one
 process.  A train-mode BatchNorm normalises by its batch's statistics: under dp the emitter reduces
-them over the dp group (emit/batch_stats.py: torch's SyncBatchNorm on CUDA, our all-reduce module
+them over the dp group (emit/dp/batch_stats.py: torch's SyncBatchNorm on CUDA, our all-reduce module
 on CPU), and the search plans one micro-batch a step (a micro-batch's statistics are not the
 batch's), 1F1B with one micro-batch running as GPipe.  Compared with one process on a conv + BN
 model of ours (BatchNorm2d, and a BatchNorm1d with momentum 0.3): the losses
@@ -175,7 +175,7 @@ def _rank(rank, world, cases, out_dir, store):
 
 def _train(path) -> dict:
     from sapp.emit import emit
-    from sapp.emit.batch_stats import is_synced
+    from sapp.emit.dp.batch_stats import is_synced
     from sapp.plan import Plan
     x0, _ = data(0)
     prog = emit(build(), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(x0,), check_fingerprint=False)
@@ -201,7 +201,7 @@ def _layers(rank, world) -> dict:
     forwards (running statistics; momentum None is the cumulative average) and the input gradient
     of the last, for this rank's rows.  Then world size 1: a group of one changes no output bit."""
     import torch.distributed as dist
-    from sapp.emit.batch_stats import is_synced, sync_batch_norms
+    from sapp.emit.dp.batch_stats import is_synced, sync_batch_norms
     out = {}
     for name, cls, kw, shape in LAYERS:
         torch.manual_seed(1)
@@ -340,7 +340,7 @@ def test_cuda_path_keeps_the_subclass_forward(monkeypatch):
     convert_sync_batchnorm would build a plain SyncBatchNorm without the activation)."""
     import torch.distributed as dist
     from torch.nn.modules import _functions
-    from sapp.emit import batch_stats
+    from sapp.emit.dp import batch_stats
     calls = []
 
     def fake_sync(x, w, b, rm, rv, eps, momentum, group, world):

@@ -1,7 +1,7 @@
 """A model normalising by batch statistics (BatchNorm) computes other values on a micro-batch than one
 process on the whole batch: RegNet tp2 with 8 gradient-accumulation steps trained 2.8e-1 off with no
 error.  emit refuses such a plan in one line before anything runs; dp is synced (a torch BatchNorm in
-a whole module, emit/batch_stats.py, tests/test_batch_norm_sync.py), and a plan that keeps the whole
+a whole module, emit/dp/batch_stats.py, tests/test_batch_norm_sync.py), and a plan that keeps the whole
 batch on every rank, or a model in eval mode, passes."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sapp.emit import checks
+from sapp.emit.checks import plan as checks
 from sapp.errors import PlanError
 from tests.emit_workers.plans import make_plan
 
@@ -53,7 +53,7 @@ def test_batch_norm_split_batch_refused_in_one_line():
 def test_batch_statistics_whole_batch_synced_or_eval_pass():
     m = ConvNet()
     checks.check_batch_statistics(m, make_plan(global_batch=8, tp=2))          # every rank sees the batch
-    checks.check_batch_statistics(m, make_plan(global_batch=8, dp=2))          # synced over dp (emit/batch_stats.py)
+    checks.check_batch_statistics(m, make_plan(global_batch=8, dp=2))          # synced over dp (emit/dp/batch_stats.py)
     checks.check_batch_statistics(m, make_plan(global_batch=8, pp=2, schedule="gpipe", micro_batches=1,
                                                split_before=("head",)))       # one micro-batch: the batch
     checks.check_batch_statistics(m.eval(), make_plan(global_batch=8, dp=2, micro_batches=2))   # running statistics

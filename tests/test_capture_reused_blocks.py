@@ -5,7 +5,7 @@ two uses of the same weights."""
 import torch
 
 from sapp.api import capture_graph, search
-from sapp.pipeline.profile import split_units
+from sapp.pipeline.units import split_units
 
 B, S, K = 4, 6, 16
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from sapp.emit import checkpoint as ck
-from sapp.emit.train_state import CheckpointError, model_names
+from sapp.emit.runtime import checkpoint as ck
+from sapp.emit.runtime.train_state import CheckpointError, model_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAPP = [sys.executable, "-m", "sapp.cli"]

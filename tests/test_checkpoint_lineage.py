@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from sapp.emit import checkpoint as ck
-from sapp.emit.train_state import CheckpointError
+from sapp.emit.runtime import checkpoint as ck
+from sapp.emit.runtime.train_state import CheckpointError
 from tests.test_checkpoint import _program, _step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

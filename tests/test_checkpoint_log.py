@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from sapp.emit.train_log import StepLog
+from sapp.emit.runtime.train_log import StepLog
 
 
 class _Tty(io.StringIO):
@@ -40,7 +40,7 @@ def test_pipe_gets_lines_terminal_gets_a_bar(tmp_path):
 
 
 def test_a_failing_rank_logs_its_error_as_json(tmp_path):
-    from sapp.emit.train_log import log_error, rank_path
+    from sapp.emit.runtime.train_log import log_error, rank_path
     path = str(tmp_path / "train.jsonl")
     assert rank_path(path, 0) == path and rank_path(path, 3) == str(tmp_path / "train.rank3.jsonl")
     log_error(path, 3, 7, "RuntimeError: peer closed")

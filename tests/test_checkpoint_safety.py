@@ -15,8 +15,8 @@ import types
 import pytest
 import torch
 
-from sapp.emit import checkpoint as ck
-from sapp.emit.train_state import CheckpointError, model_names
+from sapp.emit.runtime import checkpoint as ck
+from sapp.emit.runtime.train_state import CheckpointError, model_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -104,7 +104,7 @@ def test_crafted_metadata_is_refused_and_never_runs(tmp_path, capsys):
 def test_metadata_bytes_entries_and_outside_paths_refused(tmp_path):
     """Entries DCP reads back with torch.load(weights_only=False), and storage outside the directory."""
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-    from sapp.emit import dcp_reader
+    from sapp.emit.runtime import dcp_reader
     _saved(tmp_path / "c")
     path = str(tmp_path / "c" / "step-00000001")
     raw = open(os.path.join(path, ".metadata"), "rb").read()
@@ -155,7 +155,7 @@ def test_second_job_on_a_directory_refused(tmp_path):
     _, names = _program()
     first = ck.Checkpointer(str(tmp_path), names=names)
     first.check(0, resuming=False)
-    code = ("import sys; from sapp.emit import checkpoint as ck\n"
+    code = ("import sys; from sapp.emit.runtime import checkpoint as ck\n"
             "try: ck.lock(sys.argv[1])\nexcept ck.CheckpointError as e: print(e); sys.exit(2)")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and f"is in use by another job (pid {os.getpid()} on" in p.stdout, p.stdout + p.stderr
@@ -166,7 +166,7 @@ def test_second_job_on_a_directory_refused(tmp_path):
 
 # ---- finding 7: marker, model identity, data order, symlinks, orphans -----------------------------------
 def _resume(prog, names, d, partial=False, **run):
-    from sapp.emit.worker import _resume as resume
+    from sapp.emit.runtime.worker import _resume as resume
     args = types.SimpleNamespace(resume="latest", checkpoint_dir=str(d), resume_partial=partial,
                                  **dict(dict(data=None, shuffle=False, seed=0), **run))
     lines = []

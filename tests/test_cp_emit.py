@@ -1,4 +1,4 @@
-"""Context parallelism emitted (sapp/emit/cp.py, cp_attention.py, cp_hf.py) equals single-process
+"""Context parallelism emitted (sapp/emit/cp/cp.py, cp_attention.py, cp_hf.py) equals single-process
 training: plans from the real search pinned to cp=2, beside data parallelism, tensor and sequence
 parallelism, ZeRO-1/3, full or selective recomputation and pipelines (traced stages), for the zoo GPT (eager and SDPA attention), the zoo Llama (rotary,
 grouped-query SDPA) and Hugging Face Llama / Qwen2 (SDPA and eager attention through transformers'

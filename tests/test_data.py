@@ -4,7 +4,7 @@ factories are one-line errors."""
 import pytest
 import torch
 
-from sapp.emit import data
+from sapp.emit.runtime import data
 from tests.emit_workers import datasets
 
 

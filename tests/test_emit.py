@@ -10,8 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from sapp.emit import checks, emit, parallel, recompute
-from sapp.emit.program import default_loss
+from sapp.emit.checks import plan as checks
+from sapp.emit import emit
+from sapp.emit.tp import parallel
+from sapp.emit.recompute import checkpointing as recompute
+from sapp.emit.runtime.program import default_loss
 from sapp.errors import PlanError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -305,7 +308,7 @@ def test_pipeline_stages_run_generated_code_not_the_fx_interpreter():
     # step of a small 2-stage pipeline); stage_modules switches every one of them to its generated
     # code, and the stages still compute what the whole model does
     import sapp.models as models
-    from sapp.emit import pipe
+    from sapp.emit.pp import pipe
     torch.manual_seed(0)
     m = models.get("gpt-tiny", device="cpu").eval()
     x = models.example_inputs(m, 2, "cpu")

@@ -16,7 +16,7 @@ def _worker(rank, world, cases, out_dir, store):
     import torch
     import torch.distributed as dist
     from datetime import timedelta
-    from sapp.emit.program import _agree
+    from sapp.emit.checks.agree import agree as _agree
     from sapp.errors import PlanError
     res = {}
     try:

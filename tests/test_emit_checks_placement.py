@@ -2,7 +2,7 @@
 import pytest
 
 from sapp import Plan, PlanError
-from sapp.emit.checks import check_placement
+from sapp.emit.checks.plan import check_placement
 from sapp.plan import SCHEMA, empty_sections
 
 
@@ -36,7 +36,7 @@ def test_bert_plan_passes_the_launch_fingerprint_check():
     # another graph (batch dims are inferred), so `sapp run` refused every BERT plan
     import sapp.models as models
     from sapp.api import search
-    from sapp.emit import checks
+    from sapp.emit.checks import plan as checks
     plan = search("bert-tiny", "cpu:gpus=1", global_batch=2)
     model = models.get("bert-tiny", device="meta")
     # the check passes silently when capture fails (it yields no fingerprint): make sure it captured

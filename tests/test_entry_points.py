@@ -5,7 +5,7 @@ import sys
 CODE = """
 import sapp
 from sapp.search import shard_search          # imports the subpackage sapp/search
-import sapp.emit.program, sapp.capture        # and the others
+import sapp.emit.recipe, sapp.capture        # and the others
 from sapp import models
 assert callable(sapp.search) and callable(sapp.emit) and callable(sapp.capture)
 assert sapp.search.shard_search is shard_search

@@ -73,13 +73,13 @@ def test_no_backward_for_what_carries_no_gradient(graph):
 def _qkv_reshards(graph, sp, runtime):
     """Resharding seconds booked to layer 0's q, k, v projections at tp=2 (Megatron regions forced)."""
     from sapp.costmodel import evaluate_sharding
-    from sapp.search import tp_layout
+    from sapp.search import sp_layout, tp_layout
     cl = Cluster.parse("a100-80g:nodes=1")
     mesh = Mesh((Level(2, "intra"),))
     choice = {n: "n" for n in tp_layout.linears(graph)}
     strategies, _, _ = tp_layout.emittable(graph, choice, 2)
     if sp:
-        strategies = tp_layout.sp_choice(graph, strategies, 2)
+        strategies = sp_layout.sp_choice(graph, strategies, 2)
     st = CostSettings(precision="bf16-mixed", runtime=runtime)
     cost = evaluate_sharding(graph, {n: (d,) for n, d in strategies.items()}, mesh, cl, st)
     names = [n for n, node in graph.nodes.items()

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sapp.emit.hetero_data import rank_slices
+from sapp.emit.dp.hetero_data import rank_slices
 from sapp.errors import PlanError
 from tests.emit_workers import hetero_job, joblock
 

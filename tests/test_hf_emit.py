@@ -159,7 +159,7 @@ def test_hf_llama3_interleaved_layout_runs_as_priced(job2, kind):
 def test_pipelines_send_what_the_plan_prices(job2, job4, world, cid):
     """What every rank hands PipelineStage's isends per micro-batch is the plan's boundary_bytes forward
     and boundary_grad_bytes (absent: the same) backward.  HF decoders build the mask and rotary cos/sin
-    once, before layer 0, from positions alone: each stage computes its own (sapp/emit/stage_local.py),
+    once, before layer 0, from positions alone: each stage computes its own (sapp/emit/pp/stage_local.py),
     so only the residual stream crosses (it used to carry them too: +3 KB per send on this Llama).  A
     mask built from an attention_mask input is data: it crosses, forward only, and is priced so (sapp/
     pipeline/boundary.py); T5's encoder output crosses with its gradient beside the decoder's stream."""
@@ -199,7 +199,7 @@ def test_hf_search_offers_sequence_parallelism_under_pipelines():
 def test_hf_sequence_parallel_cut_off_the_first_stage_is_refused(tmp_path):
     """A (hand-edited) plan whose first decoder layer is not on stage 0: the boundary before the cut
     would send the whole activation, priced as the shard: one PlanError line, before any collective."""
-    from sapp.emit import sp as sp_emit
+    from sapp.emit.tp import sp as sp_emit
     from sapp.errors import PlanError
     from sapp.plan import Plan
     plan = Plan.load(hf_plans.search_plan("llama", "pp2xtp2+sp", tmp_path / "p.json"))

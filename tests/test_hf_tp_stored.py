@@ -3,9 +3,9 @@ search and run on 2 gloo ranks: losses equal single-process training within 1e-5
 Adam steps (issue 26).  On the code before it these failed or, worse, trained wrong:
 - OPT tp2: `view(bsz, -1, self.num_heads, head_dim)` on a column-sharded q (the -1 absorbed half the
   sequence); StableLM tp2: `shape '[8, 16, 4, 16]' is invalid` (its stored num_heads / hidden_size);
-  the emitter now sets them to the rank's share, proven by the shape audit (sapp/emit/shape_audit.py);
+  the emitter now sets them to the rank's share, proven by the shape audit (sapp/emit/checks/shape_audit.py);
 - DistilBERT tp2 + SP: its position embedding read the cut word embedding's length and was cut again;
-  both are now cut where their sum enters the sequence-parallel LayerNorm (sapp/emit/sp.py);
+  both are now cut where their sum enters the sequence-parallel LayerNorm (sapp/emit/tp/sp.py);
 - Whisper dp2 / pp2 / tp2: the plan counted trainable parameters and the run all of them (a frozen
   embed_positions), refusing every plan; its attention stores num_heads / embed_dim too.
 Two spawned jobs (the same harness as tests/test_hf_emit.py), about 20-30 s of CPU each on an idle
@@ -94,7 +94,7 @@ def test_distilbert_sp_cuts_the_embeddings_at_their_sum(stored):
                                                       "distilbert.embeddings.position_embeddings"}
     notes = cases["distilbert-tp2+sp"]["ranks"]["0"]["notes"]
     # the embeddings LayerNorm runs before the blocks: the cut moves to the first block's input
-    # (sapp/emit/sp_entry.py), which subsumes cutting the embeddings together at their sum
+    # (sapp/emit/tp/sp_entry.py), which subsumes cutting the embeddings together at their sum
     assert any("cut at the blocks' input, not at distilbert.embeddings.LayerNorm" in n for n in notes), notes
 
 
@@ -110,7 +110,7 @@ def test_whisper_runs_equal_to_one_process(whisper, cid):
 def test_frozen_parameters_are_counted_alike_at_plan_and_run(whisper):
     """The plan counts trainable parameters; so does emit's check (the frozen sinusoidal positions
     of Whisper's encoder are in neither)."""
-    from sapp.emit.checks import unique_param_count
+    from sapp.emit.checks.plan import unique_param_count
     from tests.emit_workers import hf_models
     cases, plans = whisper
     model, _ = hf_models.build("whisper")
@@ -125,7 +125,7 @@ def test_late_cut_only_at_a_norm_beside_the_embeddings():
     input.  GPT-2: wte / wpe beside a final ln_f that comes after the blocks -> cuts stay where the
     plan puts them (the next sequence-parallel module after wpe is a block's norm)."""
     from torch import nn
-    from sapp.emit.sp import _late_cuts
+    from sapp.emit.tp.sp import _late_cuts
 
     def tree(spec):
         root = nn.Module()

@@ -1,4 +1,4 @@
-"""Host placement emission (sapp/emit/host.py) on CPU: "device" is the CPU too, so these tests assert
+"""Host placement emission (sapp/emit/host/host.py) on CPU: "device" is the CPU too, so these tests assert
 where tensors and optimizer states live, which optimizer owns which parameter, and that training
 with host placement computes the same losses as the plain model.
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import sapp.models as models
-from sapp.emit import host
+from sapp.emit.host import host
 from sapp.errors import PlanError
 
 SECTION = {"groups": {"deep_emb.weight": {"weights": "host", "grads": "host", "optimizer": "host",

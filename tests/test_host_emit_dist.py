@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sapp.models as models
-from sapp.emit import host
+from sapp.emit.host import host
 
 SECTION = {"groups": {"deep_emb.weight": {"weights": "host", "grads": "host", "optimizer": "host",
                                           "optimizer_kind": "sparse_adam"},

@@ -51,7 +51,7 @@ def test_fsdp_accumulation_keeps_unsharded_gradients(graph):
 
 
 def test_zero_one_is_offered_with_tensor_parallelism_and_priced_as_sharded_states(graph):
-    """The emitter shards ZeRO-1's optimizer states element-wise over dp under TP too (sapp/emit/zero1.py),
+    """The emitter shards ZeRO-1's optimizer states element-wise over dp under TP too (sapp/emit/dp/zero1.py),
     so the search offers it and prices the optimizer states / dp (REFERENCE: ZeRO-1 4Ψ + KΨ/d).
     On the plain roofline (gemm_memory_overlap 1): on the preset's summed GEMM roofline the sharding
     search also splits a tp-replicated op's batch over the tp level, which puts that parameter's

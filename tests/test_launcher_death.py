@@ -2,7 +2,7 @@
 OOM killer) left every worker training on, re-parented to init, for as long as its steps lasted.
 Here a 2-rank job with far more steps than it can finish is started, its `sapp run` process (then,
 in a second job, torch's agent under it) is SIGKILLed once steps are being logged, and no process of
-the job may be alive 10 s later (sapp/emit/lifeline.py)."""
+the job may be alive 10 s later (sapp/emit/runtime/lifeline.py)."""
 import json
 import os
 import signal

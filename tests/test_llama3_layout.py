@@ -11,7 +11,7 @@ import sapp.models as models
 from sapp.api import capture_graph
 from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings
-from sapp.emit import checks
+from sapp.emit.checks import plan as checks
 from sapp.errors import PlanError
 from sapp.plan import Plan
 from sapp.pipeline.partition import chunk_counts, interleaved_layout, partition_counts, stage_kmins

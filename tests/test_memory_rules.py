@@ -1,5 +1,5 @@
 """The memory rules the truth matrix (tests/test_truth_matrix.py) rests on, each measured on its own:
-what torch keeps, read with saved-tensor hooks (sapp/emit/memory_meter.py) on one small module, next to
+what torch keeps, read with saved-tensor hooks (sapp/emit/runtime/memory_meter.py) on one small module, next to
 a hand count and to the cost model's rule for it."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, saved_activations
-from sapp.emit.memory_meter import MemoryMeter
+from sapp.emit.runtime.memory_meter import MemoryMeter
 from sapp.mesh import Mesh
 from sapp.recompute.solver import POLICIES
 from sapp.search.joint.numbers import gathered_params, held_states, zero3_gathered
@@ -214,7 +214,7 @@ def _unit_acts(model, x):
 
 
 def test_selective_recompute_rematerialises_only_the_attention_core():
-    from sapp.emit.recompute import apply, priced_regions
+    from sapp.emit.recompute.checkpointing import apply, priced_regions
     x = torch.randn(2, 16, D)
     torch.manual_seed(0)
     none, sel, _ = _unit_acts(_AttnModel(), x)

@@ -3,6 +3,7 @@ built without skipping: same parameters, shapes, dtypes, requires_grad, buffers 
 import torch
 
 import sapp.models as M
+from sapp.models import zoo
 from sapp.models.meta import skip_init
 
 
@@ -15,9 +16,9 @@ def test_meta_build_skips_initialisers_only():
     for name, kw in (("gpt-small", {"tie_embeddings": True}), ("llama-tiny", {}), ("moe-tiny", {"dense": 1}),
                      ("bert-tiny", {}), ("resnet-tiny", {})):
         fast = M.get(name, **kw)
-        kind, cfg = M._config(name, kw)
+        kind, cfg = zoo._config(name, kw)
         with torch.device("meta"):               # the same constructor with every initialiser run
-            slow = M.BUILDERS[kind][0](**M._ctor_args(kind, cfg))
+            slow = M.BUILDERS[kind][0](**zoo._ctor_args(kind, cfg))
         assert _layout(fast) == _layout(slow), name
     g = M.get("gpt-small", tie_embeddings=True)
     assert g.head.weight is g.embed.tok.weight

@@ -1,4 +1,4 @@
-"""Expert parallelism emitted (sapp/emit/ep.py) on gloo equals single-process training of moe-tiny
+"""Expert parallelism emitted (sapp/emit/ep/experts.py) on gloo equals single-process training of moe-tiny
 within 1e-5 relative over 3 Adam steps: EP=2 (2 ranks, every rank one EP group), EP=2 x DP=2 (4 ranks:
 two EP groups, expert gradients all-reduced over the expert-DP pairs), with ZeRO-0 and ZeRO-1.  Each rank holds 1/ep of the
 experts, and the manifest records the ep that runs.  Bounded: a hung collective fails the test."""

@@ -1,15 +1,15 @@
-"""Expert parallelism under pipeline stages (sapp/emit/ep.py with sapp/emit/pipe.py) on gloo, 4 ranks:
+"""Expert parallelism under pipeline stages (sapp/emit/ep/experts.py with sapp/emit/pp/pipe.py) on gloo, 4 ranks:
 ep=2 x pp=2 (dp=2 per stage, so each stage is one EP group and its expert-DP group is 1 rank) equals
 single-process Adam training of moe-tiny over 3 steps, losses and parameters within 1e-5 relative:
 1F1B with 2 micro-batches, and interleaved 1F1B (4 stages of a 4-layer moe-tiny, v=2) with 4
 micro-batches (m > pp).  A plan the joint search makes with ep x pp pinned runs as priced: the
 manifest equals the plan's (ep, pp, the EP group inside the stage), and the measured per-rank memory
-(sapp/emit/memory_meter.py) is within 10% of the stage's prediction.  Bounded: a hung collective fails."""
+(sapp/emit/runtime/memory_meter.py) is within 10% of the stage's prediction.  Bounded: a hung collective fails."""
 import json
 
 import pytest
 
-from sapp.emit import ep as ep_mod
+from sapp.emit.ep import experts as ep_mod
 from sapp.errors import PlanError
 from tests.emit_workers import joblock
 from tests.emit_workers.ep_job import launch

@@ -24,7 +24,7 @@ def _free_port() -> int:
 def _single_process_losses():
     import sapp.models as models
     from sapp.emit import emit
-    from sapp.emit.data import Batches, make_dataset
+    from sapp.emit.runtime.data import Batches, make_dataset
     from tests.emit_workers.plans import make_plan
     torch.manual_seed(0)
     m = models.get("gpt-tiny", device="cpu", dropout=0.0)

@@ -12,7 +12,7 @@ import torch
 import sapp.models as models
 from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings
-from sapp.emit import host
+from sapp.emit.host import host
 from sapp.placement import optimizer_offload_cost
 
 OFFLOAD = {"groups": {"*": {"weights": "device", "grads": "host", "master_weights": "host", "optimizer": "host",

@@ -13,7 +13,8 @@ from sapp.costmodel import CostSettings
 from sapp.pipeline.partition import partition_dp
 from sapp.search.joint import SearchContext, enumerate_configs
 from sapp.search.joint.partition_bound import partition_bounded
-from sapp.search.joint.stage import StageEvaluator, memory_needed
+from sapp.search.joint.memory_bound import memory_needed
+from sapp.search.joint.stage import StageEvaluator
 
 
 @pytest.fixture(scope="module")

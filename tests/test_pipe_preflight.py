@@ -1,4 +1,4 @@
-"""Pipeline pre-flight (sapp/emit/preflight.py) and the repairs of sapp/emit/graph_fix.py, in one
+"""Pipeline pre-flight (sapp/emit/checks/preflight.py) and the repairs of sapp/emit/pp/graph_fix.py, in one
 process: a split torch cannot run is one PlanError line naming the stage and module and saying what to
 change; HF models' stages run (rotary embeddings under no_grad, a sub-module named `self`, strided
 outputs) and compute what the whole model does, gradients included."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from sapp.emit import pipe
+from sapp.emit.pp import pipe
 from sapp.errors import PlanError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +64,7 @@ def test_same_model_splits_elsewhere():
 @pytest.mark.parametrize("kind", ["llama", "bert", "vit"])
 def test_hf_stages_run_and_match_the_whole_model(kind):
     pytest.importorskip("transformers")
-    from sapp.emit.recompute import block_names
+    from sapp.emit.recompute.checkpointing import block_names
     from tests.emit_workers import hf_models
     model, _ = hf_models.build(kind)
     model.eval()
@@ -77,7 +77,7 @@ def test_hf_stages_run_and_match_the_whole_model(kind):
         h = h if isinstance(h, tuple) else (h,)
         assert all(t.is_contiguous() for t in h)          # gloo's isend refuses strided tensors
         # only the hidden state crosses: the masks (and Llama's rotary cos/sin), built from positions
-        # before the first layer, are computed again by stage 1 (sapp/emit/stage_local.py)
+        # before the first layer, are computed again by stage 1 (sapp/emit/pp/stage_local.py)
         assert len(h) == 1 and h[0].dim() == 3 and h[0].shape[-1] == hf_models.HIDDEN, [t.shape for t in h]
         out = stages[1](*h)
         ref = model(*x).logits
@@ -86,7 +86,7 @@ def test_hf_stages_run_and_match_the_whole_model(kind):
 
 
 def test_run_precheck_refuses_a_split_torch_cannot_run_on_meta():
-    from sapp.emit import checks
+    from sapp.emit.checks import plan as checks
     from tests.emit_workers.plans import make_plan
     with torch.device("meta"):
         m = Net()

@@ -1,5 +1,5 @@
 """Megatron's scatter/gather at pipeline stage boundaries with tensor parallelism and no sequence
-parallelism (sapp.search.joint.numbers.boundary_send, sapp/emit/pipe.scatter_gather).
+parallelism (sapp.search.joint.numbers.boundary_send, sapp/emit/pp/pipe.scatter_gather).
 
 Pricing, by hand: a plain send is alpha + B/beta over the inter-stage link from every tp rank; the
 scatter/gather sends B/t and all-gathers over the tp group's link, (t-1)(alpha + B/(t beta)).  It is

@@ -24,7 +24,7 @@ def test_a_v100_plan_is_fp16_and_notes_loss_scaling():
 
 
 def test_an_fp16_plan_emits_fp16_autocast():
-    from sapp.emit.program import plan_precision
+    from sapp.emit.build import plan_precision
     from tests.emit_workers.plans import make_plan
     assert plan_precision(make_plan(precision="fp16-mixed")) == "fp16-mixed"
     import sapp.models as zoo

@@ -1,5 +1,5 @@
 """`sapp run` when a rank raises: the first failing rank's exception with its last frames, printed
-once, and one line for every other rank saying it stopped because of that one (sapp/emit/failure.py)
+once, and one line for every other rank saying it stopped because of that one (sapp/emit/runtime/failure.py)
 - not "a rank died or raised; its message is above" with each survivor guessing "another rank
 probably died"."""
 import os
@@ -45,7 +45,7 @@ def test_report_without_a_raising_rank_says_so(tmp_path):
     """Only collective failures recorded (the failing rank was killed): each survivor's line, no
     claim that one of them was first."""
     import json
-    from sapp.emit import failure
+    from sapp.emit.runtime import failure
     (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "step": 3, "type": "DistBackendError",
                                                      "message": "Connection closed by peer", "peer": True,
                                                      "frames": ""}))

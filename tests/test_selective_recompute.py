@@ -14,7 +14,9 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sapp.models as models
-from sapp.emit import emit, manifest, recompute
+from sapp.emit import emit
+from sapp.emit.checks import manifest
+from sapp.emit.recompute import checkpointing as recompute
 from sapp.errors import PlanError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""The shape audit (sapp/emit/shape_audit.py): a tensor-parallel plan is captured again at one rank's
+"""The shape audit (sapp/emit/checks/shape_audit.py): a tensor-parallel plan is captured again at one rank's
 layer shapes before any collective, and every op's shape must be the captured one with the plan's
 split axis divided.  The planted bug is OPT's: attention that views q/k/v by the head count it stored
 at build time, `view(b, -1, self.num_heads, head_dim)`.  Column-sharded, the `-1` absorbs half the
@@ -14,7 +14,8 @@ from torch.nn import functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sapp.emit import program, shape_audit  # noqa: E402
+from sapp.emit import emit  # noqa: E402
+from sapp.emit.checks import before, shape_audit  # noqa: E402
 from sapp.errors import PlanError  # noqa: E402
 
 D, H, SEQ, VOCAB, BATCH = 64, 4, 16, 128, 8
@@ -86,10 +87,10 @@ def test_audit_refuses_a_stored_head_count_before_any_step(planted, monkeypatch)
     """The fix off: the audit names the module, the op and both shapes, before any process group
     exists (emit raises before its own 'torch.distributed is not initialised' check)."""
     plan, ids = planted
-    monkeypatch.setattr(program, "LOCALISE", False)
+    monkeypatch.setattr(before, "LOCALISE", False)
     torch.manual_seed(0)
     with pytest.raises(PlanError) as e:
-        program.emit(Net(), plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
+        emit(Net(), plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
     msg = str(e.value)
     assert "\n" not in msg
     assert "module 'blocks.0.attn', op aten.view.default gives [8, 8, 4, 16]" in msg, msg
@@ -103,7 +104,7 @@ def test_local_head_count_passes_the_audit(planted):
     torch.manual_seed(0)
     model = Net()
     with pytest.raises(PlanError, match="torch.distributed is not initialised"):
-        program.emit(model, plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
+        emit(model, plan, rank=0, world=2, example_inputs=(ids,), check_fingerprint=False)
     attn = model.blocks[1].attn
     assert (attn.num_heads, attn.embed_dim, attn.head_dim) == (H // 2, D // 2, D // H)
 
@@ -112,7 +113,7 @@ def test_candidates_are_sizes_the_region_splits(planted):
     """Only width/head-count attributes equal to a split size are candidates: head_dim (16, not
     split) is not; neither would a layer counter equal to the head count be."""
     from sapp.capture import capture
-    from sapp.emit import checks
+    from sapp.emit.checks import plan as checks
     plan, ids = planted
     model = Net()
     model.blocks[0].attn.layer_idx = H
@@ -152,7 +153,8 @@ def test_stand_ins_keep_the_layer_class_so_the_audit_lines_up():
     TransposedLinear ran another op, every later node was compared with the next one's shape and
     Falcon's sharded MLP was refused ('gives [8, 16, 96] ... implies [8, 16, 64]')."""
     from sapp.api import search
-    from sapp.emit import checks, parallel
+    from sapp.emit.checks import plan as checks
+    from sapp.emit.tp import parallel
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     with torch.device("meta"):
         meta = MatmulNet()

@@ -9,7 +9,7 @@ from sapp.capture import capture
 from sapp.cluster import Cluster
 from sapp.costmodel import CostSettings, collective_time
 from sapp.pipeline.profile import build_profile
-from sapp.search import tp_layout
+from sapp.search import sp_layout, tp_layout
 
 PAPER = CostSettings(autocast_fp32=False)
 A100 = Cluster.parse("a100-80g:nodes=1")
@@ -68,7 +68,7 @@ def test_sp_choice_covers_residual_stream_only(layer_graph):
     prof, _ = _layer(g, 4, True)
     t1 = prof.template
     lv = prof.roles.index("tp")
-    sp = tp_layout.sp_nodes(t1, prof.strategies, lv, 4)
+    sp = sp_layout.sp_nodes(t1, prof.strategies, lv, 4)
     kinds = {t1.nodes[n].module or "<block>" for n in sp}
     # norms, the dropouts after the row-split closers and the embedding's, the residual adds, ln_f
     assert {"layers.0.ln1", "layers.0.ln2", "layers.0.attn.resid_drop", "layers.0.mlp.drop", "ln_f",
@@ -117,7 +117,7 @@ def test_search_pins_sp_plan_roundtrip_and_explain(tmp_path):
     diff = [n for n in on["operators"] if on["operators"][n]["split"] != off["operators"][n]["split"]]
     tok = [n for n in diff if on["operators"][n]["module"] == "embed.tok"]
     assert len(tok) == 1 and on["tp_modules"]["embed.tok"] == "vocab"
-    assert diff and all(on["operators"][n]["kind"] in tp_layout.SP_KINDS for n in diff if n not in tok)
+    assert diff and all(on["operators"][n]["kind"] in sp_layout.SP_KINDS for n in diff if n not in tok)
     path = tmp_path / "sp.json"
     on.save(path)
     back = Plan.load(path)

@@ -5,7 +5,7 @@ weights (issue 26, the transformers catalogue on torch 2.13):
   output) read the head as a module "before the blocks" reading the shard, and left the cut where
   it was: step 0 failed with "size of tensor a (16) must match the size of tensor b (8)", after every
   rank had set up.  The relayout now reads the order the shape audit's capture ran the modules in,
-  and the SP audit (sapp/emit/sp_audit.py) runs the model once at a rank's sequence shard before any
+  and the SP audit (sapp/emit/checks/sp_audit.py) runs the model once at a rank's sequence shard before any
   step, so such a plan is refused in one line instead.
 - OLMo's LayerNorm has no weights: the manifest read SP norms off their replicated DTensor weights
   and refused every tp2+sp plan as "the emitted program differs from the plan"."""
@@ -96,7 +96,7 @@ def test_weightless_norms_run_equal_to_one_process(tmp_path):
 @pytest.fixture(scope="module")
 def head_first_plan():
     from sapp.api import search
-    from sapp.emit.program import default_loss
+    from sapp.emit.runtime.program import default_loss
     from tests.emit_workers import custom_sp_run
     with torch.device("meta"):
         meta = HeadFirst()
@@ -106,7 +106,8 @@ def head_first_plan():
 
 
 def _audit(plan, x):
-    from sapp.emit import checks, shape_audit, sp
+    from sapp.emit.checks import plan as checks, shape_audit
+    from sapp.emit.tp import sp
     torch.manual_seed(0)
     model, notes = HeadFirst(), []
     shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), 2, (x,), notes,
@@ -118,7 +119,7 @@ def test_sp_audit_refuses_a_cut_the_mask_builder_reads(head_first_plan, monkeypa
     """With the call order withheld (registration order: the code before the fix), the embeddings'
     cut stays before the mask is built; the SP audit refuses the plan in one line naming the module,
     in this process, before any step or collective."""
-    from sapp.emit import sp_entry
+    from sapp.emit.tp import sp_entry
     from sapp.errors import PlanError
     plan, x = head_first_plan
     assert _audit(plan, x) is not None                        # with the order: passes
@@ -135,8 +136,8 @@ def test_relayout_reads_call_order_not_registration_order():
     blocks once the call order is known, so the cuts before the blocks move; without it, as before,
     nothing moves."""
     from types import SimpleNamespace
-    from sapp.emit import sp_entry
-    from sapp.emit.recompute import block_names
+    from sapp.emit.tp import sp_entry
+    from sapp.emit.recompute.checkpointing import block_names
     torch.manual_seed(0)
     m = HeadFirst()
     sec = {"scatter": {"body.embeddings.word": 1, "body.embeddings.pos": 0},

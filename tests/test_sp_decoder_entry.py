@@ -90,7 +90,7 @@ def test_decoder_holding_blocks_is_no_sp_entry():
 
 def test_free_sp_search_shards_without_sp():
     from sapp.api import search
-    from sapp.emit import sp_entry
+    from sapp.emit.tp import sp_entry
     torch.manual_seed(0)
     src, tgt = torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ))
     with torch.device("meta"):

@@ -1,4 +1,4 @@
-"""Sequence parallelism emitted with DTensor (sapp/emit/sp.py) equals single-process training (gloo,
+"""Sequence parallelism emitted with DTensor (sapp/emit/tp/sp.py) equals single-process training (gloo,
 1e-5 relative, 3 steps) for gpt-tiny at tp2+sp (2 processes) and tp2 x pp2 + sp (4 processes); every
 rank's manifest shows the SP pieces the plan places there; the memory the meter measures is within 10%
 of the plan's prediction for the rank's stage, and SP's saving is the predicted one.  Plans come from the

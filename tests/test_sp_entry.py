@@ -1,5 +1,5 @@
 """Sequence parallelism cut at the blocks' input when a sequence-parallel norm runs before them
-(sapp/emit/sp_entry.py).  On the code before it ERNIE tp2 (the search picks SP) stopped at step 0:
+(sapp/emit/tp/sp_entry.py).  On the code before it ERNIE tp2 (the search picks SP) stopped at step 0:
 ErnieModel builds its attention mask from the embeddings' output, which the embeddings LayerNorm had
 cut to the shard (a mask over 8 keys for scores over 16).  Unit cases on module trees of our own, and
 ERNIE from the catalogue on 2 gloo ranks against one process (one spawned job, ~30 s CPU)."""
@@ -12,8 +12,8 @@ from torch import nn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sapp.emit.recompute import block_names  # noqa: E402
-from sapp.emit.sp_entry import relayout  # noqa: E402
+from sapp.emit.recompute.checkpointing import block_names  # noqa: E402
+from sapp.emit.tp.sp_entry import relayout  # noqa: E402
 
 
 def tree(spec):
@@ -78,7 +78,7 @@ def test_ernie_tp2_sp_equals_one_process(ernie):
 def test_an_entry_holding_blocks_is_refused_in_one_line():
     """Encoder-decoder + SP: the plan gathers the decoder module's input, and the hook would take its
     token ids, leaving the encoder output cut for cross-attention (refused before anything runs)."""
-    from sapp.emit import sp
+    from sapp.emit.tp import sp
     from sapp.errors import PlanError
     m = tree([("enc", nn.Module()), ("enc.layers", nn.ModuleList([nn.Module()])), ("dec", nn.Module()),
               ("dec.layers", nn.ModuleList([nn.Module()]))])

@@ -7,7 +7,7 @@ search weighs time only, and an unsplit lookup is cheaper), so its weights, grad
 (16 bytes x 1.31B parameters = 21 GB) sat on stage 0 beside two blocks' states and 2p micro-batches
 of selective activations.  Stage 0 then held one block fewer, another stage a third one, and that
 stage set the step.  Megatron's SP runs the table split by vocabulary with its partial sums reduce-
-scattered into the sequence shards (sp_layout.vocab_split; sapp/emit/sp.py emits it)."""
+scattered into the sequence shards (sp_layout.vocab_split; sapp/emit/tp/sp.py emits it)."""
 import pytest
 
 from sapp import models, search

@@ -1,4 +1,4 @@
-"""Embedding tables with sparse gradients kept on the device (sapp/emit/sparse.py) run as priced.
+"""Embedding tables with sparse gradients kept on the device (sapp/emit/host/sparse.py) run as priced.
 
 Emitted: wide-deep-tiny with both tables pinned to the device, dp=2 at ZeRO 0-3 and dp=2 x tp=2,
 trained 3 steps on gloo, equals single-process training with the same optimizers (SparseAdam for the
@@ -19,7 +19,7 @@ REL_TOL = 1e-5
 
 def _reference(steps=3):
     import sapp.models as models
-    from sapp.emit import sparse
+    from sapp.emit.host import sparse
     torch.manual_seed(0)
     m = models.get("wide-deep-tiny", device="cpu")
     x, y = models.example_inputs(m, tm.GLOBAL_BATCH, "cpu"), models.example_targets(m, tm.GLOBAL_BATCH, "cpu")

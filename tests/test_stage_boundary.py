@@ -2,7 +2,7 @@
 
 The model builds a causal mask and rotary-like angles once, from positions and a buffer, and hands
 them to every layer, as Hugging Face decoders do.  Emission gives every stage its own copy of those
-ops (sapp/emit/stage_local.py), so stage 0 hands on only the hidden state; a mask built from an input
+ops (sapp/emit/pp/stage_local.py), so stage 0 hands on only the hidden state; a mask built from an input
 or a tensor from a random op stays one value and is sent.  The cost model reads the same rule off the
 captured graph (sapp/pipeline/boundary.py) and prices what is sent: forward bytes with the data mask,
 backward bytes without it (no gradient)."""
@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sapp.emit import pipe  # noqa: E402
+from sapp.emit.pp import pipe  # noqa: E402
 
 B, S, H, V = 4, 8, 16, 32
 
@@ -121,7 +121,7 @@ def test_plan_prices_what_the_boundary_sends(keep, tmp_path):
 def test_side_tensors_of_the_captured_graph():
     from sapp.capture import capture
     from sapp.pipeline.boundary import carries_grad, side_tensors
-    from sapp.pipeline.profile import split_units
+    from sapp.pipeline.units import split_units
     torch.manual_seed(0)
     g = capture(Toy(), _inputs(keep=True))
     units = split_units(g)

@@ -1,7 +1,7 @@
 """Pipeline stages of a model built like PoolFormer / GraniteMoeHybrid / DeepSeek-V4
 (tests/emit_workers/pp_toys.py): the blocks a stage runs are named as the plan names them (capture's
 candidates, sapp/capture/blocks.py), and values read further on than the next stage are carried
-through the stages between (sapp/emit/stage_carry.py).  In one process: the stages chained by hand
+through the stages between (sapp/emit/pp/stage_carry.py).  In one process: the stages chained by hand
 against the whole model (forward and gradients); on 2 gloo ranks: sapp's own pp=2 plan trained 3 steps
 against one process."""
 import json
@@ -15,7 +15,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from sapp.capture.blocks import container_children  # noqa: E402
-from sapp.emit import manifest, pipe  # noqa: E402
+from sapp.emit.checks import manifest  # noqa: E402
+from sapp.emit.pp import pipe  # noqa: E402
 from tests.emit_workers import pp_toys  # noqa: E402
 
 B = 4

@@ -1,6 +1,6 @@
 """Tensor parallelism for Hugging Face's Conv1D (GPT-2's linears: weight stored [in, out], computed as
 `addmm(bias, x.view(-1, in), weight)`).  The layout must see it as a linear (sapp/search/tp_layout.py)
-and the emitter must split it on its own layout (sapp/emit/conv1d.py): column split = weight dim 1 and
+and the emitter must split it on its own layout (sapp/emit/tp/conv1d.py): column split = weight dim 1 and
 the bias, row split = weight dim 0 with the bias added once.  GPT-2's fused q|k|v (c_attn) is cut by
 `split` into q, k, v, which a contiguous column split would mix up (rank 0: all of q, half of k): its
 region is invalid, so it is at most a lone column split with its output gathered (whole q|k|v again)."""
@@ -33,7 +33,8 @@ def _graph():
 
 
 def test_layout_and_shape_audit_split_conv1d():
-    from sapp.emit import conv1d, parallel, shape_audit
+    from sapp.emit.tp import conv1d, parallel
+    from sapp.emit.checks import shape_audit
     from sapp.search import tp_layout
     model, x, graph = _graph()
     by_opener = {graph.nodes[r.openers[0]].module: r for r in tp_layout.regions(graph, 2)}
@@ -120,7 +121,7 @@ def _run(rank, world, store) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    from sapp.emit import parallel
+    from sapp.emit.tp import parallel
     ref, x, ref_loss = _reference()
     res = {"ref": ref_loss}
     mesh = init_device_mesh("cpu", (world,))

@@ -1,7 +1,7 @@
 """A tensor-parallel layer's output the model then modifies in place (HF Falcon's parallel block:
 `mlp_output += attention_output`): DTensor's to_local() hands out a view made inside a custom autograd
 Function, which autograd forbids modifying in place, so the step stopped at step 0.  sapp hands out a
-non-view local tensor with the same backward (sapp/emit/dtensor_local.py): 2 gloo ranks train our
+non-view local tensor with the same backward (sapp/emit/tp/dtensor_local.py): 2 gloo ranks train our
 Falcon-like block with a derived tp layout and must equal one process (loss and gradients)."""
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _rank(rank, world, out_dir, store):
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-        from sapp.emit import parallel
+        from sapp.emit.tp import parallel
         ref, x, ref_loss = _reference()
         torch.manual_seed(0)
         m = ParallelBlock()
@@ -112,7 +112,7 @@ class NormedEmbedding(nn.Embedding):
 
 
 def test_embedding_with_its_own_sub_module_parameters_runs_replicated_with_a_note():
-    from sapp.emit import parallel
+    from sapp.emit.tp import parallel
     m = nn.Module()
     m.emb, m.head = NormedEmbedding(), nn.Linear(8, 16)
     notes = []
@@ -128,14 +128,14 @@ def test_layout_does_not_split_a_table_with_a_norm_inside():
     as vocabulary-split, so the plan does not promise what the emitter cannot run (the manifest
     refused it: 'the emitted program differs from the plan')."""
     from sapp.capture import capture
-    from sapp.search import tp_layout
+    from sapp.search import linears, tp_layout
     from sapp.search.sp_layout import vocab_split
     m = nn.Module()
     m.emb, m.head = NormedEmbedding(), nn.Linear(8, 16)
     m.forward = lambda ids: m.head(m.emb(ids))
     g = capture(m, (torch.randint(0, 16, (2, 4)),))
     emb = next(n for n, node in g.nodes.items() if node.kind == "embedding")
-    assert "emb" in tp_layout._nested_holders(g)
+    assert "emb" in linears.nested_holders(g)
     assert tp_layout.emittable(g, {emb: "v"}, 2)[0][emb] is None
     assert vocab_split(g, {}, 2).get(emb) is None
 

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sapp.emit import shape_audit  # noqa: E402
+from sapp.emit.checks import shape_audit  # noqa: E402
 
 D, H, R, SEQ, VOCAB, BATCH = 64, 4, 16, 16, 128, 4
 

@@ -35,7 +35,7 @@ class Attn(nn.Module):
 
 def _partial(model):
     from sapp.capture import capture
-    from sapp.emit.shape_audit import partial_params
+    from sapp.emit.checks.shape_audit import partial_params
     from sapp.search import tp_layout
     graph = capture(model, (torch.randn(B, SEQ, D),))
     regions = [r for r in tp_layout.regions(graph, 2) if not r.why and r.closers]

@@ -1,7 +1,7 @@
 """A representative slice of the truth matrix (bench/truth_matrix.py runs all of it): plans from the real
 search on the `cpu` preset, pinned to each parallel layout, ZeRO stage, recompute policy and host
 placement, run on gloo; on every rank the emitter's manifest must equal the plan's, and the memory the
-meter measures (sapp/emit/memory_meter.py) must match what the plan predicted for that rank.
+meter measures (sapp/emit/runtime/memory_meter.py) must match what the plan predicted for that rank.
 
 Two spawned jobs (2 and 4 ranks) run all cases in the same processes; bounded by a hard timeout."""
 import os
@@ -118,7 +118,7 @@ def test_total_memory_within_ten_percent(rows, cid):
 
 
 def test_zero1_pieces_split_evenly_by_element():
-    from sapp.emit.zero1 import pieces
+    from sapp.emit.dp.zero1 import pieces
     got = pieces([5, 1, 4], 3)          # 10 elements: ranks own [0, 3), [3, 6), [6, 10)
     assert got == [(0, 0, 3, 0), (0, 3, 5, 1), (1, 0, 1, 1), (2, 0, 4, 2)]
     owned = [sum(b - a for _, a, b, o in got if o == r) for r in range(3)]

@@ -207,7 +207,7 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     from torch.export.graph_signature import InputKind
 
     from .blocks import assign_blocks, container_children, expand_blocks, group_blocks
-    from .convert import Converter, canonical_names, prune
+    from .convert import Converter, canonical_names, param_infos, prune
     from .fuse import fuse_rms_norms
     conv = Converter(batch, strip)
     kinds = {}
@@ -235,7 +235,7 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     nodes = prune(fuse_rms_norms(conv.nodes, conv.outputs), conv.outputs)
     blocks = assign_blocks(nodes, conv.scopes, container_children(root, strip))
     outputs = conv.outputs
-    params = _params(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
+    params = param_infos(root, strip, list(dict.fromkeys((q, k == "buffer") for k, q in kinds.values()
                                                     if k in ("param", "buffer"))))
     if expand is not None:
         lq, depth, kept = expand
@@ -282,26 +282,6 @@ def _untie(ep, root, kinds):
                 tied[kinds[p][1]] = kinds[keep][1]
                 out[p] = kinds[keep]
     return out, tied
-
-
-def _params(root, strip, entries):
-    """ParamInfo per lifted parameter/buffer (buffers are not trainable).  Buffers are marked with
-    a temporary name prefix so unused ones can be dropped."""
-    import torch
-
-    from .convert import dtype_str
-    out = {}
-    for q, is_buffer in entries:
-        qs = q[len(strip):] if strip and q.startswith(strip) else q
-        mod_q, _, leaf = q.rpartition(".")
-        mod = root.get_submodule(mod_q) if mod_q else root
-        t = getattr(mod, leaf)
-        sparse = isinstance(mod, torch.nn.Embedding) and bool(mod.sparse) and leaf == "weight"
-        module = qs.rpartition(".")[0]
-        out[qs] = ParamInfo(("__buffer__" if is_buffer else "") + qs, tuple(int(s) for s in t.shape),
-                            dtype_str(t.dtype), module,
-                            (not is_buffer) and bool(getattr(t, "requires_grad", False)), sparse)
-    return out
 
 
 def _replicate_params(params, lq, depth, kept):

@@ -22,7 +22,7 @@ def container_children(model, strip: str = "") -> set:
     themselves a ModuleList / ModuleDict (never called, so never a scope: PoolFormer's
     `encoder.block.0` is a ModuleList and its blocks are `encoder.block.0.0`, ...).  The one list of
     block candidates: capture assigns operators to them and the emitter's manifest names a pipeline
-    stage's blocks by it (sapp/emit/manifest.py)."""
+    stage's blocks by it (sapp/emit/checks/manifest.py)."""
     out = set()
     for qn, m in model.named_modules():
         if isinstance(m, (nn.ModuleList, nn.Sequential)):

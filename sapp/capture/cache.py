@@ -90,7 +90,7 @@ def model_facts(spec: str) -> dict | None:
     kind = kind_of(spec)
     if kind == "zoo":
         import importlib
-        zoo = importlib.import_module("sapp.models")
+        zoo = importlib.import_module("sapp.models.zoo")
         if spec not in zoo.NAMED:
             return None
         zkind, cfg = zoo._config(spec, {})
@@ -116,7 +116,7 @@ def key_for(spec: str, batch: int) -> str | None:
     facts = model_facts(spec)
     if facts is None:
         return None
-    from .. import __version__
+    from ..version import __version__
     facts.update({"batch": batch, "default_dtype": _default_dtype(), "sapp": __version__,
                   "torch": _version("torch"), "python": list(sys.version_info[:2]),
                   "sources": sources_hash(), "format": graph_json.FORMAT})

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..ir import Dim, OpNode, Operand, TensorSpec
+from ..ir import Dim, OpNode, Operand, ParamInfo, TensorSpec
 from .ops import OpCall, Tin, TRef, spec_for
 
 SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split"}
@@ -375,3 +375,20 @@ def canonical_names(nodes, outputs, keep=()):
         out[mapping[name]] = OpNode(mapping[name], n.kind, n.target, n.dims, ops, n.out, n.flops, n.bytes,
                                     n.saves, n.module, n.block, n.extra)
     return out, tuple(mapping[o] for o in outputs), mapping
+
+
+def param_infos(root, strip, entries):
+    """ParamInfo per lifted parameter/buffer (buffers are not trainable).  Buffers are marked with
+    a temporary name prefix so unused ones can be dropped."""
+    out = {}
+    for q, is_buffer in entries:
+        qs = q[len(strip):] if strip and q.startswith(strip) else q
+        mod_q, _, leaf = q.rpartition(".")
+        mod = root.get_submodule(mod_q) if mod_q else root
+        t = getattr(mod, leaf)
+        sparse = isinstance(mod, torch.nn.Embedding) and bool(mod.sparse) and leaf == "weight"
+        module = qs.rpartition(".")[0]
+        out[qs] = ParamInfo(("__buffer__" if is_buffer else "") + qs, tuple(int(s) for s in t.shape),
+                            dtype_str(t.dtype), module,
+                            (not is_buffer) and bool(getattr(t, "requires_grad", False)), sparse)
+    return out

@@ -55,10 +55,10 @@ def capture_fx(root, inputs, kwargs, strip, batch, gname, model):
     ins = [k for k, v in nodes.items() if v.kind == "input"]
     nodes, outputs, mapping = canonical_names(nodes, conv.outputs, keep=ins)
     blocks = {b: [mapping[x] for x in v] for b, v in blocks.items()}
-    from . import _params
+    from .convert import param_infos
     used = {p for nd in nodes.values() for p in nd.params}
     entries = [(q, False) for q in params] + [(q, True) for q in buffers]
-    pinfo = {q: p for q, p in _params(root, strip, entries).items()
+    pinfo = {q: p for q, p in param_infos(root, strip, entries).items()
              if not p.name.startswith("__buffer__") or q in used}
     from ..ir import ParamInfo
     pinfo = {q: ParamInfo(q, p.shape, p.dtype, p.module, p.trainable, p.sparse_grad) for q, p in pinfo.items()}

@@ -26,7 +26,7 @@ def rms_norm(c):
 def batch_norm(c):
     r = c.out_shape
     # Spatial axes stay whole; the batch axis splits over dp, where the emitter syncs the statistics
-    # (emit/batch_stats.py).  `batch_stats`: training mode, statistics over the batch (not the running
+    # (emit/dp/batch_stats.py).  `batch_stats`: training mode, statistics over the batch (not the running
     # ones): every replica must see the global batch's, and a micro-batch's differ (search: one only).
     unsplit = set(range(2, len(r)))
     ind = [tuple(f"a{i}" for i in range(len(r)))] + [("a1",) for _ in c.ins[1:]]

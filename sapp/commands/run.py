@@ -51,7 +51,7 @@ def add_arguments(p):
                    "keep their initial values), also from a run on other data or order")
     p.add_argument("--elastic", action="store_true",
                    help="with --nnodes MIN:MAX and --checkpoint-dir: a group of another size re-plans for the devices it "
-                        "has and resumes the last checkpoint under that plan (sapp/emit/elastic.py)")
+                        "has and resumes the last checkpoint under that plan (sapp/emit/runtime/elastic.py)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
@@ -101,7 +101,7 @@ def _model_args(name, pairs) -> dict:
     model from `dropout=abc`."""
     import math
     import sapp.models as models
-    from ..emit.worker import model_overrides
+    from ..emit.runtime.worker import model_overrides
     for kv in pairs:
         if "=" not in kv:
             raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
@@ -126,7 +126,7 @@ def _model_args(name, pairs) -> dict:
 def precheck(args):
     """Refuse before launching: bad plan file, wrong process count, unknown or different model."""
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-    from ..emit import checks
+    from ..emit.checks import plan as checks
     from ..plan import Plan
     from ._paths import check_out
     _check_numbers(args)
@@ -160,7 +160,7 @@ def precheck(args):
 
 def precheck_training(args, plan):
     """Data source, checkpoint directory (writable, room for one checkpoint) and resume target."""
-    from ..emit import checkpoint, data
+    from ..emit.runtime import checkpoint, data
     if args.data and data.is_factory(args.data) and not os.path.exists(args.data):
         data.resolve_factory(args.data)
     elif args.data and not os.path.isfile(args.data):
@@ -195,12 +195,12 @@ def single_node(args) -> bool:
 
 
 def command(args, nproc: int) -> list:
-    """torchrun through sapp/emit/launch.py: every store listens on one address, 127.0.0.1 for a
+    """torchrun through sapp/emit/runtime/launch.py: every store listens on one address, 127.0.0.1 for a
     single-node run (torchrun's --standalone would listen on all interfaces), the --rdzv-endpoint
     address for the rendezvous of a multi-node run and this node's address toward it for rank 0's."""
     import uuid
-    from ..emit.launch import BACKEND
-    cmd = [sys.executable, "-m", "sapp.emit.launch", f"--nproc-per-node={nproc}"]
+    from ..emit.runtime.launch import BACKEND
+    cmd = [sys.executable, "-m", "sapp.emit.runtime.launch", f"--nproc-per-node={nproc}"]
     given = {key: getattr(args, key, None) for key in PASS_THROUGH}
     if single_node(args):
         given.update(nnodes="1", rdzv_backend=BACKEND, rdzv_endpoint="127.0.0.1:0", rdzv_id=str(uuid.uuid4()))
@@ -213,7 +213,7 @@ def command(args, nproc: int) -> list:
         v = given.get(key)
         if v is not None:
             cmd.append(f"--{key.replace('_', '-')}={v}")
-    cmd += ["-m", "sapp.emit.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
+    cmd += ["-m", "sapp.emit.runtime.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
     if getattr(args, "allow_mismatch", False):
         cmd.append("--allow-mismatch")
@@ -265,8 +265,8 @@ def run(args):
             if lo:
                 env.setdefault(var, lo)
     import tempfile
-    from ..emit import failure
-    from ..emit.launch import FAILED_EXIT, TIMEOUT_EXIT
+    from ..emit.runtime import failure
+    from ..emit.runtime.launch import FAILED_EXIT, TIMEOUT_EXIT
     with tempfile.TemporaryDirectory(prefix="sapp-fail-") as fail_dir:
         # ranks record their errors here; the first failing rank's frames are printed once, below
         env["SAPP_FAIL_DIR"] = fail_dir

@@ -1,7 +1,7 @@
 """Normalisation by batch statistics (BatchNorm in training mode) under data parallelism.
 
 One process normalises by the whole batch's mean and variance; the emitter makes every dp replica
-do the same by reducing per-channel statistics over the dp group (emit/batch_stats.py), small
+do the same by reducing per-channel statistics over the dp group (emit/dp/batch_stats.py), small
 collectives in each layer's forward and backward, on the critical path (nothing to
 overlap them with: the next op needs the result).  On an accelerator torch's SyncBatchNorm
 all-gathers each rank's (mean, invstd, count) in forward and all-reduces (sum dy, sum dy·x̂) in

@@ -6,7 +6,7 @@ their gradients (backward).  With grouped-query attention K and V are a small fr
 activations (8 KV heads against 128 query heads for Llama-3-405B), so the exchange is cheap, and it
 works with any attention kernel and any mask; a ring exchange overlapped with the attention compute
 would hide it but needs a kernel that accumulates partial softmaxes.  Priced exposed (not overlapped),
-which is what the emitted all-gather does (sapp/emit/cp.py).
+which is what the emitted all-gather does (sapp/emit/cp/cp.py).
 
 Causal load balancing: the sequence is cut into 2·cp equal chunks and rank r holds chunks r and
 2·cp-1-r.  Then every rank attends to exactly 1/cp of the causal (query, key) pairs

@@ -32,7 +32,7 @@ def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
     """(gradient sync s per step, parameter all-gather s per forward or backward pass) of one bucket
     of `gb` gradient and `wb` weight bytes over a group of `n` on `link`, latency included, as the
     emitted runtime does it: ZeRO-0 all-reduces (on a serial device through one flat buffer,
-    emit.parallel.GradAllReduce); ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3
+    emit/dp/wrap.GradAllReduce); ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3
     gathers the weights before forward and again before backward.  ZeRO-2/3 (FSDP2) stage every
     collective through flat buffers."""
     if zero == 0:
@@ -140,7 +140,7 @@ OVERLAP_RULES = ("none", "ddp-buckets", "fsdp-units")
 
 
 def overlap_rule(cluster, zero, pp, tp, runtime="eager") -> str:
-    """How the emitted runtime (sapp/emit/parallel.wrap_dp) overlaps a stage's gradient sync with its
+    """How the emitted runtime (sapp/emit/dp/wrap.wrap_dp) overlaps a stage's gradient sync with its
     backward pass on `cluster`, one stated rule per cluster kind, not a knob:
       - "none": a serial device (CPU eager, `async_launch` False: one stream, the flat all-reduce
         runs after backward), or tensor parallelism / a pipeline under ZeRO-0/1 (DDP cannot run

@@ -1,7 +1,7 @@
 """Activation memory: tensors kept for backward, each counted once, at its sharded size.
 
 Peak memory as torch holds it.  A stage's prediction is params + grads + optimizer + activations +
-transient, each what the emitted program holds (sapp/emit/memory_meter.py reads the same components
+transient, each what the emitted program holds (sapp/emit/runtime/memory_meter.py reads the same components
 on every rank; tests/test_memory_rules.py measures each rule on one small module):
   - activations: what backward keeps (here) times the micro-batches in flight; dropout keeps a 1-byte
     mask where it runs fused (CUDA) and on a CPU its scaled noise at the input's width

@@ -1,7 +1,7 @@
 """Mixture-of-Experts under expert parallelism (EP): what changes when the experts of each MoE layer
 are spread over `ep` data-parallel ranks.  Pure: plain numbers in, seconds and bytes out.
 
-Layout (Megatron-Core's, and what sapp/emit/ep.py runs): a stage's dp ranks form dp/ep EP groups of
+Layout (Megatron-Core's, and what sapp/emit/ep/experts.py runs): a stage's dp ranks form dp/ep EP groups of
 `ep` consecutive dp ranks; rank j of a group holds experts [j·E/ep, (j+1)·E/ep).  Each rank routes
 its own tokens (router, top-k, sort by expert: priced in the captured graph like any op), sends every
 routed row to the rank holding its expert (all-to-all *dispatch*), runs its experts' grouped GEMMs on

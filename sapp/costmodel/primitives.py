@@ -177,7 +177,7 @@ def staging_copy_time(nbytes: float, n: int, cluster) -> float:
 
 def flat_allreduce_staging_time(nbytes: float, cluster) -> float:
     """Local memory traffic around one all-reduce of `nbytes` of gradients through a flat buffer on a
-    serial device (emit.parallel.GradAllReduce): the gradients concatenated in, the sum divided by
+    serial device (emit/dp/wrap.GradAllReduce): the gradients concatenated in, the sum divided by
     the group size in place, the mean copied back out - three passes that each read and write
     `nbytes`.  They run after a backward that swept the caches, over one buffer of the whole stage's
     gradients, so at the DRAM rate whatever share of them a caller prices (the pipeline profile

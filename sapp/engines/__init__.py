@@ -48,7 +48,7 @@ def arch_facts(name, meta, layers) -> dict:
 
 
 def block_names(graph) -> list:
-    from ..pipeline.profile import split_units
+    from ..pipeline.units import split_units
     return [u.name for u in split_units(graph) if u.kind == "block"]
 
 

@@ -168,7 +168,7 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     from .. import api
     from ..constraints import Constraints
     from ..costmodel import CostSettings
-    from ..pipeline.profile import split_units
+    from ..pipeline.units import split_units
     from ..search.joint import Config
     names = [u.name for u in split_units(graph) if u.kind == "block"]
     cons = Constraints.from_dict(pins(ecfg, names))

@@ -3,7 +3,7 @@ attention through F.scaled_dot_product_attention (causal), and an MoE feed-forwa
 softmax, top-k, the routed rows sorted by expert and run through two grouped expert GEMMs
 (`sapp::grouped_mm`, SwiGLU), optional shared experts run on every token, optional dense blocks first.
 
-Module names are part of the contract with sapp/emit/ep.py: a block's MoE layer is `layers.<i>.moe`
+Module names are part of the contract with sapp/emit/ep/experts.py: a block's MoE layer is `layers.<i>.moe`
 with `router` (Linear h -> E), `w_in` [E, h, 2f] (gate | up), `w_out` [E, f, h] and `shared`
 (a dense SwiGLU of width shared·f, or absent).  Expert parallelism replaces `MoE.experts_fn` (the
 function that runs the sorted rows through the experts) with one that dispatches rows by all-to-all.
@@ -128,7 +128,7 @@ class SwiGLU(nn.Module):
 
 
 def ep_capable(m) -> bool:
-    """Whether expert parallelism can run module `m` (sapp/emit/ep.py swaps its `experts_fn` for the
+    """Whether expert parallelism can run module `m` (sapp/emit/ep/experts.py swaps its `experts_fn` for the
     all-to-all version): this module's contract, not any grouped-expert layer (an HF MoE's experts are
     priced and run whole on each rank)."""
     return hasattr(m, "experts_fn") and hasattr(m, "w_in") and hasattr(m, "w_out")

@@ -53,7 +53,7 @@ def kind_of(spec: str) -> str:
 
 def build(spec: str, device="meta", **overrides):
     """The module `spec` names, on `device`, with sapp_spec (and sapp_data unless it is a zoo model)."""
-    import sapp.models as zoo  # not `from .. import`: sapp.__getattr__ recurses on it
+    from . import zoo
     kind = kind_of(spec)
     if kind == "zoo":
         if spec not in zoo.names():
@@ -72,12 +72,12 @@ def info(spec: str, **overrides) -> dict | None:
     """Zoo facts (config, exact parameter count) without building; None for other specs."""
     if kind_of(spec) != "zoo":
         return None
-    import sapp.models as zoo
+    from . import zoo
     return zoo.info(spec, **overrides)
 
 
 def _attach(model, spec, kind, config, data):
-    import sapp.models as zoo
+    from . import zoo
     model.sapp_spec = zoo.ModelSpec(name=spec, config=config, kind=kind)
     model.sapp_data = data
     return model

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import loss_fn as _default_loss
+from .zoo import loss_fn as _default_loss
 from .data import logits_of
 
 
@@ -13,7 +13,7 @@ class WithLoss(torch.nn.Module):
     """model + loss as one module: forward(*inputs, target) -> scalar loss.  Capture uses it so the
     loss op is part of the graph; the wrapped model is the child `model` (qualnames get a `model.`
     prefix, which capture strips).  The loss contract, the same at capture and at run
-    (sapp/emit/program.py): `loss_fn(logits, targets)` where logits = `data.logits_of(output)` (an
+    (sapp/emit/runtime/program.py): `loss_fn(logits, targets)` where logits = `data.logits_of(output)` (an
     HF ModelOutput's .logits, a tuple's first element, else the output itself)."""
 
     def __init__(self, model, loss_fn=None):

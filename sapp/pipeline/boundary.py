@@ -6,7 +6,7 @@ output) reads.  The unit's own output is the boundary activation the profile alw
 which does not); this module finds the others, the *side* tensors (`Unit.side`):
 - position-only tensors -- built from shapes, constants and buffers alone (HF's causal mask, rotary
   cos/sin, positions) -- are NOT sent: the emitter gives every stage its own copy of the ops
-  producing them (sapp/emit/stage_local.py, same rule on the exported graph), so they cost nothing
+  producing them (sapp/emit/pp/stage_local.py, same rule on the exported graph), so they cost nothing
   at the boundary;
 - every other one is sent with each forward (e.g. a padding mask built from an `attention_mask`
   input, T5's encoder output crossing the decoder's cuts), and its gradient comes back only when it

@@ -1,5 +1,5 @@
 """Stage-profile pieces of sequence parallelism (sapp/search/sp_layout.py): the region entries' saved
-inputs kept as sequence shards and re-gathered in backward (Megatron; sapp/emit/sp.py does the same),
+inputs kept as sequence shards and re-gathered in backward (Megatron; sapp/emit/tp/sp.py does the same),
 and the sequence-sharded activation a stage boundary sends."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from ..costmodel import collective_time, saved_items
 
 
 def sp_node_set(graph, strategies, mesh, roles):
-    """tp_layout.sp_nodes on the mesh's tp level (empty without one): what sp_regather and
+    """sp_layout.sp_nodes on the mesh's tp level (empty without one): what sp_regather and
     sp_out_shards both read, computed once by a caller that needs both."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     if not roles or "tp" not in roles:
         return set()
     lv = roles.index("tp")
@@ -19,10 +19,10 @@ def sp_node_set(graph, strategies, mesh, roles):
 def sp_regather(graph, strategies, mesh, roles, settings, sp=None):
     """{(opener, tensor id): tp} for the inputs of sequence-parallel region entries: a column-split
     linear whose input arrives sequence-sharded all-gathers it in forward; like Megatron, the emitter
-    (sapp/emit/sp.py) saves only this rank's shard for backward and gathers it again there, so the
+    (sapp/emit/tp/sp.py) saves only this rank's shard for backward and gathers it again there, so the
     saved input costs 1/tp (Korthikanti 2022: 34/t) and backward pays one more all-gather
     (`sp_regather_time`)."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     lv = (roles or ()).index("tp") if "tp" in (roles or ()) else None
     if lv is None:
         return {}
@@ -53,7 +53,7 @@ def sp_out_shards(graph, strategies, mesh, roles, sp=None):
     """{node: tp} for the sequence-parallel nodes: a stage boundary after one sends its sequence shard
     (1/tp of the activation per tp rank, Megatron's scatter/gather with the gather left to the next
     region's entry, which all-gathers anyway)."""
-    from ..search.tp_layout import sp_nodes
+    from ..search.sp_layout import sp_nodes
     if not roles or "tp" not in roles:
         return {}
     lv = roles.index("tp")

@@ -22,13 +22,13 @@ Overlap model (stated so plans can be checked against it):
   * `OVERLAP` (0.8) of a device's compute time is usable to hide host work and transfers behind
     (launch/synchronisation gaps and DMA contention take the rest).
   * backward is `BWD_SHARE` (2/3) of compute.
-  * Embeddings, priced as sapp/emit/host.HostEmbedding runs them: nothing hides.  A micro-batch's
+  * Embeddings, priced as sapp/emit/host/host.HostEmbedding runs them: nothing hides.  A micro-batch's
     lookup runs on the CPU at the start of its forward, before any device work of that micro-batch
     is queued, and its rows' gradient comes back to the host synchronously in the last node of its
     backward, so the next micro-batch's lookup starts only after that backward ended (checked by
     bench/time_truth.py); the sparse optimizer (+ replica sync) follows the last backward.  Every
     lookup, copy and update is exposed (a prefetching lookup pipeline is not emitted).
-  * Optimizer offload without data parallelism (dp = 1; what sapp/emit/host.OffloadAdam(overlap=True)
+  * Optimizer offload without data parallelism (dp = 1; what sapp/emit/host/host.OffloadAdam(overlap=True)
     runs): gradients stream to the host as backward accumulates them; for all but the last
     micro-batch the gradient copy and the host accumulate hide behind the next micro-batch's compute.
     In the last backward each of the G parameter groups (blocks) is updated as soon as its gradients
@@ -181,7 +181,7 @@ def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_gro
             last = t_d2h + worker
         exposed = early + last
         host_s = m * t_d2h + (m - 1) * t_acc + t_adam + t_h2d
-        # as emitted (OffloadAdam overlap, sapp/emit/host.py): each parameter's gradient is copied to
+        # as emitted (OffloadAdam overlap, sapp/emit/host/host.py): each parameter's gradient is copied to
         # the host and freed in its own post-accumulate hook, every micro-batch: the device keeps no
         # gradients.  The one in flight (at most the largest parameter's, `largest_param`) lives in
         # backward, after the activation peak and as its node's saved inputs go, so it adds nothing to

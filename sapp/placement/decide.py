@@ -136,9 +136,9 @@ def _local_params(stage, device_split, tp):
 
 def _emittable(plans, zero):
     """The plans the emitter runs as priced at this ZeRO stage, and the name of the first it does not.
-    Under ZeRO-3 it refuses optimizer offload (sapp/emit/checks.py: ZeRO-3-Offload is not emitted);
+    Under ZeRO-3 it refuses optimizer offload (sapp/emit/checks/plan.py: ZeRO-3-Offload is not emitted);
     under ZeRO-1 host tables run as priced (the device part's optimizer states are sharded over dp by
-    sapp/emit/zero1.py, the tables' sparse optimizers live on the host), but an offloaded optimizer
+    sapp/emit/dp/zero1.py, the tables' sparse optimizers live on the host), but an offloaded optimizer
     would keep its whole host state on every rank (OffloadAdam), so offload is not offered there."""
     if zero == 1:
         bad = [n for n, _, _ in plans if "optimizer" in n]

@@ -6,7 +6,7 @@ import time
 
 from ..costmodel import evaluate_sharding
 from ..errors import SappError
-from .api import ShardingResult
+from .result import ShardingResult
 from .problem import Problem
 
 METHODS = ("recursive", "exact", "exhaustive")

@@ -6,7 +6,7 @@ the sequence on the tp level instead: a region's entry becomes an all-gather (S(
 exit a reduce-scatter (Partial -> S(seq)) in place of the all-reduce; the ops and what they save
 shrink by 1/tp.  The cost model prices exactly that from the strategies `sp_choice` returns
 (costmodel/layouts.py reshards), no special case: SP is a choice of per-op dims on the tp level, like
-the regions themselves.  `sp_section` tells the emitter (sapp/emit/sp.py) where each runtime piece
+the regions themselves.  `sp_section` tells the emitter (sapp/emit/tp/sp.py) where each runtime piece
 goes.  Pure Python over the OpGraph: no torch."""
 from __future__ import annotations
 
@@ -25,16 +25,16 @@ def _seq_dim(node):
 def vocab_split(graph, choice: dict, tp: int) -> dict:
     """`choice` with every token embedding split by vocabulary on the tp level, as Megatron's sequence
     parallelism runs it (VocabParallelEmbedding, its partial sums reduce-scattered straight into the
-    sequence shards: sapp/emit/sp.py's `scatter` of a 'vocab' embedding).  The sharding search alone
+    sequence shards: sapp/emit/tp/sp.py's `scatter` of a 'vocab' embedding).  The sharding search alone
     keeps a large table whole (it weighs time, and the lookup is cheaper unsplit), which leaves the
     table's weights, gradients and optimizer states on every tp rank: for the 1T GPT at t=8 about
     19 GB more on the first pipeline stage, which then holds one block fewer and pushes a third onto
     another stage (issue 29: SP + selective priced as slow as full recomputation).  A token lookup
     is one whose output has a batch dim (position tables are left alone); a table tied to another
     weight stays whole, as in `tp_layout.emittable`."""
-    from .tp_layout import _nested_holders, _param_uses
-    tied = {p for p, k in _param_uses(graph).items() if k > 1}
-    nested = _nested_holders(graph)             # a table with a norm inside: DTensor cannot split it
+    from .linears import nested_holders, param_uses
+    tied = {p for p, k in param_uses(graph).items() if k > 1}
+    nested = nested_holders(graph)             # a table with a norm inside: DTensor cannot split it
     out = dict(choice)
     for n, node in graph.nodes.items():
         if (node.kind != "embedding" or choice.get(n) is not None or not node.module or set(node.params) & tied
@@ -65,7 +65,7 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
     (embeddings, the head, the loss), which stay as they are and meet the split through resharding.
     An op joins only if that axis is a splittable, non-batch dim dividing by tp, it is not a model
     output, and it does not meet the axis on a different dim from another joined op."""
-    from .tp_layout import linears      # (tp_layout re-exports this module's names)
+    from .linears import linears
     out = dict(choice)
     lin = set(linears(graph))
     consumers = graph.consumers()
@@ -325,7 +325,7 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                 where = _enclosing(cn.module, [node.module or ""] + others)
                 if any(b.startswith(where + ".") for b in blocks):
                     # an encoder-decoder's decoder reading the encoder's output: its gather could not
-                    # tell that input from the others (sapp/emit/sp_entry.check_entries refuses it), so
+                    # tell that input from the others (sapp/emit/tp/sp_entry.check_entries refuses it), so
                     # sequence parallelism is not priced here and tp runs without it
                     sec["unsupported"].append(f"{where} holds a stack of blocks and reads the sequence split of {n}")
                     continue

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .linears import linears, nested_holders, param_uses  # noqa: F401  (linears: read from here too)
+from .sp_layout import sp_with_table
+
 
 @dataclass
 class Region:
@@ -33,49 +36,6 @@ class Region:
     closers: list                 # node names of row-split linears
     dims: dict = field(default_factory=dict)   # node -> op dim split on the tp level (members too)
     why: str = ""                 # why it is not valid ("" when valid)
-
-
-def _linear_weight(node):
-    """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None.
-    `addmm(bias, x, W[k, n])` is a linear too: HF's Conv1D (GPT-2's layers) stores its weight
-    transposed, and the emitter splits it along the same n / k (sapp/emit/conv1d.py)."""
-    if node.kind != "matmul" or not node.module:
-        return None
-    for op in node.operands:
-        if op.param is not None and (tuple(op.dims) == ("n", "k") or (
-                tuple(op.dims) == ("k", "n") and str(node.target).startswith("aten.addmm"))):
-            return op
-    return None
-
-
-def _param_uses(graph) -> dict:
-    uses = {}
-    for node in graph.nodes.values():
-        for p in set(node.params):
-            uses[p] = uses.get(p, 0) + 1
-    return uses
-
-
-def _nested_holders(graph) -> set:
-    """Modules with a sub-module that holds parameters of its own (an HF embedding with a norm inside):
-    DTensor's Linear / Embedding styles cannot split such a module, so the emitter could not run what
-    the search would price."""
-    holders = {node.module for node in graph.nodes.values() if node.module and node.params}
-    out = set()
-    for m in holders:
-        parts = m.split(".")
-        out.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    return out
-
-
-def linears(graph) -> list:
-    """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
-    the word embedding) is not split: splitting one of its users would untie the two; nor is a
-    linear module holding sub-modules with parameters (`_nested_holders`)."""
-    uses = _param_uses(graph)
-    nested = _nested_holders(graph)
-    return [n for n, node in graph.nodes.items()
-            if (w := _linear_weight(node)) is not None and uses.get(w.param) == 1 and node.module not in nested]
 
 
 def _members(graph, consumers, start, is_linear):
@@ -196,8 +156,8 @@ def emittable(graph, choice: dict, tp: int):
             used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
         else:
             notes.append(f"tp layout: {graph.nodes[r.openers[0]].module} .. stays replicated ({r.why})")
-    tied = {p for p, k in _param_uses(graph).items() if k > 1}
-    nested = _nested_holders(graph)
+    tied = {p for p, k in param_uses(graph).items() if k > 1}
+    nested = nested_holders(graph)
     for n, node in graph.nodes.items():
         if (node.kind == "embedding" and choice.get(n) == "v" and node.module and not (set(node.params) & tied)
                 and node.module not in nested):
@@ -314,5 +274,3 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
                      "(priced as replication, no speed-up); pin tp=1 to use these devices for data parallelism")
     return styles, groups, notes
 
-
-from .sp_layout import SP_KINDS, sp_choice, sp_nodes, sp_with_table, vocab_split  # noqa: E402,F401  (sequence parallelism)

@@ -79,7 +79,7 @@ def reference(steps, b, spec=None):
 
 def run_case(case):
     from sapp.emit import emit
-    from sapp.emit.memory_meter import MemoryMeter
+    from sapp.emit.runtime.memory_meter import MemoryMeter
     from sapp.plan import Plan
     from tests.emit_workers.truth_job import predicted_memory
     plan = Plan.load(case["plan_path"])

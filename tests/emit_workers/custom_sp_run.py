@@ -63,7 +63,7 @@ def _worker(rank, world, cases, out_dir, store):
 
 def single(cls) -> list:
     import torch
-    from sapp.emit.program import default_loss
+    from sapp.emit.runtime.program import default_loss
     torch.manual_seed(0)
     model = cls()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -82,7 +82,7 @@ def run(cls, tmp_path):
     """(rank 0's losses, one process's) for `cls` under a tp=2 + SP plan; the plan is searched here."""
     import torch
     from sapp.api import search
-    from sapp.emit.program import default_loss
+    from sapp.emit.runtime.program import default_loss
     with torch.device("meta"):
         meta = cls()
     x, y = _data(cls, 0)

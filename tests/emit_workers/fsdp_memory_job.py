@@ -1,9 +1,9 @@
-"""What FSDP2 keeps, read by sapp/emit/memory_meter.py on 2 gloo ranks (tests/test_memory_rules.py).
+"""What FSDP2 keeps, read by sapp/emit/runtime/memory_meter.py on 2 gloo ranks (tests/test_memory_rules.py).
 
     python -m tests.emit_workers.fsdp_memory_job OUT.json
 
 A root with two Linear(64, 64) blocks and a Linear(64, 4) head, fully_shard per block and on the root
-(the emitter's ZeRO-2 / ZeRO-3 layout, sapp/emit/parallel.py).  Rank 0 writes the readings."""
+(the emitter's ZeRO-2 / ZeRO-3 layout, sapp/emit/dp/wrap.py).  Rank 0 writes the readings."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def _worker(rank, world, out, store):
     import torch
     import torch.distributed as dist
     from datetime import timedelta
-    from sapp.emit.memory_meter import MemoryMeter
+    from sapp.emit.runtime.memory_meter import MemoryMeter
     torch.set_num_threads(1)
     res = {}
     try:
@@ -71,7 +71,7 @@ def _worker(rank, world, out, store):
             r["gathered_in_first_block_backward"] = seen[-1]
             r["gathered_in_backward_max"] = max(seen)
             res[name] = r
-        # a host table: fully_shard(ignored_params=...) neither shards nor gathers it (sapp/emit/parallel.py)
+        # a host table: fully_shard(ignored_params=...) neither shards nor gathers it (sapp/emit/dp/wrap.py)
         from torch.distributed.fsdp import fully_shard
         m = _model()
         m.table = torch.nn.Embedding(100, D)

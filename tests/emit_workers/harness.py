@@ -90,7 +90,7 @@ def warm(builders=()):
     import torch.distributed.tensor.parallel  # noqa: F401
     import torch.export
     import sapp.emit  # noqa: F401
-    import sapp.emit.memory_meter  # noqa: F401
+    import sapp.emit.runtime.memory_meter  # noqa: F401
     import sapp.plan  # noqa: F401
     rng = torch.get_rng_state()         # builders seed: the ranks still fork from the parent's RNG state
     for build in builders:

@@ -1,4 +1,4 @@
-"""Uneven data shares (sapp/emit/hetero_data.py) on gloo: every rank trains its slice of each global
+"""Uneven data shares (sapp/emit/dp/hetero_data.py) on gloo: every rank trains its slice of each global
 batch of a mixed-cluster plan, in float64; the parameters after the last step are written out.
 
     python -m tests.emit_workers.hetero_job PLAN.json OUT.json STEPS [unweighted]
@@ -48,7 +48,7 @@ def reference(gb, steps):
 def _rank(rank, world, doc, steps, init, out, unweighted):
     import torch
     import torch.distributed as dist
-    from sapp.emit.hetero_data import for_rank
+    from sapp.emit.dp.hetero_data import for_rank
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=LR)
@@ -80,7 +80,7 @@ def _rank(rank, world, doc, steps, init, out, unweighted):
 
 def main(argv):
     import torch.multiprocessing as mp
-    from sapp.emit.hetero_data import rank_slices
+    from sapp.emit.dp.hetero_data import rank_slices
     plan, out, steps = argv[0], argv[1], int(argv[2])
     unweighted = len(argv) > 3 and argv[3] == "unweighted"
     doc = json.load(open(plan))

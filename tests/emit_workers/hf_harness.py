@@ -3,7 +3,7 @@
     python -m tests.emit_workers.hf_harness WORLD CASES.json OUT.json
 
 A case: {"id", "kind", "plan_path", "steps", "batch", optional "meter" (the last step under
-sapp.emit.memory_meter), optional "dtype" ("float64": model, batches and the reference built in
+sapp.emit.runtime.memory_meter), optional "dtype" ("float64": model, batches and the reference built in
 float64 on every rank and in the parent, hf_models.default_dtype)}.  Each rank records its losses
 and the bytes its pipeline stages send (or its error, as one line, and goes on with the next case
 when the failure was local to emit); the parent adds the single-process reference losses and the
@@ -44,7 +44,7 @@ def _run_case_in(case, rank):
         for i in range(case["steps"]):
             x, y = hf_models.batch(case["kind"], case["batch"], i)
             if case.get("meter") and i == case["steps"] - 1:      # the last step under the memory meter
-                from sapp.emit.memory_meter import MemoryMeter
+                from sapp.emit.runtime.memory_meter import MemoryMeter
                 with MemoryMeter(prog) as meter:
                     losses.append(prog.step(*prog.shard(x, y)))
                 measured = meter.result()

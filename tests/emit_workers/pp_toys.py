@@ -4,10 +4,10 @@
   called block is `groups.0.0`, never `groups.0`;
 - a parameter-less ModuleList child builds position-only angles (from positions and a buffer), is
   called before the blocks but registered after them (GraniteMoeHybrid's `rotary_embs.0`), and every
-  stage that reads its value computes its own copy (sapp/emit/stage_local.py);
+  stage that reads its value computes its own copy (sapp/emit/pp/stage_local.py);
 - every block reads the model input `ids` (DeepSeek-V4's hash-routed experts) and the embedding `e`
   made before the first block (a skip connection that carries a gradient): a stage past the first
-  reads values made further back than the stage before it (sapp/emit/stage_carry.py).
+  reads values made further back than the stage before it (sapp/emit/pp/stage_carry.py).
 
 `build(direct=True)`: each block is a module whose forward only calls its parts and the encoder calls
 it as `block.forward(...)` (SqueezeBERT's layers), which runs no module hook: the trace's module stack

@@ -32,7 +32,7 @@ SCENARIOS = {
                                             "layers.1.mlp.fc1": "colwise", "layers.1.mlp.fc2": "rowwise"}},
             {"dp2": {"dp": 2}}),
     "zero3": ("gpt", {"dp": 2, "zero": 3}, {"zero0": {"dp": 2, "zero": 0}}),
-    # ZeRO-1's element-wise state shards (sapp/emit/zero1.py) are gathered per parameter on save
+    # ZeRO-1's element-wise state shards (sapp/emit/dp/zero1.py) are gathered per parameter on save
     "zero1": ("gpt", {"dp": 2, "zero": 1}, {"same": {"dp": 2, "zero": 1}, "zero0": {"dp": 2, "zero": 0}}),
     "host": ("wd-host", {"dp": 2, "placement_groups": HOST},
              {"device": {"dp": 2, "kind": "wd-device"},
@@ -70,7 +70,7 @@ def _batch(kind: str, step: int):
 
 def _program(kind, plan_kw, seed):
     from sapp.emit import emit
-    from sapp.emit.train_state import model_names
+    from sapp.emit.runtime.train_state import model_names
     from tests.emit_workers.plans import make_plan
     model, loss_fn = _build(kind, seed)
     names = model_names(model)
@@ -88,7 +88,7 @@ def _worker(rank, world, tmp, store, out):
     import torch.distributed as dist
     from datetime import timedelta
     torch.set_num_threads(1)
-    from sapp.emit.checkpoint import Checkpointer
+    from sapp.emit.runtime.checkpoint import Checkpointer
     results, code = {}, 0
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,

@@ -1,6 +1,6 @@
 """One spawned gloo job for the stage-boundary scatter/gather emit test (tests/test_pipe_scatter_gather.py):
 every rank emits the plan for gpt-tiny (no dropout), trains 3 steps on the zoo's synthetic batch (the last
-under sapp.emit.memory_meter.MemoryMeter) and writes its losses, memory, manifest and the bytes its
+under sapp.emit.runtime.memory_meter.MemoryMeter) and writes its losses, memory, manifest and the bytes its
 pipeline stage sends per micro-batch (torch.distributed.pipelining's own output metadata: what it
 sends to the next stage).
 
@@ -42,7 +42,7 @@ def _worker(rank, world, cases, out_dir, store):
     try:
         import sapp.models as models
         from sapp.emit import emit
-        from sapp.emit.memory_meter import MemoryMeter
+        from sapp.emit.runtime.memory_meter import MemoryMeter
         from sapp.plan import Plan
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=30))

@@ -1,6 +1,6 @@
 """One spawned gloo job for the sequence-parallel emit tests (tests/test_sp_emit.py): every rank emits
 the plan for gpt-tiny (no dropout), trains 3 steps on the zoo's synthetic batch (the last under
-sapp.emit.memory_meter.MemoryMeter) and writes its losses, memory and manifest.
+sapp.emit.runtime.memory_meter.MemoryMeter) and writes its losses, memory and manifest.
 
     python -m tests.emit_workers.sp_job WORLD PLAN.json OUT.json"""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _worker(rank, world, cases, out_dir, store):
     try:
         import sapp.models as models
         from sapp.emit import emit
-        from sapp.emit.memory_meter import MemoryMeter
+        from sapp.emit.runtime.memory_meter import MemoryMeter
         from sapp.plan import Plan
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=30))
@@ -50,7 +50,7 @@ def single_process_losses(global_batch: int, steps: int = 3) -> list:
     """The same model and data trained in one process with plain Adam: the reference."""
     import torch
     import sapp.models as models
-    from sapp.emit.program import default_loss
+    from sapp.emit.runtime.program import default_loss
     torch.manual_seed(0)
     model = models.get("gpt-tiny", device="cpu", dropout=0.0)
     x, y = models.example_inputs(model, global_batch, "cpu"), models.example_targets(model, global_batch, "cpu")

@@ -6,7 +6,7 @@ bench/truth_matrix.py).
 
 A case: {"id", "model" (zoo name), "model_args" ({}), "plan_path", "steps" (>= 2), "time_steps" (0: none)}.  Each rank trains
 `steps` steps on the zoo's synthetic batch at the plan's global batch; the last one runs under
-sapp.emit.memory_meter.MemoryMeter (the first ones create the optimizer states); then `time_steps`
+sapp.emit.runtime.memory_meter.MemoryMeter (the first ones create the optimizer states); then `time_steps`
 unmetered steps are timed (bench/truth_matrix.py's step-time truth).  A case that raises
 records its error and the job goes on with the next (the ranks raise together: the same plan fails the
 same way everywhere, or the collective times out in 20 s)."""
@@ -33,7 +33,7 @@ def run_case(case, rank):
     import torch
     import sapp.models as models
     from sapp.emit import emit
-    from sapp.emit.memory_meter import MemoryMeter
+    from sapp.emit.runtime.memory_meter import MemoryMeter
     from sapp.plan import Plan
     plan = Plan.load(case["plan_path"])
     torch.manual_seed(0)

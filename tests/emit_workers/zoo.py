@@ -8,7 +8,7 @@ from torch.nn import functional as F
 TINY = {"gpt": ("gpt-tiny", {"dropout": 0.0}), "mlp": ("mlp-tiny", {}),
         "gpt-sdpa": ("gpt-tiny", {"dropout": 0.0, "attn": "sdpa"}), "llama": ("llama-tiny", {}),
         # dense tables: the reference's torch.optim.Adam takes no sparse gradients (host placement
-        # with sparse tables is tested with H4's sapp/emit/host.py)
+        # with sparse tables is tested with H4's sapp/emit/host/host.py)
         "widedeep": ("wide-deep-tiny", {"sparse": False}),
         # sparse tables for host placement (trained by the placement's sparse optimizers)
         "widedeep-sparse": ("wide-deep-tiny", {"sparse": True}),

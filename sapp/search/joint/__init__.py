@@ -39,8 +39,9 @@ ZeRO-3 gather curves, parameter owners, the SP layout per tp degree, memoised no
 times, shared capacity-free stage tables, bound terms) returns what the plain computation would, by
 the same operations in the same order: plans stay byte-identical (`python -m bench.plan_golden check`).
 """
-from .configs import divisors, enumerate_configs
-from .configs import divisors as _divisors  # noqa: F401  (the name before the package split)
+from .configs import enumerate_configs
+from .divisors import divisors
+from .divisors import divisors as _divisors  # noqa: F401  (the name before the package split)
 from .context import SearchContext
 from .placement import evaluate_config
 from .result import Config, JointResult, StageResult

@@ -3,7 +3,7 @@ the stage profile."""
 from __future__ import annotations
 
 from ...costmodel.gradsync import overlap_rule
-from .evaluate import interleave_step
+from .interleave import interleave_step
 from .numbers import bound_numbers, p2p_time
 
 
@@ -65,7 +65,7 @@ def profile_bound(ctx, cfg, prof, floor=None):
     tmax = max(tot / p, num.tmax)
     if p > 1 and ctx.uniform and ctx.stage_pins is None and num.tblock is not None:
         # identical blocks dealt in whole steps (interleaving: rows of v blocks or single blocks,
-        # evaluate.interleave_step): some stage holds ceil(L / (p step)) steps
+        # interleave.interleave_step): some stage holds ceil(L / (p step)) steps
         step = interleave_step(ctx, cfg)
         k = -(-ctx.L // (p * step)) * step
         least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1

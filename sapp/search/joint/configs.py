@@ -4,23 +4,9 @@ from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
 from ...pipeline.schedule import interleave_rounds, too_long
+from .divisors import divisors
 from .ep import ep_configs
 from .result import Config
-
-
-def divisors(n):
-    """Divisors of n in increasing order, in O(sqrt n) steps (device counts and batches can be huge)."""
-    if n < 1:
-        return []
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
 
 
 def _sp_options(cons, tp):
@@ -141,7 +127,7 @@ def batch_stats_problem(ctx):
     """One line when the pins leave a model normalising by batch statistics no configuration where
     every replica normalises by the whole batch's statistics, as one process does; None otherwise.
     Such a model runs one micro-batch a step (each would otherwise have its own statistics), with
-    the statistics synced over dp (emit/batch_stats.py) in whole modules: not in a pipeline stage
+    the statistics synced over dp (emit/dp/batch_stats.py) in whole modules: not in a pipeline stage
     (a traced graph) and not under context parallelism."""
     c = ctx.cons
     if not ctx.batch_stats:
@@ -171,7 +157,7 @@ def _cp_searched(ctx, c, pp, tp):
     below, without a pipeline only (short sequences: cp is one way among several to cut activation
     traffic there, and pipelined cp configurations multiply the space for little: GPT-3 175B on 1024
     A100, 6,648 -> 54,248 configurations, search 1.06 -> 2.35 s CPU, the same plan), unless cp is
-    pinned.  sapp run emits every form (sapp/emit/cp.py)."""
+    pinned.  sapp run emits every form (sapp/emit/cp/cp.py)."""
     if c.cp is not None:
         return True
     seq = _seq(ctx) or 0
@@ -225,7 +211,7 @@ def _chunks_fit(ctx, pp, v):
     """Whether pp stages of v chunks each get their blocks: v a stage, or Llama 3's layout where the
     first / last stage holds v - 1 beside a glue-only chunk (partition.stage_kmins; pinned v only)."""
     from ...pipeline.partition import stage_kmins
-    from .evaluate import glue_ends
+    from .interleave import glue_ends
     return stage_kmins(ctx.L, pp, v, *glue_ends(ctx)) is not None
 
 

@@ -6,7 +6,8 @@ import functools
 from ...costmodel.batchstats import batch_stat_channels
 from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
-from ...pipeline.profile import build_profile, split_units
+from ...pipeline.profile import build_profile
+from ...pipeline.units import split_units
 from ...recompute.solver import POLICIES
 
 

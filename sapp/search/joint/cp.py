@@ -89,7 +89,7 @@ def kv_bytes_per_sample(graph, names, strategies, tp_index, tp, settings):
 
 def kv_saved_per_sample(graph, names, strategies, tp_index, tp, settings):
     """(exchanged, saved one-device, saved under cp, fused output) bytes per whole sample on one
-    tensor-parallel rank, as sapp/emit/cp.py runs the block's attention:
+    tensor-parallel rank, as sapp/emit/cp/cp.py runs the block's attention:
     - exchanged: K and V un-repeated (what is all-gathered);
     - saved one-device: K and V as the attention operands the profile prices (repeated where the
       model repeats the key/value heads before the kernel);
@@ -125,7 +125,7 @@ def admits_cp(graph):
 def cp_degrees(graph, n):
     """cp degrees to try with n devices left after pp and tp: 1, and the divisors of n that split the
     sequence into 2·cp equal chunks."""
-    from .configs import divisors
+    from .divisors import divisors
     if not admits_cp(graph):
         return [1]
     seq = sequence_length(graph)

@@ -3,7 +3,7 @@ in a block's priced numbers (sapp/costmodel/moe.py's `ep_unit_delta` on the fact
 captured graph).
 
 ep is a dimension beside dp: it divides a stage's dp ranks (EP groups of ep consecutive dp ranks) and
-the expert count.  Offered only where the emitter runs it (sapp/emit/ep.py): tensor parallelism 1
+the expert count.  Offered only where the emitter runs it (sapp/emit/ep/experts.py): tensor parallelism 1
 (experts at expert-TP 1 and attention unsplit) and ZeRO-0/1 (expert gradients all-reduced over the
 expert-DP group, the rest over dp; ZeRO-1 shards the experts' optimizer states over expert-DP)."""
 from __future__ import annotations
@@ -87,7 +87,7 @@ def unit_delta(ctx, unit, cfg) -> dict:
 
 def ep_note(ctx, cfg) -> str:
     """The plan's note on expert parallelism (under a pipeline: the groups are each stage's own, as
-    sapp/emit/ep.py runs them)."""
+    sapp/emit/ep/experts.py runs them)."""
     facts = moe_facts(ctx)
     E = min(f["experts"] for f in facts.values())
     s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "

@@ -21,9 +21,9 @@ import math
 from ...pipeline.partition import partition_counts
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES
-from .evaluate import interleave_kmins, interleave_step
-from .numbers import bound_numbers, held_states, p2p_time, unit_numbers
-from .stage import stage_in_flight
+from .interleave import interleave_kmins, interleave_step
+from .numbers import bound_numbers, gathered_params, held_states, p2p_time, unit_numbers
+from .stage import StageEvaluator, stage_in_flight
 
 REL_TOL = 1e-4
 
@@ -120,3 +120,61 @@ def stage_time_floor(ctx, cfg, prof, offload):
         return math.inf
     # (the bisection stops within REL_TOL above the least bottleneck: step back below it)
     return tmax * (1 - 2 * REL_TOL)
+
+
+# ---- memory alone: least memory to fit, and a floor under any partition --------------------------
+def memory_needed(ctx, cfg, prof):
+    """Least per-device memory with which this configuration would fit (even split, full
+    recomputation where allowed).  Cached per configuration for the search."""
+    cache = ctx.__dict__.setdefault("_memory_needed", {})
+    key = (cfg, id(prof))
+    if key not in cache:
+        cache[key] = (_memory_needed(ctx, cfg, prof), prof)     # (prof kept alive: its id stays unique)
+    return cache[key][0]
+
+
+def _memory_needed(ctx, cfg, prof):
+    ev = StageEvaluator(ctx, cfg, prof)
+    num = ev.num
+    p, n = cfg.pp, ev.n
+    per = math.ceil(ctx.L / p) if ctx.L else 0
+    worst = 0.0
+    blocks = [j for j, u in enumerate(ev.units) if u.kind == "block"]
+    for i in range(p):
+        if p == 1:
+            idx = range(n)
+        else:
+            bl = blocks[i * per:(i + 1) * per]
+            if not bl:
+                continue
+            a = 0 if i == 0 else bl[0]
+            b = n if i == p - 1 else bl[-1] + 1
+            idx = range(a, b)
+        st = sum(num.states[j] for j in idx) - (0.0 if cfg.m > ev.infl[i] else sum(num.gacc[j] for j in idx))
+        act = 0.0
+        for j in idx:
+            al = ev.allowed(ev.units[j])
+            act += min(num.act[j][POLICIES.index(x)] for x in al)
+        z = gathered_params([ev.units[j] for j in idx], [num.pbytes[j] for j in idx], cfg)
+        least = {ev.units[j].name: min(ev.allowed(ev.units[j]), key=lambda x: num.act[j][POLICIES.index(x)])
+                 for j in idx}
+        worst = max(worst, st + act * ev.infl[i] + ev.transient(idx, least) + z)
+    return worst
+
+
+def memory_floor(ctx, cfg, prof):
+    """A lower bound on the device memory of the fullest stage under any partition and recompute
+    choice: the stages together hold every unit's states and at least its smallest activations times
+    the fewest micro-batches in flight on any stage, so the fullest holds at least 1/pp of that and at
+    least its largest unit.  Above the capacity, the exact partition cannot fit (skipped: MoE models
+    at scale otherwise spend most of the search proving configurations infeasible)."""
+    ev = StageEvaluator(ctx, cfg, prof)
+    num, infl = ev.num, min(ev.infl)
+    if cfg.schedule == "interleaved" and cfg.v > 1 and interleave_step(ctx, cfg) == 1:
+        # chunks of unequal size (stage_in_flight): a device's weighted peak is at least its
+        # largest chunk's share of one micro-batch, at least 1/v
+        infl = min(infl, 1.0 / cfg.v)
+    # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
+    per = [num.states[j] - num.gacc[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
+           for j, u in enumerate(ev.units)]
+    return max(sum(per) / cfg.pp, max(per, default=0.0))

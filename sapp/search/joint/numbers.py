@@ -317,7 +317,7 @@ def p2p_time(ctx, cfg, nbytes, replicated=True):
 def boundary_send(ctx, cfg, nbytes, replicated=True):
     """(seconds, scatter/gather used, bytes each device sends) of one stage-boundary send.  Plain:
     every tp rank sends its whole replica over the inter-stage link.  Scatter/gather (Megatron's
-    scatter_gather_tensors_in_pipeline, emitted by sapp/emit/pipe.ScatterGather): each tp rank
+    scatter_gather_tensors_in_pipeline, emitted by sapp/emit/pp/pipe.ScatterGather): each tp rank
     sends 1/tp of it and the receiving stage all-gathers the pieces over the tp group's link (the
     same in backward for the gradient).  A decided choice, not a searched one: it is taken exactly
     when it prices cheaper (stages on other nodes than their neighbours, where the tp group's NVLink

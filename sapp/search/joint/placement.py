@@ -6,7 +6,7 @@ from ...costmodel.optimizer import updated_params
 from ...errors import ConstraintError
 from .evaluate import price_config
 from .numbers import unit_numbers
-from .stage import memory_floor, memory_needed
+from .memory_bound import memory_floor, memory_needed
 
 
 def evaluate_config(ctx, cfg, prof=None, *, exact=False, policy=None, placement=True):

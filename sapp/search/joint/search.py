@@ -19,7 +19,7 @@ from .context import SearchContext
 from .notes import notes
 from .evaluate import tp_shards
 from .placement import evaluate_config, host_offload_possible, rank_key
-from .stage import memory_needed
+from .memory_bound import memory_needed
 
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,

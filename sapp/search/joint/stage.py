@@ -10,7 +10,7 @@ from ...pipeline.partition import chunk_counts, stage_end
 from ...pipeline.schedule import chunk_peak as _chunk_peak, in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
-from .numbers import boundary_sends, gathered_params, held_states, unit_numbers, zero3_gathered
+from .numbers import boundary_sends, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
 MIXED_BLOCKS = 24       # stages with several block types and at most this many free blocks: see _mixed
@@ -442,61 +442,3 @@ def choose_restricted(types, budget):
         if act <= budget * (1 + 1e-12) and (best is None or ext < best.extra_s):
             best = RecomputeChoice(act, ext, counts)
     return best
-
-
-def memory_needed(ctx, cfg, prof):
-    """Least per-device memory with which this configuration would fit (even split, full
-    recomputation where allowed).  Cached per configuration for the search."""
-    cache = ctx.__dict__.setdefault("_memory_needed", {})
-    key = (cfg, id(prof))
-    if key not in cache:
-        cache[key] = (_memory_needed(ctx, cfg, prof), prof)     # (prof kept alive: its id stays unique)
-    return cache[key][0]
-
-
-def _memory_needed(ctx, cfg, prof):
-    ev = StageEvaluator(ctx, cfg, prof)
-    num = ev.num
-    p, n = cfg.pp, ev.n
-    per = math.ceil(ctx.L / p) if ctx.L else 0
-    worst = 0.0
-    blocks = [j for j, u in enumerate(ev.units) if u.kind == "block"]
-    for i in range(p):
-        if p == 1:
-            idx = range(n)
-        else:
-            bl = blocks[i * per:(i + 1) * per]
-            if not bl:
-                continue
-            a = 0 if i == 0 else bl[0]
-            b = n if i == p - 1 else bl[-1] + 1
-            idx = range(a, b)
-        st = sum(num.states[j] for j in idx) - (0.0 if cfg.m > ev.infl[i] else sum(num.gacc[j] for j in idx))
-        act = 0.0
-        for j in idx:
-            al = ev.allowed(ev.units[j])
-            act += min(num.act[j][POLICIES.index(x)] for x in al)
-        z = gathered_params([ev.units[j] for j in idx], [num.pbytes[j] for j in idx], cfg)
-        least = {ev.units[j].name: min(ev.allowed(ev.units[j]), key=lambda x: num.act[j][POLICIES.index(x)])
-                 for j in idx}
-        worst = max(worst, st + act * ev.infl[i] + ev.transient(idx, least) + z)
-    return worst
-
-
-def memory_floor(ctx, cfg, prof):
-    """A lower bound on the device memory of the fullest stage under any partition and recompute
-    choice: the stages together hold every unit's states and at least its smallest activations times
-    the fewest micro-batches in flight on any stage, so the fullest holds at least 1/pp of that and at
-    least its largest unit.  Above the capacity, the exact partition cannot fit (skipped: MoE models
-    at scale otherwise spend most of the search proving configurations infeasible)."""
-    from .evaluate import interleave_step      # (evaluate imports this module)
-    ev = StageEvaluator(ctx, cfg, prof)
-    num, infl = ev.num, min(ev.infl)
-    if cfg.schedule == "interleaved" and cfg.v > 1 and interleave_step(ctx, cfg) == 1:
-        # chunks of unequal size (stage_in_flight): a device's weighted peak is at least its
-        # largest chunk's share of one micro-batch, at least 1/v
-        infl = min(infl, 1.0 / cfg.v)
-    # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
-    per = [num.states[j] - num.gacc[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
-           for j, u in enumerate(ev.units)]
-    return max(sum(per) / cfg.pp, max(per, default=0.0))

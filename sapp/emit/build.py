@@ -1,0 +1,142 @@
+"""What the recipe's steps share (sapp/emit/recipe.py): `Build`, made once from the plan by `start`.
+
+The first block of fields is read-only for the steps: the plan's numbers for this rank, what the
+recompute section resolves to, the precision.  The second block is what the steps make, in the
+order the recipe runs them: stage modules, wrapped modules, gradient hooks, optimizers, notes."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import PlanError
+from .checks import plan as checks
+from .ep import experts as ep_mod
+from .recompute import checkpointing as recompute
+from .runtime.dist import default_device
+from .runtime.program import _tuple
+from .tp import parallel
+
+
+@dataclass
+class Build:
+    # ---- given: the plan for this rank -------------------------------------------------------------
+    model: nn.Module
+    plan: object
+    rank: int
+    world: int
+    device: torch.device
+    lr: float
+    optimizer: str
+    grad_sync: str
+    allow_mismatch: bool
+    example_inputs: tuple | None   # as given to emit (None: the zoo makes them when needed)
+    pp: int
+    dp: int                        # the gradient group: dp x cp under context parallelism
+    tp: int
+    cp: int
+    coords: tuple                  # (pp_i, dp_i, tp_i) of this rank
+    mesh: object                   # DeviceMesh (pp, dp, tp), None in one process
+    tp_styles: dict                # tp_modules of the plan
+    blocks: list                   # block names (recompute and FSDP units)
+    modes: dict                    # recompute mode per block as planned
+    run_modes: dict                # ... as run (a selective block without a region dropped when allowed)
+    regions: dict                  # selective blocks' priced regions
+    mixed: bool                    # bf16-mixed / fp16-mixed
+    half: torch.dtype
+    placement: dict
+    host_groups: bool
+    n_stages: int
+    partial: list                  # replicated parameters applied to a rank's share (shape audit)
+    notes: list
+    # ---- made by the steps -------------------------------------------------------------------------
+    traced: object = None          # the traced pipeline (None: no pipeline)
+    mine: list = field(default_factory=lambda: [0])       # this rank's stage indices
+    stages: dict = field(default_factory=dict)            # stage index -> module (the model without pp)
+    wrapped: dict = field(default_factory=dict)           # stage index -> module wrapped for dp
+    hooks: list = field(default_factory=list)             # run after backward, before the optimizers
+    optimizers: list = field(default_factory=list)
+    recomputed: dict = field(default_factory=dict)
+    zero: int = 0                  # the ZeRO stage that runs
+    ep: int = 1
+    ep_groups: tuple = None        # (EP group, expert-DP group, rank in the EP group)
+    dp_excluded: dict = field(default_factory=dict)       # stage -> parameter names kept out of DDP/FSDP
+    sparse_names: dict = field(default_factory=dict)      # stage -> device sparse tables
+    expert_params: dict = field(default_factory=dict)     # stage -> expert parameters (EP)
+    schedule: object = None
+
+    @property
+    def local_zero1(self) -> bool:
+        """ZeRO-1 as sapp/emit/dp/zero1.py runs it: gradients synchronised like ZeRO-0, optimizer
+        states sharded element by element over dp."""
+        return self.plan.zero == 1 and self.dp > 1
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.half) if self.mixed else contextlib.nullcontext()
+
+
+def plan_precision(plan) -> str:
+    """The training precision the plan was priced for; a plan that names none (hand-written) trains
+    in fp32."""
+    prec = (plan._d.get("settings") or {}).get("precision", "fp32")
+    if prec not in ("bf16-mixed", "fp16-mixed", "fp32"):
+        raise PlanError(f"plan settings.precision {prec!r} is not supported; use 'bf16-mixed', 'fp16-mixed' or 'fp32'")
+    return prec
+
+
+def example_inputs(model, example, mbs, device):
+    """The given example inputs, else the zoo's at micro-batch `mbs`."""
+    if example is not None:
+        return _tuple(example)
+    try:
+        import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
+        return _tuple(models.example_inputs(model, mbs, device))
+    except Exception as e:
+        raise PlanError("pipeline and tensor-parallel plans need example inputs to trace the model; pass emit(..., example_inputs=...) "
+                        f"(the model zoo could not make them: {type(e).__name__})") from None
+
+
+def start(model, plan, rank, world, device, *, lr, optimizer, grad_sync, allow_mismatch, example, audit) -> Build:
+    """The plan's numbers for this rank.  `audit`: (notes, partial) of the checks before the first step."""
+    par = plan.parallel
+    device = torch.device(device) if device is not None else default_device()
+    pp, dp, tp, cp = par["pp"], par["dp"], par["tp"], par.get("cp", 1)
+    # context parallelism: parameters are replicated over dp x cp, so from here on "dp" is that
+    # gradient group; the data shard and the attention know the split (sapp/emit/cp/cp.py)
+    dp = dp * cp
+    me = parallel.coords(rank, pp, dp, tp)
+    mesh = parallel.build_mesh(device, pp, dp, tp) if world > 1 else None
+    notes, partial = audit
+    ep = ep_mod.check(plan, model)      # the plan's ep (refused in the checks before when not emitted)
+    ep_groups = ep_mod.groups(pp, dp, tp, ep, rank) if ep > 1 else None
+    modes = recompute.plan_modes(plan.recompute, model)
+    blocks = recompute.block_names(model)
+    try:
+        regions = recompute.priced_regions(model, modes, _tuple(example) if example is not None else None)
+    except PlanError:
+        if not allow_mismatch:
+            raise
+        regions = {b: None for b, m in modes.items() if m == "selective"}
+    run_modes = dict(modes)
+    for b, reg in regions.items():
+        if reg is None and allow_mismatch:      # strict: recompute.apply refuses the block
+            del run_modes[b]
+    tp_styles = checks.tp_modules(plan)
+    if tp > 1 and not tp_styles:
+        notes.append(f"plan has tp={tp} but names no tp_modules: every tensor-parallel rank runs the whole model replicated")
+    # bf16-mixed as priced: fp32 weights, bf16 compute (autocast) and bf16 gradient communication.
+    # Pipeline stages run their forward under autocast themselves and hand fp32 activations to the
+    # next stage (a stage's boundary dtype is fixed when it is built).
+    # fp16-mixed (GPUs without bf16, e.g. V100): the same with fp16 autocast; loss scaling is not emitted
+    prec = plan_precision(plan)
+    placement = plan.placement or {}
+    return Build(model=model, plan=plan, rank=rank, world=world, device=device, lr=lr, optimizer=optimizer,
+                 grad_sync=grad_sync, allow_mismatch=allow_mismatch, example_inputs=example, pp=pp, dp=dp, tp=tp,
+                 cp=cp, coords=me, mesh=mesh, tp_styles=tp_styles, blocks=blocks, modes=modes, run_modes=run_modes,
+                 regions=regions, mixed=prec in ("bf16-mixed", "fp16-mixed"),
+                 half=torch.float16 if prec == "fp16-mixed" else torch.bfloat16, placement=placement,
+                 host_groups=bool(placement.get("groups") or {}),
+                 n_stages=checks.stage_count(plan) if pp > 1 else 1, partial=partial, notes=notes,
+                 stages={0: model}, zero=plan.zero, ep=ep, ep_groups=ep_groups)

@@ -1,0 +1,1 @@
+"""Expert parallelism: MoE experts spread over EP groups, tokens dispatched to them (experts.py)."""

@@ -1,0 +1,78 @@
+"""emit(model, plan) -> Program: this rank's part of the training program a plan describes, built by
+applying one step per plan feature in a fixed order (the order and why: sapp/emit/__init__.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..capture.blocks import container_children
+from . import build as build_mod
+from .checks import before, manifest as manifest_mod
+from .checks.agree import agree
+from .cp.program import CPProgram
+from .runtime.dist import rank_world
+from .runtime.program import Program, _resolve_loss, _tuple
+from .steps import (context_parallel, data_parallel, expert_parallel, host_placement, optimizers, pipeline,
+                    recomputation, sparse_tables, tensor_parallel)
+
+
+def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
+         optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
+         grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
+    """Turn `plan` into this rank's training program for `model` (identically initialised on every
+    rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
+    plan has more than one device (sapp.emit.runtime.dist.init() does it from the torchrun environment).
+
+    loss_fn(logits, targets): the loss, called on `logits_of(model output)` (an HF output's .logits),
+    as capture calls it (sapp.models.WithLoss): one contract for search and training.
+    example_inputs: one batch of model inputs (any batch size); needed to trace pipeline plans and to
+    fingerprint non-zoo models.  check_fingerprint=False skips the capture-based model check (the
+    parameter-count and zoo-name checks still run), e.g. when a launcher already did it.
+    grad_sync (data parallelism without ZeRO-2/3): "auto" = DDP on CUDA, one flat all-reduce after
+    backward on CPU; "ddp" or "allreduce" force one.
+    allow_mismatch: where what runs differs from the plan (see sapp/emit/checks/manifest.py), keep going with
+    a loud note and a re-priced prediction instead of raising PlanError."""
+    rank, world = rank_world(rank, world)
+    example = _tuple(example_inputs) if example_inputs is not None else None
+    plan, audit = before.run(model, plan, world, name, example, grad_sync=grad_sync, fingerprint=check_fingerprint)
+    b = build_mod.start(model, plan, rank, world, device, lr=lr, optimizer=optimizer, grad_sync=grad_sync,
+                        allow_mismatch=allow_mismatch, example=example_inputs, audit=audit)
+    loss = _resolve_loss(model, loss_fn)
+    context_parallel.apply(b)           # whole model, before any trace: stages run the cp attention
+    pipeline.split(b)                   # this rank's stages (traced copies); the model itself without pp
+    for s in b.mine:                    # each stage, in this order:
+        host_placement.apply(b, s)      #   on the device, host tables on the CPU (before any wrapper)
+        recomputation.apply(b, s)       #   checkpoint wrappers around the plain blocks
+        tensor_parallel.apply(b, s)     #   DTensor layers (and SP) inside the checkpointed blocks
+        sparse_tables.apply(b, s)       #   host / sparse tables out of the dp sync, their own hooks
+        expert_parallel.apply(b, s)     #   experts over EP groups, out of the dp sync
+        data_parallel.apply(b, s)       #   DDP / all-reduce / FSDP2 around all of that
+    tensor_parallel.partial_grads(b)    # tp sums of replicated weights: the first hook after backward
+    pipeline.tie(b)                     # tied weights across stages: summed after the dp sync
+    for s in b.mine:
+        optimizers.apply(b, s)          # after the wrappers (FSDP2 swaps parameters for DTensors)
+    pipeline.schedule(b, loss)          # the stages (wrapped) handed to the plan's schedule
+    prog = _program(b, loss)
+    prog.manifest_expected = manifest_mod.expected(plan, prog, b.regions)
+    agree(lambda: manifest_mod.check(prog), world, b.device)
+    return prog
+
+
+def _program(b, loss) -> Program:
+    mixed, half, model, plan = b.mixed, b.half, b.model, b.plan
+    extra = {"cp": b.cp, "dp_only": b.dp // b.cp, "cp_rank": b.coords[1] % b.cp} if b.cp > 1 else {}
+    return (CPProgram if b.cp > 1 else Program)(
+        **extra, plan=plan, rank=b.rank, world=b.world, device=b.device, coords=b.coords, pp=b.pp, dp=b.dp, tp=b.tp,
+        ep=b.ep, mesh=b.mesh, modules=[b.wrapped[s] for s in b.mine], stage_indices=b.mine, optimizers=b.optimizers,
+        grad_hooks=b.hooks, schedule=b.schedule, loss_fn=loss, notes=b.notes,
+        recomputed=sorted(d["region"] for d in b.recomputed.values() if d["region"]), recompute_done=b.recomputed,
+        micro_batches=plan.pipeline.get("micro_batches", 1), zero=b.zero, autocast=b.autocast,
+        # what runs (autocast's dtype) vs what was priced
+        precision=("fp32" if not mixed else "fp16-mixed" if half == torch.float16 else "bf16-mixed"),
+        plan_precision=build_mod.plan_precision(plan),
+        first_stage=0 in b.mine, last_stage=(b.n_stages - 1) in b.mine,
+        # what the manifest needs of the whole model (a pipeline rank holds only its stages)
+        block_list=b.blocks, recompute_modes=b.modes, stage_block_list=sorted(container_children(model)),
+        full_modules={n: type(m) for n, m in model.named_modules()},
+        full_model=model if b.traced is None else None, allow_mismatch=b.allow_mismatch, mismatches=[],
+        repriced=None, runtime_checked=not any(m == "selective" for m in b.run_modes.values()))

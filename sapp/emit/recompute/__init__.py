@@ -1,0 +1,1 @@
+"""Recomputation: the plan's blocks checkpointed, whole or selectively (checkpointing.py)."""

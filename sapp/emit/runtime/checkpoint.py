@@ -1,0 +1,317 @@
+"""Checkpoints of a training run on disk: written with torch.distributed.checkpoint (every rank its own
+shards, see sapp/emit/runtime/train_state.py for what is in them), committed atomically, verified on resume.
+
+Layout of --checkpoint-dir:
+    step-00000004/            a committed checkpoint after 4 training steps
+        .metadata, __<rank>_0.distcp   DCP's files
+        sapp-checkpoint.json  the commit marker: step, data position, losses so far, plan, and the size
+                              and CRC-32 of every file (written last, before the rename)
+    .tmp-step-00000006/       a checkpoint being written: never taken for one
+    .del-step-00000002/       a checkpoint being deleted by retention (removed by the next save if a
+                              kill interrupted it)
+    .sapp-lock                advisory lock (flock) held by the job's rank 0: one job per directory
+
+Commit: all ranks dcp.save into .tmp-step-N; rank 0 then checksums the files, writes the marker and
+renames the directory (atomic on POSIX).  A crash at any point leaves either the previous checkpoint as
+the latest or the new one complete.  The marker also records the model's identity (every state entry's
+name, shape and dtype), the data source and order (--data, --shuffle, --seed), and a SHA-256 of its own
+fields: a resume into another model or data order is refused naming what differs (--resume-partial
+loads the entries that match), an edited marker is a damaged checkpoint.  Retention: after each commit
+rank 0 keeps the newest --keep checkpoints that verify (so never the newest intact one) and deletes
+older ones by renaming them to .del-* first, then any stale .tmp-* / .del-* directory and any step-N
+left without its marker.
+
+Nothing in the directory is followed or executed: entries that are symlinks or not directories are
+refused, DCP's pickled .metadata is read by sapp/emit/runtime/dcp_reader.py (DCP's metadata classes only).
+
+Resume: rank 0 walks the committed checkpoints newest first and takes the first whose files all match
+their marker (a damaged newer one is reported in one line and skipped), then tells every rank which.
+The directory must be shared by all ranks (one machine, or a shared filesystem across nodes)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+
+from .checkpoint_find import (MARKER, _NAME, _crc, _fsync_dir, _is_dir, _is_file, checksum, choose,  # noqa: F401
+                              committed, identity_diff, resume_point, step_dir, verify)
+from .train_state import CheckpointError, LoadTargets, Names, save_entries
+
+LOCK = ".sapp-lock"
+# Checkpoint collectives wait for the slowest rank's writes: minutes for a large model, far beyond the
+# training group's short hang timeout (sapp/emit/runtime/dist.py).  They run on their own gloo group (object
+# collectives on the CPU, also under nccl); a rank that dies meanwhile is ended by torchrun's agent.
+TIMEOUT_S = 600.0
+_ANY = re.compile(r"^(\.tmp-|\.del-)?step-\d{8}$")
+
+
+def estimate_bytes(params: int, optimizer: str = "adam") -> int:
+    """One checkpoint's size: fp32 parameters plus the optimizer's fp32 state, plus 10% for DCP."""
+    states = {"adam": 2, "adamw": 2, "sgd": 0}.get(optimizer, 2)
+    return int(params * 4 * (1 + states) * 1.1) + (1 << 20)
+
+
+def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) -> None:
+    """Refuse an unwritable or too-full checkpoint directory before any training (creates it), and,
+    for a run that starts afresh, one that holds another run's checkpoints (retention orders by step:
+    the old run's later steps would outlive the new run's and be what a restart resumes from)."""
+    from ...units import fmt_bytes
+    probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"sapp")
+            f.flush()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint directory {directory} is not writable ({e.strerror or type(e).__name__}); "
+                              "choose another --checkpoint-dir") from None
+    finally:         # also when the write failed after the file was created (a full disk)
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
+    check_entries(directory)
+    old = committed(directory)
+    if old and not resuming:
+        raise CheckpointError(f"checkpoint directory {directory} already holds checkpoints (up to step {old[-1][0]}); "
+                              "pass --resume to continue from them, or choose an empty --checkpoint-dir")
+    free = shutil.disk_usage(directory).free
+    if free < need_bytes:
+        raise CheckpointError(f"checkpoint directory {directory} has {fmt_bytes(free)} free but one checkpoint needs "
+                              f"about {fmt_bytes(need_bytes)}; free space or choose another --checkpoint-dir")
+
+
+def check_entries(directory: str) -> None:
+    """Refuse checkpoint names that are symlinks or not directories: a planted `.tmp-step-N` link would
+    send the next save's writes outside the directory, a `step-N` link would be deleted through."""
+    for n in sorted(os.listdir(directory)):
+        p = os.path.join(directory, n)
+        if _ANY.match(n) and not _is_dir(p):
+            what = "a symlink" if os.path.islink(p) else "not a directory"
+            raise CheckpointError(f"{p} is {what}; a checkpoint directory holds only the directories sapp writes: "
+                                  "remove it or choose another --checkpoint-dir")
+        if n == LOCK and not _is_file(p):
+            raise CheckpointError(f"{p} is not a plain file; remove it or choose another --checkpoint-dir")
+
+
+def lock(directory: str, hold: bool = True):
+    """Take the directory's advisory lock (flock on .sapp-lock, released when the process ends, also by
+    kill -9) and return its open file, or refuse in one line naming the job that holds it.  With
+    hold=False only check that nobody holds it."""
+    import fcntl
+    import socket
+    p = os.path.join(directory, LOCK)
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise CheckpointError(f"cannot open {p} ({e.strerror or type(e).__name__}); choose another --checkpoint-dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise CheckpointError(f"cannot lock {p} ({e.strerror}); choose another --checkpoint-dir") from None
+        raise CheckpointError(f"checkpoint directory {directory} is in use by another job ({holder}); wait for it "
+                              "to end or choose another --checkpoint-dir") from None
+    if not hold:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return fd
+
+
+def _collective(fn, world: int, group=None):
+    """Run `fn` on rank 0 only and give every rank its result (or its CheckpointError)."""
+    import torch.distributed as dist
+    if world == 1 or not dist.is_initialized():
+        try:
+            return fn()
+        except OSError as e:
+            raise CheckpointError(f"checkpoint I/O failed in {getattr(e, 'filename', None) or '?'}: {e.strerror or e}") from None
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", fn())
+        except CheckpointError as e:
+            box[0] = ("error", str(e))
+        except OSError as e:         # the disk filled up or went away mid-run: every rank stops cleanly
+            box[0] = ("error", f"checkpoint I/O failed in {getattr(e, 'filename', None) or '?'}: {e.strerror or e}")
+    dist.broadcast_object_list(box, src=0, group=group)
+    kind, value = box[0]
+    if kind == "error":
+        raise CheckpointError(value, every_rank=True)
+    return value
+
+
+class Checkpointer:
+    """Save and find checkpoints of one run in `directory` (every call is collective over all ranks)."""
+
+    def __init__(self, directory: str, *, keep: int = 2, names: Names = None, world: int = 1, log=print):
+        """`names`: sapp.emit.runtime.train_state.model_names(model) of the model given to emit."""
+        if keep < 1:
+            raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
+        self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
+        self.group, self._lock, self._good, self._protected = None, None, set(), set()
+        import torch.distributed as dist
+        if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
+            from datetime import timedelta
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
+
+    def check(self, need_bytes: int, resuming: bool) -> None:
+        """The directory check, and rank 0 takes the directory's lock for the rest of the job."""
+        def fn():
+            check_directory(self.directory, need_bytes, resuming)
+            if self._lock is None:
+                self._lock = lock(self.directory)
+        _collective(fn, self.world, self.group)
+
+    def save(self, prog, step: int, meta: dict) -> str:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        final = step_dir(self.directory, step)
+        tmp = os.path.join(self.directory, f".tmp-step-{step:08d}")
+        if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
+            if os.path.lexists(tmp) and not _is_dir(tmp):
+                raise CheckpointError(f"{tmp} is a symlink or file, not a directory sapp wrote; remove it")
+            shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            dcp.save(save_entries(prog, self.names), storage_writer=_writer(tmp, prog.rank, step),
+                     process_group=self.group)
+        except CheckpointError:
+            raise
+        except CheckpointException as e:      # a BaseException: DCP gathered the ranks' write errors
+            raise CheckpointError(write_failure(tmp, e), every_rank=True) from None
+        except Exception as e:     # noqa: BLE001 - a collective inside the save failed: a peer is gone
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+            raise CheckpointError(f"a rank died or stopped responding while checkpoint {tmp} was written "
+                                  f"({type(e).__name__}: {first.strip()[:160]}); the previous checkpoint is intact") from None
+        return _collective(lambda: self._commit(tmp, final, step, meta), self.world, self.group)
+
+    def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
+        files = {n: [os.path.getsize(os.path.join(tmp, n)), _crc(os.path.join(tmp, n))] for n in sorted(os.listdir(tmp))}
+        marker = dict(meta, step=step, files=files, model_state=self.names.shapes)
+        marker["checksum"] = checksum(marker)
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            json.dump(marker, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.lexists(final):        # the same step saved again (a resumed run): replace it
+            _discard(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        self._good.add(final)
+        self._retain(keep_also=final)
+        return final
+
+    def _retain(self, keep_also: str = "") -> None:
+        """Keep the newest `keep` checkpoints that verify; delete the committed ones older than the
+        oldest of those (a damaged newer one stays, skipped with a line on resume), then leftovers.
+        Never deleted: the checkpoint just written and the one this run resumed from."""
+        kept = []
+        for _, path in reversed(committed(self.directory)):
+            if path in self._good or verify(path)[0] is not None:
+                self._good.add(path)
+                kept.append(path)
+                if len(kept) == self.keep:
+                    break
+        if kept:
+            for _, path in committed(self.directory):
+                spared = os.path.realpath(path) in self._protected or path == keep_also
+                if path < kept[-1] and not spared:
+                    _discard(path)
+                    self._good.discard(path)
+        for n in os.listdir(self.directory):
+            p = os.path.join(self.directory, n)
+            orphan = _NAME.match(n) and _is_dir(p) and not os.path.lexists(os.path.join(p, MARKER))
+            if n.startswith((".tmp-step-", ".del-step-")) and _is_dir(p) or orphan:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def find(self, path: str = None, writing: bool = True, run: str = None, restarted: bool = False):
+        """(path, marker) to resume from (checkpoint_find.resume_point), or None.  `run`: this job's id
+        (a restarted worker goes on from its own newest checkpoint).  Retention never deletes a
+        checkpoint of another job that this one resumed from."""
+        def pick():
+            found = resume_point(self.directory, path, writing=writing, log=self.log,
+                                 run=run if restarted else None)
+            if found is not None and (not run or found[1].get("run") != run):
+                self._protected.add(os.path.realpath(found[0]))
+            return found
+        return _collective(pick, self.world, self.group)
+
+    def load(self, prog, path: str, only=None) -> None:
+        """Load the checkpoint at `path` into `prog`; `only`: the model entry names to load (a partial
+        resume: the others keep their initial values), default all."""
+        import torch.distributed.checkpoint as dcp
+        from . import dcp_reader
+        available = set(dcp_reader.read(path).state_dict_metadata)
+        if only is not None:
+            available = {k for k in available if _entry_param(k) is None or _entry_param(k) in only}
+        targets = LoadTargets(prog, self.names, available, partial=only is not None)
+        dcp.load(targets.entries, storage_reader=dcp_reader.SafeReader(path), process_group=self.group)
+        targets.finish()
+
+
+def _entry_param(key: str):
+    """The model entry a state key belongs to: model.<name> / optim.<name>.<state>; None for rng.*."""
+    if key.startswith("model."):
+        return key[len("model."):]
+    if key.startswith("optim."):
+        return key[len("optim."):].rsplit(".", 1)[0]
+    return None
+
+
+def _discard(path: str) -> None:
+    """Delete a committed checkpoint: renamed to .del-* first (atomic), so a kill mid-delete leaves a
+    name the next save removes rather than a step-N that lost its marker but kept its number."""
+    doomed = os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path))
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def write_failure(tmp: str, e) -> str:
+    """One line for DCP's CheckpointException: which ranks failed to write and why."""
+    fails = getattr(e, "failures", None) or {}
+    ranks = sorted(fails)
+    exc = fails[ranks[0]][0] if ranks else e
+    if isinstance(exc, BaseException) and getattr(exc, "failures", None):
+        exc = next(iter(exc.failures.values()))[0]
+    errno_ = getattr(exc, "errno", None)
+    text = (getattr(exc, "strerror", None) or str(exc)).strip()
+    what = f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+    if errno_ in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        hint = "free space in --checkpoint-dir or choose another"
+    else:         # torch.save's writer reports a short write as "unexpected pos": say what the disk has
+        from ...units import fmt_bytes
+        try:
+            free = f"{fmt_bytes(shutil.disk_usage(os.path.dirname(tmp) or '.').free)} free there"
+        except OSError:
+            free = "free space unknown"
+        hint = f"{free}; check the disk, a quota or a file-size limit, or choose another --checkpoint-dir"
+    on = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else "a rank"
+    return f"writing checkpoint {tmp} failed on {on} ({what}); {hint}; the previous checkpoint is intact"
+
+
+def _writer(tmp: str, rank: int, step: int):
+    """DCP's file writer; SAPP_FAULT="RANK:STEP:savekill" makes that rank SIGKILL itself after its
+    first file is written and before the save's last collective (tests: a rank dying inside a save)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    spec = os.environ.get("SAPP_FAULT", "").split(":")
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if len(spec) == 3 and spec[2] == "savekill" and not restarted and (int(spec[0]), int(spec[1])) == (rank, step):
+        class _Dying(FileSystemWriter):
+            def write_data(self, plan, planner):
+                fut = super().write_data(plan, planner)
+                fut.wait()
+                import signal
+                import sys
+                print(f"[rank {rank}] SAPP_FAULT: killing itself inside the save of step {step}", file=sys.stderr,
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+                return fut
+        return _Dying(tmp)
+    return FileSystemWriter(tmp)

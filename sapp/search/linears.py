@@ -1,0 +1,46 @@
+"""The linears of an operator graph that tensor parallelism may split, read by both the tensor-parallel
+layout (tp_layout.py) and the sequence-parallel one (sp_layout.py).  Pure Python over the OpGraph."""
+from __future__ import annotations
+
+
+def linear_weight(node):
+    """The weight operand of a linear `x[..., k] . W[n, k]` (a 2-D parameter over (n, k)), or None.
+    `addmm(bias, x, W[k, n])` is a linear too: HF's Conv1D (GPT-2's layers) stores its weight
+    transposed, and the emitter splits it along the same n / k (sapp/emit/tp/conv1d.py)."""
+    if node.kind != "matmul" or not node.module:
+        return None
+    for op in node.operands:
+        if op.param is not None and (tuple(op.dims) == ("n", "k") or (
+                tuple(op.dims) == ("k", "n") and str(node.target).startswith("aten.addmm"))):
+            return op
+    return None
+
+
+def param_uses(graph) -> dict:
+    uses = {}
+    for node in graph.nodes.values():
+        for p in set(node.params):
+            uses[p] = uses.get(p, 0) + 1
+    return uses
+
+
+def nested_holders(graph) -> set:
+    """Modules with a sub-module that holds parameters of its own (an HF embedding with a norm inside):
+    DTensor's Linear / Embedding styles cannot split such a module, so the emitter could not run what
+    the search would price."""
+    holders = {node.module for node in graph.nodes.values() if node.module and node.params}
+    out = set()
+    for m in holders:
+        parts = m.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return out
+
+
+def linears(graph) -> list:
+    """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
+    the word embedding) is not split: splitting one of its users would untie the two; nor is a
+    linear module holding sub-modules with parameters (`nested_holders`)."""
+    uses = param_uses(graph)
+    nested = nested_holders(graph)
+    return [n for n, node in graph.nodes.items()
+            if (w := linear_weight(node)) is not None and uses.get(w.param) == 1 and node.module not in nested]
