@@ -18,7 +18,7 @@ from .pipeline.schedule import too_long
 from .plan import Plan
 from .plan_build import build_plan, operator_section
 
-CAPTURE_BATCH = 8          # batch dims are only recognisable at batch > 1; the search rebatches
+from .capture import DEFAULT_BATCH as CAPTURE_BATCH   # batch dims show only at batch > 1; the search rebatches
 
 
 # ---- inputs ---------------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ def run(args):
         mc = parse(args.cluster)
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
             from .search_hetero import run_hetero
-            return run_hetero(args, spec, mc)
+            return run_hetero(args, spec, mc, constraints_from_args(args))
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 
-def run_hetero(args, spec, mc):
+def run_hetero(args, spec, mc, constraints):
     from .. import hetero_plan
     from ..errors import UsageError
     if getattr(args, "target", None):
         raise UsageError("--target exports a one-kind plan; a mixed cluster's plan is sapp's own (drop --target)")
-    doc, timing = hetero_plan.search(spec, mc, global_batch=args.batch, constraints=_cons(args),
+    doc, timing = hetero_plan.search(spec, mc, global_batch=args.batch, constraints=constraints,
                                      precision=args.precision, runtime=args.runtime)
     print(hetero_plan.explain(doc), end="")
     print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} group searches)")
@@ -17,7 +17,3 @@ def run_hetero(args, spec, mc):
         print(f"wrote {args.out}")
     return 0
 
-
-def _cons(args):
-    from .search import constraints_from_args
-    return constraints_from_args(args)

@@ -40,7 +40,7 @@ def _fingerprints(model: nn.Module, example_inputs):
     if example_inputs is None:
         try:
             import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-            from ...api import CAPTURE_BATCH
+            from ...capture import DEFAULT_BATCH as CAPTURE_BATCH   # the batch the search captures at
             # the batch search captures at: a batch of 2 coincides with BERT's 2 token types, and the
             # batch dims capture infers (part of the fingerprint) then differ
             example_inputs = models.example_inputs(model, CAPTURE_BATCH)    # on the model's device (meta is fine)
