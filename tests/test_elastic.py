@@ -14,6 +14,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+pytestmark = pytest.mark.slow       # about 4 minutes on two cores: `pytest -m slow`
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = "tests.emit_workers.datasets:tokens"
 GB, STEPS, PACE = 8, 260, "0.12"

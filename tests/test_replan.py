@@ -60,6 +60,7 @@ def test_nothing_fits_is_one_line():
     assert "no plan fits 8 devices" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_rank0_killed_inside_the_replan_restarts_and_trains_as_that_plan(plan4, tmp_path):
     """An elastic job started on 2 processes with a plan for 4: rank 0 SIGKILLs itself inside the
     re-plan's search; torchrun restarts the group, which re-plans and runs 6 steps, with the losses of
