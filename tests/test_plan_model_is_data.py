@@ -96,3 +96,21 @@ def test_a_name_with_newlines_never_becomes_a_line_of_the_engines_file(engine):
     for line in text.splitlines():
         assert not line.startswith(("--save", "[pwned]", "pwned_key")), line
     assert "\x1b" not in text and "\r" not in text
+
+
+def test_fifos_are_refused_not_waited_on(tmp_path):
+    """`sapp import` of a FIFO blocked forever in open(); `--log-json FIFO` blocked a rank until the job
+    died of a misleading gloo timeout.  Both are refused in one line, nothing launched."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    r = subprocess.run([sys.executable, "-m", "sapp.cli", "import", "--from", "megatron", str(fifo), "--model",
+                        "gpt-tiny", "--cluster", "a100-80g:devices=8"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "FIFO" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    import sapp.models as models
+    from tests.emit_workers.plans import make_plan
+    make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=4).save(tmp_path / "p.json")
+    r = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model", "mlp-tiny",
+                        "--log-json", str(fifo)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a regular file" in r.stderr and "launching" not in r.stdout, r.stderr

@@ -165,6 +165,13 @@ def precheck_training(args, plan):
         data.resolve_factory(args.data)
     elif args.data and not os.path.isfile(args.data):
         raise data.DataError(f"data file {args.data} not found; pass a torch.save'd file or pkg.module:factory")
+    log = getattr(args, "log_json", None)
+    if log:      # every rank appends to it (and to .rank<r> beside it): a FIFO would block the rank
+        import stat
+        from ..emit.runtime.train_log import rank_path
+        for path in {log, rank_path(log, 1)}:
+            if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+                raise SappError(f"--log-json {path} exists and is not a regular file; give a file path")
     if getattr(args, "keep", 1) < 1:
         raise SappError(f"--keep {args.keep} would delete every checkpoint; keep at least 1")
     if getattr(args, "resume", None) == "latest" and not args.checkpoint_dir:
