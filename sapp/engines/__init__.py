@@ -111,6 +111,21 @@ def block_order(plan, graph=None) -> list:
     return order(plan)
 
 
+def parse_safely(mod, engine, text, facts, devices):
+    """`mod.parse`, whose every failure on a file's values is one line: the parsers check what they know
+    (EngineError); a value they never expected (a zero, a string where a number goes, nesting too deep
+    for the reader) still ends here, named, never as a traceback."""
+    try:
+        return mod.parse(text, facts, devices)
+    except EngineError:
+        raise
+    except RecursionError:
+        raise EngineError(f"the {engine} configuration nests too deeply to be a configuration") from None
+    except (ValueError, TypeError, ArithmeticError, KeyError, AttributeError, IndexError) as e:
+        raise EngineError(f"the {engine} configuration has a value sapp cannot use ({type(e).__name__}: "
+                          f"{printable(str(e))[:120]}); check its numbers and types") from None
+
+
 def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source=""):
     """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`."""
     mod = get(engine)
@@ -118,6 +133,6 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     facts = model_facts(meta if meta is not None else graph.meta, names)
     if engine != "deepspeed":
         facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
-    ecfg = mod.parse(text, facts, cluster.devices)
+    ecfg = parse_safely(mod, engine, text, facts, cluster.devices)
     where = f" {source}" if source else ""
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])

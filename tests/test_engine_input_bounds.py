@@ -1,0 +1,34 @@
+"""Engine files are data with any values in them: every number typed and bounded before use, and any
+value a parser did not expect ends in one line naming it — a zero micro-batch, a string degree, a
+batch of 2e21 (divisors() ran for minutes), deep nesting, a number where a table goes."""
+import contextlib
+import io
+
+import pytest
+
+from sapp.cli import main
+
+CASES = [
+    ("megatron", "args", "--num-layers 2 --global-batch-size 2000000000000000000000 --micro-batch-size 1\n", "between 1 and"),
+    ("megatron", "args", "--num-layers 2 --global-batch-size 64 --micro-batch-size 0\n", "cannot use"),
+    ("megatron", "args", "--num-layers 2 --global-batch-size 64 --expert-tensor-parallel-size abc\n", "cannot use"),
+    ("torchtitan", "toml", "[training]\nglobal_batch_size = 9200000000000000000\n", "between 1 and"),
+    ("torchtitan", "toml", "parallelism = 5\n", ""),
+    ("torchtitan", "toml", "parallelism = " + "[" * 100000 + "]" * 100000 + "\n", "nests too deeply"),
+    ("deepspeed", "json", '{"train_batch_size": 8, "zero_optimization": 5, "bf16": "yes"}', "cannot use"),
+    ("deepspeed", "json", '{"a":' * 100000 + "1" + "}" * 100000, "nests too deeply"),
+    ("deepspeed", "json", '{"train_batch_size": 8, "gradient_accumulation_steps": 100000000000000000000}', ""),
+]
+
+
+@pytest.mark.parametrize("engine,ext,text,says", CASES)
+def test_one_line_never_a_traceback(tmp_path, engine, ext, text, says):
+    path = tmp_path / f"cfg.{ext}"
+    path.write_text(text)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["import", "--from", engine, str(path), "--model", "gpt-tiny", "--cluster", "a100-80g:devices=8",
+                   "--no-compare"])
+    msg = err.getvalue()
+    assert rc == 2 and "Traceback" not in msg and len(msg.strip().splitlines()) == 1, msg[-600:]
+    assert says in msg, msg
