@@ -32,3 +32,15 @@ def test_one_line_never_a_traceback(tmp_path, engine, ext, text, says):
     msg = err.getvalue()
     assert rc == 2 and "Traceback" not in msg and len(msg.strip().splitlines()) == 1, msg[-600:]
     assert says in msg, msg
+
+
+@pytest.mark.parametrize("flag,value,says", [("--seed", "100000000000000000000000", "--seed must be"),
+                                              ("--max-restarts", "-5", "--max-restarts must be")])
+def test_run_numbers_refused_before_launch(tmp_path, flag, value, says):
+    import sapp.models as models
+    from tests.emit_workers.plans import make_plan
+    make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=4).save(tmp_path / "p.json")
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = main(["run", str(tmp_path / "p.json"), "--model", "mlp-tiny", flag, value])
+    assert rc == 2 and says in err.getvalue() and "launching" not in out.getvalue(), err.getvalue()

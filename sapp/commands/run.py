@@ -89,6 +89,14 @@ def _check_numbers(args):
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if not 0 <= args.seed < 2 ** 63:         # torch.manual_seed's range (1e23 failed on every rank)
+        raise UsageError(f"--seed must be from 0 to 2**63 - 1, got {args.seed}")
+    try:
+        restarts = int(args.max_restarts)
+    except (TypeError, ValueError):
+        raise UsageError(f"--max-restarts must be a whole number, got {args.max_restarts!r}") from None
+    if not 0 <= restarts <= 1000:
+        raise UsageError(f"--max-restarts must be from 0 to 1000, got {restarts}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if not (math.isfinite(args.lr) and args.lr > 0):
