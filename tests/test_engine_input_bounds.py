@@ -44,3 +44,15 @@ def test_run_numbers_refused_before_launch(tmp_path, flag, value, says):
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         rc = main(["run", str(tmp_path / "p.json"), "--model", "mlp-tiny", flag, value])
     assert rc == 2 and says in err.getvalue() and "launching" not in out.getvalue(), err.getvalue()
+
+
+def test_a_py_value_is_a_value_and_list_offload_devices_are_refused():
+    from sapp.engines import deepspeed, megatron
+    from sapp.engines.mapping import EngineError
+    toks = megatron.tokens("torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+                           "--sequence-parallel --data-path x.py --use-distributed-optimizer")
+    assert toks["--tensor-model-parallel-size"] == "2" and toks["--data-path"] == "x.py"
+    assert "--sequence-parallel" in toks and "--use-distributed-optimizer" in toks
+    with pytest.raises(EngineError, match="as DeepSpeed reads it"):
+        deepspeed.parse('{"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": '
+                        '{"device": ["cpu"]}}}', {"layers": 2}, 8)
