@@ -56,3 +56,17 @@ def test_a_py_value_is_a_value_and_list_offload_devices_are_refused():
     with pytest.raises(EngineError, match="as DeepSpeed reads it"):
         deepspeed.parse('{"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_optimizer": '
                         '{"device": ["cpu"]}}}', {"layers": 2}, 8)
+
+
+def test_explain_and_diff_print_a_plans_escapes_as_text(tmp_path):
+    import json
+    import sapp.models as models
+    from tests.emit_workers.plans import make_plan
+    d = make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=4).to_dict()
+    d["notes"] = ["harmless\x1b[2J\x1b]0;pwned\x07 note"]
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    for argv in (["explain", str(tmp_path / "p.json")], ["diff", str(tmp_path / "p.json"), str(tmp_path / "p.json")]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            main(argv)
+        assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue(), argv
