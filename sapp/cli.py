@@ -40,13 +40,42 @@ def build_parser():
     return parser
 
 
+# commands that print what a plan file says (names, notes): a plan's text must not drive the terminal
+READS_PLANS = ("explain", "diff", "evaluate", "replan")
+
+
+class _Printable:
+    """A text stream that writes control characters other than newline and tab as escapes (\x1b[2J of
+    a hostile plan's name shows as text, it does not clear the screen)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        from .units import printable
+        return self._stream.write("\n".join(printable(line.replace("\t", "    ")) for line in text.split("\n")))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv=None):
-    from .errors import SappError
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    streams = sys.stdout, sys.stderr
+    if args.command in READS_PLANS:
+        sys.stdout, sys.stderr = _Printable(sys.stdout), _Printable(sys.stderr)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _run(args):
+    from .errors import SappError
     try:
         return int(args._run(args) or 0)
     except SappError as e:

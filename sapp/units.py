@@ -82,3 +82,14 @@ def fmt_flops(f):
 def fmt_count(n):
     """A parameter (or any) count: 135 -> '135', 1.35e5 -> '135 K', 1.3e6 -> '1.3 M', 1.75e11 -> '175 B'."""
     return _scaled(n, (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)))
+
+
+def printable(text) -> str:
+    """`text` as one printable line: control characters (a terminal's escape sequences), line and
+    paragraph separators and other non-printables written as Python escapes (\\n, \\x1b, \\u2028).
+    For what sapp prints or writes from a file: a plan's names reach terminals and other tools'
+    configuration files, where a newline would start a flag or a table."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..units import fmt_time
+from ._model import add_model_arguments, model_spec
 
 
 def add_arguments(p):
@@ -15,6 +16,10 @@ def add_arguments(p):
     p.add_argument("--out", help="write the configuration here (default: print it)")
     p.add_argument("--plan-out", metavar="PLAN_JSON",
                    help="also write the plan as exported (re-priced when the engine runs something else)")
+    add_model_arguments(p, default_help=" (re-pricing a conformed export captures it; default: the plan's model "
+                                        "when it is a zoo name or a config.json)")
+    p.add_argument("--trust-plan-model", dest="trust_plan_model", action="store_true",
+                   help="import and call the plan's pkg.module:factory model (never done by default: a plan is data)")
 
 
 def run(args):
@@ -25,7 +30,8 @@ def run(args):
         if path:
             check_out(path, flag)
     plan = Plan.load(args.plan)
-    text, exported, notes = export_plan(plan, args.to)
+    model = model_spec(args) if (args.model or args.hf_config) else None
+    text, exported, notes = export_plan(plan, args.to, model=model, trust_plan_model=args.trust_plan_model)
     for n in notes:
         print(f"NOTE: {n}", file=sys.stderr)
     if notes:

@@ -23,9 +23,11 @@ def add_arguments(p):
 
 
 def read_text(path) -> str:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+    from ..fileio import SpecialFileError, read_regular
+    try:       # non-blocking open: a FIFO or device is refused, never waited on
+        raw = read_regular(path, MAX_BYTES)
+    except SpecialFileError as e:
+        raise UsageError(f"cannot read {path}: {e}; give a regular file") from None
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     if len(raw) > MAX_BYTES:

@@ -89,6 +89,14 @@ def _check_numbers(args):
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if not 0 <= args.seed < 2 ** 63:         # torch.manual_seed's range (1e23 failed on every rank)
+        raise UsageError(f"--seed must be from 0 to 2**63 - 1, got {args.seed}")
+    try:
+        restarts = int(args.max_restarts)
+    except (TypeError, ValueError):
+        raise UsageError(f"--max-restarts must be a whole number, got {args.max_restarts!r}") from None
+    if not 0 <= restarts <= 1000:
+        raise UsageError(f"--max-restarts must be from 0 to 1000, got {restarts}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if not (math.isfinite(args.lr) and args.lr > 0):
@@ -165,6 +173,13 @@ def precheck_training(args, plan):
         data.resolve_factory(args.data)
     elif args.data and not os.path.isfile(args.data):
         raise data.DataError(f"data file {args.data} not found; pass a torch.save'd file or pkg.module:factory")
+    log = getattr(args, "log_json", None)
+    if log:      # every rank appends to it (and to .rank<r> beside it): a FIFO would block the rank
+        import stat
+        from ..emit.runtime.train_log import rank_path
+        for path in {log, rank_path(log, 1)}:
+            if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+                raise SappError(f"--log-json {path} exists and is not a regular file; give a file path")
     if getattr(args, "keep", 1) < 1:
         raise SappError(f"--keep {args.keep} would delete every checkpoint; keep at least 1")
     if getattr(args, "resume", None) == "latest" and not args.checkpoint_dir:

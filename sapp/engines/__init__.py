@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib
 
+from ..units import printable
 from .mapping import EngineConfig, EngineError, comparison, from_plan, price
 
 ENGINES = ("megatron", "torchtitan", "deepspeed")
+MAX_FACT = 1 << 40         # a model dimension an engine file states (vocabularies, sequences): far past any model
 SUFFIX = {"megatron": "args", "torchtitan": "toml", "deepspeed": "json"}
 
 
@@ -25,17 +27,25 @@ def get(name: str):
 
 def model_facts(meta: dict, names) -> dict:
     """The model's shape as an engine states it, from a plan's / graph's meta (zoo config or HF
-    config facts); None where unknown.  `layers` is the captured block count."""
-    c = dict(meta.get("config") or {})
+    config facts); None where unknown.  `layers` is the captured block count.  Every fact is written
+    into the engine's file as a number, so a plan whose meta holds anything else (a string carrying a
+    newline and a flag) is refused here."""
+    c = meta.get("config") if isinstance(meta, dict) else None
+    c = dict(c) if isinstance(c, dict) else {}
     hf = {"h": "hidden_size", "a": "num_attention_heads", "kv": "num_key_value_heads", "ffn": "intermediate_size",
           "V": "vocab_size", "experts": "num_local_experts", "top_k": "num_experts_per_tok"}
     for k, key in hf.items():
         if k not in c and key in c:
             c[k] = c[key]
     ffn = c.get("expert_ffn") if c.get("experts") else c.get("ffn")
-    return {"layers": len(names), "names": list(names), "hidden": c.get("h"), "heads": c.get("a"),
-            "kv_heads": c.get("kv"), "ffn": ffn, "seq": meta.get("seq") or c.get("s"), "vocab": c.get("V"),
-            "experts": c.get("experts"), "top_k": c.get("top_k")}
+    out = {"hidden": c.get("h"), "heads": c.get("a"), "kv_heads": c.get("kv"), "ffn": ffn,
+           "seq": meta.get("seq") or c.get("s"), "vocab": c.get("V"), "experts": c.get("experts"),
+           "top_k": c.get("top_k")}
+    for k, v in out.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_FACT):
+            raise EngineError(f"the model's {k} is {str(v)[:40]!r}, not a whole number up to {MAX_FACT}; "
+                              f"search the plan again with this sapp")
+    return {"layers": len(names), "names": list(names), **out}
 
 
 def arch_facts(name, meta, layers) -> dict:
@@ -52,10 +62,11 @@ def block_names(graph) -> list:
     return [u.name for u in split_units(graph) if u.kind == "block"]
 
 
-def export_plan(plan, engine: str, *, graph=None, cluster=None):
+def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trust_plan_model=False):
     """(text, plan as exported, notes).  When the engine runs something other than the plan says, the
-    configuration is conformed to what it runs, re-priced (capturing the plan's model unless `graph`
-    is given) and every change is in `notes`."""
+    configuration is conformed to what it runs, re-priced (capturing `model`, else the plan's model,
+    unless `graph` is given) and every change is in `notes`.  The plan's model name is data: a zoo
+    name or a config.json is built from it, a pkg.module:factory only with `trust_plan_model`."""
     from ..cluster import Cluster
     mod = get(engine)
     ecfg = from_plan(plan, engine)
@@ -65,8 +76,9 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None):
     if notes:
         if graph is None:
             from ..api import capture_graph, resolve_model
-            graph, _ = capture_graph(resolve_model(plan["model"]["name"])[0])
-            plan.check_model(graph.fingerprint(), plan["model"]["name"])
+            spec = model if model is not None else _plan_model(plan, trust_plan_model)
+            graph, _ = capture_graph(resolve_model(spec)[0])
+            plan.check_model(graph.fingerprint(), spec)
         cl = cluster or Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
         exported = price(graph, cl, out, name=plan["model"]["name"],
                          notes=[f"exported to {engine}: {n}" for n in notes])
@@ -76,8 +88,20 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None):
     pr = exported["predicted"]
     header = [f"{engine} configuration written by `sapp export` for {plan['model']['name']} on {plan['devices']} GPUs",
               f"priced {pr['step_time_s']:.4g} s/step, MFU {pr['mfu']:.1%} ({out.runtime} runtime): {out.describe()}"]
-    header += [f"NOTE: {n}" for n in notes]
+    header = [printable(h) for h in header + [f"NOTE: {n}" for n in notes]]
     return mod.export(out, facts, names, header=header), exported, notes
+
+
+def _plan_model(plan, trusted: bool) -> str:
+    from ..models.resolve import kind_of
+    spec = plan["model"]["name"]
+    if not isinstance(spec, str):
+        raise EngineError("the plan's model name is not a string; pass --model NAME")
+    if kind_of(spec) == "factory" and not trusted:
+        raise EngineError(f"re-pricing the export needs the model; the plan names '{printable(spec[:120])}', "
+                          f"code that would be imported and run: pass --model {printable(spec[:120])} if you "
+                          f"trust it (or --trust-plan-model), or --model NAME")
+    return spec
 
 
 def block_order(plan, graph=None) -> list:
@@ -87,6 +111,21 @@ def block_order(plan, graph=None) -> list:
     return order(plan)
 
 
+def parse_safely(mod, engine, text, facts, devices):
+    """`mod.parse`, whose every failure on a file's values is one line: the parsers check what they know
+    (EngineError); a value they never expected (a zero, a string where a number goes, nesting too deep
+    for the reader) still ends here, named, never as a traceback."""
+    try:
+        return mod.parse(text, facts, devices)
+    except EngineError:
+        raise
+    except RecursionError:
+        raise EngineError(f"the {engine} configuration nests too deeply to be a configuration") from None
+    except (ValueError, TypeError, ArithmeticError, KeyError, AttributeError, IndexError) as e:
+        raise EngineError(f"the {engine} configuration has a value sapp cannot use ({type(e).__name__}: "
+                          f"{printable(str(e))[:120]}); check its numbers and types") from None
+
+
 def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source=""):
     """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`."""
     mod = get(engine)
@@ -94,6 +133,6 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     facts = model_facts(meta if meta is not None else graph.meta, names)
     if engine != "deepspeed":
         facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
-    ecfg = mod.parse(text, facts, cluster.devices)
+    ecfg = parse_safely(mod, engine, text, facts, cluster.devices)
     where = f" {source}" if source else ""
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])

@@ -86,6 +86,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if (zo.get("offload_param") or {}).get("device", "none") not in ("none", None):
         raise EngineError("zero_optimization.offload_param is not priced by sapp; remove it to price the rest")
     off = (zo.get("offload_optimizer") or {}).get("device", "none")
+    if off not in ("none", "cpu", "nvme", None):    # DeepSpeed's own enum: a list or "CPU" fails its validation
+        raise EngineError(f"zero_optimization.offload_optimizer.device must be \"none\", \"cpu\" or \"nvme\" as "
+                          f"DeepSpeed reads it, got {str(off)[:40]!r}")
     if off == "nvme":
         raise EngineError("offload_optimizer to nvme is not priced by sapp; use cpu")
     notes = []

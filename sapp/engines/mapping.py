@@ -37,6 +37,19 @@ class EngineConfig:
     runtime: str = "eager"
     notes: list = field(default_factory=list)
 
+    def __post_init__(self):
+        """Every number an engine file states, typed and bounded before anything uses it (the same bounds
+        as `sapp search`): a batch of 2e21 ran divisors() for minutes, a degree of 0 divided by zero."""
+        from ..constraints import MAX_GLOBAL_BATCH, Constraints
+        Constraints.check_global_batch(self.global_batch, f"{self.engine} global batch")
+        for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GLOBAL_BATCH:
+                raise EngineError(f"{self.engine} configuration: {k} must be a whole number from 1 to "
+                                  f"{MAX_GLOBAL_BATCH}, got {str(v)[:40]!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise EngineError(f"{self.engine} configuration: ZeRO stage must be 0-3, got {str(self.zero)[:40]!r}")
+
     def replace(self, **kw) -> "EngineConfig":
         return dataclasses.replace(self, notes=list(self.notes), **kw)
 

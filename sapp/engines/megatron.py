@@ -207,9 +207,12 @@ def tokens(text: str) -> dict:
         toks = shlex.split(text.replace("\\\n", " "), comments=True)
     except ValueError as e:
         raise EngineError(f"cannot read the argument file ({e}); give Megatron-LM arguments, one flag per line") from None
-    py = [i for i, t in enumerate(toks) if t.endswith(".py")]
-    if py:
-        toks = toks[py[-1] + 1:]
+    # the launcher and its script (`torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers ...`) are
+    # skipped up to the FIRST .py: a Megatron value may end in .py too (--data-path x.py), and taking the
+    # last dropped every flag before it
+    py = next((i for i, t in enumerate(toks) if t.endswith(".py")), None)
+    if py is not None:
+        toks = toks[py + 1:]
     out, i = {}, 0
     while i < len(toks):
         t = toks[i]
