@@ -92,9 +92,9 @@ def _check_numbers(args):
     if not 0 <= args.seed < 2 ** 63:         # torch.manual_seed's range (1e23 failed on every rank)
         raise UsageError(f"--seed must be from 0 to 2**63 - 1, got {args.seed}")
     try:
-        restarts = int(args.max_restarts)
+        restarts = int(getattr(args, "max_restarts", 0) or 0)
     except (TypeError, ValueError):
-        raise UsageError(f"--max-restarts must be a whole number, got {args.max_restarts!r}") from None
+        raise UsageError(f"--max-restarts must be a whole number, got {getattr(args, 'max_restarts', None)!r}") from None
     if not 0 <= restarts <= 1000:
         raise UsageError(f"--max-restarts must be from 0 to 1000, got {restarts}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
