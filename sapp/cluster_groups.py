@@ -69,10 +69,7 @@ class MixedCluster:
     def from_dict(cls, d, where="") -> "MixedCluster":
         if not isinstance(d, dict):
             raise ClusterError(f"{where}a mixed cluster must be a JSON object")
-        bad = schema.shape_problem(d) or schema.non_finite_path(d)
-        if bad:
-            raise ClusterError(f"{where}{bad}; not a cluster description")
-        err = schema.first_error("cluster", schema.plain(d))
+        err = schema.document_problem("cluster", d)
         if err:
             raise ClusterError(f"{where}{err}")
         groups = []

@@ -65,10 +65,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
 def check(doc) -> dict:
     if not isinstance(doc, dict):
         raise PlanError("a mixed-cluster plan must be a JSON object")
-    bad = _schema.shape_problem(doc) or _schema.non_finite_path(doc)
-    if bad:
-        raise PlanError(f"{bad}; not a sapp mixed-cluster plan")
-    err = _schema.first_error("hetero", _schema.plain(doc))
+    err = _schema.document_problem("hetero", doc)
     if err:
         raise PlanError(f"mixed-cluster plan: {err}")
     if sum(g["batch_share"] for g in doc["groups"]) != doc["model"]["global_batch"]:

@@ -167,3 +167,16 @@ def shape_problem(x):
         elif isinstance(v, (list, tuple)):
             stack.extend((w, path + (i,)) for i, w in enumerate(v))
     return None
+
+
+def document_problem(name: str, doc):
+    """The first reason `doc` is no valid `name` document, in one line, or None: its shape (depth,
+    string length), a NaN or infinite number (named by its path), then the JSON Schema's first error."""
+    bad = shape_problem(doc)
+    if bad:
+        return bad
+    where = non_finite_path(doc)
+    if where:
+        return f"{where} is not a finite number"
+    return first_error(name, plain(doc))
+
