@@ -33,13 +33,13 @@ def resolve_cluster(cluster) -> Cluster:
     raise SappError(f"cluster must be a Cluster or a spec string like 'a100-80g:nodes=16', got {type(cluster).__name__}")
 
 
-def resolve_model(model):
-    """(module, name, zoo config or None)."""
+def resolve_model(model, raw: bytes | None = None):
+    """(module, name, zoo config or None); `raw`: an HF config's bytes already read."""
     import importlib
     zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
     if isinstance(model, str):       # zoo name | pkg.module:factory | HF config.json (sapp/models/resolve.py)
         from .models import resolve
-        return resolve.build(model, device="meta"), model, resolve.info(model)
+        return resolve.build(model, device="meta", raw=raw), model, resolve.info(model)
     spec = getattr(model, "sapp_spec", None)
     if spec is not None:
         return model, spec.name, dict(spec.config)
@@ -117,13 +117,16 @@ def capture_spec(spec: str):
     a hit builds and traces nothing (module None; no torch import), a miss captures and stores.
     Specs the cache cannot identify (factories) are captured as without it."""
     from .capture import cache
+    from .models.resolve import kind_of
     t0 = time.perf_counter()
-    key = cache.key_for(spec, CAPTURE_BATCH)
+    # an HF config is read once: its key and its model come from the same bytes
+    raw = cache.read_config(spec) if isinstance(spec, str) and kind_of(spec) == "hf" else None
+    key = cache.key_for(spec, CAPTURE_BATCH, raw)
     hit = cache.load(key) if key else None
     if hit is not None:
         graph, info = hit
         return None, spec, info, graph, time.perf_counter() - t0
-    module, name, info = resolve_model(spec)
+    module, name, info = resolve_model(spec, raw)
     graph, capture_s = capture_graph(module)
     if key:
         cache.store(key, graph, info)          # before the search reads (and may stamp) the graph

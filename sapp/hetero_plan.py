@@ -49,7 +49,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
         groups.append(entry)
     doc = {"schema": SCHEMA, "mode": "data",
            "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                     "global_batch": gb},
+                     "flops_per_sample": graph.flops_per_sample(), "global_batch": gb},
            "cluster": mc.to_dict(), "devices": mc.devices, "groups": groups,
            "predicted": {"step_time_s": step, "cross_group_sync_s": d["sync_s"],
                          "samples_per_s": gb / step},

@@ -181,6 +181,11 @@ class OpGraph:
             g.add_edge(u, v, operand=i, shape=self.nodes[v].operands[i].shape)
         return g
 
+    def flops_per_sample(self) -> float:
+        """Forward FLOPs of one sample (the graph at batch 1): what a plan records as
+        model.flops_per_sample and `sapp run` checks against the model it captures."""
+        return self.rebatch(1).total_flops()
+
     def fingerprint(self) -> str:
         """Structure hash, independent of the batch size, so a plan can be checked against a model."""
         h = hashlib.sha256()

@@ -98,7 +98,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
     data = {
         "schema": SCHEMA,
         "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                  "global_batch": global_batch, "meta": dict(graph.meta)},
+                  "flops_per_sample": graph.flops_per_sample(), "global_batch": global_batch, "meta": dict(graph.meta)},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
         # cp and ep only when used: plans without them load as 1; sp only where a tp group exists

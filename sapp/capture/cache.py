@@ -16,7 +16,10 @@ training precision is not in it: the graph is captured in the model's own dtypes
 applies the precision afterwards, so one entry serves every precision and runtime.  Files are
 data: one JSON header line (format, key, payload size and SHA-256) and the JSON payload
 (sapp/capture/graph_json.py); an entry whose header, checksum or contents do not match is ignored and
-overwritten, never trusted.  Written atomically (a temporary file renamed over the entry), at most
+overwritten, never trusted; the header also carries the graph's fingerprint, parameter count and
+FLOPs per sample, recomputed from the decoded graph on load.  An HF config is read once: the key is
+hashed from those bytes and the model built from them.  The last word is `sapp run`'s: it captures the
+real model and refuses a plan whose fingerprint, parameters or FLOPs differ.  Written atomically (a temporary file renamed over the entry), at most
 MAX_ENTRIES entries and MAX_BYTES in all (least recently used go first).
 
 Where: $SAPP_CACHE_DIR/capture, else $XDG_CACHE_HOME/sapp/capture, else ~/.cache/sapp/capture;
@@ -82,10 +85,21 @@ def _default_dtype() -> str:
     return str(torch.get_default_dtype()) if torch is not None else "torch.float32"
 
 
-def model_facts(spec: str) -> dict | None:
+def read_config(spec: str) -> bytes | None:
+    """The bytes of the HF config `spec` names, read once: the key is hashed from them and the model
+    built from them (sapp.models.hf.build(raw=...)), so a file rewritten mid-search cannot store one
+    config's graph under another's key.  None when unreadable (the uncached way reports why)."""
+    from ..fileio import read_regular
+    try:
+        return read_regular(spec, 64 << 20)
+    except (OSError, ValueError):
+        return None
+
+
+def model_facts(spec: str, raw: bytes | None = None) -> dict | None:
     """What identifies the model `spec` names, or None when it cannot be hashed reliably (a factory,
     an unknown zoo name, an unreadable or code-naming HF config: those go the uncached way, which
-    also reports their errors)."""
+    also reports their errors).  `raw`: the HF config's bytes as read_config gave them."""
     from ..models.resolve import kind_of
     kind = kind_of(spec)
     if kind == "zoo":
@@ -96,11 +110,12 @@ def model_facts(spec: str) -> dict | None:
         zkind, cfg = zoo._config(spec, {})
         return {"spec": spec, "zoo": zkind, "config": graph_json._enc(cfg)}
     if kind == "hf":
-        from ..fileio import read_regular
+        raw = read_config(spec) if raw is None else raw
+        if raw is None:
+            return None
         try:
-            raw = read_regular(spec, 64 << 20)
             cfg = json.loads(raw)
-        except (OSError, ValueError):
+        except ValueError:
             return None
         if not isinstance(cfg, dict) or "auto_map" in cfg or _version("transformers") is None:
             return None
@@ -109,11 +124,11 @@ def model_facts(spec: str) -> dict | None:
     return None
 
 
-def key_for(spec: str, batch: int) -> str | None:
-    """The entry key of `spec` captured at `batch`, or None (not cacheable)."""
+def key_for(spec: str, batch: int, raw: bytes | None = None) -> str | None:
+    """The entry key of `spec` captured at `batch`, or None (not cacheable); `raw` as model_facts."""
     if not isinstance(spec, str):
         return None
-    facts = model_facts(spec)
+    facts = model_facts(spec, raw)
     if facts is None:
         return None
     from ..version import __version__
@@ -121,6 +136,13 @@ def key_for(spec: str, batch: int) -> str | None:
                   "torch": _version("torch"), "python": list(sys.version_info[:2]),
                   "sources": sources_hash(), "format": graph_json.FORMAT})
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def graph_facts(graph) -> dict:
+    """What a stored graph is checked against on load: its structure fingerprint, trainable
+    parameters and forward FLOPs per sample (the figures a plan records and `sapp run` re-checks)."""
+    return {"fingerprint": graph.fingerprint(), "params": graph.param_count(),
+            "flops_per_sample": float(f"{graph.flops_per_sample():.9g}")}
 
 
 def _path(folder, key):
@@ -147,6 +169,8 @@ def load(key: str):
         info = graph_json._dec(d["info"])
         if info is not None and not isinstance(info, dict):
             return None
+        if h.get("graph") != graph_facts(graph):     # the payload is not the graph the header vouches for
+            return None
     except Exception:          # noqa: BLE001 - any bad entry is a miss; the capture that follows rewrites it
         return None
     try:
@@ -168,7 +192,7 @@ def store(key: str, graph, info) -> bool:
     except (graph_json.Unstorable, ValueError, TypeError):
         return False
     head = json.dumps({"kind": HEADER, "format": graph_json.FORMAT, "key": key, "bytes": len(body),
-                       "sha256": hashlib.sha256(body).hexdigest()}).encode()
+                       "sha256": hashlib.sha256(body).hexdigest(), "graph": graph_facts(graph)}).encode()
     if len(body) + len(head) + 1 > MAX_ENTRY_BYTES:
         return False
     tmp = None

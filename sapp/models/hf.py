@@ -24,10 +24,11 @@ class HFConfigError(SappError):
     """A Hugging Face config sapp cannot build a model from."""
 
 
-def load_config(path: str, overrides: dict):
+def load_config(path: str, overrides: dict, raw: bytes | None = None):
+    """transformers' config for the file at `path`, or for `raw`, its bytes as the caller read them."""
     from ..fileio import SpecialFileError, read_regular
     try:
-        raw = json.loads(read_regular(path, 64 << 20))
+        raw = json.loads(read_regular(path, 64 << 20) if raw is None else raw)
     except SpecialFileError as e:
         raise HFConfigError(f"HF config {e}; pass the path of a config.json") from None
     except FileNotFoundError:
@@ -68,10 +69,10 @@ def model_class(cfg):
                         "class in transformers; pass your own factory with --model pkg.module:factory")
 
 
-def build(path: str, device="meta", **overrides):
-    """(module, DataSpec, facts) for the config at `path`."""
+def build(path: str, device="meta", raw: bytes | None = None, **overrides):
+    """(module, DataSpec, facts) for the config at `path` (built from `raw`, its bytes, when given)."""
     import torch
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, overrides, raw)
     cls = model_class(cfg)
     try:
         with torch.device(device):

@@ -51,8 +51,9 @@ def kind_of(spec: str) -> str:
     return "zoo"
 
 
-def build(spec: str, device="meta", **overrides):
-    """The module `spec` names, on `device`, with sapp_spec (and sapp_data unless it is a zoo model)."""
+def build(spec: str, device="meta", raw: bytes | None = None, **overrides):
+    """The module `spec` names, on `device`, with sapp_spec (and sapp_data unless it is a zoo model).
+    `raw`: an HF config's bytes already read (the capture cache hashes and builds from one read)."""
     from . import zoo
     kind = kind_of(spec)
     if kind == "zoo":
@@ -62,7 +63,7 @@ def build(spec: str, device="meta", **overrides):
         return zoo.get(spec, device=device, **overrides)
     if kind == "hf":
         from . import hf
-        model, data, facts = hf.build(spec, device, **overrides)
+        model, data, facts = hf.build(spec, device, raw=raw, **overrides)
         return _attach(model, spec, "hf", facts, data)
     model, data = _from_factory(spec, device, overrides)
     return _attach(model, spec, "custom", dict(overrides), data)

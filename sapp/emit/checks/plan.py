@@ -30,9 +30,9 @@ def unique_param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _fingerprints(model: nn.Module, example_inputs):
-    """Fingerprints sapp.capture gives this model: of the model alone and of model + loss (the zoo's
-    WithLoss, which search may have captured).  Empty when capture is unavailable or fails."""
+def _captures(model: nn.Module, example_inputs):
+    """Graphs sapp.capture gives this model: of the model alone and of model + loss (the zoo's
+    WithLoss, which search may have captured).  None of them when capture is unavailable or fails."""
     try:
         from ...capture import capture
     except Exception:
@@ -47,13 +47,13 @@ def _fingerprints(model: nn.Module, example_inputs):
         except Exception:
             return
     try:
-        yield capture(model, tuple(example_inputs)).fingerprint()
+        yield capture(model, tuple(example_inputs))
     except Exception:
         return
     try:
         import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
         target = models.example_targets(model, example_inputs[0].shape[0], example_inputs[0].device)
-        yield capture(models.WithLoss(model), tuple(example_inputs), target=target).fingerprint()
+        yield capture(models.WithLoss(model), tuple(example_inputs), target=target)
     except Exception:
         return
 
@@ -79,12 +79,23 @@ def check_model(model: nn.Module, plan: Plan, name: str = "", example_inputs=Non
                         f"{have}; search a new plan for this model")
     if fingerprint and mine.get("fingerprint"):
         seen = []
-        for fp in _fingerprints(model, example_inputs):
-            if fp == mine["fingerprint"]:
+        for g in _captures(model, example_inputs):
+            if g.fingerprint() == mine["fingerprint"]:
+                check_flops(plan, g.flops_per_sample())
                 return
-            seen.append(fp)
+            seen.append(g.fingerprint())
         if seen:
             plan.check_model(seen[0], name)
+
+
+def check_flops(plan: Plan, have: float) -> None:
+    """The plan's FLOPs per sample against the model's: a plan priced from other FLOPs (a capture cache
+    entry tampered with, a hand edit) prices another model, so it is refused.  Plans written before
+    the field existed carry none and are checked by structure alone."""
+    want = plan["model"].get("flops_per_sample")
+    if isinstance(want, (int, float)) and not isinstance(want, bool) and abs(have - want) > max(1.0, 1e-5 * abs(have)):
+        raise PlanError(f"plan was priced for {want:.6g} forward FLOPs per sample but this model has {have:.6g}; "
+                        f"search a new plan for this model (sapp search --no-cache if its capture cache is suspect)")
 
 
 def check_world(plan: Plan, world: int) -> None:
