@@ -167,6 +167,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
+    if progress is not None and not callable(progress):
+        raise SappError(f"progress must be a callable taking one line of text, got {type(progress).__name__}")
     capture_s, cached = 0.0, False
     cons = Constraints.from_dict(constraints)         # refused before any capture
     if global_batch is not None:

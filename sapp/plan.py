@@ -18,6 +18,7 @@ interleaved chunk operations, nesting, string lengths: sapp/schema)."""
 from __future__ import annotations
 
 import json
+import os
 import math
 
 from . import schema as _schema
@@ -111,6 +112,8 @@ class Plan:
 
     def save(self, path) -> None:
         # sections are plain dicts callers can edit in place: check again what is about to be written
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            raise PlanError(f"plan.save: a file path is needed, got {type(path).__name__} (a str or os.PathLike)")
         self._d = _round(self._d)
         text = self.to_json()
         if text != self.__dict__.get("_built_text"):
@@ -146,6 +149,9 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source="plan") -> "Plan":
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise PlanError(f"{source}: Plan.from_json takes the JSON text (str or bytes), got {type(text).__name__}; "
+                            "use Plan.load for a path")
         try:
             d = _schema.strict_loads(text)
         except json.JSONDecodeError as e:

@@ -282,3 +282,49 @@ def test_dead_peer_inside_save_is_not_called_free_space(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="a rank died or stopped responding while checkpoint .* was written") as e:
         c.save(prog, 2, {"global_batch": 4})
     assert "free space" not in str(e.value)
+
+
+def test_resealed_markers_and_metadata_with_bad_numbers_are_damaged_not_tracebacks(tmp_path):
+    """A marker or .metadata edited and re-sealed (sizes, CRCs and checksum recomputed) with values of the
+    wrong type or sign: verify() calls the step damaged in words, and --resume refuses it in one line."""
+    from sapp.emit.runtime import dcp_reader
+    _saved(tmp_path / "c")
+    path = str(tmp_path / "c" / "step-00000001")
+    mp, mdp = os.path.join(path, ck.MARKER), os.path.join(path, ".metadata")
+    good_marker, good_md = open(mp).read(), open(mdp, "rb").read()
+
+    def marker_with(files_value):
+        meta = json.loads(good_marker)
+        meta["files"][".metadata"] = files_value
+        meta["checksum"] = ck.checksum(meta)
+        with open(mp, "w") as f:
+            json.dump(meta, f)
+
+    for value in (5, "x", [1], [-1, 0], [True, 0], None):
+        marker_with(value)
+        got, why = ck.verify(path)
+        assert got is None and "without a size and checksum" in why, (value, why)
+    with open(mp, "w") as f:
+        f.write(good_marker)
+
+    def metadata_with(edit):
+        md = dcp_reader.load_metadata(good_md, "x")
+        edit(md)
+        with open(mdp, "wb") as f:
+            f.write(pickle.dumps(md))
+        _reseal(path)
+        return ck.verify(path)
+
+    def first(md):
+        return next(iter(md.storage_data.values()))
+    cases = {"storage table": lambda md: setattr(md, "storage_data", 7),
+             "offset and length": lambda md: setattr(first(md), "offset", -8),
+             "non-negative integer offsets": lambda md: setattr(
+                 next(iter(md.state_dict_metadata.values())).chunks[0], "offsets", torch.Size([-1] * 2)),
+             "reads past the end": lambda md: setattr(first(md), "length", 1 << 40)}
+    for words, edit in cases.items():
+        got, why = metadata_with(edit)
+        assert got is None and words in why, (words, why)
+    prog, names = _program()                         # --resume: nothing intact, refused in one line
+    with pytest.raises(CheckpointError, match="no intact checkpoint .* nothing was deleted"):
+        _resume(prog, names, tmp_path / "c")

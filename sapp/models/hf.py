@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 
 from ..errors import SappError
 from .data import DataSpec, class_loss, token_loss
@@ -35,8 +36,11 @@ def load_config(path: str, overrides: dict, raw: bytes | None = None):
         raise HFConfigError(f"HF config {path} not found; pass the path of a config.json") from None
     except (OSError, ValueError) as e:
         raise HFConfigError(f"HF config {path} is not readable JSON ({type(e).__name__}); pass a config.json") from None
+    except RecursionError:
+        raise HFConfigError(f"HF config {path} nests deeper than JSON's reader allows; pass a config.json") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise HFConfigError(f"HF config {path} has no model_type; give a transformers config.json (e.g. \"model_type\": \"llama\")")
+    check_sizes(path, raw)
     try:
         import transformers
     except ImportError:
@@ -48,8 +52,52 @@ def load_config(path: str, overrides: dict, raw: bytes | None = None):
         return transformers.AutoConfig.for_model(mt, **raw)
     except (ValueError, KeyError) as e:
         raise HFConfigError(f"HF config {path}: model_type {mt!r} is not known to transformers "
-                            f"{transformers.__version__} ({str(e).splitlines()[0][:80]}); use a supported "
+                            f"{transformers.__version__} ({_first_line(e)}); use a supported "
                             "architecture or pass your own factory with --model pkg.module:factory") from None
+    except Exception as e:        # noqa: BLE001 - transformers' own field validation (huggingface_hub's
+        raise HFConfigError(f"HF config {path}: transformers refuses it ({type(e).__name__}: "   # strict dataclasses)
+                            f"{_first_line(e)}); fix that field") from None
+
+
+def _first_line(e) -> str:
+    return " ".join(str(e).split())[:120]
+
+
+# Sizes the capture multiplies into shapes: positive integers, bounded so that a shape's element count
+# stays far inside int64 (a 1e9 context overflowed torch's storage arithmetic at batch 4 x 32 heads).
+SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+               "num_key_value_heads", "head_dim", "n_embd", "n_head", "n_layer", "n_inner", "d_model",
+               "num_layers", "num_heads", "d_ff", "d_kv", "encoder_layers", "decoder_layers",
+               "encoder_attention_heads", "decoder_attention_heads", "num_labels", "image_size", "patch_size",
+               "num_channels", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len")
+ZERO_OK = ("head_dim", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+           "num_labels")            # 0: derived from the others, or no experts
+MAX_SIZE = 1 << 24
+MAX_CONTEXT = 1 << 20
+
+
+def check_sizes(path: str, cfg: dict) -> None:
+    """model_type a name and every size field a positive integer in bounds (the bounds of `sapp search`'s
+    shapes), so a bad value is one line naming the field, never a traceback deep in transformers."""
+    mt = cfg.get("model_type")
+    if not isinstance(mt, str) or not mt.strip():
+        raise HFConfigError(f"HF config {path}: model_type must be a name such as \"llama\", got {type(mt).__name__}")
+    for key in SIZE_FIELDS + CONTEXT_FIELDS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        top = MAX_CONTEXT if key in CONTEXT_FIELDS else MAX_SIZE
+        low = 0 if key in ZERO_OK else 1
+        # per-stage / per-tower sizes are lists or objects of sizes (Swin's heads, LXMERT's layers)
+        leaves = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else [v]
+        for x in leaves:
+            ok = (not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x == int(x)
+                  and low <= x <= top)
+            if not ok:
+                what = x if isinstance(x, (int, float)) and not isinstance(x, bool) else type(x).__name__
+                hint = " (the sequence sapp trains at: set the training context)" if key in CONTEXT_FIELDS else ""
+                raise HFConfigError(f"HF config {path}: {key} must be an integer from {low} to {top}{hint}, got {what}")
 
 
 def model_class(cfg):

@@ -101,8 +101,12 @@ def verify(path: str) -> tuple:
             meta = json.load(f)
         files = meta["files"]
         files.items()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         return None, f"unreadable {MARKER} ({type(e).__name__})"
+    bad = next((n for n, e in files.items() if not (isinstance(e, list) and len(e) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e))), None)
+    if bad is not None:
+        return None, f"{MARKER} lists {bad[:80]!r} without a size and checksum (the marker was altered)"
     if meta.get("checksum") != checksum(meta):
         return None, f"{MARKER} fails its own checksum (edited, or written by an older sapp)"
     m = _NAME.match(os.path.basename(os.path.normpath(path)))
@@ -126,9 +130,13 @@ def verify(path: str) -> tuple:
         md = dcp_reader.read(path)
     except CheckpointError as e:
         return None, str(e).replace(os.path.join(path, ""), "")
-    stray = sorted({i.relative_path for i in md.storage_data.values()} - set(files))
+    storage = md.storage_data or {}
+    stray = sorted({i.relative_path for i in storage.values()} - set(files))
     if stray:
         return None, f".metadata points at {stray[0][:80]}, which the marker does not list"
+    past = next((i for i in storage.values() if i.offset + i.length > files[i.relative_path][0]), None)
+    if past is not None:
+        return None, f".metadata reads past the end of {past.relative_path[:80]} (the checkpoint was altered)"
     return meta, None
 
 

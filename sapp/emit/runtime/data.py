@@ -44,6 +44,13 @@ def load(path: str):
     if not (isinstance(obj, (tuple, list)) and len(obj) == 2):
         raise DataError(f"data file {path} must hold (inputs, targets); found {type(obj).__name__}")
     inputs, targets = _tuple(obj[0]), obj[1]
+    for what, x in [("targets", targets)] + [(f"input {i}", x) for i, x in enumerate(inputs)]:
+        if not isinstance(x, torch.Tensor) or x.dim() < 1:
+            found = f"a {x.dim()}-d tensor" if isinstance(x, torch.Tensor) else f"of type {type(x).__name__}"
+            raise DataError(f"data file {path}: {what} is {found}; save (inputs, targets) as tensors (or a tuple of "
+                            "input tensors) with a leading sample axis")
+    if not inputs:
+        raise DataError(f"data file {path} holds no inputs; save (inputs, targets) with at least one input tensor")
     n = targets.shape[0]
     if any(x.shape[0] != n for x in inputs):
         raise DataError(f"data file {path}: inputs and targets have different numbers of samples")

@@ -59,12 +59,27 @@ def _check(md, where: str) -> None:
         if not isinstance(k, str) or not isinstance(v, dcp_md.TensorStorageMetadata):
             raise CheckpointError(f"{where}: entry {str(k)[:80]!r} is a {type(v).__name__}, not a tensor; sapp "
                                   "checkpoints hold tensors only")
-    for idx, info in (md.storage_data or {}).items():
+        for c in v.chunks if isinstance(v.chunks, list) else [None]:
+            dims = (getattr(c, "offsets", None), getattr(c, "sizes", None))
+            if not all(isinstance(d, (tuple, list)) and all(_count(x) for x in d) for d in dims):
+                raise CheckpointError(f"{where}: entry {k[:80]!r} has a chunk without non-negative integer offsets and "
+                                      "sizes; the file was altered")
+    storage = md.storage_data if md.storage_data is not None else {}
+    if not isinstance(storage, dict):
+        raise CheckpointError(f"{where}: its storage table is a {type(storage).__name__}, not DCP's; the file was altered")
+    for idx, info in storage.items():
         rel = getattr(info, "relative_path", None)
         if (not isinstance(rel, str) or not rel or os.path.basename(rel) != rel or rel in (".", "..")
                 or getattr(info, "transform_descriptors", None)):
             raise CheckpointError(f"{where}: storage of {getattr(idx, 'fqn', idx)!s:.80} points at {str(rel)[:80]!r}, "
                                   "not a plain file of the checkpoint")
+        if not (_count(getattr(info, "offset", None)) and _count(getattr(info, "length", None))):
+            raise CheckpointError(f"{where}: storage of {getattr(idx, 'fqn', idx)!s:.80} has no non-negative integer "
+                                  "offset and length; the file was altered")
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def read(path: str) -> dcp_md.Metadata:
