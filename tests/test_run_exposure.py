@@ -93,6 +93,32 @@ def test_single_node_job_listens_on_loopback_only(tmp_path):
     assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
 
 
+def _watched(cmd, timeout_s=240):
+    """(exit code, output, {(address, port)} listened on) of a command's process tree while it runs."""
+    job = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen, pids, t0 = set(), set(), time.time()
+    try:
+        while job.poll() is None and time.time() - t0 < timeout_s:
+            tree = _tree(job.pid)
+            pids |= tree
+            seen |= listening(tree)
+            time.sleep(0.05)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        out = job.communicate()[0].decode(errors="replace")
+    return job.returncode, out, seen, pids
+
+
+def test_calibrate_listens_on_loopback_only(tmp_path):
+    rc, out, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "calibrate", "--procs", "2", "--quick",
+                                    "--timeout", "120", "--out", str(tmp_path / "me.json")])
+    assert rc == 0, out[-3000:]
+    assert len(pids) >= 3                   # sapp calibrate and its two spawned ranks were watched
+    assert seen, "the ranks' store was never seen listening"
+    assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
+
+
 def test_missing_node_times_out_in_one_line(tmp_path):
     """Node 0 of a two-node run alone: the rendezvous ends after --rdzv-timeout naming node 1."""
     import socket

@@ -3,6 +3,7 @@ reported to the parent; the quick reference probe."""
 from __future__ import annotations
 
 import queue as _queue
+import os
 import time
 
 from .collectives import _measure_allreduce, _measure_p2p
@@ -25,8 +26,7 @@ def _worker(rank, procs, port, cfg, threads, results):
             torch.cuda.set_device(dev)
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         if procs > 1:
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    rank=rank, world_size=procs)
+            _loopback_group(dist, "nccl" if cuda else "gloo", rank, procs, port)
             dist.barrier()
         local = _measure_local(torch, dev, cfg, sync)
         local["launch"] = _measure_launch(torch, dev, cfg, sync)
@@ -66,13 +66,40 @@ def _worker(rank, procs, port, cfg, threads, results):
         results.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
+def _loopback_group(dist, backend, rank, procs, port):
+    """The process group over loopback only.  `init_method="tcp://127.0.0.1:PORT"` does not do it:
+    torch's TCPStore server listens on every interface whatever address it is given, so rank 0 serves
+    the store on a socket bound to 127.0.0.1 (as `sapp run` does), and gloo's own sockets use the
+    loopback interface."""
+    import socket
+    from datetime import timedelta
+    from ..emit.runtime.launch import bound_listener
+    lo = next((n for _, n in socket.if_nameindex() if n.startswith("lo")), None)
+    if lo:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    timeout = timedelta(seconds=120)
+    if rank == 0:
+        sock = bound_listener("127.0.0.1", port)
+        if sock is None:
+            raise CalibrationError(f"cannot listen on 127.0.0.1:{port} (taken meanwhile); run sapp calibrate again")
+        _LISTENERS.append(sock)             # the store serves on this socket's fd while the group lives
+        store = dist.TCPStore("127.0.0.1", port, procs, True, timeout=timeout, master_listen_fd=sock.fileno())
+    else:
+        store = dist.TCPStore("127.0.0.1", port, procs, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=procs, timeout=timeout)
+
+
+_LISTENERS = []
+
+
 def _probe_worker(rank, procs, port, cfg, threads, results):
     try:
         import torch
         import torch.distributed as dist
         torch.set_num_threads(threads)
         if procs > 1:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=procs)
+            _loopback_group(dist, "gloo", rank, procs, port)
         ref = reference_step_seconds(torch, dist, procs, cfg["min_time"])
         if procs > 1:
             dist.destroy_process_group()
