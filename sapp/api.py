@@ -260,13 +260,39 @@ def _interleaved_rename(pipe, pp, v):
     return out
 
 
+def _blocks_from_split_points(stages, graph):
+    """The stages with their blocks read off `split_before` when none lists any (a hand-written plan
+    may name split points only): `sapp run` splits the model there, so re-scoring must price that
+    split, not the one the search would choose.  Unchanged when blocks are listed, when there is no
+    graph, or when a split point names no module of the graph (the emitter's check says so)."""
+    if not stages or graph is None or any(s.get("blocks") for s in stages):
+        return stages
+    first = {}                      # module -> position of its first op, in forward order
+    for i, n in enumerate(graph.nodes.values()):
+        mod = n.module or ""
+        while mod and mod not in first:
+            first[mod] = i
+            mod = mod.rpartition(".")[0]
+    st = sorted(stages, key=lambda s: s.get("index", 0))
+    at = [first.get(s.get("split_before")) for s in st[:-1]]
+    if None in at or not graph.blocks:
+        return stages
+    out, where = [dict(s, blocks=[]) for s in st], {name: i for i, name in enumerate(graph.nodes)}
+    for b, nodes in graph.blocks.items():
+        pos = where.get(nodes[0]) if nodes else None
+        if pos is None:
+            return stages
+        out[sum(1 for a in at if a <= pos)]["blocks"].append(b)
+    return out
+
+
 def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     """The plan's choices as pins: re-scoring it is a search with exactly one configuration left."""
     par, pipe = plan["parallel"], plan["pipeline"]
     sched = pipe.get("schedule", "none")
     v = pipe.get("virtual_chunks") or 1
     stages = None
-    st = pipe.get("stages") or []
+    st = _blocks_from_split_points(pipe.get("stages") or [], graph)
     if par["pp"] > 1 and st and sched != "interleaved":
         stages = {s["blocks"][0]: s.get("index", 0) for s in st if s.get("blocks")}
     rc = plan["recompute"] or {}

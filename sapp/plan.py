@@ -213,6 +213,11 @@ def _semantic(d):
     if gb is not None and pipe["micro_batches"] > gb:
         raise PlanError(f"pipeline.micro_batches={pipe['micro_batches']} exceeds model.global_batch={gb}; "
                         f"a micro-batch holds at least one sample")
+    mbs, m = pipe.get("micro_batch_size"), pipe["micro_batches"]
+    if gb is not None and mbs is not None and par["dp"] * m * mbs != gb:
+        raise PlanError(f"pipeline.micro_batch_size={mbs} x micro_batches={m} x dp={par['dp']} = {par['dp'] * m * mbs} "
+                        f"samples, but model.global_batch={gb}; set micro_batch_size to {gb // max(1, par['dp'] * m)} "
+                        "or regenerate the plan")
     if pipe.get("schedule") == "interleaved" and par["pp"] > 1 and (pipe.get("virtual_chunks") or 1) < 2:
         raise PlanError("pipeline.virtual_chunks must be >= 2 for the interleaved schedule; set it or use 1f1b")
     stages = pipe.get("stages") or []
@@ -228,6 +233,11 @@ def _semantic(d):
         for i, st in enumerate(stages):
             if st.get("device_stage", 0) >= par["pp"]:
                 raise PlanError(f"pipeline.stages[{i}].device_stage={st['device_stage']} is not a stage of pp={par['pp']}")
+            # the runtime places virtual stage k on pipeline rank k % pp (torch's looped schedules)
+            if "device_stage" in st and st["device_stage"] != st["index"] % par["pp"]:
+                raise PlanError(f"pipeline.stages[{i}] (index {st['index']}) has device_stage={st['device_stage']}, but "
+                                f"stage {st['index']} runs on pipeline rank {st['index'] % par['pp']} (index mod pp); "
+                                "set it or drop the field")
         seen = {}
         for i, st in enumerate(stages):
             for b in st.get("blocks") or []:
