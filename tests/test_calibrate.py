@@ -45,11 +45,18 @@ def test_cluster_from_fabricated_measurements():
     assert c.rng_rate == 1e8
 
 
-def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
-    # One real spawn of 2 gloo workers (~6 s on 2 cores): the only way to know the file is usable.
-    from sapp.cli import main
+def test_calibrate_cli_quick_two_processes(tmp_path):
+    # One real run of `sapp calibrate` spawning 2 gloo workers: the only way to know the file is usable.
+    # Its process tree is watched in the kernel's socket table: every listener on loopback only (torch's
+    # TCPStore server listens on every interface unless handed a bound socket)
+    import sys
+    from tests.test_run_exposure import _watched
     out, raw = tmp_path / "me.json", tmp_path / "raw.json"
-    assert main(["calibrate", "--out", str(out), "--procs", "2", "--quick", "--timeout", "90", "--raw", str(raw)]) == 0
+    rc, said, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "calibrate", "--out", str(out), "--procs", "2",
+                                     "--quick", "--timeout", "120", "--raw", str(raw)])
+    assert rc == 0, said[-3000:]
+    assert len(pids) >= 3 and seen, (pids, seen)        # sapp calibrate and two ranks; the store seen listening
+    assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
     c = Cluster.load(out)
     assert Cluster.parse(str(out)) == c
     assert (c.nodes, c.gpus_per_node) == (1, 2)
@@ -64,7 +71,7 @@ def test_calibrate_cli_quick_two_processes(tmp_path, capsys):
     assert c.intra_bw > 0 and c.intra_latency >= 0
     r = json.loads(raw.read_text())
     assert len(r["ranks"]) == 2 and r["ranks"][0]["backend"] == "gloo"
-    assert "all_reduce" in capsys.readouterr().out
+    assert "all_reduce" in said
 
 
 def test_calibrate_bad_procs():

@@ -26,7 +26,9 @@ def test_config_rewritten_mid_search_caches_the_hashed_bytes(tmp_path, cache_dir
     big = dict(small, num_hidden_layers=small["num_hidden_layers"] + 3, hidden_size=small["hidden_size"] * 2)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(small))
-    want = api.search(str(cfg), CLUSTER, cache=False)["model"]["params"]
+    monkeypatch.setenv("SAPP_CACHE_DIR", "")
+    want = api.capture_spec(str(cfg))[3].param_count()          # the small config, uncached
+    monkeypatch.setenv("SAPP_CACHE_DIR", str(cache_dir.parent))
 
     real = api.resolve_model
 
@@ -34,12 +36,12 @@ def test_config_rewritten_mid_search_caches_the_hashed_bytes(tmp_path, cache_dir
         cfg.write_text(json.dumps(big))          # another process rewrites the file after the key was hashed
         return real(spec, raw)
     monkeypatch.setattr(api, "resolve_model", rewritten_meanwhile)
-    first = api.search(str(cfg), CLUSTER, cache=True)
+    module, _, _, graph, _ = api.capture_spec(str(cfg))
     monkeypatch.setattr(api, "resolve_model", real)
-    assert first["model"]["params"] == want      # built from the bytes it hashed, not the file's new ones
+    assert module is not None and graph.param_count() == want    # built from the bytes it hashed
     cfg.write_text(json.dumps(small))            # the small config again: its key, its graph
-    again = api.search(str(cfg), CLUSTER, cache=True)
-    assert again._timing.get("capture_cached") and again["model"]["params"] == want
+    module, _, _, graph, _ = api.capture_spec(str(cfg))
+    assert module is None and graph.param_count() == want        # a hit, and the right model's
 
 
 def _resign(path, body):

@@ -31,9 +31,8 @@ CASES = {
         "hf-qwen2-eager": ({"hf": "qwen2", "attn": "eager"}, {"dp": 1, "tp": 1})},
     4: {"gpt-dp2-zero1": (GPT, {"dp": 2, "tp": 1, "zero": 1}),
         "gpt-tp2-sp-zero3": (GPT, {"dp": 1, "tp": 2, "sp": True, "zero": 3}),
-        "llama-tp2-sp": ({"zoo": "llama-tiny"}, {"dp": 1, "tp": 2, "sp": True}),
+        # (the zoo Llama's rotary cp runs at 2 ranks; beside tp and pp, HF Llama's stands for it)
         "hf-llama-sdpa-tp2-sp": ({"hf": "llama", "attn": "sdpa"}, {"dp": 1, "tp": 2, "sp": True}),
-        "llama-pp2": ({"zoo": "llama-tiny"}, PP2),
         "hf-llama-sdpa-pp2": ({"hf": "llama", "attn": "sdpa"}, PP2)},
     8: {"hf-llama-sdpa-tp2-sp-pp2": ({"hf": "llama", "attn": "sdpa"}, dict(PP2, tp=2, sp=True))},
 }

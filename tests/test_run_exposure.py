@@ -110,15 +110,6 @@ def _watched(cmd, timeout_s=240):
     return job.returncode, out, seen, pids
 
 
-def test_calibrate_listens_on_loopback_only(tmp_path):
-    rc, out, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "calibrate", "--procs", "2", "--quick",
-                                    "--timeout", "120", "--out", str(tmp_path / "me.json")])
-    assert rc == 0, out[-3000:]
-    assert len(pids) >= 3                   # sapp calibrate and its two spawned ranks were watched
-    assert seen, "the ranks' store was never seen listening"
-    assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
-
-
 def test_missing_node_times_out_in_one_line(tmp_path):
     """Node 0 of a two-node run alone: the rendezvous ends after --rdzv-timeout naming node 1."""
     import socket
