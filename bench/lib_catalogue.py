@@ -90,7 +90,8 @@ def report(rows) -> str:
                      f" | {100 * n['equal'] / len(rs):.0f}% |" if rs else f"| {col} | 0 |")
     lines += ["", f"plans sapp search wrote that the run refused at its pre-step checks: "
                   f"{totals['run refused a searched plan']}",
-              f"silently wrong rows (losses differ with no error, float64-confirmed): {totals['silently wrong']}",
+              f"silently wrong rows (losses differ from one process, float64-confirmed, or a replicated weight "
+              f"drifts between ranks, with no error): {totals['silently wrong']}",
               "", "| column | failure class | count | e.g. |", "|---|---|---|---|"]
     for col in H.COLUMNS:
         by = {}
