@@ -5,10 +5,14 @@ one process.  One family per library: x-transformers' Llama-style decoder (rotar
 vit-pytorch's ViT, tab-transformer-pytorch's FT-Transformer (two inputs: categories and numbers),
 perceiver-pytorch's PerceiverIO LM (cross-attention into latents) and performer-pytorch's causal FAVOR+
 LM (a buffer-held random projection)."""
+import importlib.util
+
 import pytest
 
+# installed, not imported: vit_pytorch's own __init__ needs torchvision (lib_models.py enters it without)
 for _lib in ("x_transformers", "vit_pytorch", "tab_transformer_pytorch", "perceiver_pytorch", "performer_pytorch"):
-    pytest.importorskip(_lib)
+    if importlib.util.find_spec(_lib) is None:
+        pytest.skip(f"{_lib} is not installed (the probe extra)", allow_module_level=True)
 
 from bench import hf_catalogue as H  # noqa: E402
 from bench import lib_catalogue as B  # noqa: E402
