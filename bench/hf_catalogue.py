@@ -22,6 +22,7 @@ prints each column's share and every class with its count."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -42,6 +43,13 @@ EMIT = ("dp2", "pp2", "tp2", "tp2+sp")
 COLUMNS = ("cheap",) + EMIT
 DEFAULT_OUT = os.path.join(ROOT, "bench", "hf_catalogue.jsonl")
 STEPS, BATCH = 3, 8
+# where the cases come from: a module with catalogue(), build(), batch(), skip_reason() and the kind
+# prefix tests/emit_workers/hf_models.py hands to it (bench/lib_catalogue.py points both elsewhere)
+MODELS, PREFIX = "tests.emit_workers.hf_catalogue_models", "cat:"
+
+
+def _models():
+    return importlib.import_module(MODELS)
 
 
 def _line(e: BaseException) -> str:
@@ -107,10 +115,10 @@ def classify(phase: str, reason: str) -> str:
 def case_cheap(arch: str, tmp: str, free: bool = True) -> dict:
     """Build, capture, unknown ops, the free search (unless `free` is False) and the pinned tp2 search."""
     from sapp.api import capture_graph, search
-    from tests.emit_workers import hf_catalogue_models as C
     from tests.emit_workers import hf_plans
-    kind = "cat:" + arch
-    row = {"task": C.catalogue()[arch][0], "class": C.catalogue()[arch][1]}
+    C = _models()
+    kind = PREFIX + arch
+    row = dict(zip(getattr(C, "ROW_KEYS", ("task", "class")), C.catalogue()[arch]))
     t = time.process_time()
     try:
         why = C.skip_reason(kind)
@@ -165,7 +173,7 @@ def case_cheap(arch: str, tmp: str, free: bool = True) -> dict:
 
 def _eager_fails(kind) -> str | None:
     """One line when the tiny model's own forward + loss fails on CPU (None: it runs)."""
-    from tests.emit_workers import hf_catalogue_models as C
+    C = _models()
     try:
         model, loss_fn = C.build(kind)
         x, y = C.batch(kind, 2, 0)
@@ -177,7 +185,7 @@ def _eager_fails(kind) -> str | None:
 
 def case_emit(arch: str, config: str, tmp: str) -> dict:
     from tests.emit_workers import hf_harness, hf_plans
-    kind = "cat:" + arch
+    kind = PREFIX + arch
     t0 = time.perf_counter()
     try:
         path = hf_plans.search_plan(kind, config, os.path.join(tmp, f"{config}.json"))

@@ -81,8 +81,9 @@ def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None
     from ..models.hf import eager_masks
     from .devices import meta_as_training_device
     from .retry import example_values
+    from .state import kept
     try:
-        with eager_masks(model, example_inputs, kwargs), meta_as_training_device(), \
+        with kept(root), eager_masks(model, example_inputs, kwargs), meta_as_training_device(), \
                 example_values(given, {"target": target} if with_loss else {}):
             return _capture_traced(root, model, spec, example_inputs, kwargs, strip, batch, gname, fast, method)
     except CaptureError:

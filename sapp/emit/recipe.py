@@ -13,7 +13,7 @@ from .cp.program import CPProgram
 from .runtime.dist import rank_world
 from .runtime.program import Program, _resolve_loss, _tuple
 from .steps import (context_parallel, data_parallel, expert_parallel, host_placement, optimizers, pipeline,
-                    recomputation, sparse_tables, tensor_parallel)
+                    recomputation, same_start, sparse_tables, tensor_parallel)
 
 
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
@@ -38,6 +38,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     b = build_mod.start(model, plan, rank, world, device, lr=lr, optimizer=optimizer, grad_sync=grad_sync,
                         allow_mismatch=allow_mismatch, example=example_inputs, audit=audit)
     loss = _resolve_loss(model, loss_fn)
+    same_start.apply(b)                 # rank 0's weights everywhere, before anything is split
     context_parallel.apply(b)           # whole model, before any trace: stages run the cp attention
     pipeline.split(b)                   # this rank's stages (traced copies); the model itself without pp
     for s in b.mine:                    # each stage, in this order:

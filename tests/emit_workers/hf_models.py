@@ -138,6 +138,9 @@ def build(kind: str, seed: int = 0, device="cpu"):
     if kind.startswith("cat:"):        # a catalogue architecture (bench/hf_catalogue.py)
         from tests.emit_workers import hf_catalogue_models
         return hf_catalogue_models.build(kind, seed, device)
+    if kind.startswith("lib:"):        # another library's model (bench/lib_catalogue.py)
+        from tests.emit_workers import lib_models
+        return lib_models.build(kind, seed, device)
     torch.manual_seed(seed)
     with torch.device(device):
         m = _make(kind)
@@ -149,6 +152,9 @@ def batch(kind: str, b: int, step: int):
     if kind.startswith("cat:"):
         from tests.emit_workers import hf_catalogue_models
         return hf_catalogue_models.batch(kind, b, step)
+    if kind.startswith("lib:"):
+        from tests.emit_workers import lib_models
+        return lib_models.batch(kind, b, step)
     g = torch.Generator().manual_seed(2000 + step)
     if kind == "vit":
         return (torch.randn(b, 3, 16, 16, generator=g),), torch.randint(0, 10, (b,), generator=g)

@@ -1,0 +1,151 @@
+"""Model code nobody here wrote, from popular PyTorch libraries other than transformers: x-transformers,
+vit-pytorch, tab-transformer-pytorch, perceiver-pytorch and performer-pytorch, each model family built
+tiny (tests/emit_workers/lib_models.py, the `probe` extra), run exactly as bench/hf_catalogue.py runs
+the transformers catalogue (its machinery: a forked child per (case, column) from one parent, its own
+process group killed at --timeout, named failure classes, a float64 re-run judging any row over the
+float32 bar at 1e-9, resumable JSONL):
+
+  cheap   capture with its loss, the unknown ops, a free search, a pinned tp2 search that shards;
+  dp2 / pp2 / tp2 / tp2+sp
+          sapp's own plan for that layout (sapp search, degrees pinned) trained 3 Adam steps on 2 gloo
+          ranks through emit -- the entry `sapp run` steps with, its pre-step checks included -- against
+          one process.
+
+Each emission row is one outcome: equal; refused by the search (one line, no plan written); refused by
+the run's pre-step checks although the search wrote the plan (must be 0: the search runs those checks
+itself, sapp/runnable.py); failed (an error in a step, a timeout); silently wrong (losses differ with
+no error, confirmed in float64).
+
+    python -m bench.lib_catalogue [--out FILE.jsonl] [--columns cheap,dp2,pp2,tp2,tp2+sp] [--only a,b]
+                                  [--timeout 300] [--workers 1] [--f64 differ|all]
+    python -m bench.lib_catalogue --report [--out FILE.jsonl]"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import hf_catalogue as H  # noqa: E402
+
+DEFAULT_OUT = os.path.join(ROOT, "bench", "lib_catalogue.jsonl")
+OUTCOMES = ("equal", "refused by search", "run refused a searched plan", "failed", "silently wrong")
+SILENT = ("losses differ silently", "replicated parameter drifts between ranks silently")
+
+
+def use_library_models():
+    """Point the catalogue's machinery at the library cases (forked children inherit it)."""
+    H.MODELS, H.PREFIX = "tests.emit_workers.lib_models", "lib:"
+
+
+def outcome(r: dict) -> str:
+    """The one outcome of an emission row (OUTCOMES)."""
+    if r["ok"]:
+        return "equal"
+    if r.get("phase") == "search":
+        # a SappError is the search's one-line refusal; anything else escaped it
+        return "refused by search" if r["reason"].split(":")[0] in _sapp_errors() else "failed"
+    if r.get("phase") == "emit":
+        return "run refused a searched plan"
+    if r.get("phase") == "compare" and H.failure(r) in SILENT:
+        return "silently wrong"
+    return "failed"
+
+
+def _sapp_errors() -> set:
+    from sapp import errors
+    return {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.SappError)}
+
+
+def report(rows) -> str:
+    from tests.emit_workers import lib_models as L
+    last = {}
+    for r in rows:
+        last[(r["arch"], r["column"])] = r
+    cases = [c for c in L.CASES if any(k[0] == c for k in last)]
+    cols = [c for c in H.EMIT if any(k[1] == c for k in last)]
+    lines = [f"cases: {len(cases)} of {len(L.CASES)} over {len({L.CASES[c][0] for c in cases})} libraries", "",
+             "| library | case | family | cheap | " + " | ".join(cols) + " |",
+             "|---|---|---|---|" + "---|" * len(cols)]
+    short = {"equal": "equal", "refused by search": "refused (search)", "run refused a searched plan":
+             "REFUSED AT RUN", "failed": "failed", "silently wrong": "SILENTLY WRONG"}
+    for c in cases:
+        ch = last.get((c, "cheap"))
+        cheap = "-" if ch is None else "ok" if ch["ok"] else H.failure(ch)
+        cells = []
+        for col in cols:
+            r = last.get((c, col))
+            cells.append("-" if r is None else short[outcome(r)] + ("" if r["ok"] else f" ({H.failure(r)})"))
+        lines.append(f"| {L.CASES[c][0]} | {c} | {L.CASES[c][1]} | {cheap} | " + " | ".join(cells) + " |")
+    lines += ["", "| column | run | " + " | ".join(OUTCOMES) + " | equal share |", "|---|---|" + "---|" * 6]
+    totals = dict.fromkeys(OUTCOMES, 0)
+    for col in cols:
+        rs = [r for (a, k), r in last.items() if k == col]
+        n = {o: sum(1 for r in rs if outcome(r) == o) for o in OUTCOMES}
+        for o in OUTCOMES:
+            totals[o] += n[o]
+        lines.append(f"| {col} | {len(rs)} | " + " | ".join(str(n[o]) for o in OUTCOMES) +
+                     f" | {100 * n['equal'] / len(rs):.0f}% |" if rs else f"| {col} | 0 |")
+    lines += ["", f"plans sapp search wrote that the run refused at its pre-step checks: "
+                  f"{totals['run refused a searched plan']}",
+              f"silently wrong rows (losses differ from one process, float64-confirmed, or a replicated weight "
+              f"drifts between ranks, with no error): {totals['silently wrong']}",
+              "", "| column | failure class | count | e.g. |", "|---|---|---|---|"]
+    for col in H.COLUMNS:
+        by = {}
+        for (a, k), r in sorted(last.items()):
+            if k == col and not r["ok"]:
+                for f in H.failure(r).split("; "):
+                    by.setdefault(f, []).append(r)
+        for f, v in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lines.append(f"| {col} | {f} | {len(v)} | {v[0]['arch']}: {v[0]['reason'][:110]} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.lib_catalogue")
+    p.add_argument("--out", default=DEFAULT_OUT, help="JSONL results (appended; done cases are skipped)")
+    p.add_argument("--columns", default=",".join(H.COLUMNS))
+    p.add_argument("--only", help="comma-separated case names")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--f64", choices=("differ", "all"), default=H.F64,
+                   help="re-run in float64 (judged at 1e-9) only the rows over the float32 bar, or every row")
+    p.add_argument("--report", action="store_true", help="print the table of --out and exit")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    use_library_models()
+    H.F64 = a.f64
+    from tests.emit_workers import lib_models as L
+    if a.report:
+        print(report(H.load(a.out)))
+        return 0
+    cases = list(L.CASES)
+    if a.only:
+        want = a.only.split(",")
+        bad = [w for w in want if w not in cases]
+        if bad:
+            p.error(f"not in the probe set: {', '.join(bad)}; one of {', '.join(cases)}")
+        cases = want
+    cols = tuple(c for c in a.columns.split(",") if c)
+    bad = [c for c in cols if c not in H.COLUMNS]
+    if bad:
+        p.error(f"unknown column {bad[0]!r}: one of {', '.join(H.COLUMNS)}")
+    # imported once in the parent, shared by every forked case
+    import sapp.api  # noqa: F401
+    import sapp.emit  # noqa: F401
+    import sapp.search.joint  # noqa: F401
+    from tests.emit_workers import hf_harness, hf_plans  # noqa: F401
+    for c in cases:                        # the libraries too (their import is most of a case's start)
+        if L.skip_reason(c) is None:
+            L.build(c, device="meta")
+    H.run(cases, cols, a.out, a.timeout, a.workers, log=lambda s: print(s, flush=True))
+    print(report(H.load(a.out)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
