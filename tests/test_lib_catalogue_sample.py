@@ -17,7 +17,7 @@ for _lib in ("x_transformers", "vit_pytorch", "tab_transformer_pytorch", "percei
 from bench import hf_catalogue as H  # noqa: E402
 from bench import lib_catalogue as B  # noqa: E402
 
-SAMPLE = (("xt_llama", "dp2"), ("xt_llama", "pp2"), ("vit", "pp2"), ("ft_transformer", "pp2"),
+SAMPLE = (("xt_llama", "pp2"), ("vit", "pp2"), ("ft_transformer", "pp2"),
           ("perceiver_lm", "pp2"), ("performer_lm", "dp2"))
 
 
