@@ -1,7 +1,7 @@
 """Plan -> running torch.distributed training program.
 
     sapp.emit.runtime.dist.init()                # from the torchrun environment (gloo / nccl, 20 s timeout)
-    torch.manual_seed(0); model = sapp.models.get("gpt-tiny", device="cpu")   # same weights on every rank
+    torch.manual_seed(0); model = sapp.models.get("gpt-tiny", device="cpu")   # rank 0's weights are used
     prog = sapp.emit.emit(model, plan, lr=1e-3, example_inputs=x)
     for x, y in batches:                         # global batches, identical on every rank
         loss = prog.step(*prog.shard(x, y))      # this rank's dp shard in, global mean loss out
@@ -9,6 +9,8 @@
 `emit` (recipe.py) is a recipe: checks first (checks/before.py: a plan sapp cannot run as priced is
 refused before anything is built), then one step per plan feature, each a function in steps/ sharing
 one `Build` (build.py), in this order:
+  same_start        every parameter and buffer broadcast from rank 0 (a model whose __init__ draws
+                    from Python's random built other weights on each rank)
   context_parallel  the attention rewritten for a token shard -- before the trace, so stages keep it
   pipeline.split    this rank's stages, traced copies (the model itself without a pipeline)
   per stage: host_placement (device / CPU tables) -> recomputation (checkpoint wrappers around plain

@@ -19,8 +19,8 @@ from .steps import (context_parallel, data_parallel, expert_parallel, host_place
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
          optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
          grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
-    """Turn `plan` into this rank's training program for `model` (identically initialised on every
-    rank, e.g. built after the same torch.manual_seed).  The process group must be initialised when the
+    """Turn `plan` into this rank's training program for `model` (built on every rank; every rank
+    starts from rank 0's parameters and buffers, steps/same_start.py).  The process group must be initialised when the
     plan has more than one device (sapp.emit.runtime.dist.init() does it from the torchrun environment).
 
     loss_fn(logits, targets): the loss, called on `logits_of(model output)` (an HF output's .logits),
