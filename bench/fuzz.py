@@ -2,7 +2,8 @@
 
 Generates plans (valid ones from `sapp.search`, then mutated: fields deleted, retyped, set to junk, the
 JSON text cut or corrupted), cluster specs, dicts and files, constraints, search arguments and whole
-`sapp` command lines, and feeds each to every entry point that takes it: Plan load, evaluate,
+`sapp` command lines, and (fuzz_surfaces.py, SURFACE_SHARE of the inputs) engine files, HF configs, data
+files, re-sealed checkpoints and re-signed capture-cache entries, and feeds each to every entry point that takes it: Plan load, evaluate,
 explain, diff, plot, run's pre-checks, search, Cluster.parse/load, Constraints and the CLI.  Each
 input must end in success or a SappError whose message is one non-empty line, within TIMEOUT_S
 seconds and MEMORY_LIMIT bytes of address space (a MemoryError counts as a blow-up).  Prints the
@@ -32,6 +33,7 @@ from . import fuzz_hostile as hostile
 TIMEOUT_S = 20.0           # CPU seconds (ITIMER_PROF): the bound must not depend on how loaded the box is
 WALL_TIMEOUT_S = 300.0     # wall seconds: an open() blocked on a FIFO uses no CPU time at all
 HOSTILE_SHARE = 0.3        # inputs drawn from bench/fuzz_hostile.py's classes
+SURFACE_SHARE = 0.32       # engine files, HF configs, data files, checkpoints, cache entries (fuzz_surfaces.py)
 MEMORY_LIMIT = 6 << 30
 SMALL_MODELS = ("gpt-tiny", "mlp-tiny", "bert-tiny")
 
@@ -228,6 +230,8 @@ class Fuzzer:
         self.cluster_base = self.seeds[0]["cluster"]
         self.files = self._files()
         self.special = hostile.special_paths(self.tmp)
+        from .fuzz_surfaces import Surfaces
+        self.surfaces = Surfaces(rng, self.tmp, tiny, mutate)
         self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
                        "bad_message": 0, "clean_exit": 0, "nonsense": 0}
         self.by_kind = {}
@@ -340,6 +344,8 @@ class Fuzzer:
     # -- one generated input --
     def one(self):
         rng = self.rng
+        if rng.random() < SURFACE_SHARE:
+            return self.surfaces.one()
         if rng.random() < HOSTILE_SHARE:
             return self.one_hostile()
         r = rng.random()
@@ -469,7 +475,10 @@ class Fuzzer:
 
 def _describe(call):
     d = call.__defaults__ or ()
-    return repr(d[0] if len(d) == 1 else d)[:300]
+    try:
+        return repr(d[0] if len(d) == 1 else d)[:300]
+    except RecursionError:                   # an input nested past repr's depth
+        return "<an input nested too deeply to print>"
 
 
 def install_limits():

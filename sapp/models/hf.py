@@ -73,6 +73,8 @@ SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "inter
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len")
 ZERO_OK = ("head_dim", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
            "num_labels")            # 0: derived from the others, or no experts
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers")
+MAX_LAYERS = 1 << 12      # the deepest published models have ~200; a million layers takes hours to build
 MAX_SIZE = 1 << 24
 MAX_CONTEXT = 1 << 20
 
@@ -87,7 +89,7 @@ def check_sizes(path: str, cfg: dict) -> None:
         v = cfg.get(key)
         if v is None:
             continue
-        top = MAX_CONTEXT if key in CONTEXT_FIELDS else MAX_SIZE
+        top = MAX_CONTEXT if key in CONTEXT_FIELDS else MAX_LAYERS if key in LAYER_FIELDS else MAX_SIZE
         low = 0 if key in ZERO_OK else 1
         # per-stage / per-tower sizes are lists or objects of sizes (Swin's heads, LXMERT's layers)
         leaves = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else [v]

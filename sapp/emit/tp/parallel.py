@@ -81,9 +81,11 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
     # torch's Colwise/RowwiseParallel, subclassed to also split HF's Conv1D on its [in, out] layout
     ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's class names
     plan = {}
+    # a weight is tied when two module objects hold it; one module reachable by two paths (Performer
+    # keeps its layers under `net` and under `proj_updater.instance` too) is one module, sharded once
     owners = {}
     for n, p in module.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(p), set()).add(n.rpartition(".")[0])
+        owners.setdefault(id(p), set()).add(id(module.get_submodule(n.rpartition(".")[0])))
     for group in groups:
         here = [n for n in group if n in mods and n in styles]
         if not here:

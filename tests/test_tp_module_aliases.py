@@ -1,0 +1,50 @@
+"""A module reachable by two paths is one module: performer-pytorch keeps its layers under `net` and
+again under `proj_updater.instance`, and the emitter called every weight there "tied" and ran the
+searched tp regions replicated, so `sapp run` refused every tp2 plan the search wrote for a Performer.
+Two module objects sharing one weight are still a tie, and their region still runs replicated."""
+from torch import nn
+
+from sapp.emit.tp import parallel
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.w2(self.w1(x).relu())
+
+
+class Aliased(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.ModuleList([MLP()])
+
+        class Holder(nn.Module):
+            pass
+        self.updater = Holder()
+        self.updater.instance = self.net          # the same layers again, under another path
+
+
+STYLES = {"net.0.w1": "colwise", "net.0.w2": "rowwise"}
+GROUPS = [["net.0.w1", "net.0.w2"]]
+
+
+def _derived(model):
+    notes = []
+    plan = parallel._derived_styles(model, dict(model.named_modules()), STYLES, GROUPS, None, notes, dry=True)
+    return plan, notes
+
+
+def test_one_module_under_two_paths_is_sharded():
+    plan, notes = _derived(Aliased())
+    assert plan == STYLES and not notes
+
+
+def test_two_modules_sharing_a_weight_still_run_replicated():
+    m = Aliased()
+    m.other = nn.Linear(8, 32)
+    m.other.weight = m.net[0].w1.weight            # a real tie: another module object holds the weight
+    plan, notes = _derived(m)
+    assert plan == {} and "tied to another module" in notes[0]
