@@ -135,12 +135,13 @@ class Surfaces:
         part = self.rng.choice(["nodes", "params", "blocks", "meta", "outputs", "batch_size", "all"])
         if part == "all":
             d = self.mutate(self.rng, d)
-        elif part == "nodes" and g["nodes"]:
+        elif part == "nodes" and isinstance(g, dict) and g.get("nodes"):
             i = self.rng.randrange(len(g["nodes"]))
-            g["nodes"][i] = self.mutate(self.rng, {"row": g["nodes"][i]}).get("row") if self.rng.random() < 0.9 else None
+            edited = self.mutate(self.rng, {"row": g["nodes"][i]})      # (junk itself when nothing is left)
+            g["nodes"][i] = edited.get("row") if isinstance(edited, dict) and self.rng.random() < 0.9 else edited
         else:
             d["graph"] = self.mutate(self.rng, g)
-        new = json.dumps(d).encode()
+        new = json.dumps(d).encode() if not isinstance(d, bytes) else d
         h = json.loads(head)
         h.update(bytes=len(new), sha256=hashlib.sha256(new).hexdigest())
         return json.dumps(h).encode() + b"\n" + new

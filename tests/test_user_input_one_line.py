@@ -21,6 +21,8 @@ HF = os.path.join(os.path.dirname(__file__), "data", "llama.json")
     ({"vocab_size": "1000"}, "vocab_size must be an integer from 1 to 16777216, got str"),
     ({"max_position_embeddings": 10 ** 9}, "max_position_embeddings must be an integer from 1 to 1048576 (the sequence"),
     ({"num_hidden_layers": True}, "num_hidden_layers must be an integer"),
+    ({"num_hidden_layers": 10 ** 6}, "num_hidden_layers must be an integer from 1 to 4096"),
+    ({"architectures": [{"a": 1}]}, "architectures must be a list of class names"),
 ])
 def test_hf_config_sizes_are_checked(tmp_path, capsys, edit, words):
     cfg = tmp_path / "config.json"

@@ -85,6 +85,10 @@ def check_sizes(path: str, cfg: dict) -> None:
     mt = cfg.get("model_type")
     if not isinstance(mt, str) or not mt.strip():
         raise HFConfigError(f"HF config {path}: model_type must be a name such as \"llama\", got {type(mt).__name__}")
+    arch = cfg.get("architectures")
+    if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise HFConfigError(f"HF config {path}: architectures must be a list of class names such as "
+                            f"[\"LlamaForCausalLM\"], got {type(arch).__name__}")
     for key in SIZE_FIELDS + CONTEXT_FIELDS:
         v = cfg.get(key)
         if v is None:
