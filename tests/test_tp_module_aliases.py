@@ -48,3 +48,38 @@ def test_two_modules_sharing_a_weight_still_run_replicated():
     m.other.weight = m.net[0].w1.weight            # a real tie: another module object holds the weight
     plan, notes = _derived(m)
     assert plan == {} and "tied to another module" in notes[0]
+
+
+class Stack(nn.Module):
+    """Two blocks, registered again under a second path that forward reads (Performer's
+    proj_updater.instance): torch.export's split needs one parent per module."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([MLP(), MLP()])
+
+        class Updater(nn.Module):
+            pass
+        self.updater = Updater()
+        self.updater.instance = self.layers
+
+    def forward(self, x):
+        for layer in self.updater.instance if self.training else self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_a_pipeline_splits_a_model_with_aliased_modules_and_leaves_it_as_it_was():
+    import torch
+    from sapp.emit.pp import pipe
+    torch.manual_seed(0)
+    m = Stack()
+    before = [(n, id(mod)) for n, mod in m.named_modules(remove_duplicate=False)]
+    x = torch.randn(4, 8)
+    want = m(x)
+    split = pipe.trace(m, (x,), ["layers.1"])
+    assert split.num_stages == 2
+    got = split.split_gm.submod_pp_1(split.split_gm.submod_pp_0(x))
+    assert torch.allclose(got, want)
+    assert [(n, id(mod)) for n, mod in m.named_modules(remove_duplicate=False)] == before
+    assert m.updater.instance is m.layers and "instance" in m.updater._modules

@@ -31,3 +31,35 @@ def kept(root):
             for k in [k for k, v in now.items() if isinstance(v, torch.Tensor) and k not in attrs]:
                 del now[k]
             now.update(attrs)
+
+
+@contextlib.contextmanager
+def aliases_hidden(root):
+    """A module registered under a second path is, for the trace, an attribute only.  performer-pytorch
+    keeps its layers under `net` and again under `proj_updater.instance`; torch.export's module
+    hierarchy and the pipeline split need every module to have one parent ("Child module 'norm' is not
+    a descendant of parent module ...").  The first path (named_modules' order, the name sapp gives the
+    module everywhere) stays registered; forward still reaches the alias as a plain attribute; every
+    parent's registrations come back as they were, in their order."""
+    seen, hidden = {id(root)}, []
+
+    def walk(m):
+        for name, child in list(m._modules.items()):
+            if child is None:
+                continue
+            if id(child) in seen:
+                hidden.append((m, name, child, dict(m._modules)))
+            else:
+                seen.add(id(child))
+                walk(child)
+    walk(root)
+    for m, name, child, _ in hidden:
+        del m._modules[name]
+        object.__setattr__(m, name, child)           # an attribute, not a registration
+    try:
+        yield
+    finally:
+        for m, name, child, registered in reversed(hidden):
+            vars(m).pop(name, None)
+            m._modules.clear()
+            m._modules.update(registered)

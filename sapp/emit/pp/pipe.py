@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...errors import PlanError
+from ...capture.state import aliases_hidden
 from ...models.hf import eager_masks
 from . import graph_fix
 from ..checks import preflight
@@ -67,7 +68,7 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
         # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
-        with eager_masks(model, example_mb):
+        with eager_masks(model, example_mb), aliases_hidden(model):
             names = frozenset(n for n, _ in model.named_modules())
             pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
