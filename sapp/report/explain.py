@@ -200,7 +200,13 @@ def explain(plan) -> str:
         out.append("Next-best alternatives (predicted)")
         for i, alt in enumerate(alts[:5], 1):
             out.append(_alt_line(i, alt, step))
-    unknown = (opt(plan, "model", {}).get("meta") or {}).get("unknown_ops") or []
+    meta = opt(plan, "model", {}).get("meta")
+    unknown = (meta.get("unknown_ops") if isinstance(meta, dict) else None) or []
+    # model.meta is free-form in the schema: a hand-edited list of anything is shown only where it has
+    # the shape capture writes
+    unknown = [u for u in (unknown if isinstance(unknown, list) else []) if isinstance(u, dict)
+               and isinstance(u.get("op"), str) and isinstance(u.get("count"), int)
+               and all(isinstance(u.get(k), (int, float)) for k in ("flops_share", "bytes_share"))]
     if unknown:
         out.append("")
         out.append("Ops capture does not know (priced at 1 FLOP per output element, split only along the batch)")
