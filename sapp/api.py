@@ -187,6 +187,9 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
                             dropout_noise=not cl.fused_dropout)
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
+    if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing
+        from .placement.groups import parse_pins
+        parse_pins(cons.placement, graph, None)
     t0 = time.perf_counter()
 
     def run(skip):

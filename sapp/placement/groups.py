@@ -102,9 +102,10 @@ class Pins:
     optimizer: str | None  # "host" | "device" | None
 
 
-def parse_pins(pins, graph, stage: StageParams) -> Pins:
+def parse_pins(pins, graph, stage: StageParams | None) -> Pins:
     """Check pins against the whole graph (a pattern may name another stage's tables) and resolve
-    them for this stage's tables."""
+    them for this stage's tables (`stage` None: the check alone, which the search runs once before
+    pricing any candidate)."""
     if not pins:
         return Pins({}, None)
     if not isinstance(pins, dict):
@@ -112,7 +113,7 @@ def parse_pins(pins, graph, stage: StageParams) -> Pins:
                               f"got {type(pins).__name__}")
     opt, tables = None, {}
     all_params = sorted(p for p, i in graph.params.items() if i.trainable)
-    stage_tables = {t.name for t in stage.tables}
+    stage_tables = {t.name for t in stage.tables} if stage is not None else set()
     for pattern in sorted(pins):
         where = pins[pattern]
         if where not in PLACES:
