@@ -151,7 +151,11 @@ def emittable(graph, choice: dict, tp: int):
     for r in rs:
         if not r.why:
             continue
-        if len(r.openers) == 1 and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None:
+        n_dim = next((d for d in graph.nodes[r.openers[0]].dims if d.name == "n"), None)
+        # a lone column split needs its output width to divide evenly: FT-Transformer's 1-wide head
+        # split 2 ways left one rank no row, and its gradient came back replicated (Adam's lerp_ refused)
+        if (len(r.openers) == 1 and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None
+                and n_dim is not None and n_dim.splittable and n_dim.size % tp == 0):
             out[r.openers[0]] = "n"             # e.g. the LM head: column split, output gathered
             used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
         else:
