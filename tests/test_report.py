@@ -35,12 +35,14 @@ def make_plan(dp=2, tp=2, pp=4, m=8, schedule="1f1b", recompute="none", zero=0, 
     step = (m + pp - 1) * 3.1 * fwd
     d = {
         "schema": "sapp.plan/1",
-        "model": {"name": "gpt-test", "fingerprint": "abc123", "params": 1.3e9, "global_batch": 64},
+        "model": {"name": "gpt-test", "fingerprint": "abc123", "params": 1.3e9,
+                  # 64 samples, or one a micro-batch when dp x m is more (a batch the fields make up)
+                  "global_batch": dp * m * max(1, 64 // (dp * m))},
         "cluster": cl.to_dict(), "devices": dp * tp * pp, "parallel": {"dp": dp, "tp": tp, "pp": pp},
         "mesh": {"levels": [{"size": 2, "link": "intra"}, {"size": 2, "link": "intra"}]},
         "operators": operators,
         "tp_modules": {f"layers.{i}.mlp.fc1": "colwise" for i in range(2 * pp)} if tp > 1 else {},
-        "pipeline": {"schedule": schedule, "micro_batches": m, "micro_batch_size": 64 // (dp * m) or 1,
+        "pipeline": {"schedule": schedule, "micro_batches": m, "micro_batch_size": max(1, 64 // (dp * m)),
                      "virtual_chunks": v, "stages": stages},
         "recompute": {"default": recompute, "blocks": {}},
         "zero": zero,

@@ -68,9 +68,19 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
         # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
-        with eager_masks(model, example_mb), aliases_hidden(model):
+        with eager_masks(model, example_mb):
             names = frozenset(n for n, _ in model.named_modules())
-            pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
+            try:
+                pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
+            except Exception as first:      # noqa: BLE001 - retried once, or re-raised as it was
+                if "is not a descendant of parent module" not in str(_innermost(first)):
+                    raise
+                # a module registered under a second path (Performer's proj_updater.instance) gives it
+                # two parents; traced again with the second registration an attribute only.  Tried
+                # second: a leaf shared by design (OpenAI GPT's one activation) splits as it is
+                with aliases_hidden(model):
+                    pipe = Pipe.from_tracing(model, example_mb,
+                                             split_policy=functools.partial(graph_fix.prepare, names=names))
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         from ...capture.retry import data_dependent
         if data_dependent(_innermost(e)):
