@@ -437,6 +437,27 @@ def sample(archs, pool_files, n: int, seed: int) -> list:
     return random.Random(seed).sample(sorted(pool & set(archs)), n)
 
 
+def chosen(parser, names: list, only, refusal: str) -> list:
+    """`names`, or the comma-separated `only` of them (argparse's error, `refusal` formatted with the
+    unknown ones, for any other)."""
+    if not only:
+        return names
+    want = only.split(",")
+    bad = [w for w in want if w not in names]
+    if bad:
+        parser.error(refusal.format(bad=", ".join(bad), names=", ".join(names)))
+    return want
+
+
+def columns(parser, text: str) -> tuple:
+    """The comma-separated columns of `text` (argparse's error for an unknown one)."""
+    cols = tuple(c for c in text.split(",") if c)
+    bad = [c for c in cols if c not in COLUMNS]
+    if bad:
+        parser.error(f"unknown column {bad[0]!r}: one of {', '.join(COLUMNS)}")
+    return cols
+
+
 def main(argv=None) -> int:
     global F64
     p = argparse.ArgumentParser(prog="python -m bench.hf_catalogue")
@@ -469,17 +490,8 @@ def main(argv=None) -> int:
         drawn = sample(archs, (a.pool or a.out).split(","), a.sample, a.seed)
         print("sample:", ",".join(drawn), flush=True)
         a.only = ",".join(drawn + [w for w in (a.only or "").split(",") if w and w not in drawn])
-    if a.only:
-        want = a.only.split(",")
-        bad = [w for w in want if w not in archs]
-        if bad:
-            p.error(f"not in the catalogue: {', '.join(bad)}")
-        archs = want
-    archs = archs[i::n]
-    cols = tuple(c for c in a.columns.split(",") if c)
-    bad = [c for c in cols if c not in COLUMNS]
-    if bad:
-        p.error(f"unknown column {bad[0]!r}: one of {', '.join(COLUMNS)}")
+    archs = chosen(p, archs, a.only, "not in the catalogue: {bad}")[i::n]
+    cols = columns(p, a.columns)
     # imported once in the parent, shared by every forked case
     import sapp.api  # noqa: F401
     import sapp.capture  # noqa: F401

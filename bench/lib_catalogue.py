@@ -123,17 +123,8 @@ def main(argv=None) -> int:
     if a.report:
         print(report(H.load(a.out)))
         return 0
-    cases = list(L.CASES)
-    if a.only:
-        want = a.only.split(",")
-        bad = [w for w in want if w not in cases]
-        if bad:
-            p.error(f"not in the probe set: {', '.join(bad)}; one of {', '.join(cases)}")
-        cases = want
-    cols = tuple(c for c in a.columns.split(",") if c)
-    bad = [c for c in cols if c not in H.COLUMNS]
-    if bad:
-        p.error(f"unknown column {bad[0]!r}: one of {', '.join(H.COLUMNS)}")
+    cases = H.chosen(p, list(L.CASES), a.only, "not in the probe set: {bad}; one of {names}")
+    cols = H.columns(p, a.columns)
     # imported once in the parent, shared by every forked case
     import sapp.api  # noqa: F401
     import sapp.emit  # noqa: F401

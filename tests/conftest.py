@@ -1,7 +1,16 @@
-"""Suite-wide settings."""
+"""Suite-wide settings and shared fixtures."""
 import os
 
+import pytest
+
 # The capture cache (sapp/capture/cache.py) is off for the suite, its subprocesses included: each test
-# captures what it asks for and nothing lands in the user's ~/.cache.  tests/test_capture_cache.py
-# turns it on in a temporary folder.
+# captures what it asks for and nothing lands in the user's ~/.cache.  tests/test_capture_cache*.py
+# turn it on in a temporary folder (`cache_dir` below).
 os.environ["SAPP_CACHE_DIR"] = ""
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """The capture cache on, in a temporary folder: returns its entries' folder."""
+    monkeypatch.setenv("SAPP_CACHE_DIR", str(tmp_path / "c"))
+    return tmp_path / "c" / "capture"

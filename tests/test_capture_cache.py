@@ -16,12 +16,6 @@ CLUSTER = "a100-80g:nodes=1"
 HF = os.path.join(os.path.dirname(__file__), "data", "llama.json")
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SAPP_CACHE_DIR", str(tmp_path / "c"))
-    return tmp_path / "c" / "capture"
-
-
 def entries(folder):
     return sorted(p for p in os.listdir(folder) if p.endswith(".json")) if folder.exists() else []
 

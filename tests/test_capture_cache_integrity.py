@@ -15,12 +15,6 @@ CLUSTER = "a100-80g:nodes=1"
 HF = os.path.join(os.path.dirname(__file__), "data", "llama.json")
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("SAPP_CACHE_DIR", str(tmp_path / "c"))
-    return tmp_path / "c" / "capture"
-
-
 def test_config_rewritten_mid_search_caches_the_hashed_bytes(tmp_path, cache_dir, monkeypatch):
     small = json.loads(open(HF).read())
     big = dict(small, num_hidden_layers=small["num_hidden_layers"] + 3, hidden_size=small["hidden_size"] * 2)

@@ -70,29 +70,6 @@ def test_listener_parser_sees_a_wildcard_store():
     assert mine and all(not a.is_loopback for a in mine)
 
 
-def test_single_node_job_listens_on_loopback_only(tmp_path):
-    import sapp.models as models
-    from tests.emit_workers.plans import make_plan
-    make_plan(name="gpt-tiny", params=models.info("gpt-tiny")["params"], global_batch=8, dp=2).save(tmp_path / "p.json")
-    job = subprocess.Popen([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model", "gpt-tiny",
-                            "--steps", "40"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    seen, pids, t0 = set(), set(), time.time()
-    try:
-        while job.poll() is None and time.time() - t0 < 240:
-            tree = _tree(job.pid)
-            pids |= tree
-            seen |= listening(tree)
-            time.sleep(0.05)
-    finally:
-        if job.poll() is None:
-            job.kill()
-        out = job.communicate()[0].decode(errors="replace")
-    assert job.returncode == 0, out[-3000:]
-    assert len(pids) >= 4                   # sapp run, the launcher and two ranks were watched
-    assert len({p for _, p in seen}) >= 2, seen     # the rendezvous store and rank 0's store at least
-    assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
-
-
 def _watched(cmd, timeout_s=240):
     """(exit code, output, {(address, port)} listened on) of a command's process tree while it runs."""
     job = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -108,6 +85,18 @@ def _watched(cmd, timeout_s=240):
             job.kill()
         out = job.communicate()[0].decode(errors="replace")
     return job.returncode, out, seen, pids
+
+
+def test_single_node_job_listens_on_loopback_only(tmp_path):
+    import sapp.models as models
+    from tests.emit_workers.plans import make_plan
+    make_plan(name="gpt-tiny", params=models.info("gpt-tiny")["params"], global_batch=8, dp=2).save(tmp_path / "p.json")
+    rc, out, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model",
+                                    "gpt-tiny", "--steps", "40"])
+    assert rc == 0, out[-3000:]
+    assert len(pids) >= 4                   # sapp run, the launcher and two ranks were watched
+    assert len({p for _, p in seen}) >= 2, seen     # the rendezvous store and rank 0's store at least
+    assert all(a.is_loopback for a, _ in seen), sorted(map(str, seen))
 
 
 def test_missing_node_times_out_in_one_line(tmp_path):

@@ -70,8 +70,9 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
         with eager_masks(model, example_mb):
             names = frozenset(n for n, _ in model.named_modules())
+            policy = functools.partial(graph_fix.prepare, names=names)
             try:
-                pipe = Pipe.from_tracing(model, example_mb, split_policy=functools.partial(graph_fix.prepare, names=names))
+                pipe = Pipe.from_tracing(model, example_mb, split_policy=policy)
             except Exception as first:      # noqa: BLE001 - retried once, or re-raised as it was
                 if "is not a descendant of parent module" not in str(_innermost(first)):
                     raise
@@ -79,8 +80,7 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
                 # two parents; traced again with the second registration an attribute only.  Tried
                 # second: a leaf shared by design (OpenAI GPT's one activation) splits as it is
                 with aliases_hidden(model):
-                    pipe = Pipe.from_tracing(model, example_mb,
-                                             split_policy=functools.partial(graph_fix.prepare, names=names))
+                    pipe = Pipe.from_tracing(model, example_mb, split_policy=policy)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
         from ...capture.retry import data_dependent
         if data_dependent(_innermost(e)):
