@@ -68,29 +68,19 @@ def _worker(rank, procs, port, cfg, threads, results):
 
 def _loopback_group(dist, backend, rank, procs, port):
     """The process group over loopback only.  `init_method="tcp://127.0.0.1:PORT"` does not do it:
-    torch's TCPStore server listens on every interface whatever address it is given, so rank 0 serves
-    the store on a socket bound to 127.0.0.1 (as `sapp run` does), and gloo's own sockets use the
-    loopback interface."""
+    torch's TCPStore server listens on every interface whatever address it is given, so the store is
+    served on a socket bound to 127.0.0.1 (as `sapp run` does), and gloo's own sockets use the loopback
+    interface."""
     import socket
     from datetime import timedelta
-    from ..emit.runtime.launch import bound_listener
+    from ..emit.runtime.dist import bound_store
     lo = next((n for _, n in socket.if_nameindex() if n.startswith("lo")), None)
     if lo:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
     timeout = timedelta(seconds=120)
-    if rank == 0:
-        sock = bound_listener("127.0.0.1", port)
-        if sock is None:
-            raise CalibrationError(f"cannot listen on 127.0.0.1:{port} (taken meanwhile); run sapp calibrate again")
-        _LISTENERS.append(sock)             # the store serves on this socket's fd while the group lives
-        store = dist.TCPStore("127.0.0.1", port, procs, True, timeout=timeout, master_listen_fd=sock.fileno())
-    else:
-        store = dist.TCPStore("127.0.0.1", port, procs, False, timeout=timeout)
+    store = bound_store("127.0.0.1", port, rank, procs, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=procs, timeout=timeout)
-
-
-_LISTENERS = []
 
 
 def _probe_worker(rank, procs, port, cfg, threads, results):

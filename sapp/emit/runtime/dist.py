@@ -40,16 +40,21 @@ def init(device=None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> None:
 def _bound_store(timeout):
     """The TCPStore init_process_group would make from MASTER_ADDR/PORT, but rank 0's listens on
     MASTER_ADDR only, not on every interface (`sapp run` sets it: 127.0.0.1 on one node)."""
+    return bound_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
+                       int(os.environ["WORLD_SIZE"]), timeout)
+
+
+def bound_store(addr: str, port: int, rank: int, world: int, timeout):
+    """A TCPStore whose server (rank 0's) listens on `addr` only: torch's own listens on every
+    interface whatever address it is given.  Also `sapp calibrate`'s ranks (on 127.0.0.1)."""
     from .launch import bound_listener
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    world = int(os.environ["WORLD_SIZE"])
-    if int(os.environ["RANK"]) != 0:
+    if rank != 0:
         return dist.TCPStore(addr, port, world, False, timeout=timeout)
     sock = bound_listener(addr, port)
     if sock is None:
         from ...errors import SappError
-        raise SappError(f"rank 0 cannot listen on MASTER_ADDR {addr}:{port} (not an address of this machine, "
-                           "or the port is taken)")
+        raise SappError(f"rank 0 cannot listen on {addr}:{port} (not an address of this machine, "
+                        "or the port is taken)")
     _LISTENERS.append(sock)          # the store serves on this socket's fd for the job's life
     return dist.TCPStore(addr, port, world, True, timeout=timeout, master_listen_fd=sock.fileno())
 
