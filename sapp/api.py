@@ -347,6 +347,7 @@ def _placement_pins(plan, graph):
 
 def _plan_splits(plan, graph):
     """Per-node split tuples from the plan; every entry must be null or one of the node's op dims."""
+    from .search import tp_layout
     ops = plan["operators"]
     out = {}
     for name, node in graph.nodes.items():
@@ -359,7 +360,8 @@ def _plan_splits(plan, graph):
             if d is not None and d not in dims:
                 raise PlanError(f"operators.{name}.split names dim {d!r}, which operator {name} does not have "
                                 f"(its dims: {', '.join(dims) or 'none'}); use one of them or null")
-            if d is not None and not dims[d].splittable:
+            # a fused projection's piece runs split by heads along its cut (search/tp_layout.py)
+            if d is not None and not dims[d].splittable and tp_layout.piece_cut(node, d) is None:
                 raise PlanError(f"operators.{name}.split splits dim {d!r}, which cannot be split; use null")
         out[name] = tuple(split)
     return out

@@ -24,6 +24,9 @@ def operator_section(graph, prof):
     sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
     tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
     section = {"source": "graph", "groups": groups, "notes": notes}
+    parts = tp_layout.module_parts(graph, strategies, tp_levels, sp) if tp_modules else {}
+    if parts:                       # fused projections split by heads (absent: none, as before)
+        section["parts"] = parts
     if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece
         section["sp"] = sp_section(graph, strategies, tp_levels[0], prof.tp, sp)
     return ops, tp_modules, section

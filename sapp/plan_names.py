@@ -53,6 +53,10 @@ def check_plan_names(plan, graph) -> None:
         for name in (group if isinstance(group, list) else []):
             if isinstance(name, str) and name not in mods:
                 _unknown(f"tp_layout.groups[{gi}]", name, mods - {""}, fix)
+    parts = (d.get("tp_layout") or {}).get("parts")
+    for name in sorted(parts if isinstance(parts, dict) else {}):
+        if name not in mods:
+            _unknown("tp_layout.parts", name, mods - {""}, fix)
     params = [p for p, info in graph.params.items() if info.trainable]
     for key in sorted(((d.get("placement") or {}).get("groups") or {})):
         if key not in params and not any(fnmatch.fnmatchcase(p, key) for p in params):

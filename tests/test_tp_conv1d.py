@@ -2,8 +2,9 @@
 `addmm(bias, x.view(-1, in), weight)`).  The layout must see it as a linear (sapp/search/tp_layout.py)
 and the emitter must split it on its own layout (sapp/emit/tp/conv1d.py): column split = weight dim 1 and
 the bias, row split = weight dim 0 with the bias added once.  GPT-2's fused q|k|v (c_attn) is cut by
-`split` into q, k, v, which a contiguous column split would mix up (rank 0: all of q, half of k): its
-region is invalid, so it is at most a lone column split with its output gathered (whole q|k|v again)."""
+`split` into q, k, v, which a contiguous column split would mix up (rank 0: all of q, half of k): it
+is split by heads instead (sapp/emit/tp/fused.py: its output columns put in rank order first), one
+region with the attention's c_proj."""
 from __future__ import annotations
 
 import json
@@ -38,10 +39,12 @@ def test_layout_and_shape_audit_split_conv1d():
     from sapp.search import tp_layout
     model, x, graph = _graph()
     by_opener = {graph.nodes[r.openers[0]].module: r for r in tp_layout.regions(graph, 2)}
-    # the MLP (c_fc -> gelu -> c_proj) is a valid region; the fused q|k|v's split is not carried
+    # the MLP (c_fc -> gelu -> c_proj) is a valid region; so is the fused q|k|v, split by heads
     mlp = by_opener["transformer.h.0.mlp.c_fc"]
     assert mlp.why == "" and [graph.nodes[c].module for c in mlp.closers] == ["transformer.h.0.mlp.c_proj"]
-    assert "getitem" in by_opener["transformer.h.0.attn.c_attn"].why
+    attn = by_opener["transformer.h.0.attn.c_attn"]
+    assert attn.why == "" and [graph.nodes[c].module for c in attn.closers] == ["transformer.h.0.attn.c_proj"]
+    assert list(attn.parts.values()) == [[64, 64, 64]]
     styles, groups = {}, []
     for i in range(2):
         fc, proj = f"transformer.h.{i}.mlp.c_fc", f"transformer.h.{i}.mlp.c_proj"
@@ -67,8 +70,10 @@ def test_gpt2_tp2_shards_conv1d_and_equals_one_process(tmp_path):
     for i in range(2):
         assert styles[f"transformer.h.{i}.mlp.c_fc"] == "colwise"
         assert styles[f"transformer.h.{i}.mlp.c_proj"] == "rowwise"
-        # the fused q|k|v is never split as if q, k and v were one tensor
-        assert styles.get(f"transformer.h.{i}.attn.c_attn") in (None, "colwise_gather")
+        # the fused q|k|v is split by heads (never as if q, k and v were one tensor), closed by c_proj
+        assert styles[f"transformer.h.{i}.attn.c_attn"] == "colwise"
+        assert styles[f"transformer.h.{i}.attn.c_proj"] == "rowwise"
+        assert plan["tp_layout"]["parts"][f"transformer.h.{i}.attn.c_attn"] == [64, 64, 64]
     ref = case["ref"]
     for r in ("0", "1"):
         got = case["ranks"][r]

@@ -222,7 +222,13 @@ class Converter:
             if op == "unbind":
                 self._make(n, "select", f"{target}[{idx}]", (x, dim, idx), {}, val)
             else:
-                self._make(n, "slice", f"{target}[{idx}]", (x, dim), {}, val)
+                # the piece's place among its siblings: a fused q/k/v projection split by heads
+                # (search/tp_layout.py) needs every piece's size along the cut axis
+                vals = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+                sizes = ([int(v.shape[dim]) for v in vals] if isinstance(vals, (list, tuple))
+                         and all(_is_tensor(v) and v.dim() > dim for v in vals) else None)
+                kw = {"piece": (idx, tuple(sizes))} if sizes and 0 <= idx < len(sizes) else {}
+                self._make(n, "slice", f"{target}[{idx}]", (x, dim), kw, val)
         else:
             self.ref[n.name] = ("const",)
 

@@ -97,14 +97,27 @@ def identity(c):
 
 
 def slice_(c):
-    """slice / narrow / split pieces: the cut axis stays whole unless the slice is the full axis."""
+    """slice / narrow / split pieces: the cut axis stays whole unless the slice is the full axis.
+
+    A piece of split / chunk (`piece`: its index and every piece's size) keeps the link from the cut
+    axis to its own, with that dim unsplittable: only tensor parallelism's head-aware layout splits it
+    (search/tp_layout.py), where each rank's share of the fused input holds its share of every piece
+    in order, so the rank's piece is the piece's share.  Pieces cut along the data batch keep no link
+    (a rank's chunk of its batch is not its share of the chunk)."""
     x = c.ins[0]
     n = len(x.shape)
     r = c.out_shape
     d = _axis(int(_arg(c, 1, "dim", 0)), n)
-    ind = tuple(f"a{i}" if (i != d or x.shape[i] == r[i]) else None for i in range(n))
+    piece = c.kwargs.get("piece")
+    fused = (piece is not None and x.shape[d] != r[d] and not (x.batch and x.batch[d])
+             and sum(piece[1]) == x.shape[d] and piece[1][piece[0]] == r[d])
+    ind = tuple(f"a{i}" if (i != d or x.shape[i] == r[i] or fused) else None for i in range(n))
     unsplit = set() if x.shape[d] == r[d] else {d}
-    return _view_spec(c, [ind], unsplit)
+    s = _view_spec(c, [ind], unsplit)
+    if fused:
+        s.trusted = True            # the cut axis links sizes that differ, on purpose
+        s.extra["piece"] = {"axis": d, "index": int(piece[0]), "sizes": [int(v) for v in piece[1]]}
+    return s
 
 
 def select(c):

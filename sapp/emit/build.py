@@ -50,6 +50,7 @@ class Build:
     host_groups: bool
     n_stages: int
     partial: list                  # replicated parameters applied to a rank's share (shape audit)
+    fused: dict                    # fused projections split by heads: {module: piece sizes} (shape audit)
     notes: list
     # ---- made by the steps -------------------------------------------------------------------------
     traced: object = None          # the traced pipeline (None: no pipeline)
@@ -66,6 +67,7 @@ class Build:
     sparse_names: dict = field(default_factory=dict)      # stage -> device sparse tables
     expert_params: dict = field(default_factory=dict)     # stage -> expert parameters (EP)
     schedule: object = None
+    fused_params: dict = field(default_factory=dict)      # permuted parameters: {name: (axis, sizes, tp)}
 
     @property
     def local_zero1(self) -> bool:
@@ -99,7 +101,7 @@ def example_inputs(model, example, mbs, device):
 
 
 def start(model, plan, rank, world, device, *, lr, optimizer, grad_sync, allow_mismatch, example, audit) -> Build:
-    """The plan's numbers for this rank.  `audit`: (notes, partial) of the checks before the first step."""
+    """The plan's numbers for this rank.  `audit`: (notes, partial, fused) of the checks before the first step."""
     par = plan.parallel
     device = torch.device(device) if device is not None else default_device()
     pp, dp, tp, cp = par["pp"], par["dp"], par["tp"], par.get("cp", 1)
@@ -108,7 +110,7 @@ def start(model, plan, rank, world, device, *, lr, optimizer, grad_sync, allow_m
     dp = dp * cp
     me = parallel.coords(rank, pp, dp, tp)
     mesh = parallel.build_mesh(device, pp, dp, tp) if world > 1 else None
-    notes, partial = audit
+    notes, partial, fused = audit
     ep = ep_mod.check(plan, model)      # the plan's ep (refused in the checks before when not emitted)
     ep_groups = ep_mod.groups(pp, dp, tp, ep, rank) if ep > 1 else None
     modes = recompute.plan_modes(plan.recompute, model)
@@ -138,5 +140,5 @@ def start(model, plan, rank, world, device, *, lr, optimizer, grad_sync, allow_m
                  regions=regions, mixed=prec in ("bf16-mixed", "fp16-mixed"),
                  half=torch.float16 if prec == "fp16-mixed" else torch.bfloat16, placement=placement,
                  host_groups=bool(placement.get("groups") or {}),
-                 n_stages=checks.stage_count(plan) if pp > 1 else 1, partial=partial, notes=notes,
+                 n_stages=checks.stage_count(plan) if pp > 1 else 1, partial=partial, fused=fused, notes=notes,
                  stages={0: model}, zero=plan.zero, ep=ep, ep_groups=ep_groups)

@@ -65,7 +65,7 @@ def _program(b, loss) -> Program:
     return (CPProgram if b.cp > 1 else Program)(
         **extra, plan=plan, rank=b.rank, world=b.world, device=b.device, coords=b.coords, pp=b.pp, dp=b.dp, tp=b.tp,
         ep=b.ep, mesh=b.mesh, modules=[b.wrapped[s] for s in b.mine], stage_indices=b.mine, optimizers=b.optimizers,
-        grad_hooks=b.hooks, schedule=b.schedule, loss_fn=loss, notes=b.notes,
+        grad_hooks=b.hooks, schedule=b.schedule, loss_fn=loss, notes=b.notes, fused_params=b.fused_params,
         recomputed=sorted(d["region"] for d in b.recomputed.values() if d["region"]), recompute_done=b.recomputed,
         micro_batches=plan.pipeline.get("micro_batches", 1), zero=b.zero, autocast=b.autocast,
         # what runs (autocast's dtype) vs what was priced

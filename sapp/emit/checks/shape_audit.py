@@ -198,14 +198,17 @@ MAX_TRIES = 8
 
 
 def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple, notes: list,
-          fix: bool = True, partial: list | None = None, sp_sec: dict | None = None) -> int:
+          fix: bool = True, partial: list | None = None, sp_sec: dict | None = None,
+          parts: dict | None = None) -> int:
     """Everything above for one rank's tp layout; returns the ops checked (0: nothing sharded).
     The stored sizes set to local values are the candidates' largest set the audit passes: all of
     them, else all but one (a count that equals a head count by chance, e.g. StableLM's rotary_ndims
     at 4 heads), else none - and then the audit's refusal stands.  `fix=False` sets none (what the
     audit catches without it: tests).  `partial` (a list) receives partial_params' names.
     `sp_sec` (the plan's SP section, a plan without a pipeline): the call order is remembered for
-    sp_entry's relayout, then the sequence pieces are audited too (sapp/emit/checks/sp_audit.py)."""
+    sp_entry's relayout, then the sequence pieces are audited too (sapp/emit/checks/sp_audit.py).
+    `parts` (a dict) receives {module: piece sizes} of the fused projections the sharded regions
+    split by heads (sapp/emit/tp/fused.py), found on this capture of the model that runs."""
     from ...capture import capture
     from ..tp import parallel
     local = parallel.local_layers(model, styles, tp, groups)
@@ -217,6 +220,9 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
         from ..tp import sp_entry
         sp_entry.remember_order(model, graph)
     regions = sharded_regions(graph, styles, groups, tp, model)
+    if parts is not None:
+        for r in regions:
+            parts.update({graph.nodes[n].module: list(v) for n, v in r.parts.items()})
     if partial is not None:
         partial.extend(partial_params(graph, regions))
     cand = candidates(model, graph, regions, tp) if fix else {}

@@ -37,6 +37,7 @@ import shutil
 
 from .checkpoint_find import (MARKER, _NAME, _crc, _fsync_dir, _is_dir, _is_file, checksum, choose,  # noqa: F401
                               committed, identity_diff, resume_point, step_dir, verify)
+from . import fused_checkpoint
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
 LOCK = ".sapp-lock"
@@ -179,8 +180,11 @@ class Checkpointer:
                 raise CheckpointError(f"{tmp} is a symlink or file, not a directory sapp wrote; remove it")
             shutil.rmtree(tmp, ignore_errors=True)
         try:
-            dcp.save(save_entries(prog, self.names), storage_writer=_writer(tmp, prog.rank, step),
-                     process_group=self.group)
+            state = save_entries(prog, self.names)
+            # fused q/k/v rows in rank order are written in the model's order (fused_checkpoint.py)
+            planner = fused_checkpoint.save_planner(fused_checkpoint.state_keys(state, _fused(prog)))
+            dcp.save(state, storage_writer=_writer(tmp, prog.rank, step), process_group=self.group,
+                     planner=planner)
         except CheckpointError:
             raise
         except CheckpointException as e:      # a BaseException: DCP gathered the ranks' write errors
@@ -251,8 +255,15 @@ class Checkpointer:
         if only is not None:
             available = {k for k in available if _entry_param(k) is None or _entry_param(k) in only}
         targets = LoadTargets(prog, self.names, available, partial=only is not None)
-        dcp.load(targets.entries, storage_reader=dcp_reader.SafeReader(path), process_group=self.group)
+        planner = fused_checkpoint.load_planner(fused_checkpoint.state_keys(targets.entries, _fused(prog)))
+        dcp.load(targets.entries, storage_reader=dcp_reader.SafeReader(path), process_group=self.group,
+                 planner=planner)
         targets.finish()
+
+
+def _fused(prog) -> dict:
+    """{parameter name: spec} of the fused projections the program runs split by heads."""
+    return getattr(prog, "fused_params", None) or {}
 
 
 def _entry_param(key: str):

@@ -12,7 +12,8 @@ def apply(b: Build, s: int) -> None:
         return
     parallel.apply_tp(b.stages[s], b.tp_styles, b.mesh["tp"], b.notes,
                       originals=dict(b.model.named_modules()) if b.traced is not None else None,
-                      groups=checks.tp_groups(b.plan), sp_sec=sp_mod.section(b.plan))
+                      groups=checks.tp_groups(b.plan), sp_sec=sp_mod.section(b.plan),
+                      parts=b.fused, permuted=b.fused_params)
 
 
 def partial_grads(b: Build) -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..dp.wrap import _unflatten_into
-from . import conv1d, dtensor_local, sp
+from . import conv1d, dtensor_local, fused, sp
 
 
 def build_mesh(device: torch.device, pp: int, dp: int, tp: int):
@@ -161,14 +161,16 @@ def _resized(lin: nn.Linear, k: int, n: int) -> nn.Linear:
 
 
 def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, originals: dict = None,
-             groups: list = None, sp_sec: dict = None) -> list:
+             groups: list = None, sp_sec: dict = None, parts: dict = None, permuted: dict = None) -> list:
     """Shard the named Linear/Embedding layers present in `module`; returns the names sharded.
     `groups` (plans from sapp's search): the layout's regions, each sharded whole or not at all, with
     the styles meaning exactly what tp_layout derived.  Without groups (hand-written plans) a colwise
     layer keeps its output split when a rowwise sibling follows it (same parent), and other layer
     types stay replicated, with a note: still correct, only slower.  HF's Conv1D (GPT-2) is split
     like a Linear on its own [in, out] layout (sapp/emit/tp/conv1d.py).
-    `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins)."""
+    `originals`: the un-split model's modules by name (pipeline stages hold traced stand-ins).
+    `parts`: {module: piece sizes} of fused projections split by heads: their rows are put in rank
+    order before sharding (sapp/emit/tp/fused.py); `permuted` (a dict) receives their parameters."""
     from torch.distributed.tensor import Replicate
     ColwiseParallel, RowwiseParallel = conv1d.styles()      # noqa: N806 - torch's, also for Conv1D
     mods = dict(module.named_modules())
@@ -176,6 +178,11 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
         if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/tp/sp_entry.py)
             sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
+        mine = {n: parts[n] for n in plan if n in (parts or {})}
+        for n, sizes in mine.items():       # before DTensor splits the rows: each rank's block, its heads
+            fused.permute_(mods[n], sizes, tp_mesh.size())
+        if permuted is not None:
+            permuted.update(fused.entries(mine, mods.get, tp_mesh.size()))
         if plan:
             _parallelize(module, tp_mesh, plan)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
