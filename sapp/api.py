@@ -155,7 +155,7 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False):
+           runtime=None, cache=False, optimizer=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -163,6 +163,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     constraints.  `precision`: "bf16-mixed" or "fp32"; default: the cluster's (`Cluster.precision`).
     `runtime`: the runtime profile priced, "eager" (default: what sapp's emitter runs) or "fused"
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
+    `optimizer`: the optimizer whose states are priced (CostSettings; default "adam").
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
     cl = resolve_cluster(cluster)
@@ -184,7 +185,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         module, name, info = resolve_model(model)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
-                            dropout_noise=not cl.fused_dropout)
+                            dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam")
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing

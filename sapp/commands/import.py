@@ -66,7 +66,7 @@ def run(args):
         return 0 if fits else 1
     best = api.search(graph=graph, model=module, cluster=cl, global_batch=plan["model"]["global_batch"],
                       constraints={"target": args.engine}, runtime=plan["settings"]["runtime"],
-                      precision=plan["settings"]["precision"])
+                      precision=plan["settings"]["precision"], optimizer=plan["settings"].get("optimizer"))
     from ..engines import export_plan
     _, best, _ = export_plan(best, args.engine, graph=graph, cluster=cl)   # as the engine would run it
     print(comparison(plan, best))

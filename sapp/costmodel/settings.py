@@ -30,7 +30,10 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            pipelined against their linear layers' GEMMs (costmodel.tp_overlap).
 RUNTIMES = ("eager", "fused", "fused+tp-overlap")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
-_OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4)}
+# "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
+# "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).
+_OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4),
+              "adam-bf16-master": (10, 8), "adam-bf16-states": (6, 8)}
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,23 @@
 """DeepSpeed JSON configuration: a data-parallel plan written as DeepSpeed's config (ZeRO stage,
-offload_optimizer, micro-batch, gradient accumulation, bf16/fp16), and such a file read back (json:
-data only).  The JSON states no tensor, pipeline, context or expert parallelism (DeepSpeed's
-pipeline engine is set up in the training script): plans with them are refused (search again with
---target deepspeed).  Runtime: eager torch."""
+offload_optimizer, micro-batch, gradient accumulation, bf16/fp16 and bf16 master weights), and such a
+file read back (json: data only).  The JSON states no tensor, pipeline, context or expert parallelism
+(DeepSpeed's pipeline engine is set up in the training script): plans with them are refused (search
+again with --target deepspeed).  Runtime: eager torch.
+
+Every key of DeepSpeed's configuration surface is classified in deepspeed_fields.FIELDS (priced,
+refused in one line, or irrelevant with the reason); `parse` checks the file against it first, so a
+key that changes the step is never dropped silently: AutoTP, Ulysses sequence parallelism, ZeRO++,
+ZenFlow and the keys DeepSpeed itself rejects as removed (mics_shard_size) are refused;
+bf16.bf16_master_weights_and_grads / bf16_optimizer_states are priced as fewer optimizer bytes per
+parameter (CostSettings optimizer "adam-bf16-master" 10 B, "adam-bf16-states" 6 B) and exported back;
+`bf16.enabled: "auto"` (the Hugging Face Trainer's placeholder, which DeepSpeed alone reads as false) is
+refused rather than priced as fp32."""
 from __future__ import annotations
 
 import json
 
-from .mapping import EngineConfig, EngineError, uniform_policy
+from . import deepspeed_fields
+from .mapping import BF16_MASTER, EngineConfig, EngineError, uniform_policy
 
 NAME = "deepspeed"
 
@@ -22,6 +32,9 @@ def conform(ecfg: EngineConfig, names) -> tuple:
     if out.runtime != "eager":
         notes.append(f"the plan was priced for the {out.runtime} runtime; DeepSpeed runs eager torch: re-priced as eager")
         out.runtime = "eager"
+    if out.optimizer in BF16_MASTER and (out.zero == 0 or out.precision != "bf16-mixed"):
+        raise EngineError("DeepSpeed keeps bf16 master weights under bf16 with ZeRO-1, 2 or 3 only; the plan has "
+                          f"{out.precision} at ZeRO-{out.zero}: search again with --target deepspeed")
     if out.offload_optimizer and out.zero == 0:
         raise EngineError("DeepSpeed offloads the optimizer under ZeRO-1, 2 or 3 only; the plan offloads it at ZeRO-0: "
                           "search again with --target deepspeed")
@@ -41,6 +54,9 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if ecfg.precision == "bf16-mixed":
         cfg["bf16"] = {"enabled": True}
+        if ecfg.optimizer in BF16_MASTER:
+            cfg["bf16"]["bf16_master_weights_and_grads"] = True
+            cfg["bf16"]["bf16_optimizer_states"] = ecfg.optimizer == "adam-bf16-states"
     elif ecfg.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True}
     if ecfg.recompute == "full":
@@ -58,6 +74,10 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         raise EngineError(f"not a JSON file ({e.msg} at line {e.lineno})") from None
     if not isinstance(cfg, dict):
         raise EngineError("a DeepSpeed config is a JSON object")
+    if isinstance(cfg.get("zero_optimization"), bool):
+        # DeepSpeed's old form: true is ZeRO-1 (deepspeed.runtime.zero.config.read_zero_config_deprecated)
+        cfg = {**cfg, "zero_optimization": {"stage": 1} if cfg["zero_optimization"] else {}}
+    notes = deepspeed_fields.check(cfg)
 
     def num(key):
         v = cfg.get(key)
@@ -81,25 +101,55 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                           f"--cluster this file ran on")
     zo = cfg.get("zero_optimization") or {}
     stage = zo.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
+    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
         raise EngineError(f"zero_optimization.stage must be 0..3, got {stage!r}")
-    if (zo.get("offload_param") or {}).get("device", "none") not in ("none", None):
-        raise EngineError("zero_optimization.offload_param is not priced by sapp; remove it to price the rest")
     off = (zo.get("offload_optimizer") or {}).get("device", "none")
     if off not in ("none", "cpu", "nvme", None):    # DeepSpeed's own enum: a list or "CPU" fails its validation
         raise EngineError(f"zero_optimization.offload_optimizer.device must be \"none\", \"cpu\" or \"nvme\" as "
                           f"DeepSpeed reads it, got {str(off)[:40]!r}")
+    if zo.get("cpu_offload") not in (None, False, "auto"):
+        if "offload_optimizer" in zo:       # DeepSpeed asserts the same
+            raise EngineError("zero_optimization.cpu_offload is the old offload_optimizer; give one of them")
+        off = "cpu"
     if off == "nvme":
         raise EngineError("offload_optimizer to nvme is not priced by sapp; use cpu")
-    notes = []
     if off == "cpu" and stage == 3:
         raise EngineError("optimizer offload beside ZeRO-3 is not priced by sapp; use stage 1 or 2 with it")
-    bf16 = (cfg.get("bf16") or {}).get("enabled") is True
-    fp16 = (cfg.get("fp16") or {}).get("enabled") is True
+    precision, optimizer = _precision(cfg, stage)
+    _optimizer_type(cfg)
+    comm = cfg.get("communication_data_type")
+    if comm is not None and str(comm).lower() != {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "fp32"):
+        raise EngineError(f"communication_data_type = {str(comm)[:20]!r}: sapp prices the gradient reduction in the "
+                          f"training precision ({precision}); remove it")
     if "activation_checkpointing" in cfg:
         notes.append("activation_checkpointing is applied by the training script's deepspeed.checkpointing calls: "
                      "priced as full recomputation of every block")
     return EngineConfig(engine=NAME, global_batch=gb, dp=dp, mbs=mbs, m=ga, zero=stage, offload_optimizer=off == "cpu",
-                        recompute="full" if "activation_checkpointing" in cfg else "none",
-                        precision="bf16-mixed" if bf16 else "fp16-mixed" if fp16 else "fp32", runtime="eager",
-                        notes=notes)
+                        recompute="full" if "activation_checkpointing" in cfg else "none", precision=precision,
+                        optimizer=optimizer, runtime="eager", notes=notes)
+
+
+def _precision(cfg, stage) -> tuple:
+    """(precision, CostSettings optimizer) as DeepSpeed reads the bf16 (else bfloat16) and fp16 sections."""
+    bf = cfg.get("bf16") if "bf16" in cfg else cfg.get("bfloat16")
+    bf, fp = bf or {}, cfg.get("fp16") or {}
+    for name, sec in (("bf16", bf), ("fp16", fp)):
+        if sec.get("enabled") == "auto":
+            raise EngineError(f"{name}.enabled is \"auto\", which the Hugging Face Trainer fills from --{name} "
+                              f"(DeepSpeed alone reads it as false, fp32): write true or false")
+    if bf.get("enabled") is True and fp.get("enabled") is True:
+        raise EngineError("bf16 and fp16 are both enabled; DeepSpeed runs one of them")
+    precision = "bf16-mixed" if bf.get("enabled") is True else "fp16-mixed" if fp.get("enabled") is True else "fp32"
+    master, states = (bf.get(k) is True for k in ("bf16_master_weights_and_grads", "bf16_optimizer_states"))
+    if states and not master:       # DeepSpeed asserts the same
+        raise EngineError("bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads true")
+    if master and (stage == 0 or precision != "bf16-mixed"):
+        raise EngineError("bf16.bf16_master_weights_and_grads needs bf16.enabled true and ZeRO stage 1, 2 or 3")
+    return precision, "adam-bf16-states" if states else "adam-bf16-master" if master else "adam"
+
+
+def _optimizer_type(cfg) -> None:
+    """sapp prices Adam's two states: another optimizer DeepSpeed builds from the JSON is refused."""
+    kind = (cfg.get("optimizer") or {}).get("type")
+    if kind is not None and str(kind).lower() not in ("adam", "adamw"):
+        raise EngineError(f"optimizer.type = {str(kind)[:40]!r}: sapp prices Adam / AdamW; use one of them")

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from ..errors import SappError
 
+# DeepSpeed's bf16 master weights as CostSettings optimizers: master only, master and Adam moments
+BF16_MASTER = ("adam-bf16-master", "adam-bf16-states")
+
 
 class EngineError(SappError, ValueError):
     """An engine configuration sapp cannot read, or a plan element an engine cannot state."""
@@ -34,6 +37,7 @@ class EngineConfig:
     chunk_blocks: list | None = None    # interleaved: blocks per virtual stage j = c * pp + i (pp * v entries)
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
+    optimizer: str = "adam"         # the CostSettings optimizer (DeepSpeed's bf16 master weights: BF16_MASTER)
     runtime: str = "eager"
     notes: list = field(default_factory=list)
 
@@ -97,12 +101,16 @@ def from_plan(plan, engine: str) -> EngineConfig:
         raise EngineError(f"the plan keeps {option.replace('-host', '')} tables on the host, which {engine} cannot "
                           f"state; search again with --target {engine}")
     gb = plan["model"].get("global_batch")
+    opt = st.get("optimizer", "adam")
+    if opt in BF16_MASTER and engine != "deepspeed":
+        raise EngineError(f"the plan keeps bf16 master weights (priced from DeepSpeed's bf16 section), which {engine} "
+                          f"cannot state here; search again with --target {engine}")
     return EngineConfig(engine=engine, global_batch=gb, tp=par["tp"], pp=pp, dp=par["dp"], cp=par.get("cp", 1),
                         ep=par.get("ep", 1), sp=bool(par.get("sp", False)), schedule=sched, v=v,
                         mbs=pipe.get("micro_batch_size") or gb // (par["dp"] * pipe["micro_batches"]),
                         m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
-                        precision=st.get("precision", "bf16-mixed"), runtime=st.get("runtime", "eager"))
+                        precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"))
 
 
 def even_split(n, parts) -> list | None:
@@ -185,7 +193,8 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     from ..search.joint import Config
     names = [u.name for u in split_units(graph) if u.kind == "block"]
     cons = Constraints.from_dict(pins(ecfg, names))
-    settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout)
+    settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout,
+                            optimizer=ecfg.optimizer)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
                  ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp)
     from ..search.joint.single import score_config
