@@ -200,3 +200,19 @@ def test_bf16_master_weights_where_deepspeed_refuses_them():
                         ({"bf16": {"bf16_optimizer_states": True}}, "needs bf16.bf16_master_weights_and_grads")):
         with pytest.raises(EngineError, match=what):
             deepspeed.parse(json.dumps(_merge(BASE, extra)), {}, 8)
+
+
+def test_sapp_run_refuses_a_plan_priced_with_bf16_master_weights():
+    """A plan priced for DeepSpeed's bf16 masters runs under DeepSpeed only: sapp's own program keeps
+    fp32 masters and moments (more memory than priced), so emit refuses it in one line."""
+    from torch import nn
+    from sapp.emit.checks import plan as checks
+    from sapp.errors import PlanError
+    from sapp.plan import Plan
+    from tests.emit_workers.plans import make_plan
+    model = nn.Linear(4, 4)
+    d = make_plan(params=sum(p.numel() for p in model.parameters()), global_batch=4).to_dict()
+    d.setdefault("settings", {})["optimizer"] = "adam-bf16-master"
+    with pytest.raises(PlanError) as e:
+        checks.check_optimizer(Plan(d))
+    assert "sapp export --to deepspeed" in str(e.value) and "\n" not in str(e.value)

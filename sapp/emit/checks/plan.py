@@ -207,6 +207,21 @@ def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_
     check_names(model, plan)
     check_placement(plan)
     check_batch_statistics(model, plan)
+    check_optimizer(plan)
+
+
+# optimizer states priced for an engine's own optimizer, which emit does not build (DeepSpeed's bf16
+# master weights / optimizer states): run here, the step would hold fp32 masters and moments
+ENGINE_ONLY_OPTIMIZERS = {"adam-bf16-master": "bf16.bf16_master_weights_and_grads",
+                          "adam-bf16-states": "bf16.bf16_optimizer_states"}
+
+
+def check_optimizer(plan: Plan) -> None:
+    opt = (plan._d.get("settings") or {}).get("optimizer")
+    if opt in ENGINE_ONLY_OPTIMIZERS:
+        raise PlanError(f"plan settings.optimizer {opt!r} prices DeepSpeed's {ENGINE_ONLY_OPTIMIZERS[opt]}, which "
+                        "sapp's own program does not run (its Adam keeps fp32 masters and moments): run the plan "
+                        "with DeepSpeed (`sapp export --to deepspeed`), or import the config without that field")
 
 
 def check_batch_statistics(model: nn.Module, plan: Plan) -> None:
