@@ -58,7 +58,8 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
            "notes": [f"batch split in quanta of {d['quantum']} samples; gradients weighted by share / global batch "
                      f"and summed over all ranks"]}
     check(doc)
-    doc_timing = {"search_s": time.perf_counter() - t0, "split_search_s": d["search_s"], "evaluations": d["evaluations"]}
+    doc_timing = {"search_s": time.perf_counter() - t0, "split_search_s": d["search_s"],
+                  "split_search_cpu_s": d["search_cpu_s"], "evaluations": d["evaluations"]}
     return doc, doc_timing
 
 

@@ -10,7 +10,14 @@ piecewise-linear function of b (memory-bound at small b, compute-bound at large 
 at b = 1, 2 under-predicts a large micro-batch several-fold on an MLP).  Times are therefore sampled
 at b = 1, 2, 8, 32, ... up to the largest micro-batch the search may use, and evaluated as the max
 of the secants between consecutive samples, which for a convex function is its exact piecewise-
-linear interpolation.  A profile thus serves every micro-batch size without another search."""
+linear interpolation.  A profile thus serves every micro-batch size without another search.
+
+The graph cache (`graph_cache`) keeps what a profile computes by what it reads: each sampled batch's
+unit numbers, the sp node set and the ZeRO stages' sync and states by (dp, tp, strategies, settings,
+cluster, units), the largest micro-batch added only where sparse tables read it.  Profiles of one
+search whose largest micro-batches differ, and the searches of one device group at several batch
+shares (search/hetero.py), thus share all but their top samples; tests/test_hetero_caches.py checks
+that warm caches build the fresh plan."""
 from __future__ import annotations
 
 import dataclasses
@@ -210,14 +217,17 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
     return out
 
 
+def _fresh_unit(d):
+    """A copy of one unit's numbers whose mutable members (its states, its parameter list) no other
+    profile shares."""
+    return dict(d, states=dict(d["states"]), param_list=list(d["param_list"]))
+
+
 def _fresh(numbers):
-    """A copy of build_profile's (num, samples) whose mutable members (a unit's states, its parameter
-    list) no other profile shares."""
-    def unit(d):
-        return dict(d, states=dict(d["states"]), param_list=list(d["param_list"]))
+    """A copy of build_profile's (num, samples) (_fresh_unit for every unit)."""
     (a, b), samples = numbers
-    a2, b2 = {k: unit(v) for k, v in a.items()}, {k: unit(v) for k, v in b.items()}
-    return (a2, b2), [a2, b2] + [{k: unit(v) for k, v in smp.items()} for smp in samples[2:]]
+    a2, b2 = {k: _fresh_unit(v) for k, v in a.items()}, {k: _fresh_unit(v) for k, v in b.items()}
+    return (a2, b2), [a2, b2] + [{k: _fresh_unit(v) for k, v in smp.items()} for smp in samples[2:]]
 
 
 def _out_bytes(graph, names, dp, settings):
@@ -375,29 +385,47 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     points = sample_points(max_mbs)
     # A profile whose strategies equal an earlier one's on the same mesh (sequence parallelism
     # unavailable: the same layout as without it; tp = 1) has the same numbers: computed once.
-    nkey = ("numbers", dp, tp, tuple(strategies.items()), z0, steps, tuple(points), settings, id(cluster))
+    skey = (dp, tp, tuple(strategies.items()), z0, settings, id(cluster), id(units))
+    # `steps` reaches the numbers only through sparse tables' gradients (sparse_gradient): without
+    # them the batch-independent numbers below are kept whatever the largest micro-batch
+    sparse = gc.get("sparse")
+    if sparse is None:
+        sparse = gc["sparse"] = any(sparse_gradient(n, {}) is not None for n in template.nodes.values())
+    steps_key = steps if sparse else None
+    nkey = ("numbers",) + skey[:4] + (steps, tuple(points)) + skey[4:6]
     if nkey in gc:
         num[z0], samples = _fresh(gc[nkey])
     else:
-        sp_set = sp_node_set(t1, strategies, mesh, roles)
+        if ("sp set",) + skey not in gc:
+            gc[("sp set",) + skey] = sp_node_set(t1, strategies, mesh, roles)
+        sp_set = gc[("sp set",) + skey]
 
-        def memo(t):        # evaluate_sharding's per-node results, kept per rebatched template
-            return gc.setdefault(("cost memo", t.batch_size), {})
-        num[z0] = tuple(_unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, samples=steps,
-                                      roles=roles, owners=owners, sp=sp_set, memo=memo(t)) for t in (t1, t2))
+        def sampled(t, acts):
+            # One sampled batch's numbers, kept by that batch: profiles of one search whose largest
+            # micro-batches differ share their smaller samples, and so do the searches of one device
+            # group at its batch shares (sapp/search/hetero.py), whose sample points differ at the top.
+            key = ("sample",) + skey + (t.batch_size, acts, steps_key if acts else None)
+            if key not in gc:
+                memo = gc.setdefault(("cost memo", t.batch_size), {})   # evaluate_sharding's per-node results
+                gc[key] = _unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, acts=acts,
+                                        samples=steps if acts else 1.0, roles=roles, owners=owners, sp=sp_set,
+                                        memo=memo)
+            return {k: _fresh_unit(v) for k, v in gc[key].items()}
+        num[z0] = (sampled(t1, True), sampled(t2, True))
         # further time samples (activations are affine: no need), see the module docstring
-        samples = [num[z0][0], num[z0][1]] + [
-            _unit_numbers(t, tunits, strategies, mesh, cluster, settings, z0, dp, acts=False, roles=roles,
-                          owners=owners, sp=sp_set, memo=memo(t))
-            for t in (rebatch(template, dp * b) for b in points[2:])]
+        samples = [num[z0][0], num[z0][1]] + [sampled(rebatch(template, dp * b), False) for b in points[2:]]
         gc[nkey] = _fresh((num[z0], samples))
     for z in zeros[1:]:
-        sz = dataclasses.replace(settings, zero=z)
+        zkey = ("zero", z) + skey + (steps_key,)    # (the parameter lists are the first sample's)
+        if zkey not in gc:
+            sz = dataclasses.replace(settings, zero=z)
+            gc[zkey] = {k: bucketed_sync(a0["param_list"], cluster, sz, steps)
+                        + (unit_states(a0["param_list"], z, sz, steps),) for k, a0 in num[z0][0].items()}
         one, two = {}, {}
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
-            sync, lat, gather = bucketed_sync(a0["param_list"], cluster, sz, steps)
+            sync, lat, gather, states = gc[zkey][k]
             extra = gather - a0["gather"]
-            common = {"grad_sync": sync, "sync_lat": lat, "states": unit_states(a0["param_list"], z, sz, steps)}
+            common = {"grad_sync": sync, "sync_lat": lat, "states": dict(states)}
             one[k] = dict(a0, fwd=a0["fwd"] + extra, bwd=a0["bwd"] + extra, **common)
             two[k] = dict(b0, fwd=b0["fwd"] + extra, bwd=b0["bwd"] + extra, **common)
         num[z] = (one, two)

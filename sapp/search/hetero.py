@@ -17,6 +17,13 @@ shares proportional to each group's compute and moves quanta from the slowest gr
 stays fastest with them, in steps that halve down to one quantum; every group alone is a candidate
 too.  `exhaustive=True` enumerates every composition of the batch into quanta instead (small cases:
 bench/hetero_exhaustive.py checks the two agree).
+
+Cost: one joint search per group and share tried (~10 for two groups), each the homogeneous search
+unchanged.  A group's searches share joint_search's `caches` (the tp layouts, the template and its
+rebatched copies, cost memos, the stage profiles' sampled unit numbers below the top sample, sp
+sets and ZeRO-stage terms): only what reads the share (the configurations, the top time sample at
+share / dp, bounds, evaluations) is redone.  On gpt3-13b over 512 A100s + 512 H100s that halves the
+split search (bench/hetero_figures.py --only scale, RESULTS §12); the plans are byte-identical.
 """
 from __future__ import annotations
 
@@ -29,11 +36,15 @@ SCHEMA = "sapp.hetero-plan/1"
 
 
 class GroupPricer:
-    """T_g(b), memoised: the joint search's result for group g at batch b (None where nothing fits)."""
+    """T_g(b), memoised: the joint search's result for group g at batch b (None where nothing fits).
+    The searches of one group share what does not depend on its share (joint.context._shared: tp
+    layouts, templates, cost memos, sampled unit numbers), so a second share costs the bound-ordered
+    search, not the stage profiles' building again."""
 
     def __init__(self, graph, mc, constraints, settings, search_fn):
         self.graph, self.mc, self.cons, self.settings, self.search_fn = graph, mc, constraints, settings, search_fn
         self.cache = {}
+        self.shared = [{} for _ in mc.groups]       # per group: joint_search's `caches`
 
     def result(self, g, b):
         key = (g, b)
@@ -41,7 +52,8 @@ class GroupPricer:
             from .joint import joint_search
             try:
                 self.cache[key] = joint_search(self.graph, self.mc.groups[g], global_batch=b,
-                                               constraints=self.cons, settings=self.settings, search_fn=self.search_fn)
+                                               constraints=self.cons, settings=self.settings, search_fn=self.search_fn,
+                                               caches=self.shared[g])
             except SappError:          # infeasible or no layout for this share: not a candidate
                 self.cache[key] = None
         return self.cache[key]
@@ -123,7 +135,7 @@ def search(graph, mc, *, global_batch, constraints=None, settings=None, search_f
     """(best shares in samples, step seconds, details dict).  Raises InfeasibleError when no split fits."""
     from ..constraints import Constraints
     from ..costmodel import CostSettings
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
     pr = GroupPricer(graph, mc, cons, settings, search_fn)
@@ -140,10 +152,11 @@ def search(graph, mc, *, global_batch, constraints=None, settings=None, search_f
     if not math.isfinite(step):
         raise InfeasibleError(f"no split of global batch {global_batch} over the groups "
                               f"{', '.join(g.name for g in mc.groups)} fits; add devices or lower the batch")
-    search_s = time.perf_counter() - t0
+    search_s, search_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     shares = tuple(s * q for s in shares)
     used = [g for g, b in enumerate(shares) if b > 0]
-    detail = {"pricer": pr, "quantum": q, "search_s": search_s, "evaluations": len(pr.cache),
+    detail = {"pricer": pr, "quantum": q, "search_s": search_s, "search_cpu_s": search_cpu_s,
+              "evaluations": len(pr.cache),
               "sync_s": sync_s(graph, mc, settings, used)}
     if baselines:
         detail["alone"] = {mc.groups[g].name: pr.time(g, global_batch) for g in range(G)}

@@ -6,21 +6,26 @@ import functools
 from ...costmodel.batchstats import batch_stat_channels
 from ...costmodel.nodes import time_flops
 from ...costmodel.primitives import scalar_allreduce_time
+from ...errors import SappError
 from ...pipeline.profile import build_profile
 from ...pipeline.units import split_units
 from ...recompute.solver import POLICIES
 
 
 class SearchContext:
-    def __init__(self, graph, cluster, global_batch, cons, settings, search_fn):
+    def __init__(self, graph, cluster, global_batch, cons, settings, search_fn, caches=None):
         self.graph, self.cluster, self.B, self.cons, self.settings = graph, cluster, global_batch, cons, settings
         self.search_fn = search_fn
-        self.units = split_units(graph)
+        shared = _shared(caches, graph, cluster, settings, search_fn)
+        if "units" not in shared:
+            shared["units"] = split_units(graph)
+        self.units = shared["units"]
         self.block_units = [u for u in self.units if u.kind == "block"]
         self.block_names = [u.name for u in self.block_units]
         self.L = len(self.block_units)
         self.profiles = {}
-        self.strategy_cache = {}
+        self.strategy_cache = shared.setdefault("strategies", {})
+        self._graph_cache = shared.setdefault("graph", {})
         self.numbers = {}
         self.placements = {}
         self.pin_error = None         # a placement pin placement_options refused (search.py says it)
@@ -74,7 +79,7 @@ class SearchContext:
                                                strategy_cache=self.strategy_cache,
                                                fixed_strategies=getattr(self, "fixed", None),
                                                max_mbs=max(2, self.B // dp),
-                                               graph_cache=self.__dict__.setdefault("_graph_cache", {}))
+                                               graph_cache=self._graph_cache)
         return self.profiles[key]
 
     @functools.cached_property
@@ -106,6 +111,22 @@ class SearchContext:
             return (pin,)
         lim = self.cons.limits
         return lim["recompute"] if lim else POLICIES
+
+
+def _shared(caches, graph, cluster, settings, search_fn) -> dict:
+    """The batch-independent caches of a search (the split units, the tp layouts by degree, the
+    graph cache: template, rebatched copies, cost memos, sampled unit numbers), kept in `caches`
+    when the caller runs several searches of the same graph, cluster, settings and sharding search
+    at other global batches (sapp/search/hetero.py: one device group at each batch share).  Every key
+    in them names what its value depends on besides those four, so a search with shared caches
+    returns what a fresh one would.  A fresh dict without `caches`; refused for another graph,
+    cluster, settings or search function (those are not in the keys)."""
+    if caches is None:
+        return {}
+    owner = caches.setdefault("for", (graph, cluster, settings, search_fn))
+    if owner[0] is not graph or owner[1] is not cluster or owner[2] != settings or owner[3] is not search_fn:
+        raise SappError("internal: shared search caches used for another graph, cluster, settings or search function")
+    return caches
 
 
 def loss_sync_time(cluster) -> float:

@@ -24,16 +24,18 @@ from .memory_bound import memory_needed
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
                  progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None,
-                 skip=None) -> JointResult:
+                 skip=None, caches=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
     that would fit and the best configuration tried) when nothing fits.  `skip(config)`: configurations
-    ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py)."""
+    ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py).  `caches`: a
+    dict the caller keeps across searches of this graph, cluster, settings and search_fn at other
+    global batches, for what does not depend on the batch (context._shared)."""
     t0 = time.perf_counter()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
     if global_batch is None or global_batch < 1:
         raise SappError(f"global batch must be a positive integer, got {global_batch!r}")
-    ctx = SearchContext(graph, cluster, int(global_batch), cons, settings, search_fn)
+    ctx = SearchContext(graph, cluster, int(global_batch), cons, settings, search_fn, caches)
     ctx.fixed = fixed_strategies
     if ignore_capacity:            # evaluate a pinned plan even if it does not fit (reported, not refused)
         ctx.cap = math.inf
