@@ -31,12 +31,13 @@ def plan4(d):
 
 def node(d, rank, rdzv_port, steps, pace="0", env=None, every=5, restarts=3):
     """Node `rank` of the job in `d` (plan d/plan.json, checkpoints in d/ck, rank 0's log in
-    d/node<rank>.jsonl when it holds rank 0, its output appended to d/node<rank>.out)."""
+    d/node<rank>.jsonl when it holds rank 0, its output appended to d/node<rank>.out).  --keep 100: no
+    checkpoint is deleted (the references resume early ones; test_elastic's 260 steps write 52)."""
     cmd = [sys.executable, "-m", "sapp.cli", "run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg",
            "dropout=0", "--steps", str(steps), "--data", DATA, "--nnodes", "1:2", "--node-rank", str(rank),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", "elastic-test",
            "--max-restarts", str(restarts), "--elastic", "--checkpoint-dir", str(d / "ck"), "--checkpoint-every",
-           str(every), "--keep", "50", "--log-json", str(d / f"node{rank}.jsonl"), "--rdzv-timeout", "120"]
+           str(every), "--keep", "100", "--log-json", str(d / f"node{rank}.jsonl"), "--rdzv-timeout", "120"]
     out = open(d / f"node{rank}.out", "a")
     return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                             env=dict(ENV, SAPP_TEST_PACE=pace, **(env or {})))
