@@ -159,8 +159,8 @@ class Checkpointer:
         self.group, self._lock, self._good, self._protected = None, None, set(), set()
         import torch.distributed as dist
         if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
-            from datetime import timedelta
-            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
+            from .dist import slow_group
+            self.group = slow_group(TIMEOUT_S)
 
     def check(self, need_bytes: int, resuming: bool) -> None:
         """The directory check, and rank 0 takes the directory's lock for the rest of the job."""
@@ -193,6 +193,7 @@ class Checkpointer:
             first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
             raise CheckpointError(f"a rank died or stopped responding while checkpoint {tmp} was written "
                                   f"({type(e).__name__}: {first.strip()[:160]}); the previous checkpoint is intact") from None
+        planted_hold("commit", prog.rank, step)     # tests: every rank's files written, no marker yet
         return _collective(lambda: self._commit(tmp, final, step, meta), self.world, self.group)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
@@ -307,17 +308,48 @@ def write_failure(tmp: str, e) -> str:
     return f"writing checkpoint {tmp} failed on {on} ({what}); {hint}; the previous checkpoint is intact"
 
 
-def _writer(tmp: str, rank: int, step: int):
-    """DCP's file writer; SAPP_FAULT="RANK:STEP:savekill" makes that rank SIGKILL itself after its
-    first file is written and before the save's last collective (tests: a rank dying inside a save)."""
-    from torch.distributed.checkpoint import FileSystemWriter
+def _planted(kind: str):
+    """(rank, step) of SAPP_FAULT="RANK:STEP:<kind>" (RANK "*": any), or None; only in a job's first
+    attempt (a node's own: a node started again to join a job plants afresh)."""
     spec = os.environ.get("SAPP_FAULT", "").split(":")
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    if len(spec) == 3 and spec[2] == "savekill" and not restarted and (int(spec[0]), int(spec[1])) == (rank, step):
+    if len(spec) != 3 or spec[2] != kind or restarted:
+        return None
+    return (None if spec[0] == "*" else int(spec[0])), (int(spec[1]) if spec[1].isdigit() else None)
+
+
+def planted_hold(point: str, rank: int, step=None) -> None:
+    """Tests that kill a whole node (its `sapp run`, torchrun's agent and workers, with SIGKILL) at a
+    precise point: SAPP_FAULT="RANK:STEP:hold-<point>" stops that rank there, says so on stderr and
+    waits for the kill (ended after 10 minutes by its lifeline or here).  Points: "save" inside the
+    save of step STEP, this rank's files written, before the save's last collective; "commit" after
+    dcp.save of step STEP returned on every rank, before rank 0 writes the marker and renames (set it
+    for rank 0: the files are all there, the checkpoint is not committed); "join" (STEP ignored) after
+    the rank's group formed, before its first step (sapp/emit/runtime/worker.py; "*:0:hold-join" set
+    on a node joining a job: its ranks, whichever they are)."""
+    at = _planted(f"hold-{point}")
+    if at is None or at[0] not in (None, rank) or (point != "join" and at[1] != step):
+        return
+    import sys
+    import time
+    print(f"[rank {rank}] SAPP_FAULT: holding at {point}" + (f" of step {step}" if point != "join" else "")
+          + f" (pid {os.getpid()})", file=sys.stderr, flush=True)
+    time.sleep(600)
+    os._exit(1)
+
+
+def _writer(tmp: str, rank: int, step: int):
+    """DCP's file writer; SAPP_FAULT="RANK:STEP:savekill" makes that rank SIGKILL itself after its
+    first file is written and before the save's last collective (tests: a rank dying inside a save),
+    "RANK:STEP:hold-save" makes it wait there for its node to be killed (planted_hold)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    kill, hold = _planted("savekill"), _planted("hold-save")
+    if any(at is not None and at[0] in (None, rank) and at[1] == step for at in (kill, hold)):
         class _Dying(FileSystemWriter):
             def write_data(self, plan, planner):
                 fut = super().write_data(plan, planner)
                 fut.wait()
+                planted_hold("save", rank, step)
                 import signal
                 import sys
                 print(f"[rank {rank}] SAPP_FAULT: killing itself inside the save of step {step}", file=sys.stderr,

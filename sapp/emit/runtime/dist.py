@@ -35,6 +35,27 @@ def init(device=None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> None:
         kwargs = dict(store=_bound_store(timedelta(seconds=timeout_s)), rank=int(os.environ["RANK"]),
                       world_size=int(os.environ["WORLD_SIZE"]))
     dist.init_process_group(backend_for(device), timeout=timedelta(seconds=timeout_s), **kwargs)
+    _SETUP["timeout_s"] = timeout_s
+
+
+_SETUP = {"timeout_s": DEFAULT_TIMEOUT_S}
+
+
+def slow_group(timeout_s: float):
+    """A gloo group of every rank for collectives that may wait long (a checkpoint's writes, rank 0's
+    re-plan search), its own set-up under the job's short timeout: new_group waits in the store for
+    every rank, and a rank that died before joining it (a node lost as its group formed) must end the
+    others in seconds, not after `timeout_s` (they restart and re-form the group without it).  A peer
+    that dies later breaks its connections, which fails the collective at once."""
+    try:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=_SETUP["timeout_s"]))
+    except RuntimeError as e:        # DistStoreError: a rank never wrote its address
+        from ...errors import SappError
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        raise SappError(f"a rank did not join the group set-up within {_SETUP['timeout_s']:g} s (it died or stalled "
+                        f"as the group formed; {type(e).__name__}: {first[:120]})") from None
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), group)
+    return group
 
 
 def _bound_store(timeout):

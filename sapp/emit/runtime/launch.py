@@ -113,9 +113,14 @@ def main(argv=None) -> int:
         return TIMEOUT_EXIT
     except RendezvousConnectionError as e:
         cause = e.__cause__ or e
+        why = f"({type(cause).__name__}: {str(cause).strip().splitlines()[0][:160] if str(cause).strip() else ''})"
+        if _state.get("store") is not None:     # reached when the job started: the node hosting it is gone
+            print(f"sapp run: error: lost the rendezvous store at {_state.get('endpoint')} {why}: the node that hosts "
+                  "it (the first to bind --rdzv-endpoint) is gone; start the job again (--elastic resumes its last "
+                  "checkpoint)", file=sys.stderr, flush=True)
+            return TIMEOUT_EXIT
         print(f"sapp run: error: cannot reach the rendezvous store at {_state.get('endpoint', '--rdzv-endpoint')} "
-              f"({type(cause).__name__}: {str(cause).strip().splitlines()[0][:160] if str(cause).strip() else ''}); "
-              "start node 0 first or check --rdzv-endpoint", file=sys.stderr, flush=True)
+              f"{why}; start node 0 first or check --rdzv-endpoint", file=sys.stderr, flush=True)
         return TIMEOUT_EXIT
     return 0
 

@@ -13,7 +13,8 @@ TORCHELASTIC_RESTART_COUNT > 0) resumes from D by itself.
 SAPP_FAULT="RANK:STEP" makes that rank exit(1) at that step, "RANK:STEP:kill" SIGKILL itself,
 "RANK:STEP:raise" raise an exception (tests: a dead rank ends the job; a killed rank restarts from
 the last checkpoint; a failure is reported once, sapp/emit/runtime/failure.py); only in a job's first
-attempt, so the restarted workers run through.  SAPP_TEST_PACE=S sleeps S seconds before each step
+attempt, so the restarted workers run through.  "RANK:STEP:savekill" and "RANK:STEP:hold-<point>"
+act inside a save, before a commit or as a group forms (sapp/emit/runtime/checkpoint.py, planted_hold).  SAPP_TEST_PACE=S sleeps S seconds before each step
 (tests that must act while a job runs).
 
 --elastic: a group of another size than the plan's re-plans for it first (sapp/emit/runtime/elastic.py)."""
@@ -72,6 +73,8 @@ def _fault():
     if not spec or _restarted():
         return None
     r, s, *how = spec.split(":")
+    if how and how[0] not in ("exit", "kill", "raise"):      # a fault inside a save or a hold: not in the step loop
+        return None
     return int(r), int(s), (how[0] if how else "exit")
 
 
@@ -161,6 +164,7 @@ def main(argv=None) -> int:
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
+        ckpt_mod.planted_hold("join", rank)      # tests: a node that joins a group and dies before its first step
         if getattr(args, "elastic", False):      # a group of another size than the plan's: re-plan for it (sapp/emit/runtime/elastic.py)
             from .elastic import plan_for_world
             from .checkpoint_find import committed
