@@ -145,12 +145,12 @@ def _train(kind, path, ckpt, world):
         x, y = F.data(i)
         losses.append(prog.step(*prog.shard((x,), y)))
     out = {"losses": losses, "notes": prog.notes}
-    fused = dict(model.named_modules())[f"layers.0.attn.{F.FUSED[kind]}"]
-    w = fused.weight.full_tensor()
-    idx = torch.tensor(order(F.SIZES[kind], 2))
-    back = torch.empty_like(w)
-    back[idx] = w                               # rank order -> the model's order
-    out["fused_weight"] = back.flatten().tolist()
+    w = dict(model.named_modules())[f"layers.0.attn.{F.FUSED[kind]}"].weight
+    if hasattr(w, "full_tensor"):               # the model itself runs (no pipeline stage holds it)
+        w = w.full_tensor()
+        back = torch.empty_like(w)
+        back[torch.tensor(order(F.SIZES[kind], 2))] = w     # rank order -> the model's order
+        out["fused_weight"] = back.flatten().tolist()
     if ckpt:
         ck = Checkpointer(ckpt, keep=1, names=names, world=world)
         path_ck = ck.save(prog, STEPS, {"global_batch": F.BATCH})
