@@ -27,7 +27,7 @@ from tests.emit_workers import fused_qkv as F  # noqa: E402
 STEPS = 3
 TP_CLUSTER = "cpu:gpus=2,peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
 CASES = {"decoder-tp2": ("decoder", False), "vit-tp2": ("vit", False), "gqa-tp2": ("gqa", False),
-         "decoder-tp2+sp": ("decoder", True), "vit-tp2+sp": ("vit", True)}
+         "decoder-tp2+sp": ("decoder", True), "vit-tp2+sp": ("vit", True), "gqa-tp2+sp": ("gqa", True)}
 
 
 def _search(kind, sp):
