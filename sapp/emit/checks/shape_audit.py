@@ -133,7 +133,24 @@ def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
                 if (type(value) is int and value > 1 and value in sizes and value % tp == 0
                         and _WIDTH_NAME.search(attr)):
                     out.setdefault((type(owner).__name__, attr), []).append((name, value))
+            # einops layers (`Rearrange('b n (h d) -> b h n d', h=heads)`) keep the head count in
+            # their axis lengths: x-transformers' and vit-pytorch's attention split heads this way
+            for child_name, child in owner.named_children():
+                lengths = _einops_lengths(child)
+                for axis, value in (lengths or {}).items():
+                    if type(value) is int and value > 1 and value in sizes and value % tp == 0:
+                        where = f"{name}.{child_name}" if name else child_name
+                        out.setdefault((type(child).__name__, f"{child_name}:{axis}"), []).append((where, value))
     return out
+
+
+def _einops_lengths(module):
+    """An einops layer's {axis: length} (its `axes_lengths`), else None."""
+    lengths = getattr(module, "axes_lengths", None)
+    if (isinstance(lengths, dict) and isinstance(getattr(module, "_axes_lengths", None), tuple)
+            and type(module).__module__.startswith("einops.")):
+        return lengths
+    return None
 
 
 def _holders(owner: str, openers: list) -> list:
@@ -154,7 +171,13 @@ def _holders(owner: str, openers: list) -> list:
 def _set(model, picked: dict, tp: int, local: bool) -> None:
     for (_, attr), where in picked.items():
         for owner, value in where:
-            setattr(model.get_submodule(owner) if owner else model, attr, value // tp if local else value)
+            mod = model.get_submodule(owner) if owner else model
+            if ":" in attr:             # an einops layer's axis length: its pattern's recipe is length-free
+                axis = attr.split(":", 1)[1]
+                mod.axes_lengths[axis] = value // tp if local else value
+                mod._axes_lengths = tuple(mod.axes_lengths.items())
+            else:
+                setattr(mod, attr, value // tp if local else value)
 
 
 def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_inputs: tuple) -> int:
