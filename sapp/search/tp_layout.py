@@ -14,7 +14,9 @@ DTensor's sharding propagation cannot run.  So the tp level's strategies pass th
 2. a region is *valid* when the split can be carried op by op: the op dim each op runs over the split
    axis (from the IR's operand dims) is splittable, divides by tp, is not contracted before a closer,
    meets no other operand that also has it (a replicated bias over heads, T5's position bias), and
-   reaches a closer's contraction `k`;
+   reaches a closer's contraction `k`.  A split / chunk cutting the split axis into pieces (a fused
+   q/k/v or gate/up projection) passes when every piece divides by tp: the opener is then split by
+   pieces (`fused_parts`; emit orders its rows so each rank holds its share of every piece);
 3. a valid region is sharded when the search cut a weight in it (it judged tensor parallelism to pay
    there); its ops get exactly the per-op dims of step 2, everything else is replicated on the tp
    level.  A lone column-split linear (the LM head) is kept with its output gathered.
