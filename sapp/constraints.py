@@ -28,7 +28,7 @@ TARGETS = {
     "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "model_parallel": True,
                  "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
     "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
-                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("eager",), "ddp_alone": True},
+                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",), "ddp_alone": True},
     "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
 }

@@ -41,7 +41,7 @@ def _export(case, engine):
     cl = api.resolve_cluster(cluster)
     graph = _graph(model)
     plan = api.search(model, cl, graph=graph, global_batch=batch, constraints={"target": engine, **pins},
-                      runtime=runtime if engine == "megatron" else "eager")
+                      runtime=runtime if engine == "megatron" else {"torchtitan": "torchtitan"}.get(engine, "eager"))
     text, exported, notes = E.export_plan(plan, engine, graph=graph, cluster=cl)
     return text, exported
 

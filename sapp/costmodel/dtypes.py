@@ -181,10 +181,11 @@ def operand_bytes(node, i, settings) -> tuple:
     """(arriving, computed-on) bytes per element of operand i: they differ where autocast casts it
     (a separate copy).  Parameters report their held width; the cost model prices them separately."""
     o = node.operands[i]
-    if settings.fused and settings.mixed and node.kind == "loss" and o.dtype in _FLOATS and o.param is None:
+    if settings.loss_fp32 and node.kind == "loss" and o.dtype in _FLOATS and o.param is None:
         # the fused runtime (Megatron-Core) computes the loss in fp32: its vocab-parallel cross entropy
         # casts the half-precision logits to fp32 first and keeps the fp32 softmax for backward
-        # (megatron/core/tensor_parallel/cross_entropy.py, unless --cross-entropy-loss-fusion)
+        # (megatron/core/tensor_parallel/cross_entropy.py, unless --cross-entropy-loss-fusion); torchtitan's
+        # cross_entropy_loss on `pred.flatten(0, 1).float()` likewise
         return settings.act_bytes(o.dtype), FULL
     if not settings.autocast or o.dtype not in _FLOATS:
         b = settings.act_bytes(o.dtype)

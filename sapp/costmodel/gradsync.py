@@ -73,7 +73,7 @@ def param_sync(numel, n, link, cluster, settings) -> tuple:
     if n <= 1 or numel <= 0:
         return 0.0, 0.0
     zero = settings.zero
-    sync, gather = grad_sync_times(numel * settings.grad_bytes, numel * settings.weight_bytes, n, link, cluster, zero)
+    sync, gather = grad_sync_times(numel * settings.reduce_bytes, numel * settings.weight_bytes, n, link, cluster, zero)
     lat_s, lat_g = sync_latency(n, link, cluster, zero)
     sync, gather = sync - lat_s, gather - lat_g
     if zero >= 2 and not getattr(cluster, "async_launch", True):
@@ -100,9 +100,9 @@ def sparse_sync_time(numel, k, link, sparse, samples, cluster, settings):
     instead of all-reducing the table, which is far cheaper while a step touches few rows; never
     more than the dense all-reduce.  `sparse`: (elements, rows) of gradient per sample per rank."""
     elems, rows = sparse
-    local = samples * (elems * settings.grad_bytes + rows * 8)          # values + int64 row indices
+    local = samples * (elems * settings.reduce_bytes + rows * 8)          # values + int64 row indices
     gathered = collective_time("all_gather", k * local, k, link, cluster)
-    return min(gathered, collective_time("all_reduce", numel * settings.grad_bytes, k, link, cluster))
+    return min(gathered, collective_time("all_reduce", numel * settings.reduce_bytes, k, link, cluster))
 
 
 def bucketed_sync(params, cluster, settings, samples=1.0):

@@ -120,7 +120,7 @@ def expert_sync_time(expert_params: float, dp: int, ep: int, link: str, cluster,
     edp = max(1, dp // ep)
     if edp <= 1 or expert_params <= 0:
         return 0.0
-    nbytes = expert_params / ep * settings.grad_bytes
+    nbytes = expert_params / ep * settings.reduce_bytes
     return (collective_time("all_reduce", nbytes, edp, link, cluster)
             - 2 * (edp - 1) * _alpha_beta("all_reduce", link, cluster)[0])
 

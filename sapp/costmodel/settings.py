@@ -28,7 +28,12 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            as the fused kernel in both: it is what torch dispatches on a GPU too.
 #   "fused+tp-overlap": "fused" with Megatron-Core's `--tp-comm-overlap`: tensor-parallel collectives
 #            pipelined against their linear layers' GEMMs (costmodel.tp_overlap).
-RUNTIMES = ("eager", "fused", "fused+tp-overlap")
+#   "torchtitan": what torchtitan 0.2.2 runs (eager ops, compile off): FSDP2's MixedPrecisionPolicy casts
+#            the weights to bf16 and no autocast runs (utils.maybe_enable_amp), so every float activation
+#            is bf16 except the loss (cross_entropy_loss: `pred.float()`); gradients are reduced in fp32
+#            (training.mixed_precision_reduce, whose only value is "float32"); "selective" recomputation
+#            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core.
+RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).
@@ -92,7 +97,18 @@ class CostSettings:
     def autocast(self) -> bool:
         """Activation widths follow torch.autocast (some activations fp32), see costmodel.dtypes; the
         fused runtime keeps every float activation in the half precision."""
-        return self.mixed and self.autocast_fp32 and not self.fused
+        return self.mixed and self.autocast_fp32 and not self.fused and self.runtime != "torchtitan"
+
+    @property
+    def loss_fp32(self) -> bool:
+        """Half-precision activations but the loss computed on an fp32 copy of the logits (Megatron-Core's
+        vocab-parallel cross entropy; torchtitan's `pred.float()`)."""
+        return self.mixed and (self.fused or self.runtime == "torchtitan")
+
+    @property
+    def op_sac(self) -> bool:
+        """"selective" recomputation is torchtitan's op-level policy (sapp/recompute/op_sac.py)."""
+        return self.runtime == "torchtitan"
 
     @property
     def weight_bytes(self) -> int:
@@ -101,6 +117,14 @@ class CostSettings:
     @property
     def grad_bytes(self) -> int:
         return 2 if self.mixed else 4
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per gradient element the data-parallel reduction moves: the gradient's width, except
+        under torchtitan, whose FSDP2 reduce_dtype (and DDP's fp32 gradients under autocast) is float32.
+        The held gradient totals are unchanged: FSDP2 keeps fp32 sharded weights and gradients beside
+        Adam's two moments, the 2 + 2 + 12 bytes per parameter sapp prices."""
+        return 4 if self.runtime == "torchtitan" else self.grad_bytes
 
     @property
     def optimizer_bytes(self) -> int:

@@ -4,7 +4,8 @@
 The sections and keys are those of torchtitan 0.2.2's JobConfig (`--job.config_file`), the last
 release that reads a TOML file; 0.3.0 keeps the same [parallelism] / [training] field names but takes
 them as `--parallelism.<key>` command-line overrides of a Python config registry.
-Runtime: eager torch ("eager"; compile off).  Data parallelism: FSDP2 over data_parallel_shard_degree
+Runtime: torchtitan 0.2.2's eager torch ("torchtitan", costmodel/settings.py: compile off, bf16
+activations under FSDP2's mixed precision, fp32 gradient reduction, op-level selective checkpointing).  Data parallelism: FSDP2 over data_parallel_shard_degree
 (ZeRO-2: fsdp_reshard_after_forward "never", ZeRO-3: "always") or DDP over
 data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
 shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
@@ -18,6 +19,7 @@ import tomllib
 from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan"
+RUNTIME = "torchtitan"        # the engine profile every torchtitan plan is priced with (costmodel/settings.py)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
@@ -99,10 +101,10 @@ def conform(ecfg: EngineConfig, names) -> tuple:
         notes.append("torchtitan replicates with DDP only as the one parallelism: ZeRO-0 exported as ZeRO-2 "
                      "(FSDP2, fsdp_reshard_after_forward never)")
         out.zero = 2
-    if out.runtime != "eager":
-        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off): "
-                     f"re-priced as eager")
-        out.runtime = "eager"
+    if out.runtime != RUNTIME:
+        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off) "
+                     f"with fp32 gradient reduction and its op-level selective checkpointing: re-priced so")
+        out.runtime = RUNTIME
     if out.tp > 1 and not out.sp:
         notes.append("torchtitan's tensor parallelism always runs the norms sequence-parallel: exported with it on")
         out.sp = True
@@ -152,9 +154,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     if facts.get("seq"):
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
-    if ecfg.precision != "fp32":
-        # sapp prices 2-byte gradients; torchtitan's FSDP2 reduces fp32 ones otherwise
-        train["mixed_precision_reduce"] = "bfloat16"
+    # (mixed_precision_reduce: 0.2.2 accepts only "float32", what the "torchtitan" runtime prices)
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
         par["pipeline_parallel_microbatch_size"] = ecfg.mbs
@@ -247,7 +247,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         raise EngineError(f"training.global_batch_size {gb} is not a multiple of local_batch_size x data-parallel "
                           f"degree = {local} x {dp}")
     ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
-                        runtime="eager",
+                        runtime=RUNTIME,
                         precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed")
     if pp > 1:
         if gb != local * dp:
@@ -270,10 +270,15 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if comp.get("enable"):
         notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
                      "modelled), so the step may run faster than priced")
-    if train.get("mixed_precision_param", "bfloat16") != "float32" and \
-            train.get("mixed_precision_reduce", "float32") != "bfloat16" and zero > 0:
-        notes.append("FSDP2 reduces fp32 gradients unless mixed_precision_reduce = \"bfloat16\"; priced with bf16 "
-                     "gradients (half the reduce traffic torchtitan runs)")
+    if train.get("mixed_precision_reduce", "float32") != "float32":
+        raise EngineError(f"training.mixed_precision_reduce {train['mixed_precision_reduce']!r}: torchtitan 0.2.2 "
+                          f"accepts only \"float32\"")
+    if zero == 0 and ecfg.precision != "fp32":
+        notes.append("torchtitan's DDP trains under torch.autocast over fp32 weights: priced with FSDP2's bf16 "
+                     "activation widths, fp32 gradients all-reduced")
+    if ecfg.m > 1 and zero > 0 and pp == 1:
+        notes.append(f"torchtitan's FSDP2 reduce-scatters the gradients after each of the {ecfg.m} accumulation "
+                     f"steps; priced as one reduce-scatter per step (the other {ecfg.m - 1} are not priced)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
     ecfg.notes = notes
@@ -318,8 +323,7 @@ def _recompute(ac, names, notes):
         raise EngineError(f"activation_checkpoint.mode {mode!r} is not priced by sapp; use none, full or selective")
     opt = str(ac.get("selective_ac_option", "2"))
     if opt == "op":
-        notes.append("torchtitan's op-level selective checkpointing priced as sapp's selective recomputation "
-                     "(the attention core recomputed, the GEMMs kept)")
+        # priced as torchtitan's op-level policy by the "torchtitan" runtime (sapp/recompute/op_sac.py)
         return "selective"
     try:
         n = int(opt)

@@ -36,7 +36,7 @@ FIELDS = {
     ("training", "steps"): ("irrelevant", "the run's length"),
     ("training", "enable_cpu_offload"): ("refused", False, "parameter and optimizer CPU offload"),
     ("training", "dtype"): ("refused", "float32", "training without fp32 master weights"),
-    ("training", "mixed_precision_param"): P, ("training", "mixed_precision_reduce"): P,
+    ("training", "mixed_precision_param"): P, ("training", "mixed_precision_reduce"): P,  # (0.2.2: "float32" only)
     ("training", "gc_freq"): ("irrelevant", "Python garbage collection between steps"),
     ("training", "gc_debug"): ("irrelevant", "Python garbage collection between steps"),
     ("training", "dataloader"): ("irrelevant", "data loading (overlapped with the step)"),
@@ -63,7 +63,8 @@ FIELDS = {
         "enable_first_step_checkpoint", "create_seed_checkpoint", "load_only")},
     ("activation_checkpoint", "mode"): P, ("activation_checkpoint", "selective_ac_option"): P,
     ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"): (
-        "irrelevant", "a detail of op-level checkpointing, priced as selective recomputation (noted)"),
+        "irrelevant", "linear layers whose GEMMs op-level checkpointing recomputes (default: MoE router gates, "
+                      "a few columns wide): not priced"),
     ("activation_checkpoint", "early_stop"): ("refused", False, "recomputation that stops early"),
     ("activation_checkpoint", "memory_budget"): ("irrelevant", "read only by the memory_budget mode, which is refused"),
     ("activation_checkpoint", "visualize_memory_budget_pareto"): (
@@ -74,8 +75,10 @@ FIELDS = {
     ("compile", "enable"): P,
     ("compile", "components"): ("irrelevant", "read only with compile on, priced as eager with a note"),
     ("compile", "backend"): ("irrelevant", "read only with compile on, priced as eager with a note"),
-    ("quantize", "linear"): ("refused", None, "float8 / MX linear layers"),
-    ("quantize", "grouped_mm"): ("refused", None, "float8 / MX grouped GEMMs"),
+    # (their settings are read only by the float8 / MX model converters, which are refused: a published
+    # job file carries [quantize.linear.float8] with `converters` commented out and trains in bf16)
+    ("quantize", "linear"): ("irrelevant", "read only by model.converters (float8 / MX), which are refused"),
+    ("quantize", "grouped_mm"): ("irrelevant", "read only by model.converters (float8 / MX), which are refused"),
     **{("comm", k): ("irrelevant", "collective timeouts and traces") for k in (
         "init_timeout_seconds", "train_timeout_seconds", "trace_buf_size", "save_traces_folder",
         "save_traces_file_prefix")},

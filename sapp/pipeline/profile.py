@@ -31,6 +31,7 @@ from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
+from ..recompute.op_sac import kept_bytes, kept_ops, recompute_seconds
 from .boundary import fill_side
 from .sp_profile import sp_node_set, sp_out_shards, sp_regather, sp_regather_time
 from .units import Unit, split_units, template_nodes, template_units
@@ -132,6 +133,9 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
                 sel += b
             if prod is None or prod not in inside:
                 full += b
+    if settings.op_sac and names and graph.nodes[names[0]].block is not None:
+        # torchtitan's op-level policy: the block's input and the outputs it saves (recompute/op_sac.py)
+        sel = full + kept_bytes(graph, kept_ops(graph, names), strategies, mesh, settings)
     return none, sel, full
 
 
@@ -201,7 +205,10 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg
         act = (unit_activations(graph, names, strategies, mesh, st, savers, regather, saved) if acts
                else (0.0, 0.0, 0.0))
-        sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
+        if st.op_sac and u.kind == "block":
+            sel_extra = recompute_seconds(names, kept_ops(graph, names), cost.per_node)
+        else:
+            sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
             "reshard": sum(d["reshard_s"] for d in pn) + rg,

@@ -1,0 +1,124 @@
+"""torchtitan's published Llama 3 configurations priced as torchtitan runs them:
+`python -m bench.published_torchtitan [--only TEXT] [--peak sxm|nvl|both]`.
+
+Two parts, every row imported through `sapp import`'s path (sapp.engines.import_config: the torchtitan
+parser and the "torchtitan" runtime profile, costmodel/settings.py):
+
+1. torchtitan's own job files, llama3_8b / 70b / 405b.toml (bench/torchtitan_published/, copied unchanged
+   from pytorch/torchtitan v0.2.2 = 73a0e6979dd10b6b1904098eb3c8f62c18ab87ce,
+   torchtitan/models/llama3/train_configs/), on the hardware their first line names ("a preset for 64
+   A100 GPUs" / "128 H100 GPUs"): does the import fit, and what sapp predicts.  No published figure.
+2. The FSDP-only rows of torchtitan's benchmark (benchmarks/llama3_h100_202412_torchtitan.md at v0.2.2,
+   run at torchtitan 9dec370ad26b5f8e9a7333a0e36165018262644b, torch 1963fc8, 2024-12): Llama 3.1 8B,
+   local batch 2, seq 8192, op-level selective checkpointing, no compile, no float8 (the llama3_8b job
+   file with local_batch_size = 2), on H100s with 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU and a
+   500 W power limit: "the actual peak TFLOPs number is between SXM and NVL", so each row is priced at
+   both (SXM 989, NVL 835 dense bf16 TFLOP/s).  Memory is torchtitan's `max_reserved` (the caching
+   allocator's reserved peak), sapp's the allocated peak.  The rows with torch.compile or float8
+   (Tables 1-6 but these two) are not priced: sapp models neither.
+
+Nothing here is fitted to the published rows: the cluster is the stated hardware, the configuration the
+stated one, the runtime profile what torchtitan's code runs."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchtitan_published")
+SOURCE = "pytorch/torchtitan v0.2.2 (73a0e69) benchmarks/llama3_h100_202412_torchtitan.md"
+PEAKS = {"sxm": 989e12, "nvl": 835e12}          # H100 dense bf16 FLOP/s (SXM, NVL)
+# torchtitan's benchmark machine (Grand Teton): 8 x H100 96 GB HBM2e, 2.4 TB/s, 400 Gb/s RDMA per GPU
+GRAND_TETON = "h100-80g:nodes={nodes},device_memory=96e9,mem_bandwidth=2.4e12,inter_bw=50e9,peak_flops={peak:.0f}"
+
+# (name, job file, edits to it, model, cluster, published (tokens/s/GPU, GiB) or None, source line)
+JOBS = [
+    ("job llama3_8b  (64 A100)", "llama3_8b.toml", {}, "llama3-8b", "a100-80g:nodes=8", None,
+     "llama3_8b.toml: 'a preset for 64 A100 GPUs'"),
+    ("job llama3_70b (64 A100)", "llama3_70b.toml", {}, "llama3-70b", "a100-80g:nodes=8", None,
+     "llama3_70b.toml: 'a preset for 64 A100 GPUs'"),
+    ("job llama3_405b (128 H100)", "llama3_405b.toml", {"converters": None}, "llama3-405b", "h100-80g:nodes=16", None,
+     "llama3_405b.toml: 'a preset for 128 H100 GPUs'; float8 converter removed (sapp prices bf16)"),
+]
+BENCH = [
+    ("Table 1 FSDP, 8B, 8 GPUs", "llama3_8b.toml", {"local_batch_size": 2}, "llama3-8b", 1, (5762, 82.4),
+     "Table 1: FSDP, local batch 2, global 16, selective AC"),
+    ("Table 3 FSDP, 8B, 128 GPUs", "llama3_8b.toml", {"local_batch_size": 2}, "llama3-8b", 16, (5605, 67.0),
+     "Table 3: FSDP, local batch 2, global 256, selective AC"),
+]
+
+
+def job_text(fname, edits) -> str:
+    """The stored job file with `edits` applied: key = value replaced (None: the line removed)."""
+    with open(os.path.join(HERE, fname)) as f:
+        text = f.read()
+    for key, value in edits.items():
+        pat = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
+        if not pat.search(text):
+            raise SystemExit(f"{fname} has no '{key} =' line to edit")
+        text = pat.sub("" if value is None else f"{key} = {value}", text)
+    return text
+
+
+def price(text, model, cluster_spec, graphs):
+    from sapp import api
+    from sapp.engines import import_config
+    cl = api.resolve_cluster(cluster_spec)
+    if model not in graphs:
+        graphs[model] = api.capture_graph(api.resolve_model(model)[0])[0]
+    g = graphs[model]
+    plan = import_config(text, "torchtitan", g, cl, model)
+    pr = plan["predicted"]
+    seq = (g.meta or {}).get("seq") or ((g.meta or {}).get("config") or {}).get("s")
+    tps = pr["samples_per_s"] * seq / cl.devices
+    return {"tps": tps, "gib": pr["peak_memory_bytes"] / 2 ** 30, "fits": pr["peak_memory_bytes"] <= cl.usable_memory,
+            "usable_gib": cl.usable_memory / 2 ** 30, "mfu": pr["mfu"], "step": pr["step_time_s"],
+            "memory": {k: v / 2 ** 30 for k, v in pr["memory"].items()}, "notes": plan["notes"]}
+
+
+def _err(pred, pub):
+    return f"{(pred - pub) / pub:+.1%}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.published_torchtitan", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="rows whose name contains this text")
+    ap.add_argument("--peak", choices=("sxm", "nvl", "both"), default="both",
+                    help="the H100 peak the benchmark rows are priced at (default both)")
+    ap.add_argument("--notes", action="store_true", help="print each import's notes")
+    args = ap.parse_args(argv)
+    graphs, t0 = {}, time.time()
+    print("torchtitan's published job files (v0.2.2), imported on their stated hardware")
+    print(f"{'job':28s} {'fits':>5s} {'peak GiB':>9s} {'usable':>7s} {'tok/s/GPU':>10s} {'MFU':>6s}")
+    for name, fname, edits, model, spec, _, src in JOBS:
+        if args.only not in name:
+            continue
+        r = price(job_text(fname, edits), model, spec, graphs)
+        print(f"{name:28s} {'yes' if r['fits'] else 'NO':>5s} {r['gib']:9.1f} {r['usable_gib']:7.1f} {r['tps']:10,.0f} "
+              f"{r['mfu']:6.1%}   ({src})")
+        if args.notes:
+            print("".join(f"      - {n}\n" for n in r["notes"]), end="")
+    peaks = ("sxm", "nvl") if args.peak == "both" else (args.peak,)
+    print(f"\ntorchtitan's benchmark, FSDP rows ({SOURCE}); memory: published max_reserved vs sapp's peak")
+    print(f"{'row':28s} {'peak':>4s} {'tok/s/GPU':>10s} {'published':>9s} {'err':>7s} {'GiB':>6s} {'published':>9s} "
+          f"{'err':>7s}")
+    for name, fname, edits, model, nodes, (pub_tps, pub_gib), src in BENCH:
+        if args.only not in name:
+            continue
+        for pk in peaks:
+            r = price(job_text(fname, edits), model, GRAND_TETON.format(nodes=nodes, peak=PEAKS[pk]), graphs)
+            print(f"{name:28s} {pk:>4s} {r['tps']:10,.0f} {pub_tps:9,} {_err(r['tps'], pub_tps):>7s} {r['gib']:6.1f} "
+                  f"{pub_gib:9.1f} {_err(r['gib'], pub_gib):>7s}")
+            if args.notes:
+                mem = ", ".join(f"{k} {v:.1f}" for k, v in r["memory"].items())
+                print(f"      memory GiB: {mem}")
+                print("".join(f"      - {n}\n" for n in r["notes"]), end="")
+    print(f"\n({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
