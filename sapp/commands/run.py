@@ -4,7 +4,9 @@ device (gloo on CPU, nccl with CUDA), and report measured vs predicted step time
 Checks that need no processes (plan file, world size, model name and size, data source, checkpoint
 directory) run before the launch; a rank that dies ends the job (torchrun's agent stops the others,
 max-restarts 0) with a non-zero exit, or with --max-restarts N and --checkpoint-dir, restarts every
-worker from the last checkpoint.  --resume continues a run, under this plan or any other."""
+worker from the last checkpoint.  --resume continues a run, under this plan or any other.  A mixed-cluster
+plan (sapp.hetero-plan/1) runs its groups' uneven data shares: which group this node runs, by the
+device it reports or --group NAME, is settled in sapp/commands/run_hetero.py."""
 from __future__ import annotations
 
 import os
@@ -20,7 +22,7 @@ PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id
 
 
 def add_arguments(p):
-    p.add_argument("plan", help="plan JSON from `sapp search`")
+    p.add_argument("plan", help="plan JSON from `sapp search` (a mixed cluster's too)")
     add_model_arguments(p)
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="model setting override, e.g. dropout=0 (repeatable)")
@@ -52,6 +54,9 @@ def add_arguments(p):
     p.add_argument("--elastic", action="store_true",
                    help="with --nnodes MIN:MAX and --checkpoint-dir: a group of another size re-plans for the devices it "
                         "has and resumes the last checkpoint under that plan (sapp/emit/runtime/elastic.py)")
+    p.add_argument("--group", metavar="NAME",
+                   help="mixed-cluster plan, one `sapp run` per node: the group this node runs (default: the group "
+                        "planned for the device kind this node reports; refused when the kinds differ)")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
@@ -141,9 +146,16 @@ def precheck(args):
     nodes = _nodes(args)
     if args.out:
         check_out(args.out)
-    plan = Plan.load(args.plan)
-    nproc = args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
-    if getattr(args, "elastic", False) and args.nproc:
+    from .run_hetero import mixed_plan
+    mixed = mixed_plan(args, nodes, single_node(args))      # (this node's plan over the job, nproc) or None
+    if mixed is None and getattr(args, "group", None):
+        raise UsageError(f"--group names a group of a mixed-cluster plan; {args.plan} is a plan for one device kind: "
+                         "drop --group")
+    plan = mixed[0] if mixed else Plan.load(args.plan)
+    nproc = mixed[1] if mixed else args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
+    if mixed:
+        pass        # the node count and processes per group were checked against the plan's groups
+    elif getattr(args, "elastic", False) and args.nproc:
         pass        # an elastic job runs on the processes it is given: the workers re-plan for them
     elif nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
@@ -232,6 +244,8 @@ def command(args, nproc: int) -> list:
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
     if getattr(args, "allow_mismatch", False):
         cmd.append("--allow-mismatch")
+    if getattr(args, "hetero_group", None):
+        cmd += ["--group", args.hetero_group]
     if getattr(args, "elastic", False):
         cmd.append("--elastic")
     for kv in args.model_arg:

@@ -29,6 +29,14 @@ def batch(step, n):
     return x, (x.sum(1, keepdim=True) ** 2).sin()
 
 
+def factory():
+    """`sapp run --model tests.emit_workers.hetero_job:factory`: the model, an example batch, targets and
+    loss, in float64 (tests/test_hetero_run.py)."""
+    import torch.nn.functional as F
+    x, y = batch(0, 8)
+    return model(), (x,), y, F.mse_loss
+
+
 def _loss(m, x, y):
     return ((m(x) - y) ** 2).mean()
 

@@ -11,7 +11,8 @@ never on the plan, so any plan sees the same global batches in the same order (a
 another plan continues where the first stopped).  Map-style data (and files) run epoch after epoch of
 floor(n / B) batches, in index order or, with shuffle, in a permutation drawn from (seed, epoch); an
 iterable is read from its start and restarted when exhausted.  The data position saved in a
-checkpoint is the number of samples consumed, k*B."""
+checkpoint is the number of samples consumed, k*B.  A mixed-cluster plan's rank reads its own rows
+[lo, hi) of each global batch (`Batches.rows`), the ranks' rows covering the batch once."""
 from __future__ import annotations
 
 import importlib
@@ -139,7 +140,10 @@ class Batches:
     def local(self, step: int, dp_rank: int = 0, dp: int = 1):
         if self.b % dp:
             raise DataError(f"global batch {self.b} does not divide over dp={dp}; use a multiple of {dp}")
-        lo, hi = dp_rank * self.b // dp, (dp_rank + 1) * self.b // dp
+        return self.rows(step, dp_rank * self.b // dp, (dp_rank + 1) * self.b // dp)
+
+    def rows(self, step: int, lo: int, hi: int):
+        """Rows [lo, hi) of global batch `step` (a mixed-cluster plan's uneven shares)."""
         if self.dataset is None:
             idx = self._indices(step, lo, hi)
             return tuple(x[idx] for x in self.inputs), self.targets[idx]

@@ -17,7 +17,9 @@ attempt, so the restarted workers run through.  "RANK:STEP:savekill" and "RANK:S
 act inside a save, before a commit or as a group forms (sapp/emit/runtime/checkpoint.py, planted_hold).  SAPP_TEST_PACE=S sleeps S seconds before each step
 (tests that must act while a job runs).
 
---elastic: a group of another size than the plan's re-plans for it first (sapp/emit/runtime/elastic.py)."""
+--elastic: a group of another size than the plan's re-plans for it first (sapp/emit/runtime/elastic.py).
+A mixed-cluster plan (sapp.hetero-plan/1): --group names this rank's group, else ranks take the
+groups in plan order; each trains its rows of the global batch (sapp/emit/runtime/hetero_run.py)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--resume-partial", dest="resume_partial", action="store_true")
     p.add_argument("--elastic", action="store_true")
     p.add_argument("--allow-mismatch", action="store_true")
+    p.add_argument("--group")
     return p.parse_args(argv)
 
 
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
     from ...errors import SappError
     from ...plan import Plan
-    from . import checkpoint as ckpt_mod, dist as dist_mod
+    from . import checkpoint as ckpt_mod, dist as dist_mod, hetero_run
     from .. import emit
     from .train_log import StepLog, log_error
     from .train_state import model_names
@@ -152,7 +155,9 @@ def main(argv=None) -> int:
     # resumes the newest checkpoint: every rank decides alike
     resume = args.resume or ((_restarted() or getattr(args, "elastic", False)) and args.checkpoint_dir and "latest")
     try:
-        plan = Plan.load(args.plan)
+        mixed = hetero_run.load(args.plan)      # a mixed-cluster plan: this rank's group's, over the job
+        group = (args.group or hetero_run.by_position(mixed, rank)) if mixed else None
+        plan = hetero_run.rank_plan(mixed, group, world) if mixed else Plan.load(args.plan)
         torch.manual_seed(args.seed)     # identical initial weights on every rank
         model = models.build(args.model, device="cpu", **model_overrides(args.model_arg))   # zoo | factory | HF config
         gb = plan.model.get("global_batch")
@@ -164,8 +169,9 @@ def main(argv=None) -> int:
         device = dist_mod.default_device()
         if world > 1:
             dist_mod.init(device, timeout_s=args.timeout)
+        share = hetero_run.place(mixed, group, rank, world) if mixed else None
         ckpt_mod.planted_hold("join", rank)      # tests: a node that joins a group and dies before its first step
-        if getattr(args, "elastic", False):      # a group of another size than the plan's: re-plan for it (sapp/emit/runtime/elastic.py)
+        if getattr(args, "elastic", False) and not mixed:      # a group of another size than the plan's: re-plan for it (sapp/emit/runtime/elastic.py)
             from .elastic import plan_for_world
             from .checkpoint_find import committed
             regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
@@ -183,6 +189,8 @@ def main(argv=None) -> int:
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
                     name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
                     allow_mismatch=args.allow_mismatch)
+        if share:
+            hetero_run.weigh(prog, share)
         log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
         start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
@@ -214,7 +222,8 @@ def main(argv=None) -> int:
                 if fault[2] == "raise":
                     _planted_fault(i)
                 os._exit(1)
-            x, y = batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp))
+            x, y = (batches.rows(i, *share["rows"]) if share else
+                    batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp)))
             if getattr(prog, "cp", 1) > 1:          # context parallelism: this rank's tokens of them
                 x, y = prog.shard_tokens(x, y)
             if pace:
