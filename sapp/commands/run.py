@@ -218,7 +218,7 @@ def precheck_training(args, plan):
 
 
 def single_node(args) -> bool:
-    return not args.nnodes and not args.rdzv_endpoint
+    return not getattr(args, "nnodes", None) and not getattr(args, "rdzv_endpoint", None)
 
 
 def command(args, nproc: int) -> list:
