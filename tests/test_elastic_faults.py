@@ -69,16 +69,16 @@ def _two_nodes(d, fault):
     return [store, node(d, 0, rdzv, STEPS, env=fault), node(d, 1, rdzv, STEPS, env=fault)]
 
 
-def test_node_killed_inside_a_save_resumes_the_last_commit(tmp_path):
-    """Rank 2 holds inside the save of step 10, its shard written; its node is killed.  The other
-    node's ranks, waiting in the save's collective, stop; the node re-plans for 2 and resumes step 5."""
+def _killed_while_held(tmp_path, fault: str, held: str, check_tmp) -> None:
+    """Two nodes, one rank holding at `fault` (SAPP_FAULT); `check_tmp(the step-10 .tmp directory)` on
+    what is on disk then; the holding rank's node killed; the other node must re-plan, resume step 5
+    (never the uncommitted step 10) and match the reference."""
     plan4(tmp_path)
     procs = []
     try:
-        procs = _two_nodes(tmp_path, {"SAPP_FAULT": f"2:{2 * EVERY}:hold-save"})
-        lost = _held(tmp_path, f"holding at save of step {2 * EVERY}")
-        tmp = tmp_path / "ck" / f".tmp-step-{2 * EVERY:08d}"
-        assert (tmp / "__2_0.distcp").exists() and not (tmp / MARKER).exists()    # mid-save: rank 2's shard only
+        procs = _two_nodes(tmp_path, {"SAPP_FAULT": fault})
+        lost = _held(tmp_path, held)
+        check_tmp(tmp_path / "ck" / f".tmp-step-{2 * EVERY:08d}")
         before = [s for s, _ in committed(str(tmp_path / "ck"))]
         kill_node(procs[1 + lost])
         _finish(tmp_path, procs, 1 - lost)
@@ -86,26 +86,23 @@ def test_node_killed_inside_a_save_resumes_the_last_commit(tmp_path):
         stop_all(procs)
     assert f"resumed from {tmp_path / 'ck' / f'step-{EVERY:08d}'}" in _out(tmp_path, 1 - lost)
     _judge(tmp_path, EVERY, before)
+
+
+def test_node_killed_inside_a_save_resumes_the_last_commit(tmp_path):
+    """Rank 2 holds inside the save of step 10, its shard written; its node is killed.  The other
+    node's ranks, waiting in the save's collective, stop; the node re-plans for 2 and resumes step 5."""
+    def mid_save(tmp):          # rank 2's shard only
+        assert (tmp / "__2_0.distcp").exists() and not (tmp / MARKER).exists()
+    _killed_while_held(tmp_path, f"2:{2 * EVERY}:hold-save", f"holding at save of step {2 * EVERY}", mid_save)
 
 
 def test_node_killed_between_save_and_commit_never_takes_the_uncommitted(tmp_path):
     """Rank 0 holds after every rank's files of step 10 are written, before the marker: a complete
     but uncommitted checkpoint.  Its node is killed; the other node re-plans and resumes step 5."""
-    plan4(tmp_path)
-    procs = []
-    try:
-        procs = _two_nodes(tmp_path, {"SAPP_FAULT": f"0:{2 * EVERY}:hold-commit"})
-        lost = _held(tmp_path, f"holding at commit of step {2 * EVERY}")
-        tmp = tmp_path / "ck" / f".tmp-step-{2 * EVERY:08d}"
+    def written(tmp):           # all written, no marker
         files = sorted(os.listdir(tmp))
-        assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)], files     # all written, no marker
-        before = [s for s, _ in committed(str(tmp_path / "ck"))]
-        kill_node(procs[1 + lost])
-        _finish(tmp_path, procs, 1 - lost)
-    finally:
-        stop_all(procs)
-    assert f"resumed from {tmp_path / 'ck' / f'step-{EVERY:08d}'}" in _out(tmp_path, 1 - lost)
-    _judge(tmp_path, EVERY, before)
+        assert files == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)], files
+    _killed_while_held(tmp_path, f"0:{2 * EVERY}:hold-commit", f"holding at commit of step {2 * EVERY}", written)
 
 
 def test_node_dying_as_it_joins_leaves_the_job_going(tmp_path):

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.emit_workers import fused_qkv as F  # noqa: E402
+from tests.emit_workers import fused_qkv as F, harness  # noqa: E402
 
 STEPS = 3
 TP_CLUSTER = "cpu:gpus=2,peak_flops=1e8,intra_latency=0,intra_bw=1e15,op_overhead=0,sharded_op_overhead=0"
@@ -108,26 +106,12 @@ def test_a_hand_written_column_split_of_a_fused_projection_is_refused(plans):
 
 
 def _rank(rank, world, cases, out_dir, store):
-    import torch.distributed as dist
-    from datetime import timedelta
     from tests.emit_workers.hf_models import default_dtype
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        for name, kind, path, ckpt in cases:
-            with default_dtype("float64"):
-                res[name] = _train(kind, path, ckpt, world)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:                 # noqa: BLE001 - reported to the test
-        import traceback
-        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(code)
+
+    def run():
+        with default_dtype("float64"):
+            return {name: _train(kind, path, ckpt, world) for name, kind, path, ckpt in cases}
+    harness.gloo_rank(rank, world, store, out_dir, run)
 
 
 def _train(kind, path, ckpt, world):
@@ -167,19 +151,8 @@ def _train(kind, path, ckpt, world):
 @pytest.fixture(scope="module")
 def per_rank(plans, tmp_path_factory):
     ck = str(tmp_path_factory.mktemp("fused_ckpt"))
-    with tempfile.TemporaryDirectory() as tmp:
-        cases = [(c, CASES[c][0], path, ck if c == "gqa-tp2" else None) for c, (path, _) in plans.items()]
-        with open(os.path.join(tmp, "cases.json"), "w") as f:
-            json.dump(cases, f)
-        out = os.path.join(tmp, "out.json")
-        subprocess.run([sys.executable, "-m", "tests.test_fused_qkv", os.path.join(tmp, "cases.json"), out],
-                       cwd=ROOT, timeout=400, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
-        with open(out) as f:
-            got = json.load(f)
-    assert len(got) == 2, got
-    for g in got.values():
-        assert "error" not in g, g["error"]
-    return got
+    cases = [(c, CASES[c][0], path, ck if c == "gqa-tp2" else None) for c, (path, _) in plans.items()]
+    return harness.spawn_cases("tests.test_fused_qkv", cases, timeout=400)
 
 
 def _reference(kind, steps):
@@ -229,8 +202,7 @@ def test_checkpoint_holds_the_model_rows_and_resumes(per_rank):
 
 
 if __name__ == "__main__":
-    from tests.emit_workers.harness import fork_ranks
     with open(sys.argv[1]) as f:
         todo = json.load(f)
     with open(sys.argv[2], "w") as f:
-        json.dump(fork_ranks(_rank, 2, todo)[1], f)
+        json.dump(harness.fork_ranks(_rank, 2, todo)[1], f)

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.emit_workers import planted as P  # noqa: E402
+from tests.emit_workers import harness, planted as P  # noqa: E402
 
 STEPS = 3
 CONFIGS = {"dp2": {"dp": 2, "tp": 1, "pp": 1}, "pp2": {"dp": 1, "tp": 1, "pp": 2},
@@ -130,26 +127,12 @@ def test_capture_failure_is_one_line_naming_module_and_op():
 
 
 def _rank(rank, world, cases, out_dir, store):
-    import torch.distributed as dist
-    from datetime import timedelta
     from tests.emit_workers.hf_models import default_dtype
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        for name, kind, path in cases:
-            with default_dtype("float64"):
-                res[name] = _train(kind, path)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:                 # noqa: BLE001 - reported to the test
-        import traceback
-        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(code)
+
+    def run():
+        with default_dtype("float64"):
+            return {name: _train(kind, path) for name, kind, path in cases}
+    harness.gloo_rank(rank, world, store, out_dir, run)
 
 
 def _train(kind, path):
@@ -167,19 +150,8 @@ def _train(kind, path):
 
 @pytest.fixture(scope="module")
 def per_rank(plans):
-    with tempfile.TemporaryDirectory() as tmp:
-        cases = [(f"{k}-{c}", k, path) for (k, c), (path, _) in plans.items()]
-        with open(os.path.join(tmp, "cases.json"), "w") as f:
-            json.dump(cases, f)
-        out = os.path.join(tmp, "out.json")
-        subprocess.run([sys.executable, "-m", "tests.test_planted_models", os.path.join(tmp, "cases.json"), out],
-                       cwd=ROOT, timeout=300, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
-        with open(out) as f:
-            got = json.load(f)
-    assert len(got) == 2, got
-    for g in got.values():
-        assert "error" not in g, g["error"]
-    return got
+    cases = [(f"{k}-{c}", k, path) for (k, c), (path, _) in plans.items()]
+    return harness.spawn_cases("tests.test_planted_models", cases, timeout=300)
 
 
 def test_planted_models_run_dp2_pp2_tp2_equal_one_process(plans, per_rank):
@@ -194,8 +166,7 @@ def test_planted_models_run_dp2_pp2_tp2_equal_one_process(plans, per_rank):
 
 
 if __name__ == "__main__":
-    from tests.emit_workers.harness import fork_ranks
     with open(sys.argv[1]) as f:
         todo = json.load(f)
     with open(sys.argv[2], "w") as f:
-        json.dump(fork_ranks(_rank, 2, todo)[1], f)
+        json.dump(harness.fork_ranks(_rank, 2, todo)[1], f)

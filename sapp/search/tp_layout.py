@@ -100,7 +100,7 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
             return f"{name} is a model output"
         dims[name] = d
     region.dims = dims
-    parts, why = fused_parts(graph, dims)
+    parts, why = fused_parts(graph, dims, consumers)
     region.parts = parts
     return why
 
@@ -117,7 +117,7 @@ def _axis_size(node, d):
     return node.out.shape[node.out.dims.index(d)] if d in node.out.dims else None
 
 
-def fused_parts(graph, dims: dict) -> tuple:
+def fused_parts(graph, dims: dict, consumers: dict = None) -> tuple:
     """({opener node: piece sizes}, why) for a layout whose ops run over the split axis as `dims`
     says ({node: op dim}): an opener whose output is cut into pieces on that axis (a fused q/k/v
     projection, `chunk(3)` / `split([q, kv, kv])`) is split by heads: each rank's share of the output
@@ -146,7 +146,8 @@ def fused_parts(graph, dims: dict) -> tuple:
             return {}, f"{src}'s output is split two ways ({parts[src]} and {piece['sizes']})"
         seen.setdefault(src, set()).add(name)
     # every op between a fused opener and its pieces keeps the fused axis; no other op reads it
-    consumers = graph.consumers() if parts else {}
+    if parts and consumers is None:
+        consumers = graph.consumers()
     for src, sizes in parts.items():
         total, stack, done = sum(sizes), [src], set()
         while stack:

@@ -125,17 +125,4 @@ def loss_fn(out, y):
     return F.mse_loss(out, y)
 
 
-def reference(kind: str, steps: int, lr: float = 1e-3) -> list:
-    """One process's losses over `steps` Adam steps."""
-    m = build(kind)
-    opt = torch.optim.Adam(m.parameters(), lr=lr)
-    out = []
-    for i in range(steps):
-        x, y = data(i)
-        loss = loss_fn(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(loss.item())
-    return out
 SIZES = {"decoder": [DIM] * 3, "vit": [DIM] * 3, "gqa": [DIM, DIM // 2, DIM // 2]}   # the pieces' widths

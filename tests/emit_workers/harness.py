@@ -110,6 +110,49 @@ def finish(out_dir, rank, out: dict):
     os._exit(0)
 
 
+def gloo_rank(rank, world, store, out_dir, run, timeout_s: float = 60.0):
+    """A forked rank of a test's job: gloo over the file `store`, `run()` -> this rank's results, then
+    a barrier; any error goes to the test in res["error"] (with the traceback's tail); always ends by
+    writing out_dir/rank<r>.json and leaving at once, non-zero on error."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    res, code = {}, 0
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        res = run()
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:                 # noqa: BLE001 - reported to the test
+        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+        code = 1
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    os._exit(code)
+
+
+def spawn_cases(module: str, cases: list, timeout: float, world: int = 2) -> dict:
+    """{rank: results} of `python -m module CASES.json OUT.json` in a process of its own (a test's
+    `__main__` forks the ranks: forking inside an xdist worker can hang); every rank must report
+    and none may have failed."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "cases.json"), "w") as f:
+            json.dump(cases, f)
+        out = os.path.join(tmp, "out.json")
+        subprocess.run([sys.executable, "-m", module, os.path.join(tmp, "cases.json"), out],
+                       cwd=root, timeout=timeout, check=False, env=dict(os.environ, PYTHONPATH=root))
+        with open(out) as f:
+            got = json.load(f)
+    assert len(got) == world, got
+    for g in got.values():
+        assert "error" not in g, g["error"]
+    return got
+
+
 def fork_ranks(worker, world: int, cases: list, builders=()):
     """Fork `world` ranks running worker(rank, world, cases, tmp, store) (each writes tmp/rank<r>.json);
     returns (the first line of a rank's failure or None, {rank: what it wrote}).  A rank that exits
