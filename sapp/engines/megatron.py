@@ -10,17 +10,20 @@ An imported file that builds another model or keeps fp32 gradients is priced wit
 Runtime: Megatron-Core's fused kernels ("fused"; "fused+tp-overlap" with --tp-comm-overlap).  ZeRO-1
 is the distributed optimizer; its gradient reduce-scatter and parameter all-gather overlap as the
 fused profile prices them (--overlap-grad-reduce, --overlap-param-gather).  Stages: equal, or the
-first / last stage different (--decoder-first/last-pipeline-num-layers); interleaving: equal virtual
+first / last stage different (--decoder-first/last-pipeline-num-layers), or any partition with at
+least one layer a stage (--pipeline-model-parallel-layout); interleaving: equal virtual
 stages (--num-layers-per-virtual-pipeline-stage), or Llama 3's layout where the embedding and the
 loss count as a layer each (--account-for-embedding/loss-in-pipeline-split).  Recomputation:
 selective on every layer, full on every layer, or full on the first N layers of every (virtual)
-stage (--recompute-method block --recompute-num-layers N)."""
+stage (--recompute-method block --recompute-num-layers N).  Every other flag of Megatron-LM's parser
+is refused in one line or irrelevant to the step (sapp/engines/megatron_fields.py)."""
 from __future__ import annotations
 
 import shlex
 
 from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
-from .megatron_model import ENV, MODEL, model_args, model_notes
+from .megatron_fields import FIELDS, MULTI, check, layout_counts
+from .megatron_model import ENV, model_args, model_notes
 
 NAME = "megatron"
 RUNTIMES = ("fused", "fused+tp-overlap")
@@ -32,22 +35,7 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
             "--grad-reduce-in-bf16", "--moe-grouped-gemm", "--add-qkv-bias", "--use-rope-scaling"}
-# what the importer reads (everything else is listed in a note: it does not change a step's price)
-READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-        "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
-        "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-        "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-activations",
-        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
-        "--micro-batch-size", "--global-batch-size", "--max-position-embeddings", "--bf16", "--fp16", "--cp-comm-type",
-        "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size",
-        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk"} | set(MODEL)
-# flags that change what a step runs in ways sapp does not price: refused, never ignored
-REFUSED = {"--fp8-format": "FP8 training", "--fp8": "FP8 training", "--cpu-offloading": "activation offloading",
-           "--use-torch-fsdp2": "torch FSDP2 inside Megatron", "--use-megatron-fsdp": "Megatron FSDP",
-           "--use-custom-fsdp": "Megatron FSDP", "--optimizer-cpu-offload": "optimizer offload",
-           "--moe-expert-capacity-factor": "capacity-limited expert routing"}
+# every flag of Megatron-LM's parser is priced, refused in one line or irrelevant: megatron_fields.FIELDS
 
 
 # ---- export ----------------------------------------------------------------------------------------
@@ -222,6 +210,13 @@ def tokens(text: str) -> dict:
         if "=" in t:
             k, v = t.split("=", 1)
             out[k] = v
+        elif t in MULTI:                       # nargs "+" / "*": the values up to the next flag, space-joined
+            j = i + 1
+            while j < len(toks) and not toks[j].startswith("--"):
+                j += 1
+            out[t] = " ".join(toks[i + 1:j]) or True
+            i = j
+            continue
         elif t in SWITCHES or i + 1 >= len(toks) or toks[i + 1].startswith("--"):
             out[t] = True
         else:
@@ -244,9 +239,7 @@ def _int(args, flag, default=None):
 def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     """The configuration an argument file runs on `devices` GPUs for a model with `facts`."""
     args = tokens(text)
-    for flag, what in REFUSED.items():
-        if flag in args:
-            raise EngineError(f"{flag}: sapp does not price {what}; remove it to price the rest")
+    check(args)
     L = facts["layers"]
     _check_shape(args, facts)
     tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
@@ -286,7 +279,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         notes.append("priced with the distributed optimizer's parameter all-gather overlapped "
                      "(--overlap-param-gather); this file does not set it")
     notes += model_notes(args, facts.get("arch"), tp, ecfg.precision)
-    other = sorted(k for k in args if k not in READ)
+    other = sorted(k for k in args if FIELDS[k][0] == "irrelevant")
     if other:
         notes.append(f"{len(other)} argument(s) do not change the priced step and were not read: "
                      + ", ".join(other[:6]) + (", ..." if len(other) > 6 else ""))
@@ -310,6 +303,18 @@ def _check_shape(args, facts):
 
 def _layout(args, ecfg, L):
     pp = ecfg.pp
+    if "--pipeline-model-parallel-layout" in args:
+        ch = layout_counts(args, pp, L)
+        v = len(ch) // pp
+        if pp > 1:
+            ecfg.schedule, ecfg.v = ("interleaved", v) if v > 1 else ("1f1b", 1)
+            ecfg.device_blocks = [sum(ch[c * pp + i] for c in range(v)) for i in range(pp)]
+            ecfg.chunk_blocks = ch if v > 1 else None
+            if v > 1 and _interleave_flags(ecfg, L) is None:
+                raise EngineError(f"--pipeline-model-parallel-layout gives virtual stages of {ch[:8]}"
+                                  f"{'...' if len(ch) > 8 else ''} layers; sapp prices interleaving with equal "
+                                  f"virtual stages, or Llama 3's with one layer fewer on the first and the last")
+        return
     if pp == 1:
         for flag in ("--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers"):
             if flag in args:
