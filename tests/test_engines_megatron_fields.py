@@ -174,8 +174,8 @@ def test_a_layout_prices_as_the_flags_it_equals(small):
     graph, cl = small
     base = "--num-layers 4 --pipeline-model-parallel-size 2 --global-batch-size 16 --bf16 "
     for layout, flags in (("Et|tttL", "--decoder-first-pipeline-num-layers 1"),
-                          ("E|t|t|t|t|L", "--num-layers-per-virtual-pipeline-stage 1 "
-                                          "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")):
+                          ("E|t|t|t|t|L", "--num-layers-per-virtual-pipeline-stage 1 --account-for-embedding-in-"
+                                          "pipeline-split --account-for-loss-in-pipeline-split")):
         a = E.import_config(base + f"--pipeline-model-parallel-layout '{layout}'", "megatron", graph, cl, "gpt-small")
         b = E.import_config(base + flags, "megatron", graph, cl, "gpt-small")
         assert a["predicted"] == b["predicted"] and a["pipeline"] == b["pipeline"]

@@ -84,7 +84,8 @@ FIELDS = {
     "--exp-avg-dtype": ("refused", "Adam moments stored below fp32 (the precision-aware optimizer)", ("fp32",)),
     "--exp-avg-sq-dtype": ("refused", "Adam moments stored below fp32 (the precision-aware optimizer)", ("fp32",)),
     "--optimizer": ("refused", "an optimizer other than Adam (sapp prices Adam's two states)", ("adam",)),
-    "--attention-backend": ("refused", "unfused or local attention (sapp prices fused / flash attention)",
+    "--attention-backend": ("refused", "unfused or local attention (Megatron's default backend runs fused / flash "
+                                       "kernels)",
                             ("auto", "flash", "fused")),
     "--transformer-impl": ("refused", "Megatron's local layers instead of Transformer Engine's fused ones",
                            ("transformer_engine",)),
@@ -132,7 +133,8 @@ FIELDS = {
         ("--moe-shared-expert-gate", "a gate on the shared expert"),
         ("--moe-shared-expert-overlap", "the shared expert overlapped with the token dispatch"),
         ("--moe-enable-routing-replay", "recorded and replayed routing"),
-        ("--moe-enable-deepep", "DeepEP's fused token dispatcher"), ("--moe-layer-recompute", "MoE-layer recomputation"),
+        ("--moe-enable-deepep", "DeepEP's fused token dispatcher"),
+        ("--moe-layer-recompute", "MoE-layer recomputation"),
         ("--enable-cuda-graph", "CUDA graphs"), ("--external-cuda-graph", "CUDA graphs"),
         ("--is-hybrid-model", "hybrid Mamba layers"), ("--fine-grained-activation-offloading", "activation offloading"),
         ("--use-rotary-position-embeddings", "a deprecated way to state rope: write --position-embedding-type rope"),
@@ -163,7 +165,8 @@ FIELDS = {
     "--accumulate-allreduce-grads-in-fp32": (
         "irrelevant", "fp32 gradient accumulation and reduction, what Megatron runs with --bf16 unless "
                       "--grad-reduce-in-bf16 (priced), which overrides this flag"),
-    "--use-flash-attn": ("irrelevant", "flash attention: sapp prices fused / flash attention"),
+    "--use-flash-attn": ("irrelevant", "flash attention, which Megatron-Core's default attention backend picks "
+                                       "already"),
     "--use-mcore-models": ("irrelevant", "deprecated and ignored: Megatron-Core models are the default"),
     **_fam(("irrelevant", "deprecated and ignored by Megatron-Core"),
            "--no-async-tensor-model-parallel-allreduce --disable-async-tensor-model-parallel-allreduce "
@@ -187,7 +190,8 @@ FIELDS = {
                    "--moe-router-enable-expert-bias --moe-router-bias-update-rate --moe-router-force-load-balancing "
                    "--moe-z-loss-coeff --moe-input-jitter-eps --moe-router-load-balancing-type --moe-aux-loss-coeff"),
     **_fam(_TPO, "--no-tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --no-tp-comm-bulk-dgrad "
-                 "--disable-tp-comm-bulk-dgrad --tp-comm-overlap-rs-dgrad --no-tp-comm-split-ag --disable-tp-comm-split-ag "
+                 "--disable-tp-comm-bulk-dgrad --tp-comm-overlap-rs-dgrad --no-tp-comm-split-ag "
+                 "--disable-tp-comm-split-ag "
                  "--no-tp-comm-split-rs --disable-tp-comm-split-rs --tp-comm-bootstrap-backend --tp-comm-overlap-cfg"),
     **_fam(_BUCKET, "--ddp-num-buckets --ddp-bucket-size --ddp-pad-buckets-for-high-nccl-busbw "
                     "--ddp-average-in-collective --no-align-grad-reduce --no-align-param-gather --use-nccl-ub "
@@ -195,7 +199,8 @@ FIELDS = {
                     "--high-priority-stream-groups --pipeline-model-parallel-comm-backend --use-ring-exchange-p2p"),
     **_fam(("irrelevant", "switch-offloaded (SHARP) reductions where the fabric has them: the same collectives"),
            "--use-sharp --sharp-enabled-group"),
-    **_fam(("irrelevant", "launcher and process-group setup"), "--local-rank --lazy-mpu-init --disable-gloo-process-groups"),
+    **_fam(("irrelevant", "launcher and process-group setup"),
+           "--local-rank --lazy-mpu-init --disable-gloo-process-groups"),
     **_fam(("irrelevant", "gradient clipping and NaN / large-gradient checks: one norm over the gradients, not "
                           "modelled"), "--clip-grad --no-check-for-nan-in-loss-and-grad --check-for-large-grads"),
     **_fam(("irrelevant", "fp16 loss scaling: one scalar"),
@@ -205,13 +210,14 @@ FIELDS = {
     **_fam(_read_only("--optimizer sgd or muon"), "--sgd-momentum --muon-momentum --muon-no-split-qkv "
                                                   "--muon-use-nesterov --muon-scale-mode --muon-fp32-matmul-prec "
                                                   "--muon-num-ns-steps --muon-tp-mode --muon-extra-scale-factor"),
-    **_fam(_read_only("--optimizer-cpu-offload"), "--optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload "
-                                                 "--overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads --no-pin-cpu-params"),
-    **_fam(_read_only("Megatron FSDP / torch FSDP2"), "--data-parallel-sharding-strategy --outer-dp-sharding-strategy "
-                                                      "--fsdp-double-buffer --suggested-communication-unit-size "
-                                                      "--enable-full-sharding-in-hsdp --fsdp-manual-registration "
-                                                      "--no-gradient-reduce-div-fusion --torch-fsdp2-no-reshard-after-forward "
-                                                      "--no-strict-fsdp-dtensor-load --disable-strict-fsdp-dtensor-load"),
+    **_fam(_read_only("--optimizer-cpu-offload"),
+           "--optimizer-offload-fraction --use-torch-optimizer-for-cpu-offload --overlap-cpu-optimizer-d2h-h2d "
+           "--no-pin-cpu-grads --no-pin-cpu-params"),
+    **_fam(_read_only("Megatron FSDP / torch FSDP2"),
+           "--data-parallel-sharding-strategy --outer-dp-sharding-strategy --fsdp-double-buffer "
+           "--suggested-communication-unit-size --enable-full-sharding-in-hsdp --fsdp-manual-registration "
+           "--no-gradient-reduce-div-fusion --torch-fsdp2-no-reshard-after-forward --no-strict-fsdp-dtensor-load "
+           "--disable-strict-fsdp-dtensor-load"),
     **_fam(_FP8, "--fp8-recipe --fp8-quantizer-factory --fp8-margin --fp8-interval --fp8-amax-history-len "
                  "--fp8-amax-compute-algo --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16 "
                  "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --fp4-recipe --fp4-param-gather "
@@ -298,14 +304,16 @@ FIELDS = {
                  "--tokenizer-hf-include-special-tokens --trust-remote-code"),
     **_fam(_OTHER_MODEL, "--decoder-seq-length --sample-rate --mask-prob --short-seq-prob --bert-no-binary-head "
                          "--ict-head-size --biencoder-projection-dim --biencoder-shared-query-context-model --ict-load "
-                         "--bert-load --titles-data-path --query-in-block-prob --use-one-sent-docs --evidence-data-path "
+                         "--bert-load --titles-data-path --query-in-block-prob --use-one-sent-docs "
+                         "--evidence-data-path "
                          "--retriever-report-topk-accuracies --retriever-score-scaling --block-data-path "
                          "--embedding-path --indexer-batch-size --indexer-log-interval --num-classes --img-h --img-w "
                          "--num-channels --patch-dim --classes-fraction --data-per-class-fraction --no-data-sharding "
                          "--head-lr-mult --vision-pretraining --vision-pretraining-type --vision-backbone-type "
                          "--swin-backbone-type --mask-type --mask-factor --iter-per-epoch --dino-local-img-size "
                          "--dino-local-crops-number --dino-head-hidden-size --dino-bottleneck-size "
-                         "--dino-freeze-last-layer --dino-norm-last-layer --dino-warmup-teacher-temp --dino-teacher-temp "
+                         "--dino-freeze-last-layer --dino-norm-last-layer --dino-warmup-teacher-temp "
+                         "--dino-teacher-temp "
                          "--dino-warmup-teacher-temp-epochs"),
     **_fam(_INFER, "--flash-decode --inference-fuse-tp-communication --mlp-chunks-for-prefill "
                    "--moe-pad-experts-for-cuda-graph-inference --inference-batch-times-seqlen-threshold "
