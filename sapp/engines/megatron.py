@@ -2,10 +2,12 @@
 read back as a configuration (tokens only: shlex, never executed).
 
 The file states the whole model (model_args: sizes, vocabulary unpadded, norm, SwiGLU, positions,
-biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients in bf16
-(--grad-reduce-in-bf16: sapp prices 2-byte gradients; Megatron keeps fp32 ones without it); the
+biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients' width
+as priced: a plan priced with 2-byte gradients says --grad-reduce-in-bf16, one priced with fp32
+main_grads (settings.grad_fp32: what Megatron keeps under --bf16 without that flag) does not; the
 environment Megatron-Core asserts (CUDA_DEVICE_MAX_CONNECTIONS=1) is a `# environment:` comment line.
-An imported file that builds another model or keeps fp32 gradients is priced with a note saying so.
+An imported file is priced with the gradients it keeps (fp32 under --bf16 unless --grad-reduce-in-bf16);
+one that builds another model is priced with a note saying so.
 
 Runtime: Megatron-Core's fused kernels ("fused"; "fused+tp-overlap" with --tp-comm-overlap).  ZeRO-1
 is the distributed optimizer; its gradient reduce-scatter and parameter all-gather overlap as the
@@ -31,7 +33,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
-            "--grad-reduce-in-bf16", "--moe-grouped-gemm", "--add-qkv-bias", "--use-rope-scaling"}
+            "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--moe-grouped-gemm", "--add-qkv-bias",
+            "--use-rope-scaling"}
 # what the importer reads (everything else is listed in a note: it does not change a step's price)
 READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
@@ -42,7 +45,8 @@ READ = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--con
         "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
         "--micro-batch-size", "--global-batch-size", "--max-position-embeddings", "--bf16", "--fp16", "--cp-comm-type",
         "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size",
-        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk"} | set(MODEL)
+        "--num-query-groups", "--group-query-attention", "--num-experts", "--moe-router-topk",
+        "--accumulate-allreduce-grads-in-fp32"} | set(MODEL)
 # flags that change what a step runs in ways sapp does not price: refused, never ignored
 REFUSED = {"--fp8-format": "FP8 training", "--fp8": "FP8 training", "--cpu-offloading": "activation offloading",
            "--use-torch-fsdp2": "torch FSDP2 inside Megatron", "--use-megatron-fsdp": "Megatron FSDP",
@@ -193,9 +197,12 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     add("--global-batch-size", ecfg.global_batch)
     if ecfg.precision == "bf16-mixed":
         add("--bf16")
-        add("--grad-reduce-in-bf16")          # sapp prices 2-byte gradients; Megatron keeps fp32 ones otherwise
+        if not ecfg.grad_fp32:            # priced with 2-byte gradients; Megatron keeps fp32 ones otherwise
+            add("--grad-reduce-in-bf16")
     elif ecfg.precision == "fp16-mixed":
         add("--fp16")
+        if ecfg.grad_fp32:                # fp16 keeps 2-byte gradients unless told
+            add("--accumulate-allreduce-grads-in-fp32")
     return "\n".join(lines + a) + "\n"
 
 
@@ -269,6 +276,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                         sp=bool(args.get("--sequence-parallel")), mbs=mbs, m=gb // (mbs * dp),
                         zero=1 if args.get("--use-distributed-optimizer") else 0,
                         precision="bf16-mixed" if args.get("--bf16") else "fp16-mixed" if args.get("--fp16") else "fp32",
+                        grad_fp32=_grad_fp32(args),
                         runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused")
     if ecfg.sp and tp == 1:
         ecfg.sp = False           # Megatron turns it off itself at tp 1
@@ -292,6 +300,15 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                      + ", ".join(other[:6]) + (", ..." if len(other) > 6 else ""))
     ecfg.notes = notes
     return ecfg
+
+
+def _grad_fp32(args) -> bool:
+    """Megatron's main_grads dtype (validate_args, core_v0.16.1 and main): under --bf16 the DDP buffer and
+    its reduce are fp32 unless --grad-reduce-in-bf16; under --fp16 they are fp16 unless
+    --accumulate-allreduce-grads-in-fp32 (DistributedDataParallelConfig.grad_reduce_in_fp32)."""
+    if args.get("--bf16"):
+        return not args.get("--grad-reduce-in-bf16")
+    return bool(args.get("--fp16") and args.get("--accumulate-allreduce-grads-in-fp32"))
 
 
 def _check_shape(args, facts):
