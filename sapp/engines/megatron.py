@@ -67,6 +67,10 @@ def conform(ecfg: EngineConfig, names) -> tuple:
         raise EngineError("the plan offloads the optimizer to the host, which Megatron-LM's arguments do not state; "
                           "search again with --target megatron")
     out = ecfg.replace()
+    if out.ep > 1 and out.tp > 1 and not out.sp:
+        notes.append("Megatron runs expert parallelism beside tensor parallelism with sequence parallelism only: "
+                     "exported with --sequence-parallel and re-priced so")
+        out.sp = True
     if out.runtime not in RUNTIMES:
         notes.append(f"the plan was priced for the {out.runtime} runtime; Megatron-Core runs fused kernels: "
                      f"re-priced as fused")
@@ -156,7 +160,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         add("--cp-comm-type", "all_gather")        # keys and values all-gathered: what sapp prices
     if ecfg.ep > 1 or facts["arch"].get("experts"):
         add("--expert-model-parallel-size", ecfg.ep)
-        add("--expert-tensor-parallel-size", 1)
+        add("--expert-tensor-parallel-size", ecfg.tp if ecfg.ep > 1 else 1)   # what costmodel/moe.py prices
     if ecfg.sp:
         add("--sequence-parallel")
     if ecfg.pp > 1 and ecfg.schedule == "interleaved":
@@ -280,8 +284,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                         runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused")
     if ecfg.sp and tp == 1:
         ecfg.sp = False           # Megatron turns it off itself at tp 1
-    if int(args.get("--expert-tensor-parallel-size", 1) or 1) != 1 and ep > 1:
-        raise EngineError("--expert-tensor-parallel-size > 1: sapp prices experts unsplit over tp; use 1")
+    etp = int(args.get("--expert-tensor-parallel-size", tp) or tp)     # Megatron's default: tp
+    if ep > 1:
+        _expert_tp(etp, tp, ecfg.sp, dp, ep)
     if cp > 1 and args.get("--cp-comm-type", "p2p") != "all_gather":
         notes.append(f"context parallelism priced as keys/values all-gathered (--cp-comm-type all_gather), not "
                      f"{args.get('--cp-comm-type', 'p2p')}")
@@ -300,6 +305,21 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                      + ", ".join(other[:6]) + (", ..." if len(other) > 6 else ""))
     ecfg.notes = notes
     return ecfg
+
+
+def _expert_tp(etp, tp, sp, dp, ep):
+    """Expert tensor parallelism beside ep: Megatron's --expert-tensor-parallel-size (default: tp).  sapp
+    prices the experts whole at tp 1, or split over the tp ranks (expert-tp = tp) at tp > 1 with
+    sequence parallelism, which Megatron itself requires for MoE beside tp."""
+    if etp != tp:
+        raise EngineError(f"--expert-tensor-parallel-size {etp} with tp {tp}: sapp prices experts split like the "
+                          f"other layers (expert-tp = tp, Megatron's default); give {tp} or leave it out")
+    if tp > 1 and not sp:
+        raise EngineError("expert parallelism beside tensor parallelism needs --sequence-parallel (Megatron "
+                          "asserts it); add it")
+    if dp % ep:
+        raise EngineError(f"--expert-model-parallel-size {ep} must divide the data-parallel size {dp} (expert "
+                          f"groups of tp x ep ranks at expert-tp = tp)")
 
 
 def _grad_fp32(args) -> bool:
