@@ -155,7 +155,7 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False, optimizer=None):
+           runtime=None, cache=False, optimizer=None, grad_fp32=False):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -164,6 +164,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     `runtime`: the runtime profile priced, "eager" (default: what sapp's emitter runs) or "fused"
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
     `optimizer`: the optimizer whose states are priced (CostSettings; default "adam").
+    `grad_fp32`: gradients held and reduced in fp32 (CostSettings; Megatron without --grad-reduce-in-bf16).
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
     cl = resolve_cluster(cluster)
@@ -185,7 +186,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         module, name, info = resolve_model(model)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
-                            dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam")
+                            dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32))
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing
@@ -412,7 +413,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     st = plan._d.get("settings") or {}
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
-                            dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0))
+                            dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0),
+                            grad_fp32=st.get("grad_fp32", False))
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")

@@ -88,9 +88,13 @@ def test_an_import_of_a_tied_dense_file_says_it_builds_another_model():
     back = E.import_config(tied, "megatron", graph, cl, "gpt3-175b")
     notes = " ".join(back._d.get("notes") or [])
     assert "another model" in notes and "--untie-embeddings-and-output-weights" in notes
-    assert "fp32 gradients" in notes
     same = E.import_config(text, "megatron", graph, cl, "gpt3-175b")
     assert "another model" not in " ".join(same._d.get("notes") or [])
+    # without --grad-reduce-in-bf16 Megatron keeps fp32 main_grads: priced so (twice the gradient bytes)
+    assert back["settings"].get("grad_fp32") is True and "fp32-grads" in notes
+    assert not same["settings"].get("grad_fp32")
+    assert back["predicted"]["memory"]["grads"] == pytest.approx(2 * same["predicted"]["memory"]["grads"], rel=1e-5)
+    assert "--grad-reduce-in-bf16" not in E.export_plan(back, "megatron", graph=graph, cluster=cl)[0]
 
 
 @pytest.mark.parametrize("model,flavor", [("llama3-70b", "70B"), ("llama3-8b", "8B"), ("gpt3-175b", None)])

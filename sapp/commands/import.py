@@ -40,7 +40,7 @@ def read_text(path) -> str:
 
 def run(args):
     from .. import api
-    from ..engines import comparison, import_config
+    from ..engines import best_plan, comparison, import_config
     from ._paths import check_out
     for path, flag in ((args.out, "--out"), (args.best_out, "--best-out")):
         if path:
@@ -64,11 +64,10 @@ def run(args):
         print(f"plan written to {args.out}")
     if args.no_compare:
         return 0 if fits else 1
-    best = api.search(graph=graph, model=module, cluster=cl, global_batch=plan["model"]["global_batch"],
-                      constraints={"target": args.engine}, runtime=plan["settings"]["runtime"],
-                      precision=plan["settings"]["precision"], optimizer=plan["settings"].get("optimizer"))
-    from ..engines import export_plan
-    _, best, _ = export_plan(best, args.engine, graph=graph, cluster=cl)   # as the engine would run it
+    st = plan["settings"]
+    best = best_plan(graph, cl, args.engine, global_batch=plan["model"]["global_batch"], model=module,
+                     settings={"runtime": st["runtime"], "precision": st["precision"], "optimizer": st.get("optimizer"),
+                               "grad_fp32": st.get("grad_fp32", False)})   # as the engine would run it
     print(comparison(plan, best))
     if args.best_out:
         best.save(args.best_out)

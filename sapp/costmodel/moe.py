@@ -125,6 +125,17 @@ def expert_sync_time(expert_params: float, dp: int, ep: int, link: str, cluster,
             - 2 * (edp - 1) * _alpha_beta("all_reduce", link, cluster)[0])
 
 
+def expert_tp_gather(rows: float, hidden: int, act_bytes: float, tp: int, cluster) -> float:
+    """Seconds per micro-batch direction of expert tensor parallelism's row exchange: the rows an EP rank
+    received all-gathered over its tp group before the experts (reduce-scattered after them), `rows`
+    being the tp group's T·k; 0 at tp 1."""
+    if tp <= 1 or rows <= 0:
+        return 0.0
+    nbytes = rows * hidden * act_bytes
+    return collective_time("all_gather", nbytes, tp, "intra", cluster) + \
+        collective_time("reduce_scatter", nbytes, tp, "intra", cluster)
+
+
 def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int, cluster, settings,
                   stage_devices: int) -> dict:
     """What EP changes in one block's priced numbers against the ep = 1 profile (every dp rank holding
@@ -132,7 +143,13 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     forward and backward (all-to-alls, the EP re-sort, expert GEMMs at the routed load), per-step
     gradient-sync seconds (expert gradients over expert-DP instead of dp), model-state bytes.
     `facts`: the block's MoE layers as captured, per sample: {"rows", "hidden", "top_k",
-    "expert_flops" (forward), "expert_params", "capacity_factor"}."""
+    "expert_flops" (forward), "expert_params", "capacity_factor"}.
+    Under tensor parallelism (tp > 1, sequence parallel: Megatron-Core's layout with expert-tp = tp, its
+    default) the profile holds every expert whole on every tp rank and runs the micro-batch's routed
+    rows through them on each; Megatron splits each expert's ffn over the tp ranks instead: a rank
+    dispatches its 1/tp of the tokens over the ep ranks of its tp index, all-gathers the received rows
+    over tp (reduce-scatter on the way back) and runs 1/tp of every local expert on them, so expert
+    FLOPs and expert states are 1/tp of the profile's (the row exchange: expert_tp_gather)."""
     zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
     if ep <= 1 or not facts:
         return zero_delta
@@ -141,23 +158,25 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     act = 2.0 if settings.mixed else 4.0
     rows = facts["rows"] * mbs                            # T·k routed rows this rank sends
     tokens = rows / facts["top_k"]
-    a_f, a_b = dispatch_combine_time(tokens, facts["top_k"], facts["hidden"], act, ep, local, cluster)
+    a_f, a_b = dispatch_combine_time(tokens / tp, facts["top_k"], facts["hidden"], act, ep, local, cluster)
+    a_f, a_b = a_f + expert_tp_gather(rows, facts["hidden"], act, tp, cluster), \
+        a_b + expert_tp_gather(rows, facts["hidden"], act, tp, cluster)
     resort = compute_time(0.0, permute_bytes(tokens, facts["top_k"], facts["hidden"], act, ep)
                           - permute_bytes(tokens, facts["top_k"], facts["hidden"], act, 1), cluster)
     load = expert_load(facts.get("capacity_factor", 0.0), getattr(settings, "moe_imbalance", DEFAULT_IMBALANCE))
-    ef = facts["expert_flops"] * mbs * (load - 1.0)        # the busiest rank's extra rows (or fewer)
+    ef = facts["expert_flops"] * mbs * (load / tp - 1.0)   # the busiest rank's rows (or fewer), 1/tp of each expert
     e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
     S = stage_devices
     dp_link = "inter" if S > gpn else "intra"
     edp_link = "inter" if (S > gpn and ep * tp < S and ep * tp * max(1, dp // ep) > gpn) else "intra"
     P = facts["expert_params"]
     before = model_state_bytes(P, dp, zero, settings)
-    after = expert_state_bytes(P, dp, ep, zero, settings)
+    after = expert_state_bytes(P / tp, dp, ep, zero, settings)
     # the experts' share of the profile's gradient sync (gradsync.param_sync, as the profile prices
-    # every parameter) swapped for 1/ep of them over expert-DP
+    # every parameter) swapped for 1/(ep x tp) of them over expert-DP
     zs = dataclasses.replace(settings, zero=zero)
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
-    mine = param_sync(P / ep, max(1, dp // ep), edp_link, cluster, zs)[0]
+    mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
             "sync_s": mine - full,
             "states": {k: after[k] - before[k] for k in before}}

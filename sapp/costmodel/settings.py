@@ -58,6 +58,10 @@ class CostSettings:
     # MoE under expert parallelism: the busiest EP rank's routed rows over the mean (dropless routing;
     # costmodel/moe.py).  1.0 = balanced routing
     moe_imbalance: float = 1.0
+    # Gradients held and reduced in fp32 beside half-precision weights: Megatron-LM's DDP main_grads
+    # under --bf16 without --grad-reduce-in-bf16 (or --accumulate-allreduce-grads-in-fp32), an fp32
+    # buffer of every local gradient that the data-parallel reduce moves at 4 bytes an element
+    grad_fp32: bool = False
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -73,6 +77,8 @@ class CostSettings:
             raise SappError(f"moe_imbalance must be a number in [1, 64] (busiest EP rank over the mean), got {self.moe_imbalance!r}")
         if not isinstance(self.autocast_fp32, bool):
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
+        if not isinstance(self.grad_fp32, bool):
+            raise SappError(f"grad_fp32 must be True or False, got {self.grad_fp32!r}")
         if self.runtime not in RUNTIMES:
             raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use one of {', '.join(RUNTIMES)}")
 
@@ -116,7 +122,7 @@ class CostSettings:
 
     @property
     def grad_bytes(self) -> int:
-        return 2 if self.mixed else 4
+        return 2 if self.mixed and not self.grad_fp32 else 4
 
     @property
     def reduce_bytes(self) -> int:

@@ -72,6 +72,10 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
     ecfg = from_plan(plan, engine)
     names = block_order(plan, graph)
     out, notes = mod.conform(ecfg, names)
+    if out.grad_fp32 and engine != "megatron":
+        out = out.replace(grad_fp32=False)
+        notes.append(f"the plan holds and reduces fp32 gradients (Megatron's main_grads); {engine} keeps them at "
+                     f"its own width: re-priced so")
     exported = plan
     if notes:
         if graph is None:
@@ -136,3 +140,34 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     ecfg = parse_safely(mod, engine, text, facts, cluster.devices)
     where = f" {source}" if source else ""
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])
+
+
+def best_plan(graph, cluster, engine: str, *, global_batch: int, settings: dict, model=None):
+    """sapp's fastest plan for `engine` as the engine runs it (`sapp import`'s comparison): the search under
+    --target `engine`, exported (conformed and re-priced).  The search may pick a per-block recomputation
+    mix the engine states only coarsely (Megatron: full on the first N layers of every virtual stage),
+    which conforming can make slower than the user's own configuration, or too big to fit; so when
+    conforming changed the plan, the search runs again with each recomputation the engine states on
+    every layer pinned, and the fastest exported plan that fits is kept (the first one if none fits).
+    `settings`: api.search's runtime / precision / optimizer / grad_fp32."""
+    from .. import api
+    from ..constraints import TARGETS
+    from ..errors import InfeasibleError
+
+    def one(pins):
+        try:
+            p = api.search(graph=graph, model=model, cluster=cluster, global_batch=global_batch,
+                           constraints={"target": engine, **pins}, **settings)
+        except InfeasibleError:
+            return None
+        _, out, notes = export_plan(p, engine, graph=graph, cluster=cluster)
+        return out, bool(notes)
+
+    first = one({})
+    found = [first] if first else []
+    if first is None or first[1]:
+        found += [r for r in (one({"recompute": rc}) for rc in TARGETS[engine]["recompute"]) if r]
+    if not found:
+        raise InfeasibleError(f"no {engine} configuration of this model fits the cluster")
+    fits = [p for p, _ in found if p["predicted"]["peak_memory_bytes"] <= cluster.usable_memory]
+    return min(fits, key=lambda p: p["predicted"]["step_time_s"]) if fits else found[0][0]

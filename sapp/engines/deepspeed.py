@@ -35,7 +35,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
     if out.optimizer in BF16_MASTER and (out.zero == 0 or out.precision != "bf16-mixed"):
         raise EngineError("DeepSpeed keeps bf16 master weights under bf16 with ZeRO-1, 2 or 3 only; the plan has "
                           f"{out.precision} at ZeRO-{out.zero}: search again with --target deepspeed")
-    if out.offload_optimizer and out.zero == 0:
+    if out.offload_optimizer and out.zero == 0 and out.dp > 1:
         raise EngineError("DeepSpeed offloads the optimizer under ZeRO-1, 2 or 3 only; the plan offloads it at ZeRO-0: "
                           "search again with --target deepspeed")
     pol = uniform_policy(out.recompute)
@@ -50,6 +50,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     cfg = {"train_batch_size": ecfg.global_batch, "train_micro_batch_size_per_gpu": ecfg.mbs,
            "gradient_accumulation_steps": ecfg.m,
            "zero_optimization": {"stage": ecfg.zero}}
+    if ecfg.offload_optimizer and ecfg.zero == 0:       # one GPU: DeepSpeed offloads under a ZeRO stage only
+        cfg["zero_optimization"]["stage"] = 1
     if ecfg.offload_optimizer:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if ecfg.precision == "bf16-mixed":
@@ -116,6 +118,11 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     if off == "cpu" and stage == 3:
         raise EngineError("optimizer offload beside ZeRO-3 is not priced by sapp; use stage 1 or 2 with it")
     precision, optimizer = _precision(cfg, stage)
+    if dp == 1 and stage > 0:
+        # ZeRO-N over one rank partitions nothing (DeepSpeed runs it, e.g. to offload the optimizer)
+        notes.append(f"ZeRO-{stage} on one GPU shards nothing: priced as ZeRO-0"
+                     + (" with the optimizer on the host" if off == "cpu" else ""))
+        stage = 0
     _optimizer_type(cfg)
     comm = cfg.get("communication_data_type")
     if comm is not None and str(comm).lower() != {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "fp32"):

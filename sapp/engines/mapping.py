@@ -38,6 +38,7 @@ class EngineConfig:
     offload_optimizer: bool = False
     precision: str = "bf16-mixed"
     optimizer: str = "adam"         # the CostSettings optimizer (DeepSpeed's bf16 master weights: BF16_MASTER)
+    grad_fp32: bool = False         # gradients held and reduced in fp32 (Megatron without --grad-reduce-in-bf16)
     runtime: str = "eager"
     notes: list = field(default_factory=list)
 
@@ -63,7 +64,8 @@ class EngineConfig:
         extra = "".join(f" {k}={getattr(self, k)}" for k in ("cp", "ep") if getattr(self, k) > 1)
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{extra}{' sp' if self.sp else ''}{sched} "
                 f"micro-batches {self.m} x {self.mbs} ZeRO-{self.zero} recompute {rc}"
-                + (" offload-optimizer" if self.offload_optimizer else ""))
+                + (" offload-optimizer" if self.offload_optimizer else "")
+                + (" fp32-grads" if self.grad_fp32 and self.precision != "fp32" else ""))
 
 
 # ---- a plan as an engine configuration -------------------------------------------------------------
@@ -110,7 +112,8 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         mbs=pipe.get("micro_batch_size") or gb // (par["dp"] * pipe["micro_batches"]),
                         m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
-                        precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"))
+                        precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
+                        grad_fp32=bool(st.get("grad_fp32", False)))
 
 
 def even_split(n, parts) -> list | None:
@@ -194,7 +197,7 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     names = [u.name for u in split_units(graph) if u.kind == "block"]
     cons = Constraints.from_dict(pins(ecfg, names))
     settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout,
-                            optimizer=ecfg.optimizer)
+                            optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32")
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
                  ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp)
     from ..search.joint.single import score_config

@@ -2,10 +2,12 @@
 read back as a configuration (tokens only: shlex, never executed).
 
 The file states the whole model (model_args: sizes, vocabulary unpadded, norm, SwiGLU, positions,
-biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients in bf16
-(--grad-reduce-in-bf16: sapp prices 2-byte gradients; Megatron keeps fp32 ones without it); the
+biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients' width
+as priced: a plan priced with 2-byte gradients says --grad-reduce-in-bf16, one priced with fp32
+main_grads (settings.grad_fp32: what Megatron keeps under --bf16 without that flag) does not; the
 environment Megatron-Core asserts (CUDA_DEVICE_MAX_CONNECTIONS=1) is a `# environment:` comment line.
-An imported file that builds another model or keeps fp32 gradients is priced with a note saying so.
+An imported file is priced with the gradients it keeps (fp32 under --bf16 unless --grad-reduce-in-bf16);
+one that builds another model is priced with a note saying so.
 
 Runtime: Megatron-Core's fused kernels ("fused"; "fused+tp-overlap" with --tp-comm-overlap).  ZeRO-1
 is the distributed optimizer; its gradient reduce-scatter and parameter all-gather overlap as the
@@ -34,7 +36,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
-            "--grad-reduce-in-bf16", "--moe-grouped-gemm", "--add-qkv-bias", "--use-rope-scaling"}
+            "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--moe-grouped-gemm", "--add-qkv-bias",
+            "--use-rope-scaling"}
 # every flag of Megatron-LM's parser is priced, refused in one line or irrelevant: megatron_fields.FIELDS
 
 
@@ -51,6 +54,10 @@ def conform(ecfg: EngineConfig, names) -> tuple:
         raise EngineError("the plan offloads the optimizer to the host, which Megatron-LM's arguments do not state; "
                           "search again with --target megatron")
     out = ecfg.replace()
+    if out.ep > 1 and out.tp > 1 and not out.sp:
+        notes.append("Megatron runs expert parallelism beside tensor parallelism with sequence parallelism only: "
+                     "exported with --sequence-parallel and re-priced so")
+        out.sp = True
     if out.runtime not in RUNTIMES:
         notes.append(f"the plan was priced for the {out.runtime} runtime; Megatron-Core runs fused kernels: "
                      f"re-priced as fused")
@@ -140,7 +147,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         add("--cp-comm-type", "all_gather")        # keys and values all-gathered: what sapp prices
     if ecfg.ep > 1 or facts["arch"].get("experts"):
         add("--expert-model-parallel-size", ecfg.ep)
-        add("--expert-tensor-parallel-size", 1)
+        add("--expert-tensor-parallel-size", ecfg.tp if ecfg.ep > 1 else 1)   # what costmodel/moe.py prices
     if ecfg.sp:
         add("--sequence-parallel")
     if ecfg.pp > 1 and ecfg.schedule == "interleaved":
@@ -181,9 +188,12 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     add("--global-batch-size", ecfg.global_batch)
     if ecfg.precision == "bf16-mixed":
         add("--bf16")
-        add("--grad-reduce-in-bf16")          # sapp prices 2-byte gradients; Megatron keeps fp32 ones otherwise
+        if not ecfg.grad_fp32:            # priced with 2-byte gradients; Megatron keeps fp32 ones otherwise
+            add("--grad-reduce-in-bf16")
     elif ecfg.precision == "fp16-mixed":
         add("--fp16")
+        if ecfg.grad_fp32:                # fp16 keeps 2-byte gradients unless told
+            add("--accumulate-allreduce-grads-in-fp32")
     return "\n".join(lines + a) + "\n"
 
 
@@ -262,11 +272,13 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                         sp=bool(args.get("--sequence-parallel")), mbs=mbs, m=gb // (mbs * dp),
                         zero=1 if args.get("--use-distributed-optimizer") else 0,
                         precision="bf16-mixed" if args.get("--bf16") else "fp16-mixed" if args.get("--fp16") else "fp32",
+                        grad_fp32=_grad_fp32(args),
                         runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused")
     if ecfg.sp and tp == 1:
         ecfg.sp = False           # Megatron turns it off itself at tp 1
-    if int(args.get("--expert-tensor-parallel-size", 1) or 1) != 1 and ep > 1:
-        raise EngineError("--expert-tensor-parallel-size > 1: sapp prices experts unsplit over tp; use 1")
+    etp = int(args.get("--expert-tensor-parallel-size", tp) or tp)     # Megatron's default: tp
+    if ep > 1:
+        _expert_tp(etp, tp, ecfg.sp, dp, ep)
     if cp > 1 and args.get("--cp-comm-type", "p2p") != "all_gather":
         notes.append(f"context parallelism priced as keys/values all-gathered (--cp-comm-type all_gather), not "
                      f"{args.get('--cp-comm-type', 'p2p')}")
@@ -285,6 +297,30 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                      + ", ".join(other[:6]) + (", ..." if len(other) > 6 else ""))
     ecfg.notes = notes
     return ecfg
+
+
+def _expert_tp(etp, tp, sp, dp, ep):
+    """Expert tensor parallelism beside ep: Megatron's --expert-tensor-parallel-size (default: tp).  sapp
+    prices the experts whole at tp 1, or split over the tp ranks (expert-tp = tp) at tp > 1 with
+    sequence parallelism, which Megatron itself requires for MoE beside tp."""
+    if etp != tp:
+        raise EngineError(f"--expert-tensor-parallel-size {etp} with tp {tp}: sapp prices experts split like the "
+                          f"other layers (expert-tp = tp, Megatron's default); give {tp} or leave it out")
+    if tp > 1 and not sp:
+        raise EngineError("expert parallelism beside tensor parallelism needs --sequence-parallel (Megatron "
+                          "asserts it); add it")
+    if dp % ep:
+        raise EngineError(f"--expert-model-parallel-size {ep} must divide the data-parallel size {dp} (expert "
+                          f"groups of tp x ep ranks at expert-tp = tp)")
+
+
+def _grad_fp32(args) -> bool:
+    """Megatron's main_grads dtype (validate_args, core_v0.16.1 and main): under --bf16 the DDP buffer and
+    its reduce are fp32 unless --grad-reduce-in-bf16; under --fp16 they are fp16 unless
+    --accumulate-allreduce-grads-in-fp32 (DistributedDataParallelConfig.grad_reduce_in_fp32)."""
+    if args.get("--bf16"):
+        return not args.get("--grad-reduce-in-bf16")
+    return bool(args.get("--fp16") and args.get("--accumulate-allreduce-grads-in-fp32"))
 
 
 def _check_shape(args, facts):

@@ -162,9 +162,7 @@ FIELDS = {
     "--no-position-embedding": (
         "irrelevant", "deprecated: Megatron-Core takes positions from --position-embedding-type (priced); Megatron "
                       "rejects it with any type but rope, and so does sapp"),
-    "--accumulate-allreduce-grads-in-fp32": (
-        "irrelevant", "fp32 gradient accumulation and reduction, what Megatron runs with --bf16 unless "
-                      "--grad-reduce-in-bf16 (priced), which overrides this flag"),
+    "--accumulate-allreduce-grads-in-fp32": P,    # fp32 gradients under --fp16 (megatron._fp32_grads)
     "--use-flash-attn": ("irrelevant", "flash attention, which Megatron-Core's default attention backend picks "
                                        "already"),
     "--use-mcore-models": ("irrelevant", "deprecated and ignored: Megatron-Core models are the default"),

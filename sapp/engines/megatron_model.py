@@ -15,7 +15,8 @@ MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--n
          "--swiglu", "--position-embedding-type", "--rotary-base", "--use-rope-scaling", "--disable-bias-linear",
          "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
          "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
-         "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--grad-reduce-in-bf16")
+         "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--grad-reduce-in-bf16",
+         "--accumulate-allreduce-grads-in-fp32")
 
 
 def model_args(a: dict, tp: int) -> list:
@@ -75,9 +76,6 @@ def model_notes(args, arch, tp, precision) -> list:
     """What Megatron runs from this file that differs from the priced model and step, in notes (the
     sizes themselves are checked by _check_shape)."""
     out = []
-    if precision == "bf16-mixed" and not args.get("--grad-reduce-in-bf16"):
-        out.append("without --grad-reduce-in-bf16 Megatron keeps and reduces fp32 gradients; priced with bf16 "
-                   "gradients (half the gradient memory and reduce traffic Megatron runs)")
     if arch is None:
         return out
     try:
@@ -88,7 +86,8 @@ def model_notes(args, arch, tp, precision) -> list:
             "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
             "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size"}
     defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
-                "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1"}
+                "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1",
+                "--moe-ffn-hidden-size": args.get("--ffn-hidden-size", False)}   # Megatron's default: the dense ffn
     differ = []
     for flag, v in want.items():
         if flag in skip or flag in ("--norm-epsilon", "--rotary-base"):

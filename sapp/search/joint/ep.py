@@ -3,9 +3,11 @@ in a block's priced numbers (sapp/costmodel/moe.py's `ep_unit_delta` on the fact
 captured graph).
 
 ep is a dimension beside dp: it divides a stage's dp ranks (EP groups of ep consecutive dp ranks) and
-the expert count.  Offered only where the emitter runs it (sapp/emit/ep/experts.py): tensor parallelism 1
+the expert count.  Offered where the emitter runs it (sapp/emit/ep/experts.py): tensor parallelism 1
 (experts at expert-TP 1 and attention unsplit) and ZeRO-0/1 (expert gradients all-reduced over the
-expert-DP group, the rest over dp; ZeRO-1 shards the experts' optimizer states over expert-DP)."""
+expert-DP group, the rest over dp; ZeRO-1 shards the experts' optimizer states over expert-DP); and,
+under --target megatron only, beside tp > 1 with sequence parallelism as Megatron-LM runs it (experts
+split over the tp ranks: expert-tp = tp; costmodel/moe.py prices it, sapp run refuses it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -65,12 +67,19 @@ def _topk_from_dims(node):
 def ep_configs(ctx, cfg) -> list:
     """cfg with each expert-parallel degree > 1 it may take (none for dense models)."""
     facts = moe_facts(ctx)
-    if not facts or cfg.tp != 1 or cfg.zero > 1 or cfg.dp < 2:
+    if not facts or cfg.zero > 1 or cfg.dp < 2 or (cfg.tp != 1 and not expert_tp_ok(ctx, cfg)):
         return []
     E = min(f["experts"] for f in facts.values())
     pin = ctx.cons.ep
     return [dataclasses.replace(cfg, ep=e) for e in range(2, cfg.dp + 1)
             if cfg.dp % e == 0 and E % e == 0 and (pin is None or e == pin)]
+
+
+def expert_tp_ok(ctx, cfg) -> bool:
+    """ep beside tp > 1: Megatron-LM runs it (experts split over the tp ranks, --expert-tensor-parallel-size
+    = tp, with sequence parallelism, which Megatron requires there); sapp's emitter does not (sapp run
+    refuses such a plan in one line, sapp/emit/ep/experts.py), so it is offered under --target megatron only."""
+    return getattr(ctx.cons, "target", None) == "megatron" and cfg.sp
 
 
 def unit_delta(ctx, unit, cfg) -> dict:
@@ -92,6 +101,9 @@ def ep_note(ctx, cfg) -> str:
     E = min(f["experts"] for f in facts.values())
     s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "
          f"over {cfg.ep} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP ranks")
+    if cfg.tp > 1:
+        s += (f"; each expert split over the {cfg.tp} tensor-parallel ranks (Megatron's expert-tp = tp; "
+              f"priced only: sapp run emits ep at tp 1)")
     if cfg.pp > 1:
         s += " of each pipeline stage (the all-to-all stays inside the stage)"
     return s

@@ -1,0 +1,108 @@
+"""The engines' own published example configurations, imported as sapp plans on the hardware their
+authors name: `python -m bench.published_engine_examples` (about a minute on the CPU box).
+
+- Megatron-LM's GPT-3 175B and Mixtral 8x7B example scripts (bench/megatron_args/example_*.args), each
+  beside Megatron's own theoretical memory estimate on the same arguments (bench/megatron_memory.py, a
+  port of megatron/training/theoretical_memory_usage.py; "main" splits the experts by ep x expert-tp,
+  core_v0.16.1 divides them by tp only).  The models are the zoo's, set to what the scripts build:
+  GPT-3 with tied embeddings and fused attention (--attention-backend auto), Mixtral as the zoo has it.
+- DeepSpeedExamples' ZeRO stage 1 / 2 / 3 autotuning configurations (training/autotuning/hf/dsconfigs,
+  fp16; micro-batch 1 as test_tune.sh passes it) for GPT-2 XL on the 16 V100 32 GB its README names,
+  and HelloDeepSpeed's ZeRO-Offload example (training/HelloDeepSpeed: a 24-layer, 4096-wide BERT-style
+  model, ff 512, RoBERTa's vocabulary, batch 8 x 512) on the one 24 GB P40 its README names, priced as a
+  V100 with 24 GB (only the memory is compared); the same file without offload_optimizer beside it.
+  Provenance of each file: bench/deepspeed_published/README.md."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+GPT2_XL = {"l": 48, "h": 1600, "a": 25, "V": 50257, "s": 1024, "tie_embeddings": True}
+HELLO_BERT = {"l": 24, "h": 4096, "a": 8, "ffn": 512, "V": 50265, "s": 512}
+
+# (label, engine, file, zoo model, overrides, cluster, Megatron tokenizer vocabulary or None)
+ROWS = [
+    ("Megatron GPT-3 175B example (tp8 pp16, fp16)", "megatron", "bench/megatron_args/example_gpt3_175b.args",
+     "gpt3-175b", {"tie_embeddings": True, "attn": "sdpa"}, "a100-80g:devices=128", 50257),
+    ("Megatron Mixtral 8x7B example (pp4 ep8, bf16)", "megatron", "bench/megatron_args/example_mixtral_8x7b.args",
+     "mixtral-8x7b", {}, "h100-80g:devices=64", 32000),
+    *[(f"DeepSpeedExamples GPT-2 XL ZeRO-{z} (fp16)", "deepspeed", f"bench/deepspeed_published/gpt2_xl_16v100_z{z}.json",
+       "gpt3-1.3b", GPT2_XL, "v100-32g:devices=16", None) for z in (1, 2, 3)],
+    ("HelloDeepSpeed 2B BERT ZeRO-Offload (bf16)", "deepspeed", "bench/deepspeed_published/hello_bert_2b_1gpu_offload.json",
+     "bert-large", HELLO_BERT, "v100-32g:devices=1,device_memory=24e9", None),
+]
+
+
+def price(row, text=None):
+    """(plan, seconds) of one row's file imported on its cluster."""
+    import sapp.models as zoo
+    from sapp import api
+    from sapp.engines import import_config
+    label, engine, path, model, over, cluster, _ = row
+    t0 = time.perf_counter()
+    module = zoo.get(model, **over)
+    graph, _ = api.capture_graph(module)
+    cl = api.resolve_cluster(cluster)
+    text = text if text is not None else open(path, encoding="utf-8").read()
+    return import_config(text, engine, graph, cl, model, source=path), cl, time.perf_counter() - t0
+
+
+def estimator(row) -> dict | None:
+    """Megatron's theoretical memory for a Megatron row: {"main": bytes, "core_v0.16.1": bytes, "weights": bytes}."""
+    from bench.megatron_memory import MB, estimate
+    from sapp.api import resolve_cluster
+    from sapp.engines.megatron import tokens
+    _, engine, path, _, _, cluster, vocab = row
+    if engine != "megatron":
+        return None
+    args = tokens(open(path, encoding="utf-8").read())
+    world = resolve_cluster(cluster).devices
+    main = estimate(args, world_size=world, vocab=vocab)
+    old = estimate(args, world_size=world, vocab=vocab, version="core_v0.16.1")
+    return {"main": main["total_bytes"], "core_v0.16.1": old["total_bytes"], "weights": main["weights_mb"] * MB,
+            "activations": main["activation_mb"] * MB}
+
+
+def without_offload(path) -> str:
+    cfg = json.loads(open(path, encoding="utf-8").read())
+    cfg["zero_optimization"].pop("offload_optimizer", None)
+    return json.dumps(cfg)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.published_engine_examples", description=__doc__.split("\n")[0])
+    p.add_argument("--only", help="rows whose label contains this text")
+    a = p.parse_args(argv)
+    gib = 1024 ** 3
+    print("| configuration | cluster | fits | sapp peak GiB | states GiB | activations GiB | Megatron estimate GiB "
+          "(main / core_v0.16.1) | error vs main | states vs estimate's weights+optimizer | step s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = [r for r in ROWS if not a.only or a.only in r[0]]
+    for row in rows:
+        variants = [(row[0], None)]
+        if "Offload" in row[0]:
+            variants.append((row[0].replace("ZeRO-Offload", "ZeRO-1, offload removed"), without_offload(row[2])))
+        for label, text in variants:
+            plan, cl, secs = price(row, text)
+            pr = plan["predicted"]
+            mem = pr["memory"]
+            peak = pr["peak_memory_bytes"]
+            states = mem["params"] + mem["grads"] + mem["optimizer"]
+            est = estimator(row) if text is None else None
+            e_cols = ("—", "—", "—")
+            if est:
+                e_cols = (f"{est['main'] / gib:.1f} / {est['core_v0.16.1'] / gib:.1f}",
+                          f"{(peak / est['main'] - 1) * 100:+.1f}%", f"{(states / est['weights'] - 1) * 100:+.1f}%")
+            fits = "yes" if peak <= cl.usable_memory else f"NO (usable {cl.usable_memory / gib:.1f})"
+            st = f"{states / gib:.1f}" if est else "—"      # (an offloaded optimizer is in the breakdown, not on the GPU)
+            print(f"| {label} | {row[5]} | {fits} | {peak / gib:.1f} | {st} | "
+                  f"{mem['activations'] / gib:.1f} | {e_cols[0]} | {e_cols[1]} | {e_cols[2]} | "
+                  f"{pr['step_time_s']:.3g} |")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
