@@ -19,7 +19,8 @@ def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uni
             f"{mc.groups[g].name} {_span([i for i, o in enumerate(pipe.order) if o == g])}"
             for g in dict.fromkeys(pipe.order)) + "; times priced on each stage's group (the mixed plan)"]
     groups = []
-    for g, cl in enumerate(mc.groups):
+    for g in dict.fromkeys(pipe.order):          # in stage order: a group's ranks follow the one before
+        cl = mc.groups[g]
         mine = [res.stages[i] for i, o in enumerate(pipe.order) if o == g]
         groups.append({"name": cl.name, "devices": cl.devices, "stages": [
             {"index": st.index, "blocks": list(st.blocks), "units": list(st.units), "fwd_s": st.fwd_s,
@@ -37,7 +38,7 @@ def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uni
             "predicted": {"step_time_s": step, "cross_group_sync_s": 0.0, "cross_group_send_s": cross,
                           "bubble_s": res.bubble_s, "samples_per_s": gb / step},
             "baselines": {"alone": alone, "uniform_slowest": uniform, "data_mode": data_step},
-            "notes": [f"pipeline of {cfg.pp} stages x {cfg.dp} devices over the groups in cluster order; "
+            "notes": [f"pipeline of {cfg.pp} stages x {cfg.dp} devices over the groups in the order listed; "
                       f"stage boundaries between groups send over the link between them; every rank runs `plan`"]}
 
 

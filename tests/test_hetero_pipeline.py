@@ -40,11 +40,12 @@ def test_slower_group_gets_fewer_layers_and_stage_times_follow_speed(plan_doc):
     from sapp.search.joint.stage import StageEvaluator
     doc, timing = plan_doc
     assert doc["mode"] == "pipeline" and doc["pipeline"]["stages"] == 2 and doc["pipeline"]["stage_width"] == 1
-    slow, fast = (g["stages"] for g in doc["groups"])
+    by = {g["name"]: g["stages"] for g in doc["groups"]}
+    slow, fast = by["cpu"], by["cpu-2"]          # group cpu is the 3x slower one
     assert len(slow) == len(fast) == 1
     assert 1 <= len(slow[0]["blocks"]) < len(fast[0]["blocks"]) and len(slow[0]["blocks"]) + len(fast[0]["blocks"]) == 8
-    # the inner pp plan every rank runs has the same uneven stages
-    assert [s["blocks"] for s in doc["plan"]["pipeline"]["stages"]] == [slow[0]["blocks"], fast[0]["blocks"]]
+    # the inner pp plan every rank runs has the same uneven stages, in the groups' listed order
+    assert [s["blocks"] for s in doc["plan"]["pipeline"]["stages"]] == [g["stages"][0]["blocks"] for g in doc["groups"]]
     # the auto mode prices both and keeps the faster (here the data mode: no bubble)
     assert timing["data_step_s"] < timing["pipeline_step_s"] == doc["predicted"]["step_time_s"]
     # a stage's price follows its group's speed: the same units cost 3x on the slow group
@@ -53,21 +54,22 @@ def test_slower_group_gets_fewer_layers_and_stage_times_follow_speed(plan_doc):
     cons, settings = Constraints.from_dict(None), CostSettings()
     pipe, why, _ = hetero_pipeline.search(graph, mc, global_batch=GB, constraints=cons, settings=settings,
                                           search_fn=api.tp_search_fn())
-    assert why is None and pipe.order == (0, 1)
+    assert why is None and [mc.groups[g].name for g in dict.fromkeys(pipe.order)] == [g["name"] for g in doc["groups"]]
     ctxs = hetero_pipeline.contexts(graph, mc, GB, cons, settings, api.tp_search_fn())
-    evs = [StageEvaluator(ctxs[g], pipe.config, ctxs[g].profile(1, 1)) for g in (0, 1)]
+    evs = {g: StageEvaluator(ctxs[g], pipe.config, ctxs[g].profile(1, 1)) for g in (0, 1)}
     n = evs[0].n
-    for a, b in ((0, 3), (0, 5)):
-        (ts, ok0), (tf, ok1) = evs[0].seg(0, a, b), evs[1].seg(0, a, b)
+    for i, a, b in ((0, 0, 3), (0, 0, 5), (1, 4, n), (1, 7, n)):
+        (ts, ok0), (tf, ok1) = evs[0].seg(i, a, b), evs[1].seg(i, a, b)
         assert ok0 and ok1 and ts == pytest.approx(3 * tf, rel=1e-3)
-    # and the partition balances the stage totals: moving one more layer to the slow group is slower
+    # the price is the search's, and the partition balances the stage totals: one more layer on the slow
+    # group's stage makes it the slowest stage
+    again = hetero_pipeline.price(mc, evs, pipe.order, pipe.config, ctxs)
+    assert again.result.step_time_s == pipe.result.step_time_s
     st = pipe.result.stages
-    k = len(st[0].blocks)
     T = [s.fwd_s + s.bwd_s + s.send_s for s in st]
-    more = hetero_pipeline.price(mc, {0: evs[0], 1: evs[1]}, (0, 1), pipe.config, ctxs)
-    assert more.result.step_time_s == pytest.approx(pipe.result.step_time_s)
-    moved = evs[0].seg(0, 0, 1 + k + 1)[0]          # prologue + k + 1 layers on the slow group
-    assert moved > max(T) and n == 10
+    i = pipe.order.index(0)                        # the slow group's stage
+    a, b = (0, len(st[0].units) + 1) if i == 0 else (n - len(st[1].units) - 1, n)
+    assert evs[0].seg(i, a, b)[0] > max(T) and n == 10
 
 
 def _reference(x, y):
@@ -123,7 +125,8 @@ def test_refused_in_one_line_before_launch(plan_doc, tmp_path, case):
 def test_ranks_out_of_stage_order_are_refused(plan_doc):
     from sapp.emit.runtime import hetero_run
     doc, _ = plan_doc
-    with pytest.raises(PlanError, match="rank 0 is in group cpu-2, not cpu: start the groups' nodes in that order"):
-        hetero_run._place_stages(doc, ["cpu-2", "cpu"], 0)
-    assert hetero_run._place_stages(doc, ["cpu", "cpu-2"], 1) is None
+    first, second = (g["name"] for g in doc["groups"])
+    with pytest.raises(PlanError, match=f"rank 0 is in group {second}, not {first}: start the groups' nodes in that"):
+        hetero_run._place_stages(doc, [second, first], 0)
+    assert hetero_run._place_stages(doc, [first, second], 1) is None
     assert hetero_run.rank_plan(doc, "cpu-2", 2).parallel == {"dp": 1, "tp": 1, "pp": 2}

@@ -48,6 +48,10 @@ def add_arguments(p):
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
                         "as --tp-comm-overlap runs them)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",
+                   help="a mixed cluster (A+B): data (each group a data-parallel replica with its share of the batch), "
+                        "pipeline (pipeline stages on the groups, layers in proportion to each group's speed) or auto "
+                        "(default: the faster)")
     p.add_argument("--no-cache", action="store_true",
                    help="capture the model afresh and leave the capture cache alone.  A zoo name or HF config.json "
                         "is otherwise captured once and read back after (the same plan, seconds sooner, no torch "

@@ -3,8 +3,9 @@ holding a run of consecutive stages, layers per stage in proportion to what its 
 
 Layout.  Every stage is `w` devices wide (dp = w, tp = 1: the pipeline's w data-parallel replicas
 line up stage to stage), so group g holds devices_g / w stages and the pipeline has P = sum of them.
-The groups hold their stages in the cluster's order (the first group the embedding, the last the
-head and loss); ranks are numbered stage by stage, so a group's ranks are consecutive.
+Each group holds a run of consecutive stages; every order of the groups is tried (up to 3 groups,
+else the cluster's order): which group holds the embedding and which the head and loss matters when
+they weigh differently.  Ranks are numbered stage by stage, so a group's ranks are consecutive.
 
 Pricing.  One configuration (w, micro-batches m, schedule 1f1b or gpipe, ZeRO stage) is priced as
 the homogeneous joint search prices a pipeline (sapp/search/joint/evaluate.py), with each stage's
@@ -28,6 +29,7 @@ keeps the faster.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import reduce
@@ -36,6 +38,9 @@ from ..pipeline.partition import partition_counts, partition_dp
 from ..pipeline.profile import cut_at_block_entry
 from ..pipeline.schedule import step_time
 from .joint.divisors import divisors
+
+
+MAX_ORDERED = 3          # every order of the groups is tried up to this many groups
 
 
 @dataclass
@@ -220,20 +225,22 @@ def search(graph, mc, *, global_batch, constraints, settings, search_fn):
     if not ws:
         return None, "no stage width divides every group's devices and the batch into 2 or more stages", 0
     G = len(mc.groups)
+    perms = list(itertools.permutations(range(G))) if G <= MAX_ORDERED else [tuple(range(G))]
     for w in ws:
         P = sum(c.devices // w for c in mc.groups)
-        order = tuple(g for g in range(G) for _ in range(mc.groups[g].devices // w))
         try:
             profs = {g: ctxs[g].profile(w, 1) for g in range(G)}
         except SappError:          # no layout of a stage this wide
             continue
         for cfg in configs(ctxs[0], cons, w, P):
             evs = {g: StageEvaluator(ctxs[g], cfg, profs[g]) for g in range(G)}
-            r = price(mc, evs, order, cfg, ctxs)
-            tried += 1
-            if r is not None and (best is None or (r.result.step_time_s, cfg.key()) < (best.result.step_time_s,
-                                                                                     best.config.key())):
-                best = r
+            for perm in perms:          # ties: the first order tried (the cluster's), then the first config
+                order = tuple(g for g in perm for _ in range(mc.groups[g].devices // w))
+                r = price(mc, evs, order, cfg, ctxs)
+                tried += 1
+                if r is not None and (best is None or (r.result.step_time_s, cfg.key()) < (best.result.step_time_s,
+                                                                                         best.config.key())):
+                    best = r
     if best is None:
         return None, "no pipeline over the groups fits their memory", tried
     best.evaluations = tried
