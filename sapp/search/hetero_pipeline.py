@@ -65,7 +65,7 @@ def refusal(cons, graph_blocks: int) -> str | None:
         return "tp, cp, ep or sp pinned: the pipeline mode runs dp-only stages"
     if cons.stages:
         return "a pinned stage map names one kind's stages"
-    if cons.schedule not in (None, "1f1b", "gpipe") or cons.placement:
+    if cons.schedule not in (None, "1f1b", "gpipe") or cons.virtual_chunks not in (None, 1) or cons.placement:
         return "the pipeline mode runs 1f1b or gpipe without host placement"
     if graph_blocks < 2:
         return "the model has fewer than two blocks to cut"
@@ -78,7 +78,8 @@ def widths(mc, cons, blocks):
     out = []
     for w in divisors(g):
         P = sum(c.devices // w for c in mc.groups)
-        if 2 <= P <= blocks and (cons.dp is None or cons.dp == w) and (cons.pp is None or cons.pp == P):
+        if (2 <= P <= blocks and (cons.dp is None or cons.dp == w) and (cons.pp is None or cons.pp == P)
+                and (cons.max_dp is None or w <= cons.max_dp)):
             out.append(w)
     return out
 
