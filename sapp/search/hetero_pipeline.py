@@ -243,6 +243,9 @@ def search(graph, mc, *, global_batch, constraints, settings, search_fn):
                                                                                          best.config.key())):
                     best = r
     if best is None:
+        if not tried:
+            return None, ("no stage width leaves at least as many micro-batches as stages (the batch per replica "
+                          "is too small)"), 0
         return None, "no pipeline over the groups fits their memory", tried
     best.evaluations = tried
     return best, None, tried
