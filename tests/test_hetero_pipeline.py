@@ -72,6 +72,24 @@ def test_slower_group_gets_fewer_layers_and_stage_times_follow_speed(plan_doc):
     assert evs[0].seg(i, a, b)[0] > max(T) and n == 10
 
 
+def test_explain_shows_each_groups_stages(plan_doc, tmp_path, capsys):
+    from sapp import hetero_plan
+    from sapp.cli import main
+    doc, _ = plan_doc
+    path = tmp_path / "mixed.json"
+    path.write_text(hetero_plan.dumps(doc))
+    assert main(["explain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(pipeline stages on the groups, uneven stages)" in out
+    assert f"pipeline: 2 stages x 1 devices (dp=1 tp=1), {doc['pipeline']['micro_batches']} micro-batches" in out
+    for g in doc["groups"]:
+        st = g["stages"][0]
+        n = len(st["blocks"])
+        assert f"group {g['name']}: 1 devices, stage {st['index']}, layers {n}" in out
+        assert f"stage {st['index']}: {n} layers ({st['blocks'][0]}..{st['blocks'][-1]}" in out
+    assert "data mode (uneven batch shares): " in out
+
+
 def _reference(x, y):
     m = hetero_job.deep()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)
