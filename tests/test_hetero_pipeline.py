@@ -148,3 +148,11 @@ def test_ranks_out_of_stage_order_are_refused(plan_doc):
         hetero_run._place_stages(doc, [second, first], 0)
     assert hetero_run._place_stages(doc, [first, second], 1) is None
     assert hetero_run.rank_plan(doc, "cpu-2", 2).parallel == {"dp": 1, "tp": 1, "pp": 2}
+
+
+def test_mixed_mode_on_one_kind_is_refused(capsys):
+    from sapp.cli import main
+    assert main(["search", "--model", "mlp-tiny", "--cluster", "cpu", "--mixed-mode", "pipeline"]) == 2
+    err = capsys.readouterr().err
+    assert "--mixed-mode pipeline is for mixed clusters (A+B); cpu is one device kind" in err
+    assert len(err.strip().splitlines()) == 1

@@ -168,6 +168,10 @@ def run(args):
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
             from .search_hetero import run_hetero
             return run_hetero(args, spec, mc, constraints_from_args(args))
+    if getattr(args, "mixed_mode", "auto") != "auto":
+        from ..errors import UsageError
+        raise UsageError(f"--mixed-mode {args.mixed_mode} is for mixed clusters (A+B); {args.cluster} is one device kind: "
+                         "drop --mixed-mode (--pp pins its pipeline)")
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
