@@ -156,3 +156,18 @@ def test_mixed_mode_on_one_kind_is_refused(capsys):
     err = capsys.readouterr().err
     assert "--mixed-mode pipeline is for mixed clusters (A+B); cpu is one device kind" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_auto_mode_keeps_the_faster(plan_doc):
+    """At the groups' default link the data mode is the faster (no bubble); over a link 100x slower the
+    cross-group gradient all-reduce costs more than the pipeline's activation sends."""
+    from sapp import hetero_plan
+    from sapp.cluster_groups import MixedCluster
+    _, timing = plan_doc
+    mc = _cluster()
+    auto, t = hetero_plan.search(MODEL, mc, global_batch=GB)
+    assert auto["mode"] == "data" and auto["predicted"]["step_time_s"] == timing["data_step_s"] < t["pipeline_step_s"]
+    slow = MixedCluster.build(mc.groups, link_bw=mc.link_bw / 200, link_latency=mc.link_latency)
+    doc, t = hetero_plan.search(MODEL, slow, global_batch=GB)
+    assert doc["mode"] == "pipeline" and doc["predicted"]["step_time_s"] == t["pipeline_step_s"] < t["data_step_s"]
+    assert doc["baselines"]["data_mode"] == t["data_step_s"]
