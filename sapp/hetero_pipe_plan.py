@@ -8,14 +8,14 @@ stages are the same, numbered in group order, with the mixed predictions."""
 from __future__ import annotations
 
 
-def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform, search_fn=None):
+def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
     from .api import build_plan
     from .search.hetero import SCHEMA, uniform_cluster
     res, cfg = pipe.result, pipe.config
     inner = build_plan(graph, uniform_cluster(mc), res, name=name, global_batch=gb, constraints=cons,
                        settings=settings).to_dict()
     inner["notes"] = inner.get("notes", []) + [
-        f"stages on a mixed cluster's groups: " + ", ".join(
+        "stages on a mixed cluster's groups: " + ", ".join(
             f"{mc.groups[g].name} {_span([i for i, o in enumerate(pipe.order) if o == g])}"
             for g in dict.fromkeys(pipe.order)) + "; times priced on each stage's group (the mixed plan)"]
     groups = []
