@@ -8,7 +8,10 @@ searches run alternately --runs times (default 3) in this process, CPU seconds o
 (steadier than wall time on a shared machine), medians.  Homogeneous: the joint search and its plan
 (what `sapp search` does after capture, bench/search_time.one_search).  Mixed: the split search over
 shares (one joint search per group and share) and, in total, with the baselines (each group alone,
-all devices as the slowest kind: one more homogeneous search of 1024 devices) and the groups' plans."""
+all devices as the slowest kind: one more homogeneous search of 1024 devices) and the groups' plans.
+Each case line also gives the pipeline mode's best step (stages on the groups, sapp/search/hetero_pipeline.py)
+beside the data mode's; `--only link` is one case over a slow link between the groups (0.3 GB/s per
+device, batch 256), where the pipeline mode is the faster."""
 from __future__ import annotations
 
 import argparse
@@ -20,27 +23,42 @@ MIXED = "a100-80g:nodes=8+h100-80g:nodes=4"
 # (model, groups spec)
 CASES = (("gpt3-13b", MIXED), ("llama3-70b", MIXED), ("mixtral-8x7b", MIXED),
          ("gpt3-13b", "v100-32g:nodes=8+a100-80g:nodes=4"))
+LINK = ("gpt3-13b", MIXED, 3e8, 256)       # model, groups, link bytes/s per device, batch
 SCALE = ("gpt3-13b", "a100-80g:nodes=64+h100-80g:nodes=64", "a100-80g:nodes=128")
 TARGET = 3.0
 
 
-def mixed_case(model, spec=MIXED):
+def mixed_case(model, spec=MIXED, link_bw=None, batch=None):
     from sapp import hetero_plan
-    from sapp.cluster_groups import parse
-    doc, timing = hetero_plan.search(model, parse(spec))      # the zoo's batch (GPT-3: the paper's)
+    from sapp.cluster_groups import MixedCluster, parse
+    mc = parse(spec)
+    if link_bw is not None:
+        mc = MixedCluster.build(mc.groups, link_bw=link_bw, link_latency=mc.link_latency)
+    doc, timing = hetero_plan.search(model, mc, global_batch=batch)      # default: the zoo's batch (GPT-3: the paper's)
     return doc, timing
 
 
-def case_line(model, spec):
-    doc, timing = mixed_case(model, spec)
+def pipeline_words(doc, timing) -> str:
+    """The other mode's step, and the pipeline's layout when it won."""
+    if doc["mode"] == "pipeline":
+        p = doc["pipeline"]
+        lay = "; ".join(f"{g['name']} layers {'/'.join(str(len(s['blocks'])) for s in g['stages'])}" for g in doc["groups"])
+        return (f"PIPELINE mode {p['stages']} stages x {p['stage_width']}, m={p['micro_batches']} {p['schedule']} "
+                f"ZeRO-{p['zero']} [{lay}]; data mode {timing.get('data_step_s') or float('nan'):.4g} s")
+    t = timing.get("pipeline_step_s")
+    return "pipeline mode " + (f"{t:.4g} s" if t is not None else f"none ({timing.get('pipeline_why')})")
+
+
+def case_line(model, spec, link_bw=None, batch=None):
+    doc, timing = mixed_case(model, spec, link_bw, batch)
     step = doc["predicted"]["step_time_s"]
     alone = doc["baselines"]["alone"]
     uni = doc["baselines"]["uniform_slowest"]
     fits = [v for v in alone.values() if v is not None]
     best_alone = min(fits) if fits else None
-    shares = ", ".join(f"{g['name']} {g['batch_share']}" + (f" dp{g['parallel']['dp']} tp{g['parallel']['tp']} "
-                                                           f"pp{g['parallel']['pp']}" if g["batch_share"] else "")
-                       for g in doc["groups"])
+    shares = ", ".join(f"{g['name']} {g.get('batch_share', '-')}" + (
+        f" dp{g['parallel']['dp']} tp{g['parallel']['tp']} pp{g['parallel']['pp']}" if g.get("batch_share") else "")
+        for g in doc["groups"])
     from sapp.cluster_groups import parse
     slow = parse(spec).slowest().name
     fmt = lambda v: "n/a" if v is None else f"{v:.4g} s ({v / step - 1:+.1%})"  # noqa: E731
@@ -48,8 +66,9 @@ def case_line(model, spec):
             f"{doc['predicted']['cross_group_sync_s']:.3g} s]  alone: "
             + ", ".join(f"{k} {fmt(v)}" for k, v in alone.items())
             + f"  best alone {fmt(best_alone)}  uniform-as-{slow} {fmt(uni)}"
+            + f"  {pipeline_words(doc, timing)}"
             + f"  search {timing['search_s']:.1f} s (split {timing['split_search_s']:.1f} s, "
-              f"{timing['evaluations']} group searches)")
+              f"pipeline {timing.get('pipeline_search_s', 0):.1f} s)")
 
 
 def scale(runs, out=sys.stdout):
@@ -85,13 +104,16 @@ def scale(runs, out=sys.stdout):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", help="a model name, a groups spec part (e.g. v100) or 'scale'")
+    ap.add_argument("--only", help="a model name, a groups spec part (e.g. v100), 'link' or 'scale'")
     ap.add_argument("--runs", type=int, default=3, help="alternating runs of the scale timing")
     args = ap.parse_args(argv)
     for model, spec in CASES:
         if args.only and args.only not in model and args.only not in spec:
             continue
         print(case_line(model, spec), flush=True)
+    if not args.only or args.only == "link":
+        model, spec, bw, batch = LINK
+        print(f"link {bw / 1e9:g} GB/s per device: " + case_line(model, spec, bw, batch), flush=True)
     if not args.only or args.only == "scale":
         scale(args.runs)
     return 0

@@ -1,14 +1,19 @@
-"""Plans over mixed clusters (sapp.hetero-plan/1): each group's assignment is an ordinary plan of
-that group at its share of the global batch, plus what joins them (the cross-group gradient sync)
-and the baselines the split has to beat.  Checked against sapp/schema/hetero.schema.json."""
+"""Plans over mixed clusters (sapp.hetero-plan/1).  Mode "data": each group's assignment is an
+ordinary plan of that group at its share of the global batch, plus what joins them (the cross-group
+gradient sync) and the baselines the split has to beat.  Mode "pipeline": pipeline stages placed on
+the groups (sapp/search/hetero_pipeline.py, the document in sapp/hetero_pipe_plan.py).  `search`
+prices both and keeps the faster (mode="auto"; a data-mode plan is then byte-identical to one
+searched by the data mode alone).  Checked against sapp/schema/hetero.schema.json."""
 from __future__ import annotations
 
 import json
 import math
 
 from . import schema as _schema
-from .errors import PlanError
+from .errors import InfeasibleError, PlanError, SappError
 from .search.hetero import SCHEMA
+
+MODES = ("auto", "data", "pipeline")
 
 
 def _num(x):
@@ -16,8 +21,9 @@ def _num(x):
 
 
 def search(model, mc, *, global_batch=None, constraints=None, precision=None, runtime=None, graph=None,
-           exhaustive=False, q=None, example_inputs=None):
-    """The hetero plan document (a dict) for `model` on the MixedCluster `mc`."""
+           exhaustive=False, q=None, example_inputs=None, mode="auto"):
+    """(the hetero plan document (a dict) for `model` on the MixedCluster `mc`, timing).  `mode`: "auto"
+    (the faster of the data and pipeline modes), "data" or "pipeline" (that mode only)."""
     import time
     from . import api
     from .constraints import Constraints
@@ -36,9 +42,40 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
     slow = mc.slowest()
     settings = CostSettings(precision=precision or slow.precision, runtime=runtime or "eager",
                             dropout_noise=not slow.fused_dropout)
+    if mode not in MODES:
+        raise SappError(f"mixed-cluster mode {mode!r}: use one of {', '.join(MODES)}")
     t0 = time.perf_counter()
-    shares, step, d = hetero.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
-                                    search_fn=api.tp_search_fn(), exhaustive=exhaustive, q=q)
+    try:
+        shares, step, d = hetero.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
+                                        search_fn=api.tp_search_fn(), exhaustive=exhaustive, q=q)
+    except InfeasibleError:
+        if mode == "data":
+            raise
+        shares, step, d = None, math.inf, None
+    pipe, why, timing_p = None, None, {}
+    if mode != "data":
+        from .search import hetero_pipeline
+        t1 = time.perf_counter()
+        pipe, why, n = hetero_pipeline.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
+                                              search_fn=api.tp_search_fn())
+        timing_p = {"pipeline_search_s": time.perf_counter() - t1, "pipeline_configs": n, "pipeline_why": why,
+                    "pipeline_step_s": pipe.result.step_time_s if pipe else None, "data_step_s": _num(step)}
+        if pipe is None and (mode == "pipeline" or d is None):
+            raise InfeasibleError(f"no pipeline over the groups {', '.join(g.name for g in mc.groups)}: {why}"
+                                  + ("" if d is not None or mode == "pipeline" else "; and no split of the batch fits"))
+    if pipe is not None and (mode == "pipeline" or pipe.result.step_time_s < step):
+        from . import hetero_pipe_plan
+        if d is not None:
+            alone, uni = {k: _num(v) for k, v in d["alone"].items()}, _num(d["uniform"])
+        else:
+            alone = {g.name: _num(hetero.GroupPricer(graph, mc, cons, settings, api.tp_search_fn()).time(i, gb))
+                     for i, g in enumerate(mc.groups)}
+            uni = _num(hetero.uniform_baseline(graph, mc, gb, cons, settings, api.tp_search_fn()))
+        doc = hetero_pipe_plan.document(graph, mc, pipe, name=name, gb=gb, cons=cons, settings=settings,
+                                        data_step=_num(step), alone=alone, uniform=uni)
+        check(doc)
+        return doc, dict(timing_p, search_s=time.perf_counter() - t0, evaluations=pipe.evaluations,
+                         split_search_s=d["search_s"] if d else 0.0, split_search_cpu_s=d["search_cpu_s"] if d else 0.0)
     groups = []
     for g, (cl, b) in enumerate(zip(mc.groups, shares)):
         entry = {"name": cl.name, "devices": cl.devices, "batch_share": b}
@@ -59,7 +96,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
                      f"and summed over all ranks"]}
     check(doc)
     doc_timing = {"search_s": time.perf_counter() - t0, "split_search_s": d["search_s"],
-                  "split_search_cpu_s": d["search_cpu_s"], "evaluations": d["evaluations"]}
+                  "split_search_cpu_s": d["search_cpu_s"], "evaluations": d["evaluations"], **timing_p}
     return doc, doc_timing
 
 
@@ -69,6 +106,9 @@ def check(doc) -> dict:
     err = _schema.document_problem("hetero", doc)
     if err:
         raise PlanError(f"mixed-cluster plan: {err}")
+    if doc["mode"] == "pipeline":
+        from .hetero_pipe_plan import check as check_pipeline
+        return check_pipeline(doc)
     if sum(g["batch_share"] for g in doc["groups"]) != doc["model"]["global_batch"]:
         raise PlanError("mixed-cluster plan: the groups' batch shares do not add up to model.global_batch")
     return doc
@@ -84,6 +124,11 @@ def dumps(doc) -> str:
 
 def explain(doc) -> str:
     pr, base = doc["predicted"], doc["baselines"]
+    if doc["mode"] == "pipeline":
+        from .hetero_pipe_plan import explain_lines
+        lines = explain_lines(doc)
+        lines += _baselines(base, pr)
+        return "\n".join(lines) + "\n"
     gb = doc["model"]["global_batch"]
     lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
              f"in {len(doc['groups'])} groups (data-parallel replicas, uneven shares)"]
@@ -98,13 +143,18 @@ def explain(doc) -> str:
     lines.append(f"  cross-group gradient all-reduce: {pr['cross_group_sync_s']:.4g} s over {link['bw'] / 1e9:.4g} GB/s "
                  f"per device")
     lines.append(f"  predicted step {pr['step_time_s']:.4g} s ({pr['samples_per_s']:.4g} samples/s)")
+    return "\n".join(lines + _baselines(base, pr)) + "\n"
+
+
+def _baselines(base, pr) -> list:
+    lines = []
     for name, t in base["alone"].items():
         lines.append(f"  baseline {name} alone: " + ("does not fit" if t is None else
                                                       f"{t:.4g} s ({t / pr['step_time_s']:.3g}x)"))
     u = base["uniform_slowest"]
     lines.append("  baseline all devices as the slowest kind: " + ("does not fit" if u is None else
                                                                      f"{u:.4g} s ({u / pr['step_time_s']:.3g}x)"))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def load_if_hetero(path):

@@ -22,7 +22,10 @@ for, and a device of another kind would set the pace of the whole step or run ou
 Processes per node: the group's gpus_per_node in the plan's cluster (--nproc overrides it for this
 node's group; a one-node job runs all the groups' devices).  --nnodes must be the plan's node count,
 every group's devices / its processes per node.  The ranks check the layout again once the job has
-formed (sapp/emit/runtime/hetero_run.py): each group must have exactly its devices' processes."""
+formed (sapp/emit/runtime/hetero_run.py): each group must have exactly its devices' processes.  A
+pipeline-mode plan (stages on the groups) runs one pp plan on every rank; its groups are listed in
+stage order and their ranks must come in that order (a one-node job lays them out so; on several
+nodes the ranks refuse, before the first step, a job whose nodes joined in another order)."""
 from __future__ import annotations
 
 import re

@@ -48,6 +48,10 @@ def add_arguments(p):
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
                         "as --tp-comm-overlap runs them)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
+    p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",
+                   help="a mixed cluster (A+B): data (each group a data-parallel replica with its share of the batch), "
+                        "pipeline (pipeline stages on the groups, layers in proportion to each group's speed) or auto "
+                        "(default: the faster)")
     p.add_argument("--no-cache", action="store_true",
                    help="capture the model afresh and leave the capture cache alone.  A zoo name or HF config.json "
                         "is otherwise captured once and read back after (the same plan, seconds sooner, no torch "
@@ -164,6 +168,10 @@ def run(args):
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
             from .search_hetero import run_hetero
             return run_hetero(args, spec, mc, constraints_from_args(args))
+    if getattr(args, "mixed_mode", "auto") != "auto":
+        from ..errors import UsageError
+        raise UsageError(f"--mixed-mode {args.mixed_mode} is for mixed clusters (A+B); {args.cluster} is one device kind: "
+                         "drop --mixed-mode (--pp pins its pipeline)")
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search

@@ -7,10 +7,17 @@ def run_hetero(args, spec, mc, constraints):
     from ..errors import UsageError
     if getattr(args, "target", None):
         raise UsageError("--target exports a one-kind plan; a mixed cluster's plan is sapp's own (drop --target)")
+    mode = getattr(args, "mixed_mode", None) or "auto"
     doc, timing = hetero_plan.search(spec, mc, global_batch=args.batch, constraints=constraints,
-                                     precision=args.precision, runtime=args.runtime)
+                                     precision=args.precision, runtime=args.runtime, mode=mode)
     print(hetero_plan.explain(doc), end="")
-    print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} group searches)")
+    if mode == "auto" and doc["mode"] == "data":
+        why, t = timing.get("pipeline_why"), timing.get("pipeline_step_s")
+        print("  pipeline mode (stages on the groups): " + (f"{t:.4g} s" if t is not None else f"not searched: {why}"))
+    if doc["mode"] == "pipeline":
+        print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} pipeline configurations)")
+    else:
+        print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} group searches)")
     if args.out:
         with open(args.out, "w") as f:
             f.write(hetero_plan.dumps(doc))

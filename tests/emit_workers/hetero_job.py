@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 D, H, LR = 6, 16, 0.1
+LAYERS = 8
 
 
 def model():
@@ -35,6 +36,45 @@ def factory():
     import torch.nn.functional as F
     x, y = batch(0, 8)
     return model(), (x,), y, F.mse_loss
+
+
+def deep(n_layers=LAYERS):
+    """A float64 stack of identical residual blocks between an input and an output layer: what a
+    pipeline over mixed groups cuts (tests/test_hetero_pipeline.py)."""
+    import torch
+    import torch.nn as nn
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, h):
+            return h + torch.tanh(self.fc(h))
+
+    class Deep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(D, H)
+            self.layers = nn.ModuleList(Layer() for _ in range(n_layers))
+            self.out = nn.Linear(H, 1)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for layer in self.layers:
+                h = layer(h)
+            return self.out(h)
+
+    torch.manual_seed(0)
+    return Deep().double()
+
+
+def deep_factory():
+    """`sapp run --model tests.emit_workers.hetero_job:deep_factory`: the block stack, an example batch,
+    targets and loss, in float64."""
+    import torch.nn.functional as F
+    x, y = batch(0, 8)
+    return deep(), (x,), y, F.mse_loss
 
 
 def _loss(m, x, y):

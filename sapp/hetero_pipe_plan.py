@@ -1,0 +1,98 @@
+"""The pipeline mode of a mixed-cluster plan (sapp.hetero-plan/1, mode "pipeline"): the document of a
+pipeline whose stages sit on the groups (sapp/search/hetero_pipeline.py), and its `sapp explain`.
+
+The document states each group's stages (their blocks and units, per-micro-batch times as priced on
+the group's devices, the sends over the link between groups), the pipeline's stage width,
+micro-batches and schedule, and `plan`: the ordinary pp plan every rank runs (sapp run), whose
+stages are the same, numbered in group order, with the mixed predictions."""
+from __future__ import annotations
+
+
+def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
+    from .api import build_plan
+    from .search.hetero import SCHEMA, uniform_cluster
+    res, cfg = pipe.result, pipe.config
+    inner = build_plan(graph, uniform_cluster(mc), res, name=name, global_batch=gb, constraints=cons,
+                       settings=settings).to_dict()
+    inner["notes"] = inner.get("notes", []) + [
+        "stages on a mixed cluster's groups: " + ", ".join(
+            f"{mc.groups[g].name} {_span([i for i, o in enumerate(pipe.order) if o == g])}"
+            for g in dict.fromkeys(pipe.order)) + "; times priced on each stage's group (the mixed plan)"]
+    groups = []
+    for g in dict.fromkeys(pipe.order):          # in stage order: a group's ranks follow the one before
+        cl = mc.groups[g]
+        mine = [res.stages[i] for i, o in enumerate(pipe.order) if o == g]
+        groups.append({"name": cl.name, "devices": cl.devices, "stages": [
+            {"index": st.index, "blocks": list(st.blocks), "units": list(st.units), "fwd_s": st.fwd_s,
+             "bwd_s": st.bwd_s, "send_s": st.send_s, "link_send_s": list(pipe.link_s[st.index]),
+             "memory_bytes": st.memory_bytes} for st in mine]})
+    cross = sum(f + b for f, b in pipe.link_s)
+    step = res.step_time_s
+    return {"schema": SCHEMA, "mode": "pipeline",
+            "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
+                      "flops_per_sample": graph.flops_per_sample(), "global_batch": gb},
+            "cluster": mc.to_dict(), "devices": mc.devices, "groups": groups,
+            "pipeline": {"stages": cfg.pp, "stage_width": cfg.dp, "micro_batches": cfg.m,
+                         "micro_batch_size": cfg.mbs, "schedule": cfg.schedule, "zero": cfg.zero},
+            "plan": inner,
+            "predicted": {"step_time_s": step, "cross_group_sync_s": 0.0, "cross_group_send_s": cross,
+                          "bubble_s": res.bubble_s, "samples_per_s": gb / step},
+            "baselines": {"alone": alone, "uniform_slowest": uniform, "data_mode": data_step},
+            "notes": [f"pipeline of {cfg.pp} stages x {cfg.dp} devices over the groups in the order listed; "
+                      f"stage boundaries between groups send over the link between them; every rank runs `plan`"]}
+
+
+def _span(ix) -> str:
+    return f"stage {ix[0]}" if len(ix) == 1 else f"stages {ix[0]}-{ix[-1]}"
+
+
+def explain_lines(doc) -> list:
+    pipe, pr = doc["pipeline"], doc["predicted"]
+    gb = doc["model"]["global_batch"]
+    lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
+             f"in {len(doc['groups'])} groups (pipeline stages on the groups, uneven stages)",
+             f"  pipeline: {pipe['stages']} stages x {pipe['stage_width']} devices (dp={pipe['stage_width']} tp=1), "
+             f"{pipe['micro_batches']} micro-batches of {pipe['micro_batch_size']}, {pipe['schedule']}, ZeRO-{pipe['zero']}"]
+    for g in doc["groups"]:
+        sts = g["stages"]
+        lines.append(f"  group {g['name']}: {g['devices']} devices, {_span([s['index'] for s in sts])}, "
+                     f"layers {'/'.join(str(len(s['blocks'])) for s in sts)}")
+        for s in sts:
+            blk = s["blocks"]
+            where = f"{blk[0]}..{blk[-1]}" if len(blk) > 1 else (blk[0] if blk else "no blocks")
+            glue = [u for u in s["units"] if u not in blk]
+            lines.append(f"    stage {s['index']}: {len(blk)} layers ({where}{', ' + ', '.join(glue) if glue else ''}), "
+                         f"fwd {s.get('fwd_s', 0):.4g} s bwd {s.get('bwd_s', 0):.4g} s per micro-batch"
+                         + (f", link send {max(s['link_send_s']):.3g} s" if max(s.get('link_send_s') or [0]) > 0 else ""))
+    link = doc["cluster"]["link"]
+    lines.append(f"  sends over the link between groups: {pr.get('cross_group_send_s', 0):.4g} s per micro-batch over "
+                 f"{link['bw'] / 1e9:.4g} GB/s per device")
+    lines.append(f"  predicted step {pr['step_time_s']:.4g} s ({pr['samples_per_s']:.4g} samples/s), "
+                 f"bubble {pr.get('bubble_s', 0):.4g} s")
+    d = doc["baselines"].get("data_mode")
+    lines.append("  data mode (uneven batch shares): " + ("does not fit" if d is None else
+                                                           f"{d:.4g} s ({d / pr['step_time_s']:.3g}x)"))
+    return lines
+
+
+def check(doc):
+    """What the schema cannot say: the groups' stages are 0..P-1 in order, consecutive per group, the
+    inner plan's stages the same blocks."""
+    from .errors import PlanError
+    pipe = doc["pipeline"]
+    idx = [s["index"] for g in doc["groups"] for s in g["stages"]]
+    if idx != list(range(pipe["stages"])):
+        raise PlanError(f"mixed-cluster plan: the groups' stages are {idx}, not 0..{pipe['stages'] - 1} in group "
+                        "order; search the plan again")
+    for g in doc["groups"]:
+        if g["devices"] != len(g["stages"]) * pipe["stage_width"]:
+            raise PlanError(f"mixed-cluster plan: group {g['name']} has {g['devices']} devices for {len(g['stages'])} "
+                            f"stages of {pipe['stage_width']}; search the plan again")
+    inner = (doc["plan"].get("pipeline") or {}).get("stages") or []
+    outer = [s["blocks"] for g in doc["groups"] for s in g["stages"]]
+    if [list(s.get("blocks") or []) for s in sorted(inner, key=lambda s: s.get("index", 0))] != outer:
+        raise PlanError("mixed-cluster plan: `plan`'s pipeline stages are not the groups' stages; search the plan again")
+    par = doc["plan"].get("parallel") or {}
+    if par.get("pp") != pipe["stages"] or par.get("dp") != pipe["stage_width"] or doc["plan"].get("devices") != doc["devices"]:
+        raise PlanError("mixed-cluster plan: `plan`'s pp, dp or devices are not the pipeline's; search the plan again")
+    return doc

@@ -1,0 +1,251 @@
+"""Pipelines over mixed clusters: stages placed on device groups of different kinds, each group
+holding a run of consecutive stages, layers per stage in proportion to what its group does.
+
+Layout.  Every stage is `w` devices wide (dp = w, tp = 1: the pipeline's w data-parallel replicas
+line up stage to stage), so group g holds devices_g / w stages and the pipeline has P = sum of them.
+Each group holds a run of consecutive stages; every order of the groups is tried (up to 3 groups,
+else the cluster's order): which group holds the embedding and which the head and loss matters when
+they weigh differently.  Ranks are numbered stage by stage, so a group's ranks are consecutive.
+
+Pricing.  One configuration (w, micro-batches m, schedule 1f1b or gpipe, ZeRO stage) is priced as
+the homogeneous joint search prices a pipeline (sapp/search/joint/evaluate.py), with each stage's
+numbers from its own group: a SearchContext and stage profile per group on a cluster of the group's
+kind with the pipeline's P x w devices (its stage mesh, links and memory), and a StageEvaluator of
+the configuration on it.  Stage i on group g costs g's evaluator's seg(i, a, b) for units [a, b):
+its compute (faster devices, smaller time), its memory against g's devices, its recomputation.  A
+send across a group boundary (the last stage of a group forwarding to the next group's first, and
+that stage's gradients coming back) goes over the link between groups instead of the group's own:
+link_latency + bytes / link_bw per device and send (each of the w replicas sends its own slice).
+The partition is the exact min-max one over those per-stage prices (partition_counts for identical
+blocks, whose per-stage bisection takes any per-stage speed; partition_dp otherwise), so a slower
+group's stages get fewer layers; the step is the schedule's closed form over the per-stage times
+and sends (schedule.step_time), plus the slowest stage's gradient sync and optimizer update and the
+closing loss all-reduce, as for one kind.
+
+Not searched here: tp, sp, cp or ep inside a stage, interleaved schedules, host placement, groups
+left idle (the data mode, sapp/search/hetero.py, covers a group alone), pinned stage maps, models
+with batch statistics.  The mixed search (sapp/hetero_plan.py) prices the data mode and this one and
+keeps the faster.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import reduce
+
+from ..pipeline.partition import partition_counts, partition_dp
+from ..pipeline.profile import cut_at_block_entry
+from ..pipeline.schedule import step_time
+from .joint.divisors import divisors
+
+
+MAX_ORDERED = 3          # every order of the groups is tried up to this many groups
+
+
+@dataclass
+class PipeResult:
+    config: object          # joint.result.Config of the whole pipeline (pp = P, dp = w, tp = 1)
+    order: tuple            # group index of every stage
+    result: object          # joint.result.JointResult: the stages (each priced on its group) and the step
+    link_s: tuple           # per stage: (forward, backward) seconds of one send over the link, 0 inside a group
+    evaluations: int = 0
+
+
+def _virtual(cl, devices):
+    """A cluster of `devices` devices of group `cl`'s kind (its node size where it divides)."""
+    if devices % cl.gpus_per_node == 0:
+        return cl.replace(nodes=devices // cl.gpus_per_node)
+    return cl.replace(nodes=1, gpus_per_node=devices)
+
+
+def refusal(cons, graph_blocks: int) -> str | None:
+    """Why pins rule the pipeline mode out, or None."""
+    if cons.tp not in (None, 1) or cons.cp not in (None, 1) or cons.ep not in (None, 1) or cons.sp:
+        return "tp, cp, ep or sp pinned: the pipeline mode runs dp-only stages"
+    if cons.stages:
+        return "a pinned stage map names one kind's stages"
+    if cons.schedule not in (None, "1f1b", "gpipe") or cons.virtual_chunks not in (None, 1) or cons.placement:
+        return "the pipeline mode runs 1f1b or gpipe without host placement"
+    if graph_blocks < 2:
+        return "the model has fewer than two blocks to cut"
+    return None
+
+
+def widths(mc, cons, blocks):
+    """Stage widths w: every group's devices a multiple of w, 2 <= P <= blocks stages."""
+    g = reduce(math.gcd, [c.devices for c in mc.groups])
+    out = []
+    for w in divisors(g):
+        P = sum(c.devices // w for c in mc.groups)
+        if (2 <= P <= blocks and (cons.dp is None or cons.dp == w) and (cons.pp is None or cons.pp == P)
+                and (cons.max_dp is None or w <= cons.max_dp)):
+            out.append(w)
+    return out
+
+
+def contexts(graph, mc, B, cons, settings, search_fn) -> dict:
+    """Per group: the joint search's context on a cluster of the group's kind with every device of
+    the mixed cluster (a pipeline of P stages x w is all of them): its stage mesh, links, memory;
+    its stage profiles are built per width on first use (SearchContext.profile)."""
+    from .joint.context import SearchContext
+    return {g: SearchContext(graph, _virtual(c, mc.devices), B, cons, settings, search_fn)
+            for g, c in enumerate(mc.groups)}
+
+
+def configs(ctx, cons, w, P):
+    from .joint.result import Config
+    per = ctx.B // w
+    out = []
+    for m in divisors(per):
+        if m < P or (cons.micro_batches is not None and m != cons.micro_batches):
+            continue
+        for s in ("1f1b", "gpipe"):
+            if cons.schedule is not None and s != cons.schedule:
+                continue
+            for z in ((0, 1, 2, 3) if w > 1 else (0,)):
+                if cons.zero is not None and z != cons.zero:
+                    continue
+                out.append(Config(P, w, 1, m, per // m, s, 1, z))
+    return out
+
+
+def link_send(mc, nbytes) -> float:
+    """One device's send of `nbytes` to a stage on another group."""
+    return mc.link_latency + nbytes / mc.link_bw if nbytes > 0 else 0.0
+
+
+def price(mc, evs, order, cfg, ctxs):
+    """The configuration with stage i on group order[i] (evs[g]: g's StageEvaluator): PipeResult or None."""
+    from ..costmodel.gradsync import overlap_rule
+    from ..costmodel.optimizer import optimizer_step_time
+    from .joint.evaluate import _exposed_sync, _starts_from_counts
+    from .joint.result import JointResult
+    P = cfg.pp
+    ev0 = evs[order[0]]
+    n, units = ev0.n, ev0.units
+
+    def pair(i, a, b):
+        """((seconds, bytes) forward, (seconds, bytes) backward) of one of stage i's sends."""
+        (f, g) = evs[order[i]].send_pair(i, a, b)
+        if i < P - 1 and order[i + 1] != order[i]:
+            f = (link_send(mc, f[1]), f[1])
+        if i > 0 and order[i - 1] != order[i]:
+            g = (link_send(mc, g[1]), g[1])
+        return f, g
+
+    def adj(i, a, b):
+        ev = evs[order[i]]
+        (nf, nb), (f, g) = ev.send_counts(i), pair(i, a, b)
+        return nf * f[0] + nb * g[0] - ev.send_s(i, a, b)
+
+    def seg(i, a, b):
+        t, fits = evs[order[i]].seg(i, a, b)
+        return (t + adj(i, a, b), True) if fits else (math.inf, False)
+
+    ctx = ctxs[order[0]]
+    if ctx.uniform:
+        first = next(i for i, u in enumerate(units) if u.kind == "block")
+        pre, post = first, n - first - ctx.L
+
+        def seg_k(i, k):
+            if i == 0:
+                return seg(0, 0, pre + k)
+            if i == P - 1:
+                return seg(i, n - post - k, n)
+            return seg(i, pre, pre + k)
+        counts, _ = partition_counts(ctx.L, P, seg_k)
+        starts = None if counts is None else _starts_from_counts(units, counts)
+    else:
+        cut = [u.cut_before for u in units]
+        cut[0] = False
+        if cut_at_block_entry(ev0.prof):
+            cut[next(i for i, u in enumerate(units) if u.kind == "block")] = False
+        starts = partition_dp(n, P, [True] + cut[1:], seg)[0]
+    if starts is None:
+        return None
+    ends = starts[1:] + [n]
+    stages, sends, link_s = [], [], []
+    for i, (a, b) in enumerate(zip(starts, ends)):
+        st = evs[order[i]].seg(i, a, b, detail=True)
+        if st is None:
+            return None
+        st.send_s += adj(i, a, b)
+        f, g = pair(i, a, b)
+        sends.append((f[0], g[0]))
+        cross_f = i < P - 1 and order[i + 1] != order[i]
+        cross_b = i > 0 and order[i - 1] != order[i]
+        link_s.append((f[0] if cross_f else 0.0, g[0] if cross_b else 0.0))
+        rule = overlap_rule(ctxs[order[i]].cluster, cfg.zero, P, 1, ctxs[order[i]].settings.runtime)
+        if rule != "none":
+            st.grad_sync_s = _exposed_sync(evs[order[i]], rule, st, a, b)
+        stages.append(st)
+    fw, bw = [s.fwd_s for s in stages], [s.bwd_s for s in stages]
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule, 1, sends)
+    gs = max(s.grad_sync_s for s in stages)
+    opt = [optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctxs[order[i]].cluster, ctx.settings,
+                               tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=cfg.zero >= 2)
+           for i, s in enumerate(stages)]
+    opt_s = max(opt)
+    loss_s = max(c.loss_sync_s for c in ctxs.values())
+    step = step_pipe + gs + opt_s + loss_s
+    res = JointResult(cfg, step, stages)
+    res.overlap = "none"
+    res.boundary_bytes = max(s.send_bytes[0] for s in stages)
+    res.boundary_grad_bytes = max(s.send_bytes[1] for s in stages)
+    busy = cfg.m * max(s.fwd_s + s.bwd_s + s.send_s for s in stages)
+    res.bubble_s = max(0.0, step_pipe - busy)
+    res.grad_sync_s, res.optimizer_s = gs, opt_s
+    res.p2p_s = cfg.m * max(s.send_s for s in stages)
+    res.compute_s = cfg.m * max(s.fwd_s + s.bwd_s for s in stages) + opt_s
+    res.comm_s = gs + res.p2p_s + loss_s
+    res.comm_by_kind = {"reshard": 0.0, "dp_grad_sync": gs, "pp_p2p": res.p2p_s, "loss_sync": loss_s}
+    res.peak_memory_bytes = max(s.memory_bytes for s in stages)
+    res.capacity_bytes = min(c.cap for c in ctxs.values())
+    res.model_flops = ctx.model_flops_per_sample * ctx.B
+    peak = sum(c.devices * c.peak_flops for c in mc.groups)
+    res.mfu = res.model_flops / (step * peak) if step > 0 else 0.0
+    res.profile = ev0.prof
+    return PipeResult(cfg, tuple(order), res, tuple(link_s))
+
+
+def search(graph, mc, *, global_batch, constraints, settings, search_fn):
+    """(the fastest PipeResult or None, why none when None, configurations priced)."""
+    from ..errors import SappError
+    from .joint.stage import StageEvaluator
+    cons = constraints
+    best, tried = None, 0
+    ctxs = contexts(graph, mc, global_batch, cons, settings, search_fn)
+    ctx0 = ctxs[0]
+    why = refusal(cons, ctx0.L)
+    if why is None and ctx0.batch_stats:
+        why = "batch statistics are synced per micro-batch; the pipeline mode is not searched for them"
+    if why:
+        return None, why, 0
+    ws = [w for w in widths(mc, cons, ctx0.L) if global_batch % w == 0]
+    if not ws:
+        return None, "no stage width divides every group's devices and the batch into 2 or more stages", 0
+    G = len(mc.groups)
+    perms = list(itertools.permutations(range(G))) if G <= MAX_ORDERED else [tuple(range(G))]
+    for w in ws:
+        P = sum(c.devices // w for c in mc.groups)
+        try:
+            profs = {g: ctxs[g].profile(w, 1) for g in range(G)}
+        except SappError:          # no layout of a stage this wide
+            continue
+        for cfg in configs(ctxs[0], cons, w, P):
+            evs = {g: StageEvaluator(ctxs[g], cfg, profs[g]) for g in range(G)}
+            for perm in perms:          # ties: the first order tried (the cluster's), then the first config
+                order = tuple(g for g in perm for _ in range(mc.groups[g].devices // w))
+                r = price(mc, evs, order, cfg, ctxs)
+                tried += 1
+                if r is not None and (best is None or (r.result.step_time_s, cfg.key()) < (best.result.step_time_s,
+                                                                                         best.config.key())):
+                    best = r
+    if best is None:
+        if not tried:
+            return None, ("no stage width leaves at least as many micro-batches as stages (the batch per replica "
+                          "is too small)"), 0
+        return None, "no pipeline over the groups fits their memory", tried
+    best.evaluations = tried
+    return best, None, tried
