@@ -21,6 +21,7 @@ import io
 import json
 import os
 import random
+import resource
 import signal
 import sys
 import tempfile
