@@ -323,7 +323,6 @@ def _describe(call):
 
 
 def install_limits():
-    import resource
     signal.signal(signal.SIGALRM, _alarm)
     signal.signal(signal.SIGPROF, _alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
