@@ -40,6 +40,7 @@ def _max_diff(a, b):
     return max(abs(x - y) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
 
 
+@pytest.mark.slow       # ~45 s; the default suite runs uneven shares through `sapp run` (test_hetero_run.py)
 def test_uneven_shares_train_as_one_process(plan_doc, tmp_path):
     shares = [g["batch_share"] for g in plan_doc["groups"]]
     assert shares == [16, 48]            # 3x slower: a quarter of the batch

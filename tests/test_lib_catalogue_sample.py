@@ -21,6 +21,7 @@ SAMPLE = (("xt_llama", "pp2"), ("vit", "pp2"), ("ft_transformer", "pp2"),
           ("perceiver_lm", "pp2"), ("performer_lm", "dp2"))
 
 
+@pytest.mark.slow       # a sample of bench.lib_catalogue's matrix (RESULTS §20), ~60 s: `pytest -m slow`
 def test_probe_sample_equals_one_process(tmp_path):
     # the bench's own command in a process of its own: the catalogue machinery forks a child per case,
     # and a fork of an xdist worker (whose execnet threads may hold a lock) can hang on that lock
