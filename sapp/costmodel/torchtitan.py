@@ -41,7 +41,12 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
   `_foreach_mul_(exp_avg_sqs)` r4 w4, `_foreach_addcmul_(exp_avg_sqs, grads, grads)` r12 w4,
   `_foreach_sqrt` r4 w4, `_foreach_div_` r4 w4, `_foreach_add_(eps)` r4 w4, `_foreach_addcdiv_(params,
   exp_avgs, denom)` r12 w4: 84 B (Adam's L2 decay `_foreach_add(grads, params)` r8 w4 in place of the
-  mul: 88 B); the clip's `_foreach_norm` r4 and `_foreach_mul_(grads, coef)` r4 w4: 12 B."""
+  mul: 88 B); the clip's `_foreach_norm` r4 and `_foreach_mul_(grads, coef)` r4 w4: 12 B.
+
+Era: these are the benchmark's kernels (Dec 2024).  torch later gained a fused CUDA RMSNorm
+(aten._fused_rms_norm, pytorch/pytorch#153666) and torchtitan's llama3 moved to nn.RMSNorm, and
+later SDPA priorities may put cuDNN first on Hopper: a newer stack runs faster than this profile
+prices those two terms."""
 from __future__ import annotations
 
 RMSNORM_FWD_BYTES, RMSNORM_BWD_BYTES = 36, 92
