@@ -112,7 +112,9 @@ def loss_class_shards(node, strategy, sizes, roles, settings) -> int:
     profile: torchtitan runs the loss vocab-parallel (train.py `loss_parallel` unless
     `disable_loss_parallel`; the output layer's ColwiseParallel keeps its logits Shard(-1)), so its
     logits, log-probabilities and their gradients are each tp rank's share of the vocabulary: the
-    sizes of the `tp` levels (`roles`) the loss's `strategy` leaves unsplit.  1 otherwise."""
+    sizes of the `tp` levels (`roles`) the loss's `strategy` leaves unsplit.  1 otherwise.  Memory
+    only (pipeline/profile.py): the loss's passes (`pass_bytes`) are still timed on the logits the
+    strategy gives the rank, whole over tp."""
     if settings.runtime != "torchtitan" or _logits(node) is None or not roles:
         return 1
     k = 1
