@@ -14,7 +14,8 @@ parser and the "torchtitan" runtime profile, costmodel/settings.py):
    file with local_batch_size = 2), on H100s with 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per GPU and a
    500 W power limit: "the actual peak TFLOPs number is between SXM and NVL", so each row is priced at
    both (SXM 989, NVL 835 dense bf16 TFLOP/s).  Memory is torchtitan's `max_reserved` (the caching
-   allocator's reserved peak), sapp's the allocated peak.  The rows with torch.compile or float8
+   allocator's reserved peak); sapp's peak is the allocated one plus the one cached block the profile
+   derives at the loss (costmodel/torchtitan.py: the bf16 logits' block the fp32 gradients cannot use).  The rows with torch.compile or float8
    (Tables 1-6 but these two) are not priced: sapp models neither.
 
 Nothing here is fitted to the published rows: the cluster is the stated hardware, the configuration the

@@ -13,6 +13,8 @@ on every rank; tests/test_memory_rules.py measures each rule on one small module
     with m > 1 keeps each block gathered from its backward to the next forward; accumulating
     micro-batches hold the whole unsharded gradients where a forward follows a backward of the step;
     host tables are neither sharded nor gathered (sapp/placement/cost.py).
+The torchtitan profile's loss backward (two fp32 gradients of the logits and the allocator's cached bf16
+logits beside the stash) is a glue unit's `bwd_live` (costmodel/torchtitan.py, search/joint/stage.py).
 Not priced: selective checkpointing's cache also keeps MUST_SAVE outputs no backward needs (one
 (b, s, h) per selective block), and FSDP2's root unit holds its unsharded gradients through the whole
 backward (ZeRO-2/3, m = 1), at activations below the forward peak."""

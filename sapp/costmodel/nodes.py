@@ -10,6 +10,7 @@ from .dtypes import fusion_of, operand_bytes, out_bytes
 from .grads import carries_grad
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
 from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor, sparse_table_state_bytes
+from .torchtitan import pass_bytes
 
 # Ops whose backward does two GEMM-like passes (input grad and weight/second-operand grad): backward
 # FLOPs = 2x forward.  Element-wise / norm / softmax backward does about as much arithmetic as the
@@ -195,6 +196,8 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     nbytes = local_bytes(node, f, settings)
     bwd_bytes = 2 * nbytes
     ce = megatron_cross_entropy_bytes(node, f, settings)
+    if ce is None:
+        ce = pass_bytes(node, f, settings)          # the torchtitan profile's eager RMSNorm and loss
     if ce is not None:
         nbytes, bwd_bytes = ce
     c = NodeCost()
@@ -216,11 +219,11 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     own = 0 if settings.fused and fusion_of(node)[1] else 1
     ov = getattr(cluster, "gemm_memory_overlap", 1.0) if node.kind in GEMM_KINDS else 1.0
     c.fwd_s = compute_time(ff, nbytes, cluster, own * launches_of(node.kind, False, async_launch), randoms, floor_f,
-                           efficiency=kernel_efficiency(node.kind, False, cluster), overlap=ov)
+                           efficiency=kernel_efficiency(node.kind, False, cluster, settings), overlap=ov)
     # an op no gradient flows through has no backward node (costmodel.grads)
     c.bwd_s = compute_time(fb, bwd_bytes, cluster,
                            own * launches_of(node.kind, True, async_launch), floor=floor_b,
-                           efficiency=kernel_efficiency(node.kind, True, cluster), overlap=ov) if carries_grad(node) else 0.0
+                           efficiency=kernel_efficiency(node.kind, True, cluster, settings), overlap=ov) if carries_grad(node) else 0.0
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:

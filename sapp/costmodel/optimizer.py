@@ -21,8 +21,13 @@ runs from cache (gpt-small's 53 tensors: 0.9 ms; a 4.2 M-parameter MLP of 8 tens
 in a training step on this CPU gpt-small's update took 2.8 ms: its 26 MB at the copy rate."""
 from __future__ import annotations
 
+from .torchtitan import update_bytes
+
 
 def update_bytes_per_param(settings) -> float:
+    tt = update_bytes(settings)         # torchtitan's clip + foreach AdamW pass by pass (costmodel.torchtitan)
+    if tt is not None:
+        return tt
     opt = settings.optimizer_bytes
     if settings.mixed:
         # master weight is part of `opt` (12 B for Adam); bf16 grad read + bf16 weight written

@@ -27,6 +27,7 @@ import math
 from ..cluster import curve_rate
 from ..errors import SappError
 from .dtypes import op_name
+from .torchtitan import attention_scale
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -69,15 +70,16 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
     return t * getattr(cluster, "compute_scale", 1.0)
 
 
-def kernel_efficiency(kind: str, backward: bool, cluster) -> float:
+def kernel_efficiency(kind: str, backward: bool, cluster, settings=None) -> float:
     """Fraction of peak the arithmetic of an op of `kind` reaches: a fused attention kernel its
-    measured figure (`Cluster.attention_efficiency` / `attention_bwd_efficiency`, 0 = unset), every
-    other op the cluster's compute_efficiency.  Never above compute_efficiency for the presets, so the
-    joint search's analytic bound (work at compute_efficiency) stays a lower bound."""
+    measured figure (`Cluster.attention_efficiency` / `attention_bwd_efficiency`, 0 = unset; under
+    the torchtitan profile scaled to the FlashAttention-2 kernel torch's SDPA ran, costmodel.torchtitan),
+    every other op the cluster's compute_efficiency.  Never above compute_efficiency for the presets,
+    so the joint search's analytic bound (work at compute_efficiency) stays a lower bound."""
     if kind == "attention":
         e = getattr(cluster, "attention_bwd_efficiency" if backward else "attention_efficiency", 0.0) or 0.0
         if e > 0:
-            return e
+            return e * attention_scale(backward, settings)
     return cluster.compute_efficiency
 
 

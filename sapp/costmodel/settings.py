@@ -32,7 +32,9 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            the weights to bf16 and no autocast runs (utils.maybe_enable_amp), so every float activation
 #            is bf16 except the loss (cross_entropy_loss: `pred.float()`); gradients are reduced in fp32
 #            (training.mixed_precision_reduce, whose only value is "float32"); "selective" recomputation
-#            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core.
+#            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core; its
+#            eager RMSNorm and loss kernels, the loss backward's memory, vocab-parallel loss under tp,
+#            SDPA's FlashAttention-2 on Hopper and the foreach AdamW update: costmodel/torchtitan.py.
 RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);

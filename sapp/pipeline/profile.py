@@ -27,6 +27,8 @@ from ..costmodel import (collective_time, evaluate_sharding, first_savers, model
                          param_owners, saved_items)
 from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.evaluate import memo_tables
+from ..costmodel.nodes import split_factors
+from ..costmodel.torchtitan import loss_backward_bytes, loss_class_shards
 from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
@@ -110,10 +112,11 @@ def _producer(tid):
     return tid.split(":")[0]       # "<producer>:mask", "<producer>:cast><saver>#<i>" (an autocast copy)
 
 
-def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, regather=None, saved=None):
+def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, regather=None, saved=None, cls=None):
     """(none, selective, full) activation bytes per device for one unit.  `regather` ({(saver,
     tensor id): shards}): inputs a sequence-parallel region entry keeps as its shard (sp_regather);
-    `saved`: saved_items per (node, strategy) already computed for this graph (memo_tables)."""
+    `saved`: saved_items per (node, strategy) already computed for this graph (memo_tables); `cls`:
+    {loss: tp ranks its classes are spread over} (costmodel.torchtitan.loss_class_shards)."""
     names = list(unit_nodes)
     inside = set(names)
     core = attention_core(graph, names)
@@ -126,7 +129,7 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
         for tid, b in got if got is not None else saved_items(node, s, mesh, settings):
             if savers.get(tid) != n:
                 continue
-            b /= regather.get((n, tid), (1, 0.0))[0]
+            b /= regather.get((n, tid), (1, 0.0))[0] * (cls.get(n, 1) if cls else 1)
             none += b
             prod = _producer(tid)
             if prod not in core:
@@ -192,6 +195,8 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
     saved = memo_tables(memo, mesh, cluster, st)[2] if memo is not None else None
     regather = sp_regather(graph, strategies, mesh, roles, st, sp=sp)
     seq = sp_out_shards(graph, strategies, mesh, roles, sp=sp)
+    sizes = [lv.size for lv in mesh.levels]
+    cls = {n: loss_class_shards(graph.nodes[n], strategies[n], sizes, roles, st) for n in graph.nodes}
     out = {}
     for u, names in units:
         pn = [cost.per_node[n] for n in names]
@@ -203,7 +208,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         fwd = sum(d["fwd_s"] for d in pn) - pc + gather
         rg = sp_regather_time(graph, regather, set(names), mesh, roles, cluster, st)
         bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg
-        act = (unit_activations(graph, names, strategies, mesh, st, savers, regather, saved) if acts
+        act = (unit_activations(graph, names, strategies, mesh, st, savers, regather, saved, cls) if acts
                else (0.0, 0.0, 0.0))
         if st.op_sac and u.kind == "block":
             sel_extra = recompute_seconds(names, kept_ops(graph, names), cost.per_node)
@@ -220,6 +225,8 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
             # sparse tables' weights: outside FSDP, never gathered (emit.sparse)
             "fsdp_exempt": sum(n * st.weight_bytes for n, _, _, tr, sp in params if tr and sp is not None),
             "out": _out_bytes(graph, names, dp, st) / seq.get(names[-1], 1),
+            "bwd_live": sum(loss_backward_bytes(graph.nodes[n], split_factors(strategies[n], mesh), st) / cls[n]
+                            for n in names),
         }
     return out
 
@@ -451,7 +458,8 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
         first = made.get(key)
         if first is not None:
-            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors", "fsdp_exempt"):
+            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors", "fsdp_exempt",
+                      "bwd_live"):
                 setattr(nu, f, getattr(first, f))
             for f in ("zfwd", "zbwd", "grad_sync", "sync_lat"):
                 setattr(nu, f, dict(getattr(first, f)))
@@ -466,6 +474,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         nu.act = tuple(_affine(x, y, 1, 2) for x, y in zip(a["act"], b["act"]))
         nu.extra = tuple(_pieces([x["extra"][k] for x in sv], points) for k in range(3))
         nu.out_bytes = _affine(a["out"], b["out"], 1, 2)
+        nu.bwd_live = _affine(a["bwd_live"], b["bwd_live"], 1, 2)
         for z in zeros:
             za = num[z][0][key]
             # ZeRO stages only add batch-independent time (gathers) to the z0 curve

@@ -29,6 +29,8 @@ class Unit:
     reshard: tuple = (0.0, 0.0)  # tensor-parallel resharding (fwd + bwd) inside fwd/bwd, per micro-batch
     tensors: int = 0           # trainable parameter tensors the unit accounts for (optimizer dispatch)
     fsdp_exempt: float = 0.0   # weight bytes FSDP never gathers (sparse tables, emit.sparse)
+    bwd_live: tuple = (0.0, 0.0)  # bytes beyond its stash alive at its backward, affine per micro-batch
+    #                               (a loss's gradients under the torchtitan profile, costmodel.torchtitan)
 
     def reshard_at(self, b):
         return _pw(self.reshard, b)

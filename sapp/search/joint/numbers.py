@@ -23,6 +23,10 @@ class UnitNumbers:
             rows.append(r)
         cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(10)]
         self.t, self.act, self.extra, self.out, self.states, self.gs, self.pbytes, self.fwd, self.lat, self.gacc = cols
+        # bytes beyond its stash each unit's backward holds (Unit.bwd_live: a loss's gradients under the
+        # torchtitan profile), at the samples a cp rank runs
+        bs = cfg.mbs / cfg.cp
+        self.live = [u.bwd_live[0] + u.bwd_live[1] * bs for u in prof.units]
         # what a stage boundary after unit j sends per device: {j: (forward, of which not floating
         # point, backward)}, and the most over the cuts
         self.cuts = cut_bytes(prof, self.out, cfg)

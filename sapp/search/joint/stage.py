@@ -150,7 +150,8 @@ class StageEvaluator:
         (block j recomputed first, if it is), what j stashed, what its recomputation saves again and
         (plain ZeRO-3) the parameters gathered for it are alive, while the stashes of every unit after
         j (later blocks, the head and loss) are already freed:
-        max(0, max_j (rematerialised_j + gathered_j - stash after j)).  Recomputed again: selective,
+        max(0, max_j (rematerialised_j + gathered_j - stash after j)); a glue unit's rematerialised
+        bytes are what its backward holds beyond its stash (`UnitNumbers.live`: a loss's gradients).  Recomputed again: selective,
         the attention core's saved tensors (act none - act selective); full, the whole block's beside
         its kept input (none - full).  `policies` None: the most any allowed choice could need (each
         block at its largest rematerialisation, stashing its least; `no_full`: free blocks not full)."""
@@ -164,7 +165,7 @@ class StageEvaluator:
             act = num.act[j]
             g = gath[q] if gath else 0.0
             if u.kind != "block":
-                worst = max(worst, g - after)
+                worst = max(worst, g + num.live[j] - after)
                 after += act[0]
                 continue
             al = self.allowed(u) if policies is None else (policies.get(u.name, "none"),)
@@ -210,7 +211,7 @@ class StageEvaluator:
             for j, u in enumerate(self.units):
                 act = num.act[j]
                 if u.kind != "block":
-                    rc, least = 0.0, act[0]
+                    rc, least = num.live[j], act[0]
                 else:
                     al = self.allowed(u)
                     if no_full and len(al) > 1:
