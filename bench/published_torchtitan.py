@@ -16,7 +16,9 @@ parser and the "torchtitan" runtime profile, costmodel/settings.py):
    both (SXM 989, NVL 835 dense bf16 TFLOP/s).  Memory is torchtitan's `max_reserved` (the caching
    allocator's reserved peak); sapp's peak is the allocated one plus the one cached block the profile
    derives at the loss (costmodel/torchtitan.py: the bf16 logits' block the fp32 gradients cannot use).  The rows with torch.compile or float8
-   (Tables 1-6 but these two) are not priced: sapp models neither.
+   (Tables 1-6 but these two) are not priced: sapp models neither.  These rows are priced under the
+   "torchtitan-2412" profile, the benchmark's stack (its eager fp32 RMSNorm, SDPA's FlashAttention-2);
+   part 1 under "torchtitan", what `sapp import` prices for a current stack.
 
 Nothing here is fitted to the published rows: the cluster is the stated hardware, the configuration the
 stated one, the runtime profile what torchtitan's code runs."""
@@ -63,14 +65,14 @@ def job_text(fname, edits) -> str:
     return text
 
 
-def price(text, model, cluster_spec, graphs):
+def price(text, model, cluster_spec, graphs, runtime=None):
     from sapp import api
     from sapp.engines import import_config
     cl = api.resolve_cluster(cluster_spec)
     if model not in graphs:
         graphs[model] = api.capture_graph(api.resolve_model(model)[0])[0]
     g = graphs[model]
-    plan = import_config(text, "torchtitan", g, cl, model)
+    plan = import_config(text, "torchtitan", g, cl, model, runtime=runtime)
     pr = plan["predicted"]
     seq = (g.meta or {}).get("seq") or ((g.meta or {}).get("config") or {}).get("s")
     tps = pr["samples_per_s"] * seq / cl.devices
@@ -110,7 +112,8 @@ def main(argv=None):
         if args.only not in name:
             continue
         for pk in peaks:
-            r = price(job_text(fname, edits), model, GRAND_TETON.format(nodes=nodes, peak=PEAKS[pk]), graphs)
+            r = price(job_text(fname, edits), model, GRAND_TETON.format(nodes=nodes, peak=PEAKS[pk]), graphs,
+                      runtime="torchtitan-2412")
             print(f"{name:28s} {pk:>4s} {r['tps']:10,.0f} {pub_tps:9,} {_err(r['tps'], pub_tps):>7s} {r['gib']:6.1f} "
                   f"{pub_gib:9.1f} {_err(r['gib'], pub_gib):>7s}")
             if args.notes:

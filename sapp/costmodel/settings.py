@@ -34,8 +34,12 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            (training.mixed_precision_reduce, whose only value is "float32"); "selective" recomputation
 #            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core; its
 #            eager RMSNorm and loss kernels, the loss backward's memory, vocab-parallel loss under tp,
-#            SDPA's FlashAttention-2 on Hopper and the foreach AdamW update: costmodel/torchtitan.py.
-RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan")
+#            and the foreach AdamW update: costmodel/torchtitan.py.
+#   "torchtitan-2412": "torchtitan" on the stack of torchtitan's published Llama 3.1 benchmark (torchtitan
+#            9dec370, torch of Dec 2024): besides, its eager fp32 RMSNorm and SDPA's FlashAttention-2 on
+#            Hopper, where a current stack runs a fused RMSNorm kernel (costmodel/torchtitan.py).
+RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-2412")
+TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-2412")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).
@@ -105,18 +109,23 @@ class CostSettings:
     def autocast(self) -> bool:
         """Activation widths follow torch.autocast (some activations fp32), see costmodel.dtypes; the
         fused runtime keeps every float activation in the half precision."""
-        return self.mixed and self.autocast_fp32 and not self.fused and self.runtime != "torchtitan"
+        return self.mixed and self.autocast_fp32 and not self.fused and not self.torchtitan
 
     @property
     def loss_fp32(self) -> bool:
         """Half-precision activations but the loss computed on an fp32 copy of the logits (Megatron-Core's
         vocab-parallel cross entropy; torchtitan's `pred.float()`)."""
-        return self.mixed and (self.fused or self.runtime == "torchtitan")
+        return self.mixed and (self.fused or self.torchtitan)
 
     @property
     def op_sac(self) -> bool:
         """"selective" recomputation is torchtitan's op-level policy (sapp/recompute/op_sac.py)."""
-        return self.runtime == "torchtitan"
+        return self.torchtitan
+
+    @property
+    def torchtitan(self) -> bool:
+        """One of the torchtitan runtime profiles (either era)."""
+        return self.runtime in TORCHTITAN_RUNTIMES
 
     @property
     def weight_bytes(self) -> int:
@@ -132,7 +141,7 @@ class CostSettings:
         under torchtitan, whose FSDP2 reduce_dtype (and DDP's fp32 gradients under autocast) is float32.
         The held gradient totals are unchanged: FSDP2 keeps fp32 sharded weights and gradients beside
         Adam's two moments, the 2 + 2 + 12 bytes per parameter sapp prices."""
-        return 4 if self.runtime == "torchtitan" else self.grad_bytes
+        return 4 if self.torchtitan else self.grad_bytes
 
     @property
     def optimizer_bytes(self) -> int:

@@ -130,14 +130,18 @@ def parse_safely(mod, engine, text, facts, devices):
                           f"{printable(str(e))[:120]}); check its numbers and types") from None
 
 
-def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source=""):
-    """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`."""
+def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source="", runtime=None):
+    """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`; `runtime`
+    prices it under another profile of the same engine (bench.published_torchtitan: "torchtitan-2412",
+    the stack of torchtitan's published benchmark)."""
     mod = get(engine)
     names = block_names(graph)
     facts = model_facts(meta if meta is not None else graph.meta, names)
     if engine != "deepspeed":
         facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
     ecfg = parse_safely(mod, engine, text, facts, cluster.devices)
+    if runtime is not None:
+        ecfg.runtime = runtime
     where = f" {source}" if source else ""
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])
 
