@@ -1,0 +1,138 @@
+"""The model a Megatron-LM argument file states, built on meta with the zoo's builders: `sapp import
+--from megatron FILE --cluster C` without --model prices the model the file trains.
+
+The flags are data (megatron.tokens: shlex, nothing executed).  They choose one of three builders:
+  GPT    (sapp/models/gpt.py)    LayerNorm, GELU, learned absolute positions, biases, tied or untied
+                                 output, one dropout, fused attention (Megatron's default backend);
+  Llama  (sapp/models/llama.py)  RMSNorm, SwiGLU, rotary positions (--rotary-base), no biases, untied,
+                                 grouped-query attention, no dropout;
+  MoE    (sapp/models/moe.py)    the Llama layer with --num-experts routed experts (top-k, expert ffn,
+                                 shared experts, dense first layers), position-free attention (which
+                                 changes no cost).
+The vocabulary is --vocab-size, or the fixed vocabulary of a named tokenizer (GPT2BPETokenizer 50257,
+Llama2Tokenizer 32000), padded as Megatron pads it (to a multiple of --make-vocab-size-divisible-by x
+tp).  Unstated sizes take Megatron's defaults (ffn 4h, or SwiGLU's 8h/3 rounded down to 64; top-k 2;
+the expert ffn = ffn).  A stated feature none of the builders has is refused in one line naming its
+flag.  The plan names the file (its model.name) and holds the built config in model.meta, which the
+export reads back (sapp/engines/arch.py): the round trip states the same model."""
+from __future__ import annotations
+
+import math
+import re
+
+from .mapping import EngineError
+from .megatron import _int, tokens
+from .megatron_fields import check
+
+# tokenizers with one published vocabulary (before Megatron's padding)
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+_DENSE_FIRST = re.compile(r"^\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)$")      # what model_args writes for dense layers
+
+
+def config(args: dict) -> tuple:
+    """(kind, zoo config) of the model the flags state; EngineError naming the flag it cannot build."""
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"):
+        if flag not in args:
+            raise EngineError(f"{flag} is missing: the file must state the model to price it without --model")
+    L, h, a, s = (_int(args, f) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"))
+    if min(L, h, a, s) < 1:
+        raise EngineError("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive")
+    if h % a:
+        raise EngineError(f"--hidden-size {h} is not a multiple of --num-attention-heads {a}")
+    swiglu = bool(args.get("--swiglu"))
+    ffn = _int(args, "--ffn-hidden-size") or (int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
+    kv = _int(args, "--num-query-groups", 1) if args.get("--group-query-attention") else a
+    if kv < 1 or a % kv:
+        raise EngineError(f"--num-query-groups {kv} must divide --num-attention-heads {a}")
+    hd = _int(args, "--kv-channels", h // a)
+    V = _vocab(args)
+    experts = _int(args, "--num-experts")
+    norm = args.get("--normalization", "LayerNorm")
+    pos = args.get("--position-embedding-type", "learned_absolute")
+    bias, tied = not args.get("--disable-bias-linear"), not args.get("--untie-embeddings-and-output-weights")
+    drops = {f: float(args.get(f, 0.1)) for f in ("--attention-dropout", "--hidden-dropout")}
+    gpt_like = not experts and norm == "LayerNorm" and not swiglu and pos == "learned_absolute"
+    if gpt_like:
+        _need(kv == a, "--num-query-groups", f"{kv} (grouped-query attention)", "the GPT builder (LayerNorm, GELU)")
+        _need(hd == h // a, "--kv-channels", hd, "the GPT builder (head width = hidden / heads)")
+        _need(bias, "--disable-bias-linear", "", "the GPT builder (LayerNorm, GELU, biases)")
+        _need(drops["--attention-dropout"] == drops["--hidden-dropout"], "--attention-dropout",
+              f"{drops['--attention-dropout']} beside --hidden-dropout {drops['--hidden-dropout']}",
+              "the GPT builder (one dropout rate)")
+        mp = _int(args, "--max-position-embeddings", s)
+        _need(mp == s, "--max-position-embeddings", f"{mp} beside --seq-length {s}",
+              "the GPT builder (a position table of the sequence length)")
+        return "gpt", {"l": L, "h": h, "a": a, "V": V, "s": s, "ffn": ffn, "dropout": drops["--hidden-dropout"],
+                       "tie_embeddings": tied, "attn": "sdpa"}
+    what = "the MoE builder (RMSNorm, SwiGLU, rope, no bias, untied)" if experts else \
+        "the Llama builder (RMSNorm, SwiGLU, rope, no bias, untied)"
+    _need(norm == "RMSNorm", "--normalization", norm, what)
+    _need(swiglu, "--swiglu", "(absent: GELU)", what)
+    _need(pos == "rope", "--position-embedding-type", pos, what)
+    _need(not bias, "--disable-bias-linear", "(absent: biases)", what)
+    _need(not args.get("--add-qkv-bias"), "--add-qkv-bias", "", what)
+    _need(not tied, "--untie-embeddings-and-output-weights", "(absent: a tied output layer)", what)
+    _need(not args.get("--use-rope-scaling"), "--use-rope-scaling", "", what)
+    for f, p in drops.items():
+        _need(p == 0, f, f"{p:g}" + ("" if f in args else " (Megatron's default)"), what + " with no dropout")
+    if not experts:
+        _need(hd == h // a, "--kv-channels", hd, what + " (head width = hidden / heads)")
+        return "llama", {"l": L, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn,
+                         "theta": float(args.get("--rotary-base", 10000)),
+                         "eps": float(args.get("--norm-epsilon", 1e-5))}
+    top_k = _int(args, "--moe-router-topk", 2)
+    eff = _int(args, "--moe-ffn-hidden-size", ffn)
+    if experts < 1 or not 1 <= top_k <= experts:
+        raise EngineError(f"--moe-router-topk {top_k} must be between 1 and --num-experts {experts}")
+    shared_ffn = _int(args, "--moe-shared-expert-intermediate-size", 0) or 0
+    _need(shared_ffn % eff == 0, "--moe-shared-expert-intermediate-size", shared_ffn,
+          f"{what} (shared experts of the expert width {eff})")
+    dense = 0
+    freq = args.get("--moe-layer-freq")
+    if freq is not None and str(freq) != "1":
+        m = _DENSE_FIRST.match(str(freq).replace(" ", ""))
+        _need(m and int(m.group(1)) + int(m.group(2)) == L, "--moe-layer-freq", freq,
+              f"{what} (dense layers first, then MoE: ([0]*d+[1]*(layers-d)))")
+        dense = int(m.group(1))
+    return "moe", {"l": L, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn, "experts": experts, "top_k": top_k,
+                   "expert_ffn": eff, "shared": shared_ffn // eff, "dense": dense, "hd": hd, "capacity_factor": 0.0,
+                   "eps": float(args.get("--norm-epsilon", 1e-5)), "theta": float(args.get("--rotary-base", 10000))}
+
+
+def _need(ok, flag, value, what):
+    if not ok:
+        raise EngineError(f"{flag} {value}".rstrip() + f": {what} cannot build it; give --model NAME (a zoo "
+                          f"model, pkg.module:factory or an HF config.json) to price this file")
+
+
+def _vocab(args) -> int:
+    """The vocabulary Megatron builds: the tokenizer's, padded to a multiple of divisible-by x tp."""
+    V = _int(args, "--vocab-size")
+    if V is None:
+        tok = args.get("--tokenizer-type")
+        V = TOKENIZER_VOCAB.get(tok)
+        if V is None:
+            raise EngineError(f"the file does not state the vocabulary (--tokenizer-type {tok or '(absent)'}): add "
+                              f"--vocab-size N (the tokenizer's size) or --tokenizer-type "
+                              f"{' / '.join(TOKENIZER_VOCAB)}")
+    mult = _int(args, "--make-vocab-size-divisible-by", 128) * _int(args, "--tensor-model-parallel-size", 1)
+    if V < 1 or mult < 1:
+        raise EngineError("--vocab-size and --make-vocab-size-divisible-by must be positive")
+    return int(math.ceil(V / mult) * mult)
+
+
+def build(text: str, name: str):
+    """The module the argument file `text` states, on meta, named `name` (the file) in its sapp_spec."""
+    import torch
+
+    from ..models.meta import skip_init
+    from ..models.registry import BUILDERS
+    from ..models.zoo import ModelSpec
+    args = tokens(text)
+    check(args)
+    kind, cfg = config(args)
+    cls, _ = BUILDERS[kind]
+    with torch.device("meta"), skip_init():
+        model = cls(**cfg)
+    model.sapp_spec = ModelSpec(name=name, config=cfg, kind=kind)
+    return model
