@@ -14,6 +14,7 @@ import pytest
 
 from sapp import api
 from sapp.cli import main
+from sapp.errors import SappError
 from sapp.engines import EngineError, export_plan, import_config
 from sapp.engines.megatron import tokens
 from sapp.engines.megatron_build import build, config
@@ -163,3 +164,21 @@ def test_the_command_refuses_in_one_line(tmp_path, capsys):
     t.write_text("[parallelism]\n")
     assert main(["import", "--from", "torchtitan", str(t), "--cluster", "a100-80g:devices=8"]) != 0
     assert "no model" in capsys.readouterr().err
+
+
+def test_an_export_that_re_prices_builds_the_model_from_the_file(tmp_path):
+    f = tmp_path / "tiny.args"
+    f.write_text(" ".join(k if v is True else f"{k} {v}" for k, v in LLAMA.items()) + " --bf16\n")
+    out = str(tmp_path / "p.json")
+    assert main(["import", "--from", "megatron", str(f), "--cluster", "a100-80g:devices=2", "--no-compare",
+                 "--out", out]) == 0
+    from sapp.plan import Plan
+    plan = Plan.load(out)
+    assert plan["model"]["name"] == str(f)
+    plan["settings"]["runtime"] = "eager"            # Megatron runs fused kernels: the export re-prices
+    _, exported, notes = export_plan(plan, "megatron")
+    assert any("re-priced as fused" in n for n in notes) and exported["settings"]["runtime"] == "fused"
+    f.write_text(f.read_text().replace("--num-layers 2", "--num-layers 3"))
+    with pytest.raises(SappError) as e:              # the file changed: not the model the plan priced
+        export_plan(plan, "megatron")
+    assert "\n" not in str(e.value)

@@ -14,7 +14,9 @@ Llama2Tokenizer 32000), padded as Megatron pads it (to a multiple of --make-voca
 tp).  Unstated sizes take Megatron's defaults (ffn 4h, or SwiGLU's 8h/3 rounded down to 64; top-k 2;
 the expert ffn = ffn).  A stated feature none of the builders has is refused in one line naming its
 flag.  The plan names the file (its model.name) and holds the built config in model.meta, which the
-export reads back (sapp/engines/arch.py): the round trip states the same model."""
+export reads back (sapp/engines/arch.py): the round trip states the same model.  An export that must
+re-price such a plan builds the model again from the file it names (`names_a_file`, `from_file`; the
+plan's fingerprint check refuses a file that changed), as an HF plan's config.json is read again."""
 from __future__ import annotations
 
 import math
@@ -136,3 +138,24 @@ def build(text: str, name: str):
         model = cls(**cfg)
     model.sapp_spec = ModelSpec(name=name, config=cfg, kind=kind)
     return model
+
+
+def names_a_file(plan) -> bool:
+    """Whether the plan's model was built from an argument file (its name is that file, not a zoo model)."""
+    from ..models import zoo
+    from ..models.resolve import kind_of
+    name, meta = plan["model"]["name"], plan["model"].get("meta") or {}
+    return isinstance(name, str) and kind_of(name) == "zoo" and name not in zoo.names() and \
+        isinstance(meta, dict) and meta.get("kind") in ("gpt", "llama", "moe")
+
+
+def from_file(path: str):
+    """The model the argument file at `path` states (read as data, bounded)."""
+    from ..fileio import read_regular
+    try:
+        raw = read_regular(path, 4 << 20)
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EngineError(f"cannot read the argument file the plan's model was built from, {path} "
+                          f"({type(e).__name__}); run where it is, or pass --model NAME") from None
+    return build(text, path)
