@@ -62,7 +62,8 @@ def test_gpt3_example_prices_the_model_it_states(gpt3_plan):
 def _model_flags(a):
     return {k: v for k, v in a.items() if k in (
         "--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--ffn-hidden-size", "--swiglu",
-        "--normalization", "--position-embedding-type", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--normalization", "--position-embedding-type", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights",
         "--group-query-attention", "--num-query-groups", "--num-experts", "--moe-router-topk", "--rotary-base",
         "--attention-dropout", "--hidden-dropout", "--moe-grouped-gemm", "--moe-token-dispatcher-type")}
 
@@ -144,6 +145,13 @@ def test_the_built_module_has_the_parameters_an_engine_builds(flags):
     ({**LLAMA, "--num-experts": "4", "--moe-layer-freq": "([1]*2)"}, "--moe-layer-freq"),
     ({k: v for k, v in BASE.items() if k != "--vocab-size"}, "--vocab-size"),
     ({k: v for k, v in BASE.items() if k != "--seq-length"}, "--seq-length"),
+    ({**BASE, "--hidden-size": "abc"}, "--hidden-size"),              # bad values: one line, no traceback
+    ({**BASE, "--num-layers": "0"}, "--num-layers"),
+    ({**BASE, "--num-layers": True}, "--num-layers needs a value"),
+    ({**BASE, "--hidden-size": str(10 ** 9)}, "--hidden-size"),
+    ({**BASE, "--hidden-dropout": "x"}, "--hidden-dropout"),
+    ({**LLAMA, "--rotary-base": "nan"}, "--rotary-base"),
+    ({**LLAMA, "--num-experts": "2", "--moe-router-topk": "3"}, "--moe-router-topk"),
 ])
 def test_what_no_builder_has_is_refused_naming_the_flag(flags, named):
     flags = {k: v for k, v in flags.items() if v is not False}

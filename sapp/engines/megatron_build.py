@@ -28,6 +28,11 @@ from .megatron_fields import check
 
 # tokenizers with one published vocabulary (before Megatron's padding)
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+# sizes past any model: a file stating more is refused before anything is built
+MOST = {"--num-layers": 1 << 12, "--hidden-size": 1 << 18, "--num-attention-heads": 1 << 12, "--seq-length": 1 << 24,
+        "--ffn-hidden-size": 1 << 21, "--moe-ffn-hidden-size": 1 << 21, "--num-query-groups": 1 << 12,
+        "--kv-channels": 1 << 12, "--num-experts": 1 << 14, "--moe-router-topk": 1 << 14, "--vocab-size": 1 << 24,
+        "--make-vocab-size-divisible-by": 1 << 16, "--tensor-model-parallel-size": 1 << 16}
 _DENSE_FIRST = re.compile(r"^\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)$")      # what model_args writes for dense layers
 
 
@@ -36,23 +41,21 @@ def config(args: dict) -> tuple:
     for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"):
         if flag not in args:
             raise EngineError(f"{flag} is missing: the file must state the model to price it without --model")
-    L, h, a, s = (_int(args, f) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"))
-    if min(L, h, a, s) < 1:
-        raise EngineError("--num-layers, --hidden-size, --num-attention-heads and --seq-length must be positive")
+    L, h, a, s = (_size(args, f) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"))
     if h % a:
         raise EngineError(f"--hidden-size {h} is not a multiple of --num-attention-heads {a}")
     swiglu = bool(args.get("--swiglu"))
-    ffn = _int(args, "--ffn-hidden-size") or (int((4 * h * 2 / 3) / 64) * 64 if swiglu else 4 * h)
-    kv = _int(args, "--num-query-groups", 1) if args.get("--group-query-attention") else a
-    if kv < 1 or a % kv:
+    ffn = _size(args, "--ffn-hidden-size", max(64, int((4 * h * 2 / 3) / 64) * 64) if swiglu else 4 * h)
+    kv = _size(args, "--num-query-groups", 1) if args.get("--group-query-attention") else a
+    if a % kv:
         raise EngineError(f"--num-query-groups {kv} must divide --num-attention-heads {a}")
-    hd = _int(args, "--kv-channels", h // a)
+    hd = _size(args, "--kv-channels", h // a)
     V = _vocab(args)
-    experts = _int(args, "--num-experts")
+    experts = _size(args, "--num-experts", None)
     norm = args.get("--normalization", "LayerNorm")
     pos = args.get("--position-embedding-type", "learned_absolute")
     bias, tied = not args.get("--disable-bias-linear"), not args.get("--untie-embeddings-and-output-weights")
-    drops = {f: float(args.get(f, 0.1)) for f in ("--attention-dropout", "--hidden-dropout")}
+    drops = {f: _num(args, f, 0.1) for f in ("--attention-dropout", "--hidden-dropout")}
     gpt_like = not experts and norm == "LayerNorm" and not swiglu and pos == "learned_absolute"
     if gpt_like:
         _need(kv == a, "--num-query-groups", f"{kv} (grouped-query attention)", "the GPT builder (LayerNorm, GELU)")
@@ -61,7 +64,7 @@ def config(args: dict) -> tuple:
         _need(drops["--attention-dropout"] == drops["--hidden-dropout"], "--attention-dropout",
               f"{drops['--attention-dropout']} beside --hidden-dropout {drops['--hidden-dropout']}",
               "the GPT builder (one dropout rate)")
-        mp = _int(args, "--max-position-embeddings", s)
+        mp = _size(args, "--max-position-embeddings", s)
         _need(mp == s, "--max-position-embeddings", f"{mp} beside --seq-length {s}",
               "the GPT builder (a position table of the sequence length)")
         return "gpt", {"l": L, "h": h, "a": a, "V": V, "s": s, "ffn": ffn, "dropout": drops["--hidden-dropout"],
@@ -80,13 +83,15 @@ def config(args: dict) -> tuple:
     if not experts:
         _need(hd == h // a, "--kv-channels", hd, what + " (head width = hidden / heads)")
         return "llama", {"l": L, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn,
-                         "theta": float(args.get("--rotary-base", 10000)),
-                         "eps": float(args.get("--norm-epsilon", 1e-5))}
-    top_k = _int(args, "--moe-router-topk", 2)
-    eff = _int(args, "--moe-ffn-hidden-size", ffn)
-    if experts < 1 or not 1 <= top_k <= experts:
-        raise EngineError(f"--moe-router-topk {top_k} must be between 1 and --num-experts {experts}")
+                         "theta": _num(args, "--rotary-base", 10000), "eps": _num(args, "--norm-epsilon", 1e-5)}
+    top_k = _size(args, "--moe-router-topk", 2)
+    eff = _size(args, "--moe-ffn-hidden-size", ffn)
+    if top_k > experts:
+        raise EngineError(f"--moe-router-topk {top_k} must be at most --num-experts {experts}")
     shared_ffn = _int(args, "--moe-shared-expert-intermediate-size", 0) or 0
+    if not 0 <= shared_ffn <= MOST["--ffn-hidden-size"]:
+        raise EngineError(f"--moe-shared-expert-intermediate-size {shared_ffn} must be 0 to "
+                          f"{MOST['--ffn-hidden-size']}")
     _need(shared_ffn % eff == 0, "--moe-shared-expert-intermediate-size", shared_ffn,
           f"{what} (shared experts of the expert width {eff})")
     dense = 0
@@ -98,7 +103,30 @@ def config(args: dict) -> tuple:
         dense = int(m.group(1))
     return "moe", {"l": L, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn, "experts": experts, "top_k": top_k,
                    "expert_ffn": eff, "shared": shared_ffn // eff, "dense": dense, "hd": hd, "capacity_factor": 0.0,
-                   "eps": float(args.get("--norm-epsilon", 1e-5)), "theta": float(args.get("--rotary-base", 10000))}
+                   "eps": _num(args, "--norm-epsilon", 1e-5), "theta": _num(args, "--rotary-base", 10000)}
+
+
+def _size(args, flag, default=0):
+    """A whole number from 1 to MOST[flag] (absent: `default`, None allowed)."""
+    if args.get(flag) is True:
+        raise EngineError(f"{flag} needs a value")
+    v = _int(args, flag, default)
+    if v is None or (flag not in args and default):
+        return v
+    if not 1 <= v <= MOST.get(flag, 1 << 24):
+        raise EngineError(f"{flag} {v}: give a whole number from 1 to {MOST.get(flag, 1 << 24)}")
+    return v
+
+
+def _num(args, flag, default) -> float:
+    v = args.get(flag, default)
+    try:
+        out = float(v)
+    except (TypeError, ValueError):
+        raise EngineError(f"{flag} must be a number, got {str(v)[:40]!r}") from None
+    if not math.isfinite(out) or out < 0:
+        raise EngineError(f"{flag} {v}: give a finite number of at least 0")
+    return out
 
 
 def _need(ok, flag, value, what):
@@ -109,7 +137,7 @@ def _need(ok, flag, value, what):
 
 def _vocab(args) -> int:
     """The vocabulary Megatron builds: the tokenizer's, padded to a multiple of divisible-by x tp."""
-    V = _int(args, "--vocab-size")
+    V = _size(args, "--vocab-size", None)
     if V is None:
         tok = args.get("--tokenizer-type")
         V = TOKENIZER_VOCAB.get(tok)
@@ -117,9 +145,7 @@ def _vocab(args) -> int:
             raise EngineError(f"the file does not state the vocabulary (--tokenizer-type {tok or '(absent)'}): add "
                               f"--vocab-size N (the tokenizer's size) or --tokenizer-type "
                               f"{' / '.join(TOKENIZER_VOCAB)}")
-    mult = _int(args, "--make-vocab-size-divisible-by", 128) * _int(args, "--tensor-model-parallel-size", 1)
-    if V < 1 or mult < 1:
-        raise EngineError("--vocab-size and --make-vocab-size-divisible-by must be positive")
+    mult = _size(args, "--make-vocab-size-divisible-by", 128) * _size(args, "--tensor-model-parallel-size", 1)
     return int(math.ceil(V / mult) * mult)
 
 
