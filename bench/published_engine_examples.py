@@ -4,8 +4,9 @@ authors name: `python -m bench.published_engine_examples` (about a minute on the
 - Megatron-LM's GPT-3 175B and Mixtral 8x7B example scripts (bench/megatron_args/example_*.args), each
   beside Megatron's own theoretical memory estimate on the same arguments (bench/megatron_memory.py, a
   port of megatron/training/theoretical_memory_usage.py; "main" splits the experts by ep x expert-tp,
-  core_v0.16.1 divides them by tp only).  The models are the zoo's, set to what the scripts build:
-  GPT-3 with tied embeddings and fused attention (--attention-backend auto), Mixtral as the zoo has it.
+  core_v0.16.1 divides them by tp only).  Each model is the one its file states, built from the flags
+  as `sapp import --from megatron FILE --cluster C` builds it (sapp/engines/megatron_build.py): GPT-3
+  with tied embeddings and fused attention, Mixtral 8x7B.
 - DeepSpeedExamples' ZeRO stage 1 / 2 / 3 autotuning configurations (training/autotuning/hf/dsconfigs,
   fp16; micro-batch 1 as test_tune.sh passes it) for GPT-2 XL on the 16 V100 32 GB its README names,
   and HelloDeepSpeed's ZeRO-Offload example (training/HelloDeepSpeed: a 24-layer, 4096-wide BERT-style
@@ -22,12 +23,13 @@ import time
 GPT2_XL = {"l": 48, "h": 1600, "a": 25, "V": 50257, "s": 1024, "tie_embeddings": True}
 HELLO_BERT = {"l": 24, "h": 4096, "a": 8, "ffn": 512, "V": 50265, "s": 512}
 
-# (label, engine, file, zoo model, overrides, cluster, Megatron tokenizer vocabulary or None)
+# (label, engine, file, zoo model (None: the model the file states), overrides, cluster, Megatron tokenizer
+# vocabulary or None)
 ROWS = [
     ("Megatron GPT-3 175B example (tp8 pp16, fp16)", "megatron", "bench/megatron_args/example_gpt3_175b.args",
-     "gpt3-175b", {"tie_embeddings": True, "attn": "sdpa"}, "a100-80g:devices=128", 50257),
+     None, {}, "a100-80g:devices=128", 50257),
     ("Megatron Mixtral 8x7B example (pp4 ep8, bf16)", "megatron", "bench/megatron_args/example_mixtral_8x7b.args",
-     "mixtral-8x7b", {}, "h100-80g:devices=64", 32000),
+     None, {}, "h100-80g:devices=64", 32000),
     *[(f"DeepSpeedExamples GPT-2 XL ZeRO-{z} (fp16)", "deepspeed", f"bench/deepspeed_published/gpt2_xl_16v100_z{z}.json",
        "gpt3-1.3b", GPT2_XL, "v100-32g:devices=16", None) for z in (1, 2, 3)],
     ("HelloDeepSpeed 2B BERT ZeRO-Offload (bf16)", "deepspeed", "bench/deepspeed_published/hello_bert_2b_1gpu_offload.json",
@@ -41,12 +43,13 @@ def price(row, text=None):
     from sapp import api
     from sapp.engines import import_config
     label, engine, path, model, over, cluster, _ = row
+    from sapp.engines.megatron_build import build
     t0 = time.perf_counter()
-    module = zoo.get(model, **over)
+    text = text if text is not None else open(path, encoding="utf-8").read()
+    module = zoo.get(model, **over) if model else build(text, path)
     graph, _ = api.capture_graph(module)
     cl = api.resolve_cluster(cluster)
-    text = text if text is not None else open(path, encoding="utf-8").read()
-    return import_config(text, engine, graph, cl, model, source=path), cl, time.perf_counter() - t0
+    return import_config(text, engine, graph, cl, model or path, source=path), cl, time.perf_counter() - t0
 
 
 def estimator(row) -> dict | None:

@@ -1,6 +1,7 @@
 """`sapp import --from megatron ARGS | torchtitan TOML | deepspeed JSON --model M --cluster C --out plan.json`:
 an engine configuration as a sapp plan, priced with that engine's runtime profile, and (unless
---no-compare) sapp's best plan for the same engine beside it in one line."""
+--no-compare) sapp's best plan for the same engine beside it in one line.  A Megatron-LM argument file
+states the whole model: without --model it is priced as the model it states (sapp/engines/megatron_build.py)."""
 from __future__ import annotations
 
 from ..errors import UsageError
@@ -15,7 +16,7 @@ def add_arguments(p):
                    help="the engine the configuration is for")
     p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan TOML or "
                                   "DeepSpeed JSON (read as data, never executed)")
-    add_model_arguments(p)
+    add_model_arguments(p, default_help=" (--from megatron without it: the model the argument file states)")
     p.add_argument("--cluster", required=True, help="the cluster it runs on, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--out", help="write the imported plan JSON here")
     p.add_argument("--best-out", metavar="PLAN_JSON", help="write sapp's best plan for the same engine here")
@@ -46,9 +47,14 @@ def run(args):
         if path:
             check_out(path, flag)
     text = read_text(args.config)
-    spec = model_spec(args)
+    from_file = args.engine == "megatron" and not (args.model or args.hf_config)
+    spec = None if from_file else model_spec(args)
     cl = api.resolve_cluster(args.cluster)
-    module, name, _ = api.resolve_model(spec)
+    if from_file:               # the model the flags state, built from them as data
+        from ..engines.megatron_build import build
+        module, name = build(text, args.config), args.config
+    else:
+        module, name, _ = api.resolve_model(spec)
     graph, _ = api.capture_graph(module)
     plan = import_config(text, args.engine, graph, cl, name, source=args.config)
     if args.out:

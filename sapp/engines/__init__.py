@@ -80,8 +80,10 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
     if notes:
         if graph is None:
             from ..api import capture_graph, resolve_model
+            from .megatron_build import from_file, names_a_file
             spec = model if model is not None else _plan_model(plan, trust_plan_model)
-            graph, _ = capture_graph(resolve_model(spec)[0])
+            module = from_file(spec) if model is None and names_a_file(plan) else resolve_model(spec)[0]
+            graph, _ = capture_graph(module)
             plan.check_model(graph.fingerprint(), spec)
         cl = cluster or Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
         exported = price(graph, cl, out, name=plan["model"]["name"],

@@ -37,8 +37,8 @@ def architecture(name: str, meta: dict, layers: int) -> dict | None:
                  tied=False)
     elif kind == "moe":
         a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["kv"], head_dim=c.get("hd") or c["h"] // c["a"],
-                 ffn=c["ffn"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="RMSNorm", norm_eps=1e-6, glu=True,
-                 act="silu", position="rope", rope_base=None, bias=False, qkv_bias=False, tied=False,
+                 ffn=c["ffn"], vocab=c["V"], seq=seq, max_pos=c["s"], norm="RMSNorm", norm_eps=c.get("eps", 1e-6),
+                 glu=True, act="silu", position="rope", rope_base=c.get("theta"), bias=False, qkv_bias=False, tied=False,
                  experts=c["experts"],
                  top_k=c["top_k"], expert_ffn=c["expert_ffn"], shared_ffn=c.get("shared", 0) * c["expert_ffn"],
                  dense_layers=c.get("dense", 0))

@@ -172,11 +172,11 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, h, a, kv, hd, ffn, moe_args):
+    def __init__(self, h, a, kv, hd, ffn, moe_args, eps=1e-6):
         super().__init__()
-        self.ln1 = RMSNorm(h)
+        self.ln1 = RMSNorm(h, eps)
         self.attn = Attention(h, a, kv, hd)
-        self.ln2 = RMSNorm(h)
+        self.ln2 = RMSNorm(h, eps)
         if moe_args is None:
             self.mlp = SwiGLU(h, ffn)
         else:
@@ -191,17 +191,19 @@ class Block(nn.Module):
 class MoEModel(nn.Module):
     """l blocks (the first `dense` with a dense SwiGLU of width ffn, the rest MoE), token embedding
     (no positional table: the attention is position-free here, which changes no cost), final RMSNorm,
-    untied head."""
+    untied head.  `eps`: the RMSNorms' epsilon; `theta`: the rotary base the model is trained with,
+    recorded only (an engine export states it; the position-free attention does not read it)."""
 
     def __init__(self, l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0,
-                 capacity_factor=0.0, hd=None):
+                 capacity_factor=0.0, hd=None, eps=1e-6, theta=None):
         super().__init__()
         hd = hd or h // a
         moe_args = dict(experts=experts, top_k=top_k, expert_ffn=expert_ffn, shared=shared,
                         capacity_factor=capacity_factor)
         self.embed = nn.Embedding(V, h)
-        self.layers = nn.ModuleList(Block(h, a, kv, hd, ffn, None if i < dense else moe_args) for i in range(l))
-        self.ln_f = RMSNorm(h)
+        self.layers = nn.ModuleList(Block(h, a, kv, hd, ffn, None if i < dense else moe_args, eps)
+                                    for i in range(l))
+        self.ln_f = RMSNorm(h, eps)
         self.head = nn.Linear(h, V, bias=False)
         init_weights(self)
         for m in self.modules():

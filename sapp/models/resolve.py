@@ -58,6 +58,9 @@ def build(spec: str, device="meta", raw: bytes | None = None, **overrides):
     kind = kind_of(spec)
     if kind == "zoo":
         if spec not in zoo.names():
+            if os.path.isfile(spec):      # a plan imported from a Megatron-LM argument file names that file
+                raise ModelSpecError(f"{spec} is a file, not a model: a Megatron-LM argument file is priced with "
+                                     f"`sapp import --from megatron {spec} --cluster C`; else pass --model NAME")
             raise ModelSpecError(f"unknown model {spec!r}: choose one of {', '.join(zoo.names())}, or give "
                                  "pkg.module:factory or an HF config.json")
         return zoo.get(spec, device=device, **overrides)
