@@ -65,7 +65,7 @@ def test_search_targets_restrict_the_space():
     ds = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "deepspeed"})
     assert (ds["parallel"]["tp"], ds["parallel"]["pp"]) == (1, 1)
     assert set(ds["recompute"]["blocks"].values()) | {ds["recompute"]["default"]} <= {"none", "full"}
-    tt = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "torchtitan", "tp": 2})
+    tt = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "torchtitan@0.2.2", "tp": 2})
     assert tt["zero"] != 1 and tt["parallel"]["sp"] is True
     if tt["zero"] > 1:          # FSDP2 sharding: not Megatron's distributed optimizer
         with pytest.raises(EngineError, match="ZeRO-1"):
@@ -163,13 +163,13 @@ seq_len = 2048
 [activation_checkpoint]
 mode = "full"
 """
-    plan = E.import_config(toml, "torchtitan", graph, cl, "gpt3-175b")
+    plan = E.import_config(toml, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert (plan["parallel"]["tp"], plan["parallel"]["pp"], plan["parallel"]["dp"], plan["zero"]) == (8, 8, 16, 2)
     assert plan["pipeline"]["virtual_chunks"] == 2 and plan["parallel"]["sp"] is True
     assert plan["settings"]["runtime"] == "torchtitan"      # (costmodel/settings.py: the engine profile)
-    text, exported, notes = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    text, exported, notes = E.export_plan(plan, "torchtitan@0.2.2", graph=graph, cluster=cl)
     assert not notes
-    again = E.import_config(text, "torchtitan", graph, cl, "gpt3-175b")
+    again = E.import_config(text, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert again["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-6)
     for bad, what in (("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 64\n"
                        "tensor_parallel_degree = 8\n", "hybrid sharding"),
@@ -178,7 +178,7 @@ mode = "full"
                       ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"
                        "[training]\nlocal_batch_size = 2\nglobal_batch_size = 1024\n", "not priced")):
         with pytest.raises(EngineError) as e:
-            E.import_config(bad, "torchtitan", graph, cl, "gpt3-175b")
+            E.import_config(bad, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
         assert what in str(e.value), str(e.value)
 
 

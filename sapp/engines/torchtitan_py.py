@@ -302,8 +302,13 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     tp = ecfg.tp
     ecfg.sp = bool(sp and tp > 1)
     if loss.get("class") == "ChunkedLossWrapper.Config":
-        notes.append("the loss runs in chunks (ChunkedLossWrapper): priced with whole logits, so torchtitan may hold "
-                     "less memory than priced")
+        inner = loss.get("loss_fn")
+        if inner is not None and not (isinstance(inner, Call) and inner.name == "CrossEntropyLoss.Config"):
+            raise EngineError(f"loss_fn = {getattr(inner, 'name', repr(inner))[:40]}: sapp prices cross-entropy "
+                              f"(CrossEntropyLoss.Config)")
+        chunks = loss.get("num_chunks", 8)
+        notes.append(f"the loss runs in {chunks} chunks (ChunkedLossWrapper): priced with whole "
+                     f"logits, so torchtitan may hold less memory than priced")
     ecfg.notes = notes + [n for n in ecfg.notes if "DDP" not in n]      # (0.3 has no DDP: FSDP2 replicates)
     return ecfg
 
