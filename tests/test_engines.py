@@ -252,8 +252,10 @@ def test_cli_export_import_and_diff(tmp_path, capsys):
     assert main(["diff", mine, best]) == 0
     assert main(["evaluate", mine]) == 0
     assert main(["export", plan_path, "--to", "deepspeed"]) in (0, 2)
-    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
+    assert main(["import", "--from", "torchtitan@0.2.2", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
     assert "not a TOML file" in capsys.readouterr().err
+    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
+    assert "not a Python configuration" in capsys.readouterr().err
 
 
 def test_table2_argument_files_price_as_the_pinned_rows(tmp_path, capsys):

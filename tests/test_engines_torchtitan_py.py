@@ -41,7 +41,7 @@ def test_every_torchtitan_03_field_is_classified():
         if kind == "priced":
             assert f'"{k}"' in src, f"{s}.{k} is listed as priced but the parsers never read it"
         elif kind[0] == "refused":
-            assert kind[1] == listed[(s, k)], f"{s}.{k}: torchtitan's default is {listed[(s, k)]!r}, the table {kind[1]!r}"
+            assert kind[1] == listed[(s, k)], f"{s}.{k}: torchtitan's default {listed[(s, k)]!r}, the table {kind[1]!r}"
         else:
             assert kind[0] == "irrelevant" and len(kind[1]) > 10, (s, k)
     for sec, names in CLASSES.items():
@@ -82,7 +82,8 @@ def test_a_per_block_mix_is_exported_as_one_policy_and_repriced(tiny):
                                          recompute=mix, mbs=2, global_batch=8), name="gpt3-350m")
     assert plan["recompute"]["blocks"]
     text, exported, notes = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
-    assert any("exported as full on every layer" in n for n in notes) and "activation_checkpoint=FullAC.Config()" in text
+    assert any("exported as full on every layer" in n for n in notes)
+    assert "activation_checkpoint=FullAC.Config()" in text
     back = E.import_config(text, "torchtitan", graph, cl, "gpt3-350m")
     assert back["recompute"] == exported["recompute"] and back["predicted"] == exported["predicted"]
 

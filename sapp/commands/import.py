@@ -1,4 +1,5 @@
-"""`sapp import --from megatron ARGS | torchtitan PY | torchtitan@0.2.2 TOML | deepspeed JSON --model M --cluster C --out plan.json`:
+"""`sapp import --from megatron ARGS | torchtitan PY | torchtitan@0.2.2 TOML | deepspeed JSON --model M
+--cluster C --out plan.json`:
 an engine configuration as a sapp plan, priced with that engine's runtime profile, and (unless
 --no-compare) sapp's best plan for the same engine beside it in one line."""
 from __future__ import annotations
@@ -11,7 +12,8 @@ MAX_BYTES = 4 << 20          # an engine configuration is a few kB
 
 
 def add_arguments(p):
-    p.add_argument("--from", dest="engine", required=True, choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
+    p.add_argument("--from", dest="engine", required=True,
+                   choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
                    help="the engine the configuration is for")
     p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan 0.3 Python job "
                                   "(read with ast), torchtitan@0.2.2 TOML or DeepSpeed JSON (read as data, never "

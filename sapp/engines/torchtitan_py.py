@@ -86,6 +86,8 @@ def _py(v) -> str:
         return f"{v.name}({inner})"
     if isinstance(v, list):
         return "[" + ", ".join(_py(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_py(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_py(k)}: {_py(x)}" for k, x in v.items()) + "}"
     return repr(v)
@@ -141,7 +143,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         activation_checkpoint=ac, compile=Call("CompileConfig", kwargs={"enable": False}),
         optimizer=Call("OptimizersContainer.Config", kwargs={"param_groups": [Call("ParamGroupConfig", kwargs={
             "pattern": ".*", "optimizer_name": "AdamW",
-            "optimizer_kwargs": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}})]}))
+            "optimizer_kwargs": {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}})]}))
     if arch and arch.get("vocab"):
         body["loss"] = Call("CrossEntropyLoss.Config", kwargs={"global_vocab_size": arch["vocab"]})
     lines = [f"# {h}" for h in header] + [f"# NOTE: {n}" for n in notes] + [
@@ -209,8 +211,8 @@ def _model(doc, facts):
         raise EngineError(f"model_registry({flavor!r}): sapp prices torchtitan's llama3 flavors "
                           f"{', '.join(FLAVORS)}; pass one of them")
     if arch is not None and _flavor(arch) != flavor:
-        raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given ({_flavor(arch) or 'no llama3 flavor'}); "
-                          f"pass the --model this file trains")
+        raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given "
+                          f"({_flavor(arch) or 'no llama3 flavor'}); pass the --model this file trains")
 
 
 def _optimizer(doc):
@@ -236,7 +238,8 @@ def _batch(train, par, pp, notes) -> dict:
     seq = train.get("max_context_length", 2048)
     tok = train.get("num_tokens_per_microbatch_per_dp_rank", 16384)
     m = par.get("num_pp_microbatches", 1) if pp > 1 else 1
-    for k, v in (("max_context_length", seq), ("num_tokens_per_microbatch_per_dp_rank", tok), ("num_pp_microbatches", m)):
+    for k, v in (("max_context_length", seq), ("num_tokens_per_microbatch_per_dp_rank", tok),
+                 ("num_pp_microbatches", m)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise EngineError(f"{k} must be a whole number >= 1, got {v!r}")
     if tok % seq:
@@ -323,7 +326,8 @@ def _v022_parse(par, train, ac, comp, facts, devices) -> EngineConfig:
         par.get(k, 1) != 1 for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
                                      "expert_parallel_degree"))
     if ddp_beside:
-        lifted.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=rep, fsdp_reshard_after_forward="never")
+        lifted.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=rep,
+                      fsdp_reshard_after_forward="never")
     lines = []
     for sec, body in (("parallelism", lifted), ("training", train), ("activation_checkpoint", ac), ("compile", comp)):
         lines.append(f"[{sec}]")
