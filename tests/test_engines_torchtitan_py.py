@@ -120,6 +120,8 @@ REFUSED = [
     (_job("return Trainer.Config(training=TrainingConfig(seq_len=32, max_context_length=32))"), "use one release"),
     (_job("c = Trainer.Config()\nfor i in []:\n    pass\nreturn c"), "For statement"),
     ("def a():\n    pass\ndef b():\n    pass\n", "exactly one"),
+    (_job("return Trainer.Config(parallelism=ParallelismConfig(pipeline_parallel_schedule='1F1B\\n[x]'))"),
+     "not a value sapp reads"),
     ("[parallelism\n", "not a Python configuration"),
 ]
 

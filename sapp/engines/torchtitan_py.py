@@ -222,7 +222,8 @@ def _optimizer(doc):
             for k, v in g.kwargs.items():
                 check("param_group", k, v)
         if name not in ("AdamW", "Adam"):
-            raise EngineError(f"optimizer param group {name or g!r}: sapp prices Adam's two states (AdamW / Adam)")
+            raise EngineError(f"optimizer param group {str(name or g)[:60]!r}: sapp prices Adam's two states "
+                              f"(AdamW / Adam)")
 
 
 def _batch(train, par, pp, notes) -> dict:
@@ -334,7 +335,8 @@ def _v022_parse(par, train, ac, comp, facts, devices) -> EngineConfig:
         for k, v in body.items():
             if k in ("class", "disable_cuda_graphs") or v is None:
                 continue           # (None: the default of the fields that take it)
-            if not isinstance(v, (bool, int, str, list)) or isinstance(v, list) and not _plain_list(v):
+            if not isinstance(v, (bool, int, str, list)) or isinstance(v, list) and not _plain_list(v) or \
+                    isinstance(v, str) and not v.isprintable():
                 raise EngineError(f"{sec}.{k} = {str(v)[:40]!r}: not a value sapp reads there")
             lines.append(f"{k} = {v022._toml_value(v)}")
     ecfg = v022.parse("\n".join(lines), facts, devices)
@@ -345,4 +347,4 @@ def _v022_parse(par, train, ac, comp, facts, devices) -> EngineConfig:
 
 
 def _plain_list(v) -> bool:
-    return all(isinstance(x, str) or isinstance(x, list) and _plain_list(x) for x in v)
+    return all(isinstance(x, str) and x.isprintable() or isinstance(x, list) and _plain_list(x) for x in v)
