@@ -1,4 +1,4 @@
-"""sapp/engines: plans exported to and imported from Megatron-LM arguments, torchtitan TOML and DeepSpeed
+"""sapp/engines: plans exported to and imported from Megatron-LM arguments, torchtitan 0.2.2 TOML and DeepSpeed
 JSON, and `sapp search --target`.  A Megatron export of GPT-3 175B (1024 A100, fused runtime) read back
 is the same configuration at the same price; Narayanan et al. 2021 Table 2's runs written as argument
 files price as bench/published.py's pinned rows; what an engine cannot state is refused in one line or
