@@ -29,7 +29,7 @@ class Surfaces:
         self.rng, self.tmp, self.graph, self.mutate = rng, tmp, graph, mutate
         self.cluster = Cluster.parse("a100-80g:nodes=1")
         self.engines = {}
-        for engine, zero in (("megatron", 1), ("torchtitan", 3), ("deepspeed", 1)):   # what each engine runs
+        for engine, zero in (("megatron", 1), ("torchtitan", 3), ("torchtitan@0.2.2", 3), ("deepspeed", 1)):   # what each engine runs
             plan = search("gpt-tiny", self.cluster, global_batch=16, graph=graph,
                           constraints={"tp": 1, "pp": 2 if engine != "deepspeed" else 1, "zero": zero,
                                        "placement": {"optimizer": "device"}})

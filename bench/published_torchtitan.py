@@ -72,7 +72,7 @@ def price(text, model, cluster_spec, graphs, runtime=None):
     if model not in graphs:
         graphs[model] = api.capture_graph(api.resolve_model(model)[0])[0]
     g = graphs[model]
-    plan = import_config(text, "torchtitan", g, cl, model, runtime=runtime)
+    plan = import_config(text, "torchtitan@0.2.2", g, cl, model, runtime=runtime)
     pr = plan["predicted"]
     seq = (g.meta or {}).get("seq") or ((g.meta or {}).get("config") or {}).get("s")
     tps = pr["samples_per_s"] * seq / cl.devices

@@ -16,7 +16,7 @@ COMMANDS = {
     "diff": "compare two plans",
     "plot": "draw a plan's pipeline schedule and memory",
     "schema": "print the JSON Schema of plan or cluster files",
-    "export": "write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON",
+    "export": "write a plan as Megatron-LM arguments, a torchtitan job (0.3 Python; 0.2.2 TOML) or a DeepSpeed JSON",
     "import": "price a Megatron-LM / torchtitan / DeepSpeed configuration as a plan, beside sapp's best",
     "replan": "re-plan a job for the nodes left (or added): the new layout and its step time",
 }

@@ -23,11 +23,14 @@ POLICIES = ("none", "selective", "full")
 # torchtitan's tensor-parallel plan always shards the norms' sequence), "off".  `host`: the placement
 # options it runs ("optimizer-host": DeepSpeed's offload_optimizer).  `runtimes`: the profiles that
 # price it, the first the default.  `ddp_alone`: ZeRO-0 (DDP) only as the one parallelism
-# (torchtitan's parallelize refuses "DDP has not supported > 1D parallelism").
+# (torchtitan 0.2.2's parallelize refuses "DDP has not supported > 1D parallelism").  "torchtitan" is the
+# current release (0.3: sequence parallelism its own switch, replication by FSDP2 beside anything).
 TARGETS = {
     "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "model_parallel": True,
                  "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
-    "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
+    "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "any",
+                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",)},
+    "torchtitan@0.2.2": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
                    "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",), "ddp_alone": True},
     "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},

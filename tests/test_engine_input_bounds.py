@@ -15,6 +15,10 @@ CASES = [
     ("torchtitan", "toml", "[training]\nglobal_batch_size = 9200000000000000000\n", "between 1 and"),
     ("torchtitan", "toml", "parallelism = 5\n", ""),
     ("torchtitan", "toml", "parallelism = " + "[" * 100000 + "]" * 100000 + "\n", "nests too deeply"),
+    ("torchtitan", "py", "from torchtitan.trainer import Trainer\nfrom torchtitan.config import TrainingConfig\n"
+     "def job():\n    return Trainer.Config(training=TrainingConfig(global_batch_size=9200000000000000000))\n",
+     "between 1 and"),
+    ("torchtitan", "py", "def job():\n    return " + "[" * 100000 + "]" * 100000 + "\n", ""),
     ("deepspeed", "json", '{"train_batch_size": 8, "zero_optimization": 5, "bf16": "yes"}', "cannot use"),
     ("deepspeed", "json", '{"a":' * 100000 + "1" + "}" * 100000, "nests too deeply"),
     ("deepspeed", "json", '{"train_batch_size": 8, "gradient_accumulation_steps": 100000000000000000000}', ""),

@@ -1,4 +1,4 @@
-"""sapp/engines: plans exported to and imported from Megatron-LM arguments, torchtitan TOML and DeepSpeed
+"""sapp/engines: plans exported to and imported from Megatron-LM arguments, torchtitan 0.2.2 TOML and DeepSpeed
 JSON, and `sapp search --target`.  A Megatron export of GPT-3 175B (1024 A100, fused runtime) read back
 is the same configuration at the same price; Narayanan et al. 2021 Table 2's runs written as argument
 files price as bench/published.py's pinned rows; what an engine cannot state is refused in one line or
@@ -65,7 +65,7 @@ def test_search_targets_restrict_the_space():
     ds = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "deepspeed"})
     assert (ds["parallel"]["tp"], ds["parallel"]["pp"]) == (1, 1)
     assert set(ds["recompute"]["blocks"].values()) | {ds["recompute"]["default"]} <= {"none", "full"}
-    tt = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "torchtitan", "tp": 2})
+    tt = api.search("gpt3-350m", cl, graph=graph, constraints={"target": "torchtitan@0.2.2", "tp": 2})
     assert tt["zero"] != 1 and tt["parallel"]["sp"] is True
     if tt["zero"] > 1:          # FSDP2 sharding: not Megatron's distributed optimizer
         with pytest.raises(EngineError, match="ZeRO-1"):
@@ -163,13 +163,13 @@ seq_len = 2048
 [activation_checkpoint]
 mode = "full"
 """
-    plan = E.import_config(toml, "torchtitan", graph, cl, "gpt3-175b")
+    plan = E.import_config(toml, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert (plan["parallel"]["tp"], plan["parallel"]["pp"], plan["parallel"]["dp"], plan["zero"]) == (8, 8, 16, 2)
     assert plan["pipeline"]["virtual_chunks"] == 2 and plan["parallel"]["sp"] is True
     assert plan["settings"]["runtime"] == "torchtitan"      # (costmodel/settings.py: the engine profile)
-    text, exported, notes = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    text, exported, notes = E.export_plan(plan, "torchtitan@0.2.2", graph=graph, cluster=cl)
     assert not notes
-    again = E.import_config(text, "torchtitan", graph, cl, "gpt3-175b")
+    again = E.import_config(text, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert again["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-6)
     for bad, what in (("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 64\n"
                        "tensor_parallel_degree = 8\n", "hybrid sharding"),
@@ -178,7 +178,7 @@ mode = "full"
                       ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"
                        "[training]\nlocal_batch_size = 2\nglobal_batch_size = 1024\n", "not priced")):
         with pytest.raises(EngineError) as e:
-            E.import_config(bad, "torchtitan", graph, cl, "gpt3-175b")
+            E.import_config(bad, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
         assert what in str(e.value), str(e.value)
 
 
@@ -252,8 +252,10 @@ def test_cli_export_import_and_diff(tmp_path, capsys):
     assert main(["diff", mine, best]) == 0
     assert main(["evaluate", mine]) == 0
     assert main(["export", plan_path, "--to", "deepspeed"]) in (0, 2)
-    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
+    assert main(["import", "--from", "torchtitan@0.2.2", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
     assert "not a TOML file" in capsys.readouterr().err
+    assert main(["import", "--from", "torchtitan", args_path, "--model", "gpt3-350m", "--cluster", SMALL]) == 2
+    assert "not a Python configuration" in capsys.readouterr().err
 
 
 def test_table2_argument_files_price_as_the_pinned_rows(tmp_path, capsys):

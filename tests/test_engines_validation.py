@@ -63,7 +63,7 @@ def test_megatron_core_accepts_the_export(case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_torchtitan_config_manager_accepts_the_export(case, tmp_path):
     pytest.importorskip("tyro")
-    text, plan = _export(case, "torchtitan")
+    text, plan = _export(case, "torchtitan@0.2.2")
     path = tmp_path / "job.toml"
     path.write_text(text)
     try:

@@ -82,10 +82,11 @@ def test_trust_plan_model_is_the_way_in(hostile_plan):
     marker.unlink()
 
 
-@pytest.mark.parametrize("engine", ["megatron", "torchtitan", "deepspeed"])
+@pytest.mark.parametrize("engine", ["megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"])
 def test_a_name_with_newlines_never_becomes_a_line_of_the_engines_file(engine):
     """A newline in the plan's model name was copied into the exported header: Megatron's argument
-    file gained a `--save` line that survives `grep -v '^#'`, torchtitan's TOML a `[checkpoint]` table."""
+    file gained a `--save` line that survives `grep -v '^#'`, torchtitan's TOML a `[checkpoint]` table (and
+    torchtitan 0.3's Python file would gain a statement)."""
     from sapp.engines import export_plan
     from sapp.plan import Plan
     plan = api.search("gpt-tiny", "a100-80g:devices=8", constraints={"tp": 1, "pp": 1, "zero": 0,

@@ -69,7 +69,7 @@ def test_op_selective_import_prices_less_than_none_more_than_full(tiny):
     cl = api.resolve_cluster("h100-80g:nodes=1")
     acts = {}
     for mode in ('mode = "none"', 'mode = "selective"\nselective_ac_option = "op"', 'mode = "full"'):
-        plan = import_config(_toml(mode), "torchtitan", tiny, cl, "llama-tiny")
+        plan = import_config(_toml(mode), "torchtitan@0.2.2", tiny, cl, "llama-tiny")
         assert plan["settings"]["runtime"] == "torchtitan"
         acts[mode[:12]] = plan["predicted"]["memory"]["activations"]
     none, sel, full = acts.values()
@@ -79,7 +79,7 @@ def test_op_selective_import_prices_less_than_none_more_than_full(tiny):
 def test_bf16_reduce_is_refused_in_one_line(tiny):
     bad = _toml('mode = "none"').replace("seq_len = 32", 'seq_len = 32\nmixed_precision_reduce = "bfloat16"')
     with pytest.raises(EngineError, match="mixed_precision_reduce") as e:
-        import_config(bad, "torchtitan", tiny, api.resolve_cluster("h100-80g:nodes=1"), "llama-tiny")
+        import_config(bad, "torchtitan@0.2.2", tiny, api.resolve_cluster("h100-80g:nodes=1"), "llama-tiny")
     assert "\n" not in str(e.value)
 
 
@@ -89,7 +89,7 @@ def test_published_llama3_8b_job_imports_and_fits():
     assert "[quantize.linear.float8]" in text and 'selective_ac_option = "op"' in text
     graph = api.capture_graph(api.resolve_model("llama3-8b")[0])[0]
     cl = api.resolve_cluster("a100-80g:nodes=8")          # "a preset for 64 A100 GPUs"
-    plan = import_config(text, "torchtitan", graph, cl, "llama3-8b")
+    plan = import_config(text, "torchtitan@0.2.2", graph, cl, "llama3-8b")
     assert plan["predicted"]["peak_memory_bytes"] <= cl.usable_memory
     assert plan["recompute"]["default"] == "selective" and plan["settings"]["runtime"] == "torchtitan"
     assert not any("DOES NOT FIT" in n for n in plan["notes"])

@@ -106,7 +106,7 @@ def test_import_holds_the_loss_backward_beside_the_stash(tiny):
     cl = api.resolve_cluster("h100-80g:nodes=1")
     tr = {}
     for batch in (2, 4):
-        plan = import_config(_toml(batch), "torchtitan", tiny, cl, "llama-tiny")
+        plan = import_config(_toml(batch), "torchtitan@0.2.2", tiny, cl, "llama-tiny")
         tr[batch] = plan["predicted"]["memory"]["transient"]
         assert tr[batch] >= batch * 32 * 256 * LOSS_BWD_LIVE_BYTES
     # the loss's part grows with the local batch's logits

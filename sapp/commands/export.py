@@ -1,4 +1,4 @@
-"""`sapp export PLAN --to megatron|torchtitan|deepspeed [--out FILE]`: a plan as the engine's own
+"""`sapp export PLAN --to megatron|torchtitan|torchtitan@0.2.2|deepspeed [--out FILE]`: a plan as the engine's own
 configuration (sapp/engines).  What the engine cannot state is refused in one line, or exported as the
 nearest configuration it runs with a NOTE, re-priced as exported."""
 from __future__ import annotations
@@ -11,8 +11,9 @@ from ._model import add_model_arguments, model_spec
 
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON file (from `sapp search`)")
-    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "deepspeed"),
-                   help="engine: megatron (pretrain_gpt.py arguments), torchtitan (job TOML), deepspeed (config JSON)")
+    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
+                   help="engine: megatron (pretrain_gpt.py arguments), torchtitan (0.3's Python job configuration), "
+                        "torchtitan@0.2.2 (job TOML), deepspeed (config JSON)")
     p.add_argument("--out", help="write the configuration here (default: print it)")
     p.add_argument("--plan-out", metavar="PLAN_JSON",
                    help="also write the plan as exported (re-priced when the engine runs something else)")

@@ -1,4 +1,5 @@
-"""`sapp import --from megatron ARGS | torchtitan TOML | deepspeed JSON --model M --cluster C --out plan.json`:
+"""`sapp import --from megatron ARGS | torchtitan PY | torchtitan@0.2.2 TOML | deepspeed JSON --model M
+--cluster C --out plan.json`:
 an engine configuration as a sapp plan, priced with that engine's runtime profile, and (unless
 --no-compare) sapp's best plan for the same engine beside it in one line.  A Megatron-LM argument file
 states the whole model: without --model it is priced as the model it states (sapp/engines/megatron_build.py)."""
@@ -12,10 +13,12 @@ MAX_BYTES = 4 << 20          # an engine configuration is a few kB
 
 
 def add_arguments(p):
-    p.add_argument("--from", dest="engine", required=True, choices=("megatron", "torchtitan", "deepspeed"),
+    p.add_argument("--from", dest="engine", required=True,
+                   choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
                    help="the engine the configuration is for")
-    p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan TOML or "
-                                  "DeepSpeed JSON (read as data, never executed)")
+    p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan 0.3 Python job "
+                                  "(read with ast), torchtitan@0.2.2 TOML or DeepSpeed JSON (read as data, never "
+                                  "executed)")
     add_model_arguments(p, default_help=" (--from megatron without it: the model the argument file states)")
     p.add_argument("--cluster", required=True, help="the cluster it runs on, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--out", help="write the imported plan JSON here")

@@ -22,7 +22,7 @@ def add_constraint_arguments(p):
     g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
     g.add_argument("--ep", type=int, help="expert-parallel degree for MoE models (EP groups of dp ranks)")
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
-    g.add_argument("--target", choices=("megatron", "torchtitan", "deepspeed"),
+    g.add_argument("--target", choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
                    help="search only what this engine can state, priced with its runtime (then `sapp export --to` it)")
 
 

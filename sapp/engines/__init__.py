@@ -1,12 +1,13 @@
-"""Plans in and out of the engines users train with: Megatron-LM arguments, torchtitan TOML, DeepSpeed
-JSON (one module each; `mapping` is the engine-neutral middle).
+"""Plans in and out of the engines users train with: Megatron-LM arguments, torchtitan 0.3's typed Python
+job configuration (`torchtitan`; 0.2.2's TOML as `torchtitan@0.2.2`), DeepSpeed JSON (one module each;
+`mapping` is the engine-neutral middle).
 
     text, plan, notes = export_plan(plan, "megatron")             # `sapp export`
     plan = import_config(text, "megatron", graph, cluster, name)  # `sapp import`
 
 An element an engine cannot state is refused in one line (EngineError), or exported as the nearest
 configuration the engine runs with a note, and re-priced as exported: never dropped silently.
-Engine files are read as data (shlex tokens, tomllib, json): nothing in them is executed."""
+Engine files are read as data (shlex tokens, tomllib, json, ast): nothing in them is executed."""
 from __future__ import annotations
 
 import importlib
@@ -14,15 +15,16 @@ import importlib
 from ..units import printable
 from .mapping import EngineConfig, EngineError, comparison, from_plan, price
 
-ENGINES = ("megatron", "torchtitan", "deepspeed")
+ENGINES = ("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed")
+MODULES = {"megatron": "megatron", "torchtitan": "torchtitan_py", "torchtitan@0.2.2": "torchtitan", "deepspeed": "deepspeed"}
 MAX_FACT = 1 << 40         # a model dimension an engine file states (vocabularies, sequences): far past any model
-SUFFIX = {"megatron": "args", "torchtitan": "toml", "deepspeed": "json"}
+SUFFIX = {"megatron": "args", "torchtitan": "py", "torchtitan@0.2.2": "toml", "deepspeed": "json"}
 
 
 def get(name: str):
     if name not in ENGINES:
         raise EngineError(f"unknown engine {name!r}; use one of {', '.join(ENGINES)}")
-    return importlib.import_module(f"sapp.engines.{name}")
+    return importlib.import_module(f"sapp.engines.{MODULES[name]}")
 
 
 def model_facts(meta: dict, names) -> dict:

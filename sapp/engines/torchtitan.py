@@ -18,7 +18,7 @@ import tomllib
 
 from .mapping import EngineConfig, EngineError
 
-NAME = "torchtitan"
+NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
 RUNTIME = "torchtitan"        # the engine profile every torchtitan plan is priced with (costmodel/settings.py)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 

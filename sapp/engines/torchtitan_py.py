@@ -1,0 +1,350 @@
+"""torchtitan 0.3 (the current release): a plan written as a typed Python job configuration — one
+function returning `Trainer.Config(...)` of constructor calls with literal values — and such a file
+read back with `ast`, never executed (sapp/engines/pyconfig.py).  `--to torchtitan@0.2.2` keeps the
+TOML of the last release that reads one (sapp/engines/torchtitan.py, whose layout rules this reuses).
+
+Launch: save the export as e.g. `sapp_job.py` on the Python path and run
+`torchrun --nproc_per_node N -m torchtitan.train --module sapp_job --config sapp_job`
+(torchtitan's ConfigManager imports `--module` and calls the `--config` function).
+
+What 0.3 runs, and how it differs from 0.2.2 (torchtitan/config/configs.py, trainer.py,
+distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
+- activation checkpointing is a typed config: `SelectiveAC.Config()` (the op-level policy, priced as
+  "selective"), `FullAC.Config()`, or `None`; there is no mode string and no every-N-th-layer option,
+  so a per-block mix is exported as one policy on every layer, with a note;
+- tensor parallelism states sequence parallelism (`enable_sequence_parallel`, on by default): it is
+  written as priced, and read as written;
+- data parallelism is always FSDP2 (`apply_fsdp_to_decoder`): data_parallel_replicate_degree alone is
+  FSDP2 over a replicate mesh (ZeRO-0 as sapp prices it, beside any other parallelism); replicate and
+  shard together (HSDP) are not priced;
+- the forward+backward is captured as a CUDA graph unless `disable_cuda_graphs` (torchtitan refuses it
+  with pipeline parallelism, so a pipelined export disables it);
+- llama3 attention is FlexAttention (SDPA is gone for language models); sapp prices the "torchtitan"
+  runtime's attention kernel, noted on export;
+- the batch fields are 0.3.0's (local_batch_size, global_batch_size, seq_len,
+  pipeline_parallel_microbatch_size); torchtitan main's token counts (num_tokens_per_microbatch_per_dp_rank,
+  num_tokens_per_train_step, max_context_length, num_pp_microbatches) are read too."""
+from __future__ import annotations
+
+from . import torchtitan as v022
+from .mapping import EngineConfig, EngineError
+from .pyconfig import Call, read
+from .torchtitan_py_fields import CLASSES, check
+
+NAME = "torchtitan"
+RUNTIME = v022.RUNTIME
+SCHEDULES = v022.SCHEDULES
+# torchtitan 0.3's llama3 flavors (models/llama3/__init__.py): (layers, hidden, heads, kv heads, ffn, tied)
+FLAVORS = {"1B": (16, 2048, 32, 8, 8192, True), "3B": (28, 3072, 24, 8, 8192, True),
+           **{k: (*v, False) for k, v in v022.FLAVORS.items()}}
+FUNCTION = "sapp_job"
+
+
+def _flavor(arch):
+    """torchtitan's llama3 flavor of this architecture, or None."""
+    if arch is None:
+        return None
+    llama = (arch["norm"] == "RMSNorm" and arch["glu"] and arch["position"] == "rope" and not arch["bias"]
+             and not arch["qkv_bias"] and not arch.get("experts") and arch["vocab"] == 128256
+             and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000)
+    shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn"], bool(arch["tied"]))
+    return next((f for f, s in FLAVORS.items() if llama and s == shape), None)
+
+
+# ---- export ----------------------------------------------------------------------------------------
+def conform(ecfg: EngineConfig, names) -> tuple:
+    notes = []
+    out = ecfg.replace()
+    if out.zero == 1:
+        raise EngineError("torchtitan shards with FSDP2 (ZeRO-2/3) or replicates; the plan uses ZeRO-1: search again "
+                          "with --target torchtitan")
+    if out.offload_optimizer:
+        raise EngineError("the plan offloads the optimizer only, which torchtitan cannot state (its CPU offload moves "
+                          "parameters too); search again with --target torchtitan")
+    if out.zero == 0 and out.cp > 1:
+        notes.append("torchtitan's FSDP2 shards the parameters over the context-parallel ranks: ZeRO-0 exported as "
+                     "ZeRO-2 (fsdp_reshard_after_forward never)")
+        out.zero = 2
+    if out.runtime != RUNTIME:
+        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off) "
+                     f"with fp32 gradient reduction and its op-level selective checkpointing: re-priced so")
+        out.runtime = RUNTIME
+    rc = out.recompute
+    if not isinstance(rc, str):
+        kinds = {rc[b] for b in names}
+        new = kinds.pop() if len(kinds) == 1 else ("full" if "full" in kinds else "selective")
+        if len(kinds):
+            notes.append(f"torchtitan 0.3 checkpoints every layer one way: per-block recomputation exported as {new} "
+                         f"on every layer")
+        out.recompute = new
+    return out, notes
+
+
+def _py(v) -> str:
+    if isinstance(v, Call):
+        inner = ", ".join([_py(a) for a in v.args] + [f"{k}={_py(x)}" for k, x in v.kwargs.items()])
+        return f"{v.name}({inner})"
+    if isinstance(v, list):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_py(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def _layout(ecfg, L) -> dict:
+    par = {"pipeline_parallel_schedule": SCHEDULES[ecfg.schedule], "pipeline_parallel_microbatch_size": ecfg.mbs}
+    lps, fl, ll, explicit = v022._layout_for(ecfg, L)
+    par.update(pipeline_parallel_first_stage_less_layers=fl, pipeline_parallel_last_stage_less_layers=ll)
+    if lps is not None:
+        par["pipeline_parallel_layers_per_stage"] = lps
+    if explicit is not None:
+        parts, pos = [], 0
+        for j, k in enumerate(explicit):
+            parts.append((["tok_embeddings"] if j == 0 else []) + [f"layers.{pos + q}" for q in range(k)]
+                         + (["norm", "output"] if j == len(explicit) - 1 else []))
+            pos += k
+        par["module_fqns_per_model_part"] = parts
+    return par
+
+
+def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
+    L = len(names)
+    par = {"data_parallel_replicate_degree": ecfg.dp if ecfg.zero == 0 else 1,
+           "data_parallel_shard_degree": 1 if ecfg.zero == 0 else ecfg.dp}
+    if ecfg.zero:
+        par["fsdp_reshard_after_forward"] = "never" if ecfg.zero == 2 else "always"
+    par.update(tensor_parallel_degree=ecfg.tp, enable_sequence_parallel=bool(ecfg.sp and ecfg.tp > 1),
+               pipeline_parallel_degree=ecfg.pp, context_parallel_degree=ecfg.cp, expert_parallel_degree=ecfg.ep)
+    train = {"global_batch_size": ecfg.global_batch,
+             "local_batch_size": ecfg.global_batch // ecfg.dp if ecfg.pp > 1 else ecfg.mbs}
+    if facts.get("seq"):
+        train["seq_len"] = facts["seq"]
+    train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    train["mixed_precision_reduce"] = "float32"
+    if ecfg.pp > 1:
+        par.update(_layout(ecfg, L))
+        train["disable_cuda_graphs"] = True        # (torchtitan refuses CUDA graphs with pipeline parallelism)
+    ac = {"none": None, "full": Call("FullAC.Config"), "selective": Call("SelectiveAC.Config")}[ecfg.recompute]
+    arch = facts.get("arch")
+    flavor = _flavor(arch)
+    notes = ["torchtitan 0.3's llama3 attention is FlexAttention (block-causal); sapp prices its torchtitan runtime's "
+             "attention kernel"]
+    body = {}
+    if flavor:
+        body["model_spec"] = Call("model_registry", [flavor])
+    else:
+        what = v022.model_section(arch)[1].split(" (", 1)[1].split("):", 1)[0]
+        notes.insert(0, f"this model is none of torchtitan's llama3 flavors ({what}): the file names no model_spec, so "
+                        f"torchtitan refuses it until you add the model_registry(...) of the architecture priced")
+    body.update(
+        parallelism=Call("ParallelismConfig", kwargs=par), training=Call("TrainingConfig", kwargs=train),
+        activation_checkpoint=ac, compile=Call("CompileConfig", kwargs={"enable": False}),
+        optimizer=Call("OptimizersContainer.Config", kwargs={"param_groups": [Call("ParamGroupConfig", kwargs={
+            "pattern": ".*", "optimizer_name": "AdamW",
+            "optimizer_kwargs": {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}})]}))
+    if arch and arch.get("vocab"):
+        body["loss"] = Call("CrossEntropyLoss.Config", kwargs={"global_vocab_size": arch["vocab"]})
+    lines = [f"# {h}" for h in header] + [f"# NOTE: {n}" for n in notes] + [
+        f"# run: save as {FUNCTION}.py on the Python path, then",
+        f"#   torchrun --nproc_per_node <GPUs per node> -m torchtitan.train --module {FUNCTION} --config {FUNCTION}",
+        "# (add your dataloader=HuggingFaceTextDataLoader.Config(dataset=...) and checkpoint settings: not priced)",
+        "from torchtitan.components.loss import CrossEntropyLoss",
+        "from torchtitan.components.optimizer import OptimizersContainer",
+        "from torchtitan.components.optimizer.optimizer import ParamGroupConfig",
+        "from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
+        "from torchtitan.models.llama3 import model_registry",
+        "from torchtitan.trainer import Trainer", "", "",
+        f"def {FUNCTION}() -> Trainer.Config:", "    return Trainer.Config("]
+    for k, v in body.items():
+        if isinstance(v, Call) and v.kwargs and k in ("parallelism", "training"):
+            lines.append(f"        {k}={v.name}(")
+            lines += [f"            {a}={_py(x)}," for a, x in v.kwargs.items()]
+            lines.append("        ),")
+        else:
+            lines.append(f"        {k}={_py(v)},")
+    lines.append("    )")
+    return "\n".join(lines) + "\n"
+
+
+# ---- import ----------------------------------------------------------------------------------------
+def _sections(root: Call) -> dict:
+    """{section: {field: value}} of the Trainer.Config call, each field checked against the 0.3 table;
+    `activation_checkpoint` becomes {"class": name or None, ...}."""
+    if root.name != "Trainer.Config" or root.args:
+        raise EngineError(f"line {root.line}: the function returns {root.name}(...), not Trainer.Config(keyword=...)")
+    doc = {"trainer": {}}
+    for sec, v in root.kwargs.items():
+        if sec == "model_spec" or not isinstance(v, Call) and sec not in CLASSES:
+            check("trainer", sec, v)
+            doc["trainer"][sec] = v
+            continue
+        if sec not in CLASSES:
+            raise EngineError(f"Trainer.Config has no section {sec!r} in torchtitan 0.3; remove it")
+        if v is None and sec == "activation_checkpoint":
+            doc[sec] = {"class": None}
+            continue
+        if sec == "optimizer" and isinstance(v, Call) and v.name == "default_adamw":
+            doc[sec] = {"param_groups": [Call("ParamGroupConfig", kwargs={"optimizer_name": "AdamW"})]}
+            continue
+        if not isinstance(v, Call) or v.args or (v.name and v.name not in CLASSES[sec]):
+            shown = v.name if isinstance(v, Call) else repr(v)[:40]
+            raise EngineError(f"{sec} = {shown}: sapp reads {' or '.join(CLASSES[sec])}(keyword=...) here")
+        body = {"class": v.name or CLASSES[sec][0]}
+        for k, x in v.kwargs.items():
+            check(sec, k, x)
+            body[k] = x
+        doc[sec] = body
+    return doc
+
+
+def _model(doc, facts):
+    spec = doc["trainer"].get("model_spec")
+    if spec is None:
+        return
+    if not isinstance(spec, Call) or spec.name != "model_registry" or len(spec.args) != 1:
+        raise EngineError("model_spec: sapp reads model_registry(\"<flavor>\") of torchtitan.models.llama3")
+    flavor, arch = spec.args[0], facts.get("arch")
+    if flavor not in FLAVORS:
+        raise EngineError(f"model_registry({flavor!r}): sapp prices torchtitan's llama3 flavors "
+                          f"{', '.join(FLAVORS)}; pass one of them")
+    if arch is not None and _flavor(arch) != flavor:
+        raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given "
+                          f"({_flavor(arch) or 'no llama3 flavor'}); pass the --model this file trains")
+
+
+def _optimizer(doc):
+    for g in (doc.get("optimizer") or {}).get("param_groups") or []:
+        name = g.kwargs.get("optimizer_name") if isinstance(g, Call) and g.name == "ParamGroupConfig" else None
+        if isinstance(g, Call):
+            for k, v in g.kwargs.items():
+                check("param_group", k, v)
+        if name not in ("AdamW", "Adam"):
+            raise EngineError(f"optimizer param group {str(name or g)[:60]!r}: sapp prices Adam's two states "
+                              f"(AdamW / Adam)")
+
+
+def _batch(train, par, pp, notes) -> dict:
+    """torchtitan main's token counts as 0.3.0's batch fields (same meaning, in samples)."""
+    new = [k for k in ("num_tokens_per_microbatch_per_dp_rank", "num_tokens_per_train_step", "max_context_length")
+           if k in train] + [k for k in ("num_pp_microbatches",) if k in par]
+    if not new:
+        return train
+    old = [k for k in ("local_batch_size", "global_batch_size", "seq_len") if k in train]
+    if old or "pipeline_parallel_microbatch_size" in par:
+        raise EngineError(f"the file mixes torchtitan main's {new[0]} with 0.3.0's "
+                          f"{(old or ['pipeline_parallel_microbatch_size'])[0]}; use one release's names")
+    seq = train.get("max_context_length", 2048)
+    tok = train.get("num_tokens_per_microbatch_per_dp_rank", 16384)
+    m = par.get("num_pp_microbatches", 1) if pp > 1 else 1
+    for k, v in (("max_context_length", seq), ("num_tokens_per_microbatch_per_dp_rank", tok),
+                 ("num_pp_microbatches", m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise EngineError(f"{k} must be a whole number >= 1, got {v!r}")
+    if tok % seq:
+        raise EngineError(f"num_tokens_per_microbatch_per_dp_rank {tok} is not a whole number of max_context_length "
+                          f"{seq} sequences; sapp prices whole sequences")
+    out = {k: v for k, v in train.items() if k not in new}
+    out.update(seq_len=seq, local_batch_size=tok // seq * m)
+    par["pipeline_parallel_microbatch_size"] = tok // seq
+    step = train.get("num_tokens_per_train_step", -1)
+    if step != -1:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % seq:
+            raise EngineError(f"num_tokens_per_train_step {step!r} is not a whole number of {seq}-token sequences")
+        out["global_batch_size"] = step // seq
+    notes.append("read torchtitan main's token-count batch fields as samples of max_context_length tokens")
+    return out
+
+
+def is_toml(text: str) -> bool:
+    """A torchtitan 0.2.2 TOML given as `--from torchtitan`: TOML, and not a Python file with a function."""
+    import ast
+    import tomllib
+    try:
+        if any(isinstance(st, ast.FunctionDef) for st in ast.parse(text).body):
+            return False
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return False
+    return True
+
+
+def parse(text: str, facts: dict, devices: int) -> EngineConfig:
+    if is_toml(text):         # read as 0.2.2's TOML, said so; priced as that release runs it
+        ecfg = v022.parse(text, facts, devices)
+        ecfg.notes = ["a TOML file: read as torchtitan 0.2.2's job configuration (torchtitan 0.3 reads Python; "
+                      "pass --from torchtitan@0.2.2 to say so)"] + ecfg.notes
+        return ecfg
+    root, _ = read(text)
+    doc = _sections(root)
+    _model(doc, facts)
+    _optimizer(doc)
+    par, train = dict(doc.get("parallelism") or {}), dict(doc.get("training") or {})
+    ac, comp, loss = doc.get("activation_checkpoint") or {"class": "SelectiveAC.Config"}, doc.get("compile") or {}, \
+        doc.get("loss") or {}
+    notes = []
+    pp = par.get("pipeline_parallel_degree", 1)
+    train = _batch(train, par, pp, notes)
+    sp = par.pop("enable_sequence_parallel", True)
+    if not isinstance(sp, bool):
+        raise EngineError(f"enable_sequence_parallel must be True or False, got {sp!r}")
+    if pp not in (None, 1) and not train.get("disable_cuda_graphs", False):
+        raise EngineError("torchtitan refuses CUDA graphs with pipeline parallelism: set "
+                          "TrainingConfig(disable_cuda_graphs=True)")
+    if ac["class"] == "MemoryBudgetAC.Config":
+        raise EngineError("activation_checkpoint = MemoryBudgetAC.Config: the compiler's memory-budget partitioner is "
+                          "not priced by sapp; use SelectiveAC.Config(), FullAC.Config() or None")
+    # the rest reads as 0.2.2's sections (the same field names and meanings)
+    toml_ac = {None: {"mode": "none"}, "FullAC.Config": {"mode": "full"},
+               "SelectiveAC.Config": {"mode": "selective", "selective_ac_option": "op"}}[ac["class"]]
+    ecfg = _v022_parse(par, train, toml_ac, comp, facts, devices)
+    tp = ecfg.tp
+    ecfg.sp = bool(sp and tp > 1)
+    if loss.get("class") == "ChunkedLossWrapper.Config":
+        inner = loss.get("loss_fn")
+        if inner is not None and not (isinstance(inner, Call) and inner.name == "CrossEntropyLoss.Config"):
+            raise EngineError(f"loss_fn = {getattr(inner, 'name', repr(inner))[:40]}: sapp prices cross-entropy "
+                              f"(CrossEntropyLoss.Config)")
+        chunks = loss.get("num_chunks", 8)
+        notes.append(f"the loss runs in {chunks} chunks (ChunkedLossWrapper): priced with whole "
+                     f"logits, so torchtitan may hold less memory than priced")
+    ecfg.notes = notes + [n for n in ecfg.notes if "DDP" not in n]      # (0.3 has no DDP: FSDP2 replicates)
+    return ecfg
+
+
+def _v022_parse(par, train, ac, comp, facts, devices) -> EngineConfig:
+    """0.2.2's reading of the same [parallelism] / [training] / [compile] fields (torchtitan.parse, given
+    them as TOML text: data only), with DDP's one-parallelism rule lifted (0.3 replicates with FSDP2
+    beside any parallelism)."""
+    rep = par.get("data_parallel_replicate_degree", 1)
+    lifted = dict(par)
+    ddp_beside = rep != 1 and par.get("data_parallel_shard_degree", -1) == 1 and any(
+        par.get(k, 1) != 1 for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                                     "expert_parallel_degree"))
+    if ddp_beside:
+        lifted.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=rep,
+                      fsdp_reshard_after_forward="never")
+    lines = []
+    for sec, body in (("parallelism", lifted), ("training", train), ("activation_checkpoint", ac), ("compile", comp)):
+        lines.append(f"[{sec}]")
+        for k, v in body.items():
+            if k in ("class", "disable_cuda_graphs") or v is None:
+                continue           # (None: the default of the fields that take it)
+            if not isinstance(v, (bool, int, str, list)) or isinstance(v, list) and not _plain_list(v) or \
+                    isinstance(v, str) and not v.isprintable():
+                raise EngineError(f"{sec}.{k} = {str(v)[:40]!r}: not a value sapp reads there")
+            lines.append(f"{k} = {v022._toml_value(v)}")
+    ecfg = v022.parse("\n".join(lines), facts, devices)
+    if ddp_beside:
+        ecfg.zero = 0
+    ecfg.engine = NAME
+    return ecfg
+
+
+def _plain_list(v) -> bool:
+    return all(isinstance(x, str) and x.isprintable() or isinstance(x, list) and _plain_list(x) for x in v)

@@ -1,0 +1,207 @@
+"""torchtitan 0.3 (`--to torchtitan` / `--from torchtitan`): plans exported as the typed Python job
+configuration 0.3 launches (`-m torchtitan.train --module M --config F`) and read back with `ast`,
+never executed; the same configuration at the same price both ways; every field of 0.3.0's own
+config dataclasses (bench/torchtitan_fields/v0.3.0.json, read off them by bench/torchtitan_fields/
+extract.py) classified; anything but literal constructor calls refused in one line."""
+import inspect
+import json
+import os
+
+import pytest
+
+import sapp.engines as E
+from sapp import api
+from sapp.engines import EngineError, torchtitan_py
+from sapp.engines.mapping import EngineConfig, price
+from sapp.engines.torchtitan_py_fields import CLASSES, FIELDS
+from sapp.models.registry import NAMED
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORED = os.path.join(HERE, "bench", "torchtitan_fields", "v0.3.0.json")
+MAIN_NAMES = {("training", "num_tokens_per_microbatch_per_dp_rank"), ("training", "num_tokens_per_train_step"),
+              ("training", "max_context_length"), ("parallelism", "num_pp_microbatches")}
+CL = "a100-80g:devices=8"
+
+
+def _stored():
+    with open(STORED) as f:
+        return json.load(f)
+
+
+def test_every_torchtitan_03_field_is_classified():
+    doc = _stored()
+    assert doc["torchtitan"] == "0.3.0" and "release/0.3" in doc["source"]
+    listed = {(s, k): v for s, body in doc["sections"].items() for k, v in body["fields"].items()}
+    missing = sorted(f"{s}.{k}" for s, k in listed if (s, k) not in FIELDS)
+    assert not missing, f"torchtitan 0.3 fields sapp's importer does not classify: {missing}"
+    stale = sorted(f"{s}.{k}" for s, k in FIELDS if (s, k) not in listed and (s, k) not in MAIN_NAMES)
+    assert not stale, f"classified but not fields of torchtitan 0.3: {stale}"
+    src = inspect.getsource(torchtitan_py) + inspect.getsource(E.torchtitan)
+    for (s, k), kind in FIELDS.items():
+        if kind == "priced":
+            assert f'"{k}"' in src, f"{s}.{k} is listed as priced but the parsers never read it"
+        elif kind[0] == "refused":
+            assert kind[1] == listed[(s, k)], f"{s}.{k}: torchtitan's default {listed[(s, k)]!r}, the table {kind[1]!r}"
+        else:
+            assert kind[0] == "irrelevant" and len(kind[1]) > 10, (s, k)
+    for sec, names in CLASSES.items():
+        assert set(names) <= set(doc["sections"][sec]["classes"]), sec
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """gpt3-350m (captured in ~7 s): large enough that tp 2 shards its layers and sp applies."""
+    return api.capture_graph(api.resolve_model("gpt3-350m")[0])[0], api.resolve_cluster(CL)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tp=2, pp=2, dp=2, sp=True, schedule="1f1b", mbs=1, m=4, zero=2, recompute="selective", global_batch=8),
+    dict(tp=2, dp=4, sp=False, mbs=2, m=2, zero=3, recompute="full", global_batch=16),
+    dict(dp=8, zero=0, mbs=1, m=1, recompute="none", global_batch=8),
+    dict(tp=2, dp=2, cp=2, sp=True, zero=3, mbs=1, m=1, recompute="none", global_batch=2),
+])
+def test_export_reads_back_as_the_same_configuration(tiny, kw):
+    graph, cl = tiny
+    plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan", **kw), name="gpt3-350m")
+    text, exported, notes = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    assert not notes and "def sapp_job() -> Trainer.Config:" in text and "[parallelism]" not in text
+    assert f"enable_sequence_parallel={bool(kw.get('sp'))}" in text       # stated, never implied by tp
+    back = E.import_config(text, "torchtitan", graph, cl, "gpt3-350m")
+    for k in ("tp", "pp", "dp", "cp", "sp"):
+        assert back["parallel"].get(k) == plan["parallel"].get(k), k
+    for k in ("schedule", "micro_batches", "micro_batch_size"):
+        assert back["pipeline"][k] == plan["pipeline"][k], k
+    assert (back["zero"], back["recompute"], back["settings"]) == (plan["zero"], plan["recompute"], plan["settings"])
+    assert back["predicted"] == plan["predicted"]
+
+
+def test_a_per_block_mix_is_exported_as_one_policy_and_repriced(tiny):
+    graph, cl = tiny
+    mix = {f"layers.{i}": "full" if i % 3 == 0 else "none" for i in range(24)}
+    plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan", tp=2, dp=4, sp=True, zero=3,
+                                         recompute=mix, mbs=2, global_batch=8), name="gpt3-350m")
+    assert plan["recompute"]["blocks"]
+    text, exported, notes = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    assert any("exported as full on every layer" in n for n in notes)
+    assert "activation_checkpoint=FullAC.Config()" in text
+    back = E.import_config(text, "torchtitan", graph, cl, "gpt3-350m")
+    assert back["recompute"] == exported["recompute"] and back["predicted"] == exported["predicted"]
+
+
+def test_older_target_keeps_the_toml_and_a_toml_given_as_torchtitan_is_read_as_022(tiny):
+    graph, cl = tiny
+    plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan", dp=8, zero=3, global_batch=8),
+                 name="gpt3-350m")
+    toml, _, _ = E.export_plan(plan, "torchtitan@0.2.2", graph=graph, cluster=cl)
+    assert "[parallelism]" in toml and "def " not in toml
+    back = E.import_config(toml, "torchtitan", graph, cl, "gpt3-350m")
+    assert any("torchtitan 0.2.2" in n for n in back["notes"])
+    assert back["predicted"] == E.import_config(toml, "torchtitan@0.2.2", graph, cl, "gpt3-350m")["predicted"]
+
+
+def _job(body, imports=""):
+    return ("from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig\n"
+            "from torchtitan.distributed.activation_checkpoint import FullAC, MemoryBudgetAC, SelectiveAC\n"
+            "from torchtitan.models.llama3 import model_registry\nfrom torchtitan.trainer import Trainer\n" + imports
+            + "\n\ndef job() -> Trainer.Config:\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+
+
+REFUSED = [
+    (_job("return Trainer.Config()", imports="import os\n"), "Import statement"),
+    (_job("return Trainer.Config()", imports="from os import system\n"), "import from 'os'"),
+    (_job("open('/tmp/sapp-executed', 'w')\nreturn Trainer.Config()"), "Expr statement"),
+    (_job("return Trainer.Config(training=TrainingConfig(local_batch_size=2 * 4))"), "not a literal"),
+    (_job("return Trainer.Config(training=TrainingConfig(local_batch_size=len('ab')))"), "not of a name imported"),
+    (_job("return Trainer.Config(training=TrainingConfig(enable_cpu_offload=True))"), "CPU offload"),
+    (_job("return Trainer.Config(training=TrainingConfig(bogus=1))"), "training.bogus is not a field"),
+    (_job("return Trainer.Config(activation_checkpoint=MemoryBudgetAC.Config())"), "memory-budget"),
+    (_job("return Trainer.Config(model_spec=model_registry('70B'))"), "another model"),
+    (_job("return Trainer.Config(parallelism=ParallelismConfig(pipeline_parallel_degree=2))"), "CUDA graphs"),
+    (_job("return Trainer.Config(training=TrainingConfig(seq_len=32, max_context_length=32))"), "use one release"),
+    (_job("c = Trainer.Config()\nfor i in []:\n    pass\nreturn c"), "For statement"),
+    ("def a():\n    pass\ndef b():\n    pass\n", "exactly one"),
+    (_job("return Trainer.Config(parallelism=ParallelismConfig(pipeline_parallel_schedule='1F1B\\n[x]'))"),
+     "not a value sapp reads"),
+    ("[parallelism\n", "not a Python configuration"),
+]
+
+
+@pytest.mark.parametrize("text,says", REFUSED)
+def test_anything_but_literal_constructor_calls_is_refused_in_one_line(tiny, text, says, tmp_path):
+    graph, cl = tiny
+    with pytest.raises(EngineError) as e:
+        E.import_config(text, "torchtitan", graph, cl, "gpt3-350m")
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not os.path.exists("/tmp/sapp-executed")
+
+
+def _facts(name):
+    kind, cfg = NAMED[name]
+    meta = {"kind": kind, "config": cfg, "seq": cfg["s"]}
+    names = [f"layers.{i}" for i in range(cfg["l"])]
+    return {**E.model_facts(meta, names), **E.arch_facts(name, meta, len(names))}
+
+
+# torchtitan 0.3.0's own llama3_8b job (models/llama3/config_registry.py), as a user's file holds it
+PUBLISHED_8B = '''from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import default_adamw
+from torchtitan.components.validate import Validator
+from torchtitan.config import TrainingConfig
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.llama3 import model_registry
+from torchtitan.tools.profiler import Profiler
+from torchtitan.trainer import Trainer
+
+
+def llama3_8b() -> Trainer.Config:
+    model_spec = model_registry("8B")
+    return Trainer.Config(
+        loss=ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(
+                global_vocab_size=decoder_vocab_size(model_spec),
+            ),
+        ),
+        hf_assets_path="./assets/hf/Llama-3.1-8B",
+        profiler=Profiler.Config(
+            enable_profiling=True,
+            profile_freq=100,
+        ),
+        metrics=MetricsProcessor.Config(
+            enable_tensorboard=True,
+        ),
+        model_spec=model_spec,
+        optimizer=default_adamw(lr=3e-4),
+        training=TrainingConfig(
+            local_batch_size=1,
+            seq_len=8192,
+            steps=1000,
+        ),
+        dataloader=HuggingFaceTextDataLoader.Config(
+            dataset="c4",
+        ),
+        checkpoint=CheckpointManager.Config(interval=500),
+        activation_checkpoint=SelectiveAC.Config(),
+        validator=Validator.Config(
+            freq=500,
+            steps=1200,
+        ),
+    )
+'''
+
+
+def test_published_03_job_reads_and_main_batch_names_read_the_same():
+    facts = _facts("llama3-8b")
+    ecfg = torchtitan_py.parse(PUBLISHED_8B, facts, 64)
+    assert (ecfg.dp, ecfg.tp, ecfg.zero, ecfg.recompute, ecfg.mbs, ecfg.m, ecfg.global_batch) == (
+        64, 1, 3, "selective", 1, 1, 64)
+    assert any("ChunkedLossWrapper" in n for n in ecfg.notes)
+    main = PUBLISHED_8B.replace("local_batch_size=1,", "num_tokens_per_microbatch_per_dp_rank=8192,").replace(
+        "seq_len=8192,", "max_context_length=8192,")
+    again = torchtitan_py.parse(main, facts, 64)
+    assert again.describe() == ecfg.describe() and again.global_batch == ecfg.global_batch
+    with pytest.raises(EngineError, match="another model"):
+        torchtitan_py.parse(PUBLISHED_8B.replace('"8B"', '"70B"'), facts, 64)
