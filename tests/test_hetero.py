@@ -85,9 +85,12 @@ def test_free_search_equals_exhaustive_and_shares_follow_speed(small):
     assert free[1] == pytest.approx(max(pr.time(0, a100), pr.time(1, h100)) + d["sync_s"])
     # it beats each group alone and all devices priced as A100s
     assert free[1] < min(d["alone"].values()) and free[1] < d["uniform"]
+    # (that baseline started from the A100 group's tp layouts: the step of a fresh search)
+    from sapp.constraints import Constraints
+    assert d["uniform"] == hetero.uniform_baseline(graph, mc, 16, Constraints.from_dict(None), settings, fn)
 
 
-def test_free_search_equals_exhaustive_three_kinds(small):
+def test_free_search_equals_exhaustive_v100_and_h100(small):
     from sapp.search import hetero
     graph, settings, fn = small
     mc = parse("v100-32g:nodes=1,gpus=4+h100-80g:nodes=1,gpus=4")

@@ -13,17 +13,26 @@ smallest group taking part (each device carries its slice over its share of the 
 the groups' own gradient sync and not overlapped with it.
 
 Shares are whole multiples of a quantum q (a divisor of the batch).  The free search starts from
-shares proportional to each group's compute and moves quanta from the slowest group to the one that
-stays fastest with them, in steps that halve down to one quantum; every group alone is a candidate
-too.  `exhaustive=True` enumerates every composition of the batch into quanta instead (small cases:
-bench/hetero_exhaustive.py checks the two agree).
+shares proportional to each group's compute, then sets them in proportion to each group's measured
+rate there (share / T_g; again while that improves), then moves quanta from the slowest group to
+the one that stays fastest with them, one quantum at a time after a rebalance (in steps halving
+from an eighth of the batch where none helped), until no move improves; every group alone is a
+candidate too.  `exhaustive=True` enumerates every composition of the batch into quanta instead
+(small cases: bench/hetero_exhaustive.py and tests/test_hetero.py check the two agree).
 
-Cost: one joint search per group and share tried (~10 for two groups), each the homogeneous search
-unchanged.  A group's searches share joint_search's `caches` (the tp layouts, the template and its
-rebatched copies, cost memos, the stage profiles' sampled unit numbers below the top sample, sp
-sets and ZeRO-stage terms): only what reads the share (the configurations, the top time sample at
-share / dp, bounds, evaluations) is redone.  On gpt3-13b over 512 A100s + 512 H100s that halves the
-split search (bench/hetero_figures.py --only scale, RESULTS §12); the plans are byte-identical.
+A candidate split only matters if it beats the best so far, so it is priced against it: each
+group's joint search gets the cutoff best - sync (joint_search's `cutoff`: configurations whose
+bound is above it are pruned unpriced, and the answer is "above" once nothing left can be at or
+below it) and, once one group is above, the others are not searched; the group likeliest to be
+above goes first.  A split that wins is thus priced exactly, and the walk takes the moves it would
+take with every candidate priced in full.  A group's searches share joint_search's `caches` (the tp
+layouts, the template and its rebatched copies, cost memos, the stage profiles' sampled unit
+numbers below the top sample, sp sets and ZeRO-stage terms): only what reads the share (the
+configurations, the top time sample at share / dp, bounds, evaluations) is redone.  The baseline
+over all devices as the slowest kind starts from that group's tp layouts.  On gpt3-13b over 512
+A100s + 512 H100s: four exact group searches (two cold) and three bounded ones, the split search
+2.2-2.9x the homogeneous search of 1,024 devices (bench/hetero_figures.py --only scale, RESULTS
+§12); the plans are byte-identical to those of ten exact searches.
 """
 from __future__ import annotations
 
@@ -221,7 +230,7 @@ def search(graph, mc, *, global_batch, constraints=None, settings=None, search_f
               "sync_s": sync_s(graph, mc, settings, used)}
     if baselines:
         detail["alone"] = {mc.groups[g].name: pr.time(g, global_batch) for g in range(G)}
-        detail["uniform"] = uniform_baseline(graph, mc, global_batch, cons, settings, search_fn)
+        detail["uniform"] = uniform_baseline(graph, mc, global_batch, cons, settings, search_fn, pr)
     return shares, step, detail
 
 
@@ -234,10 +243,20 @@ def uniform_cluster(mc):
     return slow.replace(nodes=1, gpus_per_node=total, name=f"{slow.name}-uniform")
 
 
-def uniform_baseline(graph, mc, global_batch, cons, settings, search_fn):
+def uniform_baseline(graph, mc, global_batch, cons, settings, search_fn, pr=None):
+    """The best step on uniform_cluster.  With the split search's GroupPricer `pr`: where the uniform
+    cluster is the slowest group with more nodes, it starts from that group's tp layouts (searched
+    once per tp degree on one node's tp devices: the node count reaches them nowhere) and units."""
+    import dataclasses
     from .joint import joint_search
+    uni = uniform_cluster(mc)
+    caches = None
+    for g, cl in enumerate(mc.groups if pr is not None else ()):
+        if dataclasses.replace(uni, nodes=cl.nodes, name=cl.name) == cl and "strategies" in pr.shared[g]:
+            caches = {"strategies": pr.shared[g]["strategies"], "units": pr.shared[g]["units"]}
+            break
     try:
-        return joint_search(graph, uniform_cluster(mc), global_batch=global_batch, constraints=cons,
-                            settings=settings, search_fn=search_fn).step_time_s
+        return joint_search(graph, uni, global_batch=global_batch, constraints=cons, settings=settings,
+                            search_fn=search_fn, caches=caches).step_time_s
     except SappError:
         return math.inf
