@@ -31,8 +31,8 @@ numbers below the top sample, sp sets and ZeRO-stage terms): only what reads the
 configurations, the top time sample at share / dp, bounds, evaluations) is redone.  The baseline
 over all devices as the slowest kind starts from that group's tp layouts.  On gpt3-13b over 512
 A100s + 512 H100s: four exact group searches (two cold) and three bounded ones, the split search
-2.2-2.9x the homogeneous search of 1,024 devices (bench/hetero_figures.py --only scale, RESULTS
-§12); the plans are byte-identical to those of ten exact searches.
+2.3-2.7x the homogeneous search of 1,024 devices on a loaded box (bench/hetero_figures.py --only
+scale, RESULTS §12); the plans are byte-identical to those of ten exact searches.
 """
 from __future__ import annotations
 
