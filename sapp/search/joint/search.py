@@ -31,8 +31,9 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     dict the caller keeps across searches of this graph, cluster, settings and search_fn at other
     global batches, for what does not depend on the batch (context._shared).  `cutoff`: a step time the
     caller only needs beaten: configurations whose bound is above it are pruned unpriced, and the search
-    returns None when it proves the best step above the cutoff (the plan when it is at or below it, the
-    same as without a cutoff: a bound above the cutoff is above that plan's step too)."""
+    returns None once it proves the best step above the cutoff (or the best plan, where it priced that
+    before its bounds passed the cutoff).  At or below the cutoff it returns the plan it would return
+    without one: a bound above the cutoff is above that plan's step too."""
     t0 = time.perf_counter()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
@@ -119,7 +120,8 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     if cut and (best is None or best.step_time_s > cutoff):
         if idle and best is None:            # idle tp is priced only when nothing else fits: unknown here
             return joint_search(graph, cluster, global_batch=global_batch, constraints=cons, settings=settings,
-                                search_fn=search_fn, progress=progress, ignore_capacity=ignore_capacity,
+                                search_fn=search_fn, progress=progress, exhaustive=exhaustive,
+                                ignore_capacity=ignore_capacity,
                                 fixed_strategies=fixed_strategies, skip=skip, caches=caches)
         return None
     for cfg, prof in idle if best is None else ():
