@@ -75,7 +75,8 @@ def test_free_search_equals_exhaustive_and_shares_follow_speed(small):
     free = hetero.search(graph, mc, global_batch=16, settings=settings, search_fn=fn, q=2)
     full = hetero.search(graph, mc, global_batch=16, settings=settings, search_fn=fn, q=2, exhaustive=True,
                          baselines=False)
-    assert free[1] <= full[1] * (1 + 1e-3)
+    assert free[1] == full[1] and free[0] == full[0]
+    assert free[2]["evaluations"] < full[2]["evaluations"]     # (bounded group searches included)
     a100, h100 = free[0]
     assert sum(free[0]) == 16 and 0 < a100 < h100          # the faster group takes the larger share
     d = free[2]
@@ -84,6 +85,49 @@ def test_free_search_equals_exhaustive_and_shares_follow_speed(small):
     assert free[1] == pytest.approx(max(pr.time(0, a100), pr.time(1, h100)) + d["sync_s"])
     # it beats each group alone and all devices priced as A100s
     assert free[1] < min(d["alone"].values()) and free[1] < d["uniform"]
+    # (that baseline started from the A100 group's tp layouts: the step of a fresh search)
+    from sapp.constraints import Constraints
+    assert d["uniform"] == hetero.uniform_baseline(graph, mc, 16, Constraints.from_dict(None), settings, fn)
+
+
+def test_free_search_equals_exhaustive_v100_and_h100(small):
+    from sapp.search import hetero
+    graph, settings, fn = small
+    mc = parse("v100-32g:nodes=1,gpus=4+h100-80g:nodes=1,gpus=4")
+    free = hetero.search(graph, mc, global_batch=12, settings=settings, search_fn=fn, q=2, baselines=False)
+    full = hetero.search(graph, mc, global_batch=12, settings=settings, search_fn=fn, q=2, exhaustive=True,
+                         baselines=False)
+    assert free[:2] == full[:2]
+
+
+def test_cutoff_keeps_the_plan_at_or_below_it_and_says_none_above(small):
+    from sapp.search.joint import joint_search
+    graph, settings, fn = small
+    cl = Cluster.parse("a100-80g:nodes=1")
+    full = joint_search(graph, cl, global_batch=32, settings=settings, search_fn=fn)
+    for cutoff in (full.step_time_s, full.step_time_s * 1.5):
+        cut = joint_search(graph, cl, global_batch=32, settings=settings, search_fn=fn, cutoff=cutoff)
+        assert cut.config == full.config and cut.step_time_s == full.step_time_s
+    # above it: None, or the plan itself where the search proved it optimal before its bounds passed the cutoff
+    above = joint_search(graph, cl, global_batch=32, settings=settings, search_fn=fn, cutoff=full.step_time_s * 0.999)
+    assert above is None or (above.config == full.config and above.step_time_s == full.step_time_s)
+    far = joint_search(graph, cl, global_batch=32, settings=settings, search_fn=fn, cutoff=full.step_time_s * 0.5)
+    assert far is None
+
+
+def test_pricer_bounded_answer_is_above_and_the_exact_one_is_searched_again(small):
+    from sapp.constraints import Constraints
+    from sapp.search.hetero import GroupPricer
+    graph, settings, fn = small
+    mc = parse("a100-80g:nodes=1+h100-80g:nodes=1")
+    fresh = GroupPricer(graph, mc, Constraints.from_dict(None), settings, fn)
+    exact = fresh.time(0, 24)
+    pr = GroupPricer(graph, mc, Constraints.from_dict(None), settings, fn)
+    assert pr.time(0, 24, exact * 0.5) == math.inf          # above the cutoff: no exact answer kept
+    assert (0, 24) not in pr.cache and pr.above[(0, 24)] == exact * 0.5
+    assert pr.time(0, 24, exact * 0.4) == math.inf and pr.searches == 1     # known above: not searched
+    assert pr.time(0, 24) == exact and pr.searches == 2
+    assert pr.time(0, 16, exact * 2) == fresh.time(0, 16)    # below the cutoff: the exact step
 
 
 def test_sync_grows_as_the_link_slows(small):

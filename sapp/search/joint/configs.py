@@ -148,8 +148,11 @@ LONG_CONTEXT = 16384     # tokens per sample from which cp is searched in every 
 
 
 def _seq(ctx):
-    from .cp import sequence_length
-    return sequence_length(ctx.graph)
+    got = ctx.__dict__.get("_seq")            # (once per search: read for every configuration)
+    if got is None:
+        from .cp import sequence_length
+        got = ctx.__dict__["_seq"] = (sequence_length(ctx.graph),)
+    return got[0]
 
 
 def _cp_searched(ctx, c, pp, tp):

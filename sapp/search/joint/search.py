@@ -24,12 +24,16 @@ from .memory_bound import memory_needed
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
                  progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None,
-                 skip=None, caches=None) -> JointResult:
+                 skip=None, caches=None, cutoff=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
     that would fit and the best configuration tried) when nothing fits.  `skip(config)`: configurations
     ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py).  `caches`: a
     dict the caller keeps across searches of this graph, cluster, settings and search_fn at other
-    global batches, for what does not depend on the batch (context._shared)."""
+    global batches, for what does not depend on the batch (context._shared).  `cutoff`: a step time the
+    caller only needs beaten: configurations whose bound is above it are pruned unpriced, and the search
+    returns None once it proves the best step above the cutoff (or the best plan, where it priced that
+    before its bounds passed the cutoff).  At or below the cutoff it returns the plan it would return
+    without one: a bound above the cutoff is above that plan's step too."""
     t0 = time.perf_counter()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
@@ -68,9 +72,13 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     feasible_seen = []
     infeasible = []
     report = _Report(progress, [t[0] for t in ranked], exhaustive)
+    cut = False                 # a configuration pruned by the cutoff alone
     while heap:
         lb, phase, _, i = heapq.heappop(heap)
         cfg = ranked[i][2]
+        if cutoff is not None and lb > cutoff and (best is None or best.step_time_s > cutoff):
+            cut = True                       # nothing left is at or below the cutoff
+            break
         if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
@@ -109,6 +117,13 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         feasible_seen.append(res)
         if best is None or rank_key(res) < rank_key(best):
             best = res
+    if cut and (best is None or best.step_time_s > cutoff):
+        if idle and best is None:            # idle tp is priced only when nothing else fits: unknown here
+            return joint_search(graph, cluster, global_batch=global_batch, constraints=cons, settings=settings,
+                                search_fn=search_fn, progress=progress, exhaustive=exhaustive,
+                                ignore_capacity=ignore_capacity,
+                                fixed_strategies=fixed_strategies, skip=skip, caches=caches)
+        return None
     for cfg, prof in idle if best is None else ():
         evaluated += 1
         res = evaluate_config(ctx, cfg, prof)
