@@ -171,6 +171,7 @@ def test_invalid_prediction_is_flagged_not_ranked(tmp_path):
     assert "| invalid |" in md and "geometric mean" not in md
 
 
+@pytest.mark.slow       # ~35 s: bench.paired_run's own machinery, `pytest -m slow`
 def test_paired_run_alternates_the_plan_and_the_reference_block(tmp_path):
     # ~15 s (torchrun, 2 gloo processes): the --paired statistic rests on this worker's output
     pytest.importorskip("sapp.api")

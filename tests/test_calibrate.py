@@ -45,6 +45,7 @@ def test_cluster_from_fabricated_measurements():
     assert c.rng_rate == 1e8
 
 
+@pytest.mark.slow       # ~50 s: a real `sapp calibrate --quick` on 2 processes, `pytest -m slow`
 def test_calibrate_cli_quick_two_processes(tmp_path):
     # One real run of `sapp calibrate` spawning 2 gloo workers: the only way to know the file is usable.
     # Its process tree is watched in the kernel's socket table: every listener on loopback only (torch's

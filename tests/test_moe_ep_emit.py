@@ -2,6 +2,8 @@
 within 1e-5 relative over 3 Adam steps: EP=2 (2 ranks, every rank one EP group), EP=2 x DP=2 (4 ranks:
 two EP groups, expert gradients all-reduced over the expert-DP pairs), with ZeRO-0 and ZeRO-1.  Each rank holds 1/ep of the
 experts, and the manifest records the ep that runs.  Bounded: a hung collective fails the test."""
+import pytest
+
 from tests.emit_workers.ep_job import launch
 
 REL_TOL = 1e-5
@@ -30,6 +32,7 @@ def test_ep2_matches_single_process(tmp_path):
     _check(_run(2, [{"id": "ep2", "dp": 2, "ep": 2, "steps": 3, "batch": 8}], tmp_path), "ep2", 2, 2)
 
 
+@pytest.mark.slow       # ~50 s, 4 ranks; the suite runs ep2 alone and ep2 x pp2 (test_moe_ep_pp_emit.py)
 def test_ep2_x_dp2_matches_single_process_zero0_and_zero1(tmp_path):
     """4 ranks: two EP groups of 2; expert gradients all-reduced over the expert-DP pairs; with ZeRO-1
     the experts' Adam states sharded over expert-DP, the rest over dp."""
