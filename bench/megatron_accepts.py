@@ -17,7 +17,10 @@ The release's megatron/ tree is extracted to a temporary folder and run with meg
 package __init__ replaced by an empty module (as bench/megatron_arg_list.py does), so no GPU,
 Triton or Transformer Engine is needed; the two device queries validate_args makes
 (megatron.training.utils.get_device_arch_version, torch.cuda.get_device_capability) answer with the
-compute capability of the cluster's GPU (A100: 8, H100: 9).  Arguments added that are not about the step:
+compute capability of the cluster's GPU (A100: 8, H100: 9).  For main (`--tag HEAD` of a fetched
+repository), which imports Triton kernels while building the parser and uses Python 3.12's
+typing.override, megatron modules importing triton at their top are replaced by inert stand-ins when
+Triton is absent, and typing.override by a no-op on Python 3.11.  Arguments added that are not about the step:
 `--tokenizer-type NullTokenizer` (the export states `--vocab-size`, which only a null tokenizer
 reads; a real run names its own tokenizer), `--mock-data` (validate_args asserts exactly one data
 source), and `--train-iters 1` (the run length; validate_args derives the schedules from it).
@@ -45,7 +48,31 @@ _CHILD = r"""
 import argparse, contextlib, io, json, os, sys, types, warnings
 warnings.simplefilter("ignore")
 root, argv, major = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-import torch
+import importlib.util, re, torch
+if importlib.util.find_spec("triton") is None:     # main imports Triton kernels at parse time; none run here
+    class _Any(types.ModuleType):
+        __path__ = []
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return _Any(self.__name__ + "." + name)
+        def __call__(self, *a, **k):
+            return a[0] if len(a) == 1 and callable(a[0]) and not k else self
+    class _Finder:       # a megatron module that imports triton at its top is replaced by a stand-in
+        def find_spec(self, name, path=None, target=None):
+            if not name.startswith("megatron."):
+                return None
+            f = os.path.join(root, *name.split(".")) + ".py"
+            if os.path.isfile(f) and re.search(r"^(import triton|from triton)", open(f).read(), re.M):
+                return importlib.util.spec_from_loader(name, self)
+        def create_module(self, spec):
+            return _Any(spec.name)
+        def exec_module(self, module):
+            pass
+    sys.meta_path.insert(0, _Finder())
+import typing
+if not hasattr(typing, "override"):                # main uses Python 3.12's typing.override (a no-op marker)
+    typing.override = lambda f: f
 torch.cuda.get_device_capability = lambda *a, **k: (major, 0)     # no GPU here: the cluster's GPU answers
 pkg = types.ModuleType("megatron.training")
 pkg.__path__ = [root + "/megatron/training"]
@@ -81,7 +108,10 @@ if out["accepted"]:
     out["derived"] = {k: (str(v) if not isinstance(v, (int, float, str, bool, type(None))) else v)
                       for k, v in out["derived"].items()}
     try:
-        from megatron.training.tokenizer.tokenizer import _vocab_size_with_padding
+        try:
+            from megatron.training.tokenizer.tokenizer import _vocab_size_with_padding
+        except ImportError:      # main moved it
+            from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding as _vocab_size_with_padding
         from megatron.training.theoretical_memory_usage import report_theoretical_memory
         import megatron.training.theoretical_memory_usage as tmu
         tmu.print_rank_0 = lambda *a, **k: None
