@@ -58,10 +58,13 @@ def resolved(a: dict, world_size: int, vocab: int) -> dict:
             "etp": _i(a, "--expert-tensor-parallel-size", tp), "distopt": bool(a.get("--use-distributed-optimizer")),
             "s": _i(a, "--seq-length"), "mbs": mbs, "m": gb // (mbs * dp), "vpp": vpp,
             "sp": bool(a.get("--sequence-parallel")) and tp > 1,
-            "selective": a.get("--recompute-granularity") == "selective" or bool(a.get("--recompute-activations"))}
+            "selective": a.get("--recompute-granularity") == "selective" or bool(a.get("--recompute-activations")),
+            "cp": cp, "bf16_grads": bool(a.get("--grad-reduce-in-bf16")),
+            "full": a.get("--recompute-granularity") == "full", "rc_method": a.get("--recompute-method"),
+            "rc_layers": _i(a, "--recompute-num-layers", 1)}
 
 
-def weights_bytes(r: dict, version: str = "main") -> float:
+def weights_bytes(r: dict, version: str = "main", completed: bool = False) -> float:
     """compute_weight_and_optimizer_memory: the most loaded shard (first stage: its layers and the
     embedding) times 18 bytes a parameter, or 6 + 12 / dp with the distributed optimizer."""
     h, L, tp, pp = r["h"], r["L"], r["tp"], r["pp"]
@@ -74,8 +77,12 @@ def weights_bytes(r: dict, version: str = "main") -> float:
     emb = h * r["padded_vocab"]
     final_norm = norm * h
 
+    g = 2 if completed and r["bf16_grads"] else 0        # bytes a parameter saved by bf16 main_grads
+    if completed and version != "main":
+        raise ValueError("completed=True extends main's formula")
+
     def per_param(dp):
-        return 18 if not r["distopt"] else 6 + 12 / dp
+        return (18 if not r["distopt"] else 6 + 12 / dp) - g
 
     if version == "core_v0.16.1":
         dense = 2 * h * (r["ffn"] * glu + norm) + attn
@@ -97,7 +104,8 @@ def weights_bytes(r: dict, version: str = "main") -> float:
     if r["untie"] and pp == 1:
         tp_shard += emb / tp
     edp = r["world"] // (r["etp"] * r["ep"] * pp)
-    return (tp_shard + rep_shard) * per_param(r["dp"]) + exp_shard * per_param(edp)
+    dp = r["dp"] * (r["cp"] if completed else 1)        # the distributed optimizer shards over dp x cp
+    return (tp_shard + rep_shard) * per_param(dp) + exp_shard * per_param(edp)
 
 
 def _pipeline_factor(r, act):
@@ -109,17 +117,35 @@ def _pipeline_factor(r, act):
     return act
 
 
-def activation_bytes(r: dict) -> float:
-    """compute_activation_memory (SP with selective recomputation) or compute_activation_memory_without_sp."""
+def _layers(r, per_layer, completed):
+    """The L layers' activations; `completed`: full recomputation keeps only a recomputed layer's (block)
+    or group's (uniform) bf16 input, 2sbh (the SP path divides the whole by tp afterwards)."""
+    L = r["L"]
+    if not (completed and r["full"]):
+        return per_layer * L
+    keep = 2 * r["s"] * r["mbs"] * r["h"]
+    if r["rc_method"] == "uniform":
+        return keep * math.ceil(L / r["rc_layers"])
+    n = min(r["rc_layers"], L // r["pp"]) * r["pp"]        # block: the first N layers of every stage
+    return per_layer * (L - n) + keep * n
+
+
+def activation_bytes(r: dict, completed: bool = False) -> float:
+    """compute_activation_memory (SP with selective recomputation) or compute_activation_memory_without_sp.
+    `completed` adds what the estimator leaves out: context parallelism (each rank holds s/cp tokens)
+    and full recomputation (see _layers)."""
     s, b, h, tp, pp, V = r["s"], r["mbs"], r["h"], r["tp"], r["pp"], r["padded_vocab"]
+    if completed:
+        r = dict(r, s=s // r["cp"])
+        s = r["s"]
     if r["sp"] and r["selective"]:
-        act = s * b * h * (18 + 4 * r["ffn"] / h) * r["L"]
+        act = _layers(r, s * b * h * (18 + 4 * r["ffn"] / h), completed)
         act += 8 * s * b * pp + s * b * h * pp
         act = _pipeline_factor(r, act)
         if pp == 1:
             act += s * b * h * 4 * (1 + V / h)
         return act / tp
-    act = s * b * h * (10 + 24 / tp) * r["L"]
+    act = _layers(r, s * b * h * (10 + 24 / tp), completed)
     act += 8 * s * b * pp + s * b * h * pp
     act = _pipeline_factor(r, act)
     if pp == 1:
@@ -127,10 +153,13 @@ def activation_bytes(r: dict) -> float:
     return act * 1.05
 
 
-def estimate(args: dict, *, world_size: int, vocab: int, version: str = "main") -> dict:
+def estimate(args: dict, *, world_size: int, vocab: int, version: str = "main", completed: bool = False) -> dict:
     """Megatron's theoretical memory (MB = MiB, as it prints them) for `args` ({flag: value} as
-    sapp.engines.megatron.tokens reads a file) on `world_size` GPUs with a tokenizer of `vocab`."""
+    sapp.engines.megatron.tokens reads a file) on `world_size` GPUs with a tokenizer of `vocab`.
+    `completed=True` is no longer Megatron's number: its formula with the terms it leaves out added
+    (bf16 main_grads under --grad-reduce-in-bf16; context parallelism: s/cp tokens a rank and the
+    distributed optimizer sharded over dp x cp; full recomputation)."""
     r = resolved(args, world_size, vocab)
-    w, act = weights_bytes(r, version), activation_bytes(r)
+    w, act = weights_bytes(r, version, completed), activation_bytes(r, completed)
     return {"weights_mb": w / MB, "activation_mb": act / MB, "total_mb": (w + act) / MB,
             "total_bytes": w + act}

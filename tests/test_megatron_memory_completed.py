@@ -1,0 +1,47 @@
+"""bench/megatron_memory.py's `completed` estimate: Megatron's theoretical-memory formula with the terms
+it leaves out (context parallelism, bf16 main_grads under --grad-reduce-in-bf16, full recomputation),
+used by bench/megatron_accepts.py beside the release's own number.  Arithmetic only (milliseconds)."""
+import pytest
+
+from bench.megatron_memory import MB, estimate
+
+BASE = {"--num-layers": "8", "--hidden-size": "1024", "--num-attention-heads": "8", "--seq-length": "4096",
+        "--tensor-model-parallel-size": "2", "--micro-batch-size": "1", "--use-distributed-optimizer": True}
+
+
+def test_context_parallelism_holds_a_cp_share_of_the_tokens():
+    cp2 = dict(BASE, **{"--context-parallel-size": "2"})
+    half = dict(BASE, **{"--seq-length": "2048"})
+    # Megatron's own formula ignores cp: cp 2 on 16 GPUs estimates the activations of the full sequence
+    assert estimate(cp2, world_size=16, vocab=32000)["activation_mb"] == \
+        pytest.approx(estimate(BASE, world_size=8, vocab=32000)["activation_mb"])
+    got = estimate(cp2, world_size=16, vocab=32000, completed=True)["activation_mb"]
+    assert got == pytest.approx(estimate(half, world_size=8, vocab=32000, completed=True)["activation_mb"])
+    assert got < 0.6 * estimate(cp2, world_size=16, vocab=32000)["activation_mb"]
+    # the distributed optimizer shards over dp x cp: cp 2, tp 2 on 16 GPUs (dp 4) shards it 8 ways,
+    # as tp 2 alone on 16 GPUs (dp 8) does; Megatron's own formula divides by dp 4
+    w = estimate(cp2, world_size=16, vocab=32000, completed=True)["weights_mb"]
+    assert w == pytest.approx(estimate(BASE, world_size=16, vocab=32000)["weights_mb"])
+    assert w < estimate(cp2, world_size=16, vocab=32000)["weights_mb"]
+
+def test_bf16_main_grads_save_two_bytes_a_parameter():
+    bf16 = dict(BASE, **{"--grad-reduce-in-bf16": True})
+    fp32_w = estimate(bf16, world_size=8, vocab=32000)["weights_mb"]          # the release: 6 + 12/dp bytes
+    assert fp32_w == pytest.approx(estimate(BASE, world_size=8, vocab=32000)["weights_mb"])
+    dp = 4
+    assert estimate(bf16, world_size=8, vocab=32000, completed=True)["weights_mb"] == \
+        pytest.approx(fp32_w * (4 + 12 / dp) / (6 + 12 / dp))
+    assert estimate(BASE, world_size=8, vocab=32000, completed=True)["weights_mb"] == pytest.approx(fp32_w)
+
+
+def test_full_recomputation_keeps_each_recomputed_layers_input():
+    none = estimate(BASE, world_size=8, vocab=32000, completed=True)["activation_mb"]
+    block = dict(BASE, **{"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "8"})
+    unif = dict(block, **{"--recompute-method": "uniform", "--recompute-num-layers": "1"})
+    b = estimate(block, world_size=8, vocab=32000, completed=True)["activation_mb"]
+    assert b == pytest.approx(estimate(unif, world_size=8, vocab=32000, completed=True)["activation_mb"])
+    s, h, tp, L = 4096, 1024, 2, 8
+    saved = (s * h * (10 + 24 / tp) - 2 * s * h) * L * 1.05 / MB       # per layer: full terms -> its bf16 input
+    assert none - b == pytest.approx(saved)
+    half = dict(block, **{"--recompute-num-layers": "4"})
+    assert estimate(half, world_size=8, vocab=32000, completed=True)["activation_mb"] == pytest.approx(none - saved / 2)
