@@ -45,7 +45,9 @@ def pipeline_words(doc, timing) -> str:
         lay = "; ".join(f"{g['name']} layers {'/'.join(str(len(s['blocks'])) for s in g['stages'])}" for g in doc["groups"])
         return (f"PIPELINE mode {p['stages']} stages x {p['stage_width']}, m={p['micro_batches']} {p['schedule']} "
                 f"ZeRO-{p['zero']} [{lay}]; data mode {timing.get('data_step_s') or float('nan'):.4g} s")
-    t = timing.get("pipeline_step_s")
+    t, above = timing.get("pipeline_step_s"), timing.get("pipeline_step_above_s")
+    if t is None and above is not None:
+        return f"pipeline mode > {above:.4g} s (pruned)"
     return "pipeline mode " + (f"{t:.4g} s" if t is not None else f"none ({timing.get('pipeline_why')})")
 
 
