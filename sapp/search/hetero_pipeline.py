@@ -20,7 +20,9 @@ The partition is the exact min-max one over those per-stage prices (partition_co
 blocks, whose per-stage bisection takes any per-stage speed; partition_dp otherwise), so a slower
 group's stages get fewer layers; the step is the schedule's closed form over the per-stage times
 and sends (schedule.step_time), plus the slowest stage's gradient sync and optimizer update and the
-closing loss all-reduce, as for one kind.
+closing loss all-reduce, as for one kind.  Configurations are priced in order of a provable floor on
+their step (step_floor: no partition), skipping those whose floor exceeds the best step found (the
+result, ties included, is pricing them all) or reaches the data mode's step (`cutoff`, the auto mode).
 
 Not searched here: tp, sp, cp or ep inside a stage, interleaved schedules, host placement, groups
 left idle (the data mode, sapp/search/hetero.py, covers a group alone), pinned stage maps, models
