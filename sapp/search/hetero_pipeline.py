@@ -249,7 +249,7 @@ def step_floor(evs, cfg, ctxs, mc, w):
     bounded alone; `_least_max` bounds a max over stages from how many blocks each group's stages
     can hold below it."""
     from ..costmodel.gradsync import overlap_rule
-    G, m, L = len(mc.groups), cfg.m, None
+    G, m = len(mc.groups), cfg.m
     units = evs[0].units
     blocks = [j for j, u in enumerate(units) if u.kind == "block"]
     L = len(blocks)
