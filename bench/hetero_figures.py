@@ -10,8 +10,9 @@ searches run alternately --runs times (default 3) in this process, CPU seconds o
 shares (one joint search per group and share) and, in total, with the baselines (each group alone,
 all devices as the slowest kind: one more homogeneous search of 1024 devices) and the groups' plans.
 Each case line also gives the pipeline mode's best step (stages on the groups, sapp/search/hetero_pipeline.py)
-beside the data mode's; `--only link` is one case over a slow link between the groups (0.3 GB/s per
-device, batch 256), where the pipeline mode is the faster."""
+beside the data mode's, or "> X s (pruned)" when none beats the data mode's X (the auto mode skips the
+configurations whose step floor reaches X, so their steps stay unknown); `--only link` is one case over
+a slow link between the groups (0.3 GB/s per device, batch 256), where the pipeline mode is the faster."""
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,9 @@ def pipeline_words(doc, timing) -> str:
         lay = "; ".join(f"{g['name']} layers {'/'.join(str(len(s['blocks'])) for s in g['stages'])}" for g in doc["groups"])
         return (f"PIPELINE mode {p['stages']} stages x {p['stage_width']}, m={p['micro_batches']} {p['schedule']} "
                 f"ZeRO-{p['zero']} [{lay}]; data mode {timing.get('data_step_s') or float('nan'):.4g} s")
-    t = timing.get("pipeline_step_s")
+    t, above = timing.get("pipeline_step_s"), timing.get("pipeline_step_above_s")
+    if t is None and above is not None:
+        return f"pipeline mode > {above:.4g} s (pruned)"
     return "pipeline mode " + (f"{t:.4g} s" if t is not None else f"none ({timing.get('pipeline_why')})")
 
 

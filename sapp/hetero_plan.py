@@ -56,10 +56,13 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
     if mode != "data":
         from .search import hetero_pipeline
         t1, c1 = time.perf_counter(), time.process_time()
+        # auto: configurations that cannot beat the data mode are not priced (their step stays unknown)
+        cutoff = step if mode == "auto" and d is not None else None
         pipe, why, n = hetero_pipeline.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
-                                              search_fn=api.tp_search_fn())
+                                              search_fn=api.tp_search_fn(), cutoff=cutoff)
+        pruned = pipe is None and cutoff is not None and why.startswith(hetero_pipeline.PRUNED)
         timing_p = {"pipeline_search_s": time.perf_counter() - t1, "pipeline_search_cpu_s": time.process_time() - c1,
-                    "pipeline_configs": n, "pipeline_why": why,
+                    "pipeline_configs": n, "pipeline_why": why, "pipeline_step_above_s": cutoff if pruned else None,
                     "pipeline_step_s": pipe.result.step_time_s if pipe else None, "data_step_s": _num(step)}
         if pipe is None and (mode == "pipeline" or d is None):
             raise InfeasibleError(f"no pipeline over the groups {', '.join(g.name for g in mc.groups)}: {why}"

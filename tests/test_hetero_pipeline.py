@@ -166,8 +166,63 @@ def test_auto_mode_keeps_the_faster(plan_doc):
     _, timing = plan_doc
     mc = _cluster()
     auto, t = hetero_plan.search(MODEL, mc, global_batch=GB)
-    assert auto["mode"] == "data" and auto["predicted"]["step_time_s"] == timing["data_step_s"] < t["pipeline_step_s"]
+    assert auto["mode"] == "data" and auto["predicted"]["step_time_s"] == timing["data_step_s"]
+    # the pipeline mode's step beside it, or (no configuration's lower bound beat it) pruned above it
+    if t["pipeline_step_s"] is None:
+        assert t["pipeline_step_above_s"] == timing["data_step_s"] and t["pipeline_why"].startswith("no pipeline beats")
+    else:
+        assert timing["data_step_s"] < t["pipeline_step_s"] == timing["pipeline_step_s"]
     slow = MixedCluster.build(mc.groups, link_bw=mc.link_bw / 200, link_latency=mc.link_latency)
     doc, t = hetero_plan.search(MODEL, slow, global_batch=GB)
     assert doc["mode"] == "pipeline" and doc["predicted"]["step_time_s"] == t["pipeline_step_s"] < t["data_step_s"]
     assert doc["baselines"]["data_mode"] == t["data_step_s"]
+
+
+def test_pruned_search_equals_the_exhaustive_one(monkeypatch):
+    """Branch and bound over the configurations (hetero_pipeline.step_floor) returns the exhaustive
+    search's pipeline, to the bit, ties included; every floor is at most its configuration's price;
+    a cutoff above the best changes nothing and one far below it prunes every configuration."""
+    import itertools
+    from sapp import api
+    from sapp.cluster_groups import MixedCluster, parse
+    from sapp.constraints import Constraints
+    from sapp.costmodel import CostSettings
+    from sapp.search import hetero_pipeline as hp
+    from sapp.search.joint.stage import StageEvaluator
+    graph, _ = api.capture_graph(*hetero_job.deep_factory()[:2])
+    cons, settings = Constraints.from_dict(None), CostSettings()
+    base = _cluster()
+    three = parse("+".join(SPEC.format(f, m) for f, m in (("0.1GFLOP/s", "1TB/s"), ("0.3GFLOP/s", "3TB/s"),
+                                                            ("0.2GFLOP/s", "2TB/s"))))
+    for mc in (base, MixedCluster.build(base.groups, link_bw=base.link_bw / 200, link_latency=base.link_latency),
+               three):
+        for gb in (GB, 48):
+            def run(**kw):
+                return hp.search(graph, mc, global_batch=gb, constraints=cons, settings=settings,
+                                 search_fn=api.tp_search_fn(), **kw)
+            got, why, n = run()
+            with monkeypatch.context() as mp:
+                mp.setattr(hp, "step_floor", lambda *a: 0.0)       # no floor prunes: every configuration priced
+                full, why_full, n_full = run()
+            assert why is None and why_full is None and n <= n_full
+            assert (got.result.step_time_s, got.config, got.order, got.link_s) == (
+                full.result.step_time_s, full.config, full.order, full.link_s)
+            assert [s.units for s in got.result.stages] == [s.units for s in full.result.stages]
+            step = full.result.step_time_s
+            assert run(cutoff=step * 1.01)[0].result.step_time_s == step
+            at, why_at, _ = run(cutoff=step)        # nothing beats it: pruned, or the best itself when priced
+            assert (at is None and why_at.startswith(hp.PRUNED)) or at.result.step_time_s == step
+            none, why_c, _ = run(cutoff=step * 1e-6)
+            assert none is None and why_c == f"{hp.PRUNED} {step * 1e-6:.4g} s"
+            # every floor is a lower bound of its configuration's price, whatever the order of the groups
+            ctxs = hp.contexts(graph, mc, gb, cons, settings, api.tp_search_fn())
+            G = len(mc.groups)
+            for w in hp.widths(mc, cons, ctxs[0].L):
+                P = sum(c.devices // w for c in mc.groups)
+                for cfg in hp.configs(ctxs[0], cons, w, P):
+                    evs = {g: StageEvaluator(ctxs[g], cfg, ctxs[g].profile(w, 1)) for g in range(G)}
+                    floor = hp.step_floor(evs, cfg, ctxs, mc, w)
+                    for perm in itertools.permutations(range(G)):
+                        r = hp.price(mc, evs, tuple(g for g in perm for _ in range(mc.groups[g].devices // w)), cfg, ctxs)
+                        assert r is None or floor <= r.result.step_time_s
+

@@ -12,8 +12,10 @@ def run_hetero(args, spec, mc, constraints):
                                      precision=args.precision, runtime=args.runtime, mode=mode)
     print(hetero_plan.explain(doc), end="")
     if mode == "auto" and doc["mode"] == "data":
-        why, t = timing.get("pipeline_why"), timing.get("pipeline_step_s")
-        print("  pipeline mode (stages on the groups): " + (f"{t:.4g} s" if t is not None else f"not searched: {why}"))
+        why, t, above = timing.get("pipeline_why"), timing.get("pipeline_step_s"), timing.get("pipeline_step_above_s")
+        print("  pipeline mode (stages on the groups): " + (
+            f"{t:.4g} s" if t is not None else f"> {above:.4g} s (pruned: no configuration's lower bound beats the "
+            "data mode)" if above is not None else f"not searched: {why}"))
     if doc["mode"] == "pipeline":
         print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} pipeline configurations)")
     else:

@@ -20,7 +20,9 @@ The partition is the exact min-max one over those per-stage prices (partition_co
 blocks, whose per-stage bisection takes any per-stage speed; partition_dp otherwise), so a slower
 group's stages get fewer layers; the step is the schedule's closed form over the per-stage times
 and sends (schedule.step_time), plus the slowest stage's gradient sync and optimizer update and the
-closing loss all-reduce, as for one kind.
+closing loss all-reduce, as for one kind.  Configurations are priced in order of a provable floor on
+their step (step_floor: no partition), skipping those whose floor exceeds the best step found (the
+result, ties included, is pricing them all) or reaches the data mode's step (`cutoff`, the auto mode).
 
 Not searched here: tp, sp, cp or ep inside a stage, interleaved schedules, host placement, groups
 left idle (the data mode, sapp/search/hetero.py, covers a group alone), pinned stage maps, models
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import reduce
 
@@ -41,6 +44,7 @@ from .joint.divisors import divisors
 
 
 MAX_ORDERED = 3          # every order of the groups is tried up to this many groups
+PRUNED = "no pipeline beats the data mode's"     # search's reason when `cutoff` pruned every candidate
 
 
 @dataclass
@@ -209,8 +213,76 @@ def price(mc, evs, order, cfg, ctxs):
     return PipeResult(cfg, tuple(order), res, tuple(link_s))
 
 
-def search(graph, mc, *, global_batch, constraints, settings, search_fn):
-    """(the fastest PipeResult or None, why none when None, configurations priced)."""
+def _least_max(n, fs, L):
+    """The least x at which group g's n[g] stages, a stage of k >= 1 blocks on g costing at least
+    fs[g][k - 1] (increasing in k), can hold all L blocks: a lower bound on the max over stages."""
+    def holds(x):
+        x *= 1 + 1e-12
+        tot = 0
+        for ng, f in zip(n, fs):
+            k = bisect_right(f, x)
+            if k < 1:
+                return False
+            tot += ng * k
+        return tot >= L
+    cand = sorted({v for f in fs for v in f})
+    lo, hi = 0, len(cand) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(cand[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cand[lo]
+
+
+def step_floor(evs, cfg, ctxs, mc, w):
+    """A lower bound on price(...)'s step for configuration `cfg` under any order of the groups and any
+    partition, every stage holding k >= 1 blocks.  The step is (m - 1) tmax + tsum + the largest stage
+    gradient sync + the optimizer step (>= 0) + the loss all-reduce, over stage times T_i >= C_i (the
+    compute of its units on its group: sends, recomputation, prefetch edges >= 0) >= k tb_g (g's
+    cheapest block time).  tsum >= the glue on its fastest group plus one block per stage on its group
+    and the rest on the fastest.  A stage's sync is >= k gb_g (g's cheapest block sync) without
+    overlap; under FSDP2's units >= gb_g (its first block is the last bucket) and >= k gb_g - C_i
+    (the sync beyond the backward); other rules >= 0.  So for every stage i the step is >= tsum +
+    (m - 1) T_i + sync_i >= tsum + f_g(k), and also >= tsum + (m - 1) tmax + max sync with each max
+    bounded alone; `_least_max` bounds a max over stages from how many blocks each group's stages
+    can hold below it."""
+    from ..costmodel.gradsync import overlap_rule
+    G, m = len(mc.groups), cfg.m
+    units = evs[0].units
+    blocks = [j for j, u in enumerate(units) if u.kind == "block"]
+    L = len(blocks)
+    n = [mc.groups[g].devices // w for g in range(G)]
+    tb = [min(evs[g].num.t[j] for j in blocks) for g in range(G)]
+    gb = [min(evs[g].num.gs[j] for j in blocks) for g in range(G)]
+    glue = sum(min(evs[g].num.t[j] for g in range(G)) for j, u in enumerate(units) if u.kind != "block")
+    tsum = glue + sum(ng * t for ng, t in zip(n, tb)) + (L - sum(n)) * min(tb)
+    ks = range(1, L + 1)
+    ft, fg, fj = [], [], []
+    for g in range(G):
+        rule = overlap_rule(ctxs[g].cluster, cfg.zero, cfg.pp, 1, ctxs[g].settings.runtime)
+        ft.append([k * tb[g] for k in ks])
+        if rule == "none":
+            fg.append([k * gb[g] for k in ks])
+            fj.append([(m - 1) * k * tb[g] + k * gb[g] for k in ks])
+        elif rule == "fsdp-units":
+            fg.append([gb[g]] * L)
+            fj.append([max((m - 1) * k * tb[g] + gb[g], (m - 2) * k * tb[g] + k * gb[g]) for k in ks])
+        else:
+            fg.append([0.0] * L)
+            fj.append([(m - 1) * k * tb[g] for k in ks])
+    apart = (m - 1) * max(_least_max(n, ft, L), tsum / cfg.pp) + _least_max(n, fg, L)
+    loss_s = max(c.loss_sync_s for c in ctxs.values())
+    return (max(apart, _least_max(n, fj, L)) + tsum + loss_s) * (1 - 1e-9)
+
+
+def search(graph, mc, *, global_batch, constraints, settings, search_fn, cutoff=None):
+    """(the fastest PipeResult or None, why none when None, configurations priced).  Branch and bound:
+    configurations are priced in order of step_floor and those whose floor exceeds the best step
+    found are skipped (the result is the exhaustive search's, ties included).  `cutoff` (the data
+    mode's step): configurations whose floor reaches it are skipped too; when none priced beats it,
+    (None, "no pipeline beats the data mode's ... s") is returned."""
     from ..errors import SappError
     from .joint.stage import StageEvaluator
     cons = constraints
@@ -227,25 +299,36 @@ def search(graph, mc, *, global_batch, constraints, settings, search_fn):
         return None, "no stage width divides every group's devices and the batch into 2 or more stages", 0
     G = len(mc.groups)
     perms = list(itertools.permutations(range(G))) if G <= MAX_ORDERED else [tuple(range(G))]
+    cands = []              # (floor, sequence in the exhaustive order, w, cfg, evaluators)
     for w in ws:
-        P = sum(c.devices // w for c in mc.groups)
         try:
             profs = {g: ctxs[g].profile(w, 1) for g in range(G)}
         except SappError:          # no layout of a stage this wide
             continue
+        P = sum(c.devices // w for c in mc.groups)
         for cfg in configs(ctxs[0], cons, w, P):
             evs = {g: StageEvaluator(ctxs[g], cfg, profs[g]) for g in range(G)}
-            for perm in perms:          # ties: the first order tried (the cluster's), then the first config
-                order = tuple(g for g in perm for _ in range(mc.groups[g].devices // w))
-                r = price(mc, evs, order, cfg, ctxs)
-                tried += 1
-                if r is not None and (best is None or (r.result.step_time_s, cfg.key()) < (best.result.step_time_s,
-                                                                                         best.config.key())):
-                    best = r
+            cands.append((step_floor(evs, cfg, ctxs, mc, w), len(cands), w, cfg, evs))
+    if not cands:
+        return None, ("no stage width leaves at least as many micro-batches as stages (the batch per replica "
+                      "is too small)"), 0
+    cands.sort(key=lambda c: (c[0], c[1]))
+    rank, pruned = None, False
+    for floor, seq, w, cfg, evs in cands:
+        if best is not None and floor > best.result.step_time_s:
+            break                   # every later floor is larger: none can win or tie
+        if cutoff is not None and floor >= cutoff:
+            pruned = True           # none of these beats the data mode
+            break
+        for k, perm in enumerate(perms):    # ties: the first order tried (the cluster's), then the first config
+            order = tuple(g for g in perm for _ in range(mc.groups[g].devices // w))
+            r = price(mc, evs, order, cfg, ctxs)
+            tried += 1
+            if r is not None and (best is None or (r.result.step_time_s, cfg.key(), seq, k) < rank):
+                best, rank = r, (r.result.step_time_s, cfg.key(), seq, k)
+    if pruned and (best is None or best.result.step_time_s >= cutoff):
+        return None, f"{PRUNED} {cutoff:.4g} s", tried
     if best is None:
-        if not tried:
-            return None, ("no stage width leaves at least as many micro-batches as stages (the batch per replica "
-                          "is too small)"), 0
         return None, "no pipeline over the groups fits their memory", tried
     best.evaluations = tried
     return best, None, tried
