@@ -40,6 +40,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench.megatron_arg_list import TRAINING_STUB
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GIT = "/work/.mirror/NVIDIA+Megatron-LM/repo"
 EXTRA = ["--tokenizer-type", "NullTokenizer", "--mock-data", "--train-iters", "1"]
@@ -74,14 +76,7 @@ import typing
 if not hasattr(typing, "override"):                # main uses Python 3.12's typing.override (a no-op marker)
     typing.override = lambda f: f
 torch.cuda.get_device_capability = lambda *a, **k: (major, 0)     # no GPU here: the cluster's GPU answers
-pkg = types.ModuleType("megatron.training")
-pkg.__path__ = [root + "/megatron/training"]
-for name in ("get_args", "get_timers", "get_adlr_autoresume"):   # what megatron/training/utils.py imports
-    setattr(pkg, name, None)
-sys.modules["megatron.training"] = pkg
-import megatron.core
-assert megatron.core.__file__.startswith(root), megatron.core.__file__
-import megatron.training.arguments as margs
+"""  + TRAINING_STUB + r"""import megatron.training.arguments as margs
 from megatron.training.arguments import parse_args, validate_args
 margs.get_device_arch_version = lambda: major
 out = {"accepted": False}

@@ -24,10 +24,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-_CHILD = r"""
-import argparse, enum, json, sys, types, warnings
-warnings.simplefilter("ignore")
-root = sys.argv[1]
+# megatron.training's package __init__ starts a training run's globals: an empty package of the same
+# path lets its arguments module import alone, from the release tree `root` (both child scripts)
+TRAINING_STUB = r"""
 pkg = types.ModuleType("megatron.training")
 pkg.__path__ = [root + "/megatron/training"]
 for name in ("get_args", "get_timers", "get_adlr_autoresume"):   # what megatron/training/utils.py imports
@@ -35,7 +34,13 @@ for name in ("get_args", "get_timers", "get_adlr_autoresume"):   # what megatron
 sys.modules["megatron.training"] = pkg
 import megatron.core
 assert megatron.core.__file__.startswith(root), megatron.core.__file__
-from megatron.training.arguments import add_megatron_arguments
+"""
+
+_CHILD = r"""
+import argparse, enum, json, sys, types, warnings
+warnings.simplefilter("ignore")
+root = sys.argv[1]
+"""  + TRAINING_STUB + r"""from megatron.training.arguments import add_megatron_arguments
 parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
 
 def plain(v):
