@@ -184,13 +184,13 @@ def export(case: str):
 
 
 def fallback_estimate(text: str, world: int, tag: str, completed: bool = False) -> dict:
-    from bench.megatron_memory import estimate
+    from sapp.engines.megatron_estimate import estimate
     from sapp.engines.megatron import tokens
     a = tokens(text)
     e = estimate(a, world_size=world, vocab=int(a["--vocab-size"]), version=tag if tag == "core_v0.16.1" else "main",
                  completed=completed)
     return {"weights_mib": e["weights_mb"], "activation_mib": e["activation_mb"], "total_mib": e["total_mb"],
-            "estimator": "bench/megatron_memory.py"}
+            "estimator": "sapp/engines/megatron_estimate.py"}
 
 
 def main(argv=None):

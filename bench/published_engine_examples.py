@@ -2,7 +2,7 @@
 authors name: `python -m bench.published_engine_examples` (about a minute on the CPU box).
 
 - Megatron-LM's GPT-3 175B and Mixtral 8x7B example scripts (bench/megatron_args/example_*.args), each
-  beside Megatron's own theoretical memory estimate on the same arguments (bench/megatron_memory.py, a
+  beside Megatron's own theoretical memory estimate on the same arguments (sapp/engines/megatron_estimate.py, a
   port of megatron/training/theoretical_memory_usage.py; "main" splits the experts by ep x expert-tp,
   core_v0.16.1 divides them by tp only).  Each model is the one its file states, built from the flags
   as `sapp import --from megatron FILE --cluster C` builds it (sapp/engines/megatron_build.py): GPT-3
@@ -54,7 +54,7 @@ def price(row, text=None):
 
 def estimator(row) -> dict | None:
     """Megatron's theoretical memory for a Megatron row: {"main": bytes, "core_v0.16.1": bytes, "weights": bytes}."""
-    from bench.megatron_memory import MB, estimate
+    from sapp.engines.megatron_estimate import MB, estimate
     from sapp.api import resolve_cluster
     from sapp.engines.megatron import tokens
     _, engine, path, _, _, cluster, vocab = row

@@ -155,7 +155,7 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False, optimizer=None, grad_fp32=False):
+           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -165,6 +165,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     (Megatron-Core's fused kernels and bf16 activations; docs/ARCHITECTURE.md "Runtime profiles").
     `optimizer`: the optimizer whose states are priced (CostSettings; default "adam").
     `grad_fp32`: gradients held and reduced in fp32 (CostSettings; Megatron without --grad-reduce-in-bf16).
+    `fits(result)`: a further test each priced configuration must pass (joint_search; the engines'
+    memory estimates, sapp/engines/estimate_fit.py).
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
     cl = resolve_cluster(cluster)
@@ -195,7 +197,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     t0 = time.perf_counter()
 
     def run(skip):
-        res = _joint(graph, cl, gb, cons, settings, progress, skip)
+        res = _joint(graph, cl, gb, cons, settings, progress, skip, fits)
         check_prediction(res.step_time_s, res.mfu)
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
                           section=res.sapp_section), res
@@ -211,12 +213,12 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     return plan
 
 
-def _joint(graph, cl, gb, cons, settings, progress, skip):
+def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None):
     """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`."""
     from .search.joint import joint_search
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
-                       search_fn=tp_search_fn(), skip=skip)
+                       search_fn=tp_search_fn(), skip=skip, fits=fits)
     section = operator_section(graph, res.profile) if _sp_chosen(res) else None
     if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
         # SP is priced on the block template; on the whole graph a piece may have no place the emitter
@@ -225,7 +227,7 @@ def _joint(graph, cl, gb, cons, settings, progress, skip):
         import dataclasses
         try:
             res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
-                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip)
+                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip, fits=fits)
             section = None
         except SappError:
             pass                          # nothing else fits: the plan keeps SP and emit says why not

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench import published_engine_examples as B
-from bench.megatron_memory import estimate
+from sapp.engines.megatron_estimate import estimate
 from sapp import api
 from sapp.engines import best_plan, comparison, export_plan, import_config
 from sapp.engines.megatron import tokens

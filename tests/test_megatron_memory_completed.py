@@ -1,9 +1,9 @@
-"""bench/megatron_memory.py's `completed` estimate: Megatron's theoretical-memory formula with the terms
+"""sapp/engines/megatron_estimate.py's `completed` estimate: Megatron's theoretical-memory formula with the terms
 it leaves out (context parallelism, bf16 main_grads under --grad-reduce-in-bf16, full recomputation),
 used by bench/megatron_accepts.py beside the release's own number.  Arithmetic only (milliseconds)."""
 import pytest
 
-from bench.megatron_memory import MB, estimate
+from sapp.engines.megatron_estimate import MB, estimate
 
 BASE = {"--num-layers": "8", "--hidden-size": "1024", "--num-attention-heads": "8", "--seq-length": "4096",
         "--tensor-model-parallel-size": "2", "--micro-batch-size": "1", "--use-distributed-optimizer": True}

@@ -23,6 +23,20 @@ def add_arguments(p):
                    help="import and call the plan's pkg.module:factory model (never done by default: a plan is data)")
 
 
+def _estimate_note(text, exported):
+    """Megatron-LM prints its own memory estimate at startup; say so where it reads as not fitting."""
+    from ..cluster import Cluster
+    from ..engines.estimate_fit import file_estimate_bytes
+    from ..units import fmt_bytes
+    cl = Cluster.from_dict(exported["cluster"], where="plan's cluster section: ")
+    est = file_estimate_bytes(text, cl.devices)
+    if est > cl.usable_memory:
+        print(f"NOTE: Megatron-LM's startup memory estimate for this file is {fmt_bytes(est)} per GPU, over the "
+              f"{fmt_bytes(cl.usable_memory)} usable; its formula leaves out context parallelism, full recomputation "
+              f"and bf16 main_grads, and sapp prices the job at {fmt_bytes(exported['predicted']['peak_memory_bytes'])}. "
+              f"`sapp search --target megatron --fit-engine-estimate` finds plans its estimate also fits", file=sys.stderr)
+
+
 def run(args):
     from ..engines import export_plan
     from ..plan import Plan
@@ -38,6 +52,8 @@ def run(args):
     if notes:
         print(f"NOTE: re-priced as exported: {fmt_time(exported['predicted']['step_time_s'])}/step "
               f"(the plan said {fmt_time(plan['predicted']['step_time_s'])})", file=sys.stderr)
+    if args.to == "megatron":
+        _estimate_note(text, exported)
     if args.plan_out:
         exported.save(args.plan_out)
     if args.out:

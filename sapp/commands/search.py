@@ -24,6 +24,9 @@ def add_constraint_arguments(p):
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
     g.add_argument("--target", choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
                    help="search only what this engine can state, priced with its runtime (then `sapp export --to` it)")
+    g.add_argument("--fit-engine-estimate", action="store_true",
+                   help="with --target megatron: keep only plans whose Megatron-LM startup memory estimate (which "
+                        "leaves out context parallelism, full recomputation and bf16 main_grads) also fits")
 
 
 def constraints_from_args(args) -> dict:
@@ -172,6 +175,9 @@ def run(args):
         from ..errors import UsageError
         raise UsageError(f"--mixed-mode {args.mixed_mode} is for mixed clusters (A+B); {args.cluster} is one device kind: "
                          "drop --mixed-mode (--pp pins its pipeline)")
+    if getattr(args, "fit_engine_estimate", False) and target != "megatron":
+        from ..errors import UsageError
+        raise UsageError("--fit-engine-estimate checks Megatron-LM's own memory estimate: add --target megatron")
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
@@ -201,14 +207,26 @@ def _run_target(args, target, t0):
         graph, _ = api.capture_graph(api.resolve_model(spec)[0])
     else:
         graph = api.capture_spec(spec)[3]
+    fits = _estimate_fit(graph, cl, args) if getattr(args, "fit_engine_estimate", False) else None
     with Progress(label="search", counts=False) as prog:
         plan = api.search(spec, cl, global_batch=args.batch, constraints=constraints_from_args(args), graph=graph,
-                          precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0])
+                          precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0], fits=fits)
     timing = getattr(plan, "_timing", {})
     _, plan, _ = export_plan(plan, target, graph=graph, cluster=cl)
     plan._timing = timing
     _finish(args, plan, t0)
     return 0
+
+
+def _estimate_fit(graph, cl, args):
+    """The search's predicate: Megatron-LM's estimate of the exported file within usable memory."""
+    from ..engines import arch_facts, block_names
+    from ..engines.estimate_fit import megatron_fit
+    from ..errors import UsageError
+    facts = arch_facts(graph.name, graph.meta, len(block_names(graph)))
+    if facts["arch"] is None:
+        raise UsageError(facts["arch_why"])
+    return megatron_fit(facts["arch"], cl, precision=args.precision or cl.precision, grad_fp32=False)
 
 
 def _finish(args, plan, t0):

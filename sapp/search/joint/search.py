@@ -24,7 +24,7 @@ from .memory_bound import memory_needed
 
 def joint_search(graph, cluster, *, global_batch, constraints=None, settings=None, search_fn=None,
                  progress=None, exhaustive=False, ignore_capacity=False, fixed_strategies=None,
-                 skip=None, caches=None, cutoff=None) -> JointResult:
+                 skip=None, caches=None, cutoff=None, fits=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
     that would fit and the best configuration tried) when nothing fits.  `skip(config)`: configurations
     ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py).  `caches`: a
@@ -33,7 +33,10 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     caller only needs beaten: configurations whose bound is above it are pruned unpriced, and the search
     returns None once it proves the best step above the cutoff (or the best plan, where it priced that
     before its bounds passed the cutoff).  At or below the cutoff it returns the plan it would return
-    without one: a bound above the cutoff is above that plan's step too."""
+    without one: a bound above the cutoff is above that plan's step too.  `fits(result)`: a further
+    test a priced configuration must pass (an engine's own memory estimate, sapp/engines/estimate_fit.py);
+    one that fails is priced once more with selective recomputation on every block (what such estimates
+    assume) and otherwise counts as not fitting.  It only removes plans, so every bound stays valid."""
     t0 = time.perf_counter()
     cons = Constraints.from_dict(constraints)
     settings = settings or CostSettings()
@@ -105,7 +108,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
                 heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof, floor)), 2, cfg.key(), i))
                 continue
         evaluated += 1
-        res = evaluate_config(ctx, cfg, prof)
+        res = _passing(ctx, cfg, prof, evaluate_config(ctx, cfg, prof), fits)
         if res is not None:
             feasible_seen.append(res)
             if best is None or rank_key(res) < rank_key(best):
@@ -122,11 +125,11 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             return joint_search(graph, cluster, global_batch=global_batch, constraints=cons, settings=settings,
                                 search_fn=search_fn, progress=progress, exhaustive=exhaustive,
                                 ignore_capacity=ignore_capacity,
-                                fixed_strategies=fixed_strategies, skip=skip, caches=caches)
+                                fixed_strategies=fixed_strategies, skip=skip, caches=caches, fits=fits)
         return None
     for cfg, prof in idle if best is None else ():
         evaluated += 1
-        res = evaluate_config(ctx, cfg, prof)
+        res = _passing(ctx, cfg, prof, evaluate_config(ctx, cfg, prof), fits)
         if res is None:
             infeasible.append((cfg, prof))
         elif best is None or rank_key(res) < rank_key(best):
@@ -156,6 +159,17 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     best.notes = notes(ctx, best)
     best.alternatives = _alternatives(best, feasible_seen)
     return best
+
+
+def _passing(ctx, cfg, prof, res, fits):
+    """`res` where it passes `fits`; else the configuration with selective recomputation on every block
+    (when the constraints leave recomputation free) where that passes; else None."""
+    if res is None or fits is None or fits(res):
+        return res
+    if ctx.cons.recompute is not None:
+        return None
+    alt = evaluate_config(ctx, cfg, prof, policy="selective")
+    return alt if alt is not None and fits(alt) else None
 
 
 class _Report:

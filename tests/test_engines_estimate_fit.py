@@ -1,0 +1,48 @@
+"""`--fit-engine-estimate`: plans whose Megatron-LM startup memory estimate (sapp/engines/megatron_estimate.py,
+Megatron's own formula) fits as well as sapp's price.  The four exports of tests/test_engines_params.py."""
+import functools
+import subprocess
+import sys
+
+import pytest
+
+from sapp import api
+from sapp import engines as E
+from sapp.engines.estimate_fit import file_estimate_bytes, megatron_fit
+
+from test_engines_params import CASES
+
+
+@functools.lru_cache(maxsize=None)
+def _export(case, fit):
+    model, cluster, pins = CASES[case]
+    cl = api.resolve_cluster(cluster)
+    graph, _ = api.capture_graph(api.resolve_model(model)[0])
+    fits = None
+    if fit:
+        arch = E.arch_facts(graph.name, graph.meta, len(E.block_names(graph)))["arch"]
+        fits = megatron_fit(arch, cl, precision=cl.precision, grad_fp32=False)
+    plan = api.search(model, cl, graph=graph, constraints={"target": "megatron", **pins}, runtime="fused", fits=fits)
+    text, exported, _ = E.export_plan(plan, "megatron", graph=graph, cluster=cl)
+    return text, exported, cl
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exports_fit_by_megatrons_own_estimate(case):
+    text, exported, cl = _export(case, fit=True)
+    assert file_estimate_bytes(text, cl.devices) <= cl.usable_memory
+    assert exported["predicted"]["peak_memory_bytes"] <= cl.usable_memory
+
+
+def test_the_estimate_changes_the_plan_only_where_it_must():
+    # Llama-3-70B with cp 2: the fastest plan recomputes fully, which the estimate does not see
+    free, free_plan, cl = _export("llama3-70b-cp2", fit=False)
+    fit, fit_plan, _ = _export("llama3-70b-cp2", fit=True)
+    assert file_estimate_bytes(free, cl.devices) > cl.usable_memory >= file_estimate_bytes(fit, cl.devices)
+    assert fit_plan["predicted"]["step_time_s"] >= free_plan["predicted"]["step_time_s"]
+
+
+def test_cli_refuses_the_flag_without_megatron(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sapp.cli", "search", "--model", "gpt2", "--cluster", "a100-80g:devices=8",
+                        "--fit-engine-estimate"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--target megatron" in r.stderr and "Traceback" not in r.stderr
