@@ -174,12 +174,17 @@ def run_megatron(tree: str, argv: list[str], world: int, major: int, extra_env: 
     return res
 
 
-def export(case: str):
-    """(text, plan, cluster) of tests/test_engines_params.py's case."""
+def export(case: str, fit: bool = False):
+    """(text, plan, cluster) of tests/test_engines_params.py's case; `fit`: searched with
+    --fit-engine-estimate (tests/test_engines_estimate_fit.py)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import test_engines_params as T
     from sapp import api
-    text, plan, _ = T._export(case)
+    if fit:
+        import test_engines_estimate_fit as F
+        text, plan, _ = F._export(case, True)
+    else:
+        text, plan, _ = T._export(case)
     return text, plan, api.resolve_cluster(T.CASES[case][1])
 
 
@@ -199,6 +204,8 @@ def main(argv=None):
     p.add_argument("--tag", default="core_v0.16.1")
     p.add_argument("--only", help="cases whose name contains this text")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--fit-engine-estimate", action="store_true",
+                   help="the exports searched with `sapp search --target megatron --fit-engine-estimate`")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tests"))
     import test_engines_params as T
@@ -213,7 +220,7 @@ def main(argv=None):
         for case in T.CASES:
             if a.only and a.only not in case:
                 continue
-            text, plan, cl = export(case)
+            text, plan, cl = export(case, a.fit_engine_estimate)
             res = run_megatron(tmp, argv_of(text) + EXTRA, cl.devices, capability(cl.name), environment_of(text))
             if res["accepted"] and "total_mib" not in res:
                 res.update(fallback_estimate(text, cl.devices, a.tag))
