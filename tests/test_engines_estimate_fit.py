@@ -46,3 +46,15 @@ def test_cli_refuses_the_flag_without_megatron(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sapp.cli", "search", "--model", "gpt2", "--cluster", "a100-80g:devices=8",
                         "--fit-engine-estimate"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--target megatron" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_export_notes_an_estimate_that_reads_as_not_fitting(tmp_path, capsys):
+    from sapp.cli import main
+    _, free_plan, cl = _export("llama3-70b-cp2", fit=False)
+    _, fit_plan, _ = _export("llama3-70b-cp2", fit=True)
+    for plan, over in ((free_plan, True), (fit_plan, False)):
+        path = tmp_path / "plan.json"
+        plan.save(str(path))
+        assert main(["export", str(path), "--to", "megatron", "--out", str(tmp_path / "args.txt")]) == 0
+        err = capsys.readouterr().err
+        assert ("startup memory estimate" in err and "--fit-engine-estimate" in err) == over, err

@@ -1,6 +1,7 @@
 """Megatron-LM's own theoretical memory estimate (megatron/training/theoretical_memory_usage.py,
-`report_theoretical_memory`), ported as plain arithmetic on an argument file's flags so the bench
-and the tests can set sapp's predicted peak beside it without Megatron-LM installed.
+`report_theoretical_memory`), ported as plain arithmetic on an argument file's flags: `sapp export`
+notes it, `--fit-engine-estimate` searches under it (estimate_fit.py), and the bench sets sapp's
+predicted peak beside it, all without Megatron-LM installed.
 
 Ported from NVIDIA/Megatron-LM main (commit d98e8a64dd): the weights-and-optimizer part there
 splits the parameters into tensor-parallel, replicated and expert-sharded ones (expert parallelism and
