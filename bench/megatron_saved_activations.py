@@ -1,6 +1,6 @@
 """What one Megatron-Core transformer layer saves for backward, measured with Megatron-Core's own code on
 a CPU, beside sapp's activation price for the same layer: `python -m bench.megatron_saved_activations`
-(megatron-core 0.16.1 without Transformer Engine or Apex; about a minute on the CPU box).
+(megatron-core 0.16.1 without Transformer Engine or Apex; 17 s on the CPU box; `--json` for the figures).
 
 Megatron's side.  One layer (a TransformerBlock of one layer, so full recomputation runs as Megatron
 runs it) built from `get_gpt_layer_local_spec` in a world of one (gloo, initialize_model_parallel(1, 1)),
@@ -9,17 +9,21 @@ bf16 parameters and activations, s = 128, mbs = 2, h = 256, 8 heads:
   - Llama: RMSNorm, no biases, SwiGLU, ffn 3.5h, 2 kv groups (GQA), RoPE (unfused on a CPU);
   - MoE (Mixtral): the Llama layer with 8 experts, top-2 (expert ffn 3.5h), the allgather dispatcher
     and SequentialMLP (the alltoall dispatcher needs torch.cuda.Stream in its constructor, the local
-    GroupedMLP the grouped_gemm package; both refused on a CPU, see `blocked`).
-Dropout 0 (the Mixtral example's); `--dropout` adds 0.1 to the dense layer.  What backward keeps is
+    GroupedMLP the grouped_gemm package, which is not installed).
+Megatron's argument defaults for the fused bias-GeLU / bias-SwiGLU kernels (autograd Functions: what
+they save is what a GPU saves), dropout 0 (the Mixtral example's).  What backward keeps is
 read with torch.autograd.graph.saved_tensors_hooks during one forward, each storage once, parameters
 excluded, each tensor attributed to the innermost module running when it was saved.  CPU shims, none of
-them touching what is saved: the scratch buffer DotProductAttention's baddbmm writes into (beta 0,
-not saved) is pre-filled on the CPU; the model-parallel RNG tracker forks the CPU generator; the causal
-mask is passed in (Megatron's default one is made on "cuda").
+them touching what is saved: torch.cuda.current_device answers "cpu" (the MoE router moves its gate
+there, DotProductAttention's baddbmm scratch is made there); the model-parallel RNG tracker forks the
+CPU generator; the causal mask and the rotary table are passed in (Megatron makes both on "cuda");
+moe_utils.te_general_gemm is set to None, the fallback its router tests for (0.16.1 never defines the
+name without Transformer Engine: a NameError); the fused point-wise kernels run their math eagerly
+(torch.compile off).
 
 A CPU runs Megatron's local DotProductAttention, which keeps the s x s scores (fp32 softmax output and
 its bf16 copy); a GPU runs flash attention (TE / cuDNN), which keeps q, k, v, the output and an fp32
-log-sum-exp.  So the figures are split: "rest" is everything but what core attention keeps *inside*
+log-sum-exp.  So the layer is compared as it is with everything but what core attention keeps *inside*
 itself, i.e. the layer measured with selective recomputation of core_attn (Megatron then keeps only
 the core's inputs q, k, v: what flash attention keeps too, less its b·a·s fp32 log-sum-exp).
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -54,7 +59,9 @@ def blocked() -> str | None:
 
 
 def _init():
-    """A world of one: gloo process group, model parallelism 1 x 1, and the CPU shims (module text)."""
+    """A world of one: gloo process group, model parallelism 1 x 1, and the CPU shims (module text).
+    They change process-wide state (torch.cuda.current_device, dynamo off, a process group): run this
+    in a process of its own (`main`; tests/test_megatron_saved_activations.py starts one)."""
     if _READY:
         return
     import torch
@@ -254,11 +261,15 @@ ROWS = (("mlp", "MLP / MoE (router, permutation, experts)"), ("attention", "atte
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.megatron_saved_activations", description=__doc__.split("\n")[0])
     p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--json", action="store_true", help="print {kind: compare(kind)} as JSON")
     a = p.parse_args(argv)
     why = blocked()
     if why:
         print(why)
-        return 1
+        return 2
+    if a.json:
+        print(json.dumps({kind: compare(kind) for kind in a.kinds.split(",")}, sort_keys=True))
+        return 0
     print(f"s={S} mbs={B} h={H} heads={HEADS}, bf16; bytes per token per layer / h")
     print("| layer | part | Megatron-Core measured | sapp priced (fused) | error |")
     print("|---|---|---|---|---|")
