@@ -35,6 +35,7 @@ selective figure.  Coefficient = bytes per token per layer / h ("sbh" units)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
@@ -69,6 +70,7 @@ def _init():
     warnings.filterwarnings("ignore")
     if not dist.is_initialized():
         store = tempfile.NamedTemporaryFile(prefix="sapp_mcore_", delete=False).name
+        atexit.register(lambda: os.path.exists(store) and os.unlink(store))
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import random as mrandom
