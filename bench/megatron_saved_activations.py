@@ -7,9 +7,10 @@ runs it) built from `get_gpt_layer_local_spec` in a world of one (gloo, initiali
 bf16 parameters and activations, s = 128, mbs = 2, h = 256, 8 heads:
   - dense GPT: LayerNorm, biases, GELU, ffn 4h, 8 kv groups (MHA);
   - Llama: RMSNorm, no biases, SwiGLU, ffn 3.5h, 2 kv groups (GQA), RoPE (unfused on a CPU);
-  - MoE (Mixtral): the Llama layer with 8 experts, top-2 (expert ffn 3.5h), the allgather dispatcher
-    and SequentialMLP (the alltoall dispatcher needs torch.cuda.Stream in its constructor, the local
-    GroupedMLP the grouped_gemm package, which is not installed).
+  - MoE (Mixtral): the Llama layer with 8 experts, top-2 (expert ffn 3.5h), SequentialMLP (the local
+    GroupedMLP needs the grouped_gemm package, not installed), the allgather dispatcher ("moe") or the
+    Mixtral example's alltoall ("moe-alltoall": its constructor makes a torch.cuda.Stream and its
+    forward syncs split sizes on it; an inert stream stands in, ep 1 sends nothing).
 Megatron's argument defaults for the fused bias-GeLU / bias-SwiGLU kernels (autograd Functions: what
 they save is what a GPU saves), dropout 0 (the Mixtral example's).  What backward keeps is
 read with torch.autograd.graph.saved_tensors_hooks during one forward, each storage once, parameters
@@ -19,7 +20,7 @@ there, DotProductAttention's baddbmm scratch is made there); the model-parallel 
 CPU generator; the causal mask and the rotary table are passed in (Megatron makes both on "cuda");
 moe_utils.te_general_gemm is set to None, the fallback its router tests for (0.16.1 never defines the
 name without Transformer Engine: a NameError); the fused point-wise kernels run their math eagerly
-(torch.compile off).
+(torch.compile off); one inert CUDA stream for the alltoall dispatcher.
 
 A CPU runs Megatron's local DotProductAttention, which keeps the s x s scores (fp32 softmax output and
 its bf16 copy); a GPU runs flash attention (TE / cuDNN), which keeps q, k, v, the output and an fp32
@@ -44,7 +45,7 @@ import tempfile
 import warnings
 
 S, B, H, HEADS = 128, 2, 256, 8
-KINDS = ("gpt", "llama", "moe")
+KINDS = ("gpt", "llama", "moe", "moe-alltoall")
 RECOMPUTE = ("none", "selective", "full")
 _READY = {}
 
@@ -91,12 +92,29 @@ def _init():
     # save_for_backward is what is measured) run their math eagerly, not through torch.compile
     import torch._dynamo
     torch._dynamo.config.disable = True
+    # the alltoall dispatcher moves its split sizes to the host on a side stream: one inert stream
+    # (current and side alike, so nothing waits), its context and event doing nothing
+    stream = _Stream()
+    torch.cuda.Stream = lambda *a, **k: stream
+    torch.cuda.current_stream = lambda *a, **k: stream
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
     # without Transformer Engine moe_utils never defines te_general_gemm, which the router's gating
     # linear tests against None (a NameError in 0.16.1): the name its own fallback expects
     from megatron.core.transformer.moe import moe_utils
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
     _READY["ps"] = ps
+
+
+class _Stream:
+    def wait_stream(self, *a, **k):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, *a, **k):
+        return self
 
 
 def config(kind: str, recompute: str = "none", dropout: float = 0.0, fused: bool = True):
@@ -119,7 +137,8 @@ def config(kind: str, recompute: str = "none", dropout: float = 0.0, fused: bool
                  normalization="RMSNorm", add_bias_linear=False, **common)
     if kind == "llama":
         return TransformerConfig(**llama)
-    return TransformerConfig(num_moe_experts=8, moe_router_topk=2, moe_token_dispatcher_type="allgather",
+    dispatcher = "alltoall" if kind == "moe-alltoall" else "allgather"
+    return TransformerConfig(num_moe_experts=8, moe_router_topk=2, moe_token_dispatcher_type=dispatcher,
                              moe_grouped_gemm=False, moe_ffn_hidden_size=7 * H // 2,
                              moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2, **llama)
 
@@ -132,7 +151,7 @@ def build(kind: str, recompute: str = "none", dropout: float = 0.0, fused: bool 
     _init()
     torch.manual_seed(0)
     cfg = config(kind, recompute, dropout, fused)
-    spec = get_gpt_layer_local_spec(num_experts=8 if kind == "moe" else None, moe_grouped_gemm=False,
+    spec = get_gpt_layer_local_spec(num_experts=8 if kind.startswith("moe") else None, moe_grouped_gemm=False,
                                     normalization=cfg.normalization)
     block = TransformerBlock(cfg, spec, post_layer_norm=False)
     return block.train(), cfg
