@@ -187,7 +187,7 @@ forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding
 (one layer a chunk: V = 8), Table 4's batch per DP as micro-batches of one sequence, no recomputation at
 8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
 8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
-beside the rows.  Predicted fast: +8.1% / +7.1% at 8K tokens, +25.9% at 131K (outside ±10%).
+beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (outside ±10%).
 - What moved them (were 331 / 301 / 264 TF/GPU, -23 / -25 / -30%, priced with tp/cp/pp/dp/sp pins and
   the search's schedule): capture saw an HF decoder as torch.export traces it, with a materialised causal
   mask, a non-causal attention over the whole s^2 and 16x copies of the 8 KV heads; eager (and every
@@ -197,15 +197,17 @@ beside the rows.  Predicted fast: +8.1% / +7.1% at 8K tokens, +25.9% at 131K (ou
   bubble at m = 16: 0.74 s instead of 1.7 s at the v = 4 sapp could express before).  At 131K the
   Megatron fallback layout of the tp level left the LM head replicated on every tp rank (~2 blocks on the
   last stage, now split: 424 -> 479).
-- Memory: the 8K rows are priced as run (ran_as_pinned) although sapp's estimate is 109.3 / 99.4 GB per
-  device against the 80 GB they ran in.  sapp counts, per layer and micro-batch (679 MB at tp8 + SP),
-  SwiGLU's silu output (109 MB: a fused SwiGLU recomputes it) and the attention output's transposed copy
-  (34 MB), i.e. 20 GB over the 141 layer-micro-batches an interleaved stage holds at V = 8, plus FSDP2's
+- Memory: the 8K rows are priced as run (ran_as_pinned) although sapp's estimate is 93.9 / 85.5 GB per
+  device against the 80 GB they ran in.  sapp counts, per layer and micro-batch, the attention output's
+  transposed copy (34 MB at tp8 + SP; Megatron's flash output is s-major, one tensor), 4.8 GB over the 141
+  layer-micro-batches an interleaved stage holds at V = 8, plus FSDP2's
   unsharded gradient accumulators under a pipeline (6.4 GB at 8,192 GPUs); the rest of the excess is the
   paper's own memory work (deallocating stage inputs and outputs, TORCH_NCCL_AVOID_RECORD_STREAMS), not
   priced.  The free search keeps the capacity, hence its "speed-up" below 1 on those two rows.
-- FLOP convention: TF/GPU counts the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al. for
-  its MFU).  Counting only the causal half would read 447 / 412 / 342 (+4.0 / +3.0 / -10.1%); the 131K /
+- FLOP convention (this item and the next measured at +8.1 / +7.1 / +25.9%, before the fused SwiGLU
+  stopped keeping silu's output, which moved the rows to the figures above; not re-run): TF/GPU counts
+  the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al. for its MFU).  Counting only the
+  causal half would read 447 / 412 / 342 (+4.0 / +3.0 / -10.1%); the 131K /
   8K step ratio sapp prices (1.93) is nearer the whole-s^2 reading of the table (2.28) than the causal
   one (1.69), but neither settles it.
 - The 131K gap is in attention, 40% of that row's priced compute (6% at 8K): the preset's kernel is

@@ -118,7 +118,7 @@ def test_fused_runtime_elides_chain_intermediates():
     ensure_widths(g)
     mul, add, sm = (next(n for n in g.nodes.values() if n.target.startswith(t))
                     for t in ("aten.mul", "aten.add", "aten.softmax"))
-    assert fusion_of(mul) == ((), True) and fusion_of(add) == ((0,), True) and fusion_of(sm) == ((0,), False)
+    assert fusion_of(mul) == ((), True, ()) and fusion_of(add) == ((0,), True, ()) and fusion_of(sm) == ((0,), False, ())
     numel, f = 4 * 64 * 128, {}
     st = CostSettings(runtime="fused")
     # hand count at 2 B per float (bf16 activations): the chain reads x once and writes the softmax once
@@ -131,6 +131,36 @@ def test_fused_runtime_elides_chain_intermediates():
     cl = dataclasses.replace(PRESETS["a100-80g"], op_overhead=1.0)
     assert node_cost(add, (None,), MESH1, cl, st).fwd_s < 1e-6        # its FLOPs only: no 1 s launch
     assert node_cost(add, (None,), MESH1, cl, EAGER).fwd_s >= 1.0
+
+
+class SwiGLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(64, 96, bias=False), nn.Linear(64, 96, bias=False), nn.Linear(96, 64)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_fused_swiglu_keeps_its_input_not_silu():
+    """Megatron-Core's bias-SwiGLU kernel saves [gate | up] and recomputes silu in backward: under "fused"
+    silu(gate) is neither written nor kept (eager keeps it for up's gradient)."""
+    from sapp.costmodel import saved_activations
+    from sapp.mesh import Mesh
+    g = capture(SwiGLU(), (torch.randn(4, 16, 64),), batch=4)
+    silu = next(n for n in g.nodes.values() if n.target.startswith("aten.silu"))
+    mul = next(n for n in g.nodes.values() if n.target.startswith("aten.mul"))
+    ensure_widths(g)
+    i = next(i for i, o in enumerate(mul.operands) if o.producer == silu.name)
+    assert fusion_of(silu)[1] and fusion_of(mul)[0] == (i,) and fusion_of(mul)[2] == (i,)
+    mesh = Mesh.for_devices(PRESETS["cpu"], 1)
+    strat = {n: () for n in g.nodes}
+    row = 4 * 16 * 96 * 2                             # one bf16 (b, s, 96) tensor
+    kept = {st: sum(b for b, _ in saved_activations(g, strat, mesh, CostSettings(runtime=st, autocast_fp32=False)).values())
+            for st in ("eager", "fused")}
+    assert kept["eager"] - kept["fused"] == row       # silu(gate): gate, up and the product are kept by both
+    assert silu.name in saved_activations(g, strat, mesh, CostSettings(runtime="eager", autocast_fp32=False))
+    assert silu.name not in saved_activations(g, strat, mesh, CostSettings(runtime="fused"))
 
 
 def test_fused_gpt_layer_fuses_megatrons_chains(graphs):

@@ -160,14 +160,16 @@ def _stamp(node):
     return w
 
 
-NO_FUSION = ((), False)
+NO_FUSION = ((), False, ())
 
 
 def fusion_of(node) -> tuple:
-    """(operand indices read inside a fused kernel, output kept inside it) as stamped by ensure_widths;
-    no fusion for a node never seen inside a graph."""
+    """(operand indices read inside a fused kernel, output kept inside it, operand indices the kernel
+    recomputes in backward rather than keeping) as stamped by ensure_widths (costmodel.fusion); no
+    fusion for a node never seen inside a graph."""
     w = node.extra.get(WIDTHS_KEY)
-    return w[3] if w is not None and len(w) > 3 and len(w[1]) == len(node.operands) else NO_FUSION
+    m = w[3] if w is not None and len(w) > 3 and len(w[1]) == len(node.operands) else NO_FUSION
+    return tuple(m) + ((),) * (3 - len(m))
 
 
 def out_bytes(node, settings) -> int:

@@ -20,7 +20,7 @@ Not priced: selective checkpointing's cache also keeps MUST_SAVE outputs no back
 backward (ZeRO-2/3, m = 1), at activations below the forward peak."""
 from __future__ import annotations
 
-from .dtypes import ensure_widths, operand_bytes, out_bytes
+from .dtypes import ensure_widths, fusion_of, operand_bytes, out_bytes
 from .grads import carries_grad, saved_for_backward
 from .layouts import input_layout, output_layout
 
@@ -58,6 +58,8 @@ def saved_items(node, strategy, mesh, settings):
             o = node.operands[i]
             if o.param is not None or not saved_for_backward(node, i):
                 continue
+            if settings.fused and i in fusion_of(node)[2]:
+                continue            # the fused kernel recomputes it in backward (costmodel.fusion)
             arrive, kept = operand_bytes(node, i, settings)
             if o.producer is None:
                 tid = f"{node.name}:in{i}"

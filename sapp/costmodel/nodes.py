@@ -131,7 +131,7 @@ def local_bytes(node, factors, settings) -> float:
     if node.kind == "view":
         return 0.0
     # the fused runtime keeps a fused chain's intermediates inside one kernel (costmodel.fusion)
-    fin, fout = fusion_of(node) if settings.fused else ((), False)
+    fin, fout = fusion_of(node)[:2] if settings.fused else ((), False)
     full_cap = full = loc = 0.0
     for i, o in enumerate(node.operands):
         if o.producer is None and o.param is None:

@@ -23,7 +23,8 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
 #            losses, fp32 spreading through element-wise ops), one kernel per operator;
 #   "fused": what Megatron-Core runs - fused point-wise chains (scale-mask-softmax, bias-dropout-add,
-#            bias-GeLU, rotary; costmodel.fusion: fewer launches and memory passes) and every float
+#            bias-GeLU, bias-SwiGLU keeping only its input, rotary; costmodel.fusion: fewer launches and
+#            memory passes) and every float
 #            activation in the half precision (as autocast_fp32=False).  Flash attention (SDPA) is priced
 #            as the fused kernel in both: it is what torch dispatches on a GPU too.
 #   "fused+tp-overlap": "fused" with Megatron-Core's `--tp-comm-overlap`: tensor-parallel collectives
