@@ -188,15 +188,12 @@ forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding
 8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
 8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
 beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (outside ±10%).
-- What moved them (were 331 / 301 / 264 TF/GPU, -23 / -25 / -30%, priced with tp/cp/pp/dp/sp pins and
-  the search's schedule): capture saw an HF decoder as torch.export traces it, with a materialised causal
-  mask, a non-causal attention over the whole s^2 and 16x copies of the 8 KV heads; eager (and every
-  fused stack) runs causal GQA attention (sapp.models.hf.eager_masks): 356 / 324 / 384.  The paper's own
-  settings then: no recomputation at 8K (sapp's memory model had forced full recomputation of 40-53 of
-  126 blocks), ZeRO-2, interleaving with V = 8 and the embedding / head alone in the end chunks (the
-  bubble at m = 16: 0.74 s instead of 1.7 s at the v = 4 sapp could express before).  At 131K the
-  Megatron fallback layout of the tp level left the LM head replicated on every tp rank (~2 blocks on the
-  last stage, now split: 424 -> 479).
+- What these rows rest on: capture prices an HF decoder's attention as eager and every fused stack run
+  it, causal GQA (sapp.models.hf.eager_masks), not as torch.export traces it (a materialised causal mask,
+  a non-causal attention over the whole s^2, 16x copies of the 8 KV heads).  The paper's own settings are
+  priced as stated: no recomputation at 8K, ZeRO-2, interleaving with V = 8 and the embedding / head alone
+  in the end chunks (the bubble at m = 16: 0.74 s; 1.7 s at v = 4).  At 131K the tp level splits the LM
+  head over the tp ranks (Megatron's layout), which keeps the last stage as light as the others.
 - Memory: the 8K rows are priced as run (ran_as_pinned) although sapp's estimate is 93.9 / 85.5 GB per
   device against the 80 GB they ran in.  sapp counts, per layer and micro-batch, the attention output's
   transposed copy (34 MB at tp8 + SP; Megatron's flash output is s-major, one tensor), 4.8 GB over the 141
@@ -204,17 +201,15 @@ beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (ou
   unsharded gradient accumulators under a pipeline (6.4 GB at 8,192 GPUs); the rest of the excess is the
   paper's own memory work (deallocating stage inputs and outputs, TORCH_NCCL_AVOID_RECORD_STREAMS), not
   priced.  The free search keeps the capacity, hence its "speed-up" below 1 on those two rows.
-- FLOP convention (this item and the next measured at +8.1 / +7.1 / +25.9%, before the fused SwiGLU
-  stopped keeping silu's output, which moved the rows to the figures above; not re-run): TF/GPU counts
-  the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al. for its MFU).  Counting only the
-  causal half would read 447 / 412 / 342 (+4.0 / +3.0 / -10.1%); the 131K /
-  8K step ratio sapp prices (1.93) is nearer the whole-s^2 reading of the table (2.28) than the causal
-  one (1.69), but neither settles it.
+- FLOP convention: TF/GPU counts the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al.
+  for its MFU).  Counting only the causal half (6N + 6LHQT: x0.962 at 8K, x0.714 at 131K) would read
+  449 / 414 / 353 (+4.5 / +3.5 / -7.0%).  sapp's 131K / 8K step ratio at 16,384 GPUs (11.73 / 6.25 s =
+  1.88) lies between the table's whole-s^2 reading (2.27) and its causal one (1.69); neither settles it.
 - The 131K gap is in attention, 40% of that row's priced compute (6% at 8K): the preset's kernel is
   cuDNN's (518 / 499 TFLOP/s forward / backward, FlashAttention-3 paper); with both at 0.65x of that
-  the row reads +3.6%, at 0.6x -0.6% (FlashAttention-2 on an H100 runs its causal forward at 319
+  the row reads +7.0%, at 0.6x +2.6% (FlashAttention-2 on an H100 runs its causal forward at 319
   TFLOP/s at 4K in the same figure, 0.62x).  The paper names neither its kernel nor, at 131K, its
-  recomputation (every layer recomputed: +11.1%).  Also not priced: the document mask's computation
+  recomputation (every layer recomputed: +11.4%).  Also not priced: the document mask's computation
   imbalance between micro-batches (the paper's reason for asynchronous p2p), FP32 gradient
   reduce-scatter (section 3.3.2; it would add 0.2-0.4 s of exposed DP sync), asynchronous p2p (sapp
   charges the sends to the sender: 0.17-0.35 s) and a vocabulary-parallel loss (sapp gathers the logits
