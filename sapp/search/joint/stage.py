@@ -371,7 +371,7 @@ class StageEvaluator:
         last = first + k - 1
         if blocks[b] - blocks[a] != k or last >= b or blocks[last + 1] - blocks[first] != k:
             return False, None              # other blocks in the stage, or glue between these
-        units, act, T = self.units, self.num.act, self._tab
+        units, act = self.units, self.num.act
         # the glue's terms: what its backward holds beyond its stash (a loss's gradients, `live`) and
         # the ZeRO-3 gathers, less the glue's stash after it (the glue is fixed: "fact" holds it)
         live = self.num.live
