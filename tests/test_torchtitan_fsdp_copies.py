@@ -54,13 +54,15 @@ def test_exposed_and_overlapped_copies():
     params = [(numel, n, "intra", True, None), (numel, 1, "intra", True, None), (numel, n, "intra", False, None)]
     rate = CL.mem_bandwidth * CL.memory_efficiency
     b = fsdp_copy_bytes(numel, n, TT)
+    # ZeRO-3: the copy-out in every forward and backward (as the gathers are priced), the
+    # reduce-scatter copy-in once a step with the gradient sync
     assert fsdp_exposed_copies(params, CL, TT) == pytest.approx(
-        (b["copy_out"] / rate, (b["copy_out"] + b["rs_in"]) / rate))
-    # ZeRO-2 gathers in forward only; below it FSDP2 runs no copies; another runtime prices none here
+        (b["copy_out"] / rate, b["copy_out"] / rate, b["rs_in"] / rate))
+    # ZeRO-2 gathers once a step; below it FSDP2 runs no copies; another runtime prices none here
     z2 = CostSettings(runtime="torchtitan", zero=2)
-    assert fsdp_exposed_copies(params, CL, z2) == pytest.approx((b["copy_out"] / rate, b["rs_in"] / rate))
-    assert fsdp_exposed_copies(params, CL, CostSettings(runtime="torchtitan", zero=0)) == (0.0, 0.0)
-    assert fsdp_exposed_copies(params, CL, CostSettings(zero=3)) == (0.0, 0.0)
+    assert fsdp_exposed_copies(params, CL, z2) == pytest.approx((0.0, 0.0, (b["copy_out"] + b["rs_in"]) / rate))
+    assert fsdp_exposed_copies(params, CL, CostSettings(runtime="torchtitan", zero=0)) == (0.0, 0.0, 0.0)
+    assert fsdp_exposed_copies(params, CL, CostSettings(zero=3)) == (0.0, 0.0, 0.0)
     # the overlapped copy-in goes with the gather it feeds, in place of the generic flat-buffer staging
     eager = CostSettings(zero=3, grad_fp32=True)      # the same 2-byte weights and 4-byte reduce
     (s_tt, g_tt), (s_e, g_e) = param_sync(numel, n, "intra", CL, TT), param_sync(numel, n, "intra", CL, eager)
@@ -82,9 +84,27 @@ def test_prefetch_never_hides_the_exposed_copies(tiny):
     assert blocks
     for u in blocks:
         c3, c2 = u.zcopy[3], u.zcopy[2]
-        assert c3[0] > 0 and c3[1] > c3[0] and u.zcopy[0] == (0.0, 0.0)
-        assert c2[0] == pytest.approx(c3[0]) and c2[1] == pytest.approx(c3[1] - c3[0])
+        assert c3[0] > 0 and c3[1] == c3[0] and c3[2] > c3[0] and u.zcopy[0] == (0.0, 0.0, 0.0)
+        assert c2[:2] == (0.0, 0.0) and c2[2] == pytest.approx(c3[0] + c3[2])
         (f3, b3), (f0, b0) = u.fb_at(1, 3), u.fb_at(1, 0)
         # the ZeRO-3 curve carries the copies; the gathers the prefetch may hide do not
         assert _unit_gather(u, cfg) == pytest.approx((f3 - f0 - c3[0], b3 - b0 - c3[1]))
-    assert all(v == (0.0, 0.0) for u in plain.units for v in u.zcopy.values())
+    assert all(v == (0.0, 0.0, 0.0) for u in plain.units for v in u.zcopy.values())
+
+
+def test_step_time_carries_the_once_a_step_copies(tiny, monkeypatch):
+    # the same imported plan under the torchtitan profile: its reported gradient sync holds the
+    # reduce-scatter copy-ins of every unit, never overlapped (search/joint/evaluate.step_copies)
+    from sapp.engines import import_config
+    cl = api.resolve_cluster("h100-80g:nodes=1")
+    toml = ("[parallelism]\ndata_parallel_shard_degree = -1\n[training]\nlocal_batch_size = 2\nseq_len = 32\n"
+            '[activation_checkpoint]\nmode = "none"\n')
+    plan = import_config(toml, "torchtitan@0.2.2", tiny, cl, "llama-tiny")["predicted"]
+    prof = build_profile(tiny, cl, CostSettings(runtime="torchtitan"), 8, 1)
+    steps = sum(u.zcopy[3][2] for u in prof.units)
+    import sapp.search.joint.evaluate as ev
+    monkeypatch.setattr(ev, "step_copies", lambda *a: 0.0)
+    without = import_config(toml, "torchtitan@0.2.2", tiny, cl, "llama-tiny")["predicted"]
+    assert steps > 0
+    assert plan["grad_sync_s"] - without["grad_sync_s"] == pytest.approx(steps, rel=1e-3)
+    assert plan["step_time_s"] - without["step_time_s"] == pytest.approx(steps, rel=1e-3)

@@ -147,23 +147,27 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
 
 
 def fsdp_exposed_copies(params, cluster, settings) -> tuple:
-    """(forward s, backward s) per micro-batch of the FSDP2 copies a torchtitan profile runs on the
-    compute stream for one unit's `params` (as `bucketed_sync` takes them): the all-gather copy-out in
-    each pass that gathers (forward; backward too under ZeRO-3) and the reduce-scatter copy-in in
-    backward (costmodel.torchtitan.fsdp_copy_bytes).  Part of the unit's compute, never hidden by the
-    prefetch; (0, 0) for another runtime or below ZeRO-2."""
+    """(forward s per micro-batch, backward s per micro-batch, s per step) of the FSDP2 copies a
+    torchtitan profile runs on the compute stream for one unit's `params` (as `bucketed_sync` takes
+    them; costmodel.torchtitan.fsdp_copy_bytes): the all-gather copy-out wherever the profile prices the
+    all-gather (ZeRO-3: every forward and backward; ZeRO-2: once a step) and the reduce-scatter copy-in
+    once a step, with the gradient sync (the last micro-batch's backward: torch.distributed.pipelining
+    turns the sync off before it).  Part of the stage's time, never hidden by the prefetch or behind
+    backward; (0, 0, 0) for another runtime or below ZeRO-2."""
     zero = settings.zero
     if zero < 2 or not settings.torchtitan:
-        return 0.0, 0.0
-    out = back = 0.0
+        return 0.0, 0.0, 0.0
+    out = step = 0.0
     for numel, k, _link, trainable, sp in params:
         if not trainable or k <= 1 or sp is not None:
             continue
         tt = fsdp_copy_bytes(numel, k, settings)
         out += tt["copy_out"]
-        back += tt["rs_in"] + (tt["copy_out"] if zero == 3 else 0.0)
+        step += tt["rs_in"]
     rate = cluster.mem_bandwidth * cluster.memory_efficiency
-    return out / rate, back / rate
+    if zero == 3:
+        return out / rate, out / rate, step / rate
+    return 0.0, 0.0, (out + step) / rate
 
 
 # ---- what the runtime overlaps ---------------------------------------------------------------------

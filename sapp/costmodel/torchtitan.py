@@ -56,11 +56,13 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
   * all-gather copy-out, :foreach_all_gather_copy_out (`split_with_sizes_copy` of the gathered buffer
     into the unsharded parameters, r wb w wb: 2 wb B), called by _fsdp_param_group.py:
     FSDPParamGroup.wait_for_unshard on the current (compute) stream after it waits on the all-gather's
-    event: exposed, in every pass that gathers (forward and backward under ZeRO-3).
+    event: exposed, wherever the all-gather is priced (every forward and backward under ZeRO-3, once
+    a step under ZeRO-2, whose gathered parameters stay until the step's last backward).
   * reduce-scatter copy-in, :foreach_reduce -> :foreach_reduce_scatter_copy_in (`_chunk_cat` of the
     unsharded bf16 gradients into the flat reduce_dtype input, casting: r wb w rb B), on the current
-    stream before `reduce_scatter_stream.wait_stream(current_stream)`: exposed, in backward.  Under
-    fp32 reduce it writes twice the bytes a bf16 reduce would.
+    stream before `reduce_scatter_stream.wait_stream(current_stream)`: exposed, once a step with the
+    gradient sync (sapp syncs on the last micro-batch, as torch.distributed.pipelining's stages do).
+    Under fp32 reduce it writes twice the bytes a bf16 reduce would.
   * :_get_gradient_divide_factors gives no pre-/post-divide for an fp32 (or bf16) reduce dtype (NCCL's
     ReduceOp.AVG divides): 0 B.  The reduce-scatter output becomes the sharded gradient as a view
     (`torch.as_strided`), cast by `_to_dtype_if_needed` only when reduce_dtype is not the fp32 sharded
