@@ -76,9 +76,11 @@ class ExactStageEvaluator(StageEvaluator):
         if self.cfg.zero != 3:
             return 0.0
         u = self.units[j]
+        # and, under a torchtitan profile, FSDP2's buffers beside a block's gathered parameters (`held`)
+        own = self.num.pbytes[j] * self.num.fsdp_held if u.kind == "block" else 0.0
         if self.cfg.pp > 1 and self.cfg.m > 1:
-            return held
-        return self.num.pbytes[j] if u.kind == "block" else 0.0
+            return held + own
+        return self.num.pbytes[j] + own if u.kind == "block" else 0.0
 
     def frontier(self, a, b):
         """States [(extra, stash, worst, chain)] of units [a, b) walked from b down to a; chain links
@@ -104,7 +106,9 @@ class ExactStageEvaluator(StageEvaluator):
             out = []
             for p in self.allowed(u):
                 k = POLICIES.index(p)
-                rc = act[0] - act[k] if (u.kind == "block" and p != "none") else 0.0
+                # a glue unit's backward holds `live` beyond its stash (a loss's gradients, UnitNumbers.live)
+                rc = act[0] - act[k] if (u.kind == "block" and p != "none") else (
+                    num.live[j] if u.kind != "block" else 0.0)
                 for e, s, w, chain in states:
                     out.append((e + ext[k], s + act[k], max(w, rc + g - s), (b - j, p, chain)))
             MIXES[0] += len(out)

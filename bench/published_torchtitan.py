@@ -1,5 +1,5 @@
 """torchtitan's published Llama 3 configurations priced as torchtitan runs them:
-`python -m bench.published_torchtitan [--only TEXT] [--peak sxm|nvl|both]`.
+`python -m bench.published_torchtitan [--only TEXT] [--peak sxm|nvl|both] [--peak-tflops X | A:B ...]`.
 
 Two parts, every row imported through `sapp import`'s path (sapp.engines.import_config: the torchtitan
 parser and the "torchtitan" runtime profile, costmodel/settings.py):
@@ -19,6 +19,11 @@ parser and the "torchtitan" runtime profile, costmodel/settings.py):
    (Tables 1-6 but these two) are not priced: sapp models neither.  These rows are priced under the
    "torchtitan-2412" profile, the benchmark's stack (its eager fp32 RMSNorm, SDPA's FlashAttention-2);
    part 1 under "torchtitan", what `sapp import` prices for a current stack.
+
+`--peak-tflops` prices the benchmark rows at other peaks (dense bf16 TFLOP/s): a number, repeatable, or a
+range A:B, priced at A, its midpoint and B, with the interval of peaks in [A, B] at which every row's
+tokens/s is within ±`--band` percent (default 10) of the published figure, found by bisection to 0.5
+TFLOP/s (a row's tokens/s rises with the peak: checked at A and B, refused in one line if not).
 
 Nothing here is fitted to the published rows: the cluster is the stated hardware, the configuration the
 stated one, the runtime profile what torchtitan's code runs."""
@@ -85,12 +90,73 @@ def _err(pred, pub):
     return f"{(pred - pub) / pub:+.1%}"
 
 
+def parse_peaks(values):
+    """(peaks in TFLOP/s to print, ranges (A, B)) from `--peak-tflops` values: 'X' or 'A:B'."""
+    peaks, ranges = [], []
+    for v in values:
+        try:
+            parts = [float(x) for x in v.split(":")]
+        except ValueError:
+            raise SystemExit(f"--peak-tflops {v!r}: give a number of TFLOP/s (912) or a range A:B (835:989)")
+        if len(parts) > 2 or not all(0 < x < 1e5 for x in parts) or (len(parts) == 2 and parts[0] >= parts[1]):
+            raise SystemExit(f"--peak-tflops {v!r}: give a positive number or a range A:B with A < B")
+        if len(parts) == 2:
+            ranges.append(tuple(parts))
+            peaks += [parts[0], (parts[0] + parts[1]) / 2, parts[1]]
+        else:
+            peaks.append(parts[0])
+    return sorted(set(peaks)), ranges
+
+
+def band_interval(err_at, lo, hi, band, tol=0.5):
+    """The interval of peaks in [lo, hi] at which `err_at(peak)` (a list of relative errors, one per
+    row, each rising with the peak) are all within ±band, or None; bisection to `tol` TFLOP/s."""
+    e_lo, e_hi = err_at(lo), err_at(hi)
+    if any(b < a for a, b in zip(e_lo, e_hi)):
+        raise SystemExit("a row's tokens/s falls as the peak rises: no bisection for the band")
+    ok = lambda e: all(abs(x) <= band for x in e)  # noqa: E731
+
+    def edge(a, b, inside_at_b):
+        # the boundary between a and b: the peak where the band condition flips
+        while b - a > tol:
+            m = (a + b) / 2
+            if ok(err_at(m)) == inside_at_b:
+                b = m
+            else:
+                a = m
+        return b if inside_at_b else a
+    if ok(e_lo) and ok(e_hi):
+        return lo, hi
+    if ok(e_lo):
+        return lo, edge(lo, hi, False)
+    if ok(e_hi):
+        return edge(lo, hi, True), hi
+    # both ends outside: inside somewhere only if the lowest error is below -band at lo and the highest
+    # above +band at hi; find the lower edge from lo (errors rise), then the upper one from there
+    if max(e_lo) > band or min(e_hi) < -band:
+        return None
+    a, b = lo, hi
+    while b - a > tol:          # the first peak where no row is below -band
+        m = (a + b) / 2
+        if min(err_at(m)) >= -band:
+            b = m
+        else:
+            a = m
+    if not ok(err_at(b)):
+        return None
+    return b, edge(b, hi, False)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.published_torchtitan", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="rows whose name contains this text")
     ap.add_argument("--peak", choices=("sxm", "nvl", "both"), default="both",
                     help="the H100 peak the benchmark rows are priced at (default both)")
+    ap.add_argument("--peak-tflops", action="append", default=[], metavar="X|A:B",
+                    help="price the benchmark rows at this dense bf16 peak, TFLOP/s (repeatable); a range A:B prices "
+                         "A, its midpoint and B and reports the peaks within --band (overrides --peak)")
+    ap.add_argument("--band", type=float, default=10.0, help="the tokens/s band, percent (default 10)")
     ap.add_argument("--notes", action="store_true", help="print each import's notes")
     args = ap.parse_args(argv)
     graphs, t0 = {}, time.time()
@@ -104,15 +170,20 @@ def main(argv=None):
               f"{r['mfu']:6.1%}   ({src})")
         if args.notes:
             print("".join(f"      - {n}\n" for n in r["notes"]), end="")
-    peaks = ("sxm", "nvl") if args.peak == "both" else (args.peak,)
+    if args.peak_tflops:
+        tflops, ranges = parse_peaks(args.peak_tflops)
+        peaks = [(f"{x:g}", x * 1e12) for x in tflops]
+    else:
+        ranges = []
+        peaks = [(pk, PEAKS[pk]) for pk in (("sxm", "nvl") if args.peak == "both" else (args.peak,))]
     print(f"\ntorchtitan's benchmark, FSDP rows ({SOURCE}); memory: published max_reserved vs sapp's peak")
     print(f"{'row':28s} {'peak':>4s} {'tok/s/GPU':>10s} {'published':>9s} {'err':>7s} {'GiB':>6s} {'published':>9s} "
           f"{'err':>7s}")
     for name, fname, edits, model, nodes, (pub_tps, pub_gib), src in BENCH:
         if args.only not in name:
             continue
-        for pk in peaks:
-            r = price(job_text(fname, edits), model, GRAND_TETON.format(nodes=nodes, peak=PEAKS[pk]), graphs,
+        for pk, flops in peaks:
+            r = price(job_text(fname, edits), model, GRAND_TETON.format(nodes=nodes, peak=flops), graphs,
                       runtime="torchtitan-2412")
             print(f"{name:28s} {pk:>4s} {r['tps']:10,.0f} {pub_tps:9,} {_err(r['tps'], pub_tps):>7s} {r['gib']:6.1f} "
                   f"{pub_gib:9.1f} {_err(r['gib'], pub_gib):>7s}")
@@ -120,6 +191,17 @@ def main(argv=None):
                 mem = ", ".join(f"{k} {v:.1f}" for k, v in r["memory"].items())
                 print(f"      memory GiB: {mem}")
                 print("".join(f"      - {n}\n" for n in r["notes"]), end="")
+    rows = [b for b in BENCH if args.only in b[0]]
+    for lo, hi in ranges:
+        if not rows:
+            break
+
+        def err_at(tf):
+            return [(price(job_text(f, e), m, GRAND_TETON.format(nodes=n, peak=tf * 1e12), graphs,
+                           runtime="torchtitan-2412")["tps"] - pub[0]) / pub[0] for _, f, e, m, n, pub, _ in rows]
+        got = band_interval(err_at, lo, hi, args.band / 100)
+        where = "none" if got is None else f"{got[0]:.1f} - {got[1]:.1f}"
+        print(f"peaks in [{lo:g}, {hi:g}] TFLOP/s with every row's tok/s within ±{args.band:g}%: {where}")
     print(f"\n({time.time() - t0:.0f} s)")
     return 0
 

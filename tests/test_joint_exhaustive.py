@@ -94,11 +94,14 @@ def test_choose_ordered_is_the_brute_force_optimum(infl):
             assert got.extra_s == pytest.approx(best), limit
 
 
-@pytest.fixture(scope="module")
-def tiny():
+@pytest.fixture(scope="module", params=["eager", "torchtitan"])
+def tiny(request):
+    # torchtitan: FSDP2's buffers beside a block's gathered parameters (numbers.zero3_gathered's `held`)
+    # enter the ordered recompute choice's linear gathers too
     g = capture_graph(zoo.get("gpt-tiny", l=5))[0]
     cl = Cluster.parse("a100-80g:devices=4")
-    return SearchContext(g, cl, 8, Constraints.from_dict(None), CostSettings(precision=cl.precision), tp_search_fn())
+    return SearchContext(g, cl, 8, Constraints.from_dict(None),
+                         CostSettings(precision=cl.precision, runtime=request.param), tp_search_fn())
 
 
 def test_exact_stage_mix_equals_brute_force_and_the_search(tiny):
@@ -135,7 +138,8 @@ def test_exact_stage_mix_equals_brute_force_and_the_search(tiny):
                 assert st.memory_bytes <= se.cap * (1 + 1e-9)
                 assert st.recompute_s == pytest.approx(bf[0], rel=1e-9, abs=1e-15)
                 mixed += len(set(bf[1].values())) > 1
-    assert checked > 60 and mixed > 5
+    # (torchtitan's op-level selective policy leaves fewer stages a mixed optimum on this model)
+    assert checked > 60 and mixed > (5 if ctx.settings.runtime == "eager" else 0)
 
 
 def _case(name, over, batch, spec):

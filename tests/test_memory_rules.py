@@ -102,7 +102,8 @@ def test_full_recompute_transient_is_the_block_less_what_backward_freed_after_it
     ev.units = [SimpleNamespace(kind="block", name="b0"), SimpleNamespace(kind="block", name="b1"),
                 SimpleNamespace(kind="glue", name="loss")]
     ev.num = SimpleNamespace(act=[(3 * U, 3 * U, U), (3 * U, 3 * U, U), (U, U, U)], pbytes=[0.0] * 3,
-                             live=[0.0] * 3)      # no loss-backward bytes beyond the stash (eager profile)
+                             live=[0.0] * 3,      # no loss-backward bytes beyond the stash (eager profile)
+                             fsdp_held=0.0)       # nor FSDP2 buffers beside gathered parameters
     ev.cfg = SimpleNamespace(zero=0, pp=1, m=1)
     ev.allowed = lambda u: POLICIES if u.kind == "block" else ("none",)
     stash = 3 * U + U + U

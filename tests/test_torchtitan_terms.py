@@ -105,9 +105,11 @@ def _toml(batch, tp=1):
 def test_import_holds_the_loss_backward_beside_the_stash(tiny):
     cl = api.resolve_cluster("h100-80g:nodes=1")
     tr = {}
-    for batch in (2, 4):
+    # (from batch 4: at 2 a block's FSDP2 gradients and reduce-scatter input beside its gathered
+    # parameters, costmodel.torchtitan, outweigh this tiny model's logits)
+    for batch in (4, 8):
         plan = import_config(_toml(batch), "torchtitan@0.2.2", tiny, cl, "llama-tiny")
         tr[batch] = plan["predicted"]["memory"]["transient"]
         assert tr[batch] >= batch * 32 * 256 * LOSS_BWD_LIVE_BYTES
     # the loss's part grows with the local batch's logits
-    assert tr[4] - tr[2] >= 0.999 * 2 * 32 * 256 * LOSS_BWD_LIVE_BYTES
+    assert tr[8] - tr[4] >= 0.999 * 4 * 32 * 256 * LOSS_BWD_LIVE_BYTES

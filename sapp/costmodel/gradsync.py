@@ -14,6 +14,7 @@ the touched rows (`sparse_sync_time`), latency included.  Pure: no torch, no I/O
 from __future__ import annotations
 
 from .primitives import _alpha_beta, collective_time, flat_allreduce_staging_time, staging_copy_time
+from .torchtitan import fsdp_copy_bytes
 
 
 def grad_sync_group(strategy, mesh, param_dims):
@@ -28,27 +29,28 @@ def grad_sync_group(strategy, mesh, param_dims):
     return n, link
 
 
-def grad_sync_times(gb, wb, n, link, cluster, zero) -> tuple:
+def grad_sync_times(gb, wb, n, link, cluster, zero, staging=True) -> tuple:
     """(gradient sync s per step, parameter all-gather s per forward or backward pass) of one bucket
     of `gb` gradient and `wb` weight bytes over a group of `n` on `link`, latency included, as the
     emitted runtime does it: ZeRO-0 all-reduces (on a serial device through one flat buffer,
     emit/dp/wrap.GradAllReduce); ZeRO-1/2 reduce-scatter then all-gather the update; ZeRO-3
     gathers the weights before forward and again before backward.  ZeRO-2/3 (FSDP2) stage every
-    collective through flat buffers."""
+    collective through flat buffers (`staging` False: the caller prices those copies itself)."""
     if zero == 0:
         sync = collective_time("all_reduce", gb, n, link, cluster)
         if not getattr(cluster, "async_launch", True) and n > 1:
             sync += flat_allreduce_staging_time(gb, cluster)
         return sync, 0.0
+    stage = staging_copy_time if staging else (lambda *a: 0.0)
     sync = collective_time("reduce_scatter", gb, n, link, cluster)
     if zero >= 2:
-        sync += staging_copy_time(gb, n, cluster)
+        sync += stage(gb, n, cluster)
     if zero < 3:
         sync += collective_time("all_gather", wb, n, link, cluster)
         if zero == 2:
-            sync += staging_copy_time(wb, n, cluster)
+            sync += stage(wb, n, cluster)
         return sync, 0.0
-    return sync, collective_time("all_gather", wb, n, link, cluster) + staging_copy_time(wb, n, cluster)
+    return sync, collective_time("all_gather", wb, n, link, cluster) + stage(wb, n, cluster)
 
 
 def sync_latency(n, link, cluster, zero) -> tuple:
@@ -73,9 +75,18 @@ def param_sync(numel, n, link, cluster, settings) -> tuple:
     if n <= 1 or numel <= 0:
         return 0.0, 0.0
     zero = settings.zero
-    sync, gather = grad_sync_times(numel * settings.reduce_bytes, numel * settings.weight_bytes, n, link, cluster, zero)
+    tt = fsdp_copy_bytes(numel, n, settings) if zero >= 2 else {}
+    sync, gather = grad_sync_times(numel * settings.reduce_bytes, numel * settings.weight_bytes, n, link, cluster, zero,
+                                   staging=not tt)
     lat_s, lat_g = sync_latency(n, link, cluster, zero)
     sync, gather = sync - lat_s, gather - lat_g
+    if tt:      # FSDP2's copies on its own streams as torchtitan runs it (costmodel.torchtitan)
+        rate = cluster.mem_bandwidth * cluster.memory_efficiency
+        sync += tt["rs_out"] / rate
+        if zero == 3:
+            gather += tt["gather_in"] / rate
+        else:
+            sync += tt["gather_in"] / rate
     if zero >= 2 and not getattr(cluster, "async_launch", True):
         sync += getattr(cluster, "fsdp_tensor_overhead", 0.0)
     return sync, gather
@@ -133,6 +144,30 @@ def bucketed_sync(params, cluster, settings, samples=1.0):
         sync += getattr(cluster, "fsdp_unit_overhead", 0.0)
     keep = 1.0 - settings.grad_sync_overlap
     return (sync + sparse) * keep, lat * keep, gather
+
+
+def fsdp_exposed_copies(params, cluster, settings) -> tuple:
+    """(forward s per micro-batch, backward s per micro-batch, s per step) of the FSDP2 copies a
+    torchtitan profile runs on the compute stream for one unit's `params` (as `bucketed_sync` takes
+    them; costmodel.torchtitan.fsdp_copy_bytes): the all-gather copy-out wherever the profile prices the
+    all-gather (ZeRO-3: every forward and backward; ZeRO-2: once a step) and the reduce-scatter copy-in
+    once a step, with the gradient sync (the last micro-batch's backward: torch.distributed.pipelining
+    turns the sync off before it).  Part of the stage's time, never hidden by the prefetch or behind
+    backward; (0, 0, 0) for another runtime or below ZeRO-2."""
+    zero = settings.zero
+    if zero < 2 or not settings.torchtitan:
+        return 0.0, 0.0, 0.0
+    out = step = 0.0
+    for numel, k, _link, trainable, sp in params:
+        if not trainable or k <= 1 or sp is not None:
+            continue
+        tt = fsdp_copy_bytes(numel, k, settings)
+        out += tt["copy_out"]
+        step += tt["rs_in"]
+    rate = cluster.mem_bandwidth * cluster.memory_efficiency
+    if zero == 3:
+        return out / rate, out / rate, step / rate
+    return 0.0, 0.0, (out + step) / rate
 
 
 # ---- what the runtime overlaps ---------------------------------------------------------------------

@@ -35,7 +35,7 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            (training.mixed_precision_reduce, whose only value is "float32"); "selective" recomputation
 #            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core; its
 #            eager RMSNorm and loss kernels, the loss backward's memory, vocab-parallel loss under tp,
-#            and the foreach AdamW update: costmodel/torchtitan.py.
+#            the foreach AdamW update and FSDP2's copies around its collectives: costmodel/torchtitan.py.
 #   "torchtitan-2412": "torchtitan" on the stack of torchtitan's published Llama 3.1 benchmark (torchtitan
 #            9dec370, torch of Dec 2024): besides, its eager fp32 RMSNorm and SDPA's FlashAttention-2 on
 #            Hopper, where a current stack runs a fused RMSNorm kernel (costmodel/torchtitan.py).

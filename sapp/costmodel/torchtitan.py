@@ -43,6 +43,38 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
   exp_avgs, denom)` r12 w4: 84 B (Adam's L2 decay `_foreach_add(grads, params)` r8 w4 in place of the
   mul: 88 B); the clip's `_foreach_norm` r4 and `_foreach_mul_(grads, coef)` r4 w4: 12 B.
 
+- FSDP2's copies around its collectives (torch/distributed/fsdp/_fully_shard/, torch 2.13 as installed;
+  torchtitan shards each block and the root with fully_shard, Shard(0), param_dtype bf16, reduce_dtype
+  fp32).  Per local element of a parameter of a unit sharded over n ranks, wb the param dtype's bytes,
+  rb the reduce dtype's, 4 the fp32 sharded (master) parameter's:
+  * all-gather copy-in, _fsdp_collectives.py:_get_param_all_gather_inputs (the fp32 shard cast into a
+    flat bf16 buffer, r4 w2: `_foreach_copy_`) then :all_gather_copy_in_cuda (`_foreach_copy_` into
+    this rank's slice of the all-gather output, r2 w2): (4 + wb + 2 wb) / n B (2 wb / n without a cast).
+    foreach_all_gather runs both under `all_gather_copy_in_stream`, which _fsdp_param_group.py:
+    FSDPCommContext.get_all_gather_streams makes a separate stream for the implicit prefetch of
+    forward and pre-backward: overlapped, priced with the gather it feeds (memory contention only).
+  * all-gather copy-out, :foreach_all_gather_copy_out (`split_with_sizes_copy` of the gathered buffer
+    into the unsharded parameters, r wb w wb: 2 wb B), called by _fsdp_param_group.py:
+    FSDPParamGroup.wait_for_unshard on the current (compute) stream after it waits on the all-gather's
+    event: exposed, wherever the all-gather is priced (every forward and backward under ZeRO-3, once
+    a step under ZeRO-2, whose gathered parameters stay until the step's last backward).
+  * reduce-scatter copy-in, :foreach_reduce -> :foreach_reduce_scatter_copy_in (`_chunk_cat` of the
+    unsharded bf16 gradients into the flat reduce_dtype input, casting: r wb w rb B), on the current
+    stream before `reduce_scatter_stream.wait_stream(current_stream)`: exposed, once a step with the
+    gradient sync (sapp syncs on the last micro-batch, as torch.distributed.pipelining's stages do).
+    Under fp32 reduce it writes twice the bytes a bf16 reduce would.
+  * :_get_gradient_divide_factors gives no pre-/post-divide for an fp32 (or bf16) reduce dtype (NCCL's
+    ReduceOp.AVG divides): 0 B.  The reduce-scatter output becomes the sharded gradient as a view
+    (`torch.as_strided`), cast by `_to_dtype_if_needed` only when reduce_dtype is not the fp32 sharded
+    parameter's dtype ((rb + 4) / n B on the reduce-scatter stream: overlapped), and `+=` into an
+    existing gradient only when one is kept between syncs (sapp syncs once a step: none).
+  * memory (stage transient, search/joint/numbers.zero3_gathered): a unit's post-backward holds its
+    unsharded bf16 gradients (wb B) while it writes the fp32 reduce-scatter input (rb B), which
+    FSDPParamGroup.post_backward keeps in `comm_ctx.reduce_scatter_states` until the next unit's
+    post-backward (reduce_scatter_max_input_buffers 1): during a block's backward the previous
+    block's input is held beside its own gradients, at its copy-in its own.  Either way (wb + rb) B an
+    element of an identical block beside its gathered parameters.
+
 Era: the RMSNorm and attention terms are the benchmark's kernels (Dec 2024), priced only under the
 "torchtitan-2412" profile.  torch later gained a fused CUDA RMSNorm (aten._fused_rms_norm,
 pytorch/pytorch#153666) and torchtitan's llama3 moved to nn.RMSNorm, so the "torchtitan" profile
@@ -56,6 +88,7 @@ CE_FWD_BYTES, CE_BWD_BYTES = 22, 26
 LOSS_BWD_LIVE_BYTES = 4 + 4 + 2
 FA2_OVER_CUDNN = (319 / 518, 310 / 499)       # (forward, backward), FlashAttention-3 paper Fig. 5-6, 4k
 UPDATE_BYTES = {"adamw": 84 + 12, "adam": 88 + 12}
+MASTER_BYTES = 4                # FSDP2's sharded parameters (the optimizer's master copy) stay fp32
 
 
 def _local(o, factors):
@@ -135,3 +168,25 @@ def update_bytes(settings):
     if not settings.torchtitan or not settings.mixed:
         return None
     return UPDATE_BYTES.get(settings.optimizer)
+
+
+def fsdp_copy_bytes(numel, n, settings) -> dict:
+    """Bytes FSDP2's copies move for one parameter of `numel` local (unsharded) elements sharded over
+    `n` ranks, under a torchtitan profile (module docstring, each from its torch function): "gather_in"
+    per all-gather (overlapped), "copy_out" per all-gather (exposed), "rs_in" per reduce-scatter
+    (exposed), "rs_out" per reduce-scatter (overlapped).  Empty for another runtime or n <= 1."""
+    if not settings.torchtitan or n <= 1 or numel <= 0:
+        return {}
+    wb, rb = settings.weight_bytes, settings.reduce_bytes
+    cast = MASTER_BYTES + wb if wb != MASTER_BYTES else 0
+    return {"gather_in": numel / n * (cast + 2 * wb), "copy_out": numel * 2 * wb,
+            "rs_in": numel * (wb + rb), "rs_out": numel / n * (rb + MASTER_BYTES if rb != MASTER_BYTES else 0)}
+
+
+def fsdp_held_ratio(settings) -> float:
+    """Bytes a block's backward holds beside its gathered parameters (its unsharded gradients and one
+    fp32 reduce-scatter input, module docstring), per gathered byte, under a torchtitan profile; 0
+    otherwise."""
+    if not settings.torchtitan:
+        return 0.0
+    return (settings.weight_bytes + settings.reduce_bytes) / settings.weight_bytes

@@ -29,7 +29,7 @@ from ..costmodel.dtypes import ensure_widths, out_bytes
 from ..costmodel.evaluate import memo_tables
 from ..costmodel.nodes import split_factors
 from ..costmodel.torchtitan import loss_backward_bytes, loss_class_shards
-from ..costmodel.gradsync import bucketed_sync, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
+from ..costmodel.gradsync import bucketed_sync, fsdp_exposed_copies, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from ..mesh import Level, Mesh
@@ -205,9 +205,10 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         pc = sum(d["param_comm_s"] for d in pn) / 2
         params = unit_params(graph, names, strategies, mesh, owners, dp)
         sync, lat, gather = bucketed_sync(params, cluster, st, samples)
-        fwd = sum(d["fwd_s"] for d in pn) - pc + gather
+        copy = fsdp_exposed_copies(params, cluster, st)     # FSDP2's copies on the compute stream
+        fwd = sum(d["fwd_s"] for d in pn) - pc + gather + copy[0]
         rg = sp_regather_time(graph, regather, set(names), mesh, roles, cluster, st)
-        bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg
+        bwd = sum(d["bwd_s"] for d in pn) - pc + gather + rg + copy[1]
         act = (unit_activations(graph, names, strategies, mesh, st, savers, regather, saved, cls) if acts
                else (0.0, 0.0, 0.0))
         if st.op_sac and u.kind == "block":
@@ -217,7 +218,7 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
         out[u.name] = {
             "fwd": fwd, "bwd": bwd, "act": act, "extra": (0.0, sel_extra, fwd),
             "reshard": sum(d["reshard_s"] for d in pn) + rg,
-            "grad_sync": sync, "sync_lat": lat, "param_list": params, "gather": gather,
+            "grad_sync": sync, "sync_lat": lat, "param_list": params, "gather": gather, "copy": copy,
             "states": {"params": sum(d["param_bytes"] for d in pn),
                        "grads": sum(d["grad_bytes"] for d in pn) + _sparse_grads_delta(
                            params, st, max(graph.batch_size / max(dp, 1), 1e-12), samples),
@@ -434,14 +435,16 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         if zkey not in gc:
             sz = dataclasses.replace(settings, zero=z)
             gc[zkey] = {k: bucketed_sync(a0["param_list"], cluster, sz, steps)
-                        + (unit_states(a0["param_list"], z, sz, steps),) for k, a0 in num[z0][0].items()}
+                        + (unit_states(a0["param_list"], z, sz, steps),
+                           fsdp_exposed_copies(a0["param_list"], cluster, sz)) for k, a0 in num[z0][0].items()}
         one, two = {}, {}
         for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
-            sync, lat, gather, states = gc[zkey][k]
-            extra = gather - a0["gather"]
-            common = {"grad_sync": sync, "sync_lat": lat, "states": dict(states)}
-            one[k] = dict(a0, fwd=a0["fwd"] + extra, bwd=a0["bwd"] + extra, **common)
-            two[k] = dict(b0, fwd=b0["fwd"] + extra, bwd=b0["bwd"] + extra, **common)
+            sync, lat, gather, states, copy = gc[zkey][k]
+            ef = gather - a0["gather"] + copy[0] - a0["copy"][0]
+            eb = gather - a0["gather"] + copy[1] - a0["copy"][1]
+            common = {"grad_sync": sync, "sync_lat": lat, "states": dict(states), "copy": copy}
+            one[k] = dict(a0, fwd=a0["fwd"] + ef, bwd=a0["bwd"] + eb, **common)
+            two[k] = dict(b0, fwd=b0["fwd"] + ef, bwd=b0["bwd"] + eb, **common)
         num[z] = (one, two)
     rep_of = {u.name: u.rep for u in units}
     per_sample_flops = {}
@@ -461,7 +464,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
             for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors", "fsdp_exempt",
                       "bwd_live"):
                 setattr(nu, f, getattr(first, f))
-            for f in ("zfwd", "zbwd", "grad_sync", "sync_lat"):
+            for f in ("zfwd", "zbwd", "grad_sync", "sync_lat", "zcopy"):
                 setattr(nu, f, dict(getattr(first, f)))
             nu.states = {z: dict(v) for z, v in first.states.items()}
             out_units.append(nu)
@@ -483,6 +486,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
             nu.zbwd[z] = tuple((c0 + dz_b, c1) for c0, c1 in nu.bwd)
             nu.grad_sync[z] = za["grad_sync"]
             nu.sync_lat[z] = za["sync_lat"]
+            nu.zcopy[z] = za["copy"]
             nu.states[z] = za["states"]
         nu.flops = per_sample_flops.get(u.rep, 0.0)
         nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)

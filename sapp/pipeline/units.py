@@ -24,6 +24,7 @@ class Unit:
     zbwd: dict = field(default_factory=dict)
     grad_sync: dict = field(default_factory=dict)  # zero -> seconds per step (exposed), bandwidth part
     sync_lat: dict = field(default_factory=dict)   # zero -> latency part (paid once per stage)
+    zcopy: dict = field(default_factory=dict)      # zero -> FSDP2's exposed copies: (fwd, bwd) s in zfwd/zbwd, s a step
     states: dict = field(default_factory=dict)     # zero -> {"params","grads","optimizer"} bytes
     flops: float = 0.0         # model FLOPs (fwd) of the unit at the captured batch, per sample
     reshard: tuple = (0.0, 0.0)  # tensor-parallel resharding (fwd + bwd) inside fwd/bwd, per micro-batch

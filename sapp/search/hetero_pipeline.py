@@ -123,7 +123,7 @@ def price(mc, evs, order, cfg, ctxs):
     """The configuration with stage i on group order[i] (evs[g]: g's StageEvaluator): PipeResult or None."""
     from ..costmodel.gradsync import overlap_rule
     from ..costmodel.optimizer import optimizer_step_time
-    from .joint.evaluate import _exposed_sync, _starts_from_counts
+    from .joint.evaluate import _exposed_sync, _starts_from_counts, step_copies
     from .joint.result import JointResult
     P = cfg.pp
     ev0 = evs[order[0]]
@@ -183,6 +183,7 @@ def price(mc, evs, order, cfg, ctxs):
         rule = overlap_rule(ctxs[order[i]].cluster, cfg.zero, P, 1, ctxs[order[i]].settings.runtime)
         if rule != "none":
             st.grad_sync_s = _exposed_sync(evs[order[i]], rule, st, a, b)
+        st.grad_sync_s += step_copies(evs[order[i]], a, b)
         stages.append(st)
     fw, bw = [s.fwd_s for s in stages], [s.bwd_s for s in stages]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule, 1, sends)

@@ -42,9 +42,10 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
         for st, sh in zip(stages, shares):
             st.chunk_shares = sh
     rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime)
-    if rule != "none":
-        for st, a, b in zip(stages, starts, ends):
+    for st, a, b in zip(stages, starts, ends):
+        if rule != "none":
             st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
+        st.grad_sync_s += step_copies(ev, a, b)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     # each stage's own sends (forward after its last unit, backward before its first)
@@ -96,6 +97,13 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
 def dp_link(cluster, cfg) -> str:
     """The dp group's link: inter-node when a stage's dp x cp x tp ranks span nodes (pipeline.profile.stage_mesh)."""
     return "inter" if cfg.dp_cp * cfg.tp > cluster.gpus_per_node else "intra"
+
+
+def step_copies(ev, a, b):
+    """Seconds a step of the once-a-step FSDP2 copies a torchtitan profile runs on the compute stream
+    for units [a, b) (Unit.zcopy, costmodel.gradsync.fsdp_exposed_copies): beside the exposed gradient
+    sync, never overlapped."""
+    return sum(ev.units[j].zcopy.get(ev.cfg.zero, (0.0, 0.0, 0.0))[2] for j in range(a, b))
 
 
 def _exposed_sync(ev, rule, st, a, b):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...costmodel import collective_time
 from ...costmodel.gradsync import fsdp_prefetch_hidden, overlap_rule
+from ...costmodel.torchtitan import fsdp_held_ratio
 from ...pipeline.profile import cut_at_block_entry
 from .cp import CPTerms
 from .ep import unit_delta
@@ -27,6 +28,9 @@ class UnitNumbers:
         # torchtitan profile), at the samples a cp rank runs
         bs = cfg.mbs / cfg.cp
         self.live = [u.bwd_live[0] + u.bwd_live[1] * bs for u in prof.units]
+        # bytes per gathered byte a block's backward holds besides under ZeRO-3 (its unsharded gradients
+        # and FSDP2's reduce-scatter input, costmodel.torchtitan.fsdp_held_ratio): zero3_gathered's `held`
+        self.fsdp_held = fsdp_held_ratio(ctx.settings)
         # what a stage boundary after unit j sends per device: {j: (forward, of which not floating
         # point, backward)}, and the most over the cuts
         self.cuts = cut_bytes(prof, self.out, cfg)
@@ -189,11 +193,13 @@ class BoundNumbers:
 
 def _unit_gather(u, cfg):
     """(forward, backward) seconds of a unit's ZeRO-3 parameter gathers at this micro-batch size: what
-    the profile's ZeRO-3 curves add to its ZeRO-0 ones (batch-independent: pipeline/profile.py)."""
+    the profile's ZeRO-3 curves add to its ZeRO-0 ones (batch-independent: pipeline/profile.py), less
+    the FSDP2 copies a torchtitan profile runs on the compute stream (Unit.zcopy: not hideable)."""
     b = cfg.mbs / cfg.cp
     f3, b3 = u.fb_at(b, 3)
     f0, b0 = u.fb_at(b, 0)
-    return max(0.0, f3 - f0), max(0.0, b3 - b0)
+    c3, c0 = u.zcopy.get(3, (0.0, 0.0)), u.zcopy.get(0, (0.0, 0.0))     # FSDP2's copies on the compute stream
+    return max(0.0, f3 - f0 - (c3[0] - c0[0])), max(0.0, b3 - b0 - (c3[1] - c0[1]))
 
 
 def _gathers(prof, cfg, fwd, t):
@@ -261,26 +267,28 @@ def gathered_params(units, pbytes, cfg):
     return sum(pbytes) if cfg.zero == 2 else 0.0
 
 
-def zero3_gathered(units, pbytes, cfg):
+def zero3_gathered(units, pbytes, cfg, held=0.0):
     """ZeRO-3: per unit, the bytes gathered while its backward runs: the root unit (the stage's
     non-block units, gathered by the root's pre-backward and resharded by its post-backward, the
     last to run) plus the block itself, plus the unit FSDP2's backward prefetch gathers meanwhile
     (`_prefetched`: one extra unit in flight); in a pipeline stage running several micro-batches, every
     block from this one to the stage's end (torch.distributed.pipelining turns reshard-after-backward
     off until the step's last backward, so a unit stays gathered from its backward until the next
-    forward reshards it).  None without ZeRO-3."""
+    forward reshards it).  `held`: bytes per gathered byte a block's backward holds besides, FSDP2's
+    unsharded gradients and reduce-scatter input under a torchtitan profile
+    (costmodel.torchtitan.fsdp_held_ratio).  None without ZeRO-3."""
     if cfg.zero != 3:
         return None
     root = sum(b for u, b in zip(units, pbytes) if u.kind != "block")
     blocks = [b if u.kind == "block" else 0.0 for u, b in zip(units, pbytes)]
     pre = _prefetched(units, blocks)
     if cfg.pp > 1 and cfg.m > 1:
-        held, out = 0.0, []
+        kept, out = 0.0, []
         for b, p in zip(reversed(blocks), reversed(pre)):
-            held += b
-            out.append(root + held + p)
+            kept += b
+            out.append(root + kept + held * b + p)
         return out[::-1]
-    return [root + b + p for b, p in zip(blocks, pre)]
+    return [root + b * (1.0 + held) + p for b, p in zip(blocks, pre)]
 
 
 def _prefetched(units, blocks):

@@ -158,7 +158,8 @@ class StageEvaluator:
         if policies is None and self.cfg.zero != 3 and isinstance(idx, range) and idx.step == 1:
             return self._transient_any(idx.start, idx.stop, no_full)
         num, worst, after = self.num, 0.0, 0.0
-        gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg)
+        gath = zero3_gathered([self.units[j] for j in idx], [num.pbytes[j] for j in idx], self.cfg,
+                              self.num.fsdp_held)
         for q in range(len(idx) - 1, -1, -1):
             j = idx[q]
             u = self.units[j]
@@ -370,21 +371,23 @@ class StageEvaluator:
         last = first + k - 1
         if blocks[b] - blocks[a] != k or last >= b or blocks[last + 1] - blocks[first] != k:
             return False, None              # other blocks in the stage, or glue between these
-        units, act, T = self.units, self.num.act, self._tab
-        # the glue's stash after the run (the glue is fixed: "fact" holds it); without ZeRO-3 gathers
-        # no glue term is above zero, the floor of the transient
-        post_stash, post_term, pre_term, g_last, dg = T["fact"][b] - T["fact"][last + 1], -math.inf, -math.inf, 0.0, 0.0
+        units, act = self.units, self.num.act
+        # the glue's terms: what its backward holds beyond its stash (a loss's gradients, `live`) and
+        # the ZeRO-3 gathers, less the glue's stash after it (the glue is fixed: "fact" holds it)
+        live = self.num.live
+        gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg,
+                              self.num.fsdp_held)
+        gath = gath or [0.0] * (b - a)
+        post_stash, post_term, pre_term, g_last, dg = 0.0, -math.inf, -math.inf, 0.0, 0.0
         g_front = None
+        for j in range(b - 1, last, -1):
+            post_term = max(post_term, gath[j - a] + live[j] - post_stash)
+            post_stash += act[j][0]
+        pre_stash = 0.0
+        for j in range(first - 1, a - 1, -1):
+            pre_term = max(pre_term, gath[j - a] + live[j] - pre_stash)
+            pre_stash += act[j][0]
         if self.cfg.zero == 3:
-            gath = zero3_gathered([units[j] for j in range(a, b)], [self.num.pbytes[j] for j in range(a, b)], self.cfg)
-            post_stash = 0.0
-            for j in range(b - 1, last, -1):
-                post_term = max(post_term, gath[j - a] - post_stash)
-                post_stash += act[j][0]
-            pre_stash = 0.0
-            for j in range(first - 1, a - 1, -1):
-                pre_term = max(pre_term, gath[j - a] - pre_stash)
-                pre_stash += act[j][0]
             g_last = gath[last - a]
             # linear from the back up to the block behind the front one; the front block prefetches
             # nothing (numbers._prefetched), so its gathers are priced apart
