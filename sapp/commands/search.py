@@ -195,7 +195,7 @@ def _run_target(args, target, t0):
     what it still cannot state (a per-block recompute mix) conformed and re-priced (sapp/engines)."""
     from .. import api
     from ..constraints import TARGETS
-    from ..engines import export_plan
+    from ..engines import best_plan
     from ..errors import UsageError
     from ..report.progress import Progress
     runtimes = TARGETS[target]["runtimes"]
@@ -209,11 +209,11 @@ def _run_target(args, target, t0):
         graph = api.capture_spec(spec)[3]
     fits = _estimate_fit(graph, cl, args) if getattr(args, "fit_engine_estimate", False) else None
     with Progress(label="search", counts=False) as prog:
-        plan = api.search(spec, cl, global_batch=args.batch, constraints=constraints_from_args(args), graph=graph,
-                          precision=args.precision, progress=prog, runtime=args.runtime or runtimes[0], fits=fits)
-    timing = getattr(plan, "_timing", {})
-    _, plan, _ = export_plan(plan, target, graph=graph, cluster=cl)
-    plan._timing = timing
+        # what the engine cannot state (a per-block recompute mix) conformed and re-priced; when that
+        # changed the plan, the engine's uniform recomputations are searched too (engines.best_plan)
+        plan = best_plan(graph, cl, target, global_batch=args.batch, model=spec, constraints=constraints_from_args(args),
+                         fits=fits, progress=prog,
+                         settings={"precision": args.precision, "runtime": args.runtime or runtimes[0]})
     _finish(args, plan, t0)
     return 0
 

@@ -150,32 +150,51 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])
 
 
-def best_plan(graph, cluster, engine: str, *, global_batch: int, settings: dict, model=None):
+def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, model=None, constraints=None,
+              fits=None, progress=None):
     """sapp's fastest plan for `engine` as the engine runs it (`sapp import`'s comparison): the search under
     --target `engine`, exported (conformed and re-priced).  The search may pick a per-block recomputation
     mix the engine states only coarsely (Megatron: full on the first N layers of every virtual stage),
     which conforming can make slower than the user's own configuration, or too big to fit; so when
     conforming changed the plan, the search runs again with each recomputation the engine states on
     every layer pinned, and the fastest exported plan that fits is kept (the first one if none fits).
-    `settings`: api.search's runtime / precision / optimizer / grad_fp32."""
+    `sapp search --target` runs this too.  `settings`: api.search's runtime / precision / optimizer /
+    grad_fp32; `constraints`: the user's pins (a pinned recomputation is not varied); `fits`: api.search's
+    further test (estimate_fit.py), applied to the exported plans as well."""
     from .. import api
     from ..constraints import TARGETS
     from ..errors import InfeasibleError
 
+    pinned, errors = dict(constraints or {}), []
+
     def one(pins):
         try:
             p = api.search(graph=graph, model=model, cluster=cluster, global_batch=global_batch,
-                           constraints={"target": engine, **pins}, **settings)
-        except InfeasibleError:
+                           constraints={**pinned, "target": engine, **pins}, fits=fits, progress=progress,
+                           **settings)
+        except InfeasibleError as e:
+            errors.append(e)
             return None
-        _, out, notes = export_plan(p, engine, graph=graph, cluster=cluster)
-        return out, bool(notes)
+        text, out, notes = export_plan(p, engine, graph=graph, cluster=cluster)
+        out._timing = getattr(p, "_timing", {})
+        return out, bool(notes), text
 
     first = one({})
     found = [first] if first else []
-    if first is None or first[1]:
+    if (first is None or first[1]) and pinned.get("recompute") is None:
         found += [r for r in (one({"recompute": rc}) for rc in TARGETS[engine]["recompute"]) if r]
+    if fits is not None:
+        found = [r for r in found if fits_file(engine, r[2], cluster)]
     if not found:
-        raise InfeasibleError(f"no {engine} configuration of this model fits the cluster")
-    fits = [p for p, _ in found if p["predicted"]["peak_memory_bytes"] <= cluster.usable_memory]
-    return min(fits, key=lambda p: p["predicted"]["step_time_s"]) if fits else found[0][0]
+        raise errors[0] if errors else InfeasibleError(f"no {engine} configuration of this model fits the cluster")
+    ok = [p for p, _, _ in found if p["predicted"]["peak_memory_bytes"] <= cluster.usable_memory]
+    return min(ok, key=lambda p: p["predicted"]["step_time_s"]) if ok else found[0][0]
+
+
+def fits_file(engine: str, text: str, cluster) -> bool:
+    """Whether the engine's own memory estimate of an exported file is within usable memory (Megatron's;
+    the other engines publish none)."""
+    if engine != "megatron":
+        return True
+    from .estimate_fit import file_estimate_bytes
+    return file_estimate_bytes(text, cluster.devices) <= cluster.usable_memory
