@@ -97,7 +97,7 @@ def candidates(nodes: int, per_node: int = 1, global_batch: int = 0, blocks: int
 
 def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: bool = False) -> Replan:
     """The fastest plan for `cluster` (or a few nodes fewer of it; `exact`: all of it, as a running
-    group whose every rank trains needs) keeping `plan`'s global batch, precision, runtime and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
+    group whose every rank trains needs) keeping `plan`'s global batch, precision, runtime, optimizer, gradient width and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
     parameter so the worker passes its own module).  Raises SappError in one line when no plan fits,
     saying what would."""
     if search is None:
@@ -137,8 +137,10 @@ def _search_keeping_pins(search, model, cl, gb, settings, pins, graph):
     kept, dropped, why = dict(pins), [], None
     while True:
         try:
+            # every setting the plan was priced with (plan_build's "settings" section)
             p = search(model, cl, global_batch=gb, constraints=kept or None, precision=settings.get("precision"),
-                       runtime=settings.get("runtime"), graph=graph)
+                       runtime=settings.get("runtime"), optimizer=settings.get("optimizer"),
+                       grad_fp32=bool(settings.get("grad_fp32")), graph=graph)
             return p, None, dropped
         except SappError as e:
             why = str(e).splitlines()[0][:200]

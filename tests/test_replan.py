@@ -77,3 +77,16 @@ def test_rank0_killed_inside_the_replan_restarts_and_trains_as_that_plan(plan4, 
               "--steps", "6", "--data", DATA, "--out", str(tmp_path / "ref.json"))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert got == json.loads((tmp_path / "ref.json").read_text())["losses"]
+
+
+def test_replan_keeps_the_optimizer_and_gradient_width():
+    # a plan priced with SGD and fp32 main_grads (as a Megatron import sets them) re-plans priced the same way
+    from sapp.api import resolve_cluster, search
+    from sapp.replan import replan, scaled_cluster
+    plan = search("gpt-tiny", "cpu:gpus=2,nodes=2", global_batch=8, optimizer="sgd", grad_fp32=True,
+                  precision="bf16-mixed")
+    r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=1))
+    assert r.plan["settings"]["optimizer"] == "sgd" and r.plan["settings"].get("grad_fp32") is True
+    same = search("gpt-tiny", resolve_cluster("cpu:gpus=2,nodes=1"), global_batch=8, optimizer="sgd", grad_fp32=True,
+                  precision="bf16-mixed", constraints=r.plan["constraints"] or None)
+    assert r.plan["predicted"]["peak_memory_bytes"] == same["predicted"]["peak_memory_bytes"]
