@@ -93,3 +93,28 @@ def test_offered_to_the_search_under_target_megatron_only(mixtral):
         assert bool(ep_configs(ctx, cfg)) is offered, target
     ctx = SearchContext(mixtral[1], cl, 256, Constraints.from_dict({"target": "megatron"}), CostSettings(), None)
     assert ep_configs(ctx, Config(4, 8, 2, 16, 1, "1f1b", 1, 1, sp=False)) == []
+
+
+def test_experts_split_over_tp_keep_a_tp_th_of_their_ffn_width():
+    # what a rank keeps for backward in the experts' ffn width (up/gate outputs, the down GEMM's input)
+    facts = {"rows": 8192.0, "hidden": 4096, "top_k": 2, "expert_flops": 1e12, "expert_params": 1.4e9,
+             "capacity_factor": 0.0, "ffn_row_elems": 3 * 14336}
+    cl = api.resolve_cluster("h100-80g:devices=64")
+    st = CostSettings(runtime="fused")
+    whole = facts["rows"] * facts["ffn_row_elems"] * 2          # bf16, every tp rank holding every row's width
+    got = {tp: ep_unit_delta(facts, dp=8, tp=tp, ep=4, mbs=1, zero=1, cluster=cl, settings=st,
+                             stage_devices=8 * tp)["act_per_sample"] for tp in (1, 2, 4)}
+    assert got[1] == 0.0
+    assert whole + got[2] == pytest.approx(whole / 2) and whole + got[4] == pytest.approx(whole / 4)
+
+
+def test_the_tp2_import_holds_the_experts_ffn_activations_at_half(mixtral, monkeypatch):
+    import sapp.search.joint.ep as E
+    cl = api.resolve_cluster("h100-80g:devices=128")
+    split = import_config(_text(2), "megatron", mixtral[1], cl, "mixtral-8x7b")["predicted"]["memory"]["activations"]
+    real = E.ep_unit_delta
+    monkeypatch.setattr(E, "ep_unit_delta", lambda *a, **k: {**real(*a, **k), "act_per_sample": 0.0})
+    whole = import_config(_text(2), "megatron", mixtral[1], cl, "mixtral-8x7b")["predicted"]["memory"]["activations"]
+    # Mixtral: 4096 tokens x top-2 a layer, 3 x 14336 ffn elements a row, bf16: 704.6 MB a layer and micro-batch,
+    # half of it off at tp 2; the first stage of pp 4 holds 8 layers of several micro-batches
+    assert whole - split >= 8 * 0.5 * 8192 * 3 * 14336 * 2

@@ -149,8 +149,13 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     rows through them on each; Megatron splits each expert's ffn over the tp ranks instead: a rank
     dispatches its 1/tp of the tokens over the ep ranks of its tp index, all-gathers the received rows
     over tp (reduce-scatter on the way back) and runs 1/tp of every local expert on them, so expert
-    FLOPs and expert states are 1/tp of the profile's (the row exchange: expert_tp_gather)."""
-    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
+    FLOPs and expert states are 1/tp of the profile's (the row exchange: expert_tp_gather).  What a rank
+    keeps for backward in the experts' ffn width (the up/gate outputs the activation reads, the down
+    GEMM's input: `ffn_row_elems` a routed row) is 1/tp of it too, on the same gathered rows (Megatron-Core's
+    GroupedMLP / SequentialMLP under expert-tp: each rank's linear_fc1 / linear_fc2 shards are ffn/tp
+    wide): "act_per_sample", bytes a sample (negative), for the no- and selective-recomputation stashes."""
+    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "act_per_sample": 0.0,
+                  "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
     if ep <= 1 or not facts:
         return zero_delta
     gpn = cluster.gpus_per_node
@@ -177,6 +182,7 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     zs = dataclasses.replace(settings, zero=zero)
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
+    act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * facts.get("ffn_row_elems", 0.0) * act
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
-            "sync_s": mine - full,
+            "sync_s": mine - full, "act_per_sample": act_delta,
             "states": {k: after[k] - before[k] for k in before}}

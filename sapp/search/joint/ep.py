@@ -37,7 +37,12 @@ def moe_facts(ctx) -> dict:
             k = _topk_from_dims(topk[0]) if topk else 1
         # a block with several MoE layers sends every layer's rows: count rows per layer pair
         layers = max(1, len(gemms) // 2)
-        facts[block] = {"rows": rows * layers / B, "hidden": first.dim("k").size, "top_k": int(k),
+        h = first.dim("k").size
+        # elements a routed row keeps for backward in the ffn width, per layer: the up/gate GEMMs'
+        # outputs (the activation's input) and the down GEMM's input (the activation's output)
+        row_elems = sum(n.dim("n").size for n in gemms if n.dim("n").size != h) + \
+            sum(n.dim("k").size for n in gemms if n.dim("k").size != h)
+        facts[block] = {"rows": rows * layers / B, "hidden": h, "top_k": int(k), "ffn_row_elems": row_elems / layers,
                         "experts": int(first.extra["experts"]),
                         "expert_flops": sum(n.flops for n in gemms) / B,
                         "expert_params": float(sum(n.dim("e").size * n.dim("k").size * n.dim("n").size

@@ -102,6 +102,9 @@ def _values(u, cfg, cpt, ctx):
     if cfg.ep > 1:
         d = unit_delta(ctx, u, cfg)      # expert parallelism: all-to-alls, load, expert-DP states
         f, b = f + d["fwd_s"], b + d["bwd_s"]
+        da = d["act_per_sample"] * cfg.mbs / cfg.cp       # experts split over tp keep 1/tp of their ffn width
+        if da:
+            act = (act[0] + da, act[1] + da, act[2])
         # (never below zero: the profile's sync of this unit holds the experts' share)
         sync = max(0.0, sync + d["sync_s"])
     st = held_states(u, cfg, ctx=ctx)
