@@ -174,7 +174,7 @@ def run_megatron(tree: str, argv: list[str], world: int, major: int, extra_env: 
     return res
 
 
-def export(case: str, fit: bool = False):
+def export(case: str, fit=False):
     """(text, plan, cluster) of tests/test_engines_params.py's case; `fit`: searched with
     --fit-engine-estimate (tests/test_engines_estimate_fit.py)."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -182,7 +182,7 @@ def export(case: str, fit: bool = False):
     from sapp import api
     if fit:
         import test_engines_estimate_fit as F
-        text, plan, _ = F._export(case, True)
+        text, plan, _ = F._export(case, fit if isinstance(fit, str) else True)
     else:
         text, plan, _ = T._export(case)
     return text, plan, api.resolve_cluster(T.CASES[case][1])
@@ -204,8 +204,8 @@ def main(argv=None):
     p.add_argument("--tag", default="core_v0.16.1")
     p.add_argument("--only", help="cases whose name contains this text")
     p.add_argument("--json", help="also write the rows here")
-    p.add_argument("--fit-engine-estimate", action="store_true",
-                   help="the exports searched with `sapp search --target megatron --fit-engine-estimate`")
+    p.add_argument("--fit-engine-estimate", nargs="?", const="main", choices=("main", "core_v0.16.1"),
+                   help="the exports searched with `sapp search --target megatron --fit-engine-estimate [FORMULA]`")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "tests"))
     import test_engines_params as T

@@ -19,9 +19,10 @@ def _export(case, fit):
     cl = api.resolve_cluster(cluster)
     graph, _ = api.capture_graph(api.resolve_model(model)[0])
     fits = None
-    if fit:
+    if fit:                      # True: main's formula; or a release's ("core_v0.16.1")
         arch = E.arch_facts(graph.name, graph.meta, len(E.block_names(graph)))["arch"]
-        fits = megatron_fit(arch, cl, precision=cl.precision, grad_fp32=False)
+        fits = megatron_fit(arch, cl, precision=cl.precision, grad_fp32=False,
+                            version=fit if isinstance(fit, str) else "main")
     plan = E.best_plan(graph, cl, "megatron", global_batch=None, model=model, constraints=pins, fits=fits,
                        settings={"runtime": "fused"})
     text, exported, _ = E.export_plan(plan, "megatron", graph=graph, cluster=cl)
@@ -42,6 +43,16 @@ def test_the_estimate_changes_the_plan_only_where_it_must():
     fit, fit_plan, _ = _export("llama3-70b-cp2", fit=True)
     assert file_estimate_bytes(free, cl.devices) > cl.usable_memory >= file_estimate_bytes(fit, cl.devices)
     assert fit_plan["predicted"]["step_time_s"] >= free_plan["predicted"]["step_time_s"]
+
+
+def test_core_v0_16_1_formula_fits_mixtral_too():
+    # that release's formula divides the routed experts by tp only: with ep 8 pinned the search finds a
+    # plan it also fits (main's formula fits the free plan)
+    text, plan, cl = _export("mixtral-8x7b-ep8", "core_v0.16.1")
+    free, _, _ = _export("mixtral-8x7b-ep8", False)
+    assert file_estimate_bytes(free, cl.devices, "core_v0.16.1") > cl.usable_memory
+    assert file_estimate_bytes(text, cl.devices, "core_v0.16.1") <= cl.usable_memory
+    assert plan["predicted"]["peak_memory_bytes"] <= cl.usable_memory
 
 
 def test_cli_refuses_the_flag_without_megatron(tmp_path):

@@ -24,9 +24,10 @@ def add_constraint_arguments(p):
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
     g.add_argument("--target", choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
                    help="search only what this engine can state, priced with its runtime (then `sapp export --to` it)")
-    g.add_argument("--fit-engine-estimate", action="store_true",
+    g.add_argument("--fit-engine-estimate", nargs="?", const="main", choices=("main", "core_v0.16.1"),
                    help="with --target megatron: keep only plans whose Megatron-LM startup memory estimate (which "
-                        "leaves out context parallelism, full recomputation and bf16 main_grads) also fits")
+                        "leaves out context parallelism, full recomputation and bf16 main_grads) also fits; "
+                        "the formula of main (default) or of core_v0.16.1 (which does not divide experts by ep)")
 
 
 def constraints_from_args(args) -> dict:
@@ -175,7 +176,7 @@ def run(args):
         from ..errors import UsageError
         raise UsageError(f"--mixed-mode {args.mixed_mode} is for mixed clusters (A+B); {args.cluster} is one device kind: "
                          "drop --mixed-mode (--pp pins its pipeline)")
-    if getattr(args, "fit_engine_estimate", False) and target != "megatron":
+    if getattr(args, "fit_engine_estimate", None) and target != "megatron":
         from ..errors import UsageError
         raise UsageError("--fit-engine-estimate checks Megatron-LM's own memory estimate: add --target megatron")
     if target:
@@ -207,7 +208,7 @@ def _run_target(args, target, t0):
         graph, _ = api.capture_graph(api.resolve_model(spec)[0])
     else:
         graph = api.capture_spec(spec)[3]
-    fits = _estimate_fit(graph, cl, args) if getattr(args, "fit_engine_estimate", False) else None
+    fits = _estimate_fit(graph, cl, args) if getattr(args, "fit_engine_estimate", None) else None
     with Progress(label="search", counts=False) as prog:
         # what the engine cannot state (a per-block recompute mix) conformed and re-priced; when that
         # changed the plan, the engine's uniform recomputations are searched too (engines.best_plan)
@@ -226,7 +227,8 @@ def _estimate_fit(graph, cl, args):
     facts = arch_facts(graph.name, graph.meta, len(block_names(graph)))
     if facts["arch"] is None:
         raise UsageError(facts["arch_why"])
-    return megatron_fit(facts["arch"], cl, precision=args.precision or cl.precision, grad_fp32=False)
+    return megatron_fit(facts["arch"], cl, precision=args.precision or cl.precision, grad_fp32=False,
+                        version=args.fit_engine_estimate)
 
 
 def _finish(args, plan, t0):

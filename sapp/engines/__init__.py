@@ -184,17 +184,17 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     if (first is None or first[1]) and pinned.get("recompute") is None:
         found += [r for r in (one({"recompute": rc}) for rc in TARGETS[engine]["recompute"]) if r]
     if fits is not None:
-        found = [r for r in found if fits_file(engine, r[2], cluster)]
+        found = [r for r in found if fits_file(engine, r[2], cluster, getattr(fits, "version", "main"))]
     if not found:
         raise errors[0] if errors else InfeasibleError(f"no {engine} configuration of this model fits the cluster")
     ok = [p for p, _, _ in found if p["predicted"]["peak_memory_bytes"] <= cluster.usable_memory]
     return min(ok, key=lambda p: p["predicted"]["step_time_s"]) if ok else found[0][0]
 
 
-def fits_file(engine: str, text: str, cluster) -> bool:
-    """Whether the engine's own memory estimate of an exported file is within usable memory (Megatron's;
-    the other engines publish none)."""
+def fits_file(engine: str, text: str, cluster, version: str = "main") -> bool:
+    """Whether the engine's own memory estimate of an exported file is within usable memory (Megatron's,
+    main's formula or core_v0.16.1's; the other engines publish none)."""
     if engine != "megatron":
         return True
     from .estimate_fit import file_estimate_bytes
-    return file_estimate_bytes(text, cluster.devices) <= cluster.usable_memory
+    return file_estimate_bytes(text, cluster.devices, version) <= cluster.usable_memory

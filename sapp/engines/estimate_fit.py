@@ -49,26 +49,30 @@ def config_args(arch: dict, cfg, stages, *, precision: str, grad_fp32: bool) -> 
     return a
 
 
-def megatron_estimate_bytes(arch: dict, res, *, precision: str, grad_fp32: bool, devices: int) -> float:
-    """Megatron-LM's (main) theoretical memory estimate, in bytes, of the configuration `res` prices."""
+def megatron_estimate_bytes(arch: dict, res, *, precision: str, grad_fp32: bool, devices: int,
+                            version: str = "main") -> float:
+    """Megatron-LM's theoretical memory estimate (`version`: main's formula or core_v0.16.1's), in bytes,
+    of the configuration `res` prices."""
     a = config_args(arch, res.config, res.stages, precision=precision, grad_fp32=grad_fp32)
-    return estimate(a, world_size=devices, vocab=int(arch["vocab"]))["total_bytes"]
+    return estimate(a, world_size=devices, vocab=int(arch["vocab"]), version=version)["total_bytes"]
 
 
-def megatron_fit(arch: dict, cluster, *, precision: str, grad_fp32: bool):
-    """The joint search's `fits(res)` predicate: Megatron's estimate of `res` within usable memory."""
+def megatron_fit(arch: dict, cluster, *, precision: str, grad_fp32: bool, version: str = "main"):
+    """The joint search's `fits(res)` predicate: Megatron's estimate of `res` within usable memory.
+    core_v0.16.1's formula divides the routed experts by tp only, not by ep (main's divides by both)."""
     cap = cluster.usable_memory
 
     def fits(res) -> bool:
         try:
             return megatron_estimate_bytes(arch, res, precision=precision, grad_fp32=grad_fp32,
-                                           devices=cluster.devices) <= cap
+                                           devices=cluster.devices, version=version) <= cap
         except EngineError:          # a configuration Megatron cannot state (a tp not dividing the vocabulary)
             return False
+    fits.version = version
     return fits
 
 
-def file_estimate_bytes(text: str, devices: int) -> float:
-    """Megatron-LM's (main) estimate of an exported argument file on `devices` GPUs."""
+def file_estimate_bytes(text: str, devices: int, version: str = "main") -> float:
+    """Megatron-LM's estimate (main's formula or core_v0.16.1's) of an exported argument file on `devices` GPUs."""
     a = tokens(text)
-    return estimate(a, world_size=devices, vocab=int(a["--vocab-size"]))["total_bytes"]
+    return estimate(a, world_size=devices, vocab=int(a["--vocab-size"]), version=version)["total_bytes"]
