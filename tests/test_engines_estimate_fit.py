@@ -38,9 +38,9 @@ def test_exports_fit_by_megatrons_own_estimate(case):
 
 
 def test_the_estimate_changes_the_plan_only_where_it_must():
-    # Llama-3-70B with cp 2: the fastest plan recomputes fully, which the estimate does not see
-    free, free_plan, cl = _export("llama3-70b-cp2", fit=False)
-    fit, fit_plan, _ = _export("llama3-70b-cp2", fit=True)
+    # GPT-3 175B on 1024 A100s: the fastest plan's estimate counts fp32 main_grads Megatron does not keep
+    free, free_plan, cl = _export("gpt3-175b", fit=False)
+    fit, fit_plan, _ = _export("gpt3-175b", fit=True)
     assert file_estimate_bytes(free, cl.devices) > cl.usable_memory >= file_estimate_bytes(fit, cl.devices)
     assert fit_plan["predicted"]["step_time_s"] >= free_plan["predicted"]["step_time_s"]
 
@@ -63,8 +63,8 @@ def test_cli_refuses_the_flag_without_megatron(tmp_path):
 
 def test_export_notes_an_estimate_that_reads_as_not_fitting(tmp_path, capsys):
     from sapp.cli import main
-    _, free_plan, cl = _export("llama3-70b-cp2", fit=False)
-    _, fit_plan, _ = _export("llama3-70b-cp2", fit=True)
+    _, free_plan, cl = _export("gpt3-175b", fit=False)
+    _, fit_plan, _ = _export("gpt3-175b", fit=True)
     for plan, over in ((free_plan, True), (fit_plan, False)):
         path = tmp_path / "plan.json"
         plan.save(str(path))
