@@ -8,7 +8,7 @@ import pytest
 
 from sapp import api
 from sapp import engines as E
-from sapp.engines.estimate_fit import file_estimate_bytes, megatron_fit
+from sapp.engines.estimate_fit import file_estimate_bytes, megatron_fit_for
 
 from test_engines_params import CASES
 
@@ -20,9 +20,7 @@ def _export(case, fit):
     graph, _ = api.capture_graph(api.resolve_model(model)[0])
     fits = None
     if fit:                      # True: main's formula; or a release's ("core_v0.16.1")
-        arch = E.arch_facts(graph.name, graph.meta, len(E.block_names(graph)))["arch"]
-        fits = megatron_fit(arch, cl, precision=cl.precision, grad_fp32=False,
-                            version=fit if isinstance(fit, str) else "main")
+        fits = megatron_fit_for(graph, cl, precision=cl.precision, version=fit if isinstance(fit, str) else "main")
     plan = E.best_plan(graph, cl, "megatron", global_batch=None, model=model, constraints=pins, fits=fits,
                        settings={"runtime": "fused"})
     text, exported, _ = E.export_plan(plan, "megatron", graph=graph, cluster=cl)
@@ -71,3 +69,11 @@ def test_export_notes_an_estimate_that_reads_as_not_fitting(tmp_path, capsys):
         assert main(["export", str(path), "--to", "megatron", "--out", str(tmp_path / "args.txt")]) == 0
         err = capsys.readouterr().err
         assert ("startup memory estimate" in err and "--fit-engine-estimate" in err) == over, err
+
+
+def test_a_model_megatron_does_not_build_is_refused_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "sapp.cli", "search", "--model", "resnet50", "--cluster",
+                        "a100-80g:devices=8", "--target", "megatron", "--fit-engine-estimate"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "Megatron builds its own GPT model" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -221,14 +221,8 @@ def _run_target(args, target, t0):
 
 def _estimate_fit(graph, cl, args):
     """The search's predicate: Megatron-LM's estimate of the exported file within usable memory."""
-    from ..engines import arch_facts, block_names
-    from ..engines.estimate_fit import megatron_fit
-    from ..errors import UsageError
-    facts = arch_facts(graph.name, graph.meta, len(block_names(graph)))
-    if facts["arch"] is None:
-        raise UsageError(facts["arch_why"])
-    return megatron_fit(facts["arch"], cl, precision=args.precision or cl.precision, grad_fp32=False,
-                        version=args.fit_engine_estimate)
+    from ..engines.estimate_fit import megatron_fit_for
+    return megatron_fit_for(graph, cl, precision=args.precision or cl.precision, version=args.fit_engine_estimate)
 
 
 def _finish(args, plan, t0):

@@ -18,7 +18,7 @@ every layer, so a stage with a per-block mix is selective only when every block 
 from __future__ import annotations
 
 from .mapping import EngineError
-from .megatron import tokens
+from .megatron import NO_ARCH, tokens
 from .megatron_estimate import estimate
 from .megatron_model import model_args
 
@@ -70,6 +70,16 @@ def megatron_fit(arch: dict, cluster, *, precision: str, grad_fp32: bool, versio
             return False
     fits.version = version
     return fits
+
+
+def megatron_fit_for(graph, cluster, *, precision: str, version: str = "main"):
+    """megatron_fit for a captured model (the architecture its export writes); EngineError, one line, for
+    a model Megatron does not build."""
+    from . import arch_facts, block_names
+    facts = arch_facts(graph.name, graph.meta, len(block_names(graph)))
+    if facts["arch"] is None:
+        raise EngineError(facts["arch_why"] or NO_ARCH)
+    return megatron_fit(facts["arch"], cluster, precision=precision, grad_fp32=False, version=version)
 
 
 def file_estimate_bytes(text: str, devices: int, version: str = "main") -> float:

@@ -127,6 +127,10 @@ def _interleave_flags(ecfg, L):
     return None
 
 
+NO_ARCH = ("Megatron builds its own GPT model and sapp does not know a factory model's architecture; export to "
+           "deepspeed, which trains your own module")
+
+
 def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     """The argument file's text: one flag (and value) per line, comments first."""
     L = len(names)
@@ -137,8 +141,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         a.append(flag if value is None else f"{flag} {value}")
 
     if facts.get("arch") is None:
-        raise EngineError(facts.get("arch_why") or "Megatron builds its own GPT model and sapp does not know a "
-                          "factory model's architecture; export to deepspeed, which trains your own module")
+        raise EngineError(facts.get("arch_why") or NO_ARCH)
     a += model_args(facts["arch"], ecfg.tp)
     add("--tensor-model-parallel-size", ecfg.tp)
     add("--pipeline-model-parallel-size", ecfg.pp)
