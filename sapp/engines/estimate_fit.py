@@ -75,11 +75,14 @@ def megatron_fit(arch: dict, cluster, *, precision: str, grad_fp32: bool, versio
 def megatron_fit_for(graph, cluster, *, precision: str, version: str = "main"):
     """megatron_fit for a captured model (the architecture its export writes); EngineError, one line, for
     a model Megatron does not build."""
-    from . import arch_facts, block_names
-    facts = arch_facts(graph.name, graph.meta, len(block_names(graph)))
-    if facts["arch"] is None:
-        raise EngineError(facts["arch_why"] or NO_ARCH)
-    return megatron_fit(facts["arch"], cluster, precision=precision, grad_fp32=False, version=version)
+    # (the package's arch_facts / block_names, read from their own modules: the package imports this one)
+    from ..pipeline.units import split_units
+    from .arch import architecture
+    layers = sum(1 for u in split_units(graph) if u.kind == "block")
+    arch = architecture(graph.name, graph.meta, layers)       # EngineError, one line, where it cannot
+    if arch is None:
+        raise EngineError(NO_ARCH)
+    return megatron_fit(arch, cluster, precision=precision, grad_fp32=False, version=version)
 
 
 def file_estimate_bytes(text: str, devices: int, version: str = "main") -> float:
