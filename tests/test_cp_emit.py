@@ -87,8 +87,14 @@ def _rel_norm(a, b):
     return num / den if den else num
 
 
+def _param(w, cid):
+    """The 8-rank world (cp x tp x sp x pp on a 2-core box: about 40 s) runs under `pytest -m slow`;
+    each of its parts runs at 2 or 4 ranks in the default suite."""
+    return pytest.param(w, cid, marks=pytest.mark.slow) if w >= 8 else (w, cid)
+
+
 def _cases():
-    return [(w, cid) for w in CASES for cid in CASES[w]]
+    return [_param(w, cid) for w in CASES for cid in CASES[w]]
 
 
 @pytest.mark.parametrize("world,cid", _cases())
@@ -140,7 +146,7 @@ def test_cp_equals_single_process(jobs, world, cid):
         assert abs(total_m - total_p) <= MEM_TOL * total_p, (r, meas, pred)
 
 
-@pytest.mark.parametrize("world,cid", [(w, c) for w in CASES for c, (_, pins) in CASES[w].items()
+@pytest.mark.parametrize("world,cid", [_param(w, c) for w in CASES for c, (_, pins) in CASES[w].items()
                                        if pins.get("pp", 1) > 1])
 def test_cp_pipeline_sends_what_the_plan_prices(jobs, world, cid):
     """A cp x pp stage hands PipelineStage, per micro-batch, its tokens' residual stream only (the

@@ -7,13 +7,15 @@ by every layer: each stage computes its own), Llama called with a padding attent
 from an input: sent, and priced forward only), BERT (a sub-module named `self`, tied decoder across
 stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied under four names, two of
 them in one stage; its encoder output crosses into the decoder stage beside the decoder's stream); TP=2
-from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (tied decoder kept whole); TP=2
+from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (the word embedding and the decoder
+tied to it split by vocabulary, one weight); TP=2
 with sequence parallelism for Llama (the residual stream cut where the first decoder layer
 takes it in); Llama in Llama 3's interleaved layout (pp 2, v 2: the embedding and the
 head + loss each a virtual stage of their own), memory within 10% per device.  4 ranks: Qwen2 PP x TP
 (the split traced at each rank's layer shapes); Llama PP x TP with sequence parallelism (the cut run in
 the traced first stage), whose measured
-memory is within 10% of the plan's per stage.  Every pipeline case sends, per micro-batch, exactly the
+memory is within 10% of the plan's per stage; BERT PP x TP (the tied table split by vocabulary in the
+first stage's embedding and the last stage's decoder, their gradients summed shard by shard).  Every pipeline case sends, per micro-batch, exactly the
 plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5 minutes on an idle 2-core
 box; the timeouts are generous because a loaded one runs several times slower."""
 import json
@@ -35,7 +37,7 @@ STEPS = 3
 # sequence parallelism and in Llama 3's layout, Llama pp2 x tp2, ...)
 CASES = {2: [("llama", "pp2"), ("llama_padded", "pp2"), ("bert", "pp2"), ("vit", "pp2"),
              ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"), ("llama", "tp2+sp"), ("llama", "pp2-glue")],
-         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp")]}
+         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("bert", "pp2xtp2")]}
 METERED = {"pp2xtp2+sp", "pp2-glue"}        # the last step under the memory meter
 PIPELINES = [(w, f"{k}-{c}") for w in CASES for k, c in CASES[w] if "pp2" in c]
 
@@ -94,12 +96,15 @@ def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
     assert qwen["model.layers.1.mlp.down_proj"] == "rowwise"
     assert cases["qwen2-tp2"]["ranks"]["0"]["dtensor_params"] >= 14      # every region's weights are DTensors
     bert = plans["bert-tp2"]["tp_modules"]
-    assert "cls.predictions.decoder" not in bert                          # tied to the word embedding
+    # the decoder's weight is the word embedding's: both split by vocabulary, one weight (Megatron's layout)
+    assert bert["cls.predictions.decoder"] == "colwise_gather" and bert["bert.embeddings.word_embeddings"] == "vocab"
     assert bert["bert.encoder.layer.0.attention.self.query"] == "colwise"
     assert bert["bert.encoder.layer.0.attention.output.dense"] == "rowwise"
     pptp = job4[1]["qwen2-pp2xtp2"]
     assert pptp["parallel"] == {"dp": 1, "tp": 2, "pp": 2, "sp": False} and pptp["tp_modules"]
     assert all(job4[0]["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
+    tied = job4[1]["bert-pp2xtp2"]["tp_modules"]
+    assert tied["cls.predictions.decoder"] == "colwise_gather" and tied["bert.embeddings.word_embeddings"] == "vocab"
 
 
 @pytest.mark.parametrize("kind", ["llama"])

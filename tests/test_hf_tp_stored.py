@@ -100,6 +100,8 @@ def test_distilbert_sp_cuts_the_embeddings_at_their_sum(stored):
     assert any("cut at the blocks' input, not at distilbert.embeddings.LayerNorm" in n for n in notes), notes
 
 
+# Whisper's job (about 30 s) runs under `pytest -m slow`; bench.hf_matrix runs it in every configuration
+@pytest.mark.slow
 @pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in JOBS["whisper"]])
 def test_whisper_runs_equal_to_one_process(whisper, cid):
     cases, plans = whisper
@@ -109,6 +111,7 @@ def test_whisper_runs_equal_to_one_process(whisper, cid):
         assert any(n.startswith("tp: WhisperAttention.num_heads 4 -> 2") for n in got["notes"]), got["notes"]
 
 
+@pytest.mark.slow
 def test_frozen_parameters_are_counted_alike_at_plan_and_run(whisper):
     """The plan counts trainable parameters; so does emit's check (the frozen sinusoidal positions
     of Whisper's encoder are in neither)."""

@@ -76,6 +76,7 @@ def test_sp_memory_within_ten_percent(job):
         assert meas["activations"] == pytest.approx(pred["activations"], rel=0.10), (r, meas, pred)
 
 
+@pytest.mark.slow      # about 36 s: two more gloo runs; the matching and memory checks above stay in the suite
 def test_sp_saving_is_the_predicted_one():
     """Activations saved with SP vs without (tp2, one job each): the drop the cost model predicts (the
     norms, dropout masks, residual stream and region-entry inputs at 1/t) is the drop measured, 10%."""

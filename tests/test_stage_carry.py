@@ -67,7 +67,8 @@ def test_a_stage_runs_the_blocks_capture_names(direct):
     assert sorted(graph.blocks) == ["angles.0", "groups.0.0", "groups.1.0"]
 
 
-@pytest.mark.parametrize("kind", ["stagey", "stagey-direct"])
+# the direct variant (about 30 s) under `pytest -m slow`: the same stage carry, called another way
+@pytest.mark.parametrize("kind", ["stagey", pytest.param("stagey-direct", marks=pytest.mark.slow)])
 def test_searched_pp2_plan_equals_one_process(tmp_path, kind):
     import sapp
     from sapp.api import search

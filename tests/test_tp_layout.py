@@ -86,11 +86,42 @@ def test_lone_column_split_head_is_gathered():
     assert styles["vit.layers.0.mlp.fc1"] == "colwise" and styles["vit.layers.0.mlp.fc2"] == "rowwise"
 
 
-def test_tied_decoder_is_not_split():
+def test_tied_table_splits_by_vocabulary_in_both_uses_or_neither():
     g = _graph("bert")
     lin = {g.nodes[n].module for n in tp_layout.linears(g)}
-    assert "cls.predictions.decoder" not in lin         # its weight is the word embedding's
-    assert "bert.encoder.layer.0.attention.self.query" in lin
+    assert "cls.predictions.decoder" not in lin         # its weight is the word embedding's: not a lone linear
+    (param, embs, heads), = tp_layout.tied_tables(g)
+    assert [g.nodes[e].module for e in embs] == ["bert.embeddings.word_embeddings"]
+    assert [g.nodes[h].module for h in heads] == ["cls.predictions.decoder"]
+    # the search cutting either use splits both by rows of the one weight (Megatron's vocab-parallel
+    # embedding and output layer); cutting neither splits neither
+    for picked in ({heads[0]: "n"}, {embs[0]: "v"}):
+        styles, _, _ = _styles(g, picked)
+        assert styles["bert.embeddings.word_embeddings"] == "vocab"
+        assert styles["cls.predictions.decoder"] == "colwise_gather"
+    styles, _, _ = _styles(g, {})
+    assert "cls.predictions.decoder" not in styles and "bert.embeddings.word_embeddings" not in styles
+    # a vocabulary that does not divide keeps both whole (bert's tiny vocabulary: 256)
+    styles, _, _ = _styles(g, {heads[0]: "n"}, tp=3)
+    assert "cls.predictions.decoder" not in styles and "bert.embeddings.word_embeddings" not in styles
+
+
+def test_tied_table_split_is_priced_at_its_share():
+    """The one weight, split by vocabulary, is priced at 1/tp a rank (states and the head's work),
+    the head's output gathered: what the emitter runs (test_hf_emit's bert cases)."""
+    from sapp.cluster import Cluster
+    from sapp.costmodel import CostSettings, evaluate_sharding
+    from sapp.mesh import Level, Mesh
+    g = _graph("bert")
+    (param, embs, heads), = tp_layout.tied_tables(g)
+    mesh, cl, st = Mesh((Level(2, "intra"),)), Cluster.parse("h100-80g:devices=2"), CostSettings(precision="fp32")
+    whole = {n: (None,) for n in g.nodes}
+    split = dict(whole, **{e: ("v",) for e in embs}, **{h: ("n",) for h in heads})
+    a, b = evaluate_sharding(g, whole, mesh, cl, st), evaluate_sharding(g, split, mesh, cl, st)
+    # the table once (not once a use) and the head's bias, both at half a rank, fp32
+    split_params = g.params[param].numel + g.params["cls.predictions.decoder.bias"].numel
+    assert a.param_bytes - b.param_bytes == pytest.approx(split_params * 4 / 2, rel=1e-6)
+    assert b.reshard_s > a.reshard_s                      # the gathered logits and the reduced lookup
 
 
 def test_heads_that_do_not_divide_keep_the_region_replicated():

@@ -36,6 +36,39 @@ def nested_holders(graph) -> set:
     return out
 
 
+def tied_tables(graph) -> list:
+    """[(param, [embedding nodes], [linear nodes])] for each weight shared by an embedding table and
+    linears over the same (vocabulary, hidden) layout (GPT-2's wte / lm_head, BERT's word embedding /
+    decoder, T5's shared table): Megatron's layout splits such a table by vocabulary in both uses,
+    rows of one weight, so the two stay one parameter.  Every user must be a vocabulary-split-able
+    embedding or an (n, k) linear of a module without parameter-holding sub-modules."""
+    nested = nested_holders(graph)
+    users = {}
+    for name, node in graph.nodes.items():
+        for p in set(node.params):
+            users.setdefault(p, []).append(name)
+    out = []
+    for p, names in users.items():
+        if len(names) < 2:
+            continue
+        embs, heads = [], []
+        for n in names:
+            node = graph.nodes[n]
+            w = linear_weight(node)
+            if not node.module or node.module in nested:
+                break
+            if node.kind == "embedding" and any(d.name == "v" for d in node.dims):
+                embs.append(n)
+            elif w is not None and w.param == p and tuple(w.dims) == ("n", "k"):
+                heads.append(n)
+            else:
+                break
+        else:
+            if embs and heads:
+                out.append((p, embs, heads))
+    return out
+
+
 def linears(graph) -> list:
     """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
     the word embedding) is not split: splitting one of its users would untie the two; nor is a

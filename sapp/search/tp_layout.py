@@ -19,7 +19,8 @@ DTensor's sharding propagation cannot run.  So the tp level's strategies pass th
    pieces (`fused_parts`; emit orders its rows so each rank holds its share of every piece);
 3. a valid region is sharded when the search cut a weight in it (it judged tensor parallelism to pay
    there); its ops get exactly the per-op dims of step 2, everything else is replicated on the tp
-   level.  A lone column-split linear (the LM head) is kept with its output gathered.
+   level.  A lone column-split linear (the LM head) is kept with its output gathered; an embedding
+   table tied to the head is split by vocabulary in both uses (`linears.tied_tables`), as Megatron does.
 
 The joint search prices these strategies (sapp.api passes `search_fn` below), so the plan's predicted
 time is that of the program emit runs, and a tp degree that shards nothing is priced as the
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linears import linears, nested_holders, param_uses  # noqa: F401  (linears: read from here too)
+from .linears import linears, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
 
 
@@ -237,7 +238,19 @@ def emittable(graph, choice: dict, tp: int):
             dim = next((d for d in node.dims if d.name == "v"), None)
             if dim is not None and dim.size % tp == 0:
                 out[n] = "v"
+    # a table tied to an output head is split by vocabulary in every use or in none (one weight);
+    # the search judged it to pay when it cut either use
+    for _, embs, heads in tied_tables(graph):
+        if any(choice.get(e) == "v" for e in embs) or any(choice.get(h) == "n" for h in heads):
+            if _tied_divides(graph, embs, tp):
+                out.update({e: "v" for e in embs})
+                out.update({h: "n" for h in heads})
     return out, used, notes
+
+
+def _tied_divides(graph, embs, tp: int) -> bool:
+    dims = [next((d for d in graph.nodes[e].dims if d.name == "v"), None) for e in embs]
+    return all(d is not None and d.splittable and d.size % tp == 0 for d in dims)
 
 
 class _Result:
@@ -275,6 +288,9 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
             full.update({o: "n" for o in r.openers})
         elif len(r.openers) == 1 and not r.closers:
             lone[r.openers[0]] = "n"
+    for _, embs, heads in tied_tables(graph):      # Megatron's vocab-parallel tied embedding and head
+        lone.update({e: "v" for e in embs})
+        lone.update({h: "n" for h in heads})
     alts = [emittable(graph, full, tp)[0]]
     if lone:
         alts.append(emittable(graph, {**full, **lone}, tp)[0])
@@ -310,6 +326,7 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
     # sequence-parallel ops (`sp`) join no region: they run between regions, whatever each region does
     split = {n for n in graph.nodes if tp_dim(n) is not None and n not in sp}
     lin = set(linears(graph))
+    tied_heads = {h for _, _, heads in tied_tables(graph) for h in heads}
     parent = {n: n for n in split}
 
     def find(n):
@@ -333,6 +350,8 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
             styles.setdefault(node.module, "rowwise")
         elif node.kind == "embedding" and d == "v":
             styles.setdefault(node.module, "vocab")
+        elif n in tied_heads and d == "n":        # the head of a vocabulary-split tied table
+            styles.setdefault(node.module, "colwise_gather")
     by_root = {}
     for n in graph.nodes:
         node = graph.nodes[n]

@@ -38,7 +38,7 @@ def _run_case_in(case, rank):
         prog = emit(model, plan, loss_fn=loss_fn, lr=1e-3, example_inputs=x0, check_fingerprint=False)
     except Exception as e:          # raised alike on every rank before any collective (checks, preflight)
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                "phase": "emit"}
+                "phase": "emit", "trace": traceback.format_exc()[-2500:]}
     losses, sends, measured = [], _record_sends(prog), None
     try:
         for i in range(case["steps"]):

@@ -219,7 +219,9 @@ def expected(plan, prog, regions: dict) -> dict:
                 if any(f"{b}.{n}" not in host_params for n, _ in names[b].named_parameters()):
                     units.append(pre + b)
             units.append(pre + ROOT)
-        wanted = {n: s for n, s in {**priced_tp(plan, prog.full_modules), **styles}.items() if n in names}
+        # a bare Module only holds a tied weight for another stage's layer (emit/tp/parallel.py)
+        wanted = {n: s for n, s in {**priced_tp(plan, prog.full_modules), **styles}.items()
+                  if n in names and type(names[n]) is not nn.Module}
         for name, style in wanted.items():
             tp[name] = _meant(name, style, wanted, prog.full_modules, groups)
         for b in sorted(modes):

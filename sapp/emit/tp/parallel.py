@@ -40,9 +40,15 @@ def _restore_leaf(module: nn.Module, name: str, original: nn.Module) -> nn.Modul
     with the stage's current weights (same call signature: one tensor in, one out)."""
     import copy
     leaf = copy.deepcopy(original)
-    state = module.get_submodule(name).state_dict()
+    stand_in = module.get_submodule(name)
+    state = stand_in.state_dict()
     if all(state[k].shape == v.shape for k, v in leaf.state_dict().items() if k in state):
         leaf.load_state_dict(state)
+        # the stage's own parameter objects, not copies: a weight the stage also keeps elsewhere (a
+        # tied table's stand-in holder) stays the same object, which `retie` then keeps tied
+        for k, p in stand_in.named_parameters(recurse=False):
+            if k in leaf._parameters:
+                leaf._parameters[k] = p
     # else the stage was traced with a local-shape stand-in (see local_layers): the original's
     # values are the stage's, as nothing has trained yet
     parent, _, child = name.rpartition(".")
@@ -87,13 +93,16 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
     for n, p in module.named_parameters(remove_duplicate=False):
         owners.setdefault(id(p), set()).add(id(module.get_submodule(n.rpartition(".")[0])))
     for group in groups:
-        here = [n for n in group if n in mods and n in styles]
+        # a bare Module in a pipeline stage only holds a tied weight another stage's layer computes
+        # with (torch's pipeline copies it into each stage holding the weight): re-tied, not split
+        here = [n for n in group if n in mods and n in styles and type(mods[n]) is not nn.Module]
         if not here:
             continue
         leaves = {n: (mods[n] if _splittable(mods[n]) else None) if dry
                   else _tp_leaf(module, mods, n, originals) for n in here}
         odd = [n for n, leaf in leaves.items() if leaf is None]
-        tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1]
+        tied = [n for n, leaf in leaves.items() if leaf is not None and len(owners.get(id(leaf.weight), ())) > 1
+                and not _rows_of_tied_table(leaf, styles[n])]
         if tied:
             if notes is not None:
                 notes.append(f"tp region {here[0]} .. runs replicated: {tied[0]}'s weight is tied to another module")
@@ -117,7 +126,63 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
                 plan[n] = RowwiseParallel(**kw)
             else:                               # vocab: embedding rows split, partial sums reduced
                 plan[n] = RowwiseParallel(**dict({"input_layouts": Replicate()}, **kw))
+    return _whole_ties(module, plan, originals, notes)
+
+
+def _rows_of_tied_table(leaf, style: str) -> bool:
+    """A tied table's use that splits the weight's rows (dim 0): the embedding by vocabulary, or the
+    nn.Linear head column-wise.  All uses so split keep one weight, re-tied after (`retie`)."""
+    return (style == "vocab" and isinstance(leaf, nn.Embedding)) or (
+        style == "colwise_gather" and type(leaf) is nn.Linear)
+
+
+def tied_holders(module: nn.Module, originals: dict = None) -> dict:
+    """{key: [(module name, attribute)]} of the parameters two or more modules hold.  In a pipeline
+    stage (`originals`: the whole model's modules) the ties are the model's: torch's pipeline gives
+    a stage holding two names of one weight two objects (a layer's and a bare holder's)."""
+    out = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        mod, _, attr = n.rpartition(".")
+        out.setdefault(id(p), []).append((mod, attr))
+    if originals:
+        present = {h for hs in out.values() for h in hs}
+        by_weight = {}
+        for mname, m in originals.items():
+            for attr, p in m.named_parameters(recurse=False):
+                if (mname, attr) in present:
+                    by_weight.setdefault(id(p), []).append((mname, attr))
+        out = by_weight
+    return {k: v for k, v in out.items() if len({id(module.get_submodule(m)) for m, _ in v}) > 1}
+
+
+def _whole_ties(module, plan: dict, originals, notes) -> dict:
+    """A tied weight is split in every module holding it or in none: one holder split alone would
+    untie them (two weights stepping apart: silently wrong)."""
+    for holders in tied_holders(module, originals).values():
+        names = {m for m, _ in holders}
+        inside = names & set(plan)
+        # a holder that only keeps an alias (BERT's cls.predictions.bias is its decoder's bias) is
+        # re-tied to the split weight (`retie`); one that computes with it would run it unsplit
+        computing = {m for m in names if _leaf_type(module.get_submodule(m))}
+        if inside and not computing <= inside:
+            for n in inside:
+                plan.pop(n)
+            if notes is not None:
+                notes.append(f"tp: {sorted(inside)[0]} runs replicated: its weight is tied to "
+                             f"{sorted(computing - inside)[0]}, which is not split by rows")
     return plan
+
+
+def retie(module: nn.Module, holders: dict) -> None:
+    """After parallelize_module: each holder of a weight split by rows in all its uses (and each
+    module keeping an alias of it) gets the first holder's DTensor parameter (parallelize_module made one per module; both are Shard(0) on the tp
+    mesh, the same values), so the uses stay one parameter with one gradient."""
+    for pairs in holders.values():
+        first = getattr(module.get_submodule(pairs[0][0]), pairs[0][1])
+        for m, attr in pairs[1:]:
+            sub = module.get_submodule(m)
+            if getattr(sub, attr) is not first:
+                setattr(sub, attr, first)
 
 
 def local_layers(model: nn.Module, styles: dict, tp: int, groups) -> dict:
@@ -184,7 +249,10 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
         if permuted is not None:
             permuted.update(fused.entries(mine, mods.get, tp_mesh.size()))
         if plan:
+            holders = {k: sorted(v, key=lambda h: h[0] not in plan) for k, v in tied_holders(module, originals).items()
+                       if any(m in plan for m, _ in v)}
             _parallelize(module, tp_mesh, plan)
+            retie(module, holders)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
             sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
         return sorted(plan)
