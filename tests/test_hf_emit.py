@@ -7,17 +7,16 @@ by every layer: each stage computes its own), Llama called with a padding attent
 from an input: sent, and priced forward only), BERT (a sub-module named `self`, tied decoder across
 stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied under four names, two of
 them in one stage; its encoder output crosses into the decoder stage beside the decoder's stream); TP=2
-from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (the word embedding and the decoder
-tied to it split by vocabulary, one weight); TP=2
-with sequence parallelism for Llama (the residual stream cut where the first decoder layer
-takes it in); Llama in Llama 3's interleaved layout (pp 2, v 2: the embedding and the
-head + loss each a virtual stage of their own), memory within 10% per device.  4 ranks: Qwen2 PP x TP
-(the split traced at each rank's layer shapes); Llama PP x TP with sequence parallelism (the cut run in
-the traced first stage), whose measured
-memory is within 10% of the plan's per stage; BERT PP x TP (the tied table split by vocabulary in the
-first stage's embedding and the last stage's decoder, their gradients summed shard by shard).  Every pipeline case sends, per micro-batch, exactly the
-plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5 minutes on an idle 2-core
-box; the timeouts are generous because a loaded one runs several times slower."""
+from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (the word embedding and the
+decoder tied to it split by vocabulary, one weight); TP=2 with sequence parallelism for Llama (the
+residual stream cut where the first decoder layer takes it in); Llama in Llama 3's interleaved layout
+(pp 2, v 2: the embedding and the head + loss each a virtual stage of their own), memory within 10% per
+device.  4 ranks: Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama PP x TP with
+sequence parallelism (the cut run in the traced first stage), whose measured memory is within 10% of
+the plan's per stage; BERT PP x TP (the tied table split by vocabulary in the first stage's embedding
+and the last stage's decoder, their gradients summed shard by shard).  Every pipeline case sends, per
+micro-batch, exactly the plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5
+minutes on an idle 2-core box; the timeouts are generous because a loaded one runs several times slower."""
 import json
 import os
 import sys

@@ -126,7 +126,7 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
                 plan[n] = RowwiseParallel(**kw)
             else:                               # vocab: embedding rows split, partial sums reduced
                 plan[n] = RowwiseParallel(**dict({"input_layouts": Replicate()}, **kw))
-    return _whole_ties(module, plan, originals, notes)
+    return _whole_ties(module, plan, originals, notes, named=styles)
 
 
 def _rows_of_tied_table(leaf, style: str) -> bool:
@@ -155,15 +155,18 @@ def tied_holders(module: nn.Module, originals: dict = None) -> dict:
     return {k: v for k, v in out.items() if len({id(module.get_submodule(m)) for m, _ in v}) > 1}
 
 
-def _whole_ties(module, plan: dict, originals, notes) -> dict:
-    """A tied weight is split in every module holding it or in none: one holder split alone would
-    untie them (two weights stepping apart: silently wrong)."""
+def _whole_ties(module, plan: dict, originals, notes, named=None) -> dict:
+    """A tied weight is split in every module computing with it or in none: one use split alone would
+    untie them (two weights stepping apart: silently wrong).  A searched layout names every use the
+    graph has (tp_layout's tied tables, `named`: the layout's styles); a module the layout does not
+    name only keeps an alias (BERT's cls.predictions.bias is its decoder's bias, BART's `shared` table
+    its embeddings') and is re-tied to the split weight (`retie`).  A hand-written layout (`named`
+    None) must name every Linear / Embedding holding the weight."""
     for holders in tied_holders(module, originals).values():
         names = {m for m, _ in holders}
         inside = names & set(plan)
-        # a holder that only keeps an alias (BERT's cls.predictions.bias is its decoder's bias) is
-        # re-tied to the split weight (`retie`); one that computes with it would run it unsplit
-        computing = {m for m in names if _leaf_type(module.get_submodule(m))}
+        computing = ({m for m in names if _leaf_type(module.get_submodule(m))} if named is None
+                     else {m for m in names & set(named) if type(module.get_submodule(m)) is not nn.Module})
         if inside and not computing <= inside:
             for n in inside:
                 plan.pop(n)
@@ -175,8 +178,9 @@ def _whole_ties(module, plan: dict, originals, notes) -> dict:
 
 def retie(module: nn.Module, holders: dict) -> None:
     """After parallelize_module: each holder of a weight split by rows in all its uses (and each
-    module keeping an alias of it) gets the first holder's DTensor parameter (parallelize_module made one per module; both are Shard(0) on the tp
-    mesh, the same values), so the uses stay one parameter with one gradient."""
+    module keeping an alias of it) gets the first holder's DTensor parameter (parallelize_module made
+    one per module; all are Shard(0) on the tp mesh, the same values), so the uses stay one parameter
+    with one gradient."""
     for pairs in holders.values():
         first = getattr(module.get_submodule(pairs[0][0]), pairs[0][1])
         for m, attr in pairs[1:]:
@@ -249,10 +253,7 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
         if permuted is not None:
             permuted.update(fused.entries(mine, mods.get, tp_mesh.size()))
         if plan:
-            holders = {k: sorted(v, key=lambda h: h[0] not in plan) for k, v in tied_holders(module, originals).items()
-                       if any(m in plan for m, _ in v)}
-            _parallelize(module, tp_mesh, plan)
-            retie(module, holders)
+            _parallelize_tied(module, tp_mesh, plan, originals)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
             sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
         return sorted(plan)
@@ -277,9 +278,19 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
                 plan[name] = RowwiseParallel(input_layouts=Replicate())
             else:
                 plan[name] = RowwiseParallel() if fed else RowwiseParallel(input_layouts=Replicate())
+    # a hand-written layout naming one use of a tied weight runs it replicated (the manifest then
+    # refuses the plan): split alone it would step apart from its other use
+    plan = _whole_ties(module, plan, originals, notes)
     if plan:
-        _parallelize(module, tp_mesh, plan)
+        _parallelize_tied(module, tp_mesh, plan, originals)
     return sorted(plan)
+
+
+def _parallelize_tied(module, tp_mesh, plan: dict, originals) -> None:
+    holders = {k: sorted(v, key=lambda h: h[0] not in plan) for k, v in tied_holders(module, originals).items()
+               if any(m in plan for m, _ in v)}
+    _parallelize(module, tp_mesh, plan)
+    retie(module, holders)
 
 
 def _parallelize(module, tp_mesh, plan: dict) -> None:

@@ -1,0 +1,56 @@
+"""A weight tied between an embedding and its output head under tensor parallelism
+(sapp/emit/tp/parallel.py): split by vocabulary in both uses it stays one parameter; a layout that
+splits one use alone runs it replicated, with a note (split alone, the two uses would step apart).
+In one process (a world-1 gloo group: DTensor's layouts on a mesh of one)."""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sapp.emit.tp import parallel
+
+
+class TiedLM(nn.Module):
+    def __init__(self, v=16, h=8):
+        super().__init__()
+        self.emb = nn.Embedding(v, h)
+        self.mid = nn.Linear(h, h)
+        self.head = nn.Linear(h, v, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+def _mesh(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    return parallel.build_mesh(torch.device("cpu"), 1, 1, 1)["tp"]
+
+
+def test_both_uses_split_stay_one_weight(tmp_path):
+    try:
+        mesh = _mesh(tmp_path)
+        for groups in (None, [["emb"], ["head"]]):         # hand-written, and a searched layout's groups
+            m, notes = TiedLM(), []
+            styles = {"emb": "vocab", "head": "colwise_gather"}
+            done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
+            assert done == ["emb", "head"], notes
+            assert m.head.weight is m.emb.weight and hasattr(m.emb.weight, "placements")
+            assert [n for n, _ in m.named_parameters()] == ["emb.weight", "mid.weight", "mid.bias"]
+            m(torch.tensor([[1, 2, 3]])).sum().backward()
+            assert m.emb.weight.grad is not None           # both uses' gradients in the one weight
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_use_split_alone_runs_replicated_with_a_note(tmp_path):
+    try:
+        mesh = _mesh(tmp_path)
+        # hand-written: only the head named; searched: both named, the embedding's group not split here
+        for styles, groups in (({"head": "colwise_gather"}, None),
+                               ({"emb": "vocab", "head": "colwise_gather"}, [["head"]])):
+            m, notes = TiedLM(), []
+            done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
+            assert done == [] and m.head.weight is m.emb.weight and not hasattr(m.emb.weight, "placements")
+            assert any("head" in n and "tied" in n for n in notes), notes
+    finally:
+        dist.destroy_process_group()
