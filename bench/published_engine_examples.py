@@ -64,8 +64,30 @@ def estimator(row) -> dict | None:
     world = resolve_cluster(cluster).devices
     main = estimate(args, world_size=world, vocab=vocab)
     old = estimate(args, world_size=world, vocab=vocab, version="core_v0.16.1")
-    return {"main": main["total_bytes"], "core_v0.16.1": old["total_bytes"], "weights": main["weights_mb"] * MB,
-            "activations": main["activation_mb"] * MB}
+    out = {"main": main["total_bytes"], "core_v0.16.1": old["total_bytes"], "weights": main["weights_mb"] * MB,
+           "activations": main["activation_mb"] * MB, "measured_layer": None}
+    # the estimator prices an MoE layer as a dense MLP; beside it, its formula with the layer Megatron-Core
+    # itself keeps (measured at tp 1, the example's)
+    if args.get("--num-experts") and int(args.get("--tensor-model-parallel-size", 1) or 1) == 1:
+        sbh = measured_moe_layer_sbh(int(args["--hidden-size"]))
+        if sbh is not None:
+            out["measured_layer"] = (estimate(args, world_size=world, vocab=vocab, layer_sbh=sbh)["total_bytes"], sbh)
+    return out
+
+
+def measured_moe_layer_sbh(h: int) -> float | None:
+    """Bytes per token over h that Megatron-Core's own MoE layer keeps for backward (Mixtral's shape
+    ratios: 8 experts top-2, SwiGLU ffn 3.5h, 1 kv head in 4; flash-equivalent attention, alltoall
+    dispatcher), measured on this CPU (bench/megatron_saved_activations.py), with its two norms as a
+    GPU's fused RMSNorm keeps them (the bf16 input and an fp32 1/rms: 2 + 4/h each) instead of the CPU
+    kernel's fp32 copies.  None without megatron-core."""
+    from bench import megatron_saved_activations as msa
+    if msa.blocked():
+        return None
+    sel = msa.measure("moe-alltoall", "selective")
+    parts = msa._groups(sel["parts"], "layers.0.")
+    tok = msa.S * msa.B * msa.H
+    return (sel["total"] - parts["norms"]) / tok + 2 * (2 + 4 / h)
 
 
 def without_offload(path) -> str:
@@ -80,8 +102,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     gib = 1024 ** 3
     print("| configuration | cluster | fits | sapp peak GiB | states GiB | activations GiB | Megatron estimate GiB "
-          "(main / core_v0.16.1) | error vs main | states vs estimate's weights+optimizer | step s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "(main / core_v0.16.1) | error vs main | states vs estimate's weights+optimizer | main's formula with "
+          "Megatron-Core's measured MoE layer GiB: sapp's error | step s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [r for r in ROWS if not a.only or a.only in r[0]]
     for row in rows:
         variants = [(row[0], None)]
@@ -94,14 +117,16 @@ def main(argv=None):
             peak = pr["peak_memory_bytes"]
             states = mem["params"] + mem["grads"] + mem["optimizer"]
             est = estimator(row) if text is None else None
-            e_cols = ("—", "—", "—")
+            e_cols = ("—", "—", "—", "—")
             if est:
+                ml = est["measured_layer"]
                 e_cols = (f"{est['main'] / gib:.1f} / {est['core_v0.16.1'] / gib:.1f}",
-                          f"{(peak / est['main'] - 1) * 100:+.1f}%", f"{(states / est['weights'] - 1) * 100:+.1f}%")
+                          f"{(peak / est['main'] - 1) * 100:+.1f}%", f"{(states / est['weights'] - 1) * 100:+.1f}%",
+                          f"{ml[0] / gib:.1f} ({ml[1]:.2f} sbh a layer): {(peak / ml[0] - 1) * 100:+.1f}%" if ml else "—")
             fits = "yes" if peak <= cl.usable_memory else f"NO (usable {cl.usable_memory / gib:.1f})"
             st = f"{states / gib:.1f}" if est else "—"      # (an offloaded optimizer is in the breakdown, not on the GPU)
             print(f"| {label} | {row[5]} | {fits} | {peak / gib:.1f} | {st} | "
-                  f"{mem['activations'] / gib:.1f} | {e_cols[0]} | {e_cols[1]} | {e_cols[2]} | "
+                  f"{mem['activations'] / gib:.1f} | {e_cols[0]} | {e_cols[1]} | {e_cols[2]} | {e_cols[3]} | "
                   f"{pr['step_time_s']:.3g} |")
             sys.stdout.flush()
     return 0

@@ -45,3 +45,19 @@ def test_full_recomputation_keeps_each_recomputed_layers_input():
     assert none - b == pytest.approx(saved)
     half = dict(block, **{"--recompute-num-layers": "4"})
     assert estimate(half, world_size=8, vocab=32000, completed=True)["activation_mb"] == pytest.approx(none - saved / 2)
+
+
+def test_a_measured_layer_replaces_only_the_layer_term():
+    """`layer_sbh` (bench.published_engine_examples: Megatron-Core's own MoE layer measured) stands in for
+    the formula's per-layer coefficient and nothing else: the formula's own coefficient gives its own
+    number back, and the layers' share grows with the coefficient."""
+    sp_sel = {"--sequence-parallel": True, "--recompute-granularity": "selective"}
+    for args in (BASE, dict(BASE, **sp_sel)):
+        own = estimate(args, world_size=8, vocab=32000)
+        sp = bool(args.get("--sequence-parallel"))
+        coef = 18 + 4 * 4 if sp else 10 + 24 / 2             # ffn 4h; tp 2
+        same = estimate(args, world_size=8, vocab=32000, layer_sbh=coef)
+        assert same["total_mb"] == pytest.approx(own["total_mb"])
+        more = estimate(args, world_size=8, vocab=32000, layer_sbh=2 * coef)
+        assert more["weights_mb"] == pytest.approx(own["weights_mb"])
+        assert own["activation_mb"] < more["activation_mb"] < 2 * own["activation_mb"]

@@ -131,22 +131,24 @@ def _layers(r, per_layer, completed):
     return per_layer * (L - n) + keep * n
 
 
-def activation_bytes(r: dict, completed: bool = False) -> float:
+def activation_bytes(r: dict, completed: bool = False, layer_sbh: float | None = None) -> float:
     """compute_activation_memory (SP with selective recomputation) or compute_activation_memory_without_sp.
     `completed` adds what the estimator leaves out: context parallelism (each rank holds s/cp tokens)
-    and full recomputation (see _layers)."""
+    and full recomputation (see _layers).  `layer_sbh`: a layer's bytes per token over h in place of the
+    formula's (a dense layer's, Korthikanti's), e.g. what Megatron-Core's own MoE layer is measured to
+    keep (bench/megatron_saved_activations.py); everything else is the formula's."""
     s, b, h, tp, pp, V = r["s"], r["mbs"], r["h"], r["tp"], r["pp"], r["padded_vocab"]
     if completed:
         r = dict(r, s=s // r["cp"])
         s = r["s"]
     if r["sp"] and r["selective"]:
-        act = _layers(r, s * b * h * (18 + 4 * r["ffn"] / h), completed)
+        act = _layers(r, s * b * h * (layer_sbh if layer_sbh is not None else 18 + 4 * r["ffn"] / h), completed)
         act += 8 * s * b * pp + s * b * h * pp
         act = _pipeline_factor(r, act)
         if pp == 1:
             act += s * b * h * 4 * (1 + V / h)
         return act / tp
-    act = _layers(r, s * b * h * (10 + 24 / tp), completed)
+    act = _layers(r, s * b * h * (layer_sbh if layer_sbh is not None else 10 + 24 / tp), completed)
     act += 8 * s * b * pp + s * b * h * pp
     act = _pipeline_factor(r, act)
     if pp == 1:
@@ -154,13 +156,14 @@ def activation_bytes(r: dict, completed: bool = False) -> float:
     return act * 1.05
 
 
-def estimate(args: dict, *, world_size: int, vocab: int, version: str = "main", completed: bool = False) -> dict:
+def estimate(args: dict, *, world_size: int, vocab: int, version: str = "main", completed: bool = False,
+             layer_sbh: float | None = None) -> dict:
     """Megatron's theoretical memory (MB = MiB, as it prints them) for `args` ({flag: value} as
     sapp.engines.megatron.tokens reads a file) on `world_size` GPUs with a tokenizer of `vocab`.
     `completed=True` is no longer Megatron's number: its formula with the terms it leaves out added
     (bf16 main_grads under --grad-reduce-in-bf16; context parallelism: s/cp tokens a rank and the
     distributed optimizer sharded over dp x cp; full recomputation)."""
     r = resolved(args, world_size, vocab)
-    w, act = weights_bytes(r, version, completed), activation_bytes(r, completed)
+    w, act = weights_bytes(r, version, completed), activation_bytes(r, completed, layer_sbh)
     return {"weights_mb": w / MB, "activation_mb": act / MB, "total_mb": (w + act) / MB,
             "total_bytes": w + act}
