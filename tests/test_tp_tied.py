@@ -16,6 +16,9 @@ class TiedLM(nn.Module):
         self.mid = nn.Linear(h, h)
         self.head = nn.Linear(h, v, bias=False)
         self.head.weight = self.emb.weight
+        # an uncalled holder of the same weight (BART's `shared` table beside its embeddings)
+        self.shared = nn.Embedding(v, h)
+        self.shared.weight = self.emb.weight
 
     def forward(self, ids):
         return self.head(torch.tanh(self.mid(self.emb(ids))))
@@ -29,12 +32,14 @@ def _mesh(tmp_path):
 def test_both_uses_split_stay_one_weight(tmp_path):
     try:
         mesh = _mesh(tmp_path)
-        for groups in (None, [["emb"], ["head"]]):         # hand-written, and a searched layout's groups
+        # hand-written: every Linear / Embedding holding the weight named; searched: the uses the graph
+        # has, the uncalled holder re-tied
+        for styles, groups in (({"emb": "vocab", "head": "colwise_gather", "shared": "vocab"}, None),
+                               ({"emb": "vocab", "head": "colwise_gather"}, [["emb"], ["head"]])):
             m, notes = TiedLM(), []
-            styles = {"emb": "vocab", "head": "colwise_gather"}
             done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
-            assert done == ["emb", "head"], notes
-            assert m.head.weight is m.emb.weight and hasattr(m.emb.weight, "placements")
+            assert done == sorted(styles), notes
+            assert m.head.weight is m.emb.weight is m.shared.weight and hasattr(m.emb.weight, "placements")
             assert [n for n, _ in m.named_parameters()] == ["emb.weight", "mid.weight", "mid.bias"]
             m(torch.tensor([[1, 2, 3]])).sum().backward()
             assert m.emb.weight.grad is not None           # both uses' gradients in the one weight

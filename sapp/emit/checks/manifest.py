@@ -224,6 +224,7 @@ def expected(plan, prog, regions: dict) -> dict:
                   if n in names and type(names[n]) is not nn.Module}
         for name, style in wanted.items():
             tp[name] = _meant(name, style, wanted, prog.full_modules, groups)
+        tp.update(_aliases(names, wanted, tp))
         for b in sorted(modes):
             if b in names:
                 if modes[b] == "full":
@@ -262,6 +263,19 @@ def _sg_expected(plan, s) -> list:
         return []
     n = checks.stage_count(plan)
     return (["gather-input"] if s > 0 else []) + (["split-output"] if s < n - 1 else [])
+
+
+def _aliases(names: dict, wanted: dict, tp: dict) -> dict:
+    """Layers the plan does not name that hold a weight of one it splits (BART's `shared` table, the
+    embeddings' weight): emit re-ties them to the split weight (sapp/emit/tp/parallel.py `retie`), so
+    they read as split by rows, an Embedding by vocabulary and a Linear column-wise."""
+    split = {id(getattr(names[n], "weight", None)): n for n in wanted if tp.get(n) in ("vocab", "colwise_gather")}
+    out = {}
+    for name, m in names.items():
+        w = getattr(m, "weight", None)
+        if name not in wanted and w is not None and id(w) in split and isinstance(m, (nn.Linear, nn.Embedding)):
+            out[name] = "vocab" if isinstance(m, nn.Embedding) else "colwise_gather"
+    return out
 
 
 def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
