@@ -11,6 +11,8 @@ CONFIGS = {
     "tp2": {"dp": 1, "tp": 2, "pp": 1},
     "dp2xpp2": {"dp": 2, "tp": 1, "pp": 2, "schedule": "1f1b"},
     "pp2xtp2": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": False},
+    # ZeRO-1's owned slices of vocabulary-split tables (their gradients come back whole from DTensor)
+    "dp2xtp2-zero1": {"dp": 2, "tp": 2, "pp": 1, "zero": 1},
     "tp2+sp": {"dp": 1, "tp": 2, "pp": 1, "sp": True},
     "pp2xtp2+sp": {"dp": 1, "tp": 2, "pp": 2, "schedule": "1f1b", "sp": True},
     # Llama 3's interleaved layout: 2 chunks a stage over 2 layers, so the model's first chunk holds the
@@ -31,7 +33,7 @@ def search_plan(kind: str, config: str, path) -> str:
     (capture, search) propagate: the matrix reports them as the case's failure."""
     from sapp.api import search
     from tests.emit_workers import hf_models
-    cons = dict(CONFIGS[config], zero=0)
+    cons = dict({"zero": 0}, **CONFIGS[config])
     n = world(config)
     cluster = TP_CLUSTER.format(n=n) if cons["tp"] > 1 else f"cpu:gpus={n}"
     model, loss_fn = hf_models.build(kind, device="meta")

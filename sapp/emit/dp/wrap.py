@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import batch_stats
+from ..tp.dtensor_local import local_grad
 
 
 def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list, ignored: set = None, mixed: bool = False) -> None:
@@ -75,8 +76,8 @@ class GradAllReduce:
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            g = p.grad
-            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+            # a vocabulary-split table's gradient comes back whole (Replicate): its rows only, as priced
+            grads.append(local_grad(p))
         if not grads:
             return
         # one flat buffer kept across steps: a fresh multi-MB tensor each step costs page faults

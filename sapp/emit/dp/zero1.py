@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..tp.dtensor_local import local_grad
+
 
 def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
@@ -60,8 +62,8 @@ class LocalShardZero1:
     @torch.no_grad()
     def step(self):
         for alias, (i, a, b) in zip(self.aliases, self.mine):
-            g = self.params[i].grad
-            alias.grad = None if g is None else _local(g).reshape(-1)[a:b]
+            g = local_grad(self.params[i])          # the gradient's elements in the parameter's layout
+            alias.grad = None if g is None else g.reshape(-1)[a:b]
         if self.optim is not None:
             self.optim.step()
         self.steps += 1

@@ -23,6 +23,7 @@ from ...capture.state import aliases_hidden
 from ...models.hf import eager_masks
 from . import graph_fix
 from ..checks import preflight
+from ..tp.dtensor_local import local_grad
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 
@@ -204,7 +205,7 @@ class TiedGrads:
             total = None
             for p in params:
                 if p.grad is not None:
-                    g = _local_grad(p)
+                    g = local_grad(p)
                     total = g.clone() if total is None else total + g
             if total is None:
                 total = torch.zeros_like(params[0].to_local() if hasattr(params[0], "to_local") else params[0])
@@ -214,19 +215,7 @@ class TiedGrads:
                 if p.grad is None:
                     p.grad = _like(p, total.clone())
                 else:
-                    _local_grad(p).copy_(total)
-
-
-def _local_grad(p):
-    """This rank's part of p's gradient in p's own layout: a vocabulary-split embedding's weight
-    gradient comes back Replicate from DTensor while its head's is Shard(0), so the stages' parts of
-    one tied table are summed shard by shard only once each is laid out as the weight is."""
-    g = p.grad
-    if not hasattr(g, "to_local"):
-        return g
-    if hasattr(p, "placements") and tuple(g.placements) != tuple(p.placements):
-        p.grad = g = g.redistribute(p.device_mesh, p.placements)
-    return g.to_local()
+                    local_grad(p).copy_(total)
 
 
 def _like(p, local):

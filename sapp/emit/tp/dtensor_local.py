@@ -56,3 +56,17 @@ def register(module, styles: dict) -> None:
     for name, style in styles.items():
         if getattr(style, "sapp_owned_local", False) and name in mods:
             mods[name].register_forward_hook(local_outputs)
+
+
+def local_grad(p):
+    """This rank's part of p's gradient, laid out as p is.  DTensor's embedding backward hands a
+    vocabulary-split table (Shard(0)) a Replicate gradient, the whole table's on every tp rank: read
+    as p's local rows it is the wrong rows (ZeRO-1 slices its owned elements out of it).  Such a
+    gradient is redistributed to p's placements first (Replicate -> Shard is a local slice, no
+    communication) and kept so."""
+    g = p.grad
+    if g is None or not hasattr(g, "to_local"):
+        return g
+    if hasattr(p, "placements") and tuple(g.placements) != tuple(p.placements):
+        p.grad = g = g.redistribute(p.device_mesh, p.placements)
+    return g.to_local()
