@@ -161,6 +161,7 @@ def test_unwritable_checkpoint_dir_refused_before_launch(reference, tmp_path, ca
     assert "launching" not in out
 
 
+@pytest.mark.slow      # about 30 s; resuming under another plan in one process: tests/test_resume.py
 def test_resume_a_named_checkpoint_under_another_plan(reference):
     """dp2's step-4 checkpoint continued under a 2-stage pipeline plan with --resume PATH."""
     import sapp.models as models
@@ -190,6 +191,7 @@ def test_rank_killed_inside_a_save_resumes_bitwise(reference):
     assert sorted(os.listdir(d / "savekill")) == [ck.LOCK, "step-00000004", "step-00000006"]
 
 
+@pytest.mark.slow      # another launched job, about 25 s: the kill-inside-a-save case above stays in the suite
 def test_file_size_limit_mid_save_is_one_line(reference):
     """A real failing filesystem write, no root needed: every process of the job may write files of
     at most 256 KB (RLIMIT_FSIZE), so rank 0's shard (about 1.6 MB) fails part-way through the save."""

@@ -35,6 +35,7 @@ def test_exports_fit_by_megatrons_own_estimate(case):
     assert exported["predicted"]["peak_memory_bytes"] <= cl.usable_memory
 
 
+@pytest.mark.slow      # two searches of GPT-3 175B, about 20 s; `python -m bench.megatron_estimate_fit` runs four
 def test_the_estimate_changes_the_plan_only_where_it_must():
     # GPT-3 175B on 1024 A100s: the fastest plan's estimate counts fp32 main_grads Megatron does not keep
     free, free_plan, cl = _export("gpt3-175b", fit=False)

@@ -83,6 +83,7 @@ def test_a_factory_model_is_refused_for_megatron(tmp_path):
         megatron.export(EngineConfig(engine="megatron", global_batch=8), {"arch": None, "arch_why": None}, ["a", "b"])
 
 
+@pytest.mark.slow      # about 18 s (a GPT-3 175B import): the four exports' builds above stay in the suite
 def test_an_import_of_a_tied_dense_file_says_it_builds_another_model():
     text, plan, graph = _export("gpt3-175b")
     tied = "\n".join(ln for ln in text.splitlines() if ln not in ("--untie-embeddings-and-output-weights",

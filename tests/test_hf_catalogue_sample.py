@@ -154,7 +154,7 @@ def test_a_stopped_catalogue_does_not_time_out_its_cases(tmp_path, monkeypatch):
 
 
 def test_blocks_and_batch_norms_come_from_the_module_tree_on_real_architectures():
-    """Two catalogue classes fixed in the sixteenth session, on the architectures that showed them:
+    """Two of the catalogue's classes, on the architectures that showed them:
     SqueezeBERT's encoder calls its layers as `layer.forward(...)` (no hook: the trace never names
     them, capture found no blocks and pp2 was refused), and Granite Speech's audio encoder holds
     BatchNorm1d layers the text-only example never runs (the search planned 2 micro-batches and emit

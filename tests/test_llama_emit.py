@@ -39,6 +39,10 @@ def _plan(name, overrides, config, path):
     return str(path)
 
 
+# about 37 s of gloo jobs: `pytest -m slow`.  Third-party Llama (HF) runs the same layouts in the suite
+# (tests/test_hf_emit.py, tests/test_cp_emit.py); whole kv heads under tp: tests/test_tp_layout.py
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llama")

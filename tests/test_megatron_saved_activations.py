@@ -25,7 +25,10 @@ import pytest
 from bench import megatron_saved_activations as msa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+# about 30 s (one subprocess measuring four layers): `pytest -m slow`; `python -m bench.megatron_saved_activations`
+# prints the same figures
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")]
 
 
 @pytest.fixture(scope="module")

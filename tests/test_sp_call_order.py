@@ -85,6 +85,7 @@ def test_head_registered_first_runs_equal_to_one_process(tmp_path):
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-5, (got, ref)
 
 
+@pytest.mark.slow      # about 13 s; the head-registered-first case above runs the same SP machinery
 def test_weightless_norms_run_equal_to_one_process(tmp_path):
     from tests.emit_workers import custom_sp_run
     got, ref, plan = custom_sp_run.run(NoWeightNorms, tmp_path)

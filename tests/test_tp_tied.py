@@ -2,6 +2,7 @@
 (sapp/emit/tp/parallel.py): split by vocabulary in both uses it stays one parameter; a layout that
 splits one use alone runs it replicated, with a note (split alone, the two uses would step apart).
 In one process (a world-1 gloo group: DTensor's layouts on a mesh of one)."""
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -24,38 +25,40 @@ class TiedLM(nn.Module):
         return self.head(torch.tanh(self.mid(self.emb(ids))))
 
 
-def _mesh(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    return parallel.build_mesh(torch.device("cpu"), 1, 1, 1)["tp"]
-
-
-def test_both_uses_split_stay_one_weight(tmp_path):
+@pytest.fixture
+def mesh(tmp_path):
+    """A tp mesh of one over a world-1 gloo group (one another test of this worker left is reused)."""
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        pytest.skip("a process group of another size is initialised in this process")
     try:
-        mesh = _mesh(tmp_path)
-        # hand-written: every Linear / Embedding holding the weight named; searched: the uses the graph
-        # has, the uncalled holder re-tied
-        for styles, groups in (({"emb": "vocab", "head": "colwise_gather", "shared": "vocab"}, None),
-                               ({"emb": "vocab", "head": "colwise_gather"}, [["emb"], ["head"]])):
-            m, notes = TiedLM(), []
-            done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
-            assert done == sorted(styles), notes
-            assert m.head.weight is m.emb.weight is m.shared.weight and hasattr(m.emb.weight, "placements")
-            assert [n for n, _ in m.named_parameters()] == ["emb.weight", "mid.weight", "mid.bias"]
-            m(torch.tensor([[1, 2, 3]])).sum().backward()
-            assert m.emb.weight.grad is not None           # both uses' gradients in the one weight
+        yield parallel.build_mesh(torch.device("cpu"), 1, 1, 1)["tp"]
     finally:
-        dist.destroy_process_group()
+        if made:
+            dist.destroy_process_group()
 
 
-def test_one_use_split_alone_runs_replicated_with_a_note(tmp_path):
-    try:
-        mesh = _mesh(tmp_path)
-        # hand-written: only the head named; searched: both named, the embedding's group not split here
-        for styles, groups in (({"head": "colwise_gather"}, None),
-                               ({"emb": "vocab", "head": "colwise_gather"}, [["head"]])):
-            m, notes = TiedLM(), []
-            done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
-            assert done == [] and m.head.weight is m.emb.weight and not hasattr(m.emb.weight, "placements")
-            assert any("head" in n and "tied" in n for n in notes), notes
-    finally:
-        dist.destroy_process_group()
+def test_both_uses_split_stay_one_weight(mesh):
+    # hand-written: every Linear / Embedding holding the weight named; searched: the uses the graph
+    # has, the uncalled holder re-tied
+    for styles, groups in (({"emb": "vocab", "head": "colwise_gather", "shared": "vocab"}, None),
+                           ({"emb": "vocab", "head": "colwise_gather"}, [["emb"], ["head"]])):
+        m, notes = TiedLM(), []
+        done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
+        assert done == sorted(styles), notes
+        assert m.head.weight is m.emb.weight is m.shared.weight and hasattr(m.emb.weight, "placements")
+        assert [n for n, _ in m.named_parameters()] == ["emb.weight", "mid.weight", "mid.bias"]
+        m(torch.tensor([[1, 2, 3]])).sum().backward()
+        assert m.emb.weight.grad is not None           # both uses' gradients in the one weight
+
+
+def test_one_use_split_alone_runs_replicated_with_a_note(mesh):
+    # hand-written: only the head named; searched: both named, the embedding's group not split here
+    for styles, groups in (({"head": "colwise_gather"}, None),
+                           ({"emb": "vocab", "head": "colwise_gather"}, [["head"]])):
+        m, notes = TiedLM(), []
+        done = parallel.apply_tp(m, styles, mesh, notes, groups=groups)
+        assert done == [] and m.head.weight is m.emb.weight and not hasattr(m.emb.weight, "placements")
+        assert any("head" in n and "tied" in n for n in notes), notes
