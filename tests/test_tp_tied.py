@@ -27,17 +27,12 @@ class TiedLM(nn.Module):
 
 @pytest.fixture
 def mesh(tmp_path):
-    """A tp mesh of one over a world-1 gloo group (one another test of this worker left is reused)."""
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    if dist.get_world_size() != 1:
-        pytest.skip("a process group of another size is initialised in this process")
+    """A tp mesh of one over a world-1 gloo group."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         yield parallel.build_mesh(torch.device("cpu"), 1, 1, 1)["tp"]
     finally:
-        if made:
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def test_both_uses_split_stay_one_weight(mesh):
