@@ -139,15 +139,21 @@ def ensure_widths(graph) -> None:
     sub-graph) keeps them."""
     if _STAMPED.get(id(graph)) is graph:
         return
-    from .fusion import fusion_marks
+    from .fusion import ALIAS_KEY, fused_aliases, fusion_marks
     from .grads import stamp
     stamp(graph)            # which outputs carry a gradient (costmodel.grads)
-    marks = None
+    marks = aliases = None
     for name, w in propagate(graph).items():
+        extra = graph.nodes[name].extra
         if len(w) < 4:
-            marks = marks if marks is not None else fusion_marks(graph)
+            if marks is None:
+                marks, aliases = fusion_marks(graph), fused_aliases(graph)
             w = tuple(w[:3]) + (marks[name],)
-        graph.nodes[name].extra[WIDTHS_KEY] = w
+            if name in aliases:
+                extra[ALIAS_KEY] = aliases[name]
+            else:
+                extra.pop(ALIAS_KEY, None)
+        extra[WIDTHS_KEY] = w
     if len(_STAMPED) >= 64:
         _STAMPED.clear()
     _STAMPED[id(graph)] = graph
@@ -170,6 +176,15 @@ def fusion_of(node) -> tuple:
     w = node.extra.get(WIDTHS_KEY)
     m = w[3] if w is not None and len(w) > 3 and len(w[1]) == len(node.operands) else NO_FUSION
     return tuple(m) + ((),) * (3 - len(m))
+
+
+def fused_alias(node, i):
+    """(tensor id, elements) the "fused" runtime keeps operand i of `node` as, or None
+    (costmodel.fusion.fused_aliases)."""
+    for j, tid, numel in node.extra.get("fused_aliases", ()):
+        if j == i:
+            return tid, numel
+    return None
 
 
 def out_bytes(node, settings) -> int:

@@ -20,7 +20,7 @@ Not priced: selective checkpointing's cache also keeps MUST_SAVE outputs no back
 backward (ZeRO-2/3, m = 1), at activations below the forward peak."""
 from __future__ import annotations
 
-from .dtypes import ensure_widths, fusion_of, operand_bytes, out_bytes
+from .dtypes import ensure_widths, fused_alias, fusion_of, operand_bytes, out_bytes
 from .grads import carries_grad, saved_for_backward
 from .layouts import input_layout, output_layout
 
@@ -61,14 +61,18 @@ def saved_items(node, strategy, mesh, settings):
             if settings.fused and i in fusion_of(node)[2]:
                 continue            # the fused kernel recomputes it in backward (costmodel.fusion)
             arrive, kept = operand_bytes(node, i, settings)
-            if o.producer is None:
+            numel = o.numel
+            alias = fused_alias(node, i) if settings.fused and kept == arrive else None
+            if alias is not None:
+                tid, numel = alias      # kept as another tensor by the fused kernels (costmodel.fusion)
+            elif o.producer is None:
                 tid = f"{node.name}:in{i}"
             elif kept != arrive:
                 tid = f"{o.producer}:cast>{node.name}#{i}"
             else:
                 tid = o.producer
             lay = input_layout(o.dims, strategy)
-            out.append((tid, _sharded(o.numel * kept, lay, mesh)))
+            out.append((tid, _sharded(numel * kept, lay, mesh)))
     return out
 
 

@@ -1,5 +1,6 @@
 """Mixture-of-Experts decoder (Mixtral / DeepSeek-V3 style): pre-RMSNorm blocks, grouped-query
-attention through F.scaled_dot_product_attention (causal), and an MoE feed-forward: a linear router,
+attention with rotary position embeddings through F.scaled_dot_product_attention (causal), and an MoE
+feed-forward: a linear router,
 softmax, top-k, the routed rows sorted by expert and run through two grouped expert GEMMs
 (`sapp::grouped_mm`, SwiGLU), optional shared experts run on every token, optional dense blocks first.
 
@@ -21,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .gpt import init_weights
+from .llama import rotary_tables, rotate
 
 
 def _gmm(x, w, offs):
@@ -91,15 +93,20 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA: a query heads of width hd, kv key/value heads (kv divides a); q, k, v, o without bias."""
+    """GQA: a query heads of width hd, kv key/value heads (kv divides a); q, k, v, o without bias;
+    rotary embeddings of base `theta` on q and k (sapp.models.llama's rotate-half form)."""
 
-    def __init__(self, h, a, kv, hd):
+    def __init__(self, h, a, kv, hd, s, theta):
         super().__init__()
         self.a, self.kv, self.hd = a, kv, hd
         self.q = nn.Linear(h, a * hd, bias=False)
         self.k = nn.Linear(h, kv * hd, bias=False)
         self.v = nn.Linear(h, kv * hd, bias=False)
         self.o = nn.Linear(a * hd, h, bias=False)
+        cos, sin = rotary_tables(s, hd, theta)
+        # Not persistent: derived from s and theta, not learned.
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x):
         b, t, _ = x.shape
@@ -107,6 +114,8 @@ class Attention(nn.Module):
         q = self.q(x).view(b, t, -1, self.hd).transpose(1, 2)
         k = self.k(x).view(b, t, -1, self.hd).transpose(1, 2)
         v = self.v(x).view(b, t, -1, self.hd).transpose(1, 2)
+        cos, sin = self.cos[:t], self.sin[:t]
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if k.shape[1] != q.shape[1]:
             # each kv head serves a / kv consecutive query heads (expand + reshape: views and one copy)
             hk, rep = k.shape[1], q.shape[1] // k.shape[1]
@@ -172,10 +181,10 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, h, a, kv, hd, ffn, moe_args, eps=1e-6):
+    def __init__(self, h, a, kv, hd, ffn, moe_args, eps=1e-6, s=2048, theta=10000.0):
         super().__init__()
         self.ln1 = RMSNorm(h, eps)
-        self.attn = Attention(h, a, kv, hd)
+        self.attn = Attention(h, a, kv, hd, s, theta)
         self.ln2 = RMSNorm(h, eps)
         if moe_args is None:
             self.mlp = SwiGLU(h, ffn)
@@ -190,9 +199,8 @@ class Block(nn.Module):
 
 class MoEModel(nn.Module):
     """l blocks (the first `dense` with a dense SwiGLU of width ffn, the rest MoE), token embedding
-    (no positional table: the attention is position-free here, which changes no cost), final RMSNorm,
-    untied head.  `eps`: the RMSNorms' epsilon; `theta`: the rotary base the model is trained with,
-    recorded only (an engine export states it; the position-free attention does not read it)."""
+    (positions are rotary: no table), final RMSNorm, untied head.  `eps`: the RMSNorms' epsilon;
+    `theta`: the rotary base (None: 10000, and an engine export states none)."""
 
     def __init__(self, l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0,
                  capacity_factor=0.0, hd=None, eps=1e-6, theta=None):
@@ -201,8 +209,8 @@ class MoEModel(nn.Module):
         moe_args = dict(experts=experts, top_k=top_k, expert_ffn=expert_ffn, shared=shared,
                         capacity_factor=capacity_factor)
         self.embed = nn.Embedding(V, h)
-        self.layers = nn.ModuleList(Block(h, a, kv, hd, ffn, None if i < dense else moe_args, eps)
-                                    for i in range(l))
+        self.layers = nn.ModuleList(Block(h, a, kv, hd, ffn, None if i < dense else moe_args, eps, s,
+                                          10000.0 if theta is None else theta) for i in range(l))
         self.ln_f = RMSNorm(h, eps)
         self.head = nn.Linear(h, V, bias=False)
         init_weights(self)
