@@ -157,7 +157,8 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     mix the engine states only coarsely (Megatron: full on the first N layers of every virtual stage),
     which conforming can make slower than the user's own configuration, or too big to fit; so when
     conforming changed the plan, the search runs again with each recomputation the engine states on
-    every layer pinned, and the fastest exported plan that fits is kept (the first one if none fits).
+    every layer pinned, and the fastest exported plan that fits is kept (the first one if none fits); a
+    conformed plan that outgrew memory is searched for again with its overshoot held back.
     `sapp search --target` runs this too.  `settings`: api.search's runtime / precision / optimizer /
     grad_fp32; `constraints`: the user's pins (a pinned recomputation is not varied); `fits`: api.search's
     further test (estimate_fit.py), applied to the exported plans as well."""
@@ -165,11 +166,12 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     from ..constraints import TARGETS
     from ..errors import InfeasibleError
 
+    import dataclasses
     pinned, errors = dict(constraints or {}), []
 
-    def one(pins):
+    def one(pins, searched=cluster):
         try:
-            p = api.search(graph=graph, model=model, cluster=cluster, global_batch=global_batch,
+            p = api.search(graph=graph, model=model, cluster=searched, global_batch=global_batch,
                            constraints={**pinned, "target": engine, **pins}, fits=fits, progress=progress,
                            **settings)
         except InfeasibleError as e:
@@ -181,6 +183,16 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
 
     first = one({})
     found = [first] if first else []
+    # A plan the search packed to the edge of memory can outgrow it once conformed (the engine's equal
+    # stages, its coarser recomputation): search again holding that overshoot back, twice at most.
+    last, held = first, cluster
+    for _ in range(2):
+        if last is None or not last[1] or last[0]["predicted"]["peak_memory_bytes"] <= cluster.usable_memory:
+            break
+        over = (last[0]["predicted"]["peak_memory_bytes"] - cluster.usable_memory) / cluster.device_memory
+        held = dataclasses.replace(held, memory_headroom=min(0.5, held.memory_headroom + over + 0.005))
+        last = one({}, held)
+        found += [last] if last else []
     if (first is None or first[1]) and pinned.get("recompute") is None:
         found += [r for r in (one({"recompute": rc}) for rc in TARGETS[engine]["recompute"]) if r]
     if fits is not None:
