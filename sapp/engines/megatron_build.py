@@ -7,8 +7,7 @@ The flags are data (megatron.tokens: shlex, nothing executed).  They choose one 
   Llama  (sapp/models/llama.py)  RMSNorm, SwiGLU, rotary positions (--rotary-base), no biases, untied,
                                  grouped-query attention, no dropout;
   MoE    (sapp/models/moe.py)    the Llama layer with --num-experts routed experts (top-k, expert ffn,
-                                 shared experts, dense first layers), position-free attention (which
-                                 changes no cost).
+                                 shared experts, dense first layers), rotary positions as the Llama.
 The vocabulary is --vocab-size, or the fixed vocabulary of a named tokenizer (GPT2BPETokenizer 50257,
 Llama2Tokenizer 32000), padded as Megatron pads it (to a multiple of --make-vocab-size-divisible-by x
 tp).  Unstated sizes take Megatron's defaults (ffn 4h, or SwiGLU's 8h/3 rounded down to 64; top-k 2;
