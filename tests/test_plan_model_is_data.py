@@ -17,7 +17,7 @@ plan, args_file, tmp = sys.argv[1:4]
 runs = [
     ["export", plan, "--to", "megatron"], ["export", plan, "--to", "torchtitan"], ["export", plan, "--to", "deepspeed"],
     ["explain", plan], ["diff", plan, plan], ["plot", plan, "--out", tmp + "/p.svg"], ["evaluate", plan],
-    ["run", plan], ["run", plan, "--model", "gpt-tiny", "--nproc", "8"],
+    ["run", plan], ["run", plan, "--model", "gpt-tiny", "--nproc", "2"],
     ["import", "--from", "megatron", args_file, "--model", "gpt-tiny", "--cluster", "a100-80g:devices=8",
      "--no-compare"],
     ["import", "--from", "deepspeed", plan, "--model", "gpt-tiny", "--cluster", "a100-80g:devices=8", "--no-compare"],
@@ -38,8 +38,9 @@ print(json.dumps(codes))
 @pytest.fixture(scope="module")
 def hostile_plan(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan_model")
-    # an eager plan: exporting it to Megatron (fused) or torchtitan re-prices, which needs the model
-    plan = api.search("gpt-tiny", "a100-80g:devices=8", constraints={"tp": 1, "pp": 1, "zero": 0,
+    # an eager plan: exporting it to Megatron (fused) or torchtitan re-prices, which needs the model;
+    # two devices, so `run` trains it in two processes
+    plan = api.search("gpt-tiny", "a100-80g:devices=2", constraints={"tp": 1, "pp": 1, "zero": 0,
                                                                         "placement": {"optimizer": "device"}})
     d = plan.to_dict()
     d["model"]["name"] = "sapp_marker_mod:make"
