@@ -3,15 +3,15 @@ case's losses equal single-process training within 1e-5 relative over 3 Adam ste
 
 A representative subset of bench/hf_matrix.py (every model in every configuration), two spawned jobs:
 2 ranks: PP=2 1F1B of Llama (mask and rotary cos/sin built once before layer 0 and read
-by every layer: each stage computes its own), Llama called with a padding attention_mask (a mask built
-from an input: sent, and priced forward only), BERT (a sub-module named `self`, tied decoder across
-stages), ViT (strided CLS output), T5 (encoder-decoder; one embedding tied under four names, two of
+by every layer: each stage computes its own), BERT (a sub-module named `self`, tied decoder across
+stages), T5 (encoder-decoder; one embedding tied under four names, two of
 them in one stage; its encoder output crosses into the decoder stage beside the decoder's stream); TP=2
 from the searched layout of Qwen2 (GQA attention + gated MLP) and BERT (the word embedding and the
 decoder tied to it split by vocabulary, one weight); TP=2 with sequence parallelism for Llama (the
 residual stream cut where the first decoder layer takes it in); Llama in Llama 3's interleaved layout
 (pp 2, v 2: the embedding and the head + loss each a virtual stage of their own), memory within 10% per
-device.  4 ranks: Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama PP x TP with
+device; under `pytest -m slow`, a job of Llama called with a padding attention_mask (a mask built from
+an input: sent, and priced forward only) and ViT (strided CLS output).  4 ranks: Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama PP x TP with
 sequence parallelism (the cut run in the traced first stage), whose measured memory is within 10% of
 the plan's per stage; BERT PP x TP (the tied table split by vocabulary in the first stage's embedding
 and the last stage's decoder, their gradients summed shard by shard).  Every pipeline case sends, per
@@ -34,15 +34,19 @@ REL_TOL = 1e-5
 STEPS = 3
 # each pattern once here; bench.hf_matrix runs every model in every configuration (GPT-NeoX pp2, Qwen2 with
 # sequence parallelism and in Llama 3's layout, Llama pp2 x tp2, ...)
-CASES = {2: [("llama", "pp2"), ("llama_padded", "pp2"), ("bert", "pp2"), ("vit", "pp2"),
-             ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"), ("llama", "tp2+sp"), ("llama", "pp2-glue")],
-         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("bert", "pp2xtp2"), ("qwen2", "dp2xtp2-zero1")]}
+CASES = {2: [("llama", "pp2"), ("bert", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"),
+             ("llama", "tp2+sp"), ("llama", "pp2-glue")],
+         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("bert", "pp2xtp2"), ("qwen2", "dp2xtp2-zero1")],
+         # a job of their own under `pytest -m slow` (about 20 s): the padding mask sent between stages
+         # and ViT's strided CLS output; bench.hf_matrix runs both in every configuration
+         "2-slow": [("llama_padded", "pp2"), ("vit", "pp2")]}
 # run in float64, judged at F64_TOL: ZeRO-1 under tp once stepped a vocabulary-split table with the wrong
 # rows of its gradient, 5e-6 off after 3 steps -- under float32's 1e-5 bar
 F64 = {"dp2xtp2-zero1"}
 F64_TOL = 1e-12
 METERED = {"pp2xtp2+sp", "pp2-glue"}        # the last step under the memory meter
-PIPELINES = [(w, f"{k}-{c}") for w in CASES for k, c in CASES[w] if "pp2" in c]
+PIPELINES = [pytest.param(w, f"{k}-{c}", marks=[pytest.mark.slow] if w == "2-slow" else [])
+             for w in CASES for k, c in CASES[w] if "pp2" in c]
 
 
 def _job(world, tmp_path):
@@ -55,7 +59,8 @@ def _job(world, tmp_path):
     cpath, opath = tmp_path / "cases.json", tmp_path / "out.json"
     cpath.write_text(json.dumps(cases))
     # hard timeout: a hung collective must fail the test, not the CI run
-    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(world), str(cpath), str(opath)],
+    proc = joblock.run([sys.executable, "-m", "tests.emit_workers.hf_harness", str(int(str(world)[0])), str(cpath),
+                        str(opath)],
                        cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert opath.exists(), proc.stderr[-3000:]
     out = json.loads(opath.read_text())
@@ -73,6 +78,11 @@ def job4(tmp_path_factory):
     return _job(4, tmp_path_factory.mktemp("hf4"))
 
 
+@pytest.fixture(scope="module")
+def job2slow(tmp_path_factory):
+    return _job("2-slow", tmp_path_factory.mktemp("hf2slow"))
+
+
 def _matches(res, world, tol=REL_TOL):
     ref = res["ref"]
     assert ref[-1] != ref[0]
@@ -86,6 +96,12 @@ def _matches(res, world, tol=REL_TOL):
 @pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in CASES[2]])
 def test_two_rank_hf_plans_match_single_process(job2, cid):
     _matches(job2[0][cid], 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in CASES["2-slow"]])
+def test_two_rank_hf_plans_match_single_process_padded_and_strided(job2slow, cid):
+    _matches(job2slow[0][cid], 2)
 
 
 @pytest.mark.parametrize("cid", [f"{k}-{c}" for k, c in CASES[4]])
@@ -167,14 +183,15 @@ def test_hf_llama3_interleaved_layout_runs_as_priced(job2, kind):
 
 
 @pytest.mark.parametrize("world,cid", PIPELINES)
-def test_pipelines_send_what_the_plan_prices(job2, job4, world, cid):
+def test_pipelines_send_what_the_plan_prices(request, world, cid):
     """What every rank hands PipelineStage's isends per micro-batch is the plan's boundary_bytes forward
     and boundary_grad_bytes (absent: the same) backward.  HF decoders build the mask and rotary cos/sin
     once, before layer 0, from positions alone: each stage computes its own (sapp/emit/pp/stage_local.py),
     so only the residual stream crosses (it used to carry them too: +3 KB per send on this Llama).  A
     mask built from an attention_mask input is data: it crosses, forward only, and is priced so (sapp/
     pipeline/boundary.py); T5's encoder output crosses with its gradient beside the decoder's stream."""
-    cases, plans = job2 if world == 2 else job4
+    cases, plans = request.getfixturevalue({2: "job2", 4: "job4", "2-slow": "job2slow"}[world])
+    world = int(str(world)[0])
     pipe = plans[cid]["pipeline"]
     fwd, bwd = pipe["boundary_bytes"], pipe.get("boundary_grad_bytes", pipe["boundary_bytes"])
     sends = pipe["micro_batches"] * STEPS
