@@ -10,6 +10,7 @@ configuration the engine runs with a note, and re-priced as exported: never drop
 Engine files are read as data (shlex tokens, tomllib, json, ast): nothing in them is executed."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from ..units import printable
@@ -166,7 +167,6 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     from ..constraints import TARGETS
     from ..errors import InfeasibleError
 
-    import dataclasses
     pinned, errors = dict(constraints or {}), []
 
     def one(pins, searched=cluster):

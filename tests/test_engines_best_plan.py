@@ -1,0 +1,61 @@
+"""engines.best_plan keeps the fastest exported plan that fits.  A plan the search packed to the edge of
+memory can outgrow it once conformed to what the engine states (Megatron's equal middle stages, its "full
+recomputation on the first N layers"); best_plan then searches again with that overshoot held back
+(more memory headroom), so the plan it returns fits as exported.  The search and the export are stood in
+for here, so the rule is checked alone; bench.megatron_estimate_fit shows it on Llama-3-70B (cp 2)."""
+from __future__ import annotations
+
+import pytest
+
+from sapp import api
+from sapp import engines as E
+
+GB = 1e9
+
+
+class _Out(dict):
+    """An exported plan: a dict that takes attributes (best_plan stamps the search's timing on it)."""
+
+
+class _Searched:
+    def __init__(self, headroom):
+        self.headroom = headroom
+
+
+def _stage(monkeypatch, conformed_peak):
+    """api.search records the headroom it was given; the export of a plan searched with headroom h is
+    `conformed_peak(h)` bytes, conformed (a note) whenever the search had the default headroom."""
+    seen = []
+
+    def search(*, cluster, constraints, **kw):
+        seen.append((cluster.memory_headroom, constraints.get("recompute")))
+        return _Searched(cluster.memory_headroom)
+
+    def export_plan(p, engine, *, graph, cluster):
+        peak = conformed_peak(p.headroom)
+        out = _Out(predicted={"peak_memory_bytes": peak, "step_time_s": 10.0 + p.headroom})
+        return "", out, (["conformed"] if peak > cluster.usable_memory else [])
+    monkeypatch.setattr(api, "search", search)
+    monkeypatch.setattr(E, "export_plan", export_plan)
+    return seen
+
+
+@pytest.fixture
+def cluster():
+    return api.resolve_cluster("h100-80g:devices=8")
+
+
+def test_an_overgrown_conformed_plan_is_searched_again_with_the_overshoot_held_back(monkeypatch, cluster):
+    usable = cluster.usable_memory
+    # conforming adds 4 GB to whatever the search fitted into its usable memory
+    seen = _stage(monkeypatch, lambda h: cluster.device_memory * (1 - h) + 4 * GB)
+    best = E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"})
+    assert seen[0] == (cluster.memory_headroom, "none")
+    assert seen[1][0] == pytest.approx(cluster.memory_headroom + 4 * GB / cluster.device_memory + 0.005)
+    assert best["predicted"]["peak_memory_bytes"] <= usable
+
+
+def test_a_plan_that_fits_as_exported_is_searched_once(monkeypatch, cluster):
+    seen = _stage(monkeypatch, lambda h: cluster.usable_memory - 1 * GB)
+    best = E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"})
+    assert len(seen) == 1 and best["predicted"]["peak_memory_bytes"] < cluster.usable_memory
