@@ -11,10 +11,12 @@ decoder tied to it split by vocabulary, one weight); TP=2 with sequence parallel
 residual stream cut where the first decoder layer takes it in); Llama in Llama 3's interleaved layout
 (pp 2, v 2: the embedding and the head + loss each a virtual stage of their own), memory within 10% per
 device; under `pytest -m slow`, a job of Llama called with a padding attention_mask (a mask built from
-an input: sent, and priced forward only) and ViT (strided CLS output).  4 ranks: Qwen2 PP x TP (the split traced at each rank's layer shapes); Llama PP x TP with
+an input: sent, and priced forward only) and ViT (strided CLS output).  4 ranks: Llama PP x TP with
 sequence parallelism (the cut run in the traced first stage), whose measured memory is within 10% of
 the plan's per stage; BERT PP x TP (the tied table split by vocabulary in the first stage's embedding
-and the last stage's decoder, their gradients summed shard by shard).  Every pipeline case sends, per
+and the last stage's decoder, their gradients summed shard by shard); Qwen2 DP x TP with ZeRO-1 in
+float64; under `pytest -m slow`, Qwen2 PP x TP (the split traced at each rank's layer shapes).  Every
+pipeline case sends, per
 micro-batch, exactly the plan's boundary bytes (measured at PipelineStage's isend ops).  About 2.5
 minutes on an idle 2-core box; the timeouts are generous because a loaded one runs several times slower."""
 import json
@@ -36,16 +38,18 @@ STEPS = 3
 # sequence parallelism and in Llama 3's layout, Llama pp2 x tp2, ...)
 CASES = {2: [("llama", "pp2"), ("bert", "pp2"), ("t5", "pp2"), ("qwen2", "tp2"), ("bert", "tp2"),
              ("llama", "tp2+sp"), ("llama", "pp2-glue")],
-         4: [("qwen2", "pp2xtp2"), ("llama", "pp2xtp2+sp"), ("bert", "pp2xtp2"), ("qwen2", "dp2xtp2-zero1")],
-         # a job of their own under `pytest -m slow` (about 20 s): the padding mask sent between stages
-         # and ViT's strided CLS output; bench.hf_matrix runs both in every configuration
-         "2-slow": [("llama_padded", "pp2"), ("vit", "pp2")]}
+         4: [("llama", "pp2xtp2+sp"), ("bert", "pp2xtp2"), ("qwen2", "dp2xtp2-zero1")],
+         # jobs of their own under `pytest -m slow` (about 20 s each): the padding mask sent between stages,
+         # ViT's strided CLS output, Qwen2's pp x tp without SP (Llama's and BERT's pp x tp above stand for
+         # it); bench.hf_matrix runs each in every configuration
+         "2-slow": [("llama_padded", "pp2"), ("vit", "pp2")],
+         "4-slow": [("qwen2", "pp2xtp2")]}
 # run in float64, judged at F64_TOL: ZeRO-1 under tp once stepped a vocabulary-split table with the wrong
 # rows of its gradient, 5e-6 off after 3 steps -- under float32's 1e-5 bar
 F64 = {"dp2xtp2-zero1"}
 F64_TOL = 1e-12
 METERED = {"pp2xtp2+sp", "pp2-glue"}        # the last step under the memory meter
-PIPELINES = [pytest.param(w, f"{k}-{c}", marks=[pytest.mark.slow] if w == "2-slow" else [])
+PIPELINES = [pytest.param(w, f"{k}-{c}", marks=[pytest.mark.slow] if "slow" in str(w) else [])
              for w in CASES for k, c in CASES[w] if "pp2" in c]
 
 
@@ -83,6 +87,11 @@ def job2slow(tmp_path_factory):
     return _job("2-slow", tmp_path_factory.mktemp("hf2slow"))
 
 
+@pytest.fixture(scope="module")
+def job4slow(tmp_path_factory):
+    return _job("4-slow", tmp_path_factory.mktemp("hf4slow"))
+
+
 def _matches(res, world, tol=REL_TOL):
     ref = res["ref"]
     assert ref[-1] != ref[0]
@@ -109,6 +118,15 @@ def test_four_rank_hf_plans_match_single_process(job4, cid):
     _matches(job4[0][cid], 4, F64_TOL if cid.split("-", 1)[1] in F64 else REL_TOL)
 
 
+@pytest.mark.slow
+def test_qwen2_pp_x_tp_traced_at_each_ranks_shapes(job4slow):
+    cases, plans = job4slow
+    _matches(cases["qwen2-pp2xtp2"], 4)
+    assert plans["qwen2-pp2xtp2"]["parallel"] == {"dp": 1, "tp": 2, "pp": 2, "sp": False}
+    assert plans["qwen2-pp2xtp2"]["tp_modules"]
+    assert all(cases["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
+
+
 def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
     cases, plans = job2
     qwen = plans["qwen2-tp2"]["tp_modules"]
@@ -120,9 +138,9 @@ def test_searched_tp_layouts_shard_attention_and_mlp(job2, job4):
     assert bert["cls.predictions.decoder"] == "colwise_gather" and bert["bert.embeddings.word_embeddings"] == "vocab"
     assert bert["bert.encoder.layer.0.attention.self.query"] == "colwise"
     assert bert["bert.encoder.layer.0.attention.output.dense"] == "rowwise"
-    pptp = job4[1]["qwen2-pp2xtp2"]
+    pptp = job4[1]["bert-pp2xtp2"]
     assert pptp["parallel"] == {"dp": 1, "tp": 2, "pp": 2, "sp": False} and pptp["tp_modules"]
-    assert all(job4[0]["qwen2-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
+    assert all(job4[0]["bert-pp2xtp2"]["ranks"][str(r)]["dtensor_params"] > 0 for r in range(4))
     tied = job4[1]["bert-pp2xtp2"]["tp_modules"]
     assert tied["cls.predictions.decoder"] == "colwise_gather" and tied["bert.embeddings.word_embeddings"] == "vocab"
 
@@ -190,7 +208,7 @@ def test_pipelines_send_what_the_plan_prices(request, world, cid):
     so only the residual stream crosses (it used to carry them too: +3 KB per send on this Llama).  A
     mask built from an attention_mask input is data: it crosses, forward only, and is priced so (sapp/
     pipeline/boundary.py); T5's encoder output crosses with its gradient beside the decoder's stream."""
-    cases, plans = request.getfixturevalue({2: "job2", 4: "job4", "2-slow": "job2slow"}[world])
+    cases, plans = request.getfixturevalue({2: "job2", 4: "job4", "2-slow": "job2slow", "4-slow": "job4slow"}[world])
     world = int(str(world)[0])
     pipe = plans[cid]["pipeline"]
     fwd, bwd = pipe["boundary_bytes"], pipe.get("boundary_grad_bytes", pipe["boundary_bytes"])

@@ -17,14 +17,12 @@ from tests.emit_workers import joblock  # noqa: E402
 
 TOL = 0.10
 SLICE = [  # (model, layout, zero, recompute, host)
-    ("gpt-tiny", "dp", 0, "none", False),
     ("gpt-tiny", "dp", 1, "selective", False),
     ("gpt-tiny", "dp", 2, "full", False),
     ("gpt-tiny", "dp", 3, "selective", False),
     ("gpt-tiny", "tp", 0, "selective", False),
     ("gpt-tiny", "pp", 0, "full", False),
     ("bert-tiny", "dp", 3, "full", False),
-    ("mlp-tiny", "dp", 2, "none", False),
     ("mlp-tiny", "tp", 0, "full", False),
     ("wide-deep-tiny", "dp", 1, "none", True),
     ("wide-deep-tiny", "dpxtp", 0, "none", True),  # host tables + offload beside tp: was -31% (saving / tp)
