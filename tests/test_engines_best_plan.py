@@ -1,7 +1,7 @@
 """engines.best_plan keeps the fastest exported plan that fits.  A plan the search packed to the edge of
 memory can outgrow it once conformed to what the engine states (Megatron's equal middle stages, its "full
 recomputation on the first N layers"); best_plan then searches again with that overshoot held back
-(more memory headroom), so the plan it returns fits as exported.  The search and the export are stood in
+(what conforming added, held back from the usable memory), so the plan it returns fits as exported.  The search and the export are stood in
 for here, so the rule is checked alone; bench.megatron_estimate_fit shows it on Llama-3-70B (cp 2)."""
 from __future__ import annotations
 
@@ -17,19 +17,22 @@ class _Out(dict):
     """An exported plan: a dict that takes attributes (best_plan stamps the search's timing on it)."""
 
 
-class _Searched:
-    def __init__(self, headroom):
-        self.headroom = headroom
+class _Searched(dict):
+    """A searched plan: it fills the usable memory of the cluster it was searched for."""
+
+    def __init__(self, cluster):
+        super().__init__(predicted={"peak_memory_bytes": cluster.usable_memory})
+        self.headroom = cluster.memory_headroom
 
 
 def _stage(monkeypatch, conformed_peak):
     """api.search records the headroom it was given; the export of a plan searched with headroom h is
-    `conformed_peak(h)` bytes, conformed (a note) whenever the search had the default headroom."""
+    `conformed_peak(h)` bytes, conformed (a note) whenever that does not fit."""
     seen = []
 
     def search(*, cluster, constraints, **kw):
         seen.append((cluster.memory_headroom, constraints.get("recompute")))
-        return _Searched(cluster.memory_headroom)
+        return _Searched(cluster)
 
     def export_plan(p, engine, *, graph, cluster):
         peak = conformed_peak(p.headroom)
@@ -47,7 +50,8 @@ def cluster():
 
 def test_an_overgrown_conformed_plan_is_searched_again_with_the_overshoot_held_back(monkeypatch, cluster):
     usable = cluster.usable_memory
-    # conforming adds 4 GB to whatever the search fitted into its usable memory
+    # conforming adds 4 GB to whatever the search fitted into its usable memory: searched again with those
+    # 4 GB (and a margin of 0.5% of the device) held back
     seen = _stage(monkeypatch, lambda h: cluster.device_memory * (1 - h) + 4 * GB)
     best = E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"})
     assert seen[0] == (cluster.memory_headroom, "none")

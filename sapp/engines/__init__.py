@@ -159,7 +159,7 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     which conforming can make slower than the user's own configuration, or too big to fit; so when
     conforming changed the plan, the search runs again with each recomputation the engine states on
     every layer pinned, and the fastest exported plan that fits is kept (the first one if none fits); a
-    conformed plan that outgrew memory is searched for again with its overshoot held back.
+    conformed plan that outgrew memory is searched for again with what conforming added held back.
     `sapp search --target` runs this too.  `settings`: api.search's runtime / precision / optimizer /
     grad_fp32; `constraints`: the user's pins (a pinned recomputation is not varied); `fits`: api.search's
     further test (estimate_fit.py), applied to the exported plans as well."""
@@ -179,18 +179,21 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
             return None
         text, out, notes = export_plan(p, engine, graph=graph, cluster=cluster)
         out._timing = getattr(p, "_timing", {})
+        out._searched_peak = p["predicted"]["peak_memory_bytes"]
         return out, bool(notes), text
 
     first = one({})
     found = [first] if first else []
     # A plan the search packed to the edge of memory can outgrow it once conformed (the engine's equal
-    # stages, its coarser recomputation): search again holding that overshoot back, twice at most.
+    # stages, its coarser recomputation): search again with what conforming added held back from the
+    # usable memory, twice at most.
     last, held = first, cluster
     for _ in range(2):
         if last is None or not last[1] or last[0]["predicted"]["peak_memory_bytes"] <= cluster.usable_memory:
             break
-        over = (last[0]["predicted"]["peak_memory_bytes"] - cluster.usable_memory) / cluster.device_memory
-        held = dataclasses.replace(held, memory_headroom=min(0.5, held.memory_headroom + over + 0.005))
+        grew = last[0]["predicted"]["peak_memory_bytes"] - last[0]._searched_peak
+        room = min(held.usable_memory, cluster.usable_memory - max(grew, 0.0)) - 0.005 * cluster.device_memory
+        held = dataclasses.replace(held, memory_headroom=min(0.5, 1.0 - room / cluster.device_memory))
         last = one({}, held)
         found += [last] if last else []
     if (first is None or first[1]) and pinned.get("recompute") is None:

@@ -12,7 +12,7 @@ block reruns its forward), the gradients' reduce-scatter (backward) and the gath
 from __future__ import annotations
 
 from ...costmodel.context import check_sequence, cp_link, kv_exchange_time, kv_saved_bytes
-from ...costmodel.dtypes import operand_bytes, out_bytes
+from ...costmodel.dtypes import fused_alias, operand_bytes, out_bytes
 from ...pipeline.profile import attention_core
 
 # walked through when looking for the un-expanded K/V a grouped-query attention repeats per head
@@ -92,7 +92,7 @@ def kv_saved_per_sample(graph, names, strategies, tp_index, tp, settings):
     tensor-parallel rank, as sapp/emit/cp/cp.py runs the block's attention:
     - exchanged: K and V un-repeated (what is all-gathered);
     - saved one-device: K and V as the attention operands the profile prices (repeated where the
-      model repeats the key/value heads before the kernel);
+      model repeats the key/value heads before the kernel, except under "fused");
     - saved under cp: the gathered K and V the cp attention keeps -- un-repeated for a fused kernel
       (it shares the heads, enable_gqa), in operand form for eager ops (the model's repeat runs on
       the gathered keys);
@@ -104,8 +104,15 @@ def kv_saved_per_sample(graph, names, strategies, tp_index, tp, settings):
         node = graph.nodes[node_name]
         _, kept = operand_bytes(node, i, settings)
         dims = node.operands[i].dims
-        u = _per_sample(graph, node, _unexpanded_numel(graph, node_name, i), kept, strategies, tp_index, tp, dims)
-        whole = _per_sample(graph, node, node.operands[i].numel, kept, strategies, tp_index, tp, dims)
+        unexpanded = _unexpanded_numel(graph, node_name, i)
+        u = _per_sample(graph, node, unexpanded, kept, strategies, tp_index, tp, dims)
+        # what the profile priced for this operand: under "fused" flash keeps grouped k, v un-repeated
+        # (costmodel.fusion); v's whole-projection alias stays (the local projection buffer is still
+        # held), so only v's own share is this rank's K/V here
+        priced = node.operands[i].numel
+        if settings.fused and fused_alias(node, i) is not None:
+            priced = unexpanded
+        whole = _per_sample(graph, node, priced, kept, strategies, tp_index, tp, dims)
         ex += u
         base += whole
         cp_saved += u if node.kind == "attention" else whole
