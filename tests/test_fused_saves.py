@@ -124,3 +124,16 @@ def test_fused_layer_is_smaller_and_eager_is_unchanged(kind, llama, moe):
     # projection (3 sbh) comes; the MoE also drops its top-2 expert outputs (4 sbh)
     assert (eager - fused) / tok > (4.0 if kind == "moe" else 0.0)
     assert fused < eager
+
+
+def test_under_cp_fused_trades_the_un_repeated_k_v_it_priced(llama):
+    """A cp rank gives up its own k, v for the gathered ones: under "fused" those it gives up are the
+    grouped (un-repeated) ones the profile priced, where eager priced the repeated copies."""
+    from sapp.search.joint.cp import kv_saved_per_sample
+    names = [n for n, nd in llama.nodes.items() if (nd.module or "").startswith("layers.1")]
+    strat = {n: (None,) for n in llama.nodes}
+    _items(llama, names[0], "fused")                    # stamps the marks
+    per = {rt: kv_saved_per_sample(llama, names, strat, None, 1, _settings(rt)) for rt in ("eager", "fused")}
+    exchanged, base_eager = per["eager"][0], per["eager"][1]
+    assert base_eager == pytest.approx(exchanged * HEADS / KV)      # the repeated k, v
+    assert per["fused"][1] == pytest.approx(exchanged)              # the grouped ones

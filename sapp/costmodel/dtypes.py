@@ -19,6 +19,7 @@ priced as if its activation inputs were half width.
 from __future__ import annotations
 
 from ..ir import DTYPE_BYTES
+from .fusion import ALIAS_KEY
 
 HALF, FULL = 2, 4
 WIDTHS_KEY = "autocast_widths"      # (out width, per-operand width as it arrives, width the op computes on)
@@ -139,7 +140,7 @@ def ensure_widths(graph) -> None:
     sub-graph) keeps them."""
     if _STAMPED.get(id(graph)) is graph:
         return
-    from .fusion import ALIAS_KEY, fused_aliases, fusion_marks
+    from .fusion import fused_aliases, fusion_marks
     from .grads import stamp
     stamp(graph)            # which outputs carry a gradient (costmodel.grads)
     marks = aliases = None
@@ -181,7 +182,7 @@ def fusion_of(node) -> tuple:
 def fused_alias(node, i):
     """(tensor id, elements) the "fused" runtime keeps operand i of `node` as, or None
     (costmodel.fusion.fused_aliases)."""
-    for j, tid, numel in node.extra.get("fused_aliases", ()):
+    for j, tid, numel in node.extra.get(ALIAS_KEY, ()):
         if j == i:
             return tid, numel
     return None
