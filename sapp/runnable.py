@@ -2,7 +2,8 @@
 
 The emitter refuses some layouts before its first step, from the model itself: a tensor-parallel
 split whose ops give other shapes at one rank's layer shapes (a module reshaping by a head count it
-fixed for the whole model: sapp/emit/checks/shape_audit.py, the SP pieces: sp_audit.py), and a pipeline
+fixed for the whole model: sapp/emit/checks/shape_audit.py, the SP pieces: sp_audit.py) or whose split
+weight the model reads outside its layer (outside_reads.py), and a pipeline
 split torch cannot trace or whose stages cannot run (sapp/emit/pipe.trace and its preflight).  The
 cost model cannot see these, so the search runs the same checks on the candidate it is about to
 return, when it has the module (sapp's own zoo models excepted: _zoo_model): on a copy whose
@@ -85,7 +86,7 @@ def check(module, plan, example_inputs):
 
 def _check(module, skel, plan, ex, example_inputs):
     from .capture.devices import meta_as_training_device
-    from .emit.checks import plan as checks, shape_audit
+    from .emit.checks import outside_reads, plan as checks, shape_audit
     from .emit.pp import pipe
     from .emit.tp import parallel as emit_parallel
     from .emit.tp import sp as emit_sp
@@ -93,6 +94,11 @@ def _check(module, skel, plan, ex, example_inputs):
     tp, pp = par["tp"], par["pp"]
     styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
     with meta_as_training_device():
+        if tp > 1 and groups and pp == 1:
+            try:
+                outside_reads.check_plan(skel, plan, ex)
+            except PlanError as e:
+                return _reads_rule(skel, plan, ex, tp), _line(e)
         if tp > 1 and groups:
             try:
                 sp_sec = emit_sp.section(plan) if pp == 1 else None
@@ -121,6 +127,19 @@ def _meta_artifact(e) -> bool:
     run real CPU weights; such a plan is left to the ranks' own checks at emit."""
     text = str(e)
     return "meta" in text and ("DeviceMismatch" in text or "same device" in text)
+
+
+def _reads_rule(skel, plan, ex, tp):
+    """Which rule a read outside a split layer breaks: ("sp", tp) when only a norm sequence
+    parallelism splits is read (the same tp without SP may run), else ("tp", tp)."""
+    from .emit.checks import outside_reads
+    if not plan.parallel.get("sp"):
+        return ("tp", tp)
+    try:
+        outside_reads.check_plan(skel, plan, ex, with_sp=False)
+    except PlanError:
+        return ("tp", tp)
+    return ("sp", tp)
 
 
 def _tp_or_sp(module, plan, ex, styles, groups, tp):

@@ -29,8 +29,11 @@ def run(model, plan, world: int, name: str, example, *, grad_sync: str, fingerpr
         # shapes checked against the plan's split (sapp/emit/checks/shape_audit.py)
         from ..tp import sp as sp_mod
         from ..build import example_inputs
-        from . import shape_audit
+        from . import outside_reads, shape_audit
         ex = example_inputs(model, example, 2, "cpu")
+        if par["pp"] == 1:
+            # before the audit sets stored sizes to a rank's share: the whole model runs as it is
+            outside_reads.check_plan(model, plan, ex)
         shape_audit.check(model, checks.tp_modules(plan), checks.tp_groups(plan), par["tp"], ex, notes,
                           fix=LOCALISE, partial=partial, sp_sec=sp_mod.section(plan) if par["pp"] == 1 else None,
                           parts=parts)
