@@ -122,3 +122,37 @@ def test_a_live_read_in_the_parent_is_found_and_an_unsplit_table_is_not():
     before = net.emb.weight.detach().clone()
     assert outside_reads.find(net, ["emb", "head"], (ids,))[3] == "__getitem__"
     assert torch.equal(net.emb.weight, before) and net.emb.weight.grad is None
+
+
+class Caching(nn.Module):
+    """A forward that caches on its module, as x-transformers' ALiBi (a buffer registered in forward)
+    and HF rotary layers (an attribute) do, and a BatchNorm updating its running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.norm = nn.BatchNorm1d(D)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        if getattr(self, "bias", None) is None or self.bias.shape[0] < ids.shape[1]:
+            self.register_buffer("bias", torch.arange(ids.shape[1], dtype=x.dtype), persistent=False)
+            self.cached_len = ids.shape[1]
+        self.calls += 1
+        return self.norm((x + self.bias[:, None]).transpose(1, 2))
+
+
+def test_what_the_forward_caches_is_put_back():
+    """The check's forward on fake tensors leaves no fake tensor, attribute or count on the model:
+    a cached fake buffer would meet the real step (DataDependentOutputException)."""
+    torch.manual_seed(0)
+    net = Caching()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mean = net.norm.running_mean.clone()
+    assert outside_reads.find(net, ["emb"], (ids,)) is None
+    assert "bias" not in net._buffers and not hasattr(net, "cached_len")
+    assert int(net.calls) == 0 and int(net.norm.num_batches_tracked) == 0
+    assert torch.equal(net.norm.running_mean, mean)
+    net(ids)                            # the real forward runs and caches as it would have
+    assert net.bias.shape == (SEQ,) and int(net.calls) == 1

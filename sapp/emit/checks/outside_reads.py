@@ -9,7 +9,8 @@ of the same kind (a head computed as `h @ embed.weight.T` in the parent's forwar
 same way.
 
 So before any process group or collective the model's forward runs once on fake tensors (shapes only,
-no compute; the weights are read, never written; the search's meta copy runs on meta) under a torch-function mode that sees every call
+no compute; the weights are read, never written, and what the forward caches on its modules is put
+back as it was; the search's meta copy runs on meta) under a torch-function mode that sees every call
 taking one of the split layers' parameters, and the module running when it happens (global forward
 hooks).  A call from any module but one holding that parameter is refused in one line naming the
 module, the parameter and the op.  Metadata reads (shape, dtype, device, dim) are answered by a
@@ -108,6 +109,7 @@ def find(model: nn.Module, split: list, example_inputs: tuple):
     handles = [module_hooks.register_module_forward_pre_hook(enter),
                module_hooks.register_module_forward_hook(leave)]
     reads = _Reads(watched, stack)
+    kept = _state(model)
     try:
         if _all_meta(model, example_inputs) and _run(model, example_inputs, reads, stack):
             return reads.found
@@ -115,12 +117,47 @@ def find(model: nn.Module, split: list, example_inputs: tuple):
         # tensors, with unbacked sizes for data-dependent ops (static input shapes: symbolic ones
         # make every op several times slower)
         with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True) as fake:
+            reads.watched = _fake_state(model, fake, watched)
             inputs = tuple(fake.from_tensor(x) if torch.is_tensor(x) else x for x in example_inputs)
             _run(model, inputs, reads, stack)
     finally:
         for h in handles:
             h.remove()
+        _restore(kept)
     return reads.found
+
+
+def _state(model) -> list:
+    """Every module's attributes, buffers, parameters and children as they are: a forward may cache
+    what it computes on the module (x-transformers' ALiBi registers its bias as a buffer, HF rotary
+    layers keep cos/sin tables), and a fake or meta tensor left there would meet the real step."""
+    return [(m, dict(m.__dict__), dict(m._buffers), dict(m._parameters), dict(m._modules))
+            for m in model.modules()]
+
+
+def _restore(kept: list) -> None:
+    for m, attrs, buffers, params, children in kept:
+        for key in [k for k in m.__dict__ if k not in attrs]:
+            del m.__dict__[key]
+        m.__dict__.update(attrs)
+        for d, was in ((m._buffers, buffers), (m._parameters, params), (m._modules, children)):
+            d.clear()
+            d.update(was)
+
+
+def _fake_state(model, fake, watched: dict) -> dict:
+    """Every parameter and buffer swapped for a fake one (a weight tied under two names keeps one
+    fake), so whatever the forward writes in place lands on a fake tensor; `_restore` puts the real
+    ones back.  Returns `watched` keyed by the fakes."""
+    fakes = {}
+    for m in model.modules():
+        for d in (m._parameters, m._buffers):
+            for k, t in list(d.items()):
+                if t is not None:
+                    if id(t) not in fakes:
+                        fakes[id(t)] = fake.from_tensor(t)
+                    d[k] = fakes[id(t)]
+    return {id(fakes[i]): (fakes[i], name, holders) for i, (_, name, holders) in watched.items() if i in fakes}
 
 
 def _all_meta(model, example_inputs) -> bool:
