@@ -38,22 +38,35 @@ def _export(case):
 
 
 def _megatron_count(text):
+    """Megatron-Core's count of one argument text, or a list of counts of a list of texts."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_params.py")], input=text, capture_output=True,
+    stdin = json.dumps(text) if isinstance(text, list) else text
+    r = subprocess.run([sys.executable, os.path.join(HERE, "megatron_params.py")], input=stdin, capture_output=True,
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_megatron_builds_the_priced_model(case):
+@pytest.fixture(scope="module")
+def exported():
+    """{case: (text, plan, graph)}: the four exports, each searched once for the file's tests."""
+    return {case: _export(case) for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def counted(exported):
+    """{case: Megatron-Core's count}, the four taken by one Megatron process."""
     pytest.importorskip("megatron.core")
-    text, plan, graph = _export(case)
+    return dict(zip(CASES, _megatron_count([exported[c][0] for c in CASES])))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_megatron_builds_the_priced_model(exported, counted, case):
+    (text, plan, graph), got = exported[case], counted[case]
     a = tokens(text)
     for flag in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--seq-length",
                  "--max-position-embeddings", "--vocab-size"):
         assert flag in a, flag
-    got = _megatron_count(text)
     params = graph.meta["params"]
     assert got["total"] == pytest.approx(params, rel=1e-3), (got, params)
     arch = E.arch_facts(plan["model"]["name"], plan["model"]["meta"], int(a["--num-layers"]))["arch"]
@@ -66,8 +79,8 @@ def test_megatron_builds_the_priced_model(case):
     print(f"{case}: megatron-core {got['total']:,} (active {got['active']:,}), sapp {params:,}")
 
 
-def test_hf_export_states_the_config_sizes():
-    text, plan, _ = _export("llama3-8b-hf-32k")
+def test_hf_export_states_the_config_sizes(exported):
+    text = exported["llama3-8b-hf-32k"][0]
     a = tokens(text)
     assert (a["--hidden-size"], a["--num-query-groups"], a["--seq-length"], a["--rotary-base"]) == \
         ("4096", "8", "32768", "500000")
