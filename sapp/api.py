@@ -155,7 +155,7 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None):
+           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -168,7 +168,10 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     `fits(result)`: a further test each priced configuration must pass (joint_search; the engines'
     memory estimates, sapp/engines/estimate_fit.py).
     `cache=True`: a zoo name or HF config.json is captured once and read back from the capture cache
-    after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same."""
+    after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same.
+    `caches`: a dict kept across searches of the same graph, Cluster object and settings under other
+    constraints (engines.best_plan), for what the joint search finds that depends on none of them
+    (search/joint/context._shared); the plan is the same."""
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
     if progress is not None and not callable(progress):
@@ -197,7 +200,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     t0 = time.perf_counter()
 
     def run(skip):
-        res = _joint(graph, cl, gb, cons, settings, progress, skip, fits)
+        res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, caches)
         check_prediction(res.step_time_s, res.mfu)
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
                           section=res.sapp_section), res
@@ -213,12 +216,12 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     return plan
 
 
-def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None):
+def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None, caches=None):
     """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`."""
     from .search.joint import joint_search
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
-                       search_fn=tp_search_fn(), skip=skip, fits=fits)
+                       search_fn=tp_search_fn(), skip=skip, fits=fits, caches=caches)
     section = operator_section(graph, res.profile) if _sp_chosen(res) else None
     if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
         # SP is priced on the block template; on the whole graph a piece may have no place the emitter
@@ -227,7 +230,8 @@ def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None):
         import dataclasses
         try:
             res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
-                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip, fits=fits)
+                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip, fits=fits,
+                               caches=caches)
             section = None
         except SappError:
             pass                          # nothing else fits: the plan keeps SP and emit says why not

@@ -63,3 +63,33 @@ def test_a_plan_that_fits_as_exported_is_searched_once(monkeypatch, cluster):
     seen = _stage(monkeypatch, lambda h: cluster.usable_memory - 1 * GB)
     best = E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"})
     assert len(seen) == 1 and best["predicted"]["peak_memory_bytes"] < cluster.usable_memory
+
+
+def test_shared_caches_give_the_plans_fresh_searches_give():
+    """best_plan's searches share the joint search's caches and stage profiles (they differ only in pins
+    and headroom): each search's plan is byte for byte the one it returns without them, notes included."""
+    import json
+    model = "gpt3-13b"       # its searched recomputation mix is conformed: four searches
+    cl = api.resolve_cluster("a100-80g:nodes=8")
+    graph, _ = api.capture_graph(api.resolve_model(model)[0])
+    kw = dict(global_batch=512, model=model, constraints={}, settings={"runtime": "fused"})
+    search = api.search
+
+    def run(share: bool):
+        caches, plans = [], []
+
+        def recorded(*a, caches=None, **k):
+            p = search(*a, caches=caches if share else None, **k)
+            calls.append(caches)
+            plans.append(json.dumps(p._d, sort_keys=True))
+            return p
+        calls = caches
+        api.search = recorded
+        try:
+            E.best_plan(graph, cl, "megatron", **kw)
+        finally:
+            api.search = search
+        return calls, plans
+    calls, shared = run(True)
+    assert len(calls) == 4 and all(c is calls[0] for c in calls)
+    assert run(False)[1] == shared

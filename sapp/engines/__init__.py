@@ -168,12 +168,15 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     from ..errors import InfeasibleError
 
     pinned, errors = dict(constraints or {}), []
+    # the searches below differ in pins and headroom only: what the joint search finds that depends on
+    # neither (tp layouts, stage numbers) is found once per cluster (api.search's `caches`)
+    shared = {}
 
     def one(pins, searched=cluster):
         try:
             p = api.search(graph=graph, model=model, cluster=searched, global_batch=global_batch,
                            constraints={**pinned, "target": engine, **pins}, fits=fits, progress=progress,
-                           **settings)
+                           caches=shared.setdefault(id(searched), {}), **settings)
         except InfeasibleError as e:
             errors.append(e)
             return None

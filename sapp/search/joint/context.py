@@ -23,7 +23,10 @@ class SearchContext:
         self.block_units = [u for u in self.units if u.kind == "block"]
         self.block_names = [u.name for u in self.block_units]
         self.L = len(self.block_units)
-        self.profiles = {}
+        # stage profiles depend on the degrees and the largest micro-batch (below) besides the four
+        # `_shared` checks; searches with other pins share them (engines.best_plan)
+        self.profiles = shared.setdefault("profiles", {})
+        self.used_profiles = set()      # the keys this search asked for (what its notes count)
         self.strategy_cache = shared.setdefault("strategies", {})
         self._graph_cache = shared.setdefault("graph", {})
         self.numbers = {}
@@ -72,15 +75,20 @@ class SearchContext:
         return all(k == "block" for k in kinds[i0:i1 + 1]) and i0 <= 1 and i1 >= len(kinds) - 2
 
     def profile(self, dp, tp, sp=False):
-        key = (dp, tp, sp) if sp else (dp, tp)
-        if key not in self.profiles:
-            self.profiles[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp, sp=sp,
+        fixed = getattr(self, "fixed", None)
+        if fixed is not None and not hasattr(self, "_fixed_profiles"):
+            self._fixed_profiles = {}   # profiles under pinned strategies are this search's own
+        store = self.profiles if fixed is None else self._fixed_profiles
+        key = (dp, tp, sp, max(2, self.B // dp))
+        self.used_profiles.add(key)
+        if key not in store:
+            store[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp, sp=sp,
                                                search_fn=self.search_fn, units=self.units,
                                                strategy_cache=self.strategy_cache,
                                                fixed_strategies=getattr(self, "fixed", None),
                                                max_mbs=max(2, self.B // dp),
                                                graph_cache=self._graph_cache)
-        return self.profiles[key]
+        return store[key]
 
     @functools.cached_property
     def param_owners(self):

@@ -85,10 +85,10 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
         if best is not None and not exhaustive and lb > best.step_time_s:
             pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
             break
-        n_prof = len(ctx.profiles)
+        n_prof = len(ctx.used_profiles)
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
-        if len(ctx.profiles) > n_prof:
-            report.profile(len(ctx.profiles), best, lb)
+        if len(ctx.used_profiles) > n_prof:
+            report.profile(len(ctx.used_profiles), best, lb)
         if skip_idle_tp and cfg.tp > 1 and not tp_shards(prof):
             idle.append((cfg, prof))
             continue
@@ -151,7 +151,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
     pruned = len(configs) - evaluated
     best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
-                  "profiles": len(ctx.profiles),
+                  "profiles": len(ctx.used_profiles),
                   # (the tp searches, not the SP layouts derived from them: pipeline/profile.stage_strategies)
                   "searches": sum(1 for k in ctx.strategy_cache if k[0] == "tp"),
                   "search_s": time.perf_counter() - t0}
