@@ -27,6 +27,7 @@ class SearchContext:
         # `_shared` checks; searches with other pins share them (engines.best_plan)
         self.profiles = shared.setdefault("profiles", {})
         self.used_profiles = set()      # the keys this search asked for (what its notes count)
+        self._own_profiles = {}         # profiles under pinned strategies (ctx.fixed) are this search's own
         self.strategy_cache = shared.setdefault("strategies", {})
         self._graph_cache = shared.setdefault("graph", {})
         self.numbers = {}
@@ -76,18 +77,15 @@ class SearchContext:
 
     def profile(self, dp, tp, sp=False):
         fixed = getattr(self, "fixed", None)
-        if fixed is not None and not hasattr(self, "_fixed_profiles"):
-            self._fixed_profiles = {}   # profiles under pinned strategies are this search's own
-        store = self.profiles if fixed is None else self._fixed_profiles
-        key = (dp, tp, sp, max(2, self.B // dp))
+        store = self.profiles if fixed is None else self._own_profiles
+        max_mbs = max(2, self.B // dp)
+        key = (dp, tp, sp, max_mbs)
         self.used_profiles.add(key)
         if key not in store:
             store[key] = build_profile(self.graph, self.cluster, self.settings, dp, tp, sp=sp,
-                                               search_fn=self.search_fn, units=self.units,
-                                               strategy_cache=self.strategy_cache,
-                                               fixed_strategies=getattr(self, "fixed", None),
-                                               max_mbs=max(2, self.B // dp),
-                                               graph_cache=self._graph_cache)
+                                       search_fn=self.search_fn, units=self.units,
+                                       strategy_cache=self.strategy_cache, fixed_strategies=fixed,
+                                       max_mbs=max_mbs, graph_cache=self._graph_cache)
         return store[key]
 
     @functools.cached_property
