@@ -205,3 +205,60 @@ def test_published_03_job_reads_and_main_batch_names_read_the_same():
     assert again.describe() == ecfg.describe() and again.global_batch == ecfg.global_batch
     with pytest.raises(EngineError, match="another model"):
         torchtitan_py.parse(PUBLISHED_8B.replace('"8B"', '"70B"'), facts, 64)
+
+
+def _registry(call, train=""):
+    """PUBLISHED_8B with its model_registry call (and training fields) replaced."""
+    return PUBLISHED_8B.replace('model_registry("8B")', call).replace(
+        "steps=1000,", "steps=1000," + train).replace(
+        "from torchtitan.trainer import Trainer",
+        "from torchtitan.trainer import Trainer\nfrom torchtitan.components.quantization import Float8LinearConverter")
+
+
+@pytest.mark.parametrize("call,train,says", [
+    ('model_registry("8B", converters=[Float8LinearConverter.Config()])', "", "low-precision"),
+    ('model_registry("8B", bogus=1)', "", "takes no 'bogus'"),
+    ('model_registry("8B", attn_backend="sdpa")', "", "attn_backend='sdpa'"),
+    ('model_registry("8B", attn_backend="varlen")', "", "CUDA graphs"),
+    ('model_registry("8B", tp_gemm_backend="fused")', "", "'default' or 'dist_gemm'"),
+])
+def test_model_registry_arguments_that_change_the_step_are_refused_in_one_line(call, train, says):
+    with pytest.raises(EngineError) as e:
+        torchtitan_py.parse(_registry(call, train), _facts("llama3-8b"), 64)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_attention_kernel_and_cuda_graphs_of_a_job_are_read_and_said():
+    facts = _facts("llama3-8b")
+    flex = torchtitan_py.parse(PUBLISHED_8B, facts, 64)                   # torchtitan's defaults
+    assert any("FlexAttention" in n and "the default" in n for n in flex.notes)
+    assert any("CUDA graph" in n for n in flex.notes)
+    varlen = torchtitan_py.parse(_registry('model_registry("8B", attn_backend="varlen")', "disable_cuda_graphs=True,"),
+                                 facts, 64)
+    assert any("FlashAttention (attn_backend='varlen'" in n for n in varlen.notes)
+    assert not any("FlexAttention" in n or "CUDA graph" in n for n in varlen.notes)
+    assert varlen.describe() == flex.describe()          # the same degrees and policies: only the kernels differ
+    # async TP over symmetric memory changes nothing without tensor parallelism (torchtitan runs the stock
+    # projections then); with it, it is refused
+    assert torchtitan_py.parse(_registry('model_registry("8B", tp_gemm_backend="dist_gemm")'), facts, 64).tp == 1
+    tp2 = _registry('model_registry("8B", tp_gemm_backend="dist_gemm")').replace(
+        "from torchtitan.config import TrainingConfig", "from torchtitan.config import ParallelismConfig, TrainingConfig"
+    ).replace("        model_spec=model_spec,", "        model_spec=model_spec,\n"
+              "        parallelism=ParallelismConfig(tensor_parallel_degree=2),")
+    with pytest.raises(EngineError, match="folded into their GEMMs"):
+        torchtitan_py.parse(tp2, facts, 64)
+
+
+def test_an_export_runs_flash_attention_eagerly_as_priced(tiny):
+    graph, cl = tiny
+    plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan", dp=8, zero=3, global_batch=8),
+                 name="gpt3-350m")
+    text, _, _ = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    assert "disable_cuda_graphs=True" in text           # without pipelining too
+    facts = _facts("llama3-8b")
+    ecfg = torchtitan_py.parse(PUBLISHED_8B, facts, 8)
+    ecfg.notes = []
+    out = torchtitan_py.export(ecfg, facts, [f"layers.{i}" for i in range(32)])
+    assert "model_spec=model_registry('8B', attn_backend='varlen')" in out and "disable_cuda_graphs=True" in out
+    back = torchtitan_py.parse(out, facts, 8)
+    assert back.describe() == ecfg.describe() and any("FlashAttention (attn_backend='varlen'" in n for n in back.notes)

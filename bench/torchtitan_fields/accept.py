@@ -28,6 +28,11 @@ def main(module, world):
           f"{type(cfg.activation_checkpoint).__qualname__}; param {tr.mixed_precision_param} reduce "
           f"{tr.mixed_precision_reduce}; optimizer {cfg.optimizer.param_groups[0].optimizer_name}; ParallelDims "
           f"dp_shard {dims.dp_shard} of {world} GPUs")
+    # the attention kernel the model runs and whether the step is captured as a CUDA graph
+    from torchtitan.models.common.config_utils import VarlenAttention
+    kinds = {type(c).__qualname__ for _, c, _, _ in cfg.model_spec.model.traverse(VarlenAttention.Config)}
+    print(f"attention {', '.join(sorted(kinds)) or 'not varlen'}; CUDA graphs "
+          f"{'off' if tr.disable_cuda_graphs else 'on'}")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,20 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
   FSDP2 over a replicate mesh (ZeRO-0 as sapp prices it, beside any other parallelism); replicate and
   shard together (HSDP) are not priced;
 - the forward+backward is captured as a CUDA graph unless `disable_cuda_graphs` (torchtitan refuses it
-  with pipeline parallelism, so a pipelined export disables it);
-- llama3 attention is FlexAttention (SDPA is gone for language models); sapp prices the "torchtitan"
-  runtime's attention kernel, noted on export;
+  with pipeline parallelism); sapp prices eager kernels, each at least its launch, so an export disables
+  the graphs and an import with them on says it may run faster;
+- the attention kernel is `model_registry(flavor, attn_backend=...)` (models/common/config_utils.py
+  get_attention_config; SDPA is gone for language models): "flex" (the default: FlexAttention),
+  "flex_flash" (its flash backend) or "varlen" (torch's varlen_attn: FlashAttention, FA3 on Hopper,
+  FA2 before; torchtitan's own varlen job turns CUDA graphs off, as varlen reads its document lengths on
+  the host).  An export writes "varlen", the FlashAttention kernel sapp's fused-attention figures
+  stand for (the Hopper presets carry cuDNN's, which FlashAttention-3's paper puts 12% / 9% below FA3
+  forward / backward: attention priced slightly slow); an import of "flex" or "flex_flash" is priced at
+  the same figures and says so (FlexAttention's own speed is not measured here).  Every backend masks
+  block-causally by document, which sapp prices as one document a sequence (an upper bound);
+- model_registry's other arguments: `converters` (float8 / MX / NVFP4 linear layers) are refused in one
+  line, `tp_gemm_backend="dist_gemm"` (collectives folded into GEMMs over symmetric memory) too under
+  tensor parallelism (without it torchtitan runs the stock projections);
 - the batch fields are 0.3.0's (local_batch_size, global_batch_size, seq_len,
   pipeline_parallel_microbatch_size); torchtitan main's token counts (num_tokens_per_microbatch_per_dp_rank,
   num_tokens_per_train_step, max_context_length, num_pp_microbatches) are read too."""
@@ -38,6 +49,11 @@ SCHEDULES = v022.SCHEDULES
 FLAVORS = {"1B": (16, 2048, 32, 8, 8192, True), "3B": (28, 3072, 24, 8, 8192, True),
            **{k: (*v, False) for k, v in v022.FLAVORS.items()}}
 FUNCTION = "sapp_job"
+# model_registry's keyword arguments in 0.3.0 (models/llama3/__init__.py) and what each may be
+ATTN_BACKENDS = ("flex", "flex_flash", "varlen")
+REGISTRY_ARGS = ("attn_backend", "tp_gemm_backend", "converters")
+VARLEN_NOTE = ("attention runs FlashAttention (attn_backend='varlen': FA3 on Hopper, FA2 before), block-causal by "
+               "document, priced as one document a sequence at the cluster's fused-attention figures")
 
 
 def _flavor(arch):
@@ -125,15 +141,15 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     train["mixed_precision_reduce"] = "float32"
     if ecfg.pp > 1:
         par.update(_layout(ecfg, L))
-        train["disable_cuda_graphs"] = True        # (torchtitan refuses CUDA graphs with pipeline parallelism)
+    # eager kernels as priced (and varlen attention reads its document lengths on the host)
+    train["disable_cuda_graphs"] = True
     ac = {"none": None, "full": Call("FullAC.Config"), "selective": Call("SelectiveAC.Config")}[ecfg.recompute]
     arch = facts.get("arch")
     flavor = _flavor(arch)
-    notes = ["torchtitan 0.3's llama3 attention is FlexAttention (block-causal); sapp prices its torchtitan runtime's "
-             "attention kernel"]
+    notes = [VARLEN_NOTE]
     body = {}
     if flavor:
-        body["model_spec"] = Call("model_registry", [flavor])
+        body["model_spec"] = Call("model_registry", [flavor], {"attn_backend": "varlen"})
     else:
         what = v022.model_section(arch)[1].split(" (", 1)[1].split("):", 1)[0]
         notes.insert(0, f"this model is none of torchtitan's llama3 flavors ({what}): the file names no model_spec, so "
@@ -200,12 +216,13 @@ def _sections(root: Call) -> dict:
     return doc
 
 
-def _model(doc, facts):
+def _model(doc, facts) -> dict:
+    """model_registry's keyword arguments (their defaults filled in), each checked; {} without a model_spec."""
     spec = doc["trainer"].get("model_spec")
     if spec is None:
-        return
+        return {}
     if not isinstance(spec, Call) or spec.name != "model_registry" or len(spec.args) != 1:
-        raise EngineError("model_spec: sapp reads model_registry(\"<flavor>\") of torchtitan.models.llama3")
+        raise EngineError("model_spec: sapp reads model_registry(\"<flavor>\", keyword=...) of torchtitan.models.llama3")
     flavor, arch = spec.args[0], facts.get("arch")
     if flavor not in FLAVORS:
         raise EngineError(f"model_registry({flavor!r}): sapp prices torchtitan's llama3 flavors "
@@ -213,6 +230,50 @@ def _model(doc, facts):
     if arch is not None and _flavor(arch) != flavor:
         raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given "
                           f"({_flavor(arch) or 'no llama3 flavor'}); pass the --model this file trains")
+    args = {"attn_backend": "flex", "tp_gemm_backend": "default", "converters": None}
+    for k, v in spec.kwargs.items():
+        if k not in REGISTRY_ARGS:
+            raise EngineError(f"model_registry({k}=...): torchtitan 0.3's llama3 model_registry takes no {k!r} "
+                              f"(it takes {', '.join(REGISTRY_ARGS)}); remove it")
+        args[k] = v
+    if args["attn_backend"] not in ATTN_BACKENDS:
+        raise EngineError(f"model_registry(attn_backend={args['attn_backend']!r}): torchtitan 0.3 runs a language "
+                          f"model's attention as {', '.join(map(repr, ATTN_BACKENDS))}; pass one of them")
+    if args["tp_gemm_backend"] not in ("default", "dist_gemm"):
+        raise EngineError(f"model_registry(tp_gemm_backend={args['tp_gemm_backend']!r}): torchtitan 0.3 takes "
+                          f"'default' or 'dist_gemm'")
+    conv = args["converters"]
+    if conv not in (None, []):
+        names = ", ".join(c.name if isinstance(c, Call) else repr(c)[:40] for c in (conv if isinstance(conv, list)
+                                                                                  else [conv]))
+        raise EngineError(f"model_registry(converters=[{names}]): sapp does not price low-precision (float8 / MX / "
+                          f"NVFP4) linear layers; remove converters to price the bf16 job")
+    return args
+
+
+def _kernel_notes(args, train, tp) -> list:
+    """The attention kernel and CUDA graphs of an imported job: refused where torchtitan cannot run them,
+    said where sapp prices them otherwise than they run (module docstring)."""
+    graphs = not train.get("disable_cuda_graphs", False)
+    attn = args.get("attn_backend", "flex")
+    if attn == "varlen" and graphs:
+        raise EngineError("attn_backend='varlen' with CUDA graphs: varlen attention reads its document lengths on the "
+                          "host, which a captured graph cannot (torchtitan's own varlen job turns them off); set "
+                          "TrainingConfig(disable_cuda_graphs=True)")
+    if args.get("tp_gemm_backend") == "dist_gemm" and tp > 1:
+        raise EngineError("model_registry(tp_gemm_backend='dist_gemm'): sapp does not price tensor-parallel collectives "
+                          "folded into their GEMMs over symmetric memory; use 'default' to price the rest")
+    notes = []
+    if attn == "varlen":
+        notes.append(VARLEN_NOTE)
+    else:
+        notes.append(f"attention runs FlexAttention (attn_backend={attn!r}{', the default' if attn == 'flex' else ''}), "
+                     f"priced at the cluster's fused-attention (FlashAttention-class) figures: FlexAttention's own "
+                     f"speed is not measured here; attn_backend='varlen' runs the FlashAttention kernel priced")
+    if graphs:
+        notes.append("the forward+backward replays as a CUDA graph: priced as eager kernels, each at least its "
+                     "launch, so torchtitan may run faster than priced where kernels are short")
+    return notes
 
 
 def _optimizer(doc):
@@ -282,7 +343,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         return ecfg
     root, _ = read(text)
     doc = _sections(root)
-    _model(doc, facts)
+    registry = _model(doc, facts)
     _optimizer(doc)
     par, train = dict(doc.get("parallelism") or {}), dict(doc.get("training") or {})
     ac, comp, loss = doc.get("activation_checkpoint") or {"class": "SelectiveAC.Config"}, doc.get("compile") or {}, \
@@ -305,6 +366,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     ecfg = _v022_parse(par, train, toml_ac, comp, facts, devices)
     tp = ecfg.tp
     ecfg.sp = bool(sp and tp > 1)
+    notes += _kernel_notes(registry, train, tp)
     if loss.get("class") == "ChunkedLossWrapper.Config":
         inner = loss.get("loss_fn")
         if inner is not None and not (isinstance(inner, Call) and inner.name == "CrossEntropyLoss.Config"):
