@@ -2,7 +2,7 @@
 `python -m bench.published_torchtitan [--only TEXT] [--peak sxm|nvl|both] [--peak-tflops X | A:B ...]`.
 
 Two parts, every row imported through `sapp import`'s path (sapp.engines.import_config: the torchtitan
-parser and the "torchtitan" runtime profile, costmodel/settings.py):
+parser and the "torchtitan-0.2.2" runtime profile, costmodel/settings.py):
 
 1. torchtitan's own job files, llama3_8b / 70b / 405b.toml (bench/torchtitan_published/, copied unchanged
    from pytorch/torchtitan v0.2.2 = 73a0e6979dd10b6b1904098eb3c8f62c18ab87ce,
@@ -18,7 +18,8 @@ parser and the "torchtitan" runtime profile, costmodel/settings.py):
    derives at the loss (costmodel/torchtitan.py: the bf16 logits' block the fp32 gradients cannot use).  The rows with torch.compile or float8
    (Tables 1-6 but these two) are not priced: sapp models neither.  These rows are priced under the
    "torchtitan-2412" profile, the benchmark's stack (its eager fp32 RMSNorm, SDPA's FlashAttention-2);
-   part 1 under "torchtitan", what `sapp import` prices for a current stack.
+   part 1 under "torchtitan-0.2.2", what `sapp import --from torchtitan@0.2.2` prices: that release on
+   a current torch.
 
 `--peak-tflops` prices the benchmark rows at other peaks (dense bf16 TFLOP/s): a number, repeatable, or a
 range A:B, priced at A, its midpoint and B, with the interval of peaks in [A, B] at which every row's

@@ -43,7 +43,8 @@ RANGES = {
 # [size, rate] curves, {op: [fwd, bwd] elements/s}, {collective: [alpha s, beta bytes/s]}
 CURVE_RANGES = {"mem_bw_curve": ((0.0, 1e16), _BYTES_S), "rng_curve": ((0.0, 1e18), (1e3, 1e18)),
                 "op_rates": ((1e3, 1e18), (1e3, 1e18)), "collective_fits": (_SECONDS, _BYTES_S)}
-_OPTIONAL_FRACTIONS = ("attention_efficiency", "attention_bwd_efficiency", "gemm_memory_overlap")
+_OPTIONAL_FRACTIONS = ("attention_efficiency", "attention_bwd_efficiency", "flash_attention_efficiency",
+                       "flash_attention_bwd_efficiency", "gemm_memory_overlap")
 _BOOLS = ("async_launch", "fused_dropout")
 _FRACTIONS = ("compute_efficiency", "memory_efficiency")
 _CURVES = ("mem_bw_curve", "rng_curve")
@@ -137,6 +138,11 @@ class Cluster:
     # large GEMM.  0 = compute_efficiency (the datasheet presets without a published figure).
     attention_efficiency: float = 0.0
     attention_bwd_efficiency: float = 0.0
+    # The same for FlashAttention's own kernel, where it differs from the one above: what torch's
+    # varlen_attn runs (torchtitan 0.3's "varlen" attention activates FlashAttention-3 on Hopper), priced
+    # under the "torchtitan" runtime (costmodel/torchtitan.py).  0 = as attention_efficiency.
+    flash_attention_efficiency: float = 0.0
+    flash_attention_bwd_efficiency: float = 0.0
     # How much of a dense GEMM's memory traffic (operands and output at the memory efficiency) hides
     # behind its arithmetic (at compute_efficiency): 1 = all of it, the plain roofline's max (a
     # calibrated machine whose efficiencies already fold it in); 0 = none, the sum of the two times.
@@ -385,10 +391,13 @@ _ALIASES = {"gpus": "gpus_per_node", "per_node": "gpus_per_node", "memory": "dev
 # Fused attention on Hopper (H100 / H800 / H200: the same SMs): the cuDNN kernel Megatron-Core runs
 # through Transformer Engine, bf16, head dim 128, sequence 4k, as FlashAttention-3's paper measures it
 # on an H100 SXM5 (Shah et al. 2024, arXiv 2407.08608, Fig. 5 causal forward: 518 TFLOP/s; Fig. 6
-# backward: 499 TFLOP/s) over the 989 TFLOP/s peak.  (FlashAttention-3 itself: 579 / 542.)
+# backward: 499 TFLOP/s) over the 989 TFLOP/s peak; FlashAttention-3 itself, in the same figures, 579 / 542
+# (the kernel torchtitan 0.3's varlen attention runs there).
 # Every GPU preset prices dense GEMMs on the summed roofline (gemm_memory_overlap 0; docs/ARCHITECTURE.md
 # "Compute efficiency by kernel").
-_HOPPER_ATTENTION = {"attention_efficiency": 518 / 989, "attention_bwd_efficiency": 499 / 989, "gemm_memory_overlap": 0.0}
+_HOPPER_ATTENTION = {"attention_efficiency": 518 / 989, "attention_bwd_efficiency": 499 / 989,
+                     "flash_attention_efficiency": 579 / 989, "flash_attention_bwd_efficiency": 542 / 989,
+                     "gemm_memory_overlap": 0.0}
 
 PRESETS = {
     # REFERENCE.md section 3 (dense bf16).  inter_bw = node NIC bandwidth / devices per node.

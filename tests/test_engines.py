@@ -166,7 +166,7 @@ mode = "full"
     plan = E.import_config(toml, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert (plan["parallel"]["tp"], plan["parallel"]["pp"], plan["parallel"]["dp"], plan["zero"]) == (8, 8, 16, 2)
     assert plan["pipeline"]["virtual_chunks"] == 2 and plan["parallel"]["sp"] is True
-    assert plan["settings"]["runtime"] == "torchtitan"      # (costmodel/settings.py: the engine profile)
+    assert plan["settings"]["runtime"] == "torchtitan-0.2.2"      # (costmodel/settings.py: the release's engine profile)
     text, exported, notes = E.export_plan(plan, "torchtitan@0.2.2", graph=graph, cluster=cl)
     assert not notes
     again = E.import_config(text, "torchtitan@0.2.2", graph, cl, "gpt3-175b")

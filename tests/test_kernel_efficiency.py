@@ -39,6 +39,27 @@ def test_hopper_presets_carry_the_published_attention_figures():
     assert all(PRESETS[n].gemm_memory_overlap == 0.0 for n in ("a100-80g", "v100-32g", "h100-80g", "h800", "h200"))
 
 
+
+def test_each_torchtitan_release_prices_the_attention_kernel_it_runs():
+    # torchtitan 0.3 as exported (attn_backend="varlen"): FlashAttention-3 on Hopper, the paper's 579 / 542
+    # TFLOP/s; 0.2.2's SDPA: cuDNN's 518 / 499 (the cluster's figure); the Dec 2024 stack: SDPA's
+    # FlashAttention-2, 319 / 310
+    for runtime, fwd, bwd in (("torchtitan", 579, 542), ("torchtitan-0.2.2", 518, 499), ("fused", 518, 499),
+                              ("torchtitan-2412", 319, 310)):
+        st = CostSettings(runtime=runtime)
+        assert kernel_efficiency("attention", False, H100, st) == pytest.approx(fwd / 989), runtime
+        assert kernel_efficiency("attention", True, H100, st) == pytest.approx(bwd / 989), runtime
+        assert kernel_efficiency("matmul", True, H100, st) == 0.8
+    for name in ("h800", "h200"):
+        assert PRESETS[name].flash_attention_efficiency == H100.flash_attention_efficiency
+    # a cluster that names no FlashAttention figure prices its attention figure under every profile
+    a100, own = PRESETS["a100-80g"], H100.replace(flash_attention_efficiency=0.0, flash_attention_bwd_efficiency=0.0)
+    tt = CostSettings(runtime="torchtitan")
+    assert kernel_efficiency("attention", True, a100, tt) == a100.compute_efficiency
+    assert kernel_efficiency("attention", False, own, tt) == pytest.approx(518 / 989)
+    with pytest.raises(ClusterError, match="flash_attention_efficiency"):
+        Cluster.from_dict({**H100.to_dict(), "flash_attention_efficiency": 1.2})
+
 def test_summed_roofline_by_hand():
     # 1 TFLOP at 989e12 * 0.8 and 1 GB at 3.35e12 * 0.8
     tc, tm = 1e12 / (989e12 * 0.8), 1e9 / (3.35e12 * 0.8)

@@ -78,7 +78,7 @@ def test_op_selective_import_prices_less_than_none_more_than_full(tiny):
     acts = {}
     for mode in ('mode = "none"', 'mode = "selective"\nselective_ac_option = "op"', 'mode = "full"'):
         plan = import_config(_toml(mode), "torchtitan@0.2.2", tiny, cl, "llama-tiny")
-        assert plan["settings"]["runtime"] == "torchtitan"
+        assert plan["settings"]["runtime"] == "torchtitan-0.2.2"
         acts[mode[:12]] = plan["predicted"]["memory"]["activations"]
     none, sel, full = acts.values()
     assert full < sel < none
@@ -99,7 +99,7 @@ def test_published_llama3_8b_job_imports_and_fits():
     cl = api.resolve_cluster("a100-80g:nodes=8")          # "a preset for 64 A100 GPUs"
     plan = import_config(text, "torchtitan@0.2.2", graph, cl, "llama3-8b")
     assert plan["predicted"]["peak_memory_bytes"] <= cl.usable_memory
-    assert plan["recompute"]["default"] == "selective" and plan["settings"]["runtime"] == "torchtitan"
+    assert plan["recompute"]["default"] == "selective" and plan["settings"]["runtime"] == "torchtitan-0.2.2"
     assert not any("DOES NOT FIT" in n for n in plan["notes"])
 
 

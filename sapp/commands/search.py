@@ -46,7 +46,7 @@ def add_arguments(p):
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
-    p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-2412"),
+    p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412"),
                    help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
                         "executes), fused (Megatron-Core: fused point-wise kernels, bf16 activations) or "
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "

@@ -27,7 +27,7 @@ import math
 from ..cluster import curve_rate
 from ..errors import SappError
 from .dtypes import op_name
-from .torchtitan import attention_scale
+from .torchtitan import attention_scale, flash_kernel
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -73,11 +73,15 @@ def compute_time(flops: float, nbytes: float, cluster, launches: float = 0.0, ra
 def kernel_efficiency(kind: str, backward: bool, cluster, settings=None) -> float:
     """Fraction of peak the arithmetic of an op of `kind` reaches: a fused attention kernel its
     measured figure (`Cluster.attention_efficiency` / `attention_bwd_efficiency`, 0 = unset; under
-    the torchtitan profile scaled to the FlashAttention-2 kernel torch's SDPA ran, costmodel.torchtitan),
+    the "torchtitan" profile FlashAttention's own (`flash_attention_*`), under "torchtitan-2412" scaled to
+    the FlashAttention-2 kernel torch's SDPA ran then, costmodel.torchtitan),
     every other op the cluster's compute_efficiency.  Never above compute_efficiency for the presets,
     so the joint search's analytic bound (work at compute_efficiency) stays a lower bound."""
     if kind == "attention":
         e = getattr(cluster, "attention_bwd_efficiency" if backward else "attention_efficiency", 0.0) or 0.0
+        if flash_kernel(settings):
+            e = getattr(cluster, "flash_attention_bwd_efficiency" if backward else "flash_attention_efficiency",
+                        0.0) or e
         if e > 0:
             return e * attention_scale(backward, settings)
     return cluster.compute_efficiency

@@ -29,18 +29,22 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 #            as the fused kernel in both: it is what torch dispatches on a GPU too.
 #   "fused+tp-overlap": "fused" with Megatron-Core's `--tp-comm-overlap`: tensor-parallel collectives
 #            pipelined against their linear layers' GEMMs (costmodel.tp_overlap).
-#   "torchtitan": what torchtitan 0.2.2 runs (eager ops, compile off): FSDP2's MixedPrecisionPolicy casts
+#   "torchtitan": what torchtitan runs (its current release, 0.3, as sapp exports it: eager ops, compile
+#            and CUDA graphs off, attention torch's varlen FlashAttention, FlashAttention-3 on Hopper:
+#            the cluster's flash_attention figures): FSDP2's MixedPrecisionPolicy casts
 #            the weights to bf16 and no autocast runs (utils.maybe_enable_amp), so every float activation
 #            is bf16 except the loss (cross_entropy_loss: `pred.float()`); gradients are reduced in fp32
 #            (training.mixed_precision_reduce, whose only value is "float32"); "selective" recomputation
 #            is torchtitan's op-level policy (sapp/recompute/op_sac.py), not sapp's attention core; its
 #            eager RMSNorm and loss kernels, the loss backward's memory, vocab-parallel loss under tp,
 #            the foreach AdamW update and FSDP2's copies around its collectives: costmodel/torchtitan.py.
-#   "torchtitan-2412": "torchtitan" on the stack of torchtitan's published Llama 3.1 benchmark (torchtitan
+#   "torchtitan-0.2.2": "torchtitan" as its 0.2.2 release runs on a current torch: attention is SDPA
+#            (is_causal), which torch dispatches to cuDNN's kernel on Hopper: the cluster's attention figures.
+#   "torchtitan-2412": "torchtitan-0.2.2" on the stack of torchtitan's published Llama 3.1 benchmark (torchtitan
 #            9dec370, torch of Dec 2024): besides, its eager fp32 RMSNorm and SDPA's FlashAttention-2 on
 #            Hopper, where a current stack runs a fused RMSNorm kernel (costmodel/torchtitan.py).
-RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-2412")
-TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-2412")
+RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412")
+TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).

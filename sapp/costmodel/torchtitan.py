@@ -77,12 +77,18 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
 
 Era: the RMSNorm and attention terms are the benchmark's kernels (Dec 2024), priced only under the
 "torchtitan-2412" profile.  torch later gained a fused CUDA RMSNorm (aten._fused_rms_norm,
-pytorch/pytorch#153666) and torchtitan's llama3 moved to nn.RMSNorm, so the "torchtitan" profile
-(what `--target torchtitan` and imports price) prices the norm as one fused kernel and attention at
-the cluster's own figures; the loss, its backward memory and the update are the same code in both."""
+pytorch/pytorch#153666) and torchtitan's llama3 moved to nn.RMSNorm, so the current profiles price the
+norm as one fused kernel.  Their attention: "torchtitan-0.2.2" (`--target torchtitan@0.2.2`) calls SDPA,
+which a current torch on Hopper dispatches to cuDNN's kernel first (check_prefer_cudnn_attention), the
+cluster's attention figures; "torchtitan" (`--target torchtitan`, torchtitan 0.3) runs what sapp's
+export names, `attn_backend="varlen"`: torch's varlen_attn, which torchtitan 0.3 switches to
+FlashAttention-3 on Hopper (models/common/attention.py VarlenAttention, tools/utils.py
+get_cuda_flash_attention_impl), the cluster's flash_attention figures (FlashAttention-3's paper on
+the Hopper presets).  The loss, its backward memory and the update are the same code in all three."""
 from __future__ import annotations
 
 ERA_2412 = "torchtitan-2412"     # the profile of the benchmark's stack; "torchtitan" is a current one
+CURRENT = "torchtitan"           # torchtitan 0.3 as sapp exports it (varlen FlashAttention)
 RMSNORM_FWD_BYTES, RMSNORM_BWD_BYTES = 36, 92
 CE_FWD_BYTES, CE_BWD_BYTES = 22, 26
 LOSS_BWD_LIVE_BYTES = 4 + 4 + 2
@@ -125,6 +131,12 @@ def pass_bytes(node, factors, settings):
     n = _local(o, factors)
     rest = sum(_local(p, factors) * settings.act_bytes(p.dtype) for p in node.operands[1:])
     return n * CE_FWD_BYTES + rest, n * CE_BWD_BYTES
+
+
+def flash_kernel(settings) -> bool:
+    """Attention runs FlashAttention's own kernel, priced at the cluster's flash_attention figures: the
+    "torchtitan" profile, torchtitan 0.3's varlen attention as sapp exports it (module docstring)."""
+    return settings is not None and settings.runtime == CURRENT
 
 
 def attention_scale(backward: bool, settings) -> float:

@@ -4,8 +4,9 @@
 The sections and keys are those of torchtitan 0.2.2's JobConfig (`--job.config_file`), the last
 release that reads a TOML file; 0.3.0 keeps the same [parallelism] / [training] field names but takes
 them as `--parallelism.<key>` command-line overrides of a Python config registry.
-Runtime: torchtitan 0.2.2's eager torch ("torchtitan", costmodel/settings.py: compile off, bf16
-activations under FSDP2's mixed precision, fp32 gradient reduction, op-level selective checkpointing).  Data parallelism: FSDP2 over data_parallel_shard_degree
+Runtime: torchtitan 0.2.2's eager torch ("torchtitan-0.2.2", costmodel/settings.py: compile off, bf16
+activations under FSDP2's mixed precision, fp32 gradient reduction, op-level selective checkpointing,
+attention through SDPA).  Data parallelism: FSDP2 over data_parallel_shard_degree
 (ZeRO-2: fsdp_reshard_after_forward "never", ZeRO-3: "always") or DDP over
 data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
 shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
@@ -19,7 +20,7 @@ import tomllib
 from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
-RUNTIME = "torchtitan"        # the engine profile every torchtitan plan is priced with (costmodel/settings.py)
+RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 

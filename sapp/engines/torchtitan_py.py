@@ -24,11 +24,11 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
   get_attention_config; SDPA is gone for language models): "flex" (the default: FlexAttention),
   "flex_flash" (its flash backend) or "varlen" (torch's varlen_attn: FlashAttention, FA3 on Hopper,
   FA2 before; torchtitan's own varlen job turns CUDA graphs off, as varlen reads its document lengths on
-  the host).  An export writes "varlen", the FlashAttention kernel sapp's fused-attention figures
-  stand for (the Hopper presets carry cuDNN's, which FlashAttention-3's paper puts 12% / 9% below FA3
-  forward / backward: attention priced slightly slow); an import of "flex" or "flex_flash" is priced at
-  the same figures and says so (FlexAttention's own speed is not measured here).  Every backend masks
-  block-causally by document, which sapp prices as one document a sequence (an upper bound);
+  the host).  An export writes "varlen", which the "torchtitan" runtime prices at the cluster's
+  FlashAttention figures (`flash_attention_efficiency`: FlashAttention-3's paper on the Hopper
+  presets); an import of "flex" or "flex_flash" is priced at the same figures and says so
+  (FlexAttention's own speed is not measured here).  Every backend masks block-causally by document,
+  which sapp prices as one document a sequence (an upper bound);
 - model_registry's other arguments: `converters` (float8 / MX / NVFP4 linear layers) are refused in one
   line, `tp_gemm_backend="dist_gemm"` (collectives folded into GEMMs over symmetric memory) too under
   tensor parallelism (without it torchtitan runs the stock projections);
@@ -43,7 +43,7 @@ from .pyconfig import Call, read
 from .torchtitan_py_fields import CLASSES, check
 
 NAME = "torchtitan"
-RUNTIME = v022.RUNTIME
+RUNTIME = "torchtitan"      # torchtitan 0.3 as exported: varlen FlashAttention (costmodel/torchtitan.py)
 SCHEDULES = v022.SCHEDULES
 # torchtitan 0.3's llama3 flavors (models/llama3/__init__.py): (layers, hidden, heads, kv heads, ffn, tied)
 FLAVORS = {"1B": (16, 2048, 32, 8, 8192, True), "3B": (28, 3072, 24, 8, 8192, True),
@@ -53,7 +53,7 @@ FUNCTION = "sapp_job"
 ATTN_BACKENDS = ("flex", "flex_flash", "varlen")
 REGISTRY_ARGS = ("attn_backend", "tp_gemm_backend", "converters")
 VARLEN_NOTE = ("attention runs FlashAttention (attn_backend='varlen': FA3 on Hopper, FA2 before), block-causal by "
-               "document, priced as one document a sequence at the cluster's fused-attention figures")
+               "document, priced as one document a sequence at the cluster's FlashAttention figures")
 
 
 def _flavor(arch):
@@ -268,8 +268,8 @@ def _kernel_notes(args, train, tp) -> list:
         notes.append(VARLEN_NOTE)
     else:
         notes.append(f"attention runs FlexAttention (attn_backend={attn!r}{', the default' if attn == 'flex' else ''}), "
-                     f"priced at the cluster's fused-attention (FlashAttention-class) figures: FlexAttention's own "
-                     f"speed is not measured here; attn_backend='varlen' runs the FlashAttention kernel priced")
+                     f"priced at the cluster's FlashAttention figures: FlexAttention's own speed is not measured "
+                     f"here; attn_backend='varlen' runs the FlashAttention kernel priced")
     if graphs:
         notes.append("the forward+backward replays as a CUDA graph: priced as eager kernels, each at least its "
                      "launch, so torchtitan may run faster than priced where kernels are short")
@@ -404,7 +404,7 @@ def _v022_parse(par, train, ac, comp, facts, devices) -> EngineConfig:
     ecfg = v022.parse("\n".join(lines), facts, devices)
     if ddp_beside:
         ecfg.zero = 0
-    ecfg.engine = NAME
+    ecfg.engine, ecfg.runtime = NAME, RUNTIME
     return ecfg
 
 

@@ -54,8 +54,9 @@ class SearchContext:
         # (x compute_scale: every operator's time is scaled by it, and a calibrated scale < 1 would
         # otherwise put the bound above the real time and prune the optimum)
         # (at the fastest kernel efficiency the cluster names, so a bound stays below every op's time)
-        eff = max(cluster.compute_efficiency, getattr(cluster, "attention_efficiency", 0.0),
-                  getattr(cluster, "attention_bwd_efficiency", 0.0))
+        eff = max(cluster.compute_efficiency, *(getattr(cluster, k, 0.0) for k in (
+            "attention_efficiency", "attention_bwd_efficiency", "flash_attention_efficiency",
+            "flash_attention_bwd_efficiency")))
         self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * eff)
                                 * getattr(cluster, "compute_scale", 1.0))
         self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
