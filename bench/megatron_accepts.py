@@ -72,6 +72,8 @@ if importlib.util.find_spec("triton") is None:     # main imports Triton kernels
         def exec_module(self, module):
             pass
     sys.meta_path.insert(0, _Finder())
+if importlib.util.find_spec("six") is None:        # the release's BERT tokenizer module imports six at its top
+    sys.modules["six"] = types.ModuleType("six")   # (read beside _vocab_size_with_padding; nothing here calls it)
 import typing
 if not hasattr(typing, "override"):                # main uses Python 3.12's typing.override (a no-op marker)
     typing.override = lambda f: f
