@@ -27,7 +27,8 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = ("intra_latency", "inter_latency", "op_overhead", "sharded_op_overhead", "update_op_overhead",
                  "fsdp_unit_overhead", "fsdp_tensor_overhead")
-# fractions of peak where 0 means "as compute_efficiency" (fields added after the first presets)
+# fractions of peak where 0 means "unset": as compute_efficiency, the flash_attention ones as the
+# attention ones (fields added after the first presets)
 # Sane bounds of every rate, size and time (validate; mirrored in cluster.schema.json, tested equal):
 # from a slow CPU core to well past any accelerator built.  Without them a schema-valid 5e-324 FLOP/s
 # divides to inf and 1.7e308 s of latency to NaN, and the report says "step nan" or "MFU 324%".
@@ -204,7 +205,7 @@ class Cluster:
         for key in _OPTIONAL_FRACTIONS:
             v = getattr(self, key)
             if not _is_number(v) or not 0 <= v <= 1:
-                raise ClusterError(f"cluster {self.name!r}: {key} must be in [0, 1] (0 = as compute_efficiency), got {v!r}")
+                raise ClusterError(f"cluster {self.name!r}: {key} must be in [0, 1] (0 = unset), got {v!r}")
         if not isinstance(self.name, str) or len(self.name) > schema.MAX_STRING:
             raise ClusterError(f"cluster name must be a string of at most {schema.MAX_STRING} characters, "
                                f"got {type(self.name).__name__} {str(self.name)[:40]!r}")

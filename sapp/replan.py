@@ -105,6 +105,9 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
     gb = int(plan["model"]["global_batch"])
     settings = plan["settings"]
     pins = dict(plan["constraints"] or {})
+    if pins.get("target") == "torchtitan@0.2.2" and settings.get("runtime") == "torchtitan":
+        # saved when "torchtitan" named 0.2.2's profile (its SDPA); "torchtitan" is 0.3's now
+        settings = {**settings, "runtime": "torchtitan-0.2.2"}
     t0 = time.perf_counter()
     if graph is None:               # captured once for every candidate
         from . import api

@@ -262,3 +262,56 @@ def test_an_export_runs_flash_attention_eagerly_as_priced(tiny):
     assert "model_spec=model_registry('8B', attn_backend='varlen')" in out and "disable_cuda_graphs=True" in out
     back = torchtitan_py.parse(out, facts, 8)
     assert back.describe() == ecfg.describe() and any("FlashAttention (attn_backend='varlen'" in n for n in back.notes)
+
+
+def test_model_registry_arguments_bind_as_its_signature_orders_them():
+    facts = _facts("llama3-8b")
+    graphs_off = "disable_cuda_graphs=True,"
+    by_position = torchtitan_py.parse(_registry('model_registry("8B", "varlen")', graphs_off), facts, 64)
+    assert any("attn_backend='varlen'" in n for n in by_position.notes)
+    by_name = torchtitan_py.parse(_registry('model_registry(flavor="8B")'), facts, 64)
+    assert any("FlexAttention" in n for n in by_name.notes)
+    for call, says in (('model_registry("8B", "varlen", attn_backend="flex")', "given twice"),
+                       ('model_registry("8B", "varlen", "default", None, 1)', "takes 4 arguments"),
+                       ('model_registry(attn_backend="varlen")', "names no flavor"),
+                       ('model_registry("8B", attn_backend="' + "x" * 300 + '")', "attn_backend='xxx")):
+        with pytest.raises(EngineError) as e:
+            torchtitan_py.parse(_registry(call, graphs_off), facts, 64)
+        assert says in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300, str(e.value)
+
+
+def test_each_torchtitan_file_is_compared_within_its_own_release(tiny):
+    # a 0.2.2 TOML given as --from torchtitan is priced as 0.2.2, and sapp's best plan beside it is 0.2.2's
+    # (same profile), not 0.3's with another attention kernel
+    graph, cl = tiny
+    assert E.target_of("torchtitan", "torchtitan-0.2.2") == "torchtitan@0.2.2"
+    assert E.target_of("torchtitan", "torchtitan") == "torchtitan"
+    assert E.target_of("torchtitan@0.2.2", "torchtitan-2412") == "torchtitan@0.2.2"
+    assert E.target_of("megatron", "fused") == "megatron"
+    plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan-0.2.2", dp=8, zero=3, global_batch=8),
+                 name="gpt3-350m")
+    toml, _, _ = E.export_plan(plan, "torchtitan@0.2.2", graph=graph, cluster=cl)
+    mine = E.import_config(toml, "torchtitan", graph, cl, "gpt3-350m")
+    st = mine["settings"]
+    assert st["runtime"] == "torchtitan-0.2.2"
+    best = E.best_plan(graph, cl, E.target_of("torchtitan", st["runtime"]), global_batch=8, model=graph,
+                       settings={"runtime": st["runtime"], "precision": st["precision"]})
+    assert best["settings"]["runtime"] == "torchtitan-0.2.2"
+    assert not any("priced for the" in n for n in best["notes"])
+    # a search pinned to a target prices what its engine runs: another profile is refused in one line
+    with pytest.raises(api.SappError, match="target torchtitan@0.2.2 runs the torchtitan-0.2.2") as e:
+        api.search(graph, cl, global_batch=8, constraints={"target": "torchtitan@0.2.2"}, runtime="torchtitan")
+    assert "\n" not in str(e.value)
+
+
+def test_a_022_plan_saved_under_the_old_profile_name_replans_as_022(tiny):
+    from sapp.plan import Plan
+    from sapp.replan import replan
+    graph, cl = tiny
+    plan = api.search(graph, cl, global_batch=8, constraints={"target": "torchtitan@0.2.2"},
+                      runtime="torchtitan-0.2.2")
+    old = plan.to_dict()
+    old["settings"]["runtime"] = "torchtitan"          # "torchtitan" named 0.2.2's profile then
+    r = replan(graph, Plan(old), cl, exact=True)
+    assert r.plan["settings"]["runtime"] == "torchtitan-0.2.2"
+    assert r.plan["predicted"]["step_time_s"] == plan["predicted"]["step_time_s"]

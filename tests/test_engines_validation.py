@@ -9,6 +9,7 @@ import pytest
 
 import sapp.engines as E
 from sapp import api
+from sapp.constraints import TARGETS
 
 from tests import engine_validate as V
 
@@ -41,7 +42,7 @@ def _export(case, engine):
     cl = api.resolve_cluster(cluster)
     graph = _graph(model)
     plan = api.search(model, cl, graph=graph, global_batch=batch, constraints={"target": engine, **pins},
-                      runtime=runtime if engine == "megatron" else {"torchtitan": "torchtitan"}.get(engine, "eager"))
+                      runtime=runtime if engine == "megatron" else TARGETS[engine]["runtimes"][0])
     text, exported, notes = E.export_plan(plan, engine, graph=graph, cluster=cl)
     return text, exported
 

@@ -44,7 +44,7 @@ def read_text(path) -> str:
 
 def run(args):
     from .. import api
-    from ..engines import best_plan, comparison, import_config
+    from ..engines import best_plan, comparison, import_config, target_of
     from ._paths import check_out
     for path, flag in ((args.out, "--out"), (args.best_out, "--best-out")):
         if path:
@@ -74,7 +74,8 @@ def run(args):
     if args.no_compare:
         return 0 if fits else 1
     st = plan["settings"]
-    best = best_plan(graph, cl, args.engine, global_batch=plan["model"]["global_batch"], model=module,
+    best = best_plan(graph, cl, target_of(args.engine, st["runtime"]), global_batch=plan["model"]["global_batch"],
+                     model=module,
                      settings={"runtime": st["runtime"], "precision": st["precision"], "optimizer": st.get("optimizer"),
                                "grad_fp32": st.get("grad_fp32", False)})   # as the engine would run it
     print(comparison(plan, best))

@@ -50,7 +50,9 @@ def add_arguments(p):
                    help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
                         "executes), fused (Megatron-Core: fused point-wise kernels, bf16 activations) or "
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
-                        "as --tp-comm-overlap runs them)")
+                        "as --tp-comm-overlap runs them); torchtitan (0.3 as sapp exports it: eager FSDP2, fp32 "
+                        "reduction, varlen FlashAttention), torchtitan-0.2.2 (the same with SDPA) or "
+                        "torchtitan-2412 (0.2.2 on the Dec 2024 stack of its published benchmark)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",
                    help="a mixed cluster (A+B): data (each group a data-parallel replica with its share of the batch), "

@@ -75,8 +75,8 @@ def kernel_efficiency(kind: str, backward: bool, cluster, settings=None) -> floa
     measured figure (`Cluster.attention_efficiency` / `attention_bwd_efficiency`, 0 = unset; under
     the "torchtitan" profile FlashAttention's own (`flash_attention_*`), under "torchtitan-2412" scaled to
     the FlashAttention-2 kernel torch's SDPA ran then, costmodel.torchtitan),
-    every other op the cluster's compute_efficiency.  Never above compute_efficiency for the presets,
-    so the joint search's analytic bound (work at compute_efficiency) stays a lower bound."""
+    every other op the cluster's compute_efficiency.  The joint search's analytic bound prices the work at
+    the largest of these a cluster names (search/joint/context.py), so it stays a lower bound."""
     if kind == "attention":
         e = getattr(cluster, "attention_bwd_efficiency" if backward else "attention_efficiency", 0.0) or 0.0
         if flash_kernel(settings):

@@ -151,6 +151,14 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     return price(graph, cluster, ecfg, name=name, notes=[f"imported from {engine}{where}: {ecfg.describe()}"])
 
 
+def target_of(engine: str, runtime: str) -> str:
+    """The target of `engine`'s family whose profile `runtime` is: a torchtitan 0.2.2 TOML given as
+    `--from torchtitan` is priced, and compared, as torchtitan@0.2.2."""
+    from ..constraints import TARGETS
+    family = [t for t in ENGINES if t.split("@")[0] == engine.split("@")[0]]
+    return next((t for t in [engine] + family if runtime in TARGETS[t]["runtimes"]), engine)
+
+
 def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, model=None, constraints=None,
               fits=None, progress=None):
     """sapp's fastest plan for `engine` as the engine runs it (`sapp import`'s comparison): the search under

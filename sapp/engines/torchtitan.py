@@ -21,6 +21,18 @@ from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
+_KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
+            "torchtitan-0.2.2": "SDPA (cuDNN's kernel on Hopper)",
+            "torchtitan-2412": "SDPA's FlashAttention-2 and an eager RMSNorm (the Dec 2024 stack)"}
+
+
+def retarget_note(was: str, runtime: str) -> str:
+    """What re-pricing a plan of the `was` runtime as torchtitan's `runtime` profile changes."""
+    if was in _KERNELS:        # another torchtitan profile: the same code but the attention (and norm) kernels
+        return (f"the plan was priced for the {was} runtime; this torchtitan runs {_KERNELS[runtime]}: "
+                f"re-priced so")
+    return (f"the plan was priced for the {was} runtime; torchtitan runs eager torch (compile off) with fp32 "
+            f"gradient reduction, its op-level selective checkpointing and {_KERNELS[runtime]}: re-priced so")
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
@@ -103,8 +115,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
                      "(FSDP2, fsdp_reshard_after_forward never)")
         out.zero = 2
     if out.runtime != RUNTIME:
-        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off) "
-                     f"with fp32 gradient reduction and its op-level selective checkpointing: re-priced so")
+        notes.append(retarget_note(out.runtime, RUNTIME))
         out.runtime = RUNTIME
     if out.tp > 1 and not out.sp:
         notes.append("torchtitan's tensor parallelism always runs the norms sequence-parallel: exported with it on")

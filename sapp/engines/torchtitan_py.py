@@ -38,6 +38,7 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
 from __future__ import annotations
 
 from . import torchtitan as v022
+from .torchtitan import retarget_note
 from .mapping import EngineConfig, EngineError
 from .pyconfig import Call, read
 from .torchtitan_py_fields import CLASSES, check
@@ -82,8 +83,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
                      "ZeRO-2 (fsdp_reshard_after_forward never)")
         out.zero = 2
     if out.runtime != RUNTIME:
-        notes.append(f"the plan was priced for the {out.runtime} runtime; torchtitan runs eager torch (compile off) "
-                     f"with fp32 gradient reduction and its op-level selective checkpointing: re-priced so")
+        notes.append(retarget_note(out.runtime, RUNTIME))
         out.runtime = RUNTIME
     rc = out.recompute
     if not isinstance(rc, str):
@@ -153,7 +153,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     else:
         what = v022.model_section(arch)[1].split(" (", 1)[1].split("):", 1)[0]
         notes.insert(0, f"this model is none of torchtitan's llama3 flavors ({what}): the file names no model_spec, so "
-                        f"torchtitan refuses it until you add the model_registry(...) of the architecture priced")
+                        f"torchtitan refuses it until you add the model_registry(..., attn_backend='varlen') of the "
+                        f"architecture priced")
     body.update(
         parallelism=Call("ParallelismConfig", kwargs=par), training=Call("TrainingConfig", kwargs=train),
         activation_checkpoint=ac, compile=Call("CompileConfig", kwargs={"enable": False}),
@@ -221,27 +222,36 @@ def _model(doc, facts) -> dict:
     spec = doc["trainer"].get("model_spec")
     if spec is None:
         return {}
-    if not isinstance(spec, Call) or spec.name != "model_registry" or len(spec.args) != 1:
+    if not isinstance(spec, Call) or spec.name != "model_registry":
         raise EngineError("model_spec: sapp reads model_registry(\"<flavor>\", keyword=...) of torchtitan.models.llama3")
-    flavor, arch = spec.args[0], facts.get("arch")
+    params = ("flavor",) + REGISTRY_ARGS            # model_registry's signature, in order
+    if len(spec.args) > len(params):
+        raise EngineError(f"model_registry takes {len(params)} arguments ({', '.join(params)}), "
+                          f"got {len(spec.args)} positional ones")
+    bound = dict(zip(params, spec.args))
+    for k, v in spec.kwargs.items():
+        if k not in params:
+            raise EngineError(f"model_registry({k}=...): torchtitan 0.3's llama3 model_registry takes no {k!r} "
+                              f"(it takes {', '.join(params)}); remove it")
+        if k in bound:
+            raise EngineError(f"model_registry: {k} is given twice; pass it once")
+        bound[k] = v
+    if "flavor" not in bound:
+        raise EngineError("model_spec: model_registry(...) names no flavor; pass one of " + ", ".join(FLAVORS))
+    flavor, arch = bound.pop("flavor"), facts.get("arch")
     if flavor not in FLAVORS:
-        raise EngineError(f"model_registry({flavor!r}): sapp prices torchtitan's llama3 flavors "
+        raise EngineError(f"model_registry({str(flavor)[:40]!r}): sapp prices torchtitan's llama3 flavors "
                           f"{', '.join(FLAVORS)}; pass one of them")
     if arch is not None and _flavor(arch) != flavor:
         raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given "
                           f"({_flavor(arch) or 'no llama3 flavor'}); pass the --model this file trains")
-    args = {"attn_backend": "flex", "tp_gemm_backend": "default", "converters": None}
-    for k, v in spec.kwargs.items():
-        if k not in REGISTRY_ARGS:
-            raise EngineError(f"model_registry({k}=...): torchtitan 0.3's llama3 model_registry takes no {k!r} "
-                              f"(it takes {', '.join(REGISTRY_ARGS)}); remove it")
-        args[k] = v
+    args = {"attn_backend": "flex", "tp_gemm_backend": "default", "converters": None, **bound}
     if args["attn_backend"] not in ATTN_BACKENDS:
-        raise EngineError(f"model_registry(attn_backend={args['attn_backend']!r}): torchtitan 0.3 runs a language "
-                          f"model's attention as {', '.join(map(repr, ATTN_BACKENDS))}; pass one of them")
+        raise EngineError(f"model_registry(attn_backend={str(args['attn_backend'])[:40]!r}): torchtitan 0.3 runs a "
+                          f"language model's attention as {', '.join(map(repr, ATTN_BACKENDS))}; pass one of them")
     if args["tp_gemm_backend"] not in ("default", "dist_gemm"):
-        raise EngineError(f"model_registry(tp_gemm_backend={args['tp_gemm_backend']!r}): torchtitan 0.3 takes "
-                          f"'default' or 'dist_gemm'")
+        raise EngineError(f"model_registry(tp_gemm_backend={str(args['tp_gemm_backend'])[:40]!r}): torchtitan 0.3 "
+                          f"takes 'default' or 'dist_gemm'")
     conv = args["converters"]
     if conv not in (None, []):
         names = ", ".join(c.name if isinstance(c, Call) else repr(c)[:40] for c in (conv if isinstance(conv, list)
@@ -268,8 +278,8 @@ def _kernel_notes(args, train, tp) -> list:
         notes.append(VARLEN_NOTE)
     else:
         notes.append(f"attention runs FlexAttention (attn_backend={attn!r}{', the default' if attn == 'flex' else ''}), "
-                     f"priced at the cluster's FlashAttention figures: FlexAttention's own speed is not measured "
-                     f"here; attn_backend='varlen' runs the FlashAttention kernel priced")
+                     f"priced as the FlashAttention kernel attn_backend='varlen' runs (the cluster's figures for "
+                     f"it): FlexAttention's own speed is not measured here")
     if graphs:
         notes.append("the forward+backward replays as a CUDA graph: priced as eager kernels, each at least its "
                      "launch, so torchtitan may run faster than priced where kernels are short")
