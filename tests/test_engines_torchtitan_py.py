@@ -280,13 +280,12 @@ def test_model_registry_arguments_bind_as_its_signature_orders_them():
         assert says in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300, str(e.value)
 
 
-def test_each_torchtitan_file_is_compared_within_its_own_release(tiny):
+def test_each_torchtitan_file_is_compared_within_its_own_release(tiny, tmp_path):
     # a 0.2.2 TOML given as --from torchtitan is priced as 0.2.2, and sapp's best plan beside it is 0.2.2's
     # (same profile), not 0.3's with another attention kernel
     graph, cl = tiny
     assert E.target_of("torchtitan", "torchtitan-0.2.2") == "torchtitan@0.2.2"
     assert E.target_of("torchtitan", "torchtitan") == "torchtitan"
-    assert E.target_of("torchtitan@0.2.2", "torchtitan-2412") == "torchtitan@0.2.2"
     assert E.target_of("megatron", "fused") == "megatron"
     plan = price(graph, cl, EngineConfig(engine="torchtitan", runtime="torchtitan-0.2.2", dp=8, zero=3, global_batch=8),
                  name="gpt3-350m")
@@ -298,6 +297,16 @@ def test_each_torchtitan_file_is_compared_within_its_own_release(tiny):
                        settings={"runtime": st["runtime"], "precision": st["precision"]})
     assert best["settings"]["runtime"] == "torchtitan-0.2.2"
     assert not any("priced for the" in n for n in best["notes"])
+    # the command does the same: `sapp import --from torchtitan` of that TOML compares within 0.2.2
+    from sapp.cli import main
+    path = tmp_path / "job.toml"
+    path.write_text(toml)
+    best_path = tmp_path / "best.json"
+    assert main(["import", "--from", "torchtitan", str(path), "--model", "gpt3-350m", "--cluster", CL,
+                 "--best-out", str(best_path)]) == 0
+    best_file = json.loads(best_path.read_text())
+    assert best_file["settings"]["runtime"] == "torchtitan-0.2.2"
+    assert not any("priced for the" in n for n in best_file["notes"])
     # a search pinned to a target prices what its engine runs: another profile is refused in one line
     with pytest.raises(api.SappError, match="target torchtitan@0.2.2 runs the torchtitan-0.2.2") as e:
         api.search(graph, cl, global_batch=8, constraints={"target": "torchtitan@0.2.2"}, runtime="torchtitan")
@@ -314,4 +323,17 @@ def test_a_022_plan_saved_under_the_old_profile_name_replans_as_022(tiny):
     old["settings"]["runtime"] = "torchtitan"          # "torchtitan" named 0.2.2's profile then
     r = replan(graph, Plan(old), cl, exact=True)
     assert r.plan["settings"]["runtime"] == "torchtitan-0.2.2"
+    assert r.plan["predicted"]["step_time_s"] == plan["predicted"]["step_time_s"]
+
+
+
+def test_a_target_plan_priced_eager_replans_with_its_target_and_pins(tiny):
+    # api.search's default runtime under a target is eager (sapp's emitter's); replan keeps it, and the
+    # target and pins with it
+    from sapp.replan import replan
+    graph, cl = tiny
+    plan = api.search(graph, cl, global_batch=8, constraints={"target": "megatron", "tp": 2, "zero": 1})
+    assert plan["settings"]["runtime"] == "eager"
+    r = replan(graph, plan, cl, exact=True)
+    assert r.dropped_pins == [] and r.plan["parallel"]["tp"] == 2
     assert r.plan["predicted"]["step_time_s"] == plan["predicted"]["step_time_s"]
