@@ -21,6 +21,7 @@ from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
             "torchtitan-0.2.2": "SDPA (cuDNN's kernel on Hopper)",
             "torchtitan-2412": "SDPA's FlashAttention-2 and an eager RMSNorm (the Dec 2024 stack)"}
@@ -33,7 +34,6 @@ def retarget_note(was: str, runtime: str) -> str:
                 f"re-priced so")
     return (f"the plan was priced for the {was} runtime; torchtitan runs eager torch (compile off) with fp32 "
             f"gradient reduction, its op-level selective checkpointing and {_KERNELS[runtime]}: re-priced so")
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
 # ---- torchtitan's stage layout (its generate_llm_fqn_per_model_part rule, re-derived) ----------------

@@ -38,7 +38,6 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
 from __future__ import annotations
 
 from . import torchtitan as v022
-from .torchtitan import retarget_note
 from .mapping import EngineConfig, EngineError
 from .pyconfig import Call, read
 from .torchtitan_py_fields import CLASSES, check
@@ -83,7 +82,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
                      "ZeRO-2 (fsdp_reshard_after_forward never)")
         out.zero = 2
     if out.runtime != RUNTIME:
-        notes.append(retarget_note(out.runtime, RUNTIME))
+        notes.append(v022.retarget_note(out.runtime, RUNTIME))
         out.runtime = RUNTIME
     rc = out.recompute
     if not isinstance(rc, str):
