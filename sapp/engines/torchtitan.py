@@ -214,6 +214,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         raise EngineError(f"not a TOML file ({e})") from None
     from .torchtitan_fields import check
     check(doc)
+    _check_model(doc.get("model") or {}, facts)
     par, train = doc.get("parallelism") or {}, doc.get("training") or {}
     ac, comp = doc.get("activation_checkpoint") or {}, doc.get("compile") or {}
     L = facts["layers"]
@@ -295,6 +296,22 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         notes.append("async tensor parallelism is on in this file: priced without it")
     ecfg.notes = notes
     return ecfg
+
+
+def _check_model(model, facts):
+    """The [model] a file trains against the --model it is priced as: a flavor of another size was priced as
+    the --model without a word (0.3's model_registry refuses the same disagreement)."""
+    name, flavor, arch = model.get("name", "llama3"), model.get("flavor"), facts.get("arch")
+    if flavor is None:
+        return
+    if name != "llama3" or flavor not in FLAVORS:
+        raise EngineError(f"[model] name = {str(name)[:40]!r}, flavor = {str(flavor)[:40]!r}: sapp prices "
+                          f"torchtitan's llama3 flavors {', '.join(FLAVORS)}; set one of them")
+    if arch is not None:
+        have = (model_section(arch)[0] or {}).get("flavor")
+        if have != flavor:
+            raise EngineError(f"[model] flavor = {flavor!r} builds another model than the --model given "
+                              f"({have or 'no llama3 flavor'}); pass the --model this file trains")
 
 
 def _stages(par, ecfg, L, num):
