@@ -253,6 +253,14 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     params = {q: ParamInfo(q, p.shape, p.dtype, p.module, p.trainable, p.sparse_grad)
               for q, p in params.items()}
     meta = {"_path": "export"}
+    from .batchy import batch_stat_modules, written_from_batch
+    written = written_from_batch(ep, strip, set(batch_stat_modules(root)))
+    if expand is not None:      # the blocks past the captured ones write what the template block writes
+        pre = f"{lq}.{kept - 1}."
+        written = sorted(set(written) | {f"{lq}.{k}.{q[len(pre):]}" for q in written if q.startswith(pre)
+                                         for k in range(kept, depth)})
+    if written:
+        meta["batch_buffers"] = written
     if tied:
         def st(q):
             return q[len(strip):] if strip and q.startswith(strip) else q
@@ -334,6 +342,11 @@ def _finish(graph, model, spec, batch, inputs, path):
     bn = batch_stat_modules(model)      # in training mode here (capture's root.train()), ran or not
     if bn:
         graph.meta["batch_stat_modules"] = bn
+    from .batchy import unsynced_buffers
+    # buffers written from the batch outside those modules: no layout may split the batch (batchy.py)
+    written = unsynced_buffers(graph.meta.pop("batch_buffers", []), bn)
+    if written:
+        graph.meta["batch_buffers"] = written
     graph.batch_size = int(batch)
     return graph
 

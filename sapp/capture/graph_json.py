@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..ir import Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
 
-FORMAT = 1
+FORMAT = 2       # 2: meta may carry `batch_buffers` (capture/batchy.py); a format-1 entry lacks it
 
 
 class Unstorable(ValueError):

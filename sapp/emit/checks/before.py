@@ -7,7 +7,7 @@ import torch.distributed as dist
 from ...errors import PlanError
 from ..cp import cp as cp_mod
 from ..ep import experts as ep_mod
-from . import plan as checks
+from . import buffers, plan as checks
 
 # set a sharded region's stored head counts / widths to the rank's share (off only in tests that
 # show what the shape audit catches without it)
@@ -21,7 +21,8 @@ def run(model, plan, world: int, name: str, example, *, grad_sync: str, fingerpr
     if grad_sync not in ("auto", "ddp", "allreduce"):
         raise PlanError(f"grad_sync must be 'auto', 'ddp' or 'allreduce', got {grad_sync!r}")
     plan = checks.as_plan(plan)
-    checks.check_all(model, plan, world, name, example, fingerprint=fingerprint)
+    graph = checks.check_all(model, plan, world, name, example, fingerprint=fingerprint)
+    buffers.check(model, plan, example, graph)
     par = plan.parallel
     notes, partial, parts = [], [], {}
     if par["tp"] > 1 and checks.tp_groups(plan):

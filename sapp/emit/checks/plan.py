@@ -58,7 +58,8 @@ def _captures(model: nn.Module, example_inputs):
         return
 
 
-def check_model(model: nn.Module, plan: Plan, name: str = "", example_inputs=None, fingerprint: bool = True) -> None:
+def check_model(model: nn.Module, plan: Plan, name: str = "", example_inputs=None, fingerprint: bool = True):
+    """Refuse a plan made for another model; returns the capture whose fingerprint matched, or None."""
     mine = plan["model"]
     spec = getattr(model, "sapp_spec", None)
     if spec is not None and mine.get("name") and not name:
@@ -82,10 +83,11 @@ def check_model(model: nn.Module, plan: Plan, name: str = "", example_inputs=Non
         for g in _captures(model, example_inputs):
             if g.fingerprint() == mine["fingerprint"]:
                 check_flops(plan, g.flops_per_sample())
-                return
+                return g
             seen.append(g.fingerprint())
         if seen:
             plan.check_model(seen[0], name)
+    return None
 
 
 def check_flops(plan: Plan, have: float) -> None:
@@ -197,17 +199,19 @@ def check_pipeline(plan: Plan) -> None:
 
 
 def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_inputs=None,
-              fingerprint: bool = True) -> None:
+              fingerprint: bool = True):
+    """Every model-level check; returns the model's capture when the fingerprint check made one."""
     if any(p.is_meta for p in model.parameters()):
         raise PlanError("the model has meta (unallocated) parameters; build it with real weights, e.g. "
                         "sapp.models.get(name, device='cpu'), before emitting")
     check_world(plan, world)
-    check_model(model, plan, name, example_inputs, fingerprint)
+    graph = check_model(model, plan, name, example_inputs, fingerprint)
     check_pipeline(plan)
     check_names(model, plan)
     check_placement(plan)
     check_batch_statistics(model, plan)
     check_optimizer(plan)
+    return graph
 
 
 # optimizer states priced for an engine's own optimizer, which emit does not build (DeepSpeed's bf16

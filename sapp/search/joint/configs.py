@@ -140,6 +140,10 @@ def batch_stats_problem(ctx):
            f"the schedule {c.schedule!r} needs micro-batches >= stages" if c.schedule == "interleaved" else None)
     if why is None:
         return None
+    if ctx.batch_buffers:
+        return (f"buffer {ctx.batch_buffers[0]!r} is written in forward from the batch (an EMA or running statistic), "
+                f"which each rank would update from its own part of the batch, so {why.split(' (')[0]}; relax the pins, "
+                f"or move the update out of forward")
     return (f"the model normalises by batch statistics (BatchNorm in training mode) over the whole batch, so {why}; "
             f"relax the pins (or train it in eval mode)")
 

@@ -46,8 +46,11 @@ class SearchContext:
         # of the model, also one the example inputs do not run (capture's meta: the emitter refuses
         # by the module tree); "other": a class the emitter cannot sync, so dp = 1 as well
         mods = graph.meta.get("batch_stat_modules") or {}
-        self.batch_stats = bool(self.bn_channels or mods)
-        self.batch_stats_unsynced = "other" in mods.values()
+        # buffers the forward writes from the batch (an EMA: capture/batchy.py) follow the same rules
+        # as a batch norm of its own class: nothing may split the batch
+        self.batch_buffers = list(graph.meta.get("batch_buffers") or [])
+        self.batch_stats = bool(self.bn_channels or mods or self.batch_buffers)
+        self.batch_stats_unsynced = "other" in mods.values() or bool(self.batch_buffers)
         # work per sample in device-seconds at the roofline's compute rate: the analytic bound's
         # numerator (the FLOPs the cost model's kernels run: costmodel.nodes.time_flops)
         per = sum(sum(time_flops(n, n.flops)) for n in graph.nodes.values())
