@@ -95,6 +95,9 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
     cfg, prof = res.config, res.profile
     ops, tp_modules, tp_layout = section if section is not None else operator_section(graph, prof)
     mem = res.memory
+    sp = bool(cfg.sp and ("sp" in tp_layout or _engine_sp(constraints)))
+    # (Megatron's sequence-parallel boundary is its sequence shard: no scatter-gather beside it)
+    sg = bool(getattr(res, "scatter_gather", False)) and not (sp and "sp" not in tp_layout)
     placement = {"groups": {}, "predicted": {}}
     if res.placement is not None and getattr(res.placement, "section", None):
         placement = res.placement.section
@@ -107,7 +110,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         # cp and ep only when used: plans without them load as 1; sp only where a tp group exists
         # (tp = 1 plans keep their old form)
         "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
-                     **({"sp": bool(cfg.sp and "sp" in tp_layout)} if cfg.tp > 1 else {}),
+                     **({"sp": sp} if cfg.tp > 1 else {}),
                      **({"cp": cfg.cp} if cfg.cp > 1 else {}), **({"ep": cfg.ep} if cfg.ep > 1 else {})},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
@@ -117,7 +120,7 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                      "micro_batch_size": cfg.mbs, "virtual_chunks": cfg.v,
                      "stages": pipeline_section(res, cluster.devices, graph),
                      # boundary sends: only pipelines (old plans load as false / unknown)
-                     **({"scatter_gather": bool(getattr(res, "scatter_gather", False))} if cfg.pp > 1 and cfg.tp > 1 else {}),
+                     **({"scatter_gather": sg} if cfg.pp > 1 and cfg.tp > 1 else {}),
                      **({"boundary_bytes": float(getattr(res, "boundary_bytes", 0.0))} if cfg.pp > 1 else {}),
                      # backward sends, only where they differ (side tensors without gradient)
                      **({"boundary_grad_bytes": float(res.boundary_grad_bytes)}
@@ -140,11 +143,29 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
                       "model_flops": res.model_flops,      # per step: forward + backward, no recomputation
                       "memory": {k: mem.get(k, 0.0) for k in ("params", "grads", "optimizer", "activations", "transient")}},
         "alternatives": [dict(a) for a in getattr(res, "alternatives", [])],
-        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + (
-            ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
-             "place it): priced and emitted without it"] if constraints.sp and "sp" not in tp_layout else []),
+        "notes": list(res.notes) + tp_layout["notes"] + _capture_notes(graph) + _sp_notes(cfg, constraints, tp_layout),
     }
     return Plan.built(data)
+
+
+def _engine_sp(constraints) -> bool:
+    """Megatron runs --sequence-parallel itself, whatever sapp's emitter can place: a Megatron plan priced with
+    sequence parallelism says so, and its export writes exactly that (issue 52: the plan said sp false, the
+    file --sequence-parallel, and two notes disagreed)."""
+    return getattr(constraints, "target", None) == "megatron"
+
+
+def _sp_notes(cfg, constraints, tp_layout) -> list:
+    if "sp" in tp_layout:
+        return []
+    if _engine_sp(constraints) and cfg.sp and cfg.tp > 1:
+        return ["sequence parallelism is on as Megatron runs it (--sequence-parallel), but sapp found no op of this "
+                "model to shard by sequence: its activations are priced unsharded over tp, more than Megatron keeps, and "
+                "its stage boundaries as a tp-split send and all-gather"]
+    if constraints.sp:
+        return ["sequence parallelism was pinned but no op here can run sequence-parallel (or the emitter could not "
+                "place it): priced and emitted without it"]
+    return []
 
 
 def _capture_notes(graph) -> list:

@@ -46,8 +46,14 @@ def megatron(args_text: str):
         num_layers_in_first_pipeline_stage=i("--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=i("--decoder-last-pipeline-num-layers"),
         account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss,
-        cp_comm_type=a.get("--cp-comm-type"), **common)
+        cp_comm_type=a.get("--cp-comm-type"), add_bias_linear=not a.get("--disable-bias-linear"),
+        window_size=_pair(a.get("--window-size")), **common)
     return mp, tc
+
+
+def _pair(v):
+    """Megatron-LM's tuple_type (arguments.py): "4095,0" or "(4095,0)" -> (4095, 0)."""
+    return None if v is None else tuple(int(x) for x in str(v).strip("()").split(","))
 
 
 def _torchtitan_package():
