@@ -33,13 +33,17 @@ def resolve_cluster(cluster) -> Cluster:
     raise SappError(f"cluster must be a Cluster or a spec string like 'a100-80g:nodes=16', got {type(cluster).__name__}")
 
 
-def resolve_model(model, raw: bytes | None = None):
-    """(module, name, zoo config or None); `raw`: an HF config's bytes already read."""
+def resolve_model(model, raw: bytes | None = None, model_args: dict | None = None):
+    """(module, name, zoo config or None); `raw`: an HF config's bytes already read; `model_args`: the
+    spec's settings (a zoo model's config keys, an HF config's fields and `seq`, a factory's keywords)."""
     import importlib
     zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
     if isinstance(model, str):       # zoo name | pkg.module:factory | HF config.json (sapp/models/resolve.py)
         from .models import resolve
-        return resolve.build(model, device="meta", raw=raw), model, resolve.info(model)
+        args = dict(model_args or {})
+        return resolve.build(model, device="meta", raw=raw, **args), model, resolve.info(model, **args)
+    if model_args:
+        raise SappError("model_args set a zoo name's, HF config's or factory's settings; build the module with them")
     spec = getattr(model, "sapp_spec", None)
     if spec is not None:
         return model, spec.name, dict(spec.config)
@@ -112,21 +116,21 @@ def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
     return g, time.perf_counter() - t0
 
 
-def capture_spec(spec: str):
+def capture_spec(spec: str, model_args: dict | None = None):
     """(module or None, name, info, graph, seconds) of the model spec, through the capture cache:
     a hit builds and traces nothing (module None; no torch import), a miss captures and stores.
-    Specs the cache cannot identify (factories) are captured as without it."""
+    Specs the cache cannot identify (factories) are captured as without it; `model_args` as resolve_model."""
     from .capture import cache
     from .models.resolve import kind_of
     t0 = time.perf_counter()
     # an HF config is read once: its key and its model come from the same bytes
     raw = cache.read_config(spec) if isinstance(spec, str) and kind_of(spec) == "hf" else None
-    key = cache.key_for(spec, CAPTURE_BATCH, raw)
+    key = cache.key_for(spec, CAPTURE_BATCH, raw, model_args)
     hit = cache.load(key) if key else None
     if hit is not None:
         graph, info = hit
         return None, spec, info, graph, time.perf_counter() - t0
-    module, name, info = resolve_model(spec, raw)
+    module, name, info = resolve_model(spec, raw, model_args)
     graph, capture_s = capture_graph(module)
     if key:
         cache.store(key, graph, info)          # before the search reads (and may stamp) the graph
@@ -155,7 +159,7 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None):
+           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None, model_args=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -171,7 +175,10 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     after (sapp/capture/cache.py; `sapp search` does this unless --no-cache); the plan is the same.
     `caches`: a dict kept across searches of the same graph, Cluster object and settings under other
     constraints (engines.best_plan), for what the joint search finds that depends on none of them
-    (search/joint/context._shared); the plan is the same."""
+    (search/joint/context._shared); the plan is the same.
+    `model_args`: settings of a model named by a string (a zoo model's config keys such as `s`, an HF
+    config's fields or `seq`, a factory's keywords); the plan records them as model.args, so `sapp run`
+    builds the same model."""
     cl = resolve_cluster(cluster)
     from .ir import OpGraph
     if progress is not None and not callable(progress):
@@ -193,10 +200,10 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         graph = model if graph is None else graph
     elif cache and graph is None and isinstance(model, str) and example_inputs is None and loss_fn is None \
             and targets is None:
-        module, name, info, graph, capture_s = capture_spec(model)
+        module, name, info, graph, capture_s = capture_spec(model, model_args)
         cached = module is None
     else:
-        module, name, info = resolve_model(model)
+        module, name, info = resolve_model(model, model_args=model_args)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
                             dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32))
@@ -211,7 +218,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, caches)
         check_prediction(res.step_time_s, res.mfu)
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
-                          section=res.sapp_section), res
+                          section=res.sapp_section, model_args=model_args), res
     # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/runnable.py)
     from .runnable import first_runnable
     plan, res = first_runnable(run, module, example_inputs, cons)

@@ -90,8 +90,10 @@ def recompute_section(res):
     return {"default": default, "blocks": {b: p for b, p in sorted(blocks.items()) if p != default}}
 
 
-def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings, section=None) -> Plan:
-    """`section`: operator_section(graph, res.profile) when the caller has built it already."""
+def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings, section=None,
+               model_args=None) -> Plan:
+    """`section`: operator_section(graph, res.profile) when the caller has built it already;
+    `model_args`: the settings the model spec was built with (model.args; none: the key is left out)."""
     cfg, prof = res.config, res.profile
     ops, tp_modules, tp_layout = section if section is not None else operator_section(graph, prof)
     mem = res.memory
@@ -104,7 +106,8 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
     data = {
         "schema": SCHEMA,
         "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                  "flops_per_sample": graph.flops_per_sample(), "global_batch": global_batch, "meta": dict(graph.meta)},
+                  "flops_per_sample": graph.flops_per_sample(), "global_batch": global_batch, "meta": dict(graph.meta),
+                  **({"args": dict(sorted(model_args.items()))} if model_args else {})},
         "cluster": cluster.to_dict(),
         "devices": cluster.devices,
         # cp and ep only when used: plans without them load as 1; sp only where a tp group exists

@@ -124,13 +124,16 @@ def model_facts(spec: str, raw: bytes | None = None) -> dict | None:
     return None
 
 
-def key_for(spec: str, batch: int, raw: bytes | None = None) -> str | None:
-    """The entry key of `spec` captured at `batch`, or None (not cacheable); `raw` as model_facts."""
+def key_for(spec: str, batch: int, raw: bytes | None = None, model_args: dict | None = None) -> str | None:
+    """The entry key of `spec` captured at `batch`, or None (not cacheable); `raw` as model_facts;
+    `model_args`: the settings it is built with (none: the key of the spec's own)."""
     if not isinstance(spec, str):
         return None
     facts = model_facts(spec, raw)
     if facts is None:
         return None
+    if model_args:
+        facts["args"] = graph_json._enc(dict(sorted(model_args.items())))
     from ..version import __version__
     facts.update({"batch": batch, "default_dtype": _default_dtype(), "sapp": __version__,
                   "torch": _version("torch"), "python": list(sys.version_info[:2]),

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from ..errors import PlanError, SappError, UsageError
-from ._model import add_model_arguments, model_spec
+from ._model import add_model_arguments, check_model_args, model_spec, plan_settings
 
 PASS_THROUGH = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port",
                 "max_restarts", "monitor_interval")
@@ -57,6 +57,9 @@ def add_arguments(p):
     p.add_argument("--group", metavar="NAME",
                    help="mixed-cluster plan, one `sapp run` per node: the group this node runs (default: the group "
                         "planned for the device kind this node reports; refused when the kinds differ)")
+    p.add_argument("--allow-device-mismatch", action="store_true",
+                   help="run a plan priced for GPUs on this machine's CPU processes anyway (its predictions are not "
+                        "this machine's); without it such a plan is refused before launching")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="run even where the emitted program differs from the plan (a loud note and a re-priced prediction)")
     g = p.add_argument_group("torchrun options (passed through)")
@@ -108,32 +111,28 @@ def _check_numbers(args):
         raise UsageError(f"--lr must be a positive finite number, got {args.lr}")
 
 
-def _model_args(name, pairs) -> dict:
-    """--model-arg KEY=VALUE overrides checked against the zoo model's own settings: the key must be
-    one of them and the value of the same kind (a number for a number), so the worker never builds a
-    model from `dropout=abc`."""
-    import math
-    import sapp.models as models
-    from ..emit.runtime.worker import model_overrides
-    for kv in pairs:
-        if "=" not in kv:
-            raise UsageError(f"--model-arg {kv!r} needs KEY=VALUE, e.g. dropout=0")
-    out = model_overrides(pairs)
-    if name not in models.names():          # a factory / HF config takes its own keywords
-        return out
-    config = models.info(name).get("config") or {}
-    for k, v in out.items():
-        if k not in config:
-            raise UsageError(f"--model-arg {k}: {name} has no setting {k!r}; it has {', '.join(sorted(config))}")
-        default = config[k]
-        ok = (isinstance(v, bool) if isinstance(default, bool) else
-              isinstance(v, int) and not isinstance(v, bool) if isinstance(default, int) else
-              isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) if isinstance(default, float) else
-              isinstance(v, list) if isinstance(default, (list, tuple)) else
-              isinstance(v, str) if isinstance(default, str) else True)
-        if not ok:
-            raise UsageError(f"--model-arg {k}={v!r}: {name}'s {k} is a {type(default).__name__} like {default!r}")
-    return out
+def check_device(plan, args) -> None:
+    """A plan priced for a GPU kind needs that kind here: on a machine without CUDA its ranks would
+    train on CPU processes at another speed and memory than priced.  --allow-device-mismatch runs it
+    so on purpose (said in one line)."""
+    from .run_hetero import kind_of
+    import importlib.util
+    kind = kind_of(plan["cluster"].get("name")) or kind_of(plan["cluster"].get("notes"))
+    if kind in (None, "cpu"):
+        return
+    has_cuda = False
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    if has_cuda:
+        return
+    where = f"the plan is for {plan['devices']} {kind.upper()} devices ({plan['cluster'].get('name')}) but this machine has no GPU"
+    if getattr(args, "allow_device_mismatch", False):
+        print(f"sapp run: {where}: running it on CPU processes as asked (--allow-device-mismatch); its "
+              "predicted times and memory are not this machine's", file=sys.stderr, flush=True)
+        return
+    raise PlanError(f"{where}; run it where its GPUs are, search a plan for this machine (--cluster cpu), or pass "
+                    "--allow-device-mismatch to run it on CPU anyway")
 
 
 def precheck(args):
@@ -152,6 +151,8 @@ def precheck(args):
         raise UsageError(f"--group names a group of a mixed-cluster plan; {args.plan} is a plan for one device kind: "
                          "drop --group")
     plan = mixed[0] if mixed else Plan.load(args.plan)
+    if not mixed:          # a mixed plan's groups were matched to this node's device already
+        check_device(plan, args)
     nproc = mixed[1] if mixed else args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
     if mixed:
         pass        # the node count and processes per group were checked against the plan's groups
@@ -160,8 +161,11 @@ def precheck(args):
     elif nproc is None or nproc * nodes != plan.devices:
         raise PlanError(f"plan is for {plan.devices} devices but --nproc {nproc} x --nnodes {nodes} gives "
                         f"{(nproc or 0) * nodes}; use --nproc {plan.devices // nodes if plan.devices % nodes == 0 else plan.devices}")
-    args.model, args.hf_config = model_spec(args), None     # one spec string, passed on to every rank
-    overrides = _model_args(args.model, args.model_arg)
+    # one spec string, passed on to every rank: the user's, else the zoo model or HF config the plan names
+    # (a factory a plan names is code: model_spec asks for --model), built with the settings it was searched with
+    args.model_arg = plan_settings(plan, args)
+    args.model, args.hf_config = model_spec(args, default=plan["model"].get("name")), None
+    overrides = check_model_args(args.model, args.model_arg)
     try:
         meta = models.build(args.model, device="meta", **overrides)       # zoo | pkg.module:factory | HF config
     except (TypeError, ValueError, ArithmeticError) as e:     # an in-range override the model still refuses
@@ -281,7 +285,8 @@ def run(args):
     plan, nproc = precheck(args)
     cmd = command(args, nproc)
     print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
-    env = dict(os.environ, SAPP_RUN_PRECHECKED="1")
+    from ..emit.runtime.lifeline import child_env
+    env = child_env(dict(os.environ, SAPP_RUN_PRECHECKED="1"))     # the launcher dies with this process
     # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
     # elastic restart the new workers can read the dead attempt's gloo/NCCL addresses from it and fail
     # to connect (pytorch/pytorch#135712; seen here as "Gloo connectFullMesh failed ... Connection

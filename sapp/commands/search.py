@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from ..units import fmt_bytes, fmt_count, fmt_time
-from ._model import add_model_arguments, model_spec
+from ._model import add_model_arguments, add_setting_arguments, model_settings, model_spec, seq_source
 
 
 def add_constraint_arguments(p):
@@ -41,6 +41,7 @@ def constraints_from_args(args) -> dict:
 
 def add_arguments(p):
     add_model_arguments(p)
+    add_setting_arguments(p)
     p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
     p.add_argument("--out", help="write the plan JSON here")
@@ -132,11 +133,14 @@ def _memory_lines(d, mem, peak, head) -> list:
     return out
 
 
-def summary(plan, timing=None) -> str:
+def summary(plan, timing=None, seq_from=None) -> str:
+    """The search's report; `seq_from`: where the sequence length came from (said on the first line)."""
     d = plan.to_dict()
     par, pipe, pr = d["parallel"], d["pipeline"], d["predicted"]
     cap = pr.get("capacity_bytes") or d["cluster"].get("device_memory", 0)
-    lines = [f"model {d['model']['name']} ({fmt_count(d['model']['params'])} params), global batch "
+    seq = (d["model"].get("meta") or {}).get("seq")
+    seq_text = f", sequence {seq:,} tokens" + (f" ({seq_from})" if seq_from else "") if isinstance(seq, int) else ""
+    lines = [f"model {d['model']['name']} ({fmt_count(d['model']['params'])} params){seq_text}, global batch "
              f"{d['model']['global_batch']}, {d['devices']} devices ({d['cluster']['name']}, "
              f"{d['cluster']['nodes']} x {d['cluster']['gpus_per_node']})"]
     sched = pipe["schedule"] + (f" v={pipe['virtual_chunks']}" if pipe.get("virtual_chunks", 1) > 1 else "")
@@ -166,12 +170,18 @@ def run(args):
     if args.out:
         check_out(args.out)          # before the search, not after it
     spec = model_spec(args)
+    args.settings = model_settings(spec, args.model_arg, args.seq)     # checked before any work
+    args.seq_from = seq_source(spec, args.settings, args.seq)
     t0 = time.perf_counter()
     target = getattr(args, "target", None)
     if "+" in args.cluster or args.cluster.strip().lower().endswith(".json"):
         from ..cluster_groups import MixedCluster, parse
         mc = parse(args.cluster)
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
+            if args.settings:
+                from ..errors import UsageError
+                raise UsageError("--seq / --model-arg are not yet recorded in a mixed cluster's plan (sapp run would "
+                                 "build the model without them); search each group's kind alone, or drop them")
             from .search_hetero import run_hetero
             return run_hetero(args, spec, mc, constraints_from_args(args))
     if getattr(args, "mixed_mode", "auto") != "auto":
@@ -188,7 +198,8 @@ def run(args):
         from .. import api
         prog.status(f"capturing {spec} (built on meta, traced into a graph)")
         plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
-                          precision=args.precision, progress=prog, runtime=args.runtime, cache=not args.no_cache)
+                          precision=args.precision, progress=prog, runtime=args.runtime, cache=not args.no_cache,
+                          model_args=args.settings or None)
     _finish(args, plan, t0)
     return 0
 
@@ -205,11 +216,11 @@ def _run_target(args, target, t0):
     if args.runtime is not None and args.runtime not in runtimes:
         raise UsageError(f"--target {target} runs the {' or '.join(runtimes)} runtime, not {args.runtime}; drop --runtime")
     cl = api.resolve_cluster(args.cluster)
-    spec = model_spec(args)
+    spec, settings = model_spec(args), args.settings or None
     if args.no_cache:
-        graph, _ = api.capture_graph(api.resolve_model(spec)[0])
+        graph, _ = api.capture_graph(api.resolve_model(spec, model_args=settings)[0])
     else:
-        graph = api.capture_spec(spec)[3]
+        graph = api.capture_spec(spec, settings)[3]
     fits = _estimate_fit(graph, cl, args) if getattr(args, "fit_engine_estimate", None) else None
     with Progress(label="search", counts=False) as prog:
         # what the engine cannot state (a per-block recompute mix) conformed and re-priced; when that
@@ -217,6 +228,8 @@ def _run_target(args, target, t0):
         plan = best_plan(graph, cl, target, global_batch=args.batch, model=spec, constraints=constraints_from_args(args),
                          fits=fits, progress=prog,
                          settings={"precision": args.precision, "runtime": args.runtime or runtimes[0]})
+    if settings:        # the model the plan was priced on, for sapp run (best_plan searched the captured graph)
+        plan["model"]["args"] = dict(sorted(settings.items()))
     _finish(args, plan, t0)
     return 0
 
@@ -234,6 +247,6 @@ def _finish(args, plan, t0):
     if args.json:
         print(plan.to_json(), end="")
     else:
-        print(summary(plan, timing))
+        print(summary(plan, timing, getattr(args, "seq_from", None)))
         if args.out:
             print(f"plan written to {args.out}")

@@ -136,8 +136,21 @@ def build(path: str, device="meta", raw: bytes | None = None, **overrides):
                             f"{' '.join(str(e).split())[:120]}); fix the config") from None
     batch = int(overrides.get("batch", 8))
     data, seq = _data(cls.__name__, cfg, batch, device, overrides.get("seq"))
+    if seq is not None:
+        _check_positions(model, seq, path)
     facts = {"source": "hf-config", "model_type": cfg.model_type, "class": cls.__name__, "s": seq}
     return model, data, facts
+
+
+def _check_positions(model, seq, path):
+    """A learned position table (an Embedding named for positions) shorter than the sequence: every
+    token past its rows would index outside it, which meta tensors do not notice and a real step does."""
+    import torch.nn as nn
+    for name, mod in model.named_modules():
+        leaf = name.rpartition(".")[2].lower()
+        if isinstance(mod, nn.Embedding) and ("pos" in leaf or leaf == "wpe") and mod.num_embeddings < seq:
+            raise HFConfigError(f"HF config {path}: sequence {seq} is longer than the learned position table "
+                                f"{name} ({mod.num_embeddings} rows); pass --seq {mod.num_embeddings} or less")
 
 
 def _seq(cfg, seq):
