@@ -29,15 +29,20 @@ def plan_for_world(args, plan, world: int, local_world: int, rank: int, restarte
     import torch.distributed as dist
     from ...plan import Plan
     from .dist import slow_group
-    # its own gloo group: the search may outlast the training group's short hang timeout.  Formed
-    # before the search (its set-up waits only the short timeout for every rank, not for rank 0's search)
-    group = slow_group(SEARCH_TIMEOUT_S)
-    box = [None]
-    if rank == 0:
-        box[0] = _replan_text(args, plan, world, local_world, say)
-    dist.broadcast_object_list(box, src=0, group=group)    # a plan's text (or an error's): data, parsed below
-    dist.destroy_process_group(group)
-    kind, text = box[0]
+    if world == 1 or not dist.is_initialized():
+        # a group of one: torchrun gives it WORLD_SIZE 1 and the worker forms no process group (there
+        # is no peer to hand the plan to), so the re-plan is this process's own
+        kind, text = _replan_text(args, plan, world, local_world, say)
+    else:
+        # its own gloo group: the search may outlast the training group's short hang timeout.  Formed
+        # before the search (its set-up waits only the short timeout for every rank, not for rank 0's search)
+        group = slow_group(SEARCH_TIMEOUT_S)
+        box = [None]
+        if rank == 0:
+            box[0] = _replan_text(args, plan, world, local_world, say)
+        dist.broadcast_object_list(box, src=0, group=group)    # a plan's text (or an error's): data, parsed below
+        dist.destroy_process_group(group)
+        kind, text = box[0]
     if kind == "error":
         from ...errors import SappError
         raise SappError(text)
