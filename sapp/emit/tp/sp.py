@@ -245,10 +245,34 @@ def _redistribute_input(axis: int, tp_mesh, gather: bool, index=None):
         if i is None:
             raise PlanError(f"sequence parallelism: {type(mod).__name__} got no tensor input to "
                             f"{'gather' if gather else 'cut'}; search again with sp pinned to false")
-        if isinstance(i, int):
-            return args[:i] + (move(args[i]),) + tuple(args[i + 1:]), kwargs
-        return args, dict(kwargs, **{i: move(kwargs[i])})
+        x = args[i] if isinstance(i, int) else kwargs[i]
+        if not gather:
+            if isinstance(i, int):
+                return args[:i] + (move(x),) + tuple(args[i + 1:]), kwargs
+            return args, dict(kwargs, **{i: move(x)})
+        # an entry gathers every argument that is a shard of the stream, not only the first: torchtune's
+        # attn(h, h) takes keys and values from its second (gathering one left them half the sequence:
+        # 3.5e-4 off at step 0); the same tensor is gathered once, so `y is x` holds in the module
+        done = {}
+
+        def one(k, v):
+            if not (k == i or (torch.is_tensor(v) and _carries_sequence(x, v, axis))):
+                return v
+            if id(v) not in done:
+                done[id(v)] = move(v)
+            return done[id(v)]
+        return (tuple(one(k, v) for k, v in enumerate(args)),
+                {k: one(k, v) for k, v in kwargs.items()})
     return hook
+
+
+def _carries_sequence(x, v, axis: int) -> bool:
+    """Whether `v`, beside the activation `x` a module takes in (this rank's sequence shard), is a shard
+    of a sequence-split stream too: the same rank and the same extent up to and along the sequence
+    axis (batch, shard length), of a floating dtype.  A mask (another rank), positions or a tensor over
+    the whole sequence (another length) are left alone; width may differ (keys from another stream)."""
+    return (v is x or (v.is_floating_point() and v.dim() == x.dim() and v.dim() > axis
+                       and tuple(v.shape[:axis + 1]) == tuple(x.shape[:axis + 1])))
 
 
 def _pick(args, kwargs, axis, index=None):
