@@ -32,7 +32,10 @@ def fsdp(module: nn.Module, dp_mesh, reshard: bool, blocks: list, ignored: set =
         from torch.distributed.fsdp import MixedPrecisionPolicy
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     mods = dict(module.named_modules())
-    for name in blocks:
+    # inner units first: a block holding a ModuleList of blocks (diffusers' UNet down blocks) sharded
+    # before its inner blocks leaves them nothing but already-sharded parameters ("Cannot concatenate
+    # overlapping meshes"); bottom-up, each unit takes the parameters no inner unit took
+    for name in sorted(blocks, key=lambda n: -n.count(".")):
         if name in mods and any(True for _ in mods[name].parameters()):
             fully_shard(mods[name], mesh=dp_mesh, reshard_after_forward=reshard, **kw)
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, **kw)
