@@ -18,8 +18,9 @@ name, shape and dtype), the data source and order (--data, --shuffle, --seed), a
 fields: a resume into another model or data order is refused naming what differs (--resume-partial
 loads the entries that match), an edited marker is a damaged checkpoint.  Retention: after each commit
 rank 0 keeps the newest --keep checkpoints that verify (so never the newest intact one) and deletes
-older ones by renaming them to .del-* first, then any stale .tmp-* / .del-* directory and any step-N
-left without its marker.
+older ones of this job's lineage by renaming them to .del-* first, then any stale .tmp-* / .del-*
+directory holding only a save's files; a step-N without an intact sapp marker, or with anything else
+in it, is never deleted, only named once in a warning (sapp/emit/runtime/checkpoint_retain.py).
 
 Nothing in the directory is followed or executed: entries that are symlinks or not directories are
 refused, DCP's pickled .metadata is read by sapp/emit/runtime/dcp_reader.py (DCP's metadata classes only).
@@ -37,7 +38,7 @@ import shutil
 
 from .checkpoint_find import (MARKER, _NAME, _crc, _fsync_dir, _is_dir, _is_file, checksum, choose,  # noqa: F401
                               committed, identity_diff, resume_point, step_dir, verify)
-from . import fused_checkpoint
+from . import checkpoint_retain, fused_checkpoint
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
 LOCK = ".sapp-lock"
@@ -156,7 +157,7 @@ class Checkpointer:
         if keep < 1:
             raise CheckpointError(f"--keep {keep} would delete every checkpoint; keep at least 1")
         self.directory, self.keep, self.names, self.world, self.log = directory, keep, names or Names(), world, log
-        self.group, self._lock, self._good, self._protected = None, None, set(), set()
+        self.group, self._lock, self._good, self._protected, self._warned = None, None, set(), set(), set()
         import torch.distributed as dist
         if world > 1 and dist.is_initialized():        # every rank constructs it at the same point
             from .dist import slow_group
@@ -178,6 +179,8 @@ class Checkpointer:
         if prog.rank == 0:      # a stale one from a crashed run; the others write only after rank 0 plans
             if os.path.lexists(tmp) and not _is_dir(tmp):
                 raise CheckpointError(f"{tmp} is a symlink or file, not a directory sapp wrote; remove it")
+            if os.path.lexists(tmp) and not checkpoint_retain.scratch_only(tmp):
+                raise CheckpointError(f"{tmp} holds files a save does not write; move it out of {self.directory}")
             shutil.rmtree(tmp, ignore_errors=True)
         try:
             state = save_entries(prog, self.names)
@@ -204,36 +207,16 @@ class Checkpointer:
             json.dump(marker, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.lexists(final):        # the same step saved again (a resumed run): replace it
-            _discard(final)
+        if os.path.lexists(final):        # the same step saved again (a resumed run): replace it, if sapp's
+            if checkpoint_retain.sapp_marker(final) is None:
+                raise CheckpointError(f"{final} is in the way of step {step}'s checkpoint and sapp did not write it "
+                                      f"(no intact sapp marker); move it out of {self.directory}")
+            checkpoint_retain.discard(final)
         os.rename(tmp, final)
         _fsync_dir(self.directory)
         self._good.add(final)
-        self._retain(keep_also=final)
+        checkpoint_retain.retain(self, keep_also=final, run=meta.get("run"))
         return final
-
-    def _retain(self, keep_also: str = "") -> None:
-        """Keep the newest `keep` checkpoints that verify; delete the committed ones older than the
-        oldest of those (a damaged newer one stays, skipped with a line on resume), then leftovers.
-        Never deleted: the checkpoint just written and the one this run resumed from."""
-        kept = []
-        for _, path in reversed(committed(self.directory)):
-            if path in self._good or verify(path)[0] is not None:
-                self._good.add(path)
-                kept.append(path)
-                if len(kept) == self.keep:
-                    break
-        if kept:
-            for _, path in committed(self.directory):
-                spared = os.path.realpath(path) in self._protected or path == keep_also
-                if path < kept[-1] and not spared:
-                    _discard(path)
-                    self._good.discard(path)
-        for n in os.listdir(self.directory):
-            p = os.path.join(self.directory, n)
-            orphan = _NAME.match(n) and _is_dir(p) and not os.path.lexists(os.path.join(p, MARKER))
-            if n.startswith((".tmp-step-", ".del-step-")) and _is_dir(p) or orphan:
-                shutil.rmtree(p, ignore_errors=True)
 
     def find(self, path: str = None, writing: bool = True, run: str = None, restarted: bool = False):
         """(path, marker) to resume from (checkpoint_find.resume_point), or None.  `run`: this job's id
@@ -274,15 +257,6 @@ def _entry_param(key: str):
     if key.startswith("optim."):
         return key[len("optim."):].rsplit(".", 1)[0]
     return None
-
-
-def _discard(path: str) -> None:
-    """Delete a committed checkpoint: renamed to .del-* first (atomic), so a kill mid-delete leaves a
-    name the next save removes rather than a step-N that lost its marker but kept its number."""
-    doomed = os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path))
-    shutil.rmtree(doomed, ignore_errors=True)
-    os.rename(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def write_failure(tmp: str, e) -> str:
