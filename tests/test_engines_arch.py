@@ -80,3 +80,60 @@ def test_mixtral_tp2_ep4_exports_exactly_the_plans_sequence_parallelism():
     # core_v0.16.1's ModelParallelConfig warns "sequence parallelism must be used" without it
     assert not [w for w in said if "sequence parallelism must be used" in str(w.message)]
     assert mp.sequence_parallel is True and mp.expert_model_parallel_size == 4
+
+
+def _hf_config(tmp_path, cls_name, **kw):
+    """A shrunk config of transformers' own class, saved as transformers writes it (config.json)."""
+    import transformers as T
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=1024)
+    cfg = getattr(T, cls_name)(**{**small, **kw})
+    d = tmp_path / cls_name
+    cfg.save_pretrained(d)
+    return str(d / "config.json")
+
+
+def _hf_arch(path, layers=4, seq=256):
+    from sapp.engines.arch import architecture
+    import json
+    mt = json.load(open(path))["model_type"]
+    return architecture(path, {"kind": "hf", "config": {"model_type": mt}, "seq": seq}, layers)
+
+
+def _megatron_model(a):
+    from sapp.engines.megatron import tokens
+    from sapp.engines.megatron_model import model_args
+    return "\n".join(model_args(a, 1)) + "\n", tokens("\n".join(model_args(a, 1)))
+
+
+def test_mistral_sliding_window_reaches_megatron(tmp_path):
+    # Mistral-7B's window (4096 tokens, the query's own included), shrunk: Megatron's (left, right) = (w - 1, 0)
+    text, args = _megatron_model(_hf_arch(_hf_config(tmp_path, "MistralConfig", sliding_window=64)))
+    assert args["--window-size"] == "63,0" and "--window-attn-skip-freq" not in args
+    # Qwen2 with sliding attention on its upper layers only (max_window_layers): the pattern as Megatron's list
+    q = _hf_arch(_hf_config(tmp_path, "Qwen2Config", use_sliding_window=True, sliding_window=64, max_window_layers=2))
+    assert _megatron_model(q)[1]["--window-attn-skip-freq"] == "[0,0,1,1]"
+    # Qwen2's default (use_sliding_window false): full attention, no window written
+    assert "--window-size" not in _megatron_model(_hf_arch(_hf_config(tmp_path, "Qwen2Config")))[1]
+    try:
+        _, tc = engine_validate.megatron(text)
+    except ImportError:
+        return
+    assert tc.window_size == (63, 0)                  # Megatron-Core's own TransformerConfig holds the window
+
+
+def test_llama32_rope_scaling_factor_reaches_megatron_or_is_refused(tmp_path):
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    a = _hf_arch(_hf_config(tmp_path, "LlamaConfig", max_position_embeddings=131072, rope_parameters=rope))
+    args = _megatron_model(a)[1]
+    assert args["--use-rope-scaling"] is True and float(args["--rope-scaling-factor"]) == 32.0
+    assert args["--rotary-base"] == "500000"
+    # what Megatron-Core fixes (low / high frequency factors, the original context) is refused when it differs
+    with pytest.raises(EngineError) as e:
+        _hf_arch(_hf_config(tmp_path, "LlamaConfig", max_position_embeddings=131072,
+                            rope_parameters={**rope, "high_freq_factor": 2.0}))
+    assert "high_freq_factor" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(EngineError, match="rope_type 'yarn'"):
+        _megatron_model(_hf_arch(_hf_config(tmp_path, "LlamaConfig", rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 256})))

@@ -1,6 +1,7 @@
 """The architecture an engine must build to train the model sapp priced: sizes, norm, activation,
-position embedding, biases, tying and the MoE layer, read from the plan's model section (a zoo
-config; for a Hugging Face config, the config.json the plan names, read as JSON data) and checked
+position embedding and its scaling, attention window, biases, tying and the MoE layer, read from the
+plan's model section (a zoo config; for a Hugging Face config, the config.json the plan names, read
+through transformers' config class: sapp/engines/arch_hf.py, whose FIELDS classifies every field) and checked
 against the parameter count captured when the plan was priced (`meta["params"]`): an engine's file
 that would build another model is refused, never written.
 
@@ -14,10 +15,8 @@ from __future__ import annotations
 
 import json
 
+from .arch_hf import LLAMA_LIKE
 from .mapping import EngineError
-
-# HF model types whose decoder is Megatron's GPT with RMSNorm, SwiGLU and rotary embeddings
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe")
 
 
 def architecture(name: str, meta: dict, layers: int) -> dict | None:
@@ -61,6 +60,7 @@ def architecture(name: str, meta: dict, layers: int) -> dict | None:
 
 def _hf(path: str, facts: dict, seq) -> dict:
     from ..fileio import read_regular
+    from .arch_hf import read
     mt = facts.get("model_type")
     if mt not in LLAMA_LIKE:
         raise EngineError(f"HF model type {mt!r}: sapp writes engine models for {', '.join(LLAMA_LIKE)} decoders; "
@@ -72,34 +72,7 @@ def _hf(path: str, facts: dict, seq) -> dict:
                           f"config.json the plan was searched with is") from None
     if not isinstance(raw, dict) or raw.get("model_type") != mt:
         raise EngineError(f"{path} is not the {mt} config the plan was searched with; export beside that file")
-
-    def num(key, default=None):
-        v = raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise EngineError(f"{path}: {key} is {v!r}, not a number; fix the config")
-        return v
-    h, heads = int(num("hidden_size")), int(num("num_attention_heads"))
-    hd = raw.get("head_dim") or h // heads
-    a = dict(layers=int(num("num_hidden_layers")), hidden=h, heads=heads,
-             kv_heads=int(num("num_key_value_heads", heads)), head_dim=int(hd), ffn=int(num("intermediate_size")),
-             vocab=int(num("vocab_size")), seq=seq, max_pos=int(num("max_position_embeddings", seq)),
-             norm="RMSNorm", norm_eps=float(num("rms_norm_eps", 1e-6)), glu=True,
-             act=raw.get("hidden_act", "silu"), position="rope", rope_base=float(num("rope_theta", 10000.0)),
-             bias=False, qkv_bias=mt.startswith("qwen2"),
-             tied=bool(raw.get("tie_word_embeddings", False)))
-    if a["act"] != "silu":
-        raise EngineError(f"{path}: hidden_act {a['act']!r}; Megatron's SwiGLU is silu-gated: export to deepspeed")
-    if not mt.startswith("qwen2") and (raw.get("attention_bias") or raw.get("mlp_bias")):
-        raise EngineError(f"{path}: attention_bias / mlp_bias on a {mt} model has no Megatron flag; export to "
-                          f"deepspeed")
-    if raw.get("rope_scaling"):
-        a["rope_scaling"] = raw["rope_scaling"]
-    if mt == "mixtral":
-        a.update(experts=int(num("num_local_experts")), top_k=int(num("num_experts_per_tok")), expert_ffn=a["ffn"],
-                 shared_ffn=0, dense_layers=0)
-    elif mt == "qwen2_moe":
-        raise EngineError(f"{path}: Qwen2-MoE's gated shared expert has no Megatron flag; export to deepspeed")
-    return a
+    return read(path, raw, seq)
 
 
 def count(a: dict, active: bool = False) -> int:

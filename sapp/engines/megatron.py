@@ -25,7 +25,7 @@ import shlex
 
 from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
 from .megatron_fields import FIELDS, MULTI, check, layout_counts
-from .megatron_model import ENV, model_args, model_notes
+from .megatron_model import ENV, check_arch, model_args, model_notes
 
 NAME = "megatron"
 RUNTIMES = ("fused", "fused+tp-overlap")
@@ -255,6 +255,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     check(args)
     L = facts["layers"]
     _check_shape(args, facts)
+    check_arch(args, facts.get("arch"))
     tp, pp = _int(args, "--tensor-model-parallel-size", 1), _int(args, "--pipeline-model-parallel-size", 1)
     cp, ep = _int(args, "--context-parallel-size", 1), _int(args, "--expert-model-parallel-size", 1)
     for name, val in (("tensor-model-parallel-size", tp), ("pipeline-model-parallel-size", pp),

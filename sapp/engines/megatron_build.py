@@ -77,6 +77,7 @@ def config(args: dict) -> tuple:
     _need(not args.get("--add-qkv-bias"), "--add-qkv-bias", "", what)
     _need(not tied, "--untie-embeddings-and-output-weights", "(absent: a tied output layer)", what)
     _need(not args.get("--use-rope-scaling"), "--use-rope-scaling", "", what)
+    _need(not args.get("--window-size"), "--window-size", args.get("--window-size"), what + " (full attention)")
     for f, p in drops.items():
         _need(p == 0, f, f"{p:g}" + ("" if f in args else " (Megatron's default)"), what + " with no dropout")
     if not experts:

@@ -72,7 +72,8 @@ FIELDS = {
               "--moe-router-topk --vocab-size --make-vocab-size-divisible-by --normalization --norm-epsilon --swiglu "
               "--position-embedding-type --rotary-base --use-rope-scaling --disable-bias-linear --add-qkv-bias "
               "--untie-embeddings-and-output-weights --attention-dropout --hidden-dropout --moe-ffn-hidden-size "
-              "--moe-token-dispatcher-type --moe-grouped-gemm --moe-shared-expert-intermediate-size --moe-layer-freq"),
+              "--moe-token-dispatcher-type --moe-grouped-gemm --moe-shared-expert-intermediate-size --moe-layer-freq "
+              "--window-size --window-attn-skip-freq --rope-scaling-factor"),
     # ---- what changes the step in ways sapp does not price: refused ---------------------------------------
     "--num-distributed-optimizer-instances": (
         "refused", "a partial distributed optimizer (optimizer state sharded within each of several data-parallel "
@@ -100,7 +101,7 @@ FIELDS = {
         ("--hierarchical-context-parallel-sizes", "hierarchical (a2a+p2p) context parallelism"),
         ("--microbatch-group-size-per-virtual-pipeline-stage", "an interleaved schedule with other micro-batch groups"),
         ("--experimental-attention-variant", "an experimental attention variant"),
-        ("--linear-attention-freq", "linear attention layers"), ("--window-size", "sliding-window attention"),
+        ("--linear-attention-freq", "linear attention layers"),
         ("--encoder-num-layers", "an encoder stack"), ("--decoder-num-layers", "the layer count written as "
                                                                             "--decoder-num-layers: write --num-layers"),
         ("--encoder-seq-length", "the sequence length written as --encoder-seq-length: write --seq-length"),
@@ -179,7 +180,7 @@ FIELDS = {
     "--no-gradient-accumulation-fusion": (
         "irrelevant", "weight gradients added to the main-gradient buffer by a separate kernel instead of inside the "
                       "GEMM: the same GEMMs and buffers, one element-wise add"),
-    **_fam(_ACT, "--rotary-percent --rotary-seq-len-interpolation-factor --rope-scaling-factor --no-rope-freq "
+    **_fam(_ACT, "--rotary-percent --rotary-seq-len-interpolation-factor --no-rope-freq "
                  "--rope-type --rotary-interleaved --openai-gelu --glu-linear-offset --activation-func-clamp-value "
                  "--apply-layernorm-1p --apply-residual-connection-post-layernorm --calculate-per-token-loss "
                  "--rotary-scaling-factor --mscale --mscale-all-dim"),
@@ -229,7 +230,6 @@ FIELDS = {
     **_fam(_read_only("--multi-latent-attention"), "--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim "
                                                    "--v-head-dim --cache-mla-latents"),
     **_fam(_read_only("--qk-clip"), "--qk-clip-alpha --qk-clip-threshold"),
-    **_fam(_read_only("--window-size"), "--window-attn-skip-freq"),
     **_fam(_read_only("--hybrid-context-parallel"), "--max-seqlen-per-dp-cp-rank"),
     **_fam(_read_only("--squared-relu"), "--use-fused-weighted-squared-relu"),
     **_fam(_read_only("Kitchen attention"), "--kitchen-attention-backend"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .arch_hf import rope_factor
 from .mapping import EngineError
 
 # the environment Megatron-LM asserts for Megatron-Core's tensor-parallel layers, whose overlap of a
@@ -12,7 +13,8 @@ from .mapping import EngineError
 ENV = "environment: CUDA_DEVICE_MAX_CONNECTIONS=1"
 # the rest of the model's description (model_args): compared with the priced model (model_notes)
 MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--normalization", "--norm-epsilon",
-         "--swiglu", "--position-embedding-type", "--rotary-base", "--use-rope-scaling", "--disable-bias-linear",
+         "--swiglu", "--position-embedding-type", "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor",
+         "--window-size", "--window-attn-skip-freq", "--disable-bias-linear",
          "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
          "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
          "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--grad-reduce-in-bf16",
@@ -49,9 +51,11 @@ def model_args(a: dict, tp: int) -> list:
             out.append(f"--rotary-base {int(a['rope_base'])}")
         rs = a.get("rope_scaling")
         if rs:
-            if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type")) != "llama3":
-                raise EngineError(f"rope_scaling {rs!r}: Megatron states Llama 3's rope scaling only")
-            out.append("--use-rope-scaling")
+            if not isinstance(rs, dict):
+                raise EngineError(f"rope_scaling {str(rs)[:60]!r}: Megatron states Llama 3's rope scaling only")
+            # the factor as well: Megatron's default is 8, and Llama 3.2's 32 was dropped (issue 52)
+            out += ["--use-rope-scaling", f"--rope-scaling-factor {rope_factor(rs):g}"]
+    out += window_args(a)
     if not a["bias"]:
         out.append("--disable-bias-linear")
         if a["qkv_bias"]:
@@ -59,7 +63,7 @@ def model_args(a: dict, tp: int) -> list:
     if not a["tied"]:
         out.append("--untie-embeddings-and-output-weights")
     drop = 0.0 if a["position"] == "rope" else 0.1
-    out += [f"--attention-dropout {drop}", f"--hidden-dropout {drop}"]
+    out += [f"--attention-dropout {a.get('attention_dropout', drop)}", f"--hidden-dropout {drop}"]
     if a.get("experts"):
         out += [f"--num-experts {a['experts']}", f"--moe-router-topk {a['top_k']}",
                 f"--moe-ffn-hidden-size {a['expert_ffn']}", "--moe-token-dispatcher-type alltoall",
@@ -70,6 +74,45 @@ def model_args(a: dict, tp: int) -> list:
         if d:
             out.append(f"--moe-layer-freq ([0]*{d}+[1]*{a['layers'] - d})")
     return out
+
+
+def window_args(a: dict) -> list:
+    """Sliding-window attention as Megatron-Core states it (TransformerConfig.window_size (left, right): a
+    query attends to the keys from left before it to right after it, so HF's window of w tokens, itself
+    included, is (w - 1, 0)); layers of full attention among them as --window-attn-skip-freq, 1 where a
+    layer attends within the window (utils.is_layer_window_attention)."""
+    w = a.get("window")
+    if not w:
+        return []
+    out = [f"--window-size {w - 1},0"]
+    mask = a.get("window_layers")
+    if mask:
+        n = mask.index(False) + 1 if False in mask else 0
+        every = n > 0 and all(m == ((i + 1) % n != 0) for i, m in enumerate(mask))
+        out.append(f"--window-attn-skip-freq {n}" if every else
+                   "--window-attn-skip-freq [" + ",".join(str(int(m)) for m in mask) + "]")
+    return out
+
+
+def check_arch(args, arch) -> None:
+    """The attention window and rope scaling an argument file states against the --model's: Megatron would
+    train another attention than the one priced, refused in one line (issue 52 item 2)."""
+    if arch is None:
+        return
+    want = dict((f.split(" ", 1) + [True])[:2] for f in window_args(arch))
+    for flag in ("--window-size", "--window-attn-skip-freq"):
+        got = args.get(flag)
+        got = None if got is None else str(got).replace(" ", "").strip("()")
+        if got != want.get(flag) and not (flag == "--window-attn-skip-freq" and got is None and "--window-size" not in want):
+            raise EngineError(f"{flag} {got or '(absent)'} but the model has {want.get(flag) or 'none'} "
+                              f"({'its window' if arch.get('window') else 'full attention'}); pass the --model this "
+                              f"file trains, or set {flag} to match it")
+    rs = arch.get("rope_scaling") if arch.get("position") == "rope" else None
+    factor = rope_factor(rs) if rs else None
+    got = float(args.get("--rope-scaling-factor", 8.0)) if args.get("--use-rope-scaling") else None
+    if got != factor:
+        raise EngineError(f"--use-rope-scaling / --rope-scaling-factor give {got or 'no rope scaling'} but the model "
+                          f"has {factor or 'none'}; pass the --model this file trains, or match its rope scaling")
 
 
 def model_notes(args, arch, tp, precision) -> list:
@@ -84,7 +127,8 @@ def model_notes(args, arch, tp, precision) -> list:
         return out
     skip = {"--seq-length", "--max-position-embeddings", "--num-layers", "--hidden-size", "--ffn-hidden-size",
             "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
-            "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size"}
+            "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size", "--use-rope-scaling",
+            "--rope-scaling-factor", "--window-size", "--window-attn-skip-freq"}      # (check_arch refuses those)
     defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
                 "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1",
                 "--moe-ffn-hidden-size": args.get("--ffn-hidden-size", False)}   # Megatron's default: the dense ffn

@@ -1,0 +1,139 @@
+"""A Hugging Face decoder's architecture as an engine must build it (sapp/engines/arch.py's dict), read
+through transformers' own config class (the one the capture built the priced model from, so a
+config.json written by transformers 5 (`rope_parameters`, `layer_types`) means what it meant there).
+
+FIELDS classifies every field of the config classes of the decoders sapp writes engine models for:
+"carried" (the export states it; arch key in the second place), "refused" (the export refuses in one
+line unless the value is the one given, the engine's only behaviour), or "irrelevant" (why).  A field
+the classes have and FIELDS lacks is a test failure (tests/test_engines_arch.py), never a silent drop."""
+from __future__ import annotations
+
+from .mapping import EngineError
+
+# HF model types whose decoder is Megatron's GPT with RMSNorm, SwiGLU and rotary embeddings
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe")
+C, R, I = "carried", "refused", "irrelevant"        # noqa: E741
+_META = (I, "bookkeeping of the config file or of HF's generation / output API: not the model's computation")
+FIELDS = {
+    "num_hidden_layers": (C, "layers"), "hidden_size": (C, "hidden"), "num_attention_heads": (C, "heads"),
+    "num_key_value_heads": (C, "kv_heads"), "head_dim": (C, "head_dim"), "intermediate_size": (C, "ffn"),
+    "vocab_size": (C, "vocab"), "max_position_embeddings": (C, "max_pos"), "rms_norm_eps": (C, "norm_eps"),
+    "tie_word_embeddings": (C, "tied"), "rope_parameters": (C, "rope_base rope_scaling"),
+    "sliding_window": (C, "window"), "use_sliding_window": (C, "window"), "max_window_layers": (C, "window_layers"),
+    "layer_types": (C, "window_layers"), "attention_dropout": (C, "attention_dropout"),
+    "num_local_experts": (C, "experts"), "num_experts_per_tok": (C, "top_k"),
+    "hidden_act": (R, "silu"), "attention_bias": (R, False), "mlp_bias": (R, False), "router_jitter_noise": (R, 0.0),
+    # Qwen2-MoE: refused as a whole (arch_hf.read), so each of its fields is refused with it
+    "num_experts": (R, None), "moe_intermediate_size": (R, None), "shared_expert_intermediate_size": (R, None),
+    "decoder_sparse_step": (R, None), "mlp_only_layers": (R, None), "norm_topk_prob": (R, None),
+    "qkv_bias": (R, None),
+    "pretraining_tp": (I, "Llama's sliced projections for reproducing pretraining numerics: the same function"),
+    "output_router_logits": (I, "whether HF returns the router logits (and adds its load-balancing loss: a "
+                                "scalar beside the step, as Megatron's --moe-aux-loss-coeff is)"),
+    "router_aux_loss_coef": (I, "the weight of that auxiliary loss: a scalar, no work in the step"),
+    "initializer_range": (I, "parameter initialization before training"),
+    "chunk_size_feed_forward": (I, "HF's chunked feed-forward for inference memory: the same computation"),
+    "use_cache": (I, "the generation KV cache: none in a training step"),
+    **{k: _META for k in ("_name_or_path", "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "dtype",
+                          "id2label", "label2id", "is_encoder_decoder", "model_type", "output_attentions",
+                          "output_hidden_states", "problem_type", "return_dict", "transformers_version")},
+}
+# Megatron-Core's Llama 3 rope scaling (rotary_pos_embedding._apply_scaling, core_v0.16.1): only the factor
+# is an argument (--rope-scaling-factor); the rest are fixed at Llama 3's values
+LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def config_of(path: str):
+    """transformers' config of the plan's config.json (read as data: AutoConfig.for_model, no code)."""
+    from ..models.hf import HFConfigError, load_config
+    try:
+        return load_config(path, {})
+    except HFConfigError as e:
+        raise EngineError(f"{e}; export where the config.json the plan was searched with is") from None
+
+
+def _rope(cfg):
+    """(base, scaling dict or None): transformers 5's rope_parameters, or 4.x's rope_theta / rope_scaling."""
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict) and any(isinstance(v, dict) for v in rp.values()):
+        raise EngineError("rope_parameters: a rope per layer type; Megatron states one rope: export to deepspeed")
+    if isinstance(rp, dict):
+        base, kind = rp.get("rope_theta", 10000.0), rp.get("rope_type", "default")
+        scaling = {k: v for k, v in rp.items() if k != "rope_theta"} if kind != "default" else None
+    else:
+        base, scaling = getattr(cfg, "rope_theta", 10000.0), getattr(cfg, "rope_scaling", None)
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+    return float(base), scaling
+
+
+def rope_factor(scaling) -> float | None:
+    """Megatron's --rope-scaling-factor of HF's rope scaling, or a one-line refusal naming the field."""
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "llama3":
+        raise EngineError(f"rope_parameters.rope_type {kind!r}: Megatron states Llama 3's rope scaling only "
+                          f"(--use-rope-scaling); export to deepspeed")
+    for k, v in LLAMA3_FIXED.items():
+        if float(scaling.get(k, v)) != v:
+            raise EngineError(f"rope_parameters.{k} {scaling[k]}: Megatron-Core's Llama 3 rope scaling fixes it at "
+                              f"{v:g} (only the factor is an argument); export to deepspeed")
+    return float(scaling.get("factor", 8.0))
+
+
+def _window(cfg, layers):
+    """(window in tokens or None, [True where a layer attends within it] or None when every layer does)."""
+    w = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", None) is False:
+        w = None
+    types = getattr(cfg, "layer_types", None)
+    if not w:
+        if types and "sliding_attention" in types:
+            raise EngineError("layer_types has sliding_attention layers but sliding_window is unset; fix the config")
+        return None, None
+    if not types:
+        return int(w), None
+    bad = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if bad or len(types) != layers:
+        raise EngineError(f"layer_types {bad or len(types)}: Megatron states sliding or full attention per layer, "
+                          f"one per layer; export to deepspeed")
+    mask = [t == "sliding_attention" for t in types]
+    return (int(w), None if all(mask) else mask) if any(mask) else (None, None)
+
+
+def read(path: str, raw: dict, seq) -> dict:
+    """The architecture of the decoder at `path` (see the module doc); EngineError names the field."""
+    mt = raw.get("model_type")
+    if mt not in LLAMA_LIKE:
+        raise EngineError(f"HF model type {mt!r}: sapp writes engine models for {', '.join(LLAMA_LIKE)} decoders; "
+                          f"export to deepspeed, which trains your own module")
+    if mt == "qwen2_moe":
+        raise EngineError(f"{path}: Qwen2-MoE's gated shared expert has no Megatron flag; export to deepspeed")
+    cfg = config_of(path)
+    g = cfg.__getattribute__
+    h, heads, L = int(g("hidden_size")), int(g("num_attention_heads")), int(g("num_hidden_layers"))
+    base, scaling = _rope(cfg)
+    window, pattern = _window(cfg, L)
+    a = dict(layers=L, hidden=h, heads=heads, kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+             head_dim=int(getattr(cfg, "head_dim", None) or h // heads), ffn=int(g("intermediate_size")),
+             vocab=int(g("vocab_size")), seq=seq, max_pos=int(getattr(cfg, "max_position_embeddings", None) or seq),
+             norm="RMSNorm", norm_eps=float(g("rms_norm_eps")), glu=True, act=g("hidden_act"), position="rope",
+             rope_base=base, bias=False, qkv_bias=mt == "qwen2", tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+             attention_dropout=float(getattr(cfg, "attention_dropout", 0.0) or 0.0))
+    if window:
+        a["window"] = window
+        if pattern:
+            a["window_layers"] = pattern
+    if scaling:
+        a["rope_scaling"] = dict(scaling)
+        rope_factor(scaling)                     # refused here, before anything is written
+    for k in ("hidden_act", "attention_bias", "mlp_bias", "router_jitter_noise"):
+        v = getattr(cfg, k, FIELDS[k][1])
+        if v != FIELDS[k][1]:
+            raise EngineError(f"{path}: {k} {v!r} on a {mt} model has no Megatron flag (Megatron builds "
+                              f"{FIELDS[k][1]!r}); export to deepspeed")
+    if mt == "mixtral":
+        a.update(experts=int(g("num_local_experts")), top_k=int(g("num_experts_per_tok")), expert_ffn=a["ffn"],
+                 shared_ffn=0, dense_layers=0)
+    return a
