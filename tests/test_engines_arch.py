@@ -137,3 +137,67 @@ def test_llama32_rope_scaling_factor_reaches_megatron_or_is_refused(tmp_path):
     with pytest.raises(EngineError, match="rope_type 'yarn'"):
         _megatron_model(_hf_arch(_hf_config(tmp_path, "LlamaConfig", rope_parameters={
             "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 256})))
+
+
+DECODERS = ("LlamaConfig", "MistralConfig", "MixtralConfig", "Qwen2Config", "Qwen2MoeConfig")
+# a value other than the shrunk default for each field that changes the computation
+PROBES = {"num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 4,
+          "head_dim": 32, "intermediate_size": 256, "vocab_size": 1024, "max_position_embeddings": 2048,
+          "rms_norm_eps": 3e-6, "tie_word_embeddings": None, "rope_parameters": {"rope_type": "default", "rope_theta": 123456.0},
+          "sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2,
+          "layer_types": ["sliding_attention", "full_attention"] * 2, "attention_dropout": 0.1,
+          "num_local_experts": 4, "num_experts_per_tok": 1, "hidden_act": "gelu", "attention_bias": True,
+          "mlp_bias": True, "router_jitter_noise": 0.1}
+# what a probe needs beside it to mean anything (a window to use, a pattern over it)
+# (Qwen2 attends within its window only with use_sliding_window, above max_window_layers)
+WITH = {"sliding_window": {"use_sliding_window": True, "max_window_layers": 0},
+        "use_sliding_window": {"sliding_window": 64, "max_window_layers": 0},
+        "max_window_layers": {"use_sliding_window": True, "sliding_window": 64},
+        "layer_types": {"sliding_window": 64, "use_sliding_window": True}}
+
+
+def _export_or_refusal(tmp_path, cls, **kw):
+    import json
+    path = _hf_config(tmp_path, cls, **kw)
+    try:
+        return _megatron_model(_hf_arch(path, layers=json.load(open(path))["num_hidden_layers"]))[0]
+    except EngineError as e:
+        assert "\n" not in str(e), str(e)
+        return e
+
+
+@pytest.mark.parametrize("cls", DECODERS)
+def test_every_field_of_the_decoders_config_is_carried_or_refused(cls, tmp_path):
+    import transformers as T
+    from sapp.engines.arch_hf import FIELDS
+    fields = set(getattr(T, cls)().to_dict())
+    assert not sorted(fields - set(FIELDS)), "classify these fields in sapp/engines/arch_hf.FIELDS"
+    base = _export_or_refusal(tmp_path, cls)
+    if isinstance(base, EngineError):             # (Qwen2-MoE: refused whole, so each field with it)
+        assert cls == "Qwen2MoeConfig"
+        return
+    dropped = []
+    for k in sorted(fields & set(PROBES)):
+        if FIELDS[k][0] == "irrelevant":
+            continue
+        kw = {**WITH.get(k, {}), k: PROBES[k]}
+        if k == "tie_word_embeddings":
+            kw[k] = not getattr(T, cls)().tie_word_embeddings
+        out = _export_or_refusal(tmp_path / k, cls, **kw)
+        if not isinstance(out, EngineError):
+            ref = _export_or_refusal(tmp_path / f"{k}-ref", cls, **WITH.get(k, {}))
+            if out == (base if k not in WITH else ref):
+                dropped.append(k)              # the export is the same as without the field: silently dropped
+    assert dropped == [], dropped
+
+
+def test_torchtitan_names_no_llama3_flavor_for_another_attention():
+    from sapp.engines import torchtitan_py
+    a = _facts("llama3-8b")["arch"]
+    assert torchtitan_py._flavor(a) == "8B" and torchtitan.model_section(a)[0] == {"name": "llama3", "flavor": "8B"}
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    assert torchtitan_py._flavor({**a, "rope_scaling": llama3}) == "8B"     # torchtitan's own rope scaling
+    # a window, or Llama 3.2's factor 32, is not what torchtitan's llama3 computes: no flavor is written
+    for other in ({"window": 4096}, {"rope_scaling": {**llama3, "factor": 32.0}}, {"norm_eps": 1e-6}):
+        assert torchtitan_py._flavor({**a, **other}) is None and torchtitan.model_section({**a, **other})[0] is None

@@ -43,6 +43,21 @@ FIELDS = {
 LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
+def torchtitan_attention_agrees(arch) -> bool:
+    """Whether torchtitan's llama3 model computes this architecture's attention: full attention (it has no
+    window) and its one rope scaling (models/llama3/model/args.py RoPEScalingArgs: Llama 3's, factor 8,
+    always applied), or none stated (a zoo model's, which states none)."""
+    rs = arch.get("rope_scaling")
+    if arch.get("window") or arch.get("attention_dropout") or abs(arch.get("norm_eps", 1e-5) - 1e-5) > 1e-12:
+        return False            # (and its RMSNorm epsilon, 1e-5, and no dropout)
+    if not rs:
+        return True
+    try:
+        return rope_factor(rs) == 8.0
+    except EngineError:
+        return False
+
+
 def config_of(path: str):
     """transformers' config of the plan's config.json (read as data: AutoConfig.for_model, no code)."""
     from ..models.hf import HFConfigError, load_config

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import tomllib
 
+from .arch_hf import torchtitan_attention_agrees
 from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
@@ -88,7 +89,8 @@ def model_section(arch) -> tuple:
         shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn"])
         llama = (arch["norm"] == "RMSNorm" and arch["glu"] and arch["position"] == "rope" and not arch["bias"]
                  and not arch["qkv_bias"] and not arch["tied"] and not arch.get("experts") and arch["vocab"] == 128256
-                 and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000)
+                 and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000
+                 and torchtitan_attention_agrees(arch))
         for flavor, f in FLAVORS.items():
             if llama and shape == f:
                 return {"name": "llama3", "flavor": flavor}, None

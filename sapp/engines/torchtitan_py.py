@@ -38,6 +38,7 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
 from __future__ import annotations
 
 from . import torchtitan as v022
+from .arch_hf import torchtitan_attention_agrees
 from .mapping import EngineConfig, EngineError
 from .pyconfig import Call, read
 from .torchtitan_py_fields import CLASSES, check
@@ -62,7 +63,8 @@ def _flavor(arch):
         return None
     llama = (arch["norm"] == "RMSNorm" and arch["glu"] and arch["position"] == "rope" and not arch["bias"]
              and not arch["qkv_bias"] and not arch.get("experts") and arch["vocab"] == 128256
-             and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000)
+             and arch["head_dim"] * arch["heads"] == arch["hidden"] and arch.get("rope_base") == 500000
+             and torchtitan_attention_agrees(arch))
     shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn"], bool(arch["tied"]))
     return next((f for f, s in FLAVORS.items() if llama and s == shape), None)
 
