@@ -1,6 +1,8 @@
 """Files a user names, read or written without trusting what the name points at: a FIFO, a device or
 a socket in place of a plan would block `open` forever (or stream without end), so only regular
-files are read, at most a bounded number of bytes, and an output path may not be a special file."""
+files are read, at most a bounded number of bytes, and an output path may not be a special file.
+Files sapp writes into a folder it manages (a checkpoint directory: plans/, markers) go through
+`write_atomic`: no symlink followed, a temporary name renamed into place."""
 from __future__ import annotations
 
 import os
@@ -63,3 +65,70 @@ def special_kind(path):
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
     return _kind(mode)
+
+
+class SymlinkError(OSError):
+    """A folder on the way to a file sapp writes is a symlink (or not a folder)."""
+
+
+def _open_dirs(under: str, rel: str, make: bool) -> int:
+    """A dir fd of `under`/`rel`, each component of `rel` opened with O_NOFOLLOW (created when `make`):
+    a link planted among them cannot send the write elsewhere.  `under` itself is the user's name."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(under, flags)
+    try:
+        for part in [p for p in rel.split(os.sep) if p and p != "."]:
+            if part == "..":
+                raise SymlinkError(f"{os.path.join(under, rel)} leaves {under}")
+            if make:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nxt = os.open(part, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+            except OSError as e:         # ELOOP: a symlink; ENOTDIR: a file
+                raise SymlinkError(f"{os.path.join(under, rel)}: {part} is a symlink or not a folder "
+                                   f"({e.strerror}); sapp writes only into folders it can open as such") from None
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_atomic(path, data, under=None, make: bool = False, mode: int = 0o644) -> None:
+    """Write `data` (str or bytes) to `path` so that no symlink is followed and no reader sees half a
+    file: a fresh temporary name is created O_EXCL | O_NOFOLLOW in path's folder (opened by a dir fd),
+    written, fsynced and renamed over the name; the rename replaces a planted symlink itself, never
+    what it points at.  `under`: the folder the user named (followed as given); every folder from it
+    down to path's is opened without following links (`make`: created when missing).  OSError
+    (SymlinkError for a planted link on the way) when it cannot."""
+    import secrets
+    path = as_path(path)
+    parent, name = os.path.split(path)
+    if not name:
+        raise IsADirectoryError(path)
+    parent = parent or "."
+    rel = os.path.relpath(parent, under) if under is not None else "."
+    dfd = _open_dirs(under if under is not None else parent, rel, make)
+    tmp = f".{name[:100]}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

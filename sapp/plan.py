@@ -110,7 +110,9 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self._d, indent=1, sort_keys=True) + "\n"
 
-    def save(self, path) -> None:
+    def save(self, path, under=None) -> None:
+        """`under`: a folder sapp manages that `path` lies in (a checkpoint directory): the file is
+        written there without following any symlink below it, atomically (fileio.write_atomic)."""
         # sections are plain dicts callers can edit in place: check again what is about to be written
         if not isinstance(path, (str, bytes, os.PathLike)):
             raise PlanError(f"plan.save: a file path is needed, got {type(path).__name__} (a str or os.PathLike)")
@@ -119,9 +121,15 @@ class Plan:
         if text != self.__dict__.get("_built_text"):
             self._validate()
         try:
+            if under is not None:
+                from .fileio import write_atomic
+                write_atomic(path, text, under=under, make=True)
+                return
             with open(path, "w") as f:
                 f.write(text)
         except OSError as e:
+            if under is not None:
+                raise PlanError(f"cannot write plan to {path}: {e.strerror or e}") from None
             raise PlanError(f"cannot write plan to {path}: {e.strerror or e}; choose another --out") from None
 
     @classmethod

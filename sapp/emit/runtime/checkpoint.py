@@ -38,6 +38,7 @@ import shutil
 
 from .checkpoint_find import (MARKER, _NAME, _crc, _fsync_dir, _is_dir, _is_file, checksum, choose,  # noqa: F401
                               committed, identity_diff, resume_point, step_dir, verify)
+from ...fileio import write_atomic
 from . import checkpoint_retain, fused_checkpoint
 from .train_state import CheckpointError, LoadTargets, Names, save_entries
 
@@ -63,7 +64,10 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
     probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        with open(probe, "wb") as f:
+        if os.path.islink(probe):          # a link planted at the probe's name: never written through
+            os.remove(probe)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(b"sapp")
             f.flush()
     except OSError as e:
@@ -200,13 +204,16 @@ class Checkpointer:
         return _collective(lambda: self._commit(tmp, final, step, meta), self.world, self.group)
 
     def _commit(self, tmp: str, final: str, step: int, meta: dict) -> str:
-        files = {n: [os.path.getsize(os.path.join(tmp, n)), _crc(os.path.join(tmp, n))] for n in sorted(os.listdir(tmp))}
+        names = sorted(n for n in os.listdir(tmp) if n != MARKER)    # a marker there already is replaced below
+        odd = next((n for n in names if not _is_file(os.path.join(tmp, n))), None)
+        if odd is not None:               # a link planted among DCP's files: never read or listed through
+            raise CheckpointError(f"{os.path.join(tmp, odd)} is not a plain file a save wrote; the previous checkpoint "
+                                  "is intact: remove it and restart")
+        files = {n: [os.path.getsize(os.path.join(tmp, n)), _crc(os.path.join(tmp, n))] for n in names}
         marker = dict(meta, step=step, files=files, model_state=self.names.shapes)
         marker["checksum"] = checksum(marker)
-        with open(os.path.join(tmp, MARKER), "w") as f:
-            json.dump(marker, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        # not through a link planted in the scratch folder, and never seen half-written
+        write_atomic(os.path.join(tmp, MARKER), json.dumps(marker, indent=1, sort_keys=True), under=self.directory)
         if os.path.lexists(final):        # the same step saved again (a resumed run): replace it, if sapp's
             if checkpoint_retain.sapp_marker(final) is None:
                 raise CheckpointError(f"{final} is in the way of step {step}'s checkpoint and sapp did not write it "

@@ -70,13 +70,18 @@ def _replan_text(args, plan, world, local_world, say):
         r = replan(args.model, plan, cl, exact=True)
         found = resume_point(args.checkpoint_dir, log=lambda _m: None)
         step = int(found[1]["step"]) if found else 0
-        d = os.path.join(args.checkpoint_dir, "plans")
-        os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, f"step-{step:08d}-devices-{world}.json")
-        r.plan.save(path)
     except SappError as e:
         msg = (f"no plan for the {world} devices of this group ({e}); the checkpoints in {args.checkpoint_dir} are "
                "intact: restart with more nodes")
+        say(f"sapp run: {msg}")
+        return "error", msg
+    # plans/ and the file are opened without following links (a planted one would have rank 0 write
+    # outside the checkpoint directory); an existing name is replaced by a rename, never written through
+    path = os.path.join(args.checkpoint_dir, "plans", f"step-{step:08d}-devices-{world}.json")
+    try:
+        r.plan.save(path, under=args.checkpoint_dir)
+    except SappError as e:
+        msg = f"{e}; the checkpoints in {args.checkpoint_dir} are intact: remove what is in the way and restart"
         say(f"sapp run: {msg}")
         return "error", msg
     from .train_log import log_event
