@@ -201,3 +201,21 @@ def test_torchtitan_names_no_llama3_flavor_for_another_attention():
     # a window, or Llama 3.2's factor 32, is not what torchtitan's llama3 computes: no flavor is written
     for other in ({"window": 4096}, {"rope_scaling": {**llama3, "factor": 32.0}}, {"norm_eps": 1e-6}):
         assert torchtitan_py._flavor({**a, **other}) is None and torchtitan.model_section({**a, **other})[0] is None
+
+
+def test_a_windowed_export_round_trips_and_another_window_is_refused(tmp_path):
+    from sapp import api
+    path = _hf_config(tmp_path, "MistralConfig", sliding_window=256, hidden_size=256, intermediate_size=512,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=1024)
+    cl = api.resolve_cluster("h100-80g:devices=8")
+    plan = api.search(path, cl, global_batch=16, runtime="fused", constraints={"target": "megatron"})
+    text, exported, notes = E.export_plan(plan, "megatron")
+    assert "--window-size 255,0" in text.splitlines() and notes == []
+    graph = api.capture_graph(api.resolve_model(path)[0])[0]
+    back = E.import_config(text, "megatron", graph, cl, path, meta=plan["model"]["meta"])
+    assert back["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-9)
+    for other in (text.replace("--window-size 255,0", "--window-size 4095,0"),
+                  text.replace("--window-size 255,0\n", "")):
+        with pytest.raises(EngineError) as e:
+            E.import_config(other, "megatron", graph, cl, path, meta=plan["model"]["meta"])
+        assert "--window-size" in str(e.value) and "\n" not in str(e.value), str(e.value)
