@@ -282,6 +282,13 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     else:
         ecfg.mbs, ecfg.m = local, gb // (local * dp)
     ecfg.recompute = _recompute(ac, facts["names"], notes)
+    _run_notes(ecfg, train, par, comp, zero, pp, notes)
+    ecfg.notes = notes
+    return ecfg
+
+
+def _run_notes(ecfg, train, par, comp, zero, pp, notes):
+    """What the file runs beside the priced step (compile, the reduce width, DDP, accumulation, async TP)."""
     if comp.get("enable"):
         notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
                      "modelled), so the step may run faster than priced")
@@ -296,8 +303,6 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                      f"steps; priced as one reduce-scatter per step (the other {ecfg.m - 1} are not priced)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
-    ecfg.notes = notes
-    return ecfg
 
 
 def _check_model(model, facts):
