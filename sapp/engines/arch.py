@@ -21,8 +21,38 @@ from .mapping import EngineError
 
 def architecture(name: str, meta: dict, layers: int) -> dict | None:
     """The model's architecture (see the module doc), or None where sapp does not know it (a factory
-    model).  Raises EngineError when the facts disagree with the priced model."""
-    kind, c = meta.get("kind"), dict(meta.get("config") or {})
+    model).  Raises EngineError when the facts disagree with the priced model, or when the plan's
+    model section is not what sapp wrote (a hand-edited plan: one line, never a traceback)."""
+    cfg = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(cfg or {}, dict):
+        what = "model.meta" if not isinstance(meta, dict) else "model.meta.config"
+        bad = meta if not isinstance(meta, dict) else cfg
+        raise EngineError(f"the plan's {what} is {type(bad).__name__}, not an object of the model's settings; "
+                          "search the plan again (or restore the section sapp wrote)")
+    try:
+        a = _settings(name, meta.get("kind"), dict(cfg or {}), meta)
+        if a is None:
+            return None
+        built = count(a)
+    except EngineError:
+        raise
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as e:
+        why = f"{type(e).__name__}: {str(e)[:80]}"
+        raise EngineError(f"the plan's model.meta.config does not describe a {str(meta.get('kind'))[:40]} model "
+                          f"({why}); search the plan again (or restore the section sapp wrote)") from None
+    if a["layers"] != layers:
+        raise EngineError(f"the model states {a['layers']} layers but sapp priced {layers} blocks; search the plan "
+                          f"again for this model")
+    priced = meta.get("params")
+    if isinstance(priced, (int, float)) and not isinstance(priced, bool) and priced and built != priced:
+        raise EngineError(f"{name}: the architecture an engine would build has {built:,} parameters, the priced "
+                          f"model {priced:,}; search the plan again for this model (or export to deepspeed, which "
+                          f"trains your own module)")
+    return a
+
+
+def _settings(name: str, kind, c: dict, meta: dict):
+    """The architecture dict of a zoo or HF config `c` of `kind`, or None for a kind sapp does not know."""
     seq = meta.get("seq") or c.get("s")
     if kind == "gpt":
         a = dict(layers=c["l"], hidden=c["h"], heads=c["a"], kv_heads=c["a"], head_dim=c["h"] // c["a"],
@@ -47,14 +77,6 @@ def architecture(name: str, meta: dict, layers: int) -> dict | None:
         a = _hf(name, c, seq)
     else:
         return None
-    if a["layers"] != layers:
-        raise EngineError(f"the model states {a['layers']} layers but sapp priced {layers} blocks; search the plan "
-                          f"again for this model")
-    priced = meta.get("params")
-    if priced and count(a) != priced:
-        raise EngineError(f"{name}: the architecture an engine would build has {count(a):,} parameters, the priced "
-                          f"model {priced:,}; search the plan again for this model (or export to deepspeed, which "
-                          f"trains your own module)")
     return a
 
 
