@@ -209,9 +209,16 @@ def tokens(text: str) -> dict:
     except ValueError as e:
         raise EngineError(f"cannot read the argument file ({e}); give Megatron-LM arguments, one flag per line") from None
     # the launcher and its script (`torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers ...`) are
-    # skipped up to the FIRST .py: a Megatron value may end in .py too (--data-path x.py), and taking the
-    # last dropped every flag before it
-    py = next((i for i, t in enumerate(toks) if t.endswith(".py")), None)
+    # skipped up to the first .py that no Megatron flag precedes: a Megatron value may end in .py too
+    # (--data-path x.py), and a file of Megatron flags alone has no script (taking the first .py there
+    # dropped every flag before it)
+    py = None
+    for i, t in enumerate(toks):
+        if t.split("=", 1)[0] in FIELDS:
+            break
+        if t.endswith(".py"):
+            py = i
+            break
     if py is not None:
         toks = toks[py + 1:]
     out, i = {}, 0
