@@ -414,16 +414,21 @@ def _score(graph, cl, gb, cons, settings, splits, cfg):
     return res
 
 
-def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None) -> dict:
+def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None,
+             model_args=None) -> dict:
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
-    stage and whether it fits.  Refuses a plan made for another model (PlanError)."""
-    from .calibrate.status import uncalibrated_note
+    stage and whether it fits.  Refuses a plan made for another model (PlanError).  `model_args`: the
+    settings of a model named by a string (search's; a plan records them as model.args)."""
+    from .calibrate.status import trust_note
     if not isinstance(plan, Plan):
         raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
     cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
-    module, name, _ = resolve_model(model)
     if graph is None:
+        module, name, _ = resolve_model(model, model_args=model_args)
         graph, _ = capture_graph(module, example_inputs, loss_fn, targets)
+    else:                   # the graph given is the model's: nothing to build (a calibration prices it often)
+        name = model if isinstance(model, str) else getattr(getattr(model, "sapp_spec", None), "name",
+                                                                  type(model).__name__)
     plan.check_model(graph.fingerprint(), name)
     from .plan_names import check_plan_names
     check_plan_names(plan, graph)       # a name the model lacks would be skipped, not priced
@@ -453,5 +458,5 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
         "stages": [{"index": s.index, "blocks": len(s.blocks), "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
                     "memory_bytes": s.memory_bytes} for s in res.stages],
         "config": res.config.describe(),
-        "notes": [n for n in (uncalibrated_note(cl),) if n],
+        "notes": [n for n in (trust_note(cl),) if n],
     }

@@ -9,6 +9,30 @@ MEASURED = ("peak_flops", "compute_efficiency", "mem_bandwidth", "memory_efficie
             "op_overhead", "compute_scale", "mem_bw_curve", "op_rates", "collective_fits")
 
 
+CALIBRATED_MARK = "(sapp calibrate --from-run)"
+
+
+def calibration_band(cluster_notes) -> float | None:
+    """The trust band a from-run calibration wrote into a cluster's notes, as a fraction, or None."""
+    import re
+    text = str(cluster_notes or "")
+    if CALIBRATED_MARK not in text:
+        return None
+    m = re.search(r"trust band ±([0-9.]+)%", text.rpartition(CALIBRATED_MARK)[2])
+    return float(m.group(1)) / 100 if m else None
+
+
+def trust_note(cluster) -> str | None:
+    """How far a prediction on `cluster` is trusted: a from-run calibration's band, or the warning
+    for an uncalibrated preset (uncalibrated_note), or None."""
+    band = calibration_band(getattr(cluster, "notes", ""))
+    if band is not None:
+        runs = str(cluster.notes).rpartition("calibrated from ")[2].split(" ", 1)[0]
+        return (f"figures calibrated from {runs} measured run(s) of this cluster (sapp calibrate --from-run): "
+                f"trust band ±{band:.1%} (the fit's residual on them and their own step-to-step spread)")
+    return uncalibrated_note(cluster)
+
+
 def uncalibrated_note(cluster) -> str | None:
     """A one-line warning for a prediction from a preset's rough figures, or None when the cluster
     carries measurements (or is not a preset)."""

@@ -19,7 +19,9 @@ def run(args):
     from ..plan import Plan
     plan = Plan.load(args.plan)
     model = model_spec(args, default=plan["model"].get("name"))
-    res = api.evaluate(model, args.cluster, plan)
+    # the model the plan names is built with the settings it was searched with (--seq, --model-arg)
+    settings = None if (args.model or args.hf_config) else (plan["model"].get("args") or None)
+    res = api.evaluate(model, args.cluster, plan, model_args=settings)
     if args.json:
         import json
         print(json.dumps(res, indent=1, sort_keys=True, default=float))

@@ -153,7 +153,10 @@ def summary(plan, timing=None, seq_from=None) -> str:
     total = d["cluster"].get("device_memory", cap)
     usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
     lines += _memory_lines(d, mem, pr["peak_memory_bytes"], f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device")
-    lines.append(f"predicted step {fmt_time(pr['step_time_s'])}  MFU {pr['mfu']:.1%}  "
+    from ..calibrate.status import calibration_band
+    band = calibration_band(d["cluster"].get("notes"))
+    trust = f" (±{band:.0%}, calibrated from measured runs)" if band is not None else ""
+    lines.append(f"predicted step {fmt_time(pr['step_time_s'])}{trust}  MFU {pr['mfu']:.1%}  "
                  f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "
                  f"comm {fmt_time(pr['comm_s'])}, bubble {fmt_time(pr.get('bubble_s', 0))})")
     if timing:

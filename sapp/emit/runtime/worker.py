@@ -192,6 +192,9 @@ def main(argv=None) -> int:
         if share:
             hetero_run.weigh(prog, share)
         log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
+        if rank == 0 and args.log_json:      # what `sapp calibrate --from-run` reads the measured steps against
+            from .train_log import log_event
+            log_event(args.log_json, 0, "start", plan=os.path.abspath(args.plan), devices=world, model=args.model)
         start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
     except SappError as e:
         _say(rank, e)
@@ -301,7 +304,7 @@ def summary(args, plan, world, prog, losses, times, start=0):
     if args.out:
         from .train_log import peak_memory
         peak, kind = peak_memory(prog.device)
-        res = {"model": args.model, "devices": world, "parallel": dict(par), "zero": prog.zero, "backend": backend,
+        res = {"model": args.model, "plan": os.path.abspath(args.plan), "devices": world, "parallel": dict(par), "zero": prog.zero, "backend": backend,
                "precision": prog.precision, "peak_memory_bytes": peak, "peak_memory_kind": kind,
                "steps": len(losses), "losses": losses, "start_step": start, "step_times_s": times, "measured_step_time_s": measured,
                "predicted_step_time_s": predicted, "measured_over_predicted": ratio, "notes": prog.notes}

@@ -1,7 +1,7 @@
 """The plan notes that say why the joint search chose what it chose."""
 from __future__ import annotations
 
-from ...calibrate.status import uncalibrated_note
+from ...calibrate.status import trust_note
 from ...units import fmt_bytes, fmt_time
 
 
@@ -66,7 +66,7 @@ def notes(ctx, res):
     if ctx.settings.precision == "fp16-mixed":
         out.append("fp16-mixed (no bf16 on this device): priced at bf16's widths; fp16 needs loss scaling "
                    "(torch.amp.GradScaler), whose skipped steps on overflow are not priced")
-    note = uncalibrated_note(ctx.cluster)
+    note = trust_note(ctx.cluster)
     if note:
         out.append(note)
     return out
