@@ -107,7 +107,10 @@ def test_reference_run_writes_checkpoints_and_json_log(reference):
     d, ref, _ = reference
     assert [s for s, _ in ck.committed(str(d / "ref"))] == [2, 4, 6]
     assert len(ref["losses"]) == 6 and ref["start_step"] == 0
-    recs = [json.loads(line) for line in (d / "ref.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (d / "ref.jsonl").read_text().splitlines()]
+    # rank 0's log opens with the plan it trains (what `sapp calibrate --from-run` reads steps against)
+    assert lines[0]["event"] == "start" and lines[0]["plan"].endswith(".json")
+    recs = [r for r in lines if "event" not in r]
     assert [r["step"] for r in recs] == list(range(6)) and [r["loss"] for r in recs] == ref["losses"]
     assert all(r["step_time_s"] > 0 and r["samples_per_s"] == pytest.approx(8 / r["step_time_s"]) for r in recs)
     assert all(r["peak_memory_bytes"] > 0 for r in recs)

@@ -59,31 +59,46 @@ def _split_str(deg):
     return "{" + ",".join(f"{d}/{n}" for d, n in sorted(deg.items())) + "}" if deg else "replicated"
 
 
-def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
-    a, b = as_plan(a), as_plan(b)
-    na, nb = names
-    rows = []   # (field, a, b, note)
+# what a plan states about how it trains that changes its price, beyond the parallel degrees
+SETTINGS = (("precision", "fp32"), ("runtime", "eager"), ("optimizer", "adam"), ("grad_sync_overlap_rule", "none"),
+            ("grad_fp32", False), ("moe_imbalance", 1.0))
 
-    def row(field, va, vb, kind="", ratio=False):
-        note = ("" if va == vb else _ratio(va, vb) or "changed") if ratio else ("" if va == vb else "changed")
-        rows.append((field, _fmt(va, kind), _fmt(vb, kind), note))
 
-    row("model", a["model"].get("name"), b["model"].get("name"))
-    if a["model"].get("fingerprint") != b["model"].get("fingerprint"):
-        rows.append(("model fingerprint", a["model"].get("fingerprint"), b["model"].get("fingerprint"), "different models"))
-    row("global batch", a["model"].get("global_batch"), b["model"].get("global_batch"))
-    row("cluster", a["cluster"].get("name"), b["cluster"].get("name"))
-    row("devices", a["devices"], b["devices"])
-    for k in ("dp", "tp", "pp"):
-        row(k, a["parallel"][k], b["parallel"][k], ratio=a["parallel"][k] != b["parallel"][k])
-    for k in ("schedule", "micro_batches", "micro_batch_size", "virtual_chunks"):
+def _layout_rows(a, b, row):
+    """Every degree (cp, ep and sp are left out of a plan where they are off), the pipeline, the
+    recomputation block by block, ZeRO and placement."""
+    for k, off in (("dp", 1), ("tp", 1), ("pp", 1), ("cp", 1), ("ep", 1), ("sp", False)):
+        va, vb = a["parallel"].get(k, off), b["parallel"].get(k, off)
+        row(k, va, vb, ratio=va != vb and k != "sp")
+    for k in ("schedule", "micro_batches", "micro_batch_size", "virtual_chunks", "scatter_gather"):
         row(f"pipeline.{k}", a["pipeline"].get(k), b["pipeline"].get(k))
     sa = [tuple(s.get("blocks") or []) for s in sorted(a["pipeline"].get("stages") or [], key=lambda s: s.get("index", 0))]
     sb = [tuple(s.get("blocks") or []) for s in sorted(b["pipeline"].get("stages") or [], key=lambda s: s.get("index", 0))]
     row("stage sizes (blocks)", "/".join(str(len(s)) for s in sa) or "-", "/".join(str(len(s)) for s in sb) or "-")
     row("recompute", recompute_label(a), recompute_label(b))
+    ra, rb = a["recompute"] or {}, b["recompute"] or {}
+    blocks = sorted(set(ra.get("blocks") or {}) | set(rb.get("blocks") or {}))
+    differ = [k for k in blocks if (ra.get("blocks") or {}).get(k, ra.get("default")) !=
+              (rb.get("blocks") or {}).get(k, rb.get("default"))]
+    if differ:
+        ex = ", ".join(f"{k}: {(ra.get('blocks') or {}).get(k, ra.get('default'))} -> "
+                       f"{(rb.get('blocks') or {}).get(k, rb.get('default'))}" for k in differ[:3])
+        row("recompute by block", f"{len(differ)} blocks differ", ex + (f", ... (+{len(differ) - 3})" if len(differ) > 3 else ""))
     row("zero", a["zero"], b["zero"])
     row("placement", placement_label(a), placement_label(b))
+
+
+def _setting_rows(a, b, row):
+    sa, sb = opt(a, "settings", {}) or {}, opt(b, "settings", {}) or {}
+    for k, default in SETTINGS:
+        row(f"settings.{k}", sa.get(k, default), sb.get(k, default))
+    ca, cb = a["cluster"], b["cluster"]
+    figures = sorted(k for k in set(ca) | set(cb) if k not in ("name", "nodes", "notes") and ca.get(k) != cb.get(k))
+    if figures and ca.get("name") == cb.get("name"):       # same preset name, other figures (a calibration)
+        row("cluster figures", "", f"{len(figures)} differ: " + ", ".join(figures[:4]) + (" ..." if len(figures) > 4 else ""))
+
+
+def _predicted_rows(a, b, row):
     pa, pb = a["predicted"], b["predicted"]
     row("step time", pa.get("step_time_s"), pb.get("step_time_s"), "time", ratio=True)
     row("throughput", throughput(a), throughput(b), "rate", ratio=True)
@@ -96,9 +111,34 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     for k in sorted(set(ma) | set(mb)):
         row(f"memory.{k}", ma.get(k), mb.get(k), "bytes", ratio=True)
     sma, smb = stage_memory(a), stage_memory(b)
-    if len(sma) > 1 or len(smb) > 1:
-        row("per-stage memory", " ".join(fmt_bytes(t) for _, t, _ in sma), " ".join(fmt_bytes(t) for _, t, _ in smb))
+    if len(sma) > 1 or len(smb) > 1:        # one aligned row per stage (a plan may have fewer stages)
+        for i in range(max(len(sma), len(smb))):
+            row(f"stage {i} memory", sma[i][1] if i < len(sma) else None, smb[i][1] if i < len(smb) else None,
+                "bytes", ratio=True)
 
+
+def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
+    """Two plans side by side: every field that changes the price (the whole parallel layout, the
+    pipeline, recomputation block by block, ZeRO, placement, precision and runtime profile), then
+    the predicted figures with their ratios, then how the operator layouts differ."""
+    a, b = as_plan(a), as_plan(b)
+    na, nb = names
+    rows = []   # (field, a, b, note)
+
+    def row(field, va, vb, kind="", ratio=False):
+        note = ("" if va == vb else _ratio(va, vb) or "changed") if ratio else ("" if va == vb else "changed")
+        rows.append((field, _fmt(va, kind), _fmt(vb, kind), note))
+
+    row("model", a["model"].get("name"), b["model"].get("name"))
+    if a["model"].get("fingerprint") != b["model"].get("fingerprint"):
+        rows.append(("model fingerprint", a["model"].get("fingerprint"), b["model"].get("fingerprint"), "different models"))
+    row("global batch", a["model"].get("global_batch"), b["model"].get("global_batch"))
+    row("sequence", (a["model"].get("meta") or {}).get("seq"), (b["model"].get("meta") or {}).get("seq"))
+    row("cluster", a["cluster"].get("name"), b["cluster"].get("name"))
+    row("devices", a["devices"], b["devices"])
+    _layout_rows(a, b, row)
+    _setting_rows(a, b, row)
+    _predicted_rows(a, b, row)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(max(len(str(r[1])) for r in rows), len(na))
     w2 = max(max(len(str(r[2])) for r in rows), len(nb))
@@ -106,7 +146,11 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     for f, va, vb, note in rows:
         mark = "*" if va != vb else " "
         out.append(f"{f:<{w0}}  {va:<{w1}}  {vb:<{w2}} {mark}{note}")
+    return "\n".join(out) + "\n" + _operator_lines(a, b, na, nb, max_ops)
 
+
+def _operator_lines(a, b, na, nb, max_ops) -> str:
+    out = []
     lc = layout_changes(a, b)
     na_ops, nb_ops = len(a["operators"] or {}), len(b["operators"] or {})
     out.append("")
