@@ -89,3 +89,22 @@ def test_no_worker_survives_a_sigkilled_launcher(tmp_path, victim):
             except OSError:
                 pass
         proc.wait(timeout=30)
+
+
+def test_no_process_survives_a_sigkill_at_any_moment_under_load(tmp_path):
+    """Issue 53, finding 4: under a CPU hog the lifeline thread sampled its parent only after torch's
+    import, when `sapp run` could already be gone (init's pid was then taken for the parent), and the
+    launcher waited 10 s for torch's agent to stop the workers.  `sapp run` is SIGKILLed as the launcher
+    starts, its agent as the workers start, and `sapp run` while they train: nothing of the job may be
+    alive 10 s later."""
+    import random
+    from tests.launcher_kills import cpu_hog, kill_at
+    rng = random.Random(53)
+    kills = [("launcher", "sapp-run"), ("workers", "launcher"), ("training", "sapp-run")]
+    with cpu_hog(2, seconds=240):
+        trials = [kill_at(str(tmp_path), f"k{i}", stage, rng, jitter=0.5, victim=victim)
+                  for i, (stage, victim) in enumerate(kills)]
+    done = [t for t in trials if "skipped" not in t]
+    assert len(done) == len(kills), trials
+    assert all(t["processes_at_kill"] >= 2 for t in done), trials      # sapp run and its launcher at least
+    assert [t for t in done if t["orphans"]] == [], trials

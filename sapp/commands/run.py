@@ -81,6 +81,8 @@ def add_arguments(p):
 def _nodes(args) -> int:
     if args.nnodes is None:
         return 1
+    if not str(args.nnodes).isascii():      # int() takes '２'; torchrun and the other nodes' commands may not
+        raise UsageError(f"--nnodes {args.nnodes!r}: write the node count in ASCII digits 0-9")
     parts = str(args.nnodes).split(":")
     try:
         nums = [int(p) for p in parts]
@@ -89,6 +91,23 @@ def _nodes(args) -> int:
     if len(nums) > 2 or any(n < 1 for n in nums) or nums[0] > nums[-1]:
         raise UsageError(f"--nnodes {args.nnodes!r} must be a positive number N or a range MIN:MAX with 1 <= MIN <= MAX")
     return nums[-1]
+
+
+def _check_rendezvous(args, nodes: int):
+    """Before anything binds: a multi-node job names its rendezvous address, on sapp's c10d backend (the
+    static one, torchrun's default, listens unauthenticated on [::]:29500, the address sapp must not bind)."""
+    rank = getattr(args, "node_rank", None)
+    if rank is not None and not (str(rank).isascii() and str(rank).isdigit() and int(rank) < nodes):
+        raise UsageError(f"--node-rank {str(rank)[:40]!r} must be a whole number (ASCII digits) from 0 to {nodes - 1}")
+    if getattr(args, "rdzv_timeout", 600) < 1:
+        raise UsageError(f"--rdzv-timeout must be at least 1 second, got {args.rdzv_timeout}")
+    if nodes > 1 and not getattr(args, "rdzv_endpoint", None):
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address as the other nodes "
+                         "reach it (sapp listens there only, never on every interface)")
+    backend = getattr(args, "rdzv_backend", None)
+    if getattr(args, "rdzv_endpoint", None) and backend not in (None, "c10d"):
+        raise UsageError(f"--rdzv-backend {str(backend)[:40]!r}: sapp run's rendezvous is c10d, bound to the "
+                         "--rdzv-endpoint address only; drop --rdzv-backend")
 
 
 def _check_numbers(args):
@@ -143,6 +162,7 @@ def precheck(args):
     from ._paths import check_out
     _check_numbers(args)
     nodes = _nodes(args)
+    _check_rendezvous(args, nodes)
     if args.out:
         check_out(args.out)
     from .run_hetero import mixed_plan
@@ -222,7 +242,8 @@ def precheck_training(args, plan):
 
 
 def single_node(args) -> bool:
-    return not getattr(args, "nnodes", None) and not getattr(args, "rdzv_endpoint", None)
+    """No --rdzv-endpoint and one node (`--nnodes 1` too: it ran torchrun's static rendezvous on [::]:29500)."""
+    return not getattr(args, "rdzv_endpoint", None) and _nodes(args) == 1
 
 
 def command(args, nproc: int) -> list:

@@ -28,7 +28,18 @@ A new parallelism: its mechanism in a package of its own (like ep/), one module 
 and its plan field compared in checks/manifest.py.  Packages: checks/ (before and after the steps),
 steps/ (the recipe's steps), tp/ cp/ pp/ ep/ dp/ host/ recompute/ (how each feature runs), runtime/
 (the training program and `sapp run`'s worker: loop, launch, data, checkpoints, logs)."""
-from .recipe import emit
-from .runtime.program import Program
+
+
+def __getattr__(name):
+    # loaded on first use, not on import: `python -m sapp.emit.runtime.worker` (and .launch) imports this
+    # package first, and its first act, the lifeline (runtime/lifeline.py), must not wait seconds for torch
+    if name == "emit":
+        from .recipe import emit
+        return emit
+    if name == "Program":
+        from .runtime.program import Program
+        return Program
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["emit", "Program"]

@@ -138,9 +138,9 @@ def _order(data, shuffle, seed) -> str:
 
 
 def main(argv=None) -> int:
+    from .lifeline import bind_to_parent
+    bind_to_parent(f"rank {os.environ.get('RANK', '?')}")     # its agent killed: end, do not train on
     args = parse_args(argv)
-    from .lifeline import exit_now, watch_parent
-    watch_parent(exit_now(f"rank {os.environ.get('RANK', '?')}"))     # its agent killed: end, do not train on
     import torch
     import torch.distributed as dist
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
