@@ -40,9 +40,15 @@ def model_facts(meta: dict, names) -> dict:
     for k, key in hf.items():
         if k not in c and key in c:
             c[k] = c[key]
-    ffn = c.get("expert_ffn") if c.get("experts") else c.get("ffn")
-    out = {"hidden": c.get("h"), "heads": c.get("a"), "kv_heads": c.get("kv"), "ffn": ffn,
-           "seq": meta.get("seq") or c.get("s"), "vocab": c.get("V"), "experts": c.get("experts"),
+    # the dense MLP's width and the experts' apart (Megatron's --ffn-hidden-size and --moe-ffn-hidden-size):
+    # DeepSeek-V3's dense 18432 was compared with its experts' 2048 and its own export refused (issue 52).
+    # An MoE model with no dense layer has no dense width to check (Megatron builds no dense MLP);
+    # Mixtral's HF config states its experts' width as intermediate_size.
+    experts = c.get("experts")
+    ffn = c.get("ffn") if not experts or c.get("dense") else None
+    expert_ffn = (c.get("expert_ffn") or c.get("ffn")) if experts else None
+    out = {"hidden": c.get("h"), "heads": c.get("a"), "kv_heads": c.get("kv"), "ffn": ffn, "expert_ffn": expert_ffn,
+           "seq": meta.get("seq") or c.get("s"), "vocab": c.get("V"), "experts": experts,
            "top_k": c.get("top_k")}
     for k, v in out.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_FACT):

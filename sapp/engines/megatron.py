@@ -342,6 +342,12 @@ def _check_shape(args, facts):
                       ("--moe-router-topk", "top_k")):
         if flag in args and facts.get(key) is not None and _int(args, flag) != facts[key]:
             raise EngineError(f"{flag} {args[flag]} but the model has {facts[key]}; pass the --model this file trains")
+    if "--num-experts" in args and facts.get("expert_ffn") is not None:
+        # the experts' width: --moe-ffn-hidden-size, Megatron's default the dense --ffn-hidden-size
+        flag = "--moe-ffn-hidden-size" if "--moe-ffn-hidden-size" in args else "--ffn-hidden-size"
+        if flag in args and _int(args, flag) != facts["expert_ffn"]:
+            raise EngineError(f"{flag} {args[flag]} gives the experts a width of {args[flag]} but the model's have "
+                              f"{facts['expert_ffn']}; pass the --model this file trains, or set --moe-ffn-hidden-size")
     if args.get("--group-query-attention") and facts.get("kv_heads") is not None and \
             _int(args, "--num-query-groups", 1) != facts["kv_heads"]:
         raise EngineError(f"--num-query-groups {args.get('--num-query-groups', 1)} but the model has "
