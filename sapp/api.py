@@ -215,7 +215,9 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     t0 = time.perf_counter()
 
     def run(skip):
-        res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, caches)
+        # blocks the runnable check found cannot run split keep tp off them only (sapp/runnable.py)
+        gather = getattr(skip, "gather", None) or {}
+        res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, None if gather else caches, gather)
         check_prediction(res.step_time_s, res.mfu)
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
                           section=res.sapp_section, model_args=model_args), res
@@ -231,12 +233,14 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     return plan
 
 
-def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None, caches=None):
-    """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`."""
+def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None, caches=None, gather=None):
+    """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`.
+    `gather` ({tp: module patterns}): blocks kept replicated at that tp (search/tp_layout.gathering)."""
     from .search.joint import joint_search
+    search_fn = tp_search_fn(gather)
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
-                       search_fn=tp_search_fn(), skip=skip, fits=fits, caches=caches)
+                       search_fn=search_fn, skip=skip, fits=fits, caches=caches)
     section = operator_section(graph, res.profile) if _sp_chosen(res) else None
     if cons.sp is None and section is not None and section[2].get("sp", {}).get("unsupported"):
         # SP is priced on the block template; on the whole graph a piece may have no place the emitter
@@ -245,7 +249,7 @@ def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None, caches=None
         import dataclasses
         try:
             res = joint_search(graph, cl, global_batch=gb, constraints=dataclasses.replace(cons, sp=False),
-                               settings=settings, progress=progress, search_fn=tp_search_fn(), skip=skip, fits=fits,
+                               settings=settings, progress=progress, search_fn=search_fn, skip=skip, fits=fits,
                                caches=caches)
             section = None
         except SappError:
@@ -262,9 +266,9 @@ def _sp_chosen(res) -> bool:
     return bool(getattr(cfg, "sp", False) and cfg.tp > 1)
 
 
-def tp_search_fn():
+def tp_search_fn(gather=None):
     from .search import tp_layout
-    return tp_layout.search_fn
+    return tp_layout.gathering(gather) if gather else tp_layout.search_fn
 
 
 # ---- evaluate -------------------------------------------------------------------------------------

@@ -43,6 +43,17 @@ def first_runnable(run, module, example_inputs, cons):
                 plan._d["notes"].append(why)
             return plan, res
         rule, msg = failure
+        if rule[0] == "gather":
+            done = {p for r in dropped if r[0][0] == "gather" and r[0][1] == rule[1] for p in r[0][2]}
+            rule = ("gather", rule[1], tuple(p for p in rule[2] if p not in done)) if set(rule[2]) - done \
+                else ("tp", rule[1])            # gathered already and still failing: the degree fails
+        if rule[0] == "gather":
+            # the block is kept replicated and tp shards the rest: the same degree is searched again
+            dropped.append((rule, f"tp={rule[1]}: gathered {', '.join(rule[2])} (replicated on every tp "
+                                  f"rank, the rest of the model keeps tp): {msg}"))
+            if len(dropped) >= MAX_DROPS:
+                raise ConstraintError(f"no runnable plan after {len(dropped)} tries; the last: {msg}")
+            continue
         pinned = _pinned(rule, cons)
         if pinned:
             raise ConstraintError(f"the pinned {pinned} cannot run this model: {msg}")
@@ -106,7 +117,8 @@ def _check(module, skel, plan, ex, example_inputs):
             except PlanError as e:
                 if _meta_artifact(e):
                     return None
-                return _tp_or_sp(module, plan, ex, styles, groups, tp), _line(e)
+                rule = _tp_or_sp(module, plan, ex, styles, groups, tp)
+                return (_gather_rule(e, tp) if rule[0] == "tp" else None) or rule, _line(e)
         if pp > 1:
             mbs = plan.pipeline.get("micro_batch_size") or 1
             ex = _inputs(skel, example_inputs, mbs)
@@ -119,6 +131,15 @@ def _check(module, skel, plan, ex, example_inputs):
                     return None
                 return ("pp", pp, plan.pipeline.get("virtual_chunks") or 1), _line(e)
     return None
+
+
+def _gather_rule(e, tp):
+    """("gather", tp, patterns): the sharded region a failed audit sits in (shape_audit._refusal),
+    kept replicated while tp shards the rest (search/tp_layout.gathered); None when the audit names
+    no region (first_runnable drops the degree when the region is gathered already)."""
+    from .search.tp_layout import gather_pattern
+    new = sorted({gather_pattern(m) for m in getattr(e, "gather", None) or []})
+    return ("gather", tp, tuple(new)) if new else None
 
 
 def _meta_artifact(e) -> bool:
@@ -185,6 +206,13 @@ def _inputs(skel, example_inputs, batch):
 
 
 def _skipper(rules):
+    """skip(cfg) for the rules that drop configurations; `skip.gather` ({tp: module patterns}): the
+    blocks the search keeps replicated at that tp (tp_layout.gathering)."""
+    gather = {}
+    for r in rules:
+        if r[0] == "gather":
+            gather.setdefault(r[1], set()).update(r[2])
+
     def skip(cfg):
         for r in rules:
             if r[0] == "tp" and cfg.tp == r[1]:
@@ -194,6 +222,7 @@ def _skipper(rules):
             if r[0] == "pp" and cfg.pp == r[1] and (cfg.v or 1) == r[2]:
                 return True
         return False
+    skip.gather = {t: frozenset(v) for t, v in sorted(gather.items())}
     return skip
 
 

@@ -166,8 +166,10 @@ def fused_parts(graph, dims: dict, consumers: dict = None) -> tuple:
     return parts, ""
 
 
-def regions(graph, tp: int) -> list:
-    """Every region of the graph (valid or not, `why` says), openers in graph order."""
+def regions(graph, tp: int, gather=frozenset()) -> list:
+    """Every region of the graph (valid or not, `why` says), openers in graph order.  `gather`:
+    module patterns (`gathered`) whose regions stay replicated: sapp/runnable.py found that block
+    cannot run at one rank's shapes (it reshapes by sizes fixed for the whole model)."""
     lin = set(linears(graph))
     consumers = graph.consumers()
     reach = {}
@@ -200,18 +202,44 @@ def regions(graph, tp: int) -> list:
     for r in out:
         if not r.why and closing & set(r.openers):
             r.why = f"{sorted(closing & set(r.openers))[0]} already closes another region"
+    if gather:
+        for r in out:
+            hit = next((graph.nodes[n].module for n in r.openers + r.closers
+                        if gathered(graph.nodes[n].module, gather)), None)
+            if hit is not None and not r.why:
+                r.why = f"gathered: {hit} reshapes by a size fixed for the whole model"
     return out
 
 
-def emittable(graph, choice: dict, tp: int):
+def gather_pattern(module: str) -> str:
+    """The pattern a gathered module is kept under: its path with list indices as `*`, so the rule
+    found on one block holds for every block of the same list (the search prices one block's template,
+    stamped on the others)."""
+    return ".".join("*" if part.isdigit() else part for part in module.split("."))
+
+
+def gathered(module: str, gather) -> bool:
+    """Whether `module` is, or sits inside, a module matching one of the `gather` patterns."""
+    if not module:
+        return False
+    parts = module.split(".")
+    for pat in gather:
+        pp = pat.split(".")
+        if len(pp) <= len(parts) and all(a == "*" and b.isdigit() or a == b for a, b in zip(pp, parts)):
+            return True
+    return False
+
+
+def emittable(graph, choice: dict, tp: int, gather=frozenset()):
     """(strategies for the tp level {node: dim or None}, [sharded Region], notes) from the search's
     `choice` ({node: dim or None}): valid regions where the search cut a weight, lone column-split
-    linears the search chose (output gathered), vocab-split embeddings; the rest replicated."""
+    linears the search chose (output gathered), vocab-split embeddings; the rest replicated.
+    `gather`: module patterns kept replicated (`regions`)."""
     out = {n: None for n in graph.nodes}
     used, notes = [], []
     lin = set(linears(graph))
     cut = {n for n, d in choice.items() if n in lin and d in ("n", "k")}
-    rs = [r for r in regions(graph, tp) if cut & (set(r.openers) | set(r.closers))]
+    rs = [r for r in regions(graph, tp, gather) if cut & (set(r.openers) | set(r.closers))]
     for r in rs:
         if not r.why:
             out.update(r.dims)
@@ -225,7 +253,8 @@ def emittable(graph, choice: dict, tp: int):
         # a lone column split needs its output width to divide evenly: FT-Transformer's 1-wide head
         # split 2 ways left one rank no row, and its gradient came back replicated (Adam's lerp_ refused)
         if (len(r.openers) == 1 and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None
-                and n_dim is not None and n_dim.splittable and n_dim.size % tp == 0):
+                and not r.why.startswith("gathered") and n_dim is not None and n_dim.splittable
+                and n_dim.size % tp == 0):
             out[r.openers[0]] = "n"             # e.g. the LM head: column split, output gathered
             used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
         else:
@@ -262,16 +291,24 @@ class _Result:
         self.search_s = getattr(base, "search_s", 0.0)
 
 
-def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
+def gathering(gather: dict):
+    """`search_fn` with the regions of `gather` ({tp: module patterns}) kept replicated at that tp."""
+    import functools
+    return functools.partial(search_fn, gather=gather)
+
+
+def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, gather=None, **kw):
     """The joint search's tp-level search: sapp's sharding search, then `emittable` (one tp level),
-    then, when `sp`, sequence parallelism over the ops between the regions (`sp_choice`)."""
+    then, when `sp`, sequence parallelism over the ops between the regions (`sp_choice`).  `gather`:
+    {tp: module patterns} whose regions stay replicated at that degree (`gathering`)."""
     from .api import shard_search
     res = shard_search(graph, mesh, cluster, settings, level_roles=level_roles, **kw)
     if len(mesh.levels) != 1:
         return res
     tp = mesh.levels[0].size
+    g = frozenset((gather or {}).get(tp, ()))
     choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
-    strategies, _, _ = emittable(graph, choice, tp)
+    strategies, _, _ = emittable(graph, choice, tp, g)
     method = f"{res.method}+emittable"
     # The search's pick may be a form DTensor cannot run at all: at long sequences it splits every op
     # along the sequence on the tp level (context parallelism in disguise, weights replicated), which
@@ -283,7 +320,7 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
     # stage).  Both variants are priced: at tiny widths the gather can cost more than it saves.
     full = dict(choice)
     lone = {}
-    for r in regions(graph, tp):
+    for r in regions(graph, tp, g):
         if not r.why:
             full.update({o: "n" for o in r.openers})
         elif len(r.openers) == 1 and not r.closers:
@@ -291,9 +328,9 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, **kw):
     for _, embs, heads in tied_tables(graph):      # Megatron's vocab-parallel tied embedding and head
         lone.update({e: "v" for e in embs})
         lone.update({h: "n" for h in heads})
-    alts = [emittable(graph, full, tp)[0]]
+    alts = [emittable(graph, full, tp, g)[0]]
     if lone:
-        alts.append(emittable(graph, {**full, **lone}, tp)[0])
+        alts.append(emittable(graph, {**full, **lone}, tp, g)[0])
     alts = [a for a in alts if a != strategies]
     if alts:
         from ..costmodel import evaluate_sharding

@@ -190,9 +190,12 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
         with _swapped(model, local), _quiet():
             mine = capture(model, example_inputs, target=_targets(model, example_inputs))
     except CaptureError as e:
-        raise PlanError(f"tensor parallelism tp={tp}: the model cannot run at one rank's shapes "
-                        f"({str(e).strip().splitlines()[0]}); it reshapes by a size the split changes: pin tp=1 "
-                        f"or shard other layers") from None
+        first = str(e).strip().splitlines()[0]
+        at = re.search(r"in module '([^']*)'", first)
+        mod = at.group(1) if at and at.group(1) != "<root>" else ""
+        # the capture's own advice (example inputs) is not the cause here: the global graph captured
+        raise _refusal(f"tensor parallelism tp={tp}: {f'module {mod!r}' if mod else 'the model'} cannot run at "
+                       f"one rank's shapes ({first.split('; ')[0]})", mod, None, graph, regions) from None
     checked = 0
     # ops paired in order, skipping those that vanish where a tensor is already in the layout asked
     # for (CvT's `permute(0, 2, 1, 3).contiguous()` over one local head dispatches nothing): they change
@@ -203,14 +206,35 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
         got = ours[i] if i < len(ours) else None
         where = f"module {node.module or '(model)'!r}, op {node.target or node.kind}"
         if got is None or got.target != node.target:
-            raise PlanError(f"tensor parallelism tp={tp}: at one rank's shapes the model runs other ops than "
-                            f"captured ({where} is {'missing' if got is None else got.target}); pin tp=1")
+            raise _refusal(f"tensor parallelism tp={tp}: at one rank's shapes the model runs other ops than "
+                           f"captured ({where} is {'missing' if got is None else got.target})",
+                           node.module, n, graph, regions)
         if tuple(got.out.shape) != exp[n]:
-            raise PlanError(f"tensor parallelism tp={tp}: {where} gives {list(got.out.shape)} on a rank where "
-                            f"the plan implies {list(exp[n])} (global {list(node.out.shape)}): the module "
-                            f"reshapes by a size it stored for the whole model; pin tp=1 or shard other layers")
+            raise _refusal(f"tensor parallelism tp={tp}: {where} gives {list(got.out.shape)} on a rank where "
+                           f"the plan implies {list(exp[n])} (global {list(node.out.shape)})",
+                           node.module, n, graph, regions)
         checked += 1
     return checked
+
+
+def _refusal(what: str, module: str, node, graph, regions: list) -> PlanError:
+    """The audit's one line, and on it `gather`: the modules of the sharded region the failure sits in
+    (the region holding the failing op, else the one whose ops run in the failing module).  sapp's
+    search keeps that region replicated and tp on the rest (sapp/runnable.py); a hand-written plan is
+    told to leave those layers out."""
+    hit = [r for r in regions if node is not None and node in r.dims]
+    if not hit and module:
+        hit = [r for r in regions if any(graph.nodes[x].module == module or
+                                         graph.nodes[x].module.startswith(module + ".") for x in r.dims)]
+    mods = sorted({graph.nodes[x].module for r in hit for x in r.openers + r.closers})
+    if mods:
+        fix = (f"it reshapes by a size fixed for the whole model: leave {', '.join(mods)} out of tp_modules "
+               f"(sapp search plans such a block gathered) or pin tp=1")
+    else:
+        fix = "it reshapes by a size fixed for the whole model: pin tp=1"
+    err = PlanError(f"{what}; {fix}")
+    err.gather = mods
+    return err
 
 
 # ops that return their input when it already has the layout asked for (no op recorded then)
