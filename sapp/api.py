@@ -54,16 +54,29 @@ def resolve_model(model, raw: bytes | None = None, model_args: dict | None = Non
     return model, type(model).__name__, None
 
 
-def check_prediction(step_s, mfu):
+def check_prediction(step_s, mfu, ceiling: float = 1.0):
     """The last guard before a prediction is shown or stored: a finite positive step that does not
     beat the devices' peak.  Cluster figures inside their bounds can still combine into nonsense
     (a compute_scale that undoes the FLOPs); then the cluster is refused, never the numbers printed."""
     if not (isinstance(step_s, (int, float)) and math.isfinite(step_s) and step_s > 0):
         raise ClusterError(f"the cluster's figures price a step of {step_s} s; check its rates, latencies and "
                            f"compute_scale (sapp calibrate measures them)")
-    if not (math.isfinite(mfu) and mfu <= 1.0 + 1e-9):
+    # `ceiling`: the most of the bf16 peak the devices can do (FP8 linears: the FP8 rate's multiple)
+    if not (math.isfinite(mfu) and mfu <= ceiling + 1e-9):
         raise ClusterError(f"the cluster's figures predict {mfu:.1%} of the devices' peak FLOP/s, more than "
                            f"the hardware can do; check peak_flops, compute_efficiency and compute_scale")
+
+
+def check_fp8(fp8, cluster) -> None:
+    """FP8 training needs FP8 tensor cores: refused in one line on a cluster without them."""
+    if fp8 and not getattr(cluster, "fp8_peak_flops", 0.0):
+        raise ClusterError(f"cluster {cluster.name!r} has no FP8 tensor cores (fp8_peak_flops 0: A100 and V100 have "
+                           f"none); drop fp8, or give a cluster with its fp8_peak_flops (Hopper: 1979e12)")
+
+
+def fp8_ceiling(settings, cluster) -> float:
+    from .costmodel.fp8 import fp8_rate_ratio
+    return max(1.0, fp8_rate_ratio(cluster)) if settings.fp8 else 1.0
 
 
 def _check_inputs_bind(module, example_inputs):
@@ -159,7 +172,8 @@ def default_global_batch(info, devices) -> int:
 # ---- search ---------------------------------------------------------------------------------------
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
-           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None, model_args=None):
+           runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None, model_args=None,
+           fp8=None):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -178,8 +192,11 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     (search/joint/context._shared); the plan is the same.
     `model_args`: settings of a model named by a string (a zoo model's config keys such as `s`, an HF
     config's fields or `seq`, a factory's keywords); the plan records them as model.args, so `sapp run`
-    builds the same model."""
+    builds the same model.
+    `fp8`: FP8 linear layers, "tensorwise" (torchtitan's float8 converter) or "delayed" (Megatron-LM's
+    Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py)."""
     cl = resolve_cluster(cluster)
+    check_fp8(fp8, cl)
     from .ir import OpGraph
     if progress is not None and not callable(progress):
         raise SappError(f"progress must be a callable taking one line of text, got {type(progress).__name__}")
@@ -206,7 +223,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         module, name, info = resolve_model(model, model_args=model_args)
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
-                            dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32))
+                            dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32),
+                            fp8=fp8 or "")
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing
@@ -218,7 +236,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         # blocks the runnable check found cannot run split keep tp off them only (sapp/runnable.py)
         gather = getattr(skip, "gather", None) or {}
         res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, None if gather else caches, gather)
-        check_prediction(res.step_time_s, res.mfu)
+        check_prediction(res.step_time_s, res.mfu, fp8_ceiling(settings, cl))
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
                           section=res.sapp_section, model_args=model_args), res
     # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/runnable.py)
@@ -444,7 +462,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
                             dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0),
-                            grad_fp32=st.get("grad_fp32", False))
+                            grad_fp32=st.get("grad_fp32", False), fp8=st.get("fp8", ""))
+    check_fp8(settings.fp8, cl)
     gb = plan["model"].get("global_batch")
     if gb is None:
         raise PlanError("model.global_batch is missing; add it (samples per step) or regenerate the plan")
@@ -453,7 +472,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     if cfg.schedule == "interleaved" and too_long(cfg.pp, cfg.m, cfg.v):
         raise PlanError(f"pipeline: {too_long(cfg.pp, cfg.m, cfg.v)}")
     res = _score(graph, cl, gb, cons, settings, _plan_splits(plan, graph), cfg)
-    check_prediction(res.step_time_s, res.mfu)
+    check_prediction(res.step_time_s, res.mfu, fp8_ceiling(settings, cl))
     fits = res.peak_memory_bytes <= cl.usable_memory
     return {
         "step_time_s": res.step_time_s, "peak_memory_bytes": res.peak_memory_bytes, "mfu": res.mfu,

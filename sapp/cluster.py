@@ -148,6 +148,9 @@ class Cluster:
     # behind its arithmetic (at compute_efficiency): 1 = all of it, the plain roofline's max (a
     # calibrated machine whose efficiencies already fold it in); 0 = none, the sum of the two times.
     gemm_memory_overlap: float = 1.0
+    # Dense FP8 tensor-core FLOP/s per device (Hopper: 1979e12, twice its bf16), what an FP8 linear
+    # layer's GEMMs run at (costmodel/fp8.py).  0 = no FP8 tensor cores: FP8 training is refused.
+    fp8_peak_flops: float = 0.0
 
     def __post_init__(self):
         # JSON and dataclasses.replace hand curves over as lists: keep them hashable tuples
@@ -202,6 +205,10 @@ class Cluster:
             v = getattr(self, key)
             if not _is_number(v) or not 0 < v <= 1:
                 raise ClusterError(f"cluster {self.name!r}: {key} must be in (0, 1], got {v!r}")
+        v = self.fp8_peak_flops
+        if not _is_number(v) or not (v == 0 or _FLOPS[0] <= v <= _FLOPS[1]):
+            raise ClusterError(f"cluster {self.name!r}: fp8_peak_flops must be 0 (no FP8 tensor cores) or in "
+                               f"[{_FLOPS[0]:g}, {_FLOPS[1]:g}], got {v!r}")
         for key in _OPTIONAL_FRACTIONS:
             v = getattr(self, key)
             if not _is_number(v) or not 0 <= v <= 1:
@@ -396,9 +403,10 @@ _ALIASES = {"gpus": "gpus_per_node", "per_node": "gpus_per_node", "memory": "dev
 # (the kernel torchtitan 0.3's varlen attention runs there).
 # Every GPU preset prices dense GEMMs on the summed roofline (gemm_memory_overlap 0; docs/ARCHITECTURE.md
 # "Compute efficiency by kernel").
+# Hopper's dense FP8 rate is twice its bf16 (NVIDIA H100 datasheet: 1,979 TFLOP/s FP8 dense SXM)
 _HOPPER_ATTENTION = {"attention_efficiency": 518 / 989, "attention_bwd_efficiency": 499 / 989,
                      "flash_attention_efficiency": 579 / 989, "flash_attention_bwd_efficiency": 542 / 989,
-                     "gemm_memory_overlap": 0.0}
+                     "gemm_memory_overlap": 0.0, "fp8_peak_flops": 1979e12}
 
 PRESETS = {
     # REFERENCE.md section 3 (dense bf16).  inter_bw = node NIC bandwidth / devices per node.

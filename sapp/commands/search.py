@@ -54,6 +54,10 @@ def add_arguments(p):
                         "as --tp-comm-overlap runs them); torchtitan (0.3 as sapp exports it: eager FSDP2, fp32 "
                         "reduction, varlen FlashAttention), torchtitan-0.2.2 (the same with SDPA) or "
                         "torchtitan-2412 (0.2.2 on the Dec 2024 stack of its published benchmark)")
+    p.add_argument("--fp8", choices=("tensorwise", "delayed"),
+                   help="FP8 linear layers in the blocks, priced at the cluster's FP8 rate with the casts: tensorwise "
+                        "(torchtitan's float8 converter, dynamic scaling) or delayed (Megatron-LM's Transformer "
+                        "Engine --fp8-recipe delayed); e.g. --fp8 tensorwise on h100-80g")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",
                    help="a mixed cluster (A+B): data (each group a data-parallel replica with its share of the batch), "
@@ -181,9 +185,9 @@ def run(args):
         from ..cluster_groups import MixedCluster, parse
         mc = parse(args.cluster)
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
-            if args.settings:
+            if args.settings or args.fp8:
                 from ..errors import UsageError
-                raise UsageError("--seq / --model-arg are not yet recorded in a mixed cluster's plan (sapp run would "
+                raise UsageError("--seq / --model-arg / --fp8 are not yet recorded in a mixed cluster's plan (sapp run would "
                                  "build the model without them); search each group's kind alone, or drop them")
             from .search_hetero import run_hetero
             return run_hetero(args, spec, mc, constraints_from_args(args))
@@ -194,6 +198,10 @@ def run(args):
     if getattr(args, "fit_engine_estimate", None) and target != "megatron":
         from ..errors import UsageError
         raise UsageError("--fit-engine-estimate checks Megatron-LM's own memory estimate: add --target megatron")
+    if target and args.fp8:
+        from ..errors import UsageError
+        raise UsageError(f"--fp8 with --target {target}: the engine exports do not write FP8 yet; search without "
+                         "--target to price FP8, or drop --fp8")
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
@@ -202,7 +210,7 @@ def run(args):
         prog.status(f"capturing {spec} (built on meta, traced into a graph)")
         plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog, runtime=args.runtime, cache=not args.no_cache,
-                          model_args=args.settings or None)
+                          model_args=args.settings or None, fp8=args.fp8)
     _finish(args, plan, t0)
     return 0
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import SappError
 from .dtypes import fusion_of, operand_bytes, out_bytes
+from .fp8 import fp8_times, is_fp8_linear
 from .grads import carries_grad
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
 from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor, sparse_table_state_bytes
@@ -224,6 +225,11 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     c.bwd_s = compute_time(fb, bwd_bytes, cluster,
                            own * launches_of(node.kind, True, async_launch), floor=floor_b,
                            efficiency=kernel_efficiency(node.kind, True, cluster, settings), overlap=ov) if carries_grad(node) else 0.0
+    if settings.fp8 and is_fp8_linear(node):        # its GEMMs at the FP8 rate, and the casts (costmodel/fp8.py)
+        def numel(o):
+            t = node.out if o is None else o
+            return _local_numel(t.shape, t.dims, f)
+        c.fwd_s, c.bwd_s, c.param_bytes = fp8_times(node, numel, ff, fb, cluster, settings, carries_grad(node), ov)
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:

@@ -19,6 +19,11 @@ from ..ir import DTYPE_BYTES
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
+# FP8 linear layers (costmodel/fp8.py): "tensorwise" (torchao's Float8Linear as torchtitan's float8
+# converter runs it: dynamic per-tensor scales, an amax pass and a cast per operand and step) or
+# "delayed" (Transformer Engine's --fp8-recipe delayed in Megatron-LM: the scale from an amax history,
+# the amax taken inside the cast).  "" = no FP8.
+FP8_RECIPES = ("tensorwise", "delayed")
 # The runtime a plan is priced for (the module docstring says why):
 #   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
 #            losses, fp32 spreading through element-wise ops), one kernel per operator;
@@ -73,6 +78,7 @@ class CostSettings:
     # under --bf16 without --grad-reduce-in-bf16 (or --accumulate-allreduce-grads-in-fp32), an fp32
     # buffer of every local gradient that the data-parallel reduce moves at 4 bytes an element
     grad_fp32: bool = False
+    fp8: str = ""                       # FP8 linear layers: "" | FP8_RECIPES
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -90,6 +96,10 @@ class CostSettings:
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
         if not isinstance(self.grad_fp32, bool):
             raise SappError(f"grad_fp32 must be True or False, got {self.grad_fp32!r}")
+        if self.fp8 not in ("",) + FP8_RECIPES:
+            raise SappError(f"fp8 recipe {str(self.fp8)[:40]!r} is not priced; use one of {', '.join(FP8_RECIPES)}")
+        if self.fp8 and not self.mixed:
+            raise SappError(f"fp8 linear layers run beside bf16 mixed precision, not {self.precision}; use bf16-mixed")
         if self.runtime not in RUNTIMES:
             raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use one of {', '.join(RUNTIMES)}")
 

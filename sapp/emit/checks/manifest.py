@@ -248,6 +248,9 @@ def expected(plan, prog, regions: dict) -> dict:
            "precision": prog.plan_precision, "sp": sp_mod.expected(sp_mod.section(plan), mods),
            "runtime": (plan._d.get("settings") or {}).get("runtime", "eager"),
            "ep": int(plan.parallel.get("ep", 1) or 1)}
+    fp8 = (plan._d.get("settings") or {}).get("fp8")
+    if fp8:                 # the emitter converts no linear layer to FP8: a plan priced so differs
+        out["fp8"] = fp8
     if out["ep"] > 1:       # the EP group as priced: ep consecutive dp ranks of this rank's stage
         out["ep_group"] = [tuple(ep_mod.plan_group(plan, prog.rank))]
     if pp > 1:
@@ -374,6 +377,7 @@ def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
     d = copy.deepcopy(plan._d)
     if "runtime" in obs:
         d.setdefault("settings", {})["runtime"] = obs["runtime"]
+    d.get("settings", {}).pop("fp8", None)          # the emitter runs bf16 linears (observed has no fp8)
     if plan.parallel["dp"] > 1:
         d["zero"] = obs["zero"]
     mine = {b for bs in obs["stages"].values() for b in bs}

@@ -60,6 +60,8 @@ class SearchContext:
         eff = max(cluster.compute_efficiency, *(getattr(cluster, k, 0.0) for k in (
             "attention_efficiency", "attention_bwd_efficiency", "flash_attention_efficiency",
             "flash_attention_bwd_efficiency")))
+        if settings.fp8:            # FP8 linears run at the FP8 rate (costmodel/fp8.py)
+            eff *= max(1.0, getattr(cluster, "fp8_peak_flops", 0.0) / cluster.peak_flops)
         self.work_per_sample = (per / graph.batch_size / (cluster.peak_flops * eff)
                                 * getattr(cluster, "compute_scale", 1.0))
         self.model_flops_per_sample = 3.0 * graph.total_flops() / graph.batch_size
