@@ -2,8 +2,28 @@
 traceback.  Internal bugs stay ordinary exceptions so they are not mistaken for user errors."""
 
 
+MAX_MESSAGE = 2000         # characters of one error line; a long line is cut where it is printed
+
+
+def shown(value, limit: int = 60) -> str:
+    """`value` as an error message echoes it: its repr, cut to `limit` characters and then saying how
+    long it was (a 10**6-character value once made a 1 MB error line, issue 53)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, (str, bytes)) else f"{len(text)} characters as written"
+    return f"{text[:limit]}... ({size})"
+
+
 class SappError(Exception):
-    """Base of all user-facing errors."""
+    """Base of all user-facing errors.  The message is capped at MAX_MESSAGE characters (with its length
+    said), so a value a message echoes unshortened cannot make a line of megabytes."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if len(text) <= MAX_MESSAGE:
+            return text
+        return f"{text[:MAX_MESSAGE - 80]}... (the message ran to {len(text)} characters; cut)"
 
 
 class ClusterError(SappError, ValueError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import shown
 from . import deepspeed_fields
 from .mapping import BF16_MASTER, EngineConfig, EngineError, uniform_policy
 
@@ -86,7 +87,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         if v is None or v == "auto":
             return None
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise EngineError(f"{key} must be a positive whole number, got {v!r}")
+            raise EngineError(f"{key} must be a positive whole number, got {shown(v)}")
         return v
     gb, mbs, ga = num("train_batch_size"), num("train_micro_batch_size_per_gpu"), num("gradient_accumulation_steps")
     dp = devices
@@ -104,7 +105,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     zo = cfg.get("zero_optimization") or {}
     stage = zo.get("stage", 0)
     if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-        raise EngineError(f"zero_optimization.stage must be 0..3, got {stage!r}")
+        raise EngineError(f"zero_optimization.stage must be 0..3, got {shown(stage)}")
     off = (zo.get("offload_optimizer") or {}).get("device", "none")
     if off not in ("none", "cpu", "nvme", None):    # DeepSpeed's own enum: a list or "CPU" fails its validation
         raise EngineError(f"zero_optimization.offload_optimizer.device must be \"none\", \"cpu\" or \"nvme\" as "

@@ -16,11 +16,15 @@ from elsewhere — is refused in one line: files are data, never code."""
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from dataclasses import dataclass, field
 
+from ..errors import shown
 from .mapping import EngineError
 
 MAX_NODES = 20000          # a job configuration is a few hundred nodes
+MAX_TOKENS = 50000         # ... and a few thousand tokens; counted before `ast` builds anything
 
 
 @dataclass
@@ -30,6 +34,11 @@ class Call:
     args: list = field(default_factory=list)
     kwargs: dict = field(default_factory=dict)
     line: int = 0
+
+
+def _name(text: str) -> str:
+    """A name from the file, as messages write it: a name of a megabyte is cut and its length said."""
+    return text if len(text) <= 60 else shown(text)
 
 
 def _refuse(node, what: str):
@@ -69,7 +78,7 @@ class _Reader:
             return dict(zip(keys, (self.value(v) for v in node.values)))
         if isinstance(node, ast.Name):
             if node.id not in self.env:
-                _refuse(node, f"{node.id!r} is not bound by an assignment above")
+                _refuse(node, f"{shown(node.id)} is not bound by an assignment above")
             return self.env[node.id]
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
@@ -104,29 +113,52 @@ class _Reader:
         obj = self.env.get(root)
         for a in attrs[:-1]:
             if not isinstance(obj, Call):
-                _refuse(st, f"{path}: {a!r} is not in a configuration the file built above")
+                _refuse(st, f"{_name(path)}: {shown(a)} is not in a configuration the file built above")
             obj = obj.kwargs.setdefault(a, Call("", line=st.lineno))   # "": the section's default class
         if not isinstance(obj, Call):
-            _refuse(st, f"{path} assigns into something that is not a configuration")
+            _refuse(st, f"{_name(path)} assigns into something that is not a configuration")
         obj.kwargs[attrs[-1]] = value
         return None
 
 
-def read(text: str) -> tuple[Call, str]:
-    """(the configuration the file's one function returns, that function's name)."""
+def _count_tokens(text: str) -> None:
+    """Refuse a file of more than MAX_TOKENS tokens, reading them one at a time: `ast.parse` of a 4 MB
+    file holding a 2-million-element tuple took 2.3 GB and 12 CPU-s before the node count refused it."""
+    n, tokens = 0, tokenize.generate_tokens(io.StringIO(text).readline)
+    try:
+        for n, _ in enumerate(tokens):
+            if n >= MAX_TOKENS:
+                break
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return            # `ast.parse` says what is wrong, in its words
+    if n >= MAX_TOKENS:
+        raise EngineError(f"the configuration has more than {MAX_TOKENS} tokens ({len(text)} characters); "
+                          "not a job configuration")
+
+
+def parse(text: str) -> ast.Module:
+    """The file's syntax tree, its size bounded before the tree is built; parsed once per read."""
+    _count_tokens(text)
     try:
         tree = ast.parse(text)
     except SyntaxError as e:
-        raise EngineError(f"not a Python configuration (line {e.lineno}: {e.msg})") from None
+        raise EngineError(f"not a Python configuration (line {e.lineno}: {str(e.msg)[:120]})") from None
     except (ValueError, RecursionError, MemoryError):
         raise EngineError("not a Python configuration sapp can read (null bytes or nesting too deep)") from None
     if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
         raise EngineError(f"the configuration has more than {MAX_NODES} syntax nodes; not a job configuration")
+    return tree
+
+
+def read(text: str, tree: ast.Module | None = None) -> tuple[Call, str]:
+    """(the configuration the file's one function returns, that function's name); `tree`: the file
+    already parsed by `parse`."""
+    tree = parse(text) if tree is None else tree
     imported, funcs = {}, []
     for st in tree.body:
         if isinstance(st, ast.ImportFrom):
             if st.level or not st.module or st.module.split(".")[0] != "torchtitan":
-                _refuse(st, f"an import from {('.' * st.level) + (st.module or '')!r}")
+                _refuse(st, f"an import from {shown(('.' * st.level) + (st.module or ''))}")
             for a in st.names:
                 if a.name == "*":
                     _refuse(st, "import *")
@@ -134,7 +166,7 @@ def read(text: str) -> tuple[Call, str]:
         elif isinstance(st, ast.FunctionDef):
             a = st.args
             if st.decorator_list or a.args or a.posonlyargs or a.kwonlyargs or a.vararg or a.kwarg:
-                _refuse(st, f"function {st.name} has decorators or arguments")
+                _refuse(st, f"function {_name(st.name)} has decorators or arguments")
             funcs.append(st)
         elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) and isinstance(st.value.value, str):
             continue
@@ -149,8 +181,8 @@ def read(text: str) -> tuple[Call, str]:
     for st in body:
         reader.statement(st)
     if not isinstance(last, ast.Return) or last.value is None:
-        _refuse(last, f"function {fn.name} does not end in `return <configuration>`")
+        _refuse(last, f"function {_name(fn.name)} does not end in `return <configuration>`")
     out = reader.value(last.value)
     if not isinstance(out, Call):
-        _refuse(last, f"function {fn.name} returns no configuration")
+        _refuse(last, f"function {_name(fn.name)} returns no configuration")
     return out, fn.name

@@ -37,10 +37,11 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
   num_tokens_per_train_step, max_context_length, num_pp_microbatches) are read too."""
 from __future__ import annotations
 
+from ..errors import shown
 from . import torchtitan as v022
 from .arch_hf import torchtitan_attention_agrees
 from .mapping import EngineConfig, EngineError
-from .pyconfig import Call, read
+from .pyconfig import Call, parse as parse_python, read
 from .torchtitan_py_fields import CLASSES, check
 
 NAME = "torchtitan"
@@ -200,7 +201,7 @@ def _sections(root: Call) -> dict:
             doc["trainer"][sec] = v
             continue
         if sec not in CLASSES:
-            raise EngineError(f"Trainer.Config has no section {sec!r} in torchtitan 0.3; remove it")
+            raise EngineError(f"Trainer.Config has no section {shown(sec)} in torchtitan 0.3; remove it")
         if v is None and sec == "activation_checkpoint":
             doc[sec] = {"class": None}
             continue
@@ -244,7 +245,7 @@ def _model(doc, facts) -> dict:
         raise EngineError(f"model_registry({str(flavor)[:40]!r}): sapp prices torchtitan's llama3 flavors "
                           f"{', '.join(FLAVORS)}; pass one of them")
     if arch is not None and _flavor(arch) != flavor:
-        raise EngineError(f"model_registry({flavor!r}) builds another model than the --model given "
+        raise EngineError(f"model_registry({shown(flavor)}) builds another model than the --model given "
                           f"({_flavor(arch) or 'no llama3 flavor'}); pass the --model this file trains")
     args = {"attn_backend": "flex", "tp_gemm_backend": "default", "converters": None, **bound}
     if args["attn_backend"] not in ATTN_BACKENDS:
@@ -314,7 +315,7 @@ def _batch(train, par, pp, notes) -> dict:
     for k, v in (("max_context_length", seq), ("num_tokens_per_microbatch_per_dp_rank", tok),
                  ("num_pp_microbatches", m)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise EngineError(f"{k} must be a whole number >= 1, got {v!r}")
+            raise EngineError(f"{k} must be a whole number >= 1, got {shown(v)}")
     if tok % seq:
         raise EngineError(f"num_tokens_per_microbatch_per_dp_rank {tok} is not a whole number of max_context_length "
                           f"{seq} sequences; sapp prices whole sequences")
@@ -324,26 +325,26 @@ def _batch(train, par, pp, notes) -> dict:
     step = train.get("num_tokens_per_train_step", -1)
     if step != -1:
         if isinstance(step, bool) or not isinstance(step, int) or step < 1 or step % seq:
-            raise EngineError(f"num_tokens_per_train_step {step!r} is not a whole number of {seq}-token sequences")
+            raise EngineError(f"num_tokens_per_train_step {shown(step)} is not a whole number of {seq}-token sequences")
         out["global_batch_size"] = step // seq
     notes.append("read torchtitan main's token-count batch fields as samples of max_context_length tokens")
     return out
 
 
 def is_toml(text: str) -> bool:
-    """A torchtitan 0.2.2 TOML given as `--from torchtitan`: TOML, and not a Python file with a function."""
+    """A torchtitan 0.2.2 TOML given as `--from torchtitan`: TOML, and not a Python file with a function.
+    TOML first: a Python job fails it on its first statement, so the file is parsed as Python once, by
+    `read` (the Python test came first once, and a 4 MB file was parsed twice, issue 53)."""
     import ast
     import tomllib
-    try:
-        if any(isinstance(st, ast.FunctionDef) for st in ast.parse(text).body):
-            return False
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        pass
     try:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         return False
-    return True
+    try:         # TOML that is also Python with a function (hardly a file at all): Python
+        return not any(isinstance(st, ast.FunctionDef) for st in parse_python(text).body)
+    except EngineError:
+        return True
 
 
 def parse(text: str, facts: dict, devices: int) -> EngineConfig:
@@ -364,7 +365,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     train = _batch(train, par, pp, notes)
     sp = par.pop("enable_sequence_parallel", True)
     if not isinstance(sp, bool):
-        raise EngineError(f"enable_sequence_parallel must be True or False, got {sp!r}")
+        raise EngineError(f"enable_sequence_parallel must be True or False, got {shown(sp)}")
     if pp not in (None, 1) and not train.get("disable_cuda_graphs", False):
         raise EngineError("torchtitan refuses CUDA graphs with pipeline parallelism: set "
                           "TrainingConfig(disable_cuda_graphs=True)")

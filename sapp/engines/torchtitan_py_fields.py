@@ -9,6 +9,7 @@ Sections are Trainer.Config's field names; "trainer" holds its plain fields, "pa
 of one optimizer parameter group.  CLASSES: the constructors a file may name for each section."""
 from __future__ import annotations
 
+from ..errors import shown
 from .mapping import EngineError
 
 P = "priced"
@@ -120,4 +121,4 @@ def check(sec: str, key: str, value) -> None:
         raise EngineError(f"{sec}.{key} is not a field of torchtitan 0.3's job configuration; remove it (or export "
                           f"with this sapp to see the fields it writes)")
     if isinstance(kind, tuple) and kind[0] == "refused" and value != kind[1]:
-        raise EngineError(f"{sec}.{key} = {value!r}: sapp does not price {kind[2]}; remove it to price the rest")
+        raise EngineError(f"{sec}.{key} = {shown(value)}: sapp does not price {kind[2]}; remove it to price the rest")
