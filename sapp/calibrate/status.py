@@ -11,6 +11,16 @@ MEASURED = ("peak_flops", "compute_efficiency", "mem_bandwidth", "memory_efficie
 
 CALIBRATED_MARK = "(sapp calibrate --from-run)"
 
+# How far a GPU preset's datasheet figures are trusted: the largest step-time error of the 26 published runs
+# of bench/calibrated_families.py (6 families, Megatron-LM, Megatron-DeepSpeed, Llama 3's stack and
+# torchtitan on A100 and H100, each priced pinned to its published configuration on its GPU's preset;
+# 2026-12-02; bench/RESULTS.md §21): median 6.4%, worst 30.3% (torchtitan's 8B FSDP row imported at the H100 SXM peak, -30.3%;
+# MT-NLG 530B -20% to -23%, Llama 3 405B -14.5% to +11.7%).  The worst is what a user meets on an unseen
+# engine, so it is the band; the median says what a Megatron-like run usually sees.
+UNCALIBRATED_GPU_BAND = 0.303
+UNCALIBRATED_GPU_MEDIAN = 0.064
+UNCALIBRATED_GPU_RUNS = 26
+
 
 def calibration_band(cluster_notes) -> float | None:
     """The trust band a from-run calibration wrote into a cluster's notes, as a fraction, or None."""
@@ -45,5 +55,21 @@ def uncalibrated_note(cluster) -> str | None:
         return (f"uncalibrated '{cluster.name}' preset: rough figures, not this machine's (an mlp dp2 plan "
                 f"measured 4.8x its prediction); run `sapp calibrate --procs {cluster.devices}` and search "
                 f"with its JSON for step times that hold")
-    return (f"uncalibrated '{cluster.name}' preset: datasheet figures, not measured; `sapp calibrate` on "
-            f"the machine measures them")
+    return (f"uncalibrated '{cluster.name}' preset: datasheet figures, not measured: {band_text()} "
+            f"(median {UNCALIBRATED_GPU_MEDIAN:.0%} over {UNCALIBRATED_GPU_RUNS} published A100 and H100 runs, "
+            f"bench/calibrated_families.py); `sapp calibrate` on the machine, or `sapp calibrate --from-run` on "
+            f"one measured step of a job, measures them")
+
+
+def band_text() -> str:
+    """What an uncalibrated GPU preset's step is trusted to, as the notes and `sapp search` say it."""
+    return f"±{UNCALIBRATED_GPU_BAND:.0%} uncalibrated, published-run validation"
+
+
+def uncalibrated_band(cluster) -> float | None:
+    """UNCALIBRATED_GPU_BAND for an uncalibrated GPU preset (the one uncalibrated_note warns about), else
+    None: a calibrated cluster carries its own band (calibration_band), and the CPU preset's error was
+    not measured by the published runs."""
+    if cluster is None or not getattr(cluster, "async_launch", True) or uncalibrated_note(cluster) is None:
+        return None
+    return UNCALIBRATED_GPU_BAND

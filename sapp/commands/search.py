@@ -137,6 +137,16 @@ def _memory_lines(d, mem, peak, head) -> list:
     return out
 
 
+def _cluster_of(d):
+    """The plan's cluster, or None where its section does not load (a hand-edited plan: no band said)."""
+    from ..cluster import Cluster
+    from ..errors import SappError
+    try:
+        return Cluster.from_dict(d["cluster"])
+    except SappError:
+        return None
+
+
 def summary(plan, timing=None, seq_from=None) -> str:
     """The search's report; `seq_from`: where the sequence length came from (said on the first line)."""
     d = plan.to_dict()
@@ -157,9 +167,11 @@ def summary(plan, timing=None, seq_from=None) -> str:
     total = d["cluster"].get("device_memory", cap)
     usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
     lines += _memory_lines(d, mem, pr["peak_memory_bytes"], f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device")
-    from ..calibrate.status import calibration_band
+    from ..calibrate.status import band_text, calibration_band, uncalibrated_band
     band = calibration_band(d["cluster"].get("notes"))
     trust = f" (±{band:.0%}, calibrated from measured runs)" if band is not None else ""
+    if band is None and uncalibrated_band(_cluster_of(d)) is not None:
+        trust = f" ({band_text()})"
     lines.append(f"predicted step {fmt_time(pr['step_time_s'])}{trust}  MFU {pr['mfu']:.1%}  "
                  f"{pr.get('samples_per_s', 0):.1f} samples/s  (compute {fmt_time(pr['compute_s'])}, "
                  f"comm {fmt_time(pr['comm_s'])}, bubble {fmt_time(pr.get('bubble_s', 0))})")
