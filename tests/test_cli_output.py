@@ -112,26 +112,32 @@ def test_interleaved_timeline_shows_the_gradient_sync_on_every_stage():
         assert e.start >= max(x.end for x in ev if x.stage == e.stage and x.kind == "bwd") - 1e-12
 
 
-def test_gantt_aggregates_micro_batches_beyond_a_count_and_memory_axis_follows_the_data():
+def test_gantt_draws_every_box_zooms_on_a_long_schedule_and_memory_axis_follows_the_data():
+    """48 micro-batches x 6 chunks: every box is drawn (alternate micro-batches shaded, so each reads
+    and the bubble stays white) and a zoom on the warm-up carries the micro-batch numbers."""
     import pytest
     pytest.importorskip("matplotlib")
-    from sapp.report.plot import MAX_BOXES_PER_ROW, _gantt, _memory, _pyplot
+    from sapp.report.plot import MAX_BOXES_PER_ROW, _gantt, _memory, _pyplot, dense, warm_up_end
     from sapp.report import plan_timeline
     plt = _pyplot()
     small, big = _interleaved_plan(m=4), _interleaved_plan(m=48, v=6)
-    for d, aggregated in ((small, False), (big, True)):
+    for d, crowded in ((small, False), (big, True)):
         ev = plan_timeline(d)
         boxes = sum(1 for e in ev if e.stage == 0 and e.micro_batch >= 0 and e.kind in ("fwd", "bwd"))
-        assert (boxes > MAX_BOXES_PER_ROW) == aggregated
+        assert (boxes > MAX_BOXES_PER_ROW) == crowded == dense(ev)
         fig, ax = plt.subplots()
-        _gantt(ax, Plan(d), ev, 2, bins=50)
+        _gantt(ax, Plan(d), ev, 2)
         drawn = len(ax.patches) + sum(len(c.get_paths()) for c in ax.collections)
-        if aggregated:       # at most a bar per slice and kind of work per stage, plus the per-step tails
-            assert drawn <= 2 * 3 * 50 + 2 and "drawn as each time slice's share" in ax.get_title(loc="left")
-        else:
-            assert drawn >= sum(1 for e in ev if e.duration > 0)
+        assert drawn >= sum(1 for e in ev if e.duration > 0)          # no box merged into an area
+        assert ("alternate micro-batches shaded" in ax.get_title(loc="left")) == crowded
         assert "gradient sync" in [t.get_text() for t in ax.get_legend().get_texts()]
         plt.close(fig)
+        if crowded:
+            fig, ax = plt.subplots()
+            _gantt(ax, Plan(d), ev, 2, xlim=warm_up_end(ev), zoom=True)
+            numbers = [t.get_text() for t in ax.texts]
+            assert "0" in numbers and ax.get_xlim()[1] < 0.5 * max(e.end for e in ev)
+            plt.close(fig)
     tiny = make_plan(pp=2)
     for st in tiny["pipeline"]["stages"]:        # a few MB on an 80 GB device
         st["predicted"]["memory"] = {k: v * 1e-4 for k, v in st["predicted"]["memory"].items()}
@@ -146,3 +152,20 @@ def test_gantt_aggregates_micro_batches_beyond_a_count_and_memory_axis_follows_t
     _memory(ax, Plan(make_plan(pp=2, mem_frac=0.9)))     # near capacity: the capacity line is on the axis
     assert ax.get_ylabel() == "GB per device" and any("capacity" in t.get_text() for t in ax.get_legend().get_texts())
     plt.close(fig)
+
+
+def test_the_drawn_step_ends_at_the_prediction():
+    """What the chart draws sums to the predicted step: the schedule, the gradient sync, host work and
+    the rest of the exposed communication (a ResNet's batch-norm statistics) and the optimizer update."""
+    import sapp
+    from sapp.report import plan_timeline
+    from sapp.report.timeline import rest_parts
+    for model, cluster, pins in (("resnet50", "v100-32g:nodes=1", {}), ("gpt-small", "a100-80g:nodes=1", {"pp": 2}),
+                                 ("gpt3-175b", "a100-80g:nodes=128", {})):
+        plan = sapp.search(model, cluster, constraints=pins)
+        ev = plan_timeline(plan)
+        step = plan["predicted"]["step_time_s"]
+        end = max(e.end for e in ev)
+        assert abs(end - step) <= 0.01 * step, (model, end, step)
+        if model == "resnet50":
+            assert "batch_stats_sync" in rest_parts(plan) and any(e.kind == "exposed" for e in ev)

@@ -10,9 +10,10 @@ from .explain import MEMORY_PARTS
 from .timeline import normalise_events, plan_timeline
 
 COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "recompute": "#B279A2", "comm": "#54A24B",
-           "sync": "#E45756", "host": "#9D755D"}
+           "sync": "#E45756", "host": "#9D755D", "exposed": "#72B7B2", "optimizer": "#EECA3B"}
 LABELS = {"fwd": "forward", "bwd": "backward", "recompute": "recompute", "comm": "p2p communication",
-          "sync": "gradient sync", "host": "host work"}
+          "sync": "gradient sync", "host": "host work", "exposed": "exposed comm.",
+          "optimizer": "optimizer"}
 PART_COLOURS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B", "activations": "#B279A2"}
 
 
@@ -68,15 +69,21 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
     plt = _pyplot()
     p = int(plan["parallel"]["pp"])
     fig = plt.figure(figsize=(width / dpi, height / dpi), dpi=dpi)
-    gs = fig.add_gridspec(2, 1, height_ratios=[max(2, min(p, 6)), 3], hspace=0.45, right=0.88)
-    ax = fig.add_subplot(gs[0])
-    _gantt(ax, plan, events, p)
-    ax2 = fig.add_subplot(gs[1])
-    _memory(ax2, plan)
+    zoom = dense(events)           # a long schedule gets a second chart of its start, boxes numbered
+    ratios = [max(2, min(p, 6))] + ([max(2, min(p, 6))] if zoom else []) + [3]
+    gs = fig.add_gridspec(len(ratios), 1, height_ratios=ratios, hspace=0.55, right=0.88)
+    _gantt(fig.add_subplot(gs[0]), plan, events, p)
+    if zoom:
+        _gantt(fig.add_subplot(gs[1]), plan, events, p, xlim=warm_up_end(events), zoom=True)
+    _memory(fig.add_subplot(gs[-1]), plan)
     par = plan["parallel"]
+    step = float(plan["predicted"]["step_time_s"])
+    drawn = max((e.end for e in events), default=0.0)
+    # the title's step is where the drawing ends; where the schedule's replay ends elsewhere, both are said
+    ends = f" (the drawn schedule ends at {fmt_time(drawn)})" if abs(drawn - step) > 0.01 * step else ""
     fig.suptitle(f"{plan['model'].get('name', '?')} on {plan['devices']} x {plan['cluster'].get('name', '?')}: "
                  f"dp={par['dp']} tp={par['tp']} pp={par['pp']}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
-                 + f", {_schedule_label(plan)}, predicted step {fmt_time(plan['predicted']['step_time_s'])}",
+                 + f", {_schedule_label(plan)}, predicted step {fmt_time(step)}{ends}",
                  fontsize=11)
     try:
         fig.savefig(path, dpi=dpi)
@@ -98,28 +105,41 @@ def _schedule_label(plan):
     return f"{pipe['schedule']}{f' v={v}' if v > 1 else ''} m={m}"
 
 
-MAX_BOXES_PER_ROW = 96     # beyond this a stage's micro-batches are drawn aggregated (576 boxes a row read as a barcode)
+MAX_BOXES_PER_ROW = 96     # beyond this a row's boxes are too narrow for numbers: a zoom on the start carries them
 
 
-def _gantt(ax, plan, events, p, bins=160):
-    rows = max([p] + [e.stage + 1 for e in events])
-    work = [e for e in events if e.duration > 0]
+def dense(events) -> bool:
+    """Whether a stage's row holds more boxes than can carry their micro-batch labels."""
     per_row = {}
-    for e in work:
-        if e.micro_batch >= 0:
+    for e in events:
+        if e.micro_batch >= 0 and e.duration > 0:
             per_row[e.stage] = per_row.get(e.stage, 0) + 1
-    aggregate = max(per_row.values(), default=0) > MAX_BOXES_PER_ROW
+    return max(per_row.values(), default=0) > MAX_BOXES_PER_ROW
+
+
+def warm_up_end(events) -> float:
+    """Where a zoom on the schedule's start shows its bubble: past the first backward of stage 0 (by
+    then every stage has started, so the idle wedge of the warm-up is whole)."""
+    first = [e.end for e in events if e.stage == 0 and e.kind == "bwd"]
+    end = max((e.end for e in events), default=1.0)
+    return min(end, 1.15 * min(first)) if first else end
+
+
+def _gantt(ax, plan, events, p, xlim=None, zoom=False):
+    """Every box drawn (a dense row shades alternate micro-batches so each stays distinct and the
+    white of the bubble reads); micro-batch numbers where they fit: a sparse row, or the zoom."""
+    rows = max([p] + [e.stage + 1 for e in events])
+    work = [e for e in events if e.duration > 0 and (xlim is None or e.start < xlim)]
+    crowded = dense(events) and not zoom
+    label_mbs = zoom or len({e.micro_batch for e in work}) <= 32
     used = set()
-    if aggregate:
-        used |= _gantt_binned(ax, [e for e in work if e.micro_batch >= 0], rows, bins)
-        work = [e for e in work if e.micro_batch < 0]          # per-step tails (gradient sync, host) as bars
-    label_mbs = len({e.micro_batch for e in work}) <= 32
     for e in work:
         y = rows - 1 - e.stage          # stage 0 on top
         h = 0.3 if e.kind == "comm" else 0.8
         yo = y - 0.45 if e.kind == "comm" else y - 0.4
-        ax.broken_barh([(e.start, e.duration)], (yo, h), facecolors=COLOURS.get(e.kind, "#BBBBBB"),
-                       edgecolor="white", linewidth=0.4)
+        alpha = 0.65 if e.micro_batch >= 0 and e.micro_batch % 2 and e.kind in ("fwd", "bwd") else 1.0
+        ax.broken_barh([(e.start, e.duration)], (yo, h), facecolors=COLOURS.get(e.kind, "#BBBBBB"), alpha=alpha,
+                       edgecolor="white", linewidth=0.0 if crowded else 0.4)
         used.add(e.kind)
         if label_mbs and e.kind in ("fwd", "bwd") and e.micro_batch >= 0:
             ax.text(e.start + e.duration / 2, y, str(e.micro_batch), ha="center", va="center", fontsize=6,
@@ -130,65 +150,26 @@ def _gantt(ax, plan, events, p, bins=160):
         k = -(-rows // 32)
         for i, t in enumerate(ax.get_yticklabels()):
             t.set_visible((rows - 1 - i) % k == 0)
-    end = max((e.end for e in events), default=1.0)
+    end = xlim or max((e.end for e in events), default=1.0)
     if 0 < end < 1:                   # a small plan's step in milliseconds
         from matplotlib.ticker import FuncFormatter
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * 1e3:g}"))
         ax.set_xlabel("time (ms)")
     else:
         ax.set_xlabel("time (s)")
-    title = "pipeline schedule (one training step)"
-    if aggregate:
-        pipe = plan["pipeline"]
-        v = int(pipe.get("virtual_chunks") or 1)
-        title += (f": {pipe['micro_batches']} micro-batches" + (f" x {v} chunks" if v > 1 else "")
-                  + " a stage, drawn as each time slice's share of work")
+    pipe = plan["pipeline"]
+    v = int(pipe.get("virtual_chunks") or 1)
+    title = ("zoom on the start: the warm-up's bubble (white), micro-batch numbers on the boxes" if zoom else
+             "pipeline schedule (one training step)" + (
+                 f": {pipe['micro_batches']} micro-batches" + (f" x {v} chunks" if v > 1 else "")
+                 + " a stage, alternate micro-batches shaded" if crowded else ""))
     ax.set_title(title, fontsize=10, loc="left")
-    end = max((e.end for e in events), default=1.0)
     ax.set_xlim(0, end * 1.01 if end > 0 else 1.0)
     ax.set_ylim(-0.7, rows - 0.3)
     from matplotlib.patches import Patch
     handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in used]
-    if handles:
+    if handles and not zoom:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-
-
-def _gantt_binned(ax, events, rows, bins):
-    """Each stage's row cut into `bins` time slices; in each, a bar per kind of work as high as the share
-    of the slice it takes (stacked), so a schedule of thousands of boxes reads as its phases: warm-up
-    forwards, steady forward/backward, cool-down backwards; white is idle (the bubble).  Point-to-point
-    communication keeps its thin lane below.  Returns the kinds drawn."""
-    end = max((e.end for e in events), default=0.0)
-    if end <= 0:
-        return set()
-    width = end / bins
-    busy = {}                       # (stage, kind) -> per-bin seconds
-    for e in events:
-        row = busy.setdefault((e.stage, e.kind), [0.0] * bins)
-        a, b = e.start, e.end
-        k = min(int(a / width), bins - 1)
-        while a < b and k < bins:
-            edge = min(b, (k + 1) * width)
-            row[k] += edge - a
-            a, k = edge, k + 1
-    xs = [(k + 0.5) * width for k in range(bins)]
-    used = set()
-    for stage in range(rows):
-        y = rows - 1 - stage
-        bottom = [y - 0.4] * bins
-        for kind in ("fwd", "recompute", "bwd"):
-            vals = busy.get((stage, kind))
-            if not vals:
-                continue
-            hs = [0.8 * min(v / width, 1.0) for v in vals]
-            ax.bar(xs, hs, width=width, bottom=bottom, color=COLOURS[kind], linewidth=0, align="center")
-            bottom = [b + h for b, h in zip(bottom, hs)]
-            used.add(kind)
-        if (stage, "comm") in busy:
-            hs = [0.3 * min(v / width, 1.0) for v in busy[(stage, "comm")]]
-            ax.bar(xs, hs, width=width, bottom=y - 0.45 - 0.0, color=COLOURS["comm"], linewidth=0, align="center")
-            used.add("comm")
-    return used
 
 
 def _memory(ax, plan):

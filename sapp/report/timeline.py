@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from ..errors import PlanError
 
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
-KINDS = ("fwd", "bwd", "recompute", "comm", "sync", "host")
+KINDS = ("fwd", "bwd", "recompute", "comm", "sync", "host", "exposed", "optimizer")
+# communication drawn by the schedule itself (p2p) or as the gradient-sync tail; the rest of the
+# plan's exposed communication (batch-norm statistics, the loss, resharding, ...) is drawn as its own tail
+DRAWN_COMM = ("dp_grad_sync", "pp_p2p")
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,38 @@ def plan_timeline(plan, *, use_team_simulator=True):
         host = float((plan["placement"].get("predicted") or {}).get("host_s", 0.0) or 0.0)
         if host > 0:
             tails.append(Event(i, -1, "host", end, end + host))
+            end += host
+        tails += _rest(plan, i, end)
     return sorted(events + tails, key=lambda e: (e.stage, e.start, e.kind))
+
+
+def rest_parts(plan) -> dict:
+    """{kind: seconds} of what the prediction sums that the schedule does not draw: the exposed
+    communication other than p2p and the gradient sync (batch-norm statistics, the loss, resharding,
+    tp / cp / ep collectives outside the stage figures) and the optimizer update."""
+    pr = plan["predicted"]
+    out = {k: float(v) for k, v in sorted((pr.get("comm_by_kind") or {}).items())
+           if k not in DRAWN_COMM and isinstance(v, (int, float)) and v > 0}
+    opt = float(pr.get("optimizer_s", 0.0) or 0.0)
+    if opt > 0:
+        out["optimizer"] = opt
+    return out
+
+
+def _rest(plan, stage, end) -> list:
+    """Tails that take the row to the predicted step: the parts of rest_parts, each its share of the
+    time the schedule leaves (the prediction overlaps some of them, so their sum may exceed it)."""
+    step = float(plan["predicted"].get("step_time_s", 0.0) or 0.0)
+    gap, parts = step - end, rest_parts(plan)
+    total = sum(parts.values())
+    if gap <= 1e-9 * step or total <= 0:
+        return []
+    out, t = [], end
+    for k, v in parts.items():
+        d = gap * v / total
+        out.append(Event(stage, -1, "optimizer" if k == "optimizer" else "exposed", t, t + d))
+        t += d
+    return out
 
 
 def _team_simulate(plan):
