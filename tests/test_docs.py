@@ -37,6 +37,8 @@ TEMPLATE_MARKERS = ("NODE0", "mypkg", "NODE_RANK", "...")
 # commands run only under `pytest -m slow` (each over ~10 s on 2 cores)
 SLOW = {
     "sapp run tiny.json --steps 6 --checkpoint-dir ckpt --resume": "a second training run (resume)",
+    "sapp run tiny-pp2.json --steps 6 --checkpoint-dir ckpt2 --resume ckpt/step-00000004": "a third training run",
+    "PYTHONPATH=docs/examples sapp run mine.json --model mymodel:build --steps 2": "a training run (README runs one)",
     "sapp import --from megatron bench/megatron_args/gpt_175b_1536gpus.args --model gpt3-175b "
     "--cluster a100-80g:devices=1536 --out mine.json --best-out best.json":
         "the comparison searches GPT-3 175B on 1536 GPUs (about a minute)",
@@ -140,7 +142,7 @@ def _env(cache_dir):
 
 
 def _workdir(tmp_path):
-    for name in ("tests", "bench", "constraints.txt"):
+    for name in ("tests", "bench", "docs", "constraints.txt"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     return str(tmp_path)
 
@@ -161,6 +163,7 @@ def _run_python(source, cwd, globs, page):
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         out = []
         runner.run(test, out=out.append, clear_globs=False)
+        globs.update(test.globs)              # DocTest copies its globals: the page's next block sees these
         return runner.failures, "".join(out)
     finally:
         os.chdir(old)
