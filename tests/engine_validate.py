@@ -47,7 +47,8 @@ def megatron(args_text: str):
         num_layers_in_last_pipeline_stage=i("--decoder-last-pipeline-num-layers"),
         account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss,
         cp_comm_type=a.get("--cp-comm-type"), add_bias_linear=not a.get("--disable-bias-linear"),
-        window_size=_pair(a.get("--window-size")), **common)
+        window_size=_pair(a.get("--window-size")),
+        pipeline_model_parallel_layout=a.get("--pipeline-model-parallel-layout"), **common)
     return mp, tc
 
 

@@ -93,3 +93,21 @@ def test_shared_caches_give_the_plans_fresh_searches_give():
     calls, shared = run(True)
     assert len(calls) == 4 and all(c is calls[0] for c in calls)
     assert run(False)[1] == shared
+
+
+def test_a_target_search_whose_exports_all_outgrow_memory_names_the_nearest(monkeypatch, cluster):
+    # every export outgrows the devices however much is held back (issue 52 finding 5: a plan 88% over the
+    # usable memory was returned, and `sapp search --target` exited 0)
+    from sapp.errors import InfeasibleError
+    from sapp.engines import mapping
+    _stage(monkeypatch, lambda h: 2 * cluster.device_memory - h * GB)
+    monkeypatch.setattr(E, "from_plan", lambda p, engine: mapping.EngineConfig(engine=engine, global_batch=8, pp=2))
+    # sapp import compares with the nearest; sapp search --target refuses in one line naming it
+    assert E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"})
+    with pytest.raises(InfeasibleError) as e:
+        E.best_plan(None, cluster, "megatron", global_batch=None, settings={}, constraints={"recompute": "none"},
+                    must_fit=True)
+    msg = str(e.value)
+    # the nearest: the search with the most held back, whose export outgrows the least
+    assert e.value.needed_bytes < 2 * cluster.device_memory and e.value.capacity_bytes == cluster.usable_memory
+    assert "\n" not in msg and "pp=2" in msg and f"{e.value.needed_bytes / GB:.2f} GB per device of 77.60 GB usable" in msg

@@ -249,7 +249,7 @@ def _run_target(args, target, t0):
         # what the engine cannot state (a per-block recompute mix) conformed and re-priced; when that
         # changed the plan, the engine's uniform recomputations are searched too (engines.best_plan)
         plan = best_plan(graph, cl, target, global_batch=args.batch, model=spec, constraints=constraints_from_args(args),
-                         fits=fits, progress=prog,
+                         fits=fits, progress=prog, must_fit=True,
                          settings={"precision": args.precision, "runtime": args.runtime or runtimes[0]})
     if settings:        # the model the plan was priced on, for sapp run (best_plan searched the captured graph)
         plan["model"]["args"] = dict(sorted(settings.items()))

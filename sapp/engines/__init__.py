@@ -170,7 +170,7 @@ def target_of(engine: str, runtime: str) -> str:
 
 
 def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, model=None, constraints=None,
-              fits=None, progress=None):
+              fits=None, progress=None, must_fit=False):
     """sapp's fastest plan for `engine` as the engine runs it (`sapp import`'s comparison): the search under
     --target `engine`, exported (conformed and re-priced).  The search may pick a per-block recomputation
     mix the engine states only coarsely (Megatron: full on the first N layers of every virtual stage),
@@ -180,7 +180,9 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     conformed plan that outgrew memory is searched for again with what conforming added held back.
     `sapp search --target` runs this too.  `settings`: api.search's runtime / precision / optimizer /
     grad_fp32; `constraints`: the user's pins (a pinned recomputation is not varied); `fits`: api.search's
-    further test (estimate_fit.py), applied to the exported plans as well."""
+    further test (estimate_fit.py), applied to the exported plans as well; `must_fit` (`sapp search
+    --target`): when no exported plan fits, InfeasibleError naming the nearest, never a plan that does not
+    fit (`sapp import` compares with the nearest instead)."""
     from .. import api
     from ..constraints import TARGETS
     from ..errors import InfeasibleError
@@ -224,7 +226,23 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     if not found:
         raise errors[0] if errors else InfeasibleError(f"no {engine} configuration of this model fits the cluster")
     ok = [p for p, _, _ in found if p["predicted"]["peak_memory_bytes"] <= cluster.usable_memory]
+    if not ok and must_fit:
+        raise near_miss(engine, [p for p, _, _ in found], cluster)
     return min(ok, key=lambda p: p["predicted"]["step_time_s"]) if ok else found[0][0]
+
+
+def near_miss(engine: str, plans, cluster):
+    """The one-line InfeasibleError of a --target search whose exported plans all outgrow the devices:
+    the one nearest to fitting, as the engine runs it (a plan that does not fit was written with exit 0,
+    DeepSeek-V3 at 146 GB a device of 77.6 usable, issue 52)."""
+    from ..errors import InfeasibleError
+    from ..units import fmt_bytes
+    best = min(plans, key=lambda p: p["predicted"]["peak_memory_bytes"])
+    peak, cap = best["predicted"]["peak_memory_bytes"], cluster.usable_memory
+    return InfeasibleError(f"no {engine} configuration that fits was found: the nearest ({from_plan(best, engine).describe()}) "
+                           f"needs {fmt_bytes(peak)} per device of {fmt_bytes(cap)} usable as {engine} runs it; use more "
+                           f"devices, devices with more memory, or a smaller batch", needed_bytes=peak, capacity_bytes=cap,
+                           best=best)
 
 
 def fits_file(engine: str, text: str, cluster, version: str = "main") -> bool:

@@ -63,14 +63,9 @@ def conform(ecfg: EngineConfig, names) -> tuple:
                      f"re-priced as fused")
         out.runtime = "fused"
     L = len(names)
-    if out.pp > 1 and out.schedule != "interleaved" and out.device_blocks:
-        d = out.device_blocks
-        if out.pp > 2 and len(set(d[1:-1])) > 1:
-            k = L // out.pp
-            first = L - k * (out.pp - 1) - (L - k * out.pp) // 2
-            new = [first] + [k] * (out.pp - 2) + [L - first - k * (out.pp - 2)]
-            notes.append(f"Megatron gives the middle stages equal layer counts: stages {d} exported as {new}")
-            out.device_blocks = new
+    # (stages whose middle counts differ are exported as they are, in --pipeline-model-parallel-layout:
+    # forcing them to the first / last flags' split moved DeepSeek-V3's layers onto its end stages,
+    # 146 GB a device against 77.6 usable, issue 52)
     if out.schedule == "interleaved":
         if not out.chunk_blocks or _interleave_flags(out, L) is None:
             if L % (out.pp * out.v):
@@ -159,6 +154,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         if account:
             add("--account-for-embedding-in-pipeline-split")
             add("--account-for-loss-in-pipeline-split")
+    elif ecfg.pp > 1 and ecfg.device_blocks and ecfg.pp > 2 and len(set(ecfg.device_blocks[1:-1])) > 1:
+        add("--pipeline-model-parallel-layout", layout_text(ecfg.device_blocks))
     elif ecfg.pp > 1 and ecfg.device_blocks and len(set(ecfg.device_blocks)) > 1:
         d = ecfg.device_blocks
         mid = d[1] if ecfg.pp > 2 else None
@@ -198,6 +195,15 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         if ecfg.grad_fp32:                # fp16 keeps 2-byte gradients unless told
             add("--accumulate-allreduce-grads-in-fp32")
     return "\n".join(lines + a) + "\n"
+
+
+def layout_text(device_blocks) -> str:
+    """Megatron's --pipeline-model-parallel-layout of one pipeline stage per entry: the embedding E on the
+    first, the loss L on the last, a t per decoder layer, | between stages.  Written unrolled, without
+    Megatron's (...)*n / x*n repeats, so the value holds no shell glob character where a launcher
+    expands the file unquoted (`$(grep -v '^#' file)`)."""
+    stages = ["t" * k for k in device_blocks]
+    return "E" + "|".join(stages) + "L"
 
 
 # ---- import ----------------------------------------------------------------------------------------
