@@ -382,9 +382,12 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         if bad:
             raise SappError(f"operator {bad[0]!r} has {len(strategies[bad[0]])} split entries but the stage mesh has "
                             f"{len(mesh.levels)} levels; fix the plan or regenerate it")
-        # a plan says sp only where it placed it (api: cfg.sp and "sp" in the tp layout): the splits
-        # are the sequence-parallel ones (numbers.boundary_replicated reads this)
+        # a plan says sp only where it placed it: its splits are the SP ones (numbers.boundary_replicated)
         method = "plan+sp" if (sp and tp > 1) else "plan"
+        if sp and tp > 1:   # where the search cut the stream (at the first block's entry), so does the plan
+            from ..search.sp_layout import sp_with_table
+            method += BLOCK_ENTRY if sp_with_table(rebatch(template, 1), {n: s[-1] for n, s in strategies.items()},
+                                                   tp)[1].get("block_scatter") else ""
     else:
         strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
                                               strategy_cache, rebatched=rebatch, sp=sp and tp > 1)
