@@ -104,6 +104,10 @@ def _check(module, skel, plan, ex, example_inputs):
     par = plan.parallel
     tp, pp = par["tp"], par["pp"]
     styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
+    if tp > 1:
+        refused = _unsplit_layers(skel, plan)
+        if refused is not None:
+            return refused
     with meta_as_training_device():
         if tp > 1 and groups and pp == 1:
             try:
@@ -125,11 +129,61 @@ def _check(module, skel, plan, ex, example_inputs):
             local = emit_parallel.local_layers(skel, styles, tp, groups) if tp > 1 else None
             try:
                 checks.check_pipeline(plan)
-                pipe.trace(skel, pipe.micro_example(ex, mbs), checks.split_points(plan), local=local)
+                traced = pipe.trace(skel, pipe.micro_example(ex, mbs), checks.split_points(plan), local=local)
             except PlanError as e:
                 if _meta_artifact(e):
                     return None
                 return ("pp", pp, plan.pipeline.get("virtual_chunks") or 1), _line(e)
+            differ = _stages_differ(skel, plan, traced)
+            if differ:
+                return ("pp", pp, plan.pipeline.get("virtual_chunks") or 1), differ
+    return None
+
+
+def _unsplit_layers(skel, plan):
+    """The manifest's tp_modules as the emitter would expect them (emit/checks/manifest.py: the plan's
+    styles and the layers its operators split) against the layers it can split: DTensor's styles
+    split Linear, Embedding and HF Conv1D layers only.  A plan naming another module
+    (nn.MultiheadAttention, whose projections its own forward applies) would be refused at `sapp run`
+    ("the emitted program differs from the plan"): (("gather", tp, patterns), one line), so the
+    search keeps that module replicated and tp on the rest."""
+    from torch import nn
+    from .emit.checks import plan as checks, stage_read as manifest
+    from .emit.tp import conv1d
+    from .search.tp_layout import gather_pattern
+    types = {n: type(m) for n, m in skel.named_modules()}
+    wanted = {**manifest.priced_tp(plan, types), **checks.tp_modules(plan)}
+    bad = sorted(n for n in wanted if n in types and types[n] is not nn.Module
+                 and not issubclass(types[n], (nn.Linear, nn.Embedding)) and not conv1d.is_conv1d_class(types[n]))
+    if not bad:
+        return None
+    tp = plan.parallel["tp"]
+    return (("gather", tp, tuple(sorted({gather_pattern(n) for n in bad}))),
+            f"tensor parallelism tp={tp}: the plan splits {bad[0]} ({types[bad[0]].__name__}), a module the emitter "
+            f"does not split (it splits Linear, Embedding and HF Conv1D layers): keep it out of tp_modules")
+
+
+def _stages_differ(skel, plan, traced):
+    """The manifest's stages as the emitter reads them off the traced stages (emit/checks/manifest.py:
+    the blocks each stage runs, by the same candidates) against the plan's listing: one line where
+    `sapp run` would refuse the plan, else None.  (Interleaved chunks are left to the ranks.)"""
+    from types import SimpleNamespace
+    from .capture.blocks import container_children
+    from .emit.checks import stage_read as manifest
+    if (plan.pipeline.get("virtual_chunks") or 1) > 1:
+        return None
+    prog = SimpleNamespace(stage_block_list=sorted(container_children(skel)), plan=plan,
+                           full_modules={n: type(m) for n, m in skel.named_modules()})
+    cands = manifest.stage_candidates(prog)
+    for st in plan.pipeline.get("stages") or []:
+        i = st.get("index")
+        exp = sorted(b for b in st.get("blocks") or [] if prog.stage_block_list or b in cands)
+        if not isinstance(i, int) or i >= traced.num_stages or not exp:
+            continue
+        got = manifest._stage_blocks(traced.get_stage_module(i), cands)
+        if got != exp:
+            return (f"pipeline stage {i} would run blocks {got} where the plan lists {exp} (the emitter refuses "
+                    f"such a plan): pin pp=1 or other split points")
     return None
 
 

@@ -72,8 +72,18 @@ def tied_tables(graph) -> list:
 def linears(graph) -> list:
     """Linears whose weight no other op reads.  A weight tied to another module (BERT's decoder =
     the word embedding) is not split: splitting one of its users would untie the two; nor is a
-    linear module holding sub-modules with parameters (`nested_holders`)."""
+    linear module holding sub-modules with parameters (`nested_holders`), nor a matmul whose weight
+    is not its module's own (`own_weight`)."""
     uses = param_uses(graph)
     nested = nested_holders(graph)
     return [n for n, node in graph.nodes.items()
-            if (w := linear_weight(node)) is not None and uses.get(w.param) == 1 and node.module not in nested]
+            if (w := linear_weight(node)) is not None and uses.get(w.param) == 1 and node.module not in nested
+            and own_weight(node, w)]
+
+
+def own_weight(node, w) -> bool:
+    """Whether the linear's weight is its module's own `weight`: the emitter splits a layer through
+    the module holding it (DTensor's styles shard `module.weight` of a Linear, Embedding or Conv1D).
+    nn.MultiheadAttention applies `in_proj_weight` and `out_proj.weight` in its own forward: splitting
+    "the module" there would split nothing, so such a matmul is no linear tensor parallelism may cut."""
+    return w.param == f"{node.module}.weight"

@@ -28,6 +28,7 @@ from ..tp import conv1d, sp as sp_mod
 from ..ep import experts as ep_mod
 from ..pp import pipe
 from ..recompute import checkpointing as recompute
+from .stage_read import _graphs, _runs, _stage_blocks, priced_tp, stage_candidates  # noqa: F401  (read from here too)
 
 ROOT = "<root>"
 
@@ -44,34 +45,6 @@ def _stage_mods(prog) -> dict:
 def _blocks_in(mod, blocks) -> list:
     names = dict(mod.named_modules())
     return [b for b in blocks if b in names]
-
-
-def _stage_blocks(mod, blocks) -> list:
-    """The blocks a stage runs as a plan lists them: the outermost ones, sorted (a stage's set of
-    blocks; the plan lists them in the order capture met them).  `blocks` (capture's candidates,
-    capture/blocks.container_children) also names blocks nested in blocks (T5's
-    `encoder.block.0.layer.0`); capture assigns each operator to its outermost block, and the plan's
-    stages list those.  A traced stage module holds a block's module also where it only reads one of
-    its weights (get_attr) or runs copies of its position-only ops (stage_local.py: Llama 4's complex
-    rotary table cast in `layers.0.self_attn`, GraniteMoeHybrid's `rotary_embs.0`): that stage does
-    not run the block."""
-    names = dict(mod.named_modules())
-    traced = bool(_graphs(mod))
-    present = [b for b in blocks if b in names and (not traced or _runs(names[b]))]
-    return sorted(b for b in present if not any(b.startswith(o + ".") for o in present))
-
-
-def _graphs(mod) -> list:
-    from torch import fx
-    return [g for g in (getattr(m, "graph", None) for m in mod.modules()) if isinstance(g, fx.Graph)]
-
-
-def _runs(mod) -> bool:
-    """Whether a module of a traced stage runs an operator of its own: any op of its graphs (the
-    stage's InterpreterModules) that is not a stage-local copy.  (A module that only holds a buffer
-    other ops read has no graph.)  In an eager stage every module present runs."""
-    from ..pp.stage_local import COPY
-    return any(n.op in ("call_function", "call_method") and not n.meta.get(COPY) for g in _graphs(mod) for n in g.nodes)
 
 
 # ---- observed ------------------------------------------------------------------------------------
@@ -134,7 +107,7 @@ def observed(prog) -> dict:
     zero = 0
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
-        stages[str(s)] = _stage_blocks(mod, prog.stage_block_list)
+        stages[str(s)] = _stage_blocks(mod, stage_candidates(prog))
         for name, m in mod.named_modules():
             if _is_fsdp(m):
                 units.append(pre + (name or ROOT))
@@ -209,8 +182,9 @@ def expected(plan, prog, regions: dict) -> dict:
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
         present = _blocks_in(mod, prog.block_list)
-        stages[str(s)] = (sorted(listed.get(str(s)) or []) or _stage_blocks(mod, prog.stage_block_list)
-                          if plan.parallel["pp"] > 1 else _stage_blocks(mod, prog.stage_block_list))
+        cands = stage_candidates(prog)
+        stages[str(s)] = (sorted(b for b in listed.get(str(s)) or [] if prog.stage_block_list or b in cands)
+                          or _stage_blocks(mod, cands) if plan.parallel["pp"] > 1 else _stage_blocks(mod, cands))
         names = dict(mod.named_modules())
         if zero >= 2:
             host_params = {n for n, _ in mod.named_parameters()
@@ -299,35 +273,6 @@ def _meant(name: str, style: str, wanted: dict, types: dict, groups) -> str:
         keep = style == "colwise" and _partnered(name, splittable, "rowwise")
         return "colwise" if keep else "colwise_gather"
     return style
-
-
-def priced_tp(plan, types: dict) -> dict:
-    """{module: style} of the layers whose weights the plan's operators split over the tp level -- what
-    the cost model priced as sharded, whether or not tp_modules names them: a Linear split on its
-    output features (n) is colwise, on its input features (k) rowwise; an Embedding split on the
-    vocabulary (v) is vocab, on the hidden size (h) colwise."""
-    if plan.parallel["tp"] <= 1:
-        return {}
-    roles = list((plan._d.get("mesh") or {}).get("roles") or [])
-    if "tp" not in roles:
-        return {}
-    lv = roles.index("tp")
-    out = {}
-    for op in (plan._d.get("operators") or {}).values():
-        split, mod = op.get("split") or [], op.get("module")
-        d = split[lv] if lv < len(split) else None
-        t = types.get(mod)
-        if d is None or t is None:
-            continue
-        if (issubclass(t, nn.Linear) or conv1d.is_conv1d_class(t)) and op.get("kind") == "matmul":
-            style = "colwise" if d.startswith("n") else ("rowwise" if d.startswith("k") else None)
-        elif issubclass(t, nn.Embedding) and op.get("kind") == "embedding":
-            style = "vocab" if d == "v" else ("colwise" if d == "h" else None)
-        else:
-            style = None
-        if style:
-            out.setdefault(mod, style)
-    return out
 
 
 # ---- comparison ------------------------------------------------------------------------------------
