@@ -304,7 +304,7 @@ def check(prog, runtime: bool = False) -> list:
         return []
     if not prog.allow_mismatch:
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        raise PlanError(f"the emitted program differs from the plan: {diffs[0]}{more}; regenerate the plan, or pass "
+        raise PlanError(f"the emitted program differs from the plan: {diffs[0]}{more}; {_remedy(diffs[0])}, or pass "
                         f"--allow-mismatch to run it anyway with a re-priced prediction")
     new = [d for d in diffs if d not in prog.mismatches]
     for d in new:
@@ -313,6 +313,25 @@ def check(prog, runtime: bool = False) -> list:
     if new and prog.rank == 0:
         reprice(prog)
     return diffs
+
+
+# what to change in the plan where the emitter builds another program than it says: regenerating it
+# with the same sapp and pins writes the same plan, so the advice names the field's own pin
+_REMEDIES = {
+    "tp_modules": "take the layers the emitted side lacks out of the plan's tp_modules, or pin tp=1",
+    "stages": "pin pp=1, or other split points (pipeline.stages' split_before at modules the emitter cuts)",
+    "zero": "set the plan's zero to the emitted stage",
+    "fsdp_units": "set the plan's zero to 0 or 1 (units are the model's blocks, as the emitter wraps them)",
+    "recompute": "set those blocks' recompute mode in the plan to the emitted one",
+    "sp": "search again with sp pinned to false",
+    "scatter_gather": "set pipeline.scatter_gather to false",
+}
+
+
+def _remedy(diff: str) -> str:
+    """The change that helps for the first differing field (`_REMEDIES`), else the field itself."""
+    field = diff.split(":", 1)[0]
+    return _REMEDIES.get(field, f"set the plan's {field} to the emitted value")
 
 
 def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
