@@ -7,7 +7,10 @@ group of another size (sapp/emit/runtime/worker.py), then resumes the last check
 A world of N nodes may admit no layout at all (1,016 A100s = 8 x 127: no dp x tp x pp of them divides a
 global batch of 1536), and a few nodes fewer can be faster than all of them.  So the candidates are
 N, N-1, N-2, N-3 nodes, the largest smaller counts whose devices factor into a layout of the batch,
-and the largest power of two <= N (`candidates`); the fastest plan wins and the spare nodes idle.  Pins the user gave are kept when a
+and the largest power of two <= N (`candidates`); the fastest plan wins and the spare nodes idle
+(sapp/replan_price.py prices the candidates lazily, by bounds against the best so far, and searches
+only the winner in full; sapp/replan_split.py prices the idle nodes as a second data-parallel group
+and the plan's notes say what that costs or saves).  Pins the user gave are kept when a
 search with them succeeds; otherwise they are dropped one at a time, device-count pins (dp, tp, pp,
 cp, ep) first, and every dropped pin is said."""
 from __future__ import annotations
@@ -17,8 +20,7 @@ import time
 
 from .cluster import Cluster
 from .errors import SappError
-
-DEVICE_PINS = ("dp", "pp", "tp", "cp", "ep")
+from .replan_price import DEVICE_PINS, search_keeping_pins  # noqa: F401 - DEVICE_PINS: this module's name for them
 
 
 @dataclasses.dataclass
@@ -30,7 +32,9 @@ class Replan:
     available: int
     dropped_pins: list
     search_s: float
-    tried: list                     # [(nodes, step time or why not)]
+    tried: list                     # [(nodes, step time, ("above", s): slower than s, or why not)]
+    search_cpu_s: float = 0.0
+    idle_note: str = None           # the idle nodes and what using them as a second dp group prices
 
     def lines(self) -> list:
         o, n = self.old, self.new
@@ -40,11 +44,20 @@ class Replan:
                f"searched in {self.search_s:.1f} s"]
         if self.nodes < self.available:
             out.append(f"{self.available - self.nodes} of {self.available} nodes idle: "
-                       + ", ".join(f"{k} nodes {'no layout fits' if isinstance(v, str) else f'{v:.4g} s/step'}"
-                                    for k, v in self.tried))
+                       + ", ".join(f"{k} nodes {_tried(v)}" for k, v in self.tried))
+            if self.idle_note:
+                out.append(self.idle_note)
         if self.dropped_pins:
             out.append(f"pins dropped (no plan fits with them): {', '.join(self.dropped_pins)}")
         return out
+
+
+def _tried(v) -> str:
+    if isinstance(v, str):
+        return "no layout fits"
+    if isinstance(v, tuple):        # pruned by its bounds against the best count's step
+        return f"> {v[1]:.4g} s/step"
+    return f"{v:.4g} s/step"
 
 
 def _layout(d: dict) -> str:
@@ -98,8 +111,9 @@ def candidates(nodes: int, per_node: int = 1, global_batch: int = 0, blocks: int
 def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: bool = False) -> Replan:
     """The fastest plan for `cluster` (or a few nodes fewer of it; `exact`: all of it, as a running
     group whose every rank trains needs) keeping `plan`'s global batch, precision, runtime, optimizer, gradient width and pins.  `model`: what sapp.search takes; `search`: sapp.api.search (a
-    parameter so the worker passes its own module).  Raises SappError in one line when no plan fits,
-    saying what would."""
+    parameter so the worker passes its own module; given, every candidate is searched in full).
+    Raises SappError in one line when no plan fits, saying what would."""
+    lazy = search is None
     if search is None:
         from .api import search
     gb = int(plan["model"]["global_batch"])
@@ -108,46 +122,70 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
     if pins.get("target") == "torchtitan@0.2.2" and settings.get("runtime") == "torchtitan":
         # saved when "torchtitan" named 0.2.2's profile (its SDPA); "torchtitan" is 0.3's now
         settings = {**settings, "runtime": "torchtitan-0.2.2"}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if graph is None:               # captured once for every candidate
         from . import api
         if isinstance(model, str):
             _, _, _, graph, _ = api.capture_spec(model)
         elif not hasattr(model, "nodes"):
             graph, _ = api.capture_graph(model)
-    best, tried, dropped, last_err = None, [], [], None
-    for nodes in ([cluster.nodes] if exact else candidates(cluster.nodes, cluster.gpus_per_node, gb,
-                                                                   len(getattr(graph, "blocks", None) or ()))):
-        cl = cluster.replace(nodes=nodes)
-        got, why, drop = _search_keeping_pins(search, model, cl, gb, settings, pins, graph)
-        tried.append((nodes, got["predicted"]["step_time_s"] if got is not None else why))
-        if got is not None and (best is None or got["predicted"]["step_time_s"] < best[0]["predicted"]["step_time_s"]):
-            best, dropped = (got, nodes), drop
-        last_err = why or last_err
+    counts = ([cluster.nodes] if exact else candidates(cluster.nodes, cluster.gpus_per_node, gb,
+                                                        len(getattr(graph, "blocks", None) or ())))
+    clusters = [cluster.replace(nodes=n) for n in counts]
+    idle_note = None
+    if lazy:
+        best, tried, dropped, last_err, idle_note = _lazy(search, model, graph, clusters, gb, settings, pins,
+                                                          cluster)
+    else:
+        best, tried, dropped, last_err = _every(search, model, graph, clusters, gb, settings, pins)
     search_s = time.perf_counter() - t0
     if best is None:
         raise SappError(f"no plan fits {cluster.devices} devices or a few nodes fewer ({last_err}); "
                         f"the job needs more nodes than {cluster.nodes}, or a smaller global batch than {gb}")
     new, nodes = best
+    if idle_note:
+        new._d["notes"].append(idle_note)
     return Replan(plan=new, old=summary(plan), new=summary(new), nodes=nodes, available=cluster.nodes,
-                  dropped_pins=dropped, search_s=search_s, tried=tried)
+                  dropped_pins=dropped, search_s=search_s, tried=tried, search_cpu_s=time.process_time() - c0,
+                  idle_note=idle_note)
 
 
-def _search_keeping_pins(search, model, cl, gb, settings, pins, graph):
-    """(plan, None, dropped pins) or (None, why, ...): with every pin, then dropping device-count pins
-    one at a time, then any pin."""
-    order = [k for k in DEVICE_PINS if k in pins] + sorted(k for k in pins if k not in DEVICE_PINS)
-    kept, dropped, why = dict(pins), [], None
-    while True:
-        try:
-            # every setting the plan was priced with (plan_build's "settings" section)
-            p = search(model, cl, global_batch=gb, constraints=kept or None, precision=settings.get("precision"),
-                       runtime=settings.get("runtime"), optimizer=settings.get("optimizer"),
-                       grad_fp32=bool(settings.get("grad_fp32")), graph=graph)
-            return p, None, dropped
-        except SappError as e:
-            why = str(e).splitlines()[0][:200]
-        if not order:
-            return None, why, dropped
-        k = order.pop(0)
-        dropped.append(f"{k}={kept.pop(k)}")
+def _search_target(model, graph):
+    """What api.search is given: the captured graph for a zoo name (whose module the search would build
+    again per call and never check: runnable._zoo_model; its plan names the graph's name, the same
+    name), the model itself otherwise (an HF config or factory is built and checked as before)."""
+    from .models.resolve import kind_of
+    if isinstance(model, str) and graph is not None and kind_of(model) == "zoo" and graph.name == model:
+        return graph
+    return model
+
+
+def _lazy(search, model, graph, clusters, gb, settings, pins, cluster):
+    """(best, tried, dropped pins, last error, the note on idle nodes) by replan_price's lazy pricing."""
+    from .replan_price import Pricer, fastest
+    from .replan_split import idle_note, price_split
+    pricer = Pricer(search, _search_target(model, graph), graph, gb, settings, pins)
+    counts = fastest(pricer, clusters)
+    tried = [(c.cl.nodes, c.value if c.kind in ("lb", "exact") else (("above", c.value) if c.kind == "above"
+                                                                     else c.why)) for c in counts]
+    won = [c for c in counts if c.kind == "exact"]
+    if not won:
+        return None, tried, [], next((c.why for c in reversed(counts) if c.why), None), None
+    c = min(won, key=lambda c: c.key())
+    note, idle = None, cluster.nodes - c.cl.nodes
+    if idle:
+        name = model if isinstance(model, str) else getattr(graph, "name", "MODEL")
+        note = idle_note(name, cluster, c.cl.nodes, idle, c.value, price_split(pricer, c, idle), gb)
+    return (c.plan, c.cl.nodes), tried, c.dropped, None, note
+
+
+def _every(search, model, graph, clusters, gb, settings, pins):
+    """Every candidate searched in full (a caller's own `search`)."""
+    best, tried, dropped, last_err = None, [], [], None
+    for cl in clusters:
+        got, why, drop = search_keeping_pins(search, model, cl, gb, settings, pins, graph)
+        tried.append((cl.nodes, got["predicted"]["step_time_s"] if got is not None else why))
+        if got is not None and (best is None or got["predicted"]["step_time_s"] < best[0]["predicted"]["step_time_s"]):
+            best, dropped = (got, cl.nodes), drop
+        last_err = why or last_err
+    return best, tried, dropped, last_err

@@ -90,3 +90,34 @@ def test_replan_keeps_the_optimizer_and_gradient_width():
     same = search("gpt-tiny", resolve_cluster("cpu:gpus=2,nodes=1"), global_batch=8, optimizer="sgd", grad_fp32=True,
                   precision="bf16-mixed", constraints=r.plan["constraints"] or None)
     assert r.plan["predicted"]["peak_memory_bytes"] == same["predicted"]["peak_memory_bytes"]
+
+
+def test_a_node_count_with_no_uniform_layout_prices_the_idle_nodes_as_a_second_group():
+    # 3 nodes of 2 devices, batch 8: no dp x tp x pp of 6 devices divides it, so the plan uses 2 nodes;
+    # the note prices the third as its own data-parallel group (search/hetero.py), and the plan is the
+    # one searching every candidate in full picks (replan_price's lazy pricing changes no byte but the note)
+    from sapp.api import capture_spec, search, tp_search_fn
+    from sapp.cluster_groups import parse
+    from sapp.costmodel import CostSettings
+    from sapp.replan import replan, scaled_cluster
+    from sapp.search import hetero
+    plan = search("gpt-tiny", "cpu:gpus=2,nodes=4", global_batch=8)
+    r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=3))
+    full = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=3), search=search)
+    assert r.nodes == full.nodes == 2 and r.tried[0] == (3, full.tried[0][1])
+    note = r.plan["notes"][-1]
+    assert note == r.idle_note and note.startswith("1 of 3 nodes idle: using them as a second data-parallel group")
+    got = r.plan.to_dict()
+    got["notes"] = got["notes"][:-1]
+    assert got == full.plan.to_dict()
+    # the price the note states is the mixed-cluster search's, on the spec it names
+    spec = note.split("--cluster ")[1].split()[0]
+    assert spec == "cpu:gpus=2,nodes=2+cpu:gpus=2,nodes=1"
+    mc = parse(spec)
+    shares, step, _ = hetero.search(capture_spec("gpt-tiny")[3], mc, global_batch=8, baselines=False,
+                                    settings=CostSettings(precision=mc.groups[0].precision,
+                                                          dropout_noise=not mc.groups[0].fused_dropout),
+                                    search_fn=tp_search_fn())
+    assert f"batch shares {shares[0]} + {shares[1]}" in note and f"prices {step:.4g} s/step" in note
+    assert step < r.new["step_time_s"] and "faster than this plan's" in note
+    assert note in "\n".join(r.lines())
