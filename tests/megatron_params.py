@@ -43,7 +43,8 @@ def _build(a, layers, moe_layers):
                   # the dispatcher holds no parameters; the all-to-all one opens a CUDA stream when
                   # built, so the count is taken with the allgather one (the same modules otherwise)
                   moe_token_dispatcher_type="allgather",
-                  moe_shared_expert_intermediate_size=i("--moe-shared-expert-intermediate-size"))
+                  moe_shared_expert_intermediate_size=i("--moe-shared-expert-intermediate-size"),
+                  moe_shared_expert_gate=bool(a.get("--moe-shared-expert-gate")))
         kw["moe_layer_freq"] = [0] * (layers - moe_layers) + [1] * moe_layers
     cfg = TransformerConfig(**kw)
     tp = i("--tensor-model-parallel-size", 1)

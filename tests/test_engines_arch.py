@@ -147,13 +147,24 @@ PROBES = {"num_hidden_layers": 6, "hidden_size": 128, "num_attention_heads": 8, 
           "sliding_window": 64, "use_sliding_window": True, "max_window_layers": 2,
           "layer_types": ["sliding_attention", "full_attention"] * 2, "attention_dropout": 0.1,
           "num_local_experts": 4, "num_experts_per_tok": 1, "hidden_act": "gelu", "attention_bias": True,
-          "mlp_bias": True, "router_jitter_noise": 0.1}
+          "mlp_bias": True, "router_jitter_noise": 0.1,
+          # Qwen2-MoE
+          "num_experts": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+          "decoder_sparse_step": 2, "mlp_only_layers": [0], "norm_topk_prob": True, "qkv_bias": False}
 # what a probe needs beside it to mean anything (a window to use, a pattern over it)
 # (Qwen2 attends within its window only with use_sliding_window, above max_window_layers)
 WITH = {"sliding_window": {"use_sliding_window": True, "max_window_layers": 0},
         "use_sliding_window": {"sliding_window": 64, "max_window_layers": 0},
         "max_window_layers": {"use_sliding_window": True, "sliding_window": 64},
         "layer_types": {"sliding_window": 64, "use_sliding_window": True}}
+# (Qwen2-MoE windows every other layer below max_window_layers, its default pattern the probe's: Qwen2's 0
+# there is no window at all)
+WITH_CLS = {"Qwen2MoeConfig": {"sliding_window": {"max_window_layers": 4}, "use_sliding_window": {"max_window_layers": 4},
+                               "layer_types": {"max_window_layers": 0}}}
+
+
+def _with(cls, k):
+    return {**WITH.get(k, {}), **WITH_CLS.get(cls, {}).get(k, {})}
 
 
 def _export_or_refusal(tmp_path, cls, **kw):
@@ -173,19 +184,17 @@ def test_every_field_of_the_decoders_config_is_carried_or_refused(cls, tmp_path)
     fields = set(getattr(T, cls)().to_dict())
     assert not sorted(fields - set(FIELDS)), "classify these fields in sapp/engines/arch_hf.FIELDS"
     base = _export_or_refusal(tmp_path, cls)
-    if isinstance(base, EngineError):             # (Qwen2-MoE: refused whole, so each field with it)
-        assert cls == "Qwen2MoeConfig"
-        return
+    assert not isinstance(base, EngineError), base
     dropped = []
     for k in sorted(fields & set(PROBES)):
         if FIELDS[k][0] == "irrelevant":
             continue
-        kw = {**WITH.get(k, {}), k: PROBES[k]}
+        kw = {**_with(cls, k), k: PROBES[k]}
         if k == "tie_word_embeddings":
             kw[k] = not getattr(T, cls)().tie_word_embeddings
         out = _export_or_refusal(tmp_path / k, cls, **kw)
         if not isinstance(out, EngineError):
-            ref = _export_or_refusal(tmp_path / f"{k}-ref", cls, **WITH.get(k, {}))
+            ref = _export_or_refusal(tmp_path / f"{k}-ref", cls, **_with(cls, k))
             if out == (base if k not in WITH else ref):
                 dropped.append(k)              # the export is the same as without the field: silently dropped
     assert dropped == [], dropped

@@ -39,3 +39,60 @@ def test_deepseek_export_reads_back_at_the_same_price(deepseek):
             E.import_config(other, "megatron", graph, cl, "deepseek-v3-like")
         msg = str(e.value)
         assert "ffn-hidden-size" in msg and "experts" in msg and "\n" not in msg, msg
+
+
+def _qwen2_moe(tmp_path, **kw):
+    import transformers as T
+    small = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=1024, max_position_embeddings=1024, num_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=256,
+                 mlp_only_layers=[0])
+    T.Qwen2MoeConfig(**{**small, **kw}).save_pretrained(tmp_path / "qwen2-moe")
+    return str(tmp_path / "qwen2-moe" / "config.json")
+
+
+def test_qwen2_moe_exports_its_gated_shared_expert(tmp_path):
+    # issue 52 finding 7: refused as "gated shared expert has no Megatron flag"; core_v0.16.1 parses it
+    import json
+    import os
+    import subprocess
+    import sys
+    from sapp import api
+    path = _qwen2_moe(tmp_path)
+    cl = api.resolve_cluster("h100-80g:devices=8")
+    plan = api.search(path, cl, global_batch=16, runtime="fused", constraints={"target": "megatron"})
+    text, exported, notes = E.export_plan(plan, "megatron")
+    args = tokens(text)
+    assert args["--moe-shared-expert-gate"] is True and args["--moe-router-pre-softmax"] is True   # norm_topk_prob false
+    assert args["--moe-shared-expert-intermediate-size"] == "256" and args["--moe-layer-freq"] == "([0]*1+[1]*3)"
+    assert args["--add-qkv-bias"] is True and notes == []
+    graph = api.capture_graph(api.resolve_model(path)[0])[0]
+    back = E.import_config(text, "megatron", graph, cl, path, meta=plan["model"]["meta"])
+    assert back["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-9)
+    for flag in ("--moe-shared-expert-gate", "--moe-router-pre-softmax"):
+        with pytest.raises(EngineError) as e:
+            E.import_config(text.replace(flag + "\n", ""), "megatron", graph, cl, path, meta=plan["model"]["meta"])
+        assert flag in str(e.value) and "\n" not in str(e.value), str(e.value)
+    try:
+        _, tc = engine_validate.megatron(text)
+    except ImportError:
+        return
+    assert tc.moe_shared_expert_gate and tc.moe_router_pre_softmax and tc.moe_shared_expert_intermediate_size == 256
+    # Megatron-Core builds the exported model on meta with the parameters of transformers' own model
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(here, "megatron_params.py")], input=text, capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["total"] == plan["model"]["meta"]["params"]
+
+
+def test_qwen2_moe_with_moe_on_every_other_layer_states_megatrons_list(tmp_path):
+    from sapp.engines.arch import architecture, count
+    from sapp.engines.megatron_model import model_args
+    path = _qwen2_moe(tmp_path, mlp_only_layers=[], decoder_sparse_step=2, norm_topk_prob=True)
+    a = architecture(path, {"kind": "hf", "config": {"model_type": "qwen2_moe"}, "seq": 256}, 4)
+    flags = model_args(a, 1)
+    assert "--moe-layer-freq [0,1,0,1]" in flags and "--moe-router-pre-softmax" not in flags
+    from sapp import api
+    assert count(a) == sum(p.numel() for p in api.resolve_model(path)[0].parameters())

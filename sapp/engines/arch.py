@@ -118,7 +118,7 @@ def count(a: dict, active: bool = False) -> int:
     if a.get("experts"):
         E, dense = a["experts"], a.get("dense_layers", 0)
         routed = (a["top_k"] if active else E) * mlp(a["expert_ffn"])
-        moe = h * E + routed + (mlp(a["shared_ffn"]) if a.get("shared_ffn") else 0)
+        moe = h * E + routed + (mlp(a["shared_ffn"]) if a.get("shared_ffn") else 0) + (h if a.get("shared_gate") else 0)
         layers = L * attn + dense * mlp(ffn) + (L - dense) * moe
     else:
         layers = L * (attn + mlp(ffn))

@@ -23,10 +23,11 @@ FIELDS = {
     "layer_types": (C, "window_layers"), "attention_dropout": (C, "attention_dropout"),
     "num_local_experts": (C, "experts"), "num_experts_per_tok": (C, "top_k"),
     "hidden_act": (R, "silu"), "attention_bias": (R, False), "mlp_bias": (R, False), "router_jitter_noise": (R, 0.0),
-    # Qwen2-MoE: refused as a whole (arch_hf.read), so each of its fields is refused with it
-    "num_experts": (R, None), "moe_intermediate_size": (R, None), "shared_expert_intermediate_size": (R, None),
-    "decoder_sparse_step": (R, None), "mlp_only_layers": (R, None), "norm_topk_prob": (R, None),
-    "qkv_bias": (R, None),
+    # Qwen2-MoE (_qwen2_moe): routed experts, a shared expert behind a sigmoid gate (--moe-shared-expert-gate),
+    # MoE on some layers (--moe-layer-freq), top-k not renormalised (--moe-router-pre-softmax), q/k/v biases
+    "num_experts": (C, "experts"), "moe_intermediate_size": (C, "expert_ffn"),
+    "shared_expert_intermediate_size": (C, "shared_ffn shared_gate"), "decoder_sparse_step": (C, "moe_layers"),
+    "mlp_only_layers": (C, "moe_layers"), "norm_topk_prob": (C, "router_pre_softmax"), "qkv_bias": (C, "qkv_bias"),
     "pretraining_tp": (I, "Llama's sliced projections for reproducing pretraining numerics: the same function"),
     "output_router_logits": (I, "whether HF returns the router logits (and adds its load-balancing loss: a "
                                 "scalar beside the step, as Megatron's --moe-aux-loss-coeff is)"),
@@ -123,8 +124,6 @@ def read(path: str, raw: dict, seq) -> dict:
     if mt not in LLAMA_LIKE:
         raise EngineError(f"HF model type {mt!r}: sapp writes engine models for {', '.join(LLAMA_LIKE)} decoders; "
                           f"export to deepspeed, which trains your own module")
-    if mt == "qwen2_moe":
-        raise EngineError(f"{path}: Qwen2-MoE's gated shared expert has no Megatron flag; export to deepspeed")
     cfg = config_of(path)
     g = cfg.__getattribute__
     h, heads, L = int(g("hidden_size")), int(g("num_attention_heads")), int(g("num_hidden_layers"))
@@ -134,7 +133,8 @@ def read(path: str, raw: dict, seq) -> dict:
              head_dim=int(getattr(cfg, "head_dim", None) or h // heads), ffn=int(g("intermediate_size")),
              vocab=int(g("vocab_size")), seq=seq, max_pos=int(getattr(cfg, "max_position_embeddings", None) or seq),
              norm="RMSNorm", norm_eps=float(g("rms_norm_eps")), glu=True, act=g("hidden_act"), position="rope",
-             rope_base=base, bias=False, qkv_bias=mt == "qwen2", tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+             rope_base=base, bias=False, qkv_bias=mt == "qwen2" or (mt == "qwen2_moe" and bool(getattr(cfg, "qkv_bias", True))),
+             tied=bool(getattr(cfg, "tie_word_embeddings", False)),
              attention_dropout=float(getattr(cfg, "attention_dropout", 0.0) or 0.0))
     if window:
         a["window"] = window
@@ -151,4 +151,28 @@ def read(path: str, raw: dict, seq) -> dict:
     if mt == "mixtral":
         a.update(experts=int(g("num_local_experts")), top_k=int(g("num_experts_per_tok")), expert_ffn=a["ffn"],
                  shared_ffn=0, dense_layers=0)
+    if mt == "qwen2_moe":
+        a.update(_qwen2_moe(path, cfg, L))
     return a
+
+
+def _qwen2_moe(path, cfg, layers) -> dict:
+    """Qwen2-MoE's MoE half (transformers' Qwen2MoeDecoderLayer: a layer is MoE unless listed in
+    mlp_only_layers, every decoder_sparse_step-th; its dense layers use intermediate_size)."""
+    E, skip, step = int(cfg.num_experts), set(cfg.mlp_only_layers or ()), int(cfg.decoder_sparse_step)
+    moe = [i not in skip and E > 0 and (i + 1) % step == 0 for i in range(layers)]
+    if not any(moe):
+        raise EngineError(f"{path}: num_experts / mlp_only_layers / decoder_sparse_step leave no MoE layer; "
+                          f"write it as a qwen2 config, or export to deepspeed")
+    shared = int(cfg.shared_expert_intermediate_size)
+    if shared <= 0:
+        raise EngineError(f"{path}: shared_expert_intermediate_size {shared}: HF still builds the shared expert's gate, "
+                          f"which Megatron builds only beside a shared expert; export to deepspeed")
+    d = moe.index(True)
+    out = dict(experts=E, top_k=int(cfg.num_experts_per_tok), expert_ffn=int(cfg.moe_intermediate_size),
+               shared_ffn=shared, shared_gate=True, dense_layers=layers - sum(moe))
+    if moe != [False] * d + [True] * (layers - d):
+        out["moe_layers"] = moe
+    if not cfg.norm_topk_prob:
+        out["router_pre_softmax"] = True
+    return out

@@ -94,6 +94,8 @@ def config(args: dict) -> tuple:
                           f"{MOST['--ffn-hidden-size']}")
     _need(shared_ffn % eff == 0, "--moe-shared-expert-intermediate-size", shared_ffn,
           f"{what} (shared experts of the expert width {eff})")
+    for flag in ("--moe-shared-expert-gate", "--moe-router-pre-softmax"):
+        _need(not args.get(flag), flag, "", f"{what} (a shared expert without a gate, softmax over the top-k)")
     dense = 0
     freq = args.get("--moe-layer-freq")
     if freq is not None and str(freq) != "1":

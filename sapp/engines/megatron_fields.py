@@ -73,7 +73,8 @@ FIELDS = {
               "--position-embedding-type --rotary-base --use-rope-scaling --disable-bias-linear --add-qkv-bias "
               "--untie-embeddings-and-output-weights --attention-dropout --hidden-dropout --moe-ffn-hidden-size "
               "--moe-token-dispatcher-type --moe-grouped-gemm --moe-shared-expert-intermediate-size --moe-layer-freq "
-              "--window-size --window-attn-skip-freq --rope-scaling-factor"),
+              "--window-size --window-attn-skip-freq --rope-scaling-factor --moe-shared-expert-gate "
+              "--moe-router-pre-softmax"),
     # ---- what changes the step in ways sapp does not price: refused ---------------------------------------
     "--num-distributed-optimizer-instances": (
         "refused", "a partial distributed optimizer (optimizer state sharded within each of several data-parallel "
@@ -131,7 +132,6 @@ FIELDS = {
         ("--attention-output-gate", "a gated attention output"), ("--multi-latent-attention", "multi-latent attention"),
         ("--distribute-saved-activations", "recomputation checkpoints split over tensor parallelism"),
         ("--use-kitchen-attention", "Kitchen attention kernels"),
-        ("--moe-shared-expert-gate", "a gate on the shared expert"),
         ("--moe-shared-expert-overlap", "the shared expert overlapped with the token dispatch"),
         ("--moe-enable-routing-replay", "recorded and replayed routing"),
         ("--moe-enable-deepep", "DeepEP's fused token dispatcher"),
@@ -184,7 +184,7 @@ FIELDS = {
                  "--rope-type --rotary-interleaved --openai-gelu --glu-linear-offset --activation-func-clamp-value "
                  "--apply-layernorm-1p --apply-residual-connection-post-layernorm --calculate-per-token-loss "
                  "--rotary-scaling-factor --mscale --mscale-all-dim"),
-    **_fam(_ROUTE, "--moe-router-num-groups --moe-router-group-topk --moe-router-pre-softmax "
+    **_fam(_ROUTE, "--moe-router-num-groups --moe-router-group-topk "
                    "--moe-router-topk-scaling-factor --moe-router-score-function --moe-router-dtype "
                    "--moe-router-enable-expert-bias --moe-router-bias-update-rate --moe-router-force-load-balancing "
                    "--moe-z-loss-coeff --moe-input-jitter-eps --moe-router-load-balancing-type --moe-aux-loss-coeff"),

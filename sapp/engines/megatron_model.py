@@ -17,7 +17,8 @@ MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--n
          "--window-size", "--window-attn-skip-freq", "--disable-bias-linear",
          "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
          "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
-         "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--grad-reduce-in-bf16",
+         "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-router-pre-softmax",
+         "--moe-layer-freq", "--grad-reduce-in-bf16",
          "--accumulate-allreduce-grads-in-fp32")
 
 
@@ -70,10 +71,22 @@ def model_args(a: dict, tp: int) -> list:
                 "--moe-grouped-gemm"]
         if a.get("shared_ffn"):
             out.append(f"--moe-shared-expert-intermediate-size {a['shared_ffn']}")
-        d = a.get("dense_layers", 0)
-        if d:
+        out += moe_routing_args(a)
+        d, mask = a.get("dense_layers", 0), a.get("moe_layers")
+        if mask:            # MoE on some layers only (Qwen2-MoE's decoder_sparse_step / mlp_only_layers)
+            out.append("--moe-layer-freq [" + ",".join(str(int(m)) for m in mask) + "]")
+        elif d:
             out.append(f"--moe-layer-freq ([0]*{d}+[1]*{a['layers'] - d})")
     return out
+
+
+def moe_routing_args(a: dict) -> list:
+    """Qwen2-MoE's sigmoid gate on its shared expert (Megatron-Core's SharedExpertMLP gate_weight, the same
+    (1, hidden) weight and sigmoid as HF's shared_expert_gate) and its routing without renormalising the
+    top-k (norm_topk_prob false: softmax over every expert, then top-k, as --moe-router-pre-softmax does;
+    Megatron's default takes the softmax over the k chosen, HF's norm_topk_prob true)."""
+    return (["--moe-shared-expert-gate"] if a.get("shared_gate") else []) + \
+        (["--moe-router-pre-softmax"] if a.get("router_pre_softmax") else [])
 
 
 def window_args(a: dict) -> list:
@@ -107,6 +120,12 @@ def check_arch(args, arch) -> None:
             raise EngineError(f"{flag} {got or '(absent)'} but the model has {want.get(flag) or 'none'} "
                               f"({'its window' if arch.get('window') else 'full attention'}); pass the --model this "
                               f"file trains, or set {flag} to match it")
+    want = moe_routing_args(arch) if arch.get("experts") else []
+    for flag in ("--moe-shared-expert-gate", "--moe-router-pre-softmax"):
+        if bool(args.get(flag)) != (flag in want):
+            raise EngineError(f"{flag} {'set' if args.get(flag) else 'absent'} but the model has "
+                              f"{'it' if flag in want else 'none'} (Megatron would route or gate otherwise than "
+                              f"priced); pass the --model this file trains, or {'add' if flag in want else 'drop'} {flag}")
     rs = arch.get("rope_scaling") if arch.get("position") == "rope" else None
     factor = rope_factor(rs) if rs else None
     got = float(args.get("--rope-scaling-factor", 8.0)) if args.get("--use-rope-scaling") else None
@@ -128,7 +147,8 @@ def model_notes(args, arch, tp, precision) -> list:
     skip = {"--seq-length", "--max-position-embeddings", "--num-layers", "--hidden-size", "--ffn-hidden-size",
             "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
             "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size", "--use-rope-scaling",
-            "--rope-scaling-factor", "--window-size", "--window-attn-skip-freq"}      # (check_arch refuses those)
+            "--rope-scaling-factor", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
+            "--moe-router-pre-softmax"}      # (check_arch refuses those)
     defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
                 "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1",
                 "--moe-ffn-hidden-size": args.get("--ffn-hidden-size", False)}   # Megatron's default: the dense ffn
