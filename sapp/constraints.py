@@ -22,11 +22,13 @@ POLICIES = ("none", "selective", "full")
 # export (sapp/engines/mapping.conform).  `sp`: "any" (a choice), "with-tp" (on whenever tp > 1:
 # torchtitan's tensor-parallel plan always shards the norms' sequence), "off".  `host`: the placement
 # options it runs ("optimizer-host": DeepSpeed's offload_optimizer).  `runtimes`: the profiles that
-# price it, the first the default.  `ddp_alone`: ZeRO-0 (DDP) only as the one parallelism
+# price it, the first the default.  `moe_sp`: the `sp` rule for a model with experts (Megatron-Core 0.16.1's
+# MoELayer.forward raises in training at tp > 1 without sequence parallelism).  `ddp_alone`: ZeRO-0 (DDP) only as the one parallelism
 # (torchtitan 0.2.2's parallelize refuses "DDP has not supported > 1D parallelism").  "torchtitan" is the
 # current release (0.3: sequence parallelism its own switch, replication by FSDP2 beside anything).
 TARGETS = {
-    "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "model_parallel": True,
+    "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "moe_sp": "with-tp",
+                 "model_parallel": True,
                  "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
     "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "any",
                    "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",)},

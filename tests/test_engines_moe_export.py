@@ -96,3 +96,35 @@ def test_qwen2_moe_with_moe_on_every_other_layer_states_megatrons_list(tmp_path)
     assert "--moe-layer-freq [0,1,0,1]" in flags and "--moe-router-pre-softmax" not in flags
     from sapp import api
     assert count(a) == sum(p.numel() for p in api.resolve_model(path)[0].parameters())
+
+
+def test_moe_beside_tensor_parallelism_runs_sequence_parallel_or_is_refused(tmp_path):
+    # Megatron-Core 0.16.1's MoELayer.forward raises in training at tp > 1 without sequence parallelism,
+    # with ep 1 as well (the tp2 ep4 case was fixed before); the export wrote such a job
+    from sapp import api
+    path = _qwen2_moe(tmp_path)
+    cl = api.resolve_cluster("h100-80g:devices=8")
+    plan = api.search(path, cl, global_batch=16, runtime="fused", constraints={"target": "megatron", "tp": 2, "ep": 1})
+    assert plan["parallel"]["sp"] is True
+    text, _, notes = E.export_plan(plan, "megatron")
+    assert tokens(text).get("--sequence-parallel") is True and notes == []
+    with pytest.raises(Exception) as e:         # pinned off under --target megatron: nothing Megatron runs
+        api.search(path, cl, global_batch=16, runtime="fused",
+                   constraints={"target": "megatron", "tp": 2, "ep": 1, "sp": False})
+    # a plan of tp 2 without it (searched for sapp run, say) is refused in one line, not written
+    from sapp.engines.mapping import from_plan
+    graph = api.capture_graph(api.resolve_model(path)[0])[0]
+    names = E.block_names(graph)
+    facts = {**E.model_facts(plan["model"]["meta"], names), **E.arch_facts(path, plan["model"]["meta"], len(names))}
+    with pytest.raises(EngineError) as e:
+        E.get("megatron").export(from_plan(plan, "megatron").replace(sp=False), facts, names)
+    assert "--sequence-parallel" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(EngineError) as e:
+        E.import_config(text.replace("--sequence-parallel\n", ""), "megatron", graph, cl, path,
+                        meta=plan["model"]["meta"])
+    assert "add --sequence-parallel" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    try:
+        mp, _ = engine_validate.megatron(text)
+    except ImportError:
+        return
+    assert mp.sequence_parallel is True and mp.tensor_model_parallel_size == 2

@@ -122,6 +122,9 @@ def _interleave_flags(ecfg, L):
     return None
 
 
+# Megatron-Core 0.16.1's MoELayer.forward raises in training at tp > 1 without sequence parallelism
+MOE_SP = ("sequence parallelism: Megatron-Core's MoE layer raises in training at tensor parallelism > 1 without "
+          "--sequence-parallel, which the plan does not price; search again with --target megatron (or --sp)")
 NO_ARCH = ("Megatron builds its own GPT model and sapp does not know a factory model's architecture; export to "
            "deepspeed, which trains your own module")
 
@@ -137,6 +140,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
 
     if facts.get("arch") is None:
         raise EngineError(facts.get("arch_why") or NO_ARCH)
+    if facts["arch"].get("experts") and ecfg.tp > 1 and not ecfg.sp:
+        raise EngineError(MOE_SP)
     a += model_args(facts["arch"], ecfg.tp)
     add("--tensor-model-parallel-size", ecfg.tp)
     add("--pipeline-model-parallel-size", ecfg.pp)
@@ -296,6 +301,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     etp = int(args.get("--expert-tensor-parallel-size", tp) or tp)     # Megatron's default: tp
     if ep > 1:
         _expert_tp(etp, tp, ecfg.sp, dp, ep)
+    if "--num-experts" in args and tp > 1 and not ecfg.sp:
+        raise EngineError(MOE_SP.replace("the plan does not price; search again with --target megatron (or --sp)",
+                                         "this file does not set; add --sequence-parallel"))
     if cp > 1 and args.get("--cp-comm-type", "p2p") != "all_gather":
         notes.append(f"context parallelism priced as keys/values all-gathered (--cp-comm-type all_gather), not "
                      f"{args.get('--cp-comm-type', 'p2p')}")

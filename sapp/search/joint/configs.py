@@ -9,11 +9,13 @@ from .ep import ep_configs
 from .result import Config
 
 
-def _sp_options(cons, tp):
+def _sp_options(cons, tp, moe=False):
     """Sequence parallelism is a choice per tp degree > 1 (off first: ties keep the plain layout);
-    a target engine may fix it (constraints.TARGETS)."""
+    a target engine may fix it (constraints.TARGETS), for MoE models apart ("moe_sp": Megatron-Core's
+    MoE layer raises in training at tp > 1 without it)."""
     pin = getattr(cons, "sp", None)
-    rule = (getattr(cons, "limits", None) or {}).get("sp", "any")
+    lim = getattr(cons, "limits", None) or {}
+    rule = lim.get("moe_sp", lim.get("sp", "any")) if moe else lim.get("sp", "any")
     if rule == "off" or (rule == "with-tp" and tp == 1):
         return (False,) if not pin else ()
     if rule == "with-tp":
@@ -58,6 +60,14 @@ def enumerate_configs(ctx):
                     continue
                 _configs_at(ctx, c, out, pp, dp, tp, cp)
     return out
+
+
+def _has_experts(ctx) -> bool:
+    """Whether the model holds expert GEMMs (a zoo MoE's or an HF MoE's), read once per search."""
+    got = ctx.__dict__.get("_has_experts")
+    if got is None:
+        got = ctx.__dict__["_has_experts"] = any(n.extra.get("experts") for n in ctx.graph.nodes.values())
+    return got
 
 
 def _cp_filter(ctx):
@@ -115,7 +125,7 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                     continue
                 if z == 0 and lim.get("ddp_alone") and dp * cp > 1 and (tp, pp, cp) != (1, 1, 1):
                     continue
-                for sp in _sp_options(c, tp):
+                for sp in _sp_options(c, tp, _has_experts(ctx)):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
                     if c.ep is None or c.ep == 1:
                         out.append(cfg)
