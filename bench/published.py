@@ -10,7 +10,84 @@ Rows live in ROWS (a list of `Row` dataclasses); other modules add theirs: `benc
 and `bench/published_sp.py`, if present, are imported and their `ROWS` appended.  A row needing a
 strategy sapp cannot express yet says so in `needs` (it is priced as well as possible without it and
 marked in the table).  The runtime profile (`CostSettings.runtime`, docs/ARCHITECTURE.md "Runtime
-profiles") is one setting for every row: no per-row correction."""
+profiles") is one setting for every row: no per-row correction.
+
+How the rows are configured and priced, and what is left (the figures are bench/RESULTS.md's "Published runs"):
+
+Every row is priced PINNED to the published configuration (tp, pp, dp; ZeRO-1 = Megatron's distributed
+optimizer; micro-batch 1 where the source says so; the recomputation the source used) on the datasheet
+preset of its GPU, with one runtime profile for all rows (`--runtime`, default `fused`: Megatron-Core's
+fused kernels, docs/ARCHITECTURE.md "Runtime profiles") plus the flags the row's source says it set:
+the Megatron-LM README's weak-scaling runs set `--tp-comm-overlap` (priced with the
+`fused+tp-overlap` profile: tensor-parallel collectives pipelined against their GEMMs,
+costmodel/tp_overlap.py) and `--overlap-grad-reduce --overlap-param-gather` (the fused profile's
+distributed-optimizer overlap: reduce-scatter behind the last backward, parameter all-gather behind
+the next first forward).  The "eager runtime" column is the same configuration priced as torch eager
+under autocast, to show what the profile changes.  The last column is what sapp's free search picks
+for the same model, cluster and batch.  "[needs sp]": the run used sequence parallelism, pinned on
+here (2021 rows and Korthikanti's baseline / full-recompute rows pin it off; 2021 rows pin ZeRO 0: no
+distributed optimizer then).  The 2021 rows take Table 2's own configuration: its model-parallel size
+(96 = t8 x p12 for 175B, 280 = t8 x p35 for 530B; Table 1's t8 x p8 175B run is another run) and
+micro-batch size 1.  Schedules: the README names no interleaving for its weak-scaling runs,
+so they are priced with Megatron's default schedule (plain 1F1B, no
+--num-layers-per-virtual-pipeline-stage); the 2021 rows (the paper's interleaved schedule) leave the
+depth to the search.  The weak-scaling shapes (heads, hidden, layers) are the README's model table's;
+Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward + backward per
+micro-batch).
+
+Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"; one model for every
+row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
+the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
+scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
+backward, FlashAttention-3 paper), and the fused profile's loss as Megatron-Core's vocab-parallel
+cross entropy runs it: fp32, one kernel a pass (cast, max, subtract, exp, sum, divide; backward
+multiply and cast back: 38 + 14 bytes a logit element, costmodel/nodes.py).
+
+How close, and what is left (from the breakdown column; no row is corrected):
+- Every Megatron / Korthikanti / Mixtral row is within ±10%.  Closest to the edge: weak scaling 32B
+  (t=8) at -9.8% and 16B (t=4) at -8.9%, predicted slow; 1.7B (t=1, h=2048, the smallest GEMMs) at
+  +7.5% and 2021 175B on 1536 GPUs at +9.5%, predicted fast.
+- Not settled by this table: data-parallel groups that hold several ranks in a node (t < 8 here)
+  are priced as one ring on one NIC per GPU.  NCCL's rings leave a node through all of its NICs, so
+  such a group's cross-node bandwidth is k NICs' worth (multi-node all-reduce bus bandwidth is the
+  node's NIC aggregate, NVIDIA/nccl-tests#119).  Priced two-level (tried, not adopted), the t=1 and
+  t=2 rows' gradient sync all but vanishes and they come out +23.6% and +15.6% too fast: the summed
+  roofline is too generous to their small GEMMs, by more than the flat ring hides.  Settling it needs
+  GEMM timings by shape on an H100.
+
+Llama 3 405B rows (Dubey et al. 2024, Table 4; a Llama-3-405B-like HF LlamaConfig, fused runtime):
+pinned to Table 4's tp 8, cp, pp 16, dp and section 3.3.2's settings: FSDP without resharding after
+forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding / the head and loss
+(one layer a chunk: V = 8), Table 4's batch per DP as micro-batches of one sequence, no recomputation at
+8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
+8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
+beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (outside ±10%).
+- What these rows rest on: capture prices an HF decoder's attention as eager and every fused stack run
+  it, causal GQA (sapp.models.hf.eager_masks), not as torch.export traces it (a materialised causal mask,
+  a non-causal attention over the whole s^2, 16x copies of the 8 KV heads).  The paper's own settings are
+  priced as stated: no recomputation at 8K, ZeRO-2, interleaving with V = 8 and the embedding / head alone
+  in the end chunks (the bubble at m = 16: 0.74 s; 1.7 s at v = 4).  At 131K the tp level splits the LM
+  head over the tp ranks (Megatron's layout), which keeps the last stage as light as the others.
+- Memory: the 8K rows are priced as run (ran_as_pinned) although sapp's estimate is 93.9 / 85.5 GB per
+  device against the 80 GB they ran in.  sapp counts, per layer and micro-batch, the attention output's
+  transposed copy (34 MB at tp8 + SP; Megatron's flash output is s-major, one tensor), 4.8 GB over the 141
+  layer-micro-batches an interleaved stage holds at V = 8, plus FSDP2's
+  unsharded gradient accumulators under a pipeline (6.4 GB at 8,192 GPUs); the rest of the excess is the
+  paper's own memory work (deallocating stage inputs and outputs, TORCH_NCCL_AVOID_RECORD_STREAMS), not
+  priced.  The free search keeps the capacity, hence its "speed-up" below 1 on those two rows.
+- FLOP convention: TF/GPU counts the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al.
+  for its MFU).  Counting only the causal half (6N + 6LHQT: x0.962 at 8K, x0.714 at 131K) would read
+  449 / 414 / 353 (+4.5 / +3.5 / -7.0%).  sapp's 131K / 8K step ratio at 16,384 GPUs (11.73 / 6.25 s =
+  1.88) lies between the table's whole-s^2 reading (2.27) and its causal one (1.69); neither settles it.
+- The 131K gap is in attention, 40% of that row's priced compute (6% at 8K): the preset's kernel is
+  cuDNN's (518 / 499 TFLOP/s forward / backward, FlashAttention-3 paper); with both at 0.65x of that
+  the row reads +7.0%, at 0.6x +2.6% (FlashAttention-2 on an H100 runs its causal forward at 319
+  TFLOP/s at 4K in the same figure, 0.62x).  The paper names neither its kernel nor, at 131K, its
+  recomputation (every layer recomputed: +11.4%).  Also not priced: the document mask's computation
+  imbalance between micro-batches (the paper's reason for asynchronous p2p), FP32 gradient
+  reduce-scatter (section 3.3.2; it would add 0.2-0.4 s of exposed DP sync), asynchronous p2p (sapp
+  charges the sends to the sender: 0.17-0.35 s) and a vocabulary-parallel loss (sapp gathers the logits
+  and runs the 128K-vocabulary cross entropy on every tp rank)."""
 from __future__ import annotations
 
 import argparse
@@ -140,80 +217,11 @@ for _g, _cp, _dp, _seq, _tf in ((8192, 1, 64, 8192, 430), (16384, 1, 128, 8192, 
         note="V = 8 from the paper's first/last chunk layout", ran_as_pinned=_seq == 8192))
 
 NOTES = """
-Every row is priced PINNED to the published configuration (tp, pp, dp; ZeRO-1 = Megatron's distributed
-optimizer; micro-batch 1 where the source says so; the recomputation the source used) on the datasheet
-preset of its GPU, with one runtime profile for all rows (`--runtime`, default `fused`: Megatron-Core's
-fused kernels, docs/ARCHITECTURE.md "Runtime profiles") plus the flags the row's source says it set:
-the Megatron-LM README's weak-scaling runs set `--tp-comm-overlap` (priced with the
-`fused+tp-overlap` profile: tensor-parallel collectives pipelined against their GEMMs,
-costmodel/tp_overlap.py) and `--overlap-grad-reduce --overlap-param-gather` (the fused profile's
-distributed-optimizer overlap: reduce-scatter behind the last backward, parameter all-gather behind
-the next first forward).  The "eager runtime" column is the same configuration priced as torch eager
-under autocast, to show what the profile changes.  The last column is what sapp's free search picks
-for the same model, cluster and batch.  "[needs sp]": the run used sequence parallelism, pinned on
-here (2021 rows and Korthikanti's baseline / full-recompute rows pin it off; 2021 rows pin ZeRO 0: no
-distributed optimizer then).  The 2021 rows take Table 2's own configuration: its model-parallel size
-(96 = t8 x p12 for 175B, 280 = t8 x p35 for 530B; Table 1's t8 x p8 175B run is another run) and
-micro-batch size 1.  Schedules: the README names no interleaving for its weak-scaling runs,
-so they are priced with Megatron's default schedule (plain 1F1B, no
---num-layers-per-virtual-pipeline-stage); the 2021 rows (the paper's interleaved schedule) leave the
-depth to the search.  The weak-scaling shapes (heads, hidden, layers) are the README's model table's;
-Korthikanti Table 4 is one layer (the 2-layer run minus the 1-layer run, forward + backward per
-micro-batch).
-
-Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"; one model for every
-row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
-the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
-scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
-backward, FlashAttention-3 paper), and the fused profile's loss as Megatron-Core's vocab-parallel
-cross entropy runs it: fp32, one kernel a pass (cast, max, subtract, exp, sum, divide; backward
-multiply and cast back: 38 + 14 bytes a logit element, costmodel/nodes.py).
-
-How close, and what is left (from the breakdown column; no row is corrected):
-- Every Megatron / Korthikanti / Mixtral row is within ±10%.  Closest to the edge: weak scaling 32B
-  (t=8) at -9.8% and 16B (t=4) at -8.9%, predicted slow; 1.7B (t=1, h=2048, the smallest GEMMs) at
-  +7.5% and 2021 175B on 1536 GPUs at +9.5%, predicted fast.
-- Not settled by this table: data-parallel groups that hold several ranks in a node (t < 8 here)
-  are priced as one ring on one NIC per GPU.  NCCL's rings leave a node through all of its NICs, so
-  such a group's cross-node bandwidth is k NICs' worth (multi-node all-reduce bus bandwidth is the
-  node's NIC aggregate, NVIDIA/nccl-tests#119).  Priced two-level (tried, not adopted), the t=1 and
-  t=2 rows' gradient sync all but vanishes and they come out +23.6% and +15.6% too fast: the summed
-  roofline is too generous to their small GEMMs, by more than the flat ring hides.  Settling it needs
-  GEMM timings by shape on an H100.
-
-Llama 3 405B rows (Dubey et al. 2024, Table 4; a Llama-3-405B-like HF LlamaConfig, fused runtime):
-pinned to Table 4's tp 8, cp, pp 16, dp and section 3.3.2's settings: FSDP without resharding after
-forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding / the head and loss
-(one layer a chunk: V = 8), Table 4's batch per DP as micro-batches of one sequence, no recomputation at
-8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
-8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
-beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (outside ±10%).
-- What these rows rest on: capture prices an HF decoder's attention as eager and every fused stack run
-  it, causal GQA (sapp.models.hf.eager_masks), not as torch.export traces it (a materialised causal mask,
-  a non-causal attention over the whole s^2, 16x copies of the 8 KV heads).  The paper's own settings are
-  priced as stated: no recomputation at 8K, ZeRO-2, interleaving with V = 8 and the embedding / head alone
-  in the end chunks (the bubble at m = 16: 0.74 s; 1.7 s at v = 4).  At 131K the tp level splits the LM
-  head over the tp ranks (Megatron's layout), which keeps the last stage as light as the others.
-- Memory: the 8K rows are priced as run (ran_as_pinned) although sapp's estimate is 93.9 / 85.5 GB per
-  device against the 80 GB they ran in.  sapp counts, per layer and micro-batch, the attention output's
-  transposed copy (34 MB at tp8 + SP; Megatron's flash output is s-major, one tensor), 4.8 GB over the 141
-  layer-micro-batches an interleaved stage holds at V = 8, plus FSDP2's
-  unsharded gradient accumulators under a pipeline (6.4 GB at 8,192 GPUs); the rest of the excess is the
-  paper's own memory work (deallocating stage inputs and outputs, TORCH_NCCL_AVOID_RECORD_STREAMS), not
-  priced.  The free search keeps the capacity, hence its "speed-up" below 1 on those two rows.
-- FLOP convention: TF/GPU counts the whole s^2 (PaLM's 6N + 12LHQT; the paper cites Chowdhery et al.
-  for its MFU).  Counting only the causal half (6N + 6LHQT: x0.962 at 8K, x0.714 at 131K) would read
-  449 / 414 / 353 (+4.5 / +3.5 / -7.0%).  sapp's 131K / 8K step ratio at 16,384 GPUs (11.73 / 6.25 s =
-  1.88) lies between the table's whole-s^2 reading (2.27) and its causal one (1.69); neither settles it.
-- The 131K gap is in attention, 40% of that row's priced compute (6% at 8K): the preset's kernel is
-  cuDNN's (518 / 499 TFLOP/s forward / backward, FlashAttention-3 paper); with both at 0.65x of that
-  the row reads +7.0%, at 0.6x +2.6% (FlashAttention-2 on an H100 runs its causal forward at 319
-  TFLOP/s at 4K in the same figure, 0.62x).  The paper names neither its kernel nor, at 131K, its
-  recomputation (every layer recomputed: +11.4%).  Also not priced: the document mask's computation
-  imbalance between micro-batches (the paper's reason for asynchronous p2p), FP32 gradient
-  reduce-scatter (section 3.3.2; it would add 0.2-0.4 s of exposed DP sync), asynchronous p2p (sapp
-  charges the sends to the sender: 0.17-0.35 s) and a vocabulary-parallel loss (sapp gathers the logits
-  and runs the 128K-vocabulary cross entropy on every tp rank).
+Every row is priced PINNED to the published configuration on the datasheet preset of its GPU, with one
+runtime profile for all rows (`--runtime`, default `fused`) plus the flags the row's source says it set.
+"eager runtime": the same configuration priced as torch eager under autocast; the last column: sapp's free
+search for the same model, cluster and batch; "[needs sp]": the run used sequence parallelism, pinned on
+here.  How each row is configured and priced, and what is left: the docstring of bench/published.py.
 """
 
 def _extra_rows():
