@@ -57,6 +57,8 @@ def add_arguments(p):
     p.add_argument("--group", metavar="NAME",
                    help="mixed-cluster plan, one `sapp run` per node: the group this node runs (default: the group "
                         "planned for the device kind this node reports; refused when the kinds differ)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the torchrun command and torch's own launch messages (default: one launch line)")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="run a plan priced for GPUs on this machine's CPU processes anyway (its predictions are not "
                         "this machine's); without it such a plan is refused before launching")
@@ -302,10 +304,49 @@ def local_address(endpoint: str) -> str:
                          "of node 0 as the other nodes reach it") from None
 
 
+def _launch(cmd, env, args):
+    """The launcher's exit code, or None when Ctrl-C or SIGTERM stopped the job: the launcher (in this
+    process group for Ctrl-C, sent SIGTERM otherwise) stops its workers, and one line says where
+    the job stands, with its last checkpoint."""
+    import signal
+    proc = subprocess.Popen(cmd, env=env)
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt as e:
+        how = str(e) or "Ctrl-C"
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, OSError):
+            proc.kill()
+            proc.wait()
+        print(f"sapp run: stopped by {how}; {_last_checkpoint(args)}", file=sys.stderr, flush=True)
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _last_checkpoint(args) -> str:
+    d = getattr(args, "checkpoint_dir", None)
+    if not d:
+        return "no checkpoints were kept (--checkpoint-dir keeps them)"
+    from ..emit.runtime.checkpoint_find import committed
+    done = committed(d)
+    if not done:
+        return f"no checkpoint was committed in {d} yet"
+    step, path = done[-1]
+    return f"the last checkpoint is step {step} ({path}): continue with --resume"
+
+
 def run(args):
     plan, nproc = precheck(args)
     cmd = command(args, nproc)
-    print(f"sapp run: launching {nproc} process(es) per node: {' '.join(cmd[1:])}", flush=True)
+    print(f"sapp run: launching {nproc} process(es) per node" + (f": {' '.join(cmd[1:])}" if args.verbose else
+                                                                 " (--verbose shows the torchrun command)"), flush=True)
     from ..emit.runtime.lifeline import child_env
     env = child_env(dict(os.environ, SAPP_RUN_PRECHECKED="1"))     # the launcher dies with this process
     # torchrun's c10d rendezvous shares its TCPStore with the workers' init_process_group; after an
@@ -325,7 +366,13 @@ def run(args):
     with tempfile.TemporaryDirectory(prefix="sapp-fail-") as fail_dir:
         # ranks record their errors here; the first failing rank's frames are printed once, below
         env["SAPP_FAIL_DIR"] = fail_dir
-        rc = subprocess.call(cmd, env=env)
+        if not args.verbose:
+            if nproc > 1:                        # what torchrun sets anyway, without its banner saying so
+                env.setdefault("OMP_NUM_THREADS", "1")
+            env.setdefault("TORCH_LOGS", "-distributed")  # torch's agent: no warning per worker it stops
+        rc = _launch(cmd, env, args)
+        if rc is None:                             # stopped by the user: said in one line
+            return 130
         if rc in (FAILED_EXIT, TIMEOUT_EXIT):      # the launcher said it in one line
             return rc
         lines = failure.report(fail_dir) if rc != 0 else []

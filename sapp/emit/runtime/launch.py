@@ -133,10 +133,15 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     try:
         run.main(argv)
+    except SignalException as e:        # Ctrl-C / SIGTERM: the workers are stopped; `sapp run` says so in one line
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        return 130
     except ChildFailedError as e:       # torchrun would print its own traceback around the summary
         codes = {f.exitcode for f in e.failures.values()}
         if 2 in codes and codes <= {2, -15}:     # a SappError, said in one line by the rank (the rest stopped)

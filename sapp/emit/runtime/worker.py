@@ -313,4 +313,7 @@ def summary(args, plan, world, prog, losses, times, start=0):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:       # Ctrl-C reaches every rank: `sapp run` says it in one line
+        sys.exit(130)
