@@ -7,6 +7,8 @@ micro-batches and schedule, and `plan`: the ordinary pp plan every rank runs (sa
 stages are the same, numbered in group order, with the mixed predictions."""
 from __future__ import annotations
 
+from .units import fmt_time
+
 
 def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
     from .api import build_plan
@@ -62,16 +64,16 @@ def explain_lines(doc) -> list:
             where = f"{blk[0]}..{blk[-1]}" if len(blk) > 1 else (blk[0] if blk else "no blocks")
             glue = [u for u in s["units"] if u not in blk]
             lines.append(f"    stage {s['index']}: {len(blk)} layers ({where}{', ' + ', '.join(glue) if glue else ''}), "
-                         f"fwd {s.get('fwd_s', 0):.4g} s bwd {s.get('bwd_s', 0):.4g} s per micro-batch"
-                         + (f", link send {max(s['link_send_s']):.3g} s" if max(s.get('link_send_s') or [0]) > 0 else ""))
+                         f"fwd {fmt_time(s.get('fwd_s', 0))} bwd {fmt_time(s.get('bwd_s', 0))} per micro-batch"
+                         + (f", link send {fmt_time(max(s['link_send_s']))}" if max(s.get('link_send_s') or [0]) > 0 else ""))
     link = doc["cluster"]["link"]
-    lines.append(f"  sends over the link between groups: {pr.get('cross_group_send_s', 0):.4g} s per micro-batch over "
+    lines.append(f"  sends over the link between groups: {fmt_time(pr.get('cross_group_send_s', 0))} per micro-batch over "
                  f"{link['bw'] / 1e9:.4g} GB/s per device")
-    lines.append(f"  predicted step {pr['step_time_s']:.4g} s ({pr['samples_per_s']:.4g} samples/s), "
-                 f"bubble {pr.get('bubble_s', 0):.4g} s")
+    lines.append(f"  predicted step {fmt_time(pr['step_time_s'])} ({pr['samples_per_s']:.4g} samples/s), "
+                 f"bubble {fmt_time(pr.get('bubble_s', 0))}")
     d = doc["baselines"].get("data_mode")
     lines.append("  data mode (uneven batch shares): " + ("does not fit" if d is None else
-                                                           f"{d:.4g} s ({d / pr['step_time_s']:.3g}x)"))
+                                                           f"{fmt_time(d)} ({d / pr['step_time_s']:.3g}x)"))
     return lines
 
 

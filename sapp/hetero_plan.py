@@ -12,6 +12,7 @@ import math
 from . import schema as _schema
 from .errors import InfeasibleError, PlanError, SappError
 from .search.hetero import SCHEMA
+from .units import fmt_time
 
 MODES = ("auto", "data", "pipeline")
 
@@ -140,13 +141,13 @@ def explain(doc) -> str:
         if g["batch_share"]:
             p = g["parallel"]
             lines.append(f"  group {g['name']}: {g['devices']} devices, share {g['batch_share']}/{gb}, "
-                         f"dp={p['dp']} tp={p['tp']} pp={p['pp']}, step {g['step_time_s']:.4g} s")
+                         f"dp={p['dp']} tp={p['tp']} pp={p['pp']}, step {fmt_time(g['step_time_s'])}")
         else:
             lines.append(f"  group {g['name']}: {g['devices']} devices, unused (its share would slow the step)")
     link = doc["cluster"]["link"]
-    lines.append(f"  cross-group gradient all-reduce: {pr['cross_group_sync_s']:.4g} s over {link['bw'] / 1e9:.4g} GB/s "
+    lines.append(f"  cross-group gradient all-reduce: {fmt_time(pr['cross_group_sync_s'])} over {link['bw'] / 1e9:.4g} GB/s "
                  f"per device")
-    lines.append(f"  predicted step {pr['step_time_s']:.4g} s ({pr['samples_per_s']:.4g} samples/s)")
+    lines.append(f"  predicted step {fmt_time(pr['step_time_s'])} ({pr['samples_per_s']:.4g} samples/s)")
     return "\n".join(lines + _baselines(base, pr)) + "\n"
 
 
@@ -154,10 +155,10 @@ def _baselines(base, pr) -> list:
     lines = []
     for name, t in base["alone"].items():
         lines.append(f"  baseline {name} alone: " + ("does not fit" if t is None else
-                                                      f"{t:.4g} s ({t / pr['step_time_s']:.3g}x)"))
+                                                      f"{fmt_time(t)} ({t / pr['step_time_s']:.3g}x)"))
     u = base["uniform_slowest"]
     lines.append("  baseline all devices as the slowest kind: " + ("does not fit" if u is None else
-                                                                     f"{u:.4g} s ({u / pr['step_time_s']:.3g}x)"))
+                                                                     f"{fmt_time(u)} ({u / pr['step_time_s']:.3g}x)"))
     return lines
 
 

@@ -93,3 +93,8 @@ def printable(text) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def plural(n, word: str, many: str = "") -> str:
+    """'1 node', '2 nodes' (`many`: an irregular plural)."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {many or word + 's'}"

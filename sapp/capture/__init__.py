@@ -400,7 +400,9 @@ def _explain(err, where, root, ours=False):
     if "past_key_values" in low or "cache" in low:
         hint = "for Hugging Face models set use_cache=False in the config"
     elif "data-dependent" in low or "data dependent" in low or "guard" in low or "item()" in low:
-        what = getattr(err, "sapp_hint", None) or "capture the model with real parameters and example inputs (not meta)"
+        what = getattr(err, "sapp_hint", None) or ("from Python, capture it with real parameters and example inputs "
+                                                    "(sapp.search(model_on_cpu, cluster, example_inputs=...); no CLI flag "
+                                                    "does this)")
         hint = (f"avoid Python control flow on tensor values in forward (use torch.where / torch.cond), or {what}: "
                 "the branch then follows their values")
     elif "argument" in low or "positional" in low or "missing" in low:

@@ -1,7 +1,7 @@
 """`explain(plan) -> str`: why this plan, where the time and memory go, what binds it, what came next."""
 from __future__ import annotations
 
-from ..units import fmt_bytes, fmt_count, fmt_time
+from ..units import plural, fmt_bytes, fmt_count, fmt_time
 from ._common import (as_plan, capacity, get, opt, placement_label, recompute_label, stage_memory,
                       throughput)
 
@@ -41,6 +41,11 @@ def binding_constraint(plan):
         "host work": "host-side work (offloaded optimizer/embeddings) dominates; keep more state on the device",
     }
     label = {"compute": "compute", "communication": "comm", "pipeline bubble": "bubble", "host work": "host"}[name]
+    second = max((k for k in sorted(parts) if k != name), key=lambda k: parts[k], default=None)
+    if share < 0.5 and second is not None and parts[second] >= 0.2 * step:
+        # no one part holds the step: both are named (compute 44% beside 31% host work is not "only kernels")
+        return label, (f"{name} is {100 * share:.0f}% and {second} {100 * parts[second] / step:.0f}% of the step: "
+                       f"{reasons[name]}; and {reasons[second]}")
     return label, f"{name} is {100 * share:.0f}% of the step: {reasons[name]}"
 
 
@@ -104,7 +109,7 @@ def explain(plan) -> str:
     n = plan["devices"]
     cname = cl.get("name", "cluster")
     out.append(f"Plan for {model.get('name', '?')} ({fmt_count(model.get('params', 0))} params, global batch "
-               f"{model.get('global_batch', '?')}) on {n} x {cname} ({cl.get('nodes')} nodes x {cl.get('gpus_per_node')})")
+               f"{model.get('global_batch', '?')}) on {n} x {cname} ({plural(cl.get('nodes'), 'node') if isinstance(cl.get('nodes'), int) else cl.get('nodes')} x {cl.get('gpus_per_node')})")
     levels = get(plan["mesh"], "levels", default=[]) or []
     mesh_s = " x ".join(f"{lv['size']}{'i' if lv['link'] == 'intra' else 'n'}" for lv in levels) or "1"
     cp = par.get("cp", 1)

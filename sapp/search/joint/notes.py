@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...calibrate.status import trust_note
-from ...units import fmt_bytes, fmt_time
+from ...units import fmt_bytes, fmt_time, plural
 
 
 def notes(ctx, res):
@@ -14,9 +14,9 @@ def notes(ctx, res):
         out.append(f"{cfg.pp} pipeline stages with {cfg.m} micro-batches ({cfg.schedule}"
                    f"{', v=' + str(cfg.v) if cfg.v > 1 else ''}): bubble {res.bubble_s / res.step_time_s:.1%} of the step")
         if any(0 in (s.chunks or ()) for s in res.stages):
-            out.append(f"Llama 3's interleaved layout: the first / last stage holds {cfg.v - 1} blocks, its first / "
-                       f"last chunk only the embedding / the head and loss (torch.distributed.pipelining runs a "
-                       f"virtual stage without blocks)")
+            out.append(f"first / last chunk without blocks (Llama 3's interleaved layout): the first / last stage holds "
+                       f"{plural(cfg.v - 1, 'block')}, its first / last chunk only what runs before / after the blocks "
+                       f"(torch.distributed.pipelining runs a virtual stage without blocks)")
     else:
         out.append("no pipeline: the model's states and activations fit one stage"
                    + (f" with {cfg.m} accumulation steps" if cfg.m > 1 else ""))
@@ -47,7 +47,7 @@ def notes(ctx, res):
     if len(ctx.best_by_placement) > 1:
         ranked = sorted(ctx.best_by_placement.items(), key=lambda kv: (kv[1][0], kv[0]))
         out.append("placement weighed: " + "; ".join(
-            f"{name} best {fmt_time(t)} ({c.describe()})" for name, (t, c) in ranked)
+            f"{name} best {fmt_time(t)} ({_as_placed(c)})" for name, (t, c) in ranked)
             + f" -> {ranked[0][0]} wins")
     out.append(_OVERLAP_NOTES[getattr(res, "overlap", "none")])
     if getattr(res, "overlap", "none") == "fsdp-units" and cfg.zero == 3:
@@ -90,3 +90,11 @@ _OVERLAP_NOTES = {
                          "all-gather with the next first forward), as Megatron-Core's distributed optimizer does "
                          "(runtime fused: priced, not what sapp run emits); the last bucket is exposed"),
 }
+
+
+def _as_placed(cfg) -> str:
+    """A configuration's degrees without its sequence-parallel flag: whether SP is placed depends on the
+    model's ops (a Wide&Deep has none to split by sequence, and its plan says sp false), which the
+    placement comparison does not work out; the plan's `parallel.sp` says it for the chosen one."""
+    text = cfg.describe()
+    return text[:-len(" sp")] if text.endswith(" sp") else text
