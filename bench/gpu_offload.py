@@ -12,7 +12,15 @@ Needs a CUDA device (refuses in one line without one).  Three parts, all on this
   3. for each model: plans pinned to optimizer-on-host and optimizer-on-device (dp = tp = pp = 1),
      searched on that cluster, run with `sapp run --nproc 1`: measured vs predicted step time, and
      whether the faster of the two is the one the price picks.
-Writes gpu_offload.{md,json} in --out."""
+Writes gpu_offload.{md,json} in --out.
+
+Reading the figures (bench/RESULTS.md §9):
+- Under-priced by 26-31%: the worker's Adam runs about 1.45x slower beside a GPU-driving process
+  than alone (0.44 s against 0.31 s for 1.42 G params), and the hooks and the worker cost about 0.3-1 ms
+  per parameter tensor; the cost model has no term for either.  Device memory of the offload plans is
+  7-11% under.
+- The asynchronous overlap path equals offload-after-backward bit for bit on the GPU
+  (`tests/test_offload_overlap.py::test_cuda_async_overlap_equals_offload_after_backward`, skipped on CPU)."""
 from __future__ import annotations
 
 import argparse

@@ -12,7 +12,34 @@ all devices as the slowest kind: one more homogeneous search of 1024 devices) an
 Each case line also gives the pipeline mode's best step (stages on the groups, sapp/search/hetero_pipeline.py)
 beside the data mode's, or "> X s (pruned)" when none beats the data mode's X (the auto mode skips the
 configurations whose step floor reaches X, so their steps stay unknown); `--only link` is one case over
-a slow link between the groups (0.3 GB/s per device, batch 256), where the pipeline mode is the faster."""
+a slow link between the groups (0.3 GB/s per device, batch 256), where the pipeline mode is the faster.
+
+The pipeline mode (bench/RESULTS.md §18):
+Pipeline mode (sapp/search/hetero_pipeline.py; `sapp search --mixed-mode pipeline` forces it).  On
+the four cases above it is 3-7% slower than the data mode (no plan changes).  It wins where the link between
+the groups is slow against the gradient: gpt3-13b, batch 256, 0.3 GB/s per device (the `link` row):
+3 stages x 32 devices, 8 micro-batches, 1F1B, ZeRO-2; A100 stages 13 and 8 layers, H100 stage 19
+(the A100 stage that sends over the link holds fewer), 4.706 s against the data mode's 5.294 s (which
+leaves the A100s idle).  *The uniform baseline there assumes the groups' own fast links between all
+96 devices, so it is not a plan this cluster can run.  On gpt3-13b over 512 A100s + 512 H100s (B
+1024) the pipeline search alone costs 0.64 CPU s (40 of 80 configurations and orders priced: each
+configuration gets a provable step floor, `hetero_pipeline.step_floor`, and is priced in floor order
+until a floor exceeds the best step; the result is the exhaustive search's to the bit, ties included).
+Under `--mixed-mode auto` the data mode's step is the cutoff: there no floor beats it, nothing is
+priced (0.18 CPU s), and both
+modes' search is 2.8-3.0x the homogeneous one (§12, load average 4-5).  The auto mode then reports the
+pipeline mode as above the data mode's step ("> X s (pruned)", the `hetero_figures` case lines and
+`sapp search`); the pipeline steps in the table above are the pipeline mode searched alone (no
+cutoff), equal bit for bit to the exhaustive search's.  `pytest tests/test_hetero_pipeline.py` (2026-11-28, 28 s, default
+suite): two one-device CPU groups, `cpu` declared 3× slower, model of 8 float64 blocks, batch 16:
+the pipeline plan puts 2 layers on `cpu` and 6 on `cpu-2`, a stage's price on `cpu` is 3.00× the
+same units' on `cpu-2`, and `sapp run` of it (2 gloo ranks, pp=2, 16 micro-batches, 1F1B) gives the
+float64 losses of 3 Adam steps equal to one process within 1e-9; tp inside a stage, interleaved
+chunks and groups out of stage order are refused in one line before launch; the auto mode keeps the
+data mode at the groups' 2 GB/s link and the pipeline over a link 200× slower.  Not shown: tp, cp, ep
+or host placement inside a pipeline stage (not searched; tp refused under `sapp run`), a group
+left idle by the pipeline mode, multi-node `sapp run` of a pipeline plan (the ranks refuse nodes
+that joined out of the groups' order), GPUs."""
 from __future__ import annotations
 
 import argparse

@@ -18,7 +18,16 @@ column) from a pool of --workers slots; an emission child forks its 2 gloo ranks
 --timeout is killed with its ranks (its own process group).  Each result is one JSONL line: a rerun
 skips what is done (resumable), --shard i/n takes every n-th architecture.  All cheap cases run before
 any emission case.  Every failure carries a named class (`classify`) and a one-line reason; --report
-prints each column's share and every class with its count."""
+prints each column's share and every class with its count.
+
+Refusals (bench/RESULTS.md §11):
+- Every other row is refused before the first step, in one line:
+  - pp2: albert, hrm_text (too few blocks); xlm, flaubert (data-dependent output in stage 0); longt5,
+    longformer, led, fsmt (a forward branching on values or a mask built outside export).
+  - tp2: big_bird, bigbird_pegasus, prophetnet, t5gemma2 (the shape audit).
+  - tp2+SP: the same four, and encoder-decoder (an SP entry holding a stack of blocks).
+- Capture refuses in one line: ibert (QuantAct's `.data.min()`), jetmoe (routing sizes are unbacked
+  symbols), switch_transformers (a module reassigned in forward)."""
 from __future__ import annotations
 
 import argparse

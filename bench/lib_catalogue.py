@@ -18,7 +18,20 @@ no error, confirmed in float64).
 
     python -m bench.lib_catalogue [--out FILE.jsonl] [--columns cheap,dp2,pp2,tp2,tp2+sp] [--only a,b]
                                   [--timeout 300] [--workers 1] [--f64 differ|all]
-    python -m bench.lib_catalogue --report [--out FILE.jsonl]"""
+    python -m bench.lib_catalogue --report [--out FILE.jsonl]
+
+What the probe set takes (bench/RESULTS.md §20):
+What that takes here: every rank
+starts from rank 0's weights (FT-Transformer and TabTransformer draw theirs from Python's `random`);
+a module registered under two paths is one module, not a tie (Performer); a lone column split needs
+an output width tp divides (FT-Transformer's 1-wide head); fused projections split by pieces; head
+counts held by einops layers (x-transformers' `Rearrange(..., h=heads)`) set to a rank's share by the
+shape audit.
+
+Fused projections split by pieces: vit-pytorch's ViT, SimpleViT, PiT and T2T-ViT split their fused
+`to_qkv` ([64, 64, 64]) by heads with `to_out` row-split, CrossViT its `to_kv`, and PerceiverIO its
+GEGLU `net.0` ([256, 256]).  DeepViT and XCiT keep `to_qkv` a gathered column split: their attention
+mixes heads (re-attention, cross-covariance), which the layout does not split.  Not shown: scale, GPUs."""
 from __future__ import annotations
 
 import argparse

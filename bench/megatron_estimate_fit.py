@@ -3,7 +3,24 @@
 (sapp/engines/megatron_estimate.py, main's formula).
 
     python -m bench.megatron_estimate_fit
-"""
+
+Why Megatron's estimate misses the exports (bench/RESULTS.md §16):
+core_v0.16.1's estimate fits none of the four, main's only Mixtral, for reasons in the estimator: it
+counts 4-byte main_grads (6 + 12/dp bytes a parameter) although `--grad-reduce-in-bf16` keeps them in
+bf16; it ignores context parallelism (a rank holds s/cp tokens; the distributed optimizer shards over
+dp x cp) and full recomputation (Llama-3-70B recomputes the first 8 layers of each stage);
+core_v0.16.1 does not divide the experts by ep (main does). sapp/engines/megatron_estimate.py's port
+reproduces both releases' totals exactly.  "completed" is main's formula with those terms added
+(`estimate(..., completed=True)`; not Megatron's number): below sapp's peak for GPT-3, Llama-3-8B and
+Mixtral; for Llama-3-70B above it and above capacity, because its export is sequence-parallel with full
+recomputation and Megatron's estimator (so the port) has an SP formula only for selective
+recomputation: the non-SP one divides neither the 10 sbh a layer nor the kept layer inputs by tp.
+Activations (with transients), sapp / completed formula: 42.1 / 41.1, 27.6 / 34.3, 47.8 / 35.8, 32.9 /
+20.1 GiB (the formula prices a MoE layer as a dense MLP, with nothing for top-2 routing; Megatron-Core's
+own MoE layer keeps 58.5 sbh less its norms against a dense SwiGLU one's 33, below); weights, gradients
+and optimizer: 23.3 / 22.8, 42.6 / 40.2, 18.7 / 17.8, 17.6 / 17.6 (`python -m bench.megatron_estimate_fit`'s
+second table).  sapp's peak is the plan as exported (Megatron's
+recomputation flags), priced so."""
 from __future__ import annotations
 
 import os

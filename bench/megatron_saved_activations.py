@@ -32,7 +32,35 @@ sapp's side.  The zoo model of the same shape (GPT with SDPA attention / Llama /
 every op unsplit on one device, priced under the "fused" runtime (Megatron's: every float activation
 bf16) by pipeline.profile.unit_activations: (none, selective, full) bytes of one block.  sapp's zoo
 attention is SDPA (flash), so its "none" is the flash-attention layer: compared with Megatron's
-selective figure.  Coefficient = bytes per token per layer / h ("sbh" units)."""
+selective figure.  Coefficient = bytes per token per layer / h ("sbh" units).
+
+Reading the figures (bench/RESULTS.md §19):
+- "Flash-equivalent" is the layer with selective recomputation of `core_attn`: a CPU runs Megatron's local
+  DotProductAttention, which keeps the scores (24-24.5 sbh more here: fp32 softmax and its bf16 copy), while
+  a GPU's flash attention keeps the core's inputs, what the checkpointed core keeps too (less flash's fp32
+  log-sum-exp, 4a/h).  The norms are shown apart: a CPU's torch RMSNorm keeps an fp32 copy (8 sbh a norm),
+  the fused kernel the bf16 input and an fp32 1/rms (2 + 4/h), which sapp prices as 2.
+- What the "fused" runtime prices as Megatron-Core's kernels keep it (sapp/costmodel/fusion.py, found
+  from the graph; `pytest tests/test_fused_saves.py`, 7 passed in 7 s):
+  - the bias-SwiGLU kernel keeps only its input [gate | up] and recomputes silu in backward;
+  - flash attention returns the [s, b, h] layout the output projection reads: one tensor, where sapp's
+    zoo attention makes a (b, s, h) copy (2 sbh);
+  - flash attention reads k and v at their kv heads: the expand + reshape copy an eager GQA model makes
+    for every query head is not kept (1.5 sbh each here, kv 1 head in 4);
+  - Megatron's v is a view of the fused q/k/v projection; where rotary made q and k new tensors, that
+    view keeps the whole projection alive (3 sbh here against v's 0.5), and v is priced so;
+  - the routing weights are applied inside the SwiGLU (weighted_bias_swiglu), so the gathered expert
+    outputs are not kept for their gradient (4 sbh).
+  The remaining -0.25 sbh of attention: Megatron's unfused rotary code keeps a bf16 cos and sin table for
+  q and again for k.  The zoo's Mixtral-like MoE attention is rotary, as the models it stands for.
+- Under cp the fused profile's own k and v (grouped, un-repeated) are what a rank trades for the
+  gathered ones (sapp/search/joint/cp.py `kv_saved_per_sample`), not the repeated copies.
+- A plan the search packs to the edge of memory can outgrow it once conformed to Megatron (its equal
+  middle stages, its "full on the first N layers"): `sapp search --target megatron` then searches again
+  with what conforming added held back from usable memory (sapp/engines/__init__.py `best_plan`;
+  `pytest tests/test_engines_best_plan.py`).  Llama-3-70B with cp 2 on 128 H100s: the first plan
+  conformed to 77.80 GB of 77.60 usable (+2.0 GB); searched again, tp 2 pp 4, 62.32 s/step at 75.35 GB
+  (70.2 GiB), where the uniform-recomputation fallback gives 68.04 s."""
 from __future__ import annotations
 
 import argparse

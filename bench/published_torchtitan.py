@@ -27,7 +27,49 @@ tokens/s is within ±`--band` percent (default 10) of the published figure, foun
 TFLOP/s (a row's tokens/s rises with the peak: checked at A and B, refused in one line if not).
 
 Nothing here is fitted to the published rows: the cluster is the stated hardware, the configuration the
-stated one, the runtime profile what torchtitan's code runs."""
+stated one, the runtime profile what torchtitan's code runs.
+
+What is priced, and what is not (bench/RESULTS.md §16):
+torchtitan as it runs (`python -m bench.published_torchtitan`, 2026-12-01, predicted): imports and
+`--target torchtitan` price through the `torchtitan` runtime profiles (`torchtitan` for 0.3,
+`torchtitan-0.2.2` for 0.2.2: the same terms but the attention kernel) — op-level selective
+checkpointing as torchtitan's policy saves (every other `mm` and the attention output per block,
+`sapp/recompute/op_sac.py`), fp32 gradient reduction, bf16 activations with the loss on fp32 logits,
+and the kernels torchtitan's code runs (`sapp/costmodel/torchtitan.py`): the loss pass by pass (22 / 26
+B a logit), the clip + foreach AdamW update (96 B a parameter), and at the loss's backward the two fp32
+gradients of the logits plus the caching allocator's block of the freed bf16 logits, which neither fp32
+request fits (10 B a logit beside the stash; torchtitan logs `max_reserved`); under tp the loss is
+vocab-parallel (`loss_parallel`), so the log-probabilities and those gradients are a tp rank's share.
+FSDP2's copies around its collectives are priced as torch's `_fully_shard` code runs them (torch 2.13;
+bytes at the cluster's memory rate): the all-gather copy-in (the fp32 shard cast to bf16, then into the
+all-gather input: 10 B a shard element) runs on FSDP2's copy-in stream and goes with the gather it
+feeds (hidden as the gather is); the copy-out into the unsharded parameters (4 B an element,
+wherever the all-gather is priced: each forward and backward at ZeRO-3, once a step at ZeRO-2) and
+the reduce-scatter copy-in (bf16 gradients into the fp32 input, 6 B an element, once a step with the
+gradient sync; reported in it) run on the compute stream and are never hidden; an fp32 reduce needs
+no divide kernel and its output is the sharded gradient as a view.  A block's backward holds its unsharded
+gradients and one fp32 reduce-scatter input beside its gathered parameters (6 B a parameter).
+The benchmark's rows are priced under `torchtitan-2412`, the same profile on the benchmark's own stack
+(torchtitan 9dec370, torch of Dec 2024), which adds two kernels a current stack runs faster: its eager
+RMSNorm (`x.float()`, pow, mean, rsqrt, mul, `type_as`, weight: 36 B an element forward, 92 backward,
+where a fused norm moves 4 and 8) and SDPA's FlashAttention-2 on H100 (cuDNN attention was
+deprioritised then; FA-3 paper's figures, FA-2 over cuDNN 319/518 forward, 310/499 backward).
+
+Both rows' tokens/s are within ±10% for a peak from 835 to 914.4 TFLOP/s (the same command, bisection
+to 0.5 TFLOP/s), the lower half of the stated range; memory is within ±10% on both rows.  The peak of a
+500 W H100 is the one figure no code states (the benchmark says only that it lies between the two).
+FSDP2's copies take 1.7–2.0% off the tokens/s (+6.0/+5.3% at NVL and +17.6/+16.2% at SXM without
+them); they do not move the memory peak: it is the loss's backward, where FSDP2 holds no
+reduce-scatter buffer yet (the root's post-forward frees the last all-gather output).  Not priced:
+views that copy (the k/v head repeat, the attention output's `contiguous`), the complex fp32 rotary,
+NCCL kernels and the overlapped copy-in taking SMs and memory bandwidth from compute, the all-gather
+output held beside the unsharded parameters in forward; under tp the loss's passes are timed on the
+whole logits (vocab-parallel in memory only).  That a current torch's SDPA runs cuDNN's kernel on
+Hopper (the `torchtitan-0.2.2` profile prices cuDNN's figure) and torchtitan 0.3's varlen attention
+FlashAttention-3 (the `torchtitan` profile) is read from their code, not measured on a GPU here.  The
+memory left (6.3 and 4.9 GiB below) is reserved beyond the loss's one block (the allocator's other
+cached blocks), not modelled.  No plan of `python -m bench.published` (§8) or `python -m
+bench.plan_golden check` uses these profiles."""
 from __future__ import annotations
 
 import argparse

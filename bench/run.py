@@ -3,7 +3,23 @@ sapp.search, next to the baselines of bench/baselines.py and (where H3's bench/j
 afford it) the exhaustive optimum.  Writes results.md / results.json / results.csv.
 
 Headline columns are speedups: baseline step time / sapp step time (> 1: sapp's plan is faster; the
-same cost model scores both).  An infeasible baseline shows as OOM."""
+same cost model scores both).  An infeasible baseline shows as OOM.
+
+Reading the figures (bench/RESULTS.md §1):
+What it shows:
+- sapp is never slower than a baseline, by construction (each baseline is a constrained version of the
+  same search), and it equals the exhaustive optimum wherever that ran (1.00), or beats it (0.98) where
+  recomputing only some blocks does better than any one policy for all blocks.
+- The gains are largest where a hand recipe does not fit the problem's shape: Megatron's tp = 8 on
+  ResNet-50 (7.75-7.99x) and BERT-large (1.91-1.97x), ZeRO-3 at 512-1024 devices (up to 3.36x), where
+  parameter traffic dominates.  Against Megatron on GPT the gain is 1.08-1.54x: that recipe is close to
+  optimal there.
+
+What it does not show: any measured time.  Every column is priced by the same cost model, so the table
+measures the search given the model; how close the model is to real runs is in §8 (published runs),
+§6 (the truth matrix) and §4 (one GPU).  A full `python -m bench` takes about 200 s on an idle CPU box
+and over 20 minutes on the loaded one (about a minute a case); search seconds per case are in its
+generated output."""
 from __future__ import annotations
 
 import argparse
