@@ -240,7 +240,8 @@ class Constraints:
                 raise ConstraintError(f"stage map is not contiguous (stage {x} is followed by stage {y}); number "
                                       f"stages 0, 1, 2, ... in block order")
         if per[0] != 0:
-            raise ConstraintError("stage map must start at stage 0 with the first block")
+            raise ConstraintError(f"stage map puts the first block {first} in stage {per[0]}; it always starts stage 0 "
+                                  f"(--split-before names where stages 1, 2, ... start: leave {first} out)")
         n = per[-1] + 1
         if self.pp is not None and n != self.pp:
             raise ConstraintError(f"stage map has {n} stages but pp={self.pp}; make them agree")

@@ -16,6 +16,22 @@ def add_constraint_arguments(p):
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "none"), help="pipeline schedule")
     g.add_argument("--virtual-chunks", type=int, help="chunks per device for the interleaved schedule")
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="recomputation for every block")
+    g.add_argument("--recompute-block", action="append", default=[], metavar="PATTERN=POLICY",
+                   help="recomputation of the blocks matching PATTERN (a block name, its prefix or a glob; repeat "
+                        "for several), the rest as --recompute or searched: e.g. --recompute-block 'h.0=full' "
+                        "--recompute-block 'h.1*=selective' (the API's constraints recompute={pattern: policy})")
+    g.add_argument("--split-before", metavar="BLOCK,BLOCK,...",
+                   help="stage boundaries: the first block of every stage after the first, in order, as the "
+                        "plan's split_before names them; pp is their count + 1: e.g. --split-before 'h.12,h.24' "
+                        "for 3 stages of GPT's h.0..35 (the API's constraints stages={block: stage})")
+    g.add_argument("--place", action="append", default=[], metavar="PATTERN=host|device",
+                   help="where a sparse embedding table's weights, gradients and optimizer state live (PATTERN: a "
+                        "parameter or module name or glob; repeat for several): e.g. --place 'deep_emb.*=host' on "
+                        "wide-deep-100m (the API's constraints placement={pattern: place})")
+    g.add_argument("--optimizer-on", choices=("host", "device"),
+                   help="where the dense parameters' optimizer state lives and steps: host offloads it as "
+                        "DeepSpeed's offload_optimizer does, e.g. --optimizer-on host (the API's placement "
+                        "{'optimizer': place})")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage over the dp group")
     g.add_argument("--max-tp", type=int, help="largest tensor-parallel degree to consider")
     g.add_argument("--max-dp", type=int, help="largest data-parallel degree to consider")
@@ -36,7 +52,46 @@ def constraints_from_args(args) -> dict:
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "sp", None) is not None:
         out["sp"] = args.sp == "on"
+    blocks = _pairs("--recompute-block", getattr(args, "recompute_block", None), ("none", "selective", "full"))
+    if blocks:       # the uniform --recompute is the default the patterns override
+        out["recompute"] = {**({"default": args.recompute} if args.recompute else {}), **blocks}
+    place = _pairs("--place", getattr(args, "place", None), ("host", "device"))
+    if getattr(args, "optimizer_on", None):
+        place["optimizer"] = args.optimizer_on
+    if place:
+        out["placement"] = place
+    if getattr(args, "split_before", None):
+        out["stages"] = _stages(args.split_before, out.get("pp"))
     return out
+
+
+def _pairs(flag, values, allowed) -> dict:
+    """PATTERN=VALUE flags as {pattern: value}, each checked (one line naming the bad one)."""
+    from ..errors import UsageError
+    out = {}
+    for kv in values or ():
+        pat, eq, val = kv.rpartition("=")
+        if not eq or not pat.strip():
+            raise UsageError(f"{flag} {kv!r:.80} needs PATTERN=VALUE, e.g. {flag} 'h.0={allowed[-1]}'")
+        if val.strip() not in allowed:
+            raise UsageError(f"{flag} {kv!r:.80}: {val!r:.40} is not one of {', '.join(allowed)}")
+        out[pat.strip()] = val.strip()
+    return out
+
+
+def _stages(text, pp) -> dict:
+    """--split-before 'h.12,h.24' as the stages constraint {'h.12': 1, 'h.24': 2} (the first stage
+    starts at the model's first block, which the constraint fills in)."""
+    from ..errors import UsageError
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    if not names:
+        raise UsageError("--split-before needs block names, e.g. --split-before 'h.12,h.24'")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--split-before names a block twice ({text!r:.80}); name each stage's first block once")
+    if pp is not None and pp != len(names) + 1:
+        raise UsageError(f"--split-before names {len(names)} boundaries ({len(names) + 1} stages) but --pp is {pp}; "
+                         f"drop --pp or give {pp - 1} boundaries")
+    return {b: i + 1 for i, b in enumerate(names)}
 
 
 def add_arguments(p):
