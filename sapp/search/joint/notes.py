@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...calibrate.status import trust_note
 from ...units import fmt_bytes, fmt_time, plural
+from .terms import public_mfu_note
 
 
 def notes(ctx, res):
@@ -69,6 +70,9 @@ def notes(ctx, res):
     note = trust_note(ctx.cluster)
     if note:
         out.append(note)
+    above = public_mfu_note(ctx.cluster, ctx.settings, res)
+    if above:
+        out.append(above)
     return out
 
 
