@@ -31,6 +31,10 @@ def price_split(pricer, won, idle: int):
     # the big group is the winning count's cluster object: its caches (owned by that object) go on;
     # the idle group gets its own dict over the shared profiles
     pr.shared = [won.caches, dict(pricer.common)]
+    if won.res is not None and won.kind == "exact":
+        # the big group alone at the whole batch is the winning count's own priced result (the same
+        # search: its cluster object, caches, kept pins and settings), not searched again
+        pr.cache[(0, pricer.gb)] = won.res
     gb = pricer.gb
     q = hetero.quantum(gb, 2)
     step, shares = hetero._free(pr, pricer.graph, mc, settings, gb // q, q)
