@@ -65,7 +65,9 @@ NAMED = {
     "wide-deep-1m": ("widedeep", _wd(vocab=1_000_000)),
     "wide-deep-100m": ("widedeep", _wd(vocab=100_000_000)),
     "mlp-tiny": ("mlp", {"dims": (32, 64, 64), "classes": 10, "act": "relu"}),
-    "mlp": ("mlp", {"dims": (1024, 1024, 1024, 1024), "classes": 1000, "act": "relu"}),
+    # 8 blocks of 1024 (9.4 M parameters): deep enough for the seed case's pipeline (pp 4, or
+    # interleaved 2 x 4) beside recomputation and ZeRO
+    "mlp": ("mlp", {"dims": (1024,) * 9, "classes": 1000, "act": "relu"}),
     # MoE (sapp/models/moe.py).  Mixtral-8x7B: 46.7B total, 12.9B active.  DeepSeek-V3-like: its 61
     # layers (3 dense, 58 MoE with 256 routed experts top-8 + 1 shared, expert ffn 2048), h 7168,
     # V 129280, but plain multi-head attention (128 heads of width 48: 176M parameters a layer, near
