@@ -63,10 +63,12 @@ def _reference_graph(ref):
 @functools.lru_cache(maxsize=8)
 def _captured(name, over, batch):
     # one capture per reference model and process: cluster_from_measurements prices TINY twice and
-    # REFERENCE once (~0.5-1 s a capture); the cost functions only read the graph
+    # REFERENCE once (~0.5-1 s a capture); the cost functions only read the graph.  The capture layer
+    # itself, at the batch sapp.api captures at (what api.capture_graph adds -- input checks, timing,
+    # torch's noise held back on failure -- a zoo model on meta does not need): calibration sits below the api
     import sapp.models as models
-    from ..api import capture_graph
-    return capture_graph(models.get(name, device="meta", **dict(over)))[0].rebatch(batch)
+    from ..capture import DEFAULT_BATCH, capture
+    return capture(models.get(name, device="meta", **dict(over)), batch=DEFAULT_BATCH).rebatch(batch)
 
 
 def reference_prediction(cluster, ref=REFERENCE) -> float:
