@@ -75,26 +75,3 @@ def explain_lines(doc) -> list:
     lines.append("  data mode (uneven batch shares): " + ("does not fit" if d is None else
                                                            f"{fmt_time(d)} ({d / pr['step_time_s']:.3g}x)"))
     return lines
-
-
-def check(doc):
-    """What the schema cannot say: the groups' stages are 0..P-1 in order, consecutive per group, the
-    inner plan's stages the same blocks."""
-    from .errors import PlanError
-    pipe = doc["pipeline"]
-    idx = [s["index"] for g in doc["groups"] for s in g["stages"]]
-    if idx != list(range(pipe["stages"])):
-        raise PlanError(f"mixed-cluster plan: the groups' stages are {idx}, not 0..{pipe['stages'] - 1} in group "
-                        "order; search the plan again")
-    for g in doc["groups"]:
-        if g["devices"] != len(g["stages"]) * pipe["stage_width"]:
-            raise PlanError(f"mixed-cluster plan: group {g['name']} has {g['devices']} devices for {len(g['stages'])} "
-                            f"stages of {pipe['stage_width']}; search the plan again")
-    inner = (doc["plan"].get("pipeline") or {}).get("stages") or []
-    outer = [s["blocks"] for g in doc["groups"] for s in g["stages"]]
-    if [list(s.get("blocks") or []) for s in sorted(inner, key=lambda s: s.get("index", 0))] != outer:
-        raise PlanError("mixed-cluster plan: `plan`'s pipeline stages are not the groups' stages; search the plan again")
-    par = doc["plan"].get("parallel") or {}
-    if par.get("pp") != pipe["stages"] or par.get("dp") != pipe["stage_width"] or doc["plan"].get("devices") != doc["devices"]:
-        raise PlanError("mixed-cluster plan: `plan`'s pp, dp or devices are not the pipeline's; search the plan again")
-    return doc

@@ -3,14 +3,15 @@ ordinary plan of that group at its share of the global batch, plus what joins th
 gradient sync) and the baselines the split has to beat.  Mode "pipeline": pipeline stages placed on
 the groups (sapp/search/hetero_pipeline.py, the document in sapp/hetero_pipe_plan.py).  `search`
 prices both and keeps the faster (mode="auto"; a data-mode plan is then byte-identical to one
-searched by the data mode alone).  Checked against sapp/schema/hetero.schema.json."""
+searched by the data mode alone).  Checked by sapp/plan_mixed.py; every command loads it with
+sapp.plan.load_any."""
 from __future__ import annotations
 
 import json
 import math
 
-from . import schema as _schema
-from .errors import InfeasibleError, PlanError, SappError
+from .errors import InfeasibleError, SappError
+from .plan_mixed import check  # noqa: F401 - hetero_plan.check, as before
 from .search.hetero import SCHEMA
 from .units import fmt_time
 
@@ -105,24 +106,6 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
     return doc, doc_timing
 
 
-def check(doc) -> dict:
-    if not isinstance(doc, dict):
-        raise PlanError("a mixed-cluster plan must be a JSON object")
-    err = _schema.document_problem("hetero", doc)
-    if err:
-        raise PlanError(f"mixed-cluster plan: {err}")
-    if doc["mode"] == "pipeline":
-        from .hetero_pipe_plan import check as check_pipeline
-        return check_pipeline(doc)
-    if sum(g["batch_share"] for g in doc["groups"]) != doc["model"]["global_batch"]:
-        raise PlanError("mixed-cluster plan: the groups' batch shares do not add up to model.global_batch")
-    return doc
-
-
-def is_hetero(text: str) -> bool:
-    return f'"{SCHEMA}"' in text[:4096] or '"schema": "sapp.hetero-plan/1"' in text
-
-
 def dumps(doc) -> str:
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -163,16 +146,8 @@ def _baselines(base, pr) -> list:
 
 
 def load_if_hetero(path):
-    """The checked document when `path` holds a mixed-cluster plan, else None (read as a plan)."""
-    from .fileio import read_regular
-    try:
-        text = read_regular(path, 256 << 20).decode("utf-8")
-    except Exception:
-        return None                 # Plan.load says why in one line
-    if not is_hetero(text):
-        return None
-    try:
-        doc = _schema.strict_loads(text)
-    except (ValueError, RecursionError) as e:
-        raise PlanError(f"plan file {path} is not valid JSON ({str(e)[:80]})") from None
-    return check(doc)
+    """The checked document when `path` holds a mixed-cluster plan, else None (an ordinary plan: the
+    caller loads it).  Read by the one loader every command uses (sapp.plan.load_any)."""
+    from .plan import load_any
+    kind, doc = load_any(path)
+    return doc if kind == "mixed" else None

@@ -134,26 +134,7 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
-        from .fileio import SpecialFileError, read_regular
-        try:
-            raw = read_regular(path, MAX_FILE_BYTES)
-        except TypeError as e:
-            raise PlanError(f"plan file: {e} (a str or os.PathLike)") from None
-        except FileNotFoundError:
-            raise PlanError(f"plan file {path} not found") from None
-        except IsADirectoryError:
-            raise PlanError(f"plan file {path} is a directory; give the plan's JSON file") from None
-        except SpecialFileError as e:
-            raise PlanError(f"plan file {e}; give the plan's JSON file") from None
-        except OSError as e:
-            raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
-        if len(raw) > MAX_FILE_BYTES:
-            raise PlanError(f"plan file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a sapp plan")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise PlanError(f"plan file {path} is not text (not UTF-8); give a JSON plan from `sapp search`") from None
-        return cls.from_json(text, source=str(path))
+        return cls.from_json(_read_text(path), source=str(path))
 
     @classmethod
     def from_json(cls, text: str, source="plan") -> "Plan":
@@ -184,7 +165,7 @@ class Plan:
     def _validate(self, schema=True):
         d = self._d
         if d.get("schema") != SCHEMA:
-            raise PlanError(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}; regenerate the plan with this sapp")
+            raise PlanError(schema_problem(d))
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise PlanError(f"missing field(s) {', '.join(missing)}")
@@ -198,6 +179,72 @@ class Plan:
 
 
 MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse a huge unrelated file
+
+
+def _read_text(path) -> str:
+    from .fileio import SpecialFileError, read_regular
+    try:
+        raw = read_regular(path, MAX_FILE_BYTES)
+    except TypeError as e:
+        raise PlanError(f"plan file: {e} (a str or os.PathLike)") from None
+    except FileNotFoundError:
+        raise PlanError(f"plan file {path} not found") from None
+    except IsADirectoryError:
+        raise PlanError(f"plan file {path} is a directory; give the plan's JSON file") from None
+    except SpecialFileError as e:
+        raise PlanError(f"plan file {e}; give the plan's JSON file") from None
+    except OSError as e:
+        raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise PlanError(f"plan file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a sapp plan")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanError(f"plan file {path} is not text (not UTF-8); give a JSON plan from `sapp search`") from None
+
+
+def load_any(path):
+    """("plan", Plan) or ("mixed", the checked mixed-cluster document: a dict, sapp/plan_mixed.py) for
+    the plan file `path`: the one entry every command reads a plan through, so none parses the schema
+    string itself.  Another schema is refused in one line saying how to get a plan this sapp reads."""
+    from . import plan_mixed
+    text = _read_text(path)
+    if plan_mixed.SCHEMA not in text:           # (the common case: parsed once, by Plan)
+        return "plan", Plan.from_json(text, source=str(path))
+    try:
+        d = _schema.strict_loads(text)
+    except (ValueError, RecursionError) as e:
+        raise PlanError(f"plan file {path} is not valid JSON ({str(e)[:80]}); fix or regenerate it with `sapp search`") from None
+    if not isinstance(d, dict) or d.get("schema") != plan_mixed.SCHEMA:
+        return "plan", Plan.from_json(text, source=str(path))
+    try:
+        return "mixed", plan_mixed.check(d)
+    except PlanError as e:
+        raise PlanError(f"{path}: {e}") from None
+
+
+def schema_problem(d: dict) -> str:
+    """Why the document `d` (its schema not this sapp's plan's) is not a plan Plan reads, and how to get
+    one: a mixed-cluster plan is read by load_any (every command does); no older plan version exists
+    to migrate from, so another is searched again, for the model and cluster it names."""
+    from .plan_mixed import SCHEMA as MIXED
+    found = d.get("schema")
+    if found == MIXED:
+        return (f"schema is {MIXED!r}, a mixed-cluster plan: read it with sapp.plan.load_any (every sapp command "
+                f"does), or hetero_run.rank_plan(doc, group, world) for the plan one group's ranks run")
+    return (f"schema is {found!r}; this sapp reads {SCHEMA!r} and {MIXED!r} plans and has no converter from "
+            f"{found!r}: search the plan again (`sapp search --model {_named(d, 'model', 'NAME')} --cluster "
+            f"{_named(d, 'cluster', 'SPEC')} --out FILE`)")
+
+
+def _named(d, section, placeholder) -> str:
+    """The name a section of an unreadable document gives (a cluster with its nodes), else `placeholder`."""
+    sec = d.get(section)
+    name = sec.get("name") if isinstance(sec, dict) else None
+    if not isinstance(name, str) or not name or len(name) > 64 or any(c.isspace() for c in name):
+        return placeholder
+    nodes = sec.get("nodes")
+    return f"{name}:nodes={nodes}" if section == "cluster" and isinstance(nodes, int) and nodes > 1 else name
 
 
 def _semantic(d):

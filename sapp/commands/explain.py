@@ -1,16 +1,11 @@
-from ..plan import Plan
-
-
 def add_arguments(p):
-    p.add_argument("plan", help="plan JSON file (from `sapp search`)")
+    p.add_argument("plan", help="plan JSON file (from `sapp search`; a mixed cluster's plan shows each group)")
 
 
 def run(args):
+    from ..plan import load_any
     from ..report import explain
-    from .. import hetero_plan
-    doc = hetero_plan.load_if_hetero(args.plan)
-    if doc is not None:                     # a plan over a mixed cluster: its groups
-        print(hetero_plan.explain(doc), end="")
-        return 0
-    print(explain(Plan.load(args.plan)), end="")
+    from ..report.mixed import explain_mixed
+    kind, doc = load_any(args.plan)
+    print(explain_mixed(doc) if kind == "mixed" else explain(doc), end="")
     return 0

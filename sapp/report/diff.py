@@ -124,10 +124,7 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     a, b = as_plan(a), as_plan(b)
     na, nb = names
     rows = []   # (field, a, b, note)
-
-    def row(field, va, vb, kind="", ratio=False):
-        note = ("" if va == vb else _ratio(va, vb) or "changed") if ratio else ("" if va == vb else "changed")
-        rows.append((field, _fmt(va, kind), _fmt(vb, kind), note))
+    row = row_adder(rows)
 
     row("model", a["model"].get("name"), b["model"].get("name"))
     if a["model"].get("fingerprint") != b["model"].get("fingerprint"):
@@ -139,6 +136,20 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     _layout_rows(a, b, row)
     _setting_rows(a, b, row)
     _predicted_rows(a, b, row)
+    return table(rows, na, nb) + _operator_lines(a, b, na, nb, max_ops)
+
+
+def row_adder(rows):
+    """row(field, a, b, kind="", ratio=False): one row of `rows` with both values formatted by `kind`
+    (time, bytes, pct, rate) and its change (the ratio b / a where `ratio`)."""
+    def row(field, va, vb, kind="", ratio=False):
+        note = ("" if va == vb else _ratio(va, vb) or "changed") if ratio else ("" if va == vb else "changed")
+        rows.append((field, _fmt(va, kind), _fmt(vb, kind), note))
+    return row
+
+
+def table(rows, na, nb) -> str:
+    """(field, a, b, change) rows aligned in columns, a `*` where the values differ."""
     w0 = max(len(r[0]) for r in rows)
     w1 = max(max(len(str(r[1])) for r in rows), len(na))
     w2 = max(max(len(str(r[2])) for r in rows), len(nb))
@@ -146,7 +157,7 @@ def diff(a, b, *, names=("A", "B"), max_ops=12) -> str:
     for f, va, vb, note in rows:
         mark = "*" if va != vb else " "
         out.append(f"{f:<{w0}}  {va:<{w1}}  {vb:<{w2}} {mark}{note}")
-    return "\n".join(out) + "\n" + _operator_lines(a, b, na, nb, max_ops)
+    return "\n".join(out) + "\n"
 
 
 def _operator_lines(a, b, na, nb, max_ops) -> str:
