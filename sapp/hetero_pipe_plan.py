@@ -1,5 +1,5 @@
 """The pipeline mode of a mixed-cluster plan (sapp.hetero-plan/1, mode "pipeline"): the document of a
-pipeline whose stages sit on the groups (sapp/search/hetero_pipeline.py), and its `sapp explain`.
+pipeline whose stages sit on the groups (sapp/search/hetero_pipeline.py), and its `sapp explain` (sapp/report/mixed_summary.py).
 
 The document states each group's stages (their blocks and units, per-micro-batch times as priced on
 the group's devices, the sends over the link between groups), the pipeline's stage width,
@@ -7,7 +7,6 @@ micro-batches and schedule, and `plan`: the ordinary pp plan every rank runs (sa
 stages are the same, numbered in group order, with the mixed predictions."""
 from __future__ import annotations
 
-from .units import fmt_time
 
 
 def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
@@ -46,32 +45,3 @@ def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uni
 
 def _span(ix) -> str:
     return f"stage {ix[0]}" if len(ix) == 1 else f"stages {ix[0]}-{ix[-1]}"
-
-
-def explain_lines(doc) -> list:
-    pipe, pr = doc["pipeline"], doc["predicted"]
-    gb = doc["model"]["global_batch"]
-    lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
-             f"in {len(doc['groups'])} groups (pipeline stages on the groups, uneven stages)",
-             f"  pipeline: {pipe['stages']} stages x {pipe['stage_width']} devices (dp={pipe['stage_width']} tp=1), "
-             f"{pipe['micro_batches']} micro-batches of {pipe['micro_batch_size']}, {pipe['schedule']}, ZeRO-{pipe['zero']}"]
-    for g in doc["groups"]:
-        sts = g["stages"]
-        lines.append(f"  group {g['name']}: {g['devices']} devices, {_span([s['index'] for s in sts])}, "
-                     f"layers {'/'.join(str(len(s['blocks'])) for s in sts)}")
-        for s in sts:
-            blk = s["blocks"]
-            where = f"{blk[0]}..{blk[-1]}" if len(blk) > 1 else (blk[0] if blk else "no blocks")
-            glue = [u for u in s["units"] if u not in blk]
-            lines.append(f"    stage {s['index']}: {len(blk)} layers ({where}{', ' + ', '.join(glue) if glue else ''}), "
-                         f"fwd {fmt_time(s.get('fwd_s', 0))} bwd {fmt_time(s.get('bwd_s', 0))} per micro-batch"
-                         + (f", link send {fmt_time(max(s['link_send_s']))}" if max(s.get('link_send_s') or [0]) > 0 else ""))
-    link = doc["cluster"]["link"]
-    lines.append(f"  sends over the link between groups: {fmt_time(pr.get('cross_group_send_s', 0))} per micro-batch over "
-                 f"{link['bw'] / 1e9:.4g} GB/s per device")
-    lines.append(f"  predicted step {fmt_time(pr['step_time_s'])} ({pr['samples_per_s']:.4g} samples/s), "
-                 f"bubble {fmt_time(pr.get('bubble_s', 0))}")
-    d = doc["baselines"].get("data_mode")
-    lines.append("  data mode (uneven batch shares): " + ("does not fit" if d is None else
-                                                           f"{fmt_time(d)} ({d / pr['step_time_s']:.3g}x)"))
-    return lines

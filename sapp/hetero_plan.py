@@ -12,8 +12,8 @@ import math
 
 from .errors import InfeasibleError, SappError
 from .plan_mixed import check  # noqa: F401 - hetero_plan.check, as before
+from .report.mixed_summary import summary as explain  # noqa: F401 - hetero_plan.explain, as before
 from .search.hetero import SCHEMA
-from .units import fmt_time
 
 MODES = ("auto", "data", "pipeline")
 
@@ -108,41 +108,6 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
 
 def dumps(doc) -> str:
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
-
-
-def explain(doc) -> str:
-    pr, base = doc["predicted"], doc["baselines"]
-    if doc["mode"] == "pipeline":
-        from .hetero_pipe_plan import explain_lines
-        lines = explain_lines(doc)
-        lines += _baselines(base, pr)
-        return "\n".join(lines) + "\n"
-    gb = doc["model"]["global_batch"]
-    lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
-             f"in {len(doc['groups'])} groups (data-parallel replicas, uneven shares)"]
-    for g in doc["groups"]:
-        if g["batch_share"]:
-            p = g["parallel"]
-            lines.append(f"  group {g['name']}: {g['devices']} devices, share {g['batch_share']}/{gb}, "
-                         f"dp={p['dp']} tp={p['tp']} pp={p['pp']}, step {fmt_time(g['step_time_s'])}")
-        else:
-            lines.append(f"  group {g['name']}: {g['devices']} devices, unused (its share would slow the step)")
-    link = doc["cluster"]["link"]
-    lines.append(f"  cross-group gradient all-reduce: {fmt_time(pr['cross_group_sync_s'])} over {link['bw'] / 1e9:.4g} GB/s "
-                 f"per device")
-    lines.append(f"  predicted step {fmt_time(pr['step_time_s'])} ({pr['samples_per_s']:.4g} samples/s)")
-    return "\n".join(lines + _baselines(base, pr)) + "\n"
-
-
-def _baselines(base, pr) -> list:
-    lines = []
-    for name, t in base["alone"].items():
-        lines.append(f"  baseline {name} alone: " + ("does not fit" if t is None else
-                                                      f"{fmt_time(t)} ({t / pr['step_time_s']:.3g}x)"))
-    u = base["uniform_slowest"]
-    lines.append("  baseline all devices as the slowest kind: " + ("does not fit" if u is None else
-                                                                     f"{fmt_time(u)} ({u / pr['step_time_s']:.3g}x)"))
-    return lines
 
 
 def load_if_hetero(path):

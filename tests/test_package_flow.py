@@ -59,17 +59,6 @@ ALLOWED = {
     ("sapp.report.cli_reference", "sapp.cli"):
         "docs/cli.md generated from the CLI's own parsers: a commands-layer tool in report/; move it to "
         "sapp/commands/ (and `python -m` paths in docs/tests) once report/ is not being edited",
-    ("sapp.emit.runtime.hetero_run", "sapp.hetero_plan"):
-        "a mixed-cluster rank loads its plan document through hetero_plan.load_if_hetero, which sits beside "
-        "the mixed-cluster search; the document reader moves to the plan layer (sapp/plan_mixed.py, in "
-        "progress by the mixed-plans work) and hetero_run imports it there",
-    ("sapp.report.mixed", "sapp.hetero_plan"):
-        "a mixed plan's report reads the document through hetero_plan (a new module of the in-flight "
-        "mixed-plans work); read it through the plan layer's sapp/plan_mixed.py instead",
-    ("sapp.emit.checks.manifest", "sapp.api"):
-        "an allowed mismatch re-prices what runs with sapp.evaluate; take a `reprice` callable from the caller",
-    ("sapp.emit.runtime.elastic", "sapp.replan"):
-        "a group of another size re-plans with sapp.replan; take a `replan` callable from the worker's entry",
     ("sapp.search.joint.notes", "sapp.calibrate.status"):
         "the trust band of a cluster's figures (calibration status of a Cluster, no measuring) lives in "
         "calibrate/; it belongs beside cluster.py (sapp/cluster/ of issue 56 item 3).  Not moved now: "

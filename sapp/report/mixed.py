@@ -13,10 +13,10 @@ from ..plan import Plan
 from ..plan_mixed import describe, group_plan, used_groups
 from .diff import diff, row_adder, table
 from .explain import explain
+from .mixed_summary import summary
 
 
 def explain_mixed(doc) -> str:
-    from ..hetero_plan import explain as summary
     out = [summary(doc).rstrip("\n")]
     gb = doc["model"]["global_batch"]
     if doc["mode"] == "pipeline":

@@ -55,8 +55,9 @@ def pipeline_groups(doc) -> list:
 
 def load(path):
     """The checked mixed-cluster plan in `path`, or None for an ordinary plan."""
-    from ...hetero_plan import load_if_hetero
-    return load_if_hetero(path)
+    from ...plan import load_any
+    kind, doc = load_any(path)
+    return doc if kind == "mixed" else None
 
 
 def by_position(doc, rank: int) -> str:
