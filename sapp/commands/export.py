@@ -37,14 +37,26 @@ def _estimate_note(text, exported):
               f"`sapp search --target megatron --fit-engine-estimate` finds plans its estimate also fits", file=sys.stderr)
 
 
+def mixed_refusal(path, doc, engine) -> str:
+    """Why a mixed-cluster plan has no engine configuration, and what runs it instead."""
+    how = "an uneven batch split" if doc["mode"] == "data" else "pipeline stages"
+    first = doc["groups"][0]["name"]
+    return (f"{path} is a mixed-cluster plan ({how} over {' + '.join(g['name'] for g in doc['groups'])}): {engine} runs "
+            f"one device kind with one layout on every rank, which this plan is not; run it with `sapp run {path}`, or "
+            f"export a plan searched for one group's cluster (`sapp search --cluster {first}:nodes=N --target {engine}`)")
+
+
 def run(args):
     from ..engines import export_plan
-    from ..plan import Plan
+    from ..errors import UsageError
+    from ..plan import load_any
     from ._paths import check_out
     for path, flag in ((args.out, "--out"), (args.plan_out, "--plan-out")):
         if path:
             check_out(path, flag)
-    plan = Plan.load(args.plan)
+    kind, plan = load_any(args.plan)
+    if kind == "mixed":
+        raise UsageError(mixed_refusal(args.plan, plan, args.to))
     model = model_spec(args) if (args.model or args.hf_config) else None
     text, exported, notes = export_plan(plan, args.to, model=model, trust_plan_model=args.trust_plan_model)
     for n in notes:
