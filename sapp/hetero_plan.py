@@ -116,3 +116,44 @@ def load_if_hetero(path):
     from .plan import load_any
     kind, doc = load_any(path)
     return doc if kind == "mixed" else None
+
+
+def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
+    """Re-price a data-mode mixed plan: each group's own plan on its group (api.evaluate, the model
+    captured once), then the cross-group gradient sync over the link, as the search sums them: the
+    step is the slowest group's plus the sync.  `cluster`: a mixed spec or file whose groups are the
+    plan's (the plan's own cluster by default).  A pipeline-mode plan is refused in one line: its
+    stages are priced per group only inside the pipeline search, which nothing re-runs on given stages."""
+    from . import api
+    from .cluster_groups import MixedCluster, parse
+    from .costmodel import CostSettings
+    from .plan import Plan
+    from .plan_mixed import search_command, used_groups
+    from .search import hetero
+    if doc["mode"] == "pipeline":
+        raise SappError("a pipeline-mode mixed plan's stages are priced on their groups only by its search: "
+                        f"`{search_command(doc, 'pipeline')}` prices it again; `sapp evaluate` re-prices data-mode "
+                        "mixed plans and one-kind plans")
+    mc = parse(cluster) if cluster is not None else MixedCluster.from_dict(doc["cluster"], where="plan's cluster section: ")
+    if not isinstance(mc, MixedCluster):
+        raise SappError(f"--cluster {cluster} is one kind of device; a mixed plan is priced on its groups: give a "
+                        f"spec of its groups ({' + '.join(g['name'] for g in doc['groups'])}) or drop --cluster")
+    groups = used_groups(doc)
+    index = {g.name: i for i, g in enumerate(mc.groups)}
+    lost = [g["name"] for g in groups if g["name"] not in index]
+    if lost:
+        raise SappError(f"the cluster has no group {lost[0]!r} (its groups: {', '.join(index)}); name the groups "
+                        "as the plan does, or search the plan again for this cluster")
+    module, name, _ = api.resolve_model(model, model_args=model_args)
+    graph, _ = api.capture_graph(module)
+    parts = []
+    for g in groups:
+        r = api.evaluate(name, mc.groups[index[g["name"]]], Plan(g["plan"]), graph=graph)
+        parts.append({"name": g["name"], "batch_share": g["batch_share"], "plan_step_time_s": g["step_time_s"], **r})
+    st = groups[0]["plan"].get("settings") or {}
+    sync = hetero.sync_s(graph, mc, CostSettings(precision=st.get("precision", mc.slowest().precision)),
+                         [index[g["name"]] for g in groups])
+    step = max(p["step_time_s"] for p in parts) + sync
+    return {"mode": "data", "step_time_s": step, "plan_step_time_s": doc["predicted"]["step_time_s"],
+            "cross_group_sync_s": sync, "samples_per_s": doc["model"]["global_batch"] / step,
+            "fits": all(p["fits"] for p in parts), "groups": parts}

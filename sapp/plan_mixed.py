@@ -73,3 +73,15 @@ def describe(doc) -> str:
 
 def _layout(par) -> str:
     return " ".join(f"{k}{par[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if k in ("dp", "tp", "pp") or par.get(k, 1) > 1)
+
+
+def cluster_spec(doc) -> str:
+    """The plan's cluster as a `--cluster` spec, each group by its name and nodes (the spec that wrote it
+    where the groups are named after their presets, as a spec's groups are)."""
+    return "+".join(f"{g['name']}:nodes={g.get('nodes', 1)}" for g in doc["cluster"]["groups"])
+
+
+def search_command(doc, mode=None) -> str:
+    """The `sapp search` that prices this plan's model, batch and cluster again."""
+    return (f"sapp search --model {doc['model']['name']} --cluster {cluster_spec(doc)} --batch "
+            f"{doc['model']['global_batch']}" + (f" --mixed-mode {mode}" if mode else ""))

@@ -1,4 +1,5 @@
-"""`sapp evaluate plan.json --model NAME [--cluster SPEC]`: re-score a (hand-edited) plan."""
+"""`sapp evaluate plan.json --model NAME [--cluster SPEC]`: re-score a (hand-edited) plan.  A mixed
+cluster's plan (data mode) is re-priced group by group plus the sync between them (hetero_plan.evaluate)."""
 from __future__ import annotations
 
 from ..units import fmt_bytes, fmt_time
@@ -16,8 +17,10 @@ def add_arguments(p):
 
 def run(args):
     from .. import api
-    from ..plan import Plan
-    plan = Plan.load(args.plan)
+    from ..plan import load_any
+    kind, plan = load_any(args.plan)
+    if kind == "mixed":
+        return _mixed(args, plan)
     model = model_spec(args, default=plan["model"].get("name"))
     # the model the plan names is built with the settings it was searched with (--seq, --model-arg)
     settings = None if (args.model or args.hf_config) else (plan["model"].get("args") or None)
@@ -36,4 +39,28 @@ def run(args):
               f"memory {fmt_bytes(s['memory_bytes'])}")
     for n in res.get("notes", []):
         print(f"  - {n}")
+    return 0 if res["fits"] else 1
+
+
+def _mixed(args, doc):
+    from .. import hetero_plan
+    from ..plan_mixed import group_plan, used_groups
+    model = model_spec(args, default=doc["model"]["name"])
+    # the model the plan names is built with the settings its groups were searched with
+    first = group_plan(doc, used_groups(doc)[0])["model"]
+    settings = None if (args.model or args.hf_config) else (first.get("args") or None)
+    res = hetero_plan.evaluate(doc, model, args.cluster, model_args=settings)
+    if args.json:
+        import json
+        print(json.dumps(res, indent=1, sort_keys=True, default=float))
+        return 0 if res["fits"] else 1
+    print(f"plan      {args.plan}: mixed cluster {doc['cluster'].get('name')}, {len(res['groups'])} data-parallel groups")
+    for g in res["groups"]:
+        print(f"  group {g['name']}: share {g['batch_share']}/{doc['model']['global_batch']}, {g['config']}: step "
+              f"{fmt_time(g['step_time_s'])} (plan says {fmt_time(g['plan_step_time_s'])}), peak "
+              f"{fmt_bytes(g['peak_memory_bytes'])} of {fmt_bytes(g['capacity_bytes'])}: "
+              + ("fits" if g["fits"] else "DOES NOT FIT"))
+    print(f"  cross-group gradient all-reduce {fmt_time(res['cross_group_sync_s'])}")
+    print(f"step      {fmt_time(res['step_time_s'])} (plan says {fmt_time(res['plan_step_time_s'])}), the slowest group "
+          f"plus the sync: {res['samples_per_s']:.4g} samples/s")
     return 0 if res["fits"] else 1
