@@ -74,8 +74,12 @@ def run(args):
     if args.no_compare:
         return 0 if fits else 1
     st = plan["settings"]
-    best = best_plan(graph, cl, target_of(args.engine, st["runtime"]), global_batch=plan["model"]["global_batch"],
-                     model=module,
+    from ..report.progress import LOG_EVERY, Progress
+    # the comparison searches the engine's whole space (a minute for GPT-3 175B): a bar, or lines in a log
+    with Progress(label="import", counts=False, log_every=LOG_EVERY) as prog:
+        prog.status(f"comparing: searching the best plan {args.engine} can state on {cl.name}")
+        best = best_plan(graph, cl, target_of(args.engine, st["runtime"]), global_batch=plan["model"]["global_batch"],
+                     model=module, progress=prog.ticking(),
                      settings={"runtime": st["runtime"], "precision": st["precision"], "optimizer": st.get("optimizer"),
                                "grad_fp32": st.get("grad_fp32", False)})   # as the engine would run it
     print(comparison(plan, best))

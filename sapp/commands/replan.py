@@ -29,7 +29,12 @@ def run(args):
     model = model_spec(args, default=plan["model"].get("name"))
     cluster = (api.resolve_cluster(args.cluster) if args.cluster
                else scaled_cluster(plan, nodes=args.nodes, devices=args.devices))
-    r = replan(model, plan, cluster)
+    from ..report.progress import LOG_EVERY, Progress
+    # a re-plan captures the model and searches every node count (seconds to a minute): a bar, or log lines
+    with Progress(label="replan", counts=False, log_every=LOG_EVERY) as prog:
+        prog.status(f"re-planning {model} for {cluster.devices} devices ({cluster.name})")
+        prog.ticking()
+        r = replan(model, plan, cluster)
     for line in r.lines():
         print(line)
     if args.out:
