@@ -157,3 +157,29 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
     return {"mode": "data", "step_time_s": step, "plan_step_time_s": doc["predicted"]["step_time_s"],
             "cross_group_sync_s": sync, "samples_per_s": doc["model"]["global_batch"] / step,
             "fits": all(p["fits"] for p in parts), "groups": parts}
+
+
+def replan(doc, model, cluster) -> tuple:
+    """(lines to print, the new document: a mixed plan's dict, or a Plan for one kind) re-planning the
+    mixed plan `doc` for `cluster` (a spec or file) with its model, global batch, precision, runtime
+    and pins: a mixed cluster is searched as `sapp search --cluster A+B` does (both modes, the faster
+    kept); a cluster of one kind re-plans the plan one group's ranks run (sapp/replan.py)."""
+    import time
+    from .cluster_groups import MixedCluster, parse
+    from .emit.runtime.hetero_run import rank_plan
+    from .plan_mixed import describe, group_plan, used_groups
+    from .replan import replan as replan_one
+    groups = used_groups(doc)
+    inner = group_plan(doc, groups[0])
+    st = inner.get("settings") or {}
+    old = f"old: mixed plan ({describe(doc)}) on {doc['devices']} devices: {doc['predicted']['step_time_s']:.4g} s/step"
+    mc = parse(cluster)
+    if not isinstance(mc, MixedCluster):
+        r = replan_one(model, rank_plan(doc, groups[0]["name"], sum(g["devices"] for g in groups)), mc)
+        return [old] + r.lines()[1:], r.plan
+    t0 = time.perf_counter()
+    new, _ = search(model, mc, global_batch=doc["model"]["global_batch"], constraints=inner.get("constraints") or None,
+                    precision=st.get("precision"), runtime=st.get("runtime"))
+    t, was = new["predicted"]["step_time_s"], doc["predicted"]["step_time_s"]
+    return [old, f"new: mixed plan ({describe(new)}) on {new['devices']} devices: {t:.4g} s/step ({t / was - 1:+.1%}), "
+                 f"searched in {time.perf_counter() - t0:.1f} s"], new

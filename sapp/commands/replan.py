@@ -20,12 +20,14 @@ def add_arguments(p):
 
 def run(args):
     from .. import api
-    from ..plan import Plan
+    from ..plan import load_any
     from ..replan import replan, scaled_cluster
     from ._paths import check_out
     if args.out:
         check_out(args.out)
-    plan = Plan.load(args.plan)
+    kind, plan = load_any(args.plan)
+    if kind == "mixed":
+        return _mixed(args, plan)
     model = model_spec(args, default=plan["model"].get("name"))
     cluster = (api.resolve_cluster(args.cluster) if args.cluster
                else scaled_cluster(plan, nodes=args.nodes, devices=args.devices))
@@ -39,5 +41,31 @@ def run(args):
         print(line)
     if args.out:
         r.plan.save(args.out)
+        print(f"plan written to {args.out}")
+    return 0
+
+
+def _mixed(args, doc):
+    """A mixed plan re-planned for the cluster given (--cluster); its nodes are counted per group, so a
+    bare --nodes or --devices says nothing of which group lost or gained them."""
+    from .. import hetero_plan
+    from ..errors import UsageError
+    from ..plan import Plan
+    from ..plan_mixed import cluster_spec
+    if not args.cluster:
+        flag = f"--nodes {args.nodes}" if args.nodes is not None else f"--devices {args.devices}"
+        raise UsageError(f"{flag}: a mixed plan's nodes are counted per group ({cluster_spec(doc)}); give --cluster "
+                         "with each group's nodes (a spec like that, or a cluster file), or one kind's spec to re-plan "
+                         "onto it")
+    model = model_spec(args, default=doc["model"]["name"])
+    lines, new = hetero_plan.replan(doc, model, args.cluster)
+    for line in lines:
+        print(line)
+    if args.out:
+        if isinstance(new, Plan):
+            new.save(args.out)
+        else:
+            with open(args.out, "w") as f:
+                f.write(hetero_plan.dumps(new))
         print(f"plan written to {args.out}")
     return 0
