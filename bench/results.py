@@ -17,6 +17,8 @@ show) is kept as it is.  Sections, in the order RESULTS.md has them (SECTIONS be
                and manifest vs plan
     published  §8 "Published runs", `python -m bench.published`: published training runs priced
                pinned and searched
+    free_gain  the last section, `python -m bench.free_gain`: each published row's free-plan gain
+               split into its terms
 
 `--only zoo,published` regenerates those alone (the truth matrix trains every plan: the slowest)."""
 from __future__ import annotations
@@ -64,7 +66,15 @@ def published() -> str:
     return _stamp("python -m bench.published", time.perf_counter() - t0) + "\n\n" + text
 
 
-SECTIONS = {"zoo": zoo, "truth": truth, "published": published}
+def free_gain() -> str:
+    """The free plans' gains split into terms (`python -m bench.free_gain`)."""
+    from . import free_gain as fg
+    t0 = time.perf_counter()
+    text = fg.section()
+    return _stamp("python -m bench.free_gain", time.perf_counter() - t0) + "\n\n" + text
+
+
+SECTIONS = {"zoo": zoo, "truth": truth, "published": published, "free_gain": free_gain}
 
 
 def main(argv=None) -> int:
