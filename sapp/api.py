@@ -483,3 +483,9 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
         "config": res.config.describe(),
         "notes": [n for n in (trust_note(cl),) if n],
     }
+
+
+def reprice_as_run(model, plan) -> dict:
+    """evaluate() of `plan` on its own cluster: what sapp.emit and `sapp run` hand the emitter to price a
+    program that differs from its plan (allow_mismatch); the emitter sits below the api and cannot import it."""
+    return evaluate(model, None, plan)

@@ -181,6 +181,13 @@ class Plan:
 MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse a huge unrelated file
 
 
+def summary(plan) -> dict:
+    """A plan's layout and prediction in a few keys: what a re-plan logs of the old and the new plan
+    (sapp/replan.py, and the elastic worker, which sits below it: sapp/emit/runtime/elastic.py)."""
+    return {"parallel": dict(plan["parallel"]), "micro_batches": plan["pipeline"].get("micro_batches", 1),
+            "zero": plan["zero"], "devices": plan["devices"], "step_time_s": plan["predicted"]["step_time_s"]}
+
+
 def _read_text(path) -> str:
     from .fileio import SpecialFileError, read_regular
     try:

@@ -20,6 +20,7 @@ import time
 
 from .cluster import Cluster
 from .errors import SappError
+from .plan import summary
 from .replan_price import DEVICE_PINS, search_keeping_pins  # noqa: F401 - DEVICE_PINS: this module's name for them
 
 
@@ -64,11 +65,6 @@ def _layout(d: dict) -> str:
     p = d["parallel"]
     return (f"dp {p['dp']} tp {p['tp']} pp {p['pp']}" + (f" cp {p['cp']}" if p.get("cp", 1) > 1 else "")
             + (f" ep {p['ep']}" if p.get("ep", 1) > 1 else "") + f", {d['micro_batches']} micro-batches, zero {d['zero']}")
-
-
-def summary(plan) -> dict:
-    return {"parallel": dict(plan["parallel"]), "micro_batches": plan["pipeline"].get("micro_batches", 1),
-            "zero": plan["zero"], "devices": plan["devices"], "step_time_s": plan["predicted"]["step_time_s"]}
 
 
 def scaled_cluster(plan, nodes: int = None, devices: int = None) -> Cluster:

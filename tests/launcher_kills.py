@@ -60,7 +60,7 @@ def _reached(stage: str, token: str, log: str) -> bool:
     launchers = [p for p, cmd in kids.items() if "sapp.emit.runtime.launch" in cmd]
     if stage == "launcher":
         return bool(launchers)
-    workers = [p for p, cmd in kids.items() if "sapp.emit.runtime.worker" in cmd and "runtime.launch" not in cmd]
+    workers = [p for p, cmd in kids.items() if "sapp.commands.run_worker" in cmd and "runtime.launch" not in cmd]
     if stage == "workers":
         return len(workers) >= 2
     return os.path.exists(log) and os.path.getsize(log) > 0

@@ -60,7 +60,8 @@ def test_an_emitter_that_drops_recompute_is_caught(searched, monkeypatch):
     torch.manual_seed(0)
     with pytest.raises(PlanError, match=r"^the emitted program differs from the plan: recompute: plan \{'layers.0'"):
         emit(models.get("gpt-tiny", device="cpu"), searched, rank=0, world=1)
-    prog = emit(models.get("gpt-tiny", device="cpu"), searched, rank=0, world=1, allow_mismatch=True)
+    # sapp.emit, not sapp.emit.emit: the public entry hands the emitter its re-pricing (sapp.api.reprice_as_run)
+    prog = sapp.emit(models.get("gpt-tiny", device="cpu"), searched, rank=0, world=1, allow_mismatch=True)
     assert prog.mismatches and any(n.startswith("MISMATCH (allowed): recompute") for n in prog.notes)
     # re-priced as it runs: no recomputation means less compute and more activation memory
     old = searched.predicted
@@ -89,7 +90,25 @@ def test_a_fused_runtime_plan_is_a_runtime_mismatch():
     torch.manual_seed(0)
     with pytest.raises(PlanError, match=r"^the emitted program differs from the plan: runtime: plan 'fused', emitted 'eager'"):
         emit(models.get("gpt-tiny", device="cpu"), plan, rank=0, world=1)
-    prog = emit(models.get("gpt-tiny", device="cpu"), plan, rank=0, world=1, allow_mismatch=True)
+    prog = sapp.emit(models.get("gpt-tiny", device="cpu"), plan, rank=0, world=1, allow_mismatch=True)
     assert prog.repriced is not None
     # unfused point-wise chains move more bytes: the eager re-price is slower
     assert prog.repriced["step_time_s"] > plan.predicted["step_time_s"]
+
+
+def test_the_emitter_reprices_through_the_callable_its_caller_hands_it(searched, monkeypatch):
+    """The emitter sits below the api (tests/test_package_flow.py): sapp.emit.emit re-prices an allowed
+    mismatch only through `reprice`, which sapp.emit and `sapp run` pass; without one it says so."""
+    monkeypatch.setattr(recompute, "apply", lambda *a, **k: {})
+    torch.manual_seed(0)
+    prog = emit(models.get("gpt-tiny", device="cpu"), searched, rank=0, world=1, allow_mismatch=True)
+    assert prog.repriced is None and any(n.startswith("MISMATCH: not re-priced") for n in prog.notes)
+    seen = []
+
+    def fake(model, plan):
+        seen.append((model, plan["recompute"]["blocks"]))
+        return {"step_time_s": 1.0, "peak_memory_bytes": 2**20}
+    prog = emit(models.get("gpt-tiny", device="cpu"), searched, rank=0, world=1, allow_mismatch=True, reprice=fake)
+    assert prog.repriced == {"step_time_s": 1.0, "peak_memory_bytes": 2**20}
+    # the plan rewritten to what runs (no recomputation), the zoo model by name
+    assert seen and seen[0][0] == "gpt-tiny" and set(seen[0][1].values()) == {"none"}

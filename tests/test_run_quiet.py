@@ -36,7 +36,7 @@ def test_one_launch_line_and_no_banner(plan):
     assert "OMP_NUM_THREADS" not in err and "Traceback" not in err, err[-2000:]
     p = _sapp("run", plan, "--steps", "1", "--verbose")
     out, err = p.communicate(timeout=180)
-    assert p.returncode == 0 and "-m sapp.emit.runtime.worker" in out      # the torchrun command, as asked
+    assert p.returncode == 0 and "-m sapp.commands.run_worker" in out      # the torchrun command, as asked
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

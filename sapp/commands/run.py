@@ -267,7 +267,7 @@ def command(args, nproc: int) -> list:
         v = given.get(key)
         if v is not None:
             cmd.append(f"--{key.replace('_', '-')}={v}")
-    cmd += ["-m", "sapp.emit.runtime.worker", args.plan, "--model", args.model, "--steps", str(args.steps),
+    cmd += ["-m", "sapp.commands.run_worker", args.plan, "--model", args.model, "--steps", str(args.steps),
             "--lr", str(args.lr), "--optimizer", args.optimizer, "--seed", str(args.seed), "--timeout", str(args.timeout)]
     if getattr(args, "allow_mismatch", False):
         cmd.append("--allow-mismatch")

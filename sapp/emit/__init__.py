@@ -31,7 +31,7 @@ steps/ (the recipe's steps), tp/ cp/ pp/ ep/ dp/ host/ recompute/ (how each feat
 
 
 def __getattr__(name):
-    # loaded on first use, not on import: `python -m sapp.emit.runtime.worker` (and .launch) imports this
+    # loaded on first use, not on import: `sapp run`'s worker (and .launch) imports this
     # package first, and its first act, the lifeline (runtime/lifeline.py), must not wait seconds for torch
     if name == "emit":
         from .recipe import emit

@@ -18,7 +18,7 @@ from .steps import (context_parallel, data_parallel, expert_parallel, host_place
 
 def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=None, lr: float = 1e-3,
          optimizer: str = "adam", example_inputs=None, name: str = "", check_fingerprint: bool = True,
-         grad_sync: str = "auto", allow_mismatch: bool = False) -> Program:
+         grad_sync: str = "auto", allow_mismatch: bool = False, reprice=None) -> Program:
     """Turn `plan` into this rank's training program for `model` (built on every rank; every rank
     starts from rank 0's parameters and buffers, steps/same_start.py).  The process group must be initialised when the
     plan has more than one device (sapp.emit.runtime.dist.init() does it from the torchrun environment).
@@ -31,7 +31,10 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     grad_sync (data parallelism without ZeRO-2/3): "auto" = DDP on CUDA, one flat all-reduce after
     backward on CPU; "ddp" or "allreduce" force one.
     allow_mismatch: where what runs differs from the plan (see sapp/emit/checks/manifest.py), keep going with
-    a loud note and a re-priced prediction instead of raising PlanError."""
+    a loud note and a re-priced prediction instead of raising PlanError.
+    reprice(model, plan) -> dict: what prices the program that runs when it differs from the plan
+    (sapp.evaluate; sapp.emit passes sapp.api.reprice_as_run: the emitter takes it from its caller, as it
+    sits below the api).  None: an allowed mismatch is noted, not re-priced."""
     rank, world = rank_world(rank, world)
     example = _tuple(example_inputs) if example_inputs is not None else None
     plan, audit = before.run(model, plan, world, name, example, grad_sync=grad_sync, fingerprint=check_fingerprint)
@@ -54,6 +57,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         optimizers.apply(b, s)          # after the wrappers (FSDP2 swaps parameters for DTensors)
     pipeline.schedule(b, loss)          # the stages (wrapped) handed to the plan's schedule
     prog = _program(b, loss)
+    prog.reprice = reprice              # before the first check: the manifest re-prices through it
     prog.manifest_expected = manifest_mod.expected(plan, prog, b.regions)
     agree(lambda: manifest_mod.check(prog), world, b.device)
     return prog

@@ -355,16 +355,20 @@ def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
 
 
 def reprice(prog) -> None:
-    """sapp.evaluate of the plan rewritten to what runs; the result goes to prog.repriced and a note."""
+    """prog.reprice (sapp.evaluate, handed in by sapp.emit and `sapp run`: the emitter sits below the
+    api) of the plan rewritten to what runs; the result goes to prog.repriced and a note."""
     from ...plan import Plan
+    if prog.reprice is None:
+        prog.notes.append("MISMATCH: not re-priced: emit was given no reprice callable (sapp.emit and `sapp run` "
+                          "pass sapp.api.reprice_as_run)")
+        return
     try:
         import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-        from ...api import evaluate
         name = prog.plan.model.get("name")
         model = name if name in set(models.names()) else prog.full_model
         if model is None:
             raise PlanError("a pipeline rank of a model the zoo does not know keeps no whole model to capture")
-        res = evaluate(model, None, Plan(rewritten(prog.plan, prog.manifest, prog.block_list, prog.recompute_modes)))
+        res = prog.reprice(model, Plan(rewritten(prog.plan, prog.manifest, prog.block_list, prog.recompute_modes)))
     except Exception as e:
         prog.notes.append(f"MISMATCH: could not re-price what runs ({type(e).__name__}: {str(e)[:120]})")
         return

@@ -16,12 +16,15 @@ import time
 SEARCH_TIMEOUT_S = 900.0      # the other ranks wait this long for rank 0's search
 
 
-def plan_for_world(args, plan, world: int, local_world: int, rank: int, restarted: bool, say=print):
+def plan_for_world(args, plan, world: int, local_world: int, rank: int, restarted: bool, say=print, *,
+                   replan=None):
     """The plan this group trains with: `plan` itself when it is for `world` devices, else a re-plan.
-    Each group a restart forms says which, on the terminal and in rank 0's --log-json."""
+    Each group a restart forms says which, on the terminal and in rank 0's --log-json.
+    replan(model, plan, cluster, exact=True): sapp.replan.replan, handed in by the worker's entry
+    (sapp/commands/run_worker.py): the re-plan searches, and the emitter sits below the search."""
     if int(plan.devices) == world:
         if restarted and rank == 0:
-            from ...replan import summary
+            from ...plan import summary
             from .train_log import log_event
             say(f"sapp run: a group of {world} devices: the plan's own layout ({_layout(plan)})")
             log_event(args.log_json, rank, "replan", devices=world, plan=args.plan, new=summary(plan))
@@ -32,14 +35,14 @@ def plan_for_world(args, plan, world: int, local_world: int, rank: int, restarte
     if world == 1 or not dist.is_initialized():
         # a group of one: torchrun gives it WORLD_SIZE 1 and the worker forms no process group (there
         # is no peer to hand the plan to), so the re-plan is this process's own
-        kind, text = _replan_text(args, plan, world, local_world, say)
+        kind, text = _replan_text(args, plan, world, local_world, say, replan)
     else:
         # its own gloo group: the search may outlast the training group's short hang timeout.  Formed
         # before the search (its set-up waits only the short timeout for every rank, not for rank 0's search)
         group = slow_group(SEARCH_TIMEOUT_S)
         box = [None]
         if rank == 0:
-            box[0] = _replan_text(args, plan, world, local_world, say)
+            box[0] = _replan_text(args, plan, world, local_world, say, replan)
         dist.broadcast_object_list(box, src=0, group=group)    # a plan's text (or an error's): data, parsed below
         dist.destroy_process_group(group)
         kind, text = box[0]
@@ -54,16 +57,18 @@ def _layout(plan) -> str:
     return f"dp {p['dp']} tp {p['tp']} pp {p['pp']}"
 
 
-def _replan_text(args, plan, world, local_world, say):
+def _replan_text(args, plan, world, local_world, say, replan):
     from ...errors import SappError
     from ...cluster import Cluster
-    from ...replan import replan
     from .checkpoint_find import resume_point
     t0 = time.perf_counter()
     if os.environ.get("SAPP_FAULT_REPLAN") and not int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
         import signal                    # tests: rank 0 dies inside the re-plan, in the job's first attempt
         os.kill(os.getpid(), signal.SIGKILL)
     try:
+        if replan is None:    # a worker started without the entry `sapp run` launches
+            raise SappError("an elastic re-plan needs the re-planning search: start the worker as `sapp run` does "
+                            "(python -m sapp.commands.run_worker)")
         # the plan's device figures, this group's shape (nodes x processes per node)
         cl = Cluster.from_dict(plan["cluster"], where="the plan's cluster").replace(
             gpus_per_node=local_world, nodes=max(world // local_world, 1)).validate()

@@ -45,7 +45,8 @@ class Program:
     dp/tp/pp, modules (this rank's model or stage modules, wrapped), parameters, optimizers, mesh,
     notes (what the emitter decided beyond the plan), recomputed (module names checkpointed),
     manifest (what runs: sapp/emit/checks/manifest.py), mismatches (allowed differences from the plan),
-    repriced (sapp.evaluate of what runs, when it differs and that was allowed)."""
+    repriced (sapp.evaluate of what runs, when it differs and that was allowed), reprice (the callable
+    that prices it, from emit's caller)."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)

@@ -1,4 +1,6 @@
-"""One rank of `sapp run` (started by torchrun):  python -m sapp.emit.runtime.worker PLAN --model NAME ...
+"""One rank of `sapp run`: main(), which torchrun starts through sapp/commands/run_worker.py
+(python -m sapp.commands.run_worker PLAN --model NAME ...): the entry hands it the re-pricing and the
+re-planning search, which the emitter sits below and does not import.
 
 Order: plan -> model -> data -> process group -> checkpoint directory check -> emit -> resume ->
 steps (checkpoint every N) -> summary.  Logs each step (sapp/emit/runtime/train_log.py); rank 0 ends with the
@@ -32,7 +34,7 @@ import time
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="sapp.emit.runtime.worker")
+    p = argparse.ArgumentParser(prog="sapp.commands.run_worker")
     p.add_argument("plan")
     p.add_argument("--model", required=True)
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
@@ -137,7 +139,7 @@ def _order(data, shuffle, seed) -> str:
     return f"--data {data} " + (f"shuffled with --seed {seed}" if shuffle else "in order")
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, reprice=None, replan=None) -> int:
     from .lifeline import bind_to_parent
     bind_to_parent(f"rank {os.environ.get('RANK', '?')}")     # its agent killed: end, do not train on
     args = parse_args(argv)
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
             from .checkpoint_find import committed
             regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
             plan = plan_for_world(args, plan, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), rank, regroup,
-                                  say=(lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None))
+                                  say=(lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None), replan=replan)
         ckpt = None
         if resume == "latest" and not args.checkpoint_dir:
             raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
         # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
         prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
                     name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
-                    allow_mismatch=args.allow_mismatch)
+                    allow_mismatch=args.allow_mismatch, reprice=reprice)
         if share:
             hetero_run.weigh(prog, share)
         log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
@@ -310,10 +312,3 @@ def summary(args, plan, world, prog, losses, times, start=0):
                "predicted_step_time_s": predicted, "measured_over_predicted": ratio, "notes": prog.notes}
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1, sort_keys=True)
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:       # Ctrl-C reaches every rank: `sapp run` says it in one line
-        sys.exit(130)
