@@ -210,7 +210,10 @@ def precheck_training(args, plan):
     if args.data and data.is_factory(args.data) and not os.path.exists(args.data):
         data.resolve_factory(args.data)
     elif args.data and not os.path.isfile(args.data):
-        raise data.DataError(f"data file {args.data} not found; pass a torch.save'd file or pkg.module:factory")
+        from ..fileio import special_kind
+        what = special_kind(args.data) if os.path.exists(args.data) else None
+        raise data.DataError(f"data file {args.data} " + (f"is {what}" if what else "not found")
+                             + "; pass a torch.save'd file or pkg.module:factory")
     log = getattr(args, "log_json", None)
     if log:      # every rank appends to it (and to .rank<r> beside it): a FIFO would block the rank
         import stat
@@ -238,7 +241,9 @@ def precheck_training(args, plan):
         elastic = getattr(args, "elastic", False)      # a joining node finds the job's checkpoints and lock
         checkpoint.check_directory(args.checkpoint_dir,
                                    checkpoint.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer),
-                                   resuming=bool(args.resume) or elastic)
+                                   resuming=bool(args.resume) or elastic,
+                                   writes=lambda s, n=args.steps, e=args.checkpoint_every: s == n or bool(e and s <= n
+                                                                                                 and s % e == 0))
         if not elastic and (not args.nnodes or str(getattr(args, "node_rank", None) or "0") == "0"):   # one job per directory
             checkpoint.lock(args.checkpoint_dir, hold=False)
 

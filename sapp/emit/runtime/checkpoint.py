@@ -56,10 +56,12 @@ def estimate_bytes(params: int, optimizer: str = "adam") -> int:
     return int(params * 4 * (1 + states) * 1.1) + (1 << 20)
 
 
-def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) -> None:
+def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True, writes=None) -> None:
     """Refuse an unwritable or too-full checkpoint directory before any training (creates it), and,
     for a run that starts afresh, one that holds another run's checkpoints (retention orders by step:
-    the old run's later steps would outlive the new run's and be what a restart resumes from)."""
+    the old run's later steps would outlive the new run's and be what a restart resumes from).
+    `writes(step)`: whether this run saves that step; a `step-N` folder sapp did not write (no intact
+    marker) at such a step is refused now, not after training up to it."""
     from ...units import fmt_bytes
     probe = os.path.join(directory, f".sapp-write-test-{os.getpid()}")
     try:
@@ -80,6 +82,8 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
             pass
     check_entries(directory)
     old = committed(directory)
+    if writes is not None:
+        _in_the_way(directory, {s for s, _ in old}, writes)
     if old and not resuming:
         raise CheckpointError(f"checkpoint directory {directory} already holds checkpoints (up to step {old[-1][0]}); "
                               "pass --resume to continue from them, or choose an empty --checkpoint-dir")
@@ -87,6 +91,15 @@ def check_directory(directory: str, need_bytes: int = 0, resuming: bool = True) 
     if free < need_bytes:
         raise CheckpointError(f"checkpoint directory {directory} has {fmt_bytes(free)} free but one checkpoint needs "
                               f"about {fmt_bytes(need_bytes)}; free space or choose another --checkpoint-dir")
+
+
+def _in_the_way(directory: str, ours: set, writes) -> None:
+    for n in sorted(os.listdir(directory)):
+        m = _NAME.match(n)
+        if m and int(m.group(1)) not in ours and writes(int(m.group(1))):
+            raise CheckpointError(f"{os.path.join(directory, n)} is in the way of step {int(m.group(1))}'s checkpoint "
+                                  f"and sapp did not write it (no intact sapp marker); move it out of {directory} "
+                                  "or choose another --checkpoint-dir")
 
 
 def check_entries(directory: str) -> None:
