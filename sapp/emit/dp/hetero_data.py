@@ -41,6 +41,10 @@ def used_groups(doc) -> list:
                             f"for data-parallel groups only; pin tp=1 pp=1 or run the group's plan alone")
         if b % n:
             raise PlanError(f"group {g['name']}: share {b} does not split over its {n} devices; re-run the search")
+        priced = ((g.get("plan") or {}).get("model") or {}).get("global_batch")
+        if priced is not None and priced != b:     # trained as priced, or not at all
+            raise PlanError(f"group {g['name']}: batch_share {b} is not the batch its plan was priced at "
+                            f"({str(priced)[:40]}); re-run the search for these shares")
         out.append(g)
     if sum(g["batch_share"] for g in out) != doc["model"]["global_batch"]:
         raise PlanError("mixed-cluster plan: the shares do not add up to the global batch")
