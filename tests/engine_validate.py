@@ -52,7 +52,8 @@ def megatron(args_text: str):
         account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss,
         cp_comm_type=a.get("--cp-comm-type"), add_bias_linear=not a.get("--disable-bias-linear"),
         window_size=_pair(a.get("--window-size")),
-        pipeline_model_parallel_layout=a.get("--pipeline-model-parallel-layout"), **common)
+        pipeline_model_parallel_layout=a.get("--pipeline-model-parallel-layout"),
+        fp8=a.get("--fp8-format"), fp8_recipe=a.get("--fp8-recipe", "delayed"), **common)
     return mp, tc
 
 

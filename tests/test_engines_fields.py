@@ -35,7 +35,8 @@ def test_every_torchtitan_field_is_classified():
     job = _job_config()
     missing = [f"[{s}] {k}" for s, k, _ in _fields(job) if (s, k) not in FIELDS]
     assert not missing, f"torchtitan fields sapp's importer does not classify: {missing}"
-    src = inspect.getsource(torchtitan)
+    from sapp.engines import fp8          # the float8 converter's fields are read there
+    src = inspect.getsource(torchtitan) + inspect.getsource(fp8)
     for s, k, default in _fields(job):
         kind = FIELDS[(s, k)]
         if kind == "priced":

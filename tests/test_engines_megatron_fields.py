@@ -15,6 +15,7 @@ import pytest
 import sapp.engines as E
 from sapp import api
 from sapp.engines import EngineError, megatron, megatron_model
+from sapp.engines import fp8 as engine_fp8
 from sapp.engines import megatron_fields as F
 
 DATA = json.loads((Path(__file__).parent / "data" / "megatron_core_v0.16.1_args.json").read_text())
@@ -71,7 +72,7 @@ def _constants(module):
 
 
 def test_the_parser_reads_only_megatrons_flags_and_every_priced_one():
-    read = _constants(megatron) | _constants(megatron_model) | _constants(F)
+    read = _constants(megatron) | _constants(megatron_model) | _constants(F) | _constants(engine_fp8)
     assert not sorted(read - set(ARGS)), "sapp reads flags Megatron-LM does not have"
     priced = {f for f, k in F.FIELDS.items() if k == "priced"}
     assert not sorted(priced - read), "priced flags the parser never reads"

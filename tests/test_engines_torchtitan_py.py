@@ -216,7 +216,7 @@ def _registry(call, train=""):
 
 
 @pytest.mark.parametrize("call,train,says", [
-    ('model_registry("8B", converters=[Float8LinearConverter.Config()])', "", "low-precision"),
+    ('model_registry("8B", converters=[Float8LinearConverter.Config()])', "", "rowwise only"),
     ('model_registry("8B", bogus=1)', "", "takes no 'bogus'"),
     ('model_registry("8B", attn_backend="sdpa")', "", "attn_backend='sdpa'"),
     ('model_registry("8B", attn_backend="varlen")', "", "CUDA graphs"),

@@ -81,7 +81,8 @@ def run(args):
         best = best_plan(graph, cl, target_of(args.engine, st["runtime"]), global_batch=plan["model"]["global_batch"],
                      model=module, progress=prog.ticking(),
                      settings={"runtime": st["runtime"], "precision": st["precision"], "optimizer": st.get("optimizer"),
-                               "grad_fp32": st.get("grad_fp32", False)})   # as the engine would run it
+                               "grad_fp32": st.get("grad_fp32", False),
+                               "fp8": st.get("fp8") or None})   # as the engine would run it
     print(comparison(plan, best))
     if args.best_out:
         best.save(args.best_out)

@@ -265,10 +265,14 @@ def run(args):
     if getattr(args, "fit_engine_estimate", None) and target != "megatron":
         from ..errors import UsageError
         raise UsageError("--fit-engine-estimate checks Megatron-LM's own memory estimate: add --target megatron")
-    if target and args.fp8:
+    if target and args.fp8:       # the engine's own recipe, or one line (sapp/engines/fp8.py)
+        from ..engines.fp8 import target_recipe
         from ..errors import UsageError
-        raise UsageError(f"--fp8 with --target {target}: the engine exports do not write FP8 yet; search without "
-                         "--target to price FP8, or drop --fp8")
+        from ..engines.mapping import EngineError
+        try:
+            args.fp8 = target_recipe(target, args.fp8)
+        except EngineError as e:
+            raise UsageError(str(e)) from None
     if target:
         return _run_target(args, target, t0)
     with Progress(label="search", counts=False) as prog:      # draws on a terminal only; thousandths of the search
@@ -305,7 +309,8 @@ def _run_target(args, target, t0):
         # changed the plan, the engine's uniform recomputations are searched too (engines.best_plan)
         plan = best_plan(graph, cl, target, global_batch=args.batch, model=spec, constraints=constraints_from_args(args),
                          fits=fits, progress=prog, must_fit=True,
-                         settings={"precision": args.precision, "runtime": args.runtime or runtimes[0]})
+                         settings={"precision": args.precision, "runtime": args.runtime or runtimes[0],
+                                   "fp8": args.fp8})
     if settings:        # the model the plan was priced on, for sapp run (best_plan searched the captured graph)
         plan["model"]["args"] = dict(sorted(settings.items()))
     _finish(args, plan, t0)

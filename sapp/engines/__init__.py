@@ -77,14 +77,16 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
     unless `graph` is given) and every change is in `notes`.  The plan's model name is data: a zoo
     name or a config.json is built from it, a pkg.module:factory only with `trust_plan_model`."""
     from ..cluster import Cluster
-    fp8 = (plan["settings"] if "settings" in plan._d else {}).get("fp8") if hasattr(plan, "_d") else None
-    if fp8:      # the engines' FP8 flags are not written yet: an export would train bf16, priced FP8
-        raise EngineError(f"the plan is priced with FP8 linear layers ({fp8}), which the {engine} export does not "
-                          f"write yet; search it without --fp8 to export it")
+    from . import fp8
     mod = get(engine)
     ecfg = from_plan(plan, engine)
     names = block_order(plan, graph)
+    # FP8 linears as the engine states them (engines/fp8.py), first: refused where it states none
+    # (DeepSpeed, torchtitan 0.3's rowwise-only converter), the other recipe re-priced as the engine's own
+    first = []
+    fp8.conform(ecfg, engine, first)
     out, notes = mod.conform(ecfg, names)
+    notes = first + notes
     if out.grad_fp32 and engine != "megatron":
         out = out.replace(grad_fp32=False)
         notes.append(f"the plan holds and reduces fp32 gradients (Megatron's main_grads); {engine} keeps them at "

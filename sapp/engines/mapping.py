@@ -40,6 +40,7 @@ class EngineConfig:
     optimizer: str = "adam"         # the CostSettings optimizer (DeepSpeed's bf16 master weights: BF16_MASTER)
     grad_fp32: bool = False         # gradients held and reduced in fp32 (Megatron without --grad-reduce-in-bf16)
     runtime: str = "eager"
+    fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" (sapp/engines/fp8.py)
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -65,7 +66,8 @@ class EngineConfig:
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{extra}{' sp' if self.sp else ''}{sched} "
                 f"micro-batches {self.m} x {self.mbs} ZeRO-{self.zero} recompute {rc}"
                 + (" offload-optimizer" if self.offload_optimizer else "")
-                + (" fp32-grads" if self.grad_fp32 and self.precision != "fp32" else ""))
+                + (" fp32-grads" if self.grad_fp32 and self.precision != "fp32" else "")
+                + (f" fp8 {self.fp8}" if self.fp8 else ""))
 
 
 # ---- a plan as an engine configuration -------------------------------------------------------------
@@ -113,7 +115,7 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
                         precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
-                        grad_fp32=bool(st.get("grad_fp32", False)))
+                        grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "")
 
 
 def even_split(n, parts) -> list | None:
@@ -196,8 +198,10 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     from ..search.joint import Config
     names = [u.name for u in split_units(graph) if u.kind == "block"]
     cons = Constraints.from_dict(pins(ecfg, names))
+    api.check_fp8(ecfg.fp8, cluster)       # a file training FP8 on a cluster without FP8 tensor cores: one line
     settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout,
-                            optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32")
+                            optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32",
+                            fp8=ecfg.fp8)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
                  ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp)
     from ..search.joint.single import score_config
@@ -250,6 +254,9 @@ def changes(a, b) -> list:
     ob = ((b["placement"] or {}).get("predicted") or {}).get("option", "device")
     if oa != ob:
         out.append(f"placement {oa} \u2192 {ob}")
+    fa, fb = (a._d.get("settings") or {}).get("fp8") or "bf16", (b._d.get("settings") or {}).get("fp8") or "bf16"
+    if fa != fb:
+        out.append(f"linears {fa} \u2192 {fb}")
     return out
 
 

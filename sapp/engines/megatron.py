@@ -17,12 +17,14 @@ least one layer a stage (--pipeline-model-parallel-layout); interleaving: equal 
 stages (--num-layers-per-virtual-pipeline-stage), or Llama 3's layout where the embedding and the
 loss count as a layer each (--account-for-embedding/loss-in-pipeline-split).  Recomputation:
 selective on every layer, full on every layer, or full on the first N layers of every (virtual)
-stage (--recompute-method block --recompute-num-layers N).  Every other flag of Megatron-LM's parser
-is refused in one line or irrelevant to the step (sapp/engines/megatron_fields.py)."""
+stage (--recompute-method block --recompute-num-layers N).  FP8 linears: --fp8-format hybrid
+--fp8-recipe delayed, Transformer Engine's delayed scaling (sapp/engines/fp8.py).  Every other flag of
+Megatron-LM's parser is refused in one line or irrelevant to the step (sapp/engines/megatron_fields.py)."""
 from __future__ import annotations
 
 import shlex
 
+from . import fp8
 from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
 from .megatron_fields import FIELDS, MULTI, check, layout_counts
 from .megatron_model import ENV, check_arch, model_args, model_notes
@@ -37,7 +39,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--untie-embeddings-and-output-weights", "--use-flash-attn", "--swiglu", "--disable-bias-linear",
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--moe-grouped-gemm", "--add-qkv-bias",
-            "--use-rope-scaling", "--moe-shared-expert-gate", "--moe-router-pre-softmax"}
+            "--use-rope-scaling", "--moe-shared-expert-gate", "--moe-router-pre-softmax", "--no-fp8-wgrad",
+            "--disable-fp8-wgrad", "--first-last-layers-bf16", "--fp8-param-gather"}
 # every flag of Megatron-LM's parser is priced, refused in one line or irrelevant: megatron_fields.FIELDS
 
 
@@ -195,6 +198,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         add("--bf16")
         if not ecfg.grad_fp32:            # priced with 2-byte gradients; Megatron keeps fp32 ones otherwise
             add("--grad-reduce-in-bf16")
+        a += fp8.megatron_args(ecfg.fp8)  # Transformer Engine's delayed scaling, as priced (engines/fp8.py)
     elif ecfg.precision == "fp16-mixed":
         add("--fp16")
         if ecfg.grad_fp32:                # fp16 keeps 2-byte gradients unless told
@@ -295,7 +299,8 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                         zero=1 if args.get("--use-distributed-optimizer") else 0,
                         precision="bf16-mixed" if args.get("--bf16") else "fp16-mixed" if args.get("--fp16") else "fp32",
                         grad_fp32=_grad_fp32(args),
-                        runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused")
+                        runtime="fused+tp-overlap" if args.get("--tp-comm-overlap") else "fused",
+                        fp8=fp8.megatron_read(args))
     if ecfg.sp and tp == 1:
         ecfg.sp = False           # Megatron turns it off itself at tp 1
     etp = int(args.get("--expert-tensor-parallel-size", tp) or tp)     # Megatron's default: tp

@@ -45,7 +45,7 @@ _RUN = ("irrelevant", "run bookkeeping (length, exit, restarts, timeouts, checks
 _INFER = ("irrelevant", "inference and text generation settings: not a training step")
 _OTHER_MODEL = ("irrelevant", "settings of another model family (BERT/T5/vision/retrieval): pretrain_gpt.py reads none")
 _RL = _read_only("reinforcement learning (--perform-rl-step)")
-_FP8 = _read_only("FP8 / FP4 / MXFP8 training (--fp8-format / --fp4-format / --fp8-param-gather)")
+_FP4 = _read_only("FP4 training (--fp4-format)")
 _TPO = ("irrelevant", "how Transformer Engine's userbuffers split and pipeline the collectives --tp-comm-overlap "
                       "overlaps (priced as the fused+tp-overlap runtime's overlap): not modelled separately")
 _FUSION = ("irrelevant", "an element-wise kernel fusion (bias+activation, bias+dropout+add, rope, masked softmax of "
@@ -96,7 +96,7 @@ FIELDS = {
     "--distributed-backend": ("refused", "a backend other than NCCL for the collectives", ("nccl",)),
     "--cpu-offloading-num-layers": ("refused", "activation offloading to the host", ("0",)),
     **{f: ("refused", what, ()) for f, what in (
-        ("--fp8-format", "FP8 training"), ("--fp4-format", "FP4 training"),
+        ("--fp4-format", "FP4 training"),
         ("--te-precision-config-file", "per-layer precision from a Transformer Engine file"),
         ("--mtp-num-layers", "multi-token prediction layers"),
         ("--hierarchical-context-parallel-sizes", "hierarchical (a2a+p2p) context parallelism"),
@@ -217,11 +217,21 @@ FIELDS = {
            "--suggested-communication-unit-size --enable-full-sharding-in-hsdp --fsdp-manual-registration "
            "--no-gradient-reduce-div-fusion --torch-fsdp2-no-reshard-after-forward --no-strict-fsdp-dtensor-load "
            "--disable-strict-fsdp-dtensor-load"),
-    **_fam(_FP8, "--fp8-recipe --fp8-quantizer-factory --fp8-margin --fp8-interval --fp8-amax-history-len "
-                 "--fp8-amax-compute-algo --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16 "
-                 "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --fp4-recipe --fp4-param-gather "
-                 "--fp4-quantizer-factory --moe-router-padding-for-quantization --moe-router-padding-for-fp8 "
-                 "--keep-fp8-transpose-cache --reuse-grad-buf-for-mxfp8-param-ag"),
+    # FP8 linears through Transformer Engine (sapp/engines/fp8.py megatron_read: the format, the delayed
+    # recipe, and the switches that change which GEMMs run FP8, refused there beside --fp8-format)
+    **_fam(P, "--fp8-format --fp8-recipe --no-fp8-wgrad --disable-fp8-wgrad --first-last-layers-bf16"),
+    **_fam(("irrelevant", "the delayed recipe's scale arithmetic (margin, amax history and how it is reduced, a few "
+                          "scalars a tensor; --fp8-interval is ignored by Transformer Engine >= 1.8): the same casts "
+                          "and GEMMs"),
+           "--fp8-margin --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo"),
+    **_fam(_read_only("--fp8-recipe custom"), "--fp8-quantizer-factory"),
+    **_fam(_read_only("--first-last-layers-bf16"), "--num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16"),
+    **_fam(_read_only("Megatron FSDP"), "--keep-fp8-transpose-cache"),
+    **_fam(_read_only("--fp8-recipe mxfp8"), "--reuse-grad-buf-for-mxfp8-param-ag"),
+    **_fam(_FP4, "--fp4-recipe --fp4-param-gather --fp4-quantizer-factory"),
+    **_fam(("irrelevant", "pads each expert's tokens to a multiple of 16 / 32 for the FP8 grouped GEMMs (under 32 "
+                          "tokens an expert): sapp prices balanced routing without padding"),
+           "--moe-router-padding-for-quantization --moe-router-padding-for-fp8"),
     **_fam(_read_only("multi-token prediction (--mtp-num-layers)"), "--mtp-loss-scaling-factor"),
     **_fam(_read_only("an experimental attention variant or linear attention"),
            "--dsa-indexer-n-heads --dsa-indexer-head-dim --dsa-indexer-topk --dsa-indexer-loss-coeff "

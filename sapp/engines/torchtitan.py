@@ -11,12 +11,15 @@ attention through SDPA).  Data parallelism: FSDP2 over data_parallel_shard_degre
 data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
 shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
 plus the embedding and the output (weights first/last_stage_less_layers) evenly over the (virtual)
-stages, or takes module_fqns_per_model_part as given."""
+stages, or takes module_fqns_per_model_part as given.  FP8: [model] converters =
+["quantize.linear.float8"], torchao's tensorwise Float8Linear on the blocks' linears, the output
+filtered (sapp/engines/fp8.py)."""
 from __future__ import annotations
 
 import math
 import tomllib
 
+from . import fp8
 from .arch_hf import torchtitan_attention_agrees
 from .mapping import EngineConfig, EngineError
 
@@ -199,9 +202,11 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         ac = {"mode": "selective", "selective_ac_option": str(n)}
     model, note = model_section(facts.get("arch"))
     lines = [f"# {h}" for h in header] + ([f"# NOTE: {note}"] if note else [])
+    if ecfg.fp8:                # torchao's tensorwise Float8Linear on the blocks' linears (engines/fp8.py)
+        model = {**(model or {}), "converters": [fp8.TT_NAME]}
     sections = [("model", model)] if model else []
     for sec, body in sections + [("parallelism", par), ("training", train), ("activation_checkpoint", ac),
-                      ("compile", {"enable": False})]:
+                      ("compile", {"enable": False})] + fp8.torchtitan_sections(ecfg.fp8):
         lines.append(f"[{sec}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
         lines.append("")
@@ -282,6 +287,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     else:
         ecfg.mbs, ecfg.m = local, gb // (local * dp)
     ecfg.recompute = _recompute(ac, facts["names"], notes)
+    ecfg.fp8 = fp8.torchtitan_read(doc)
     _run_notes(ecfg, train, par, comp, zero, pp, notes)
     ecfg.notes = notes
     return ecfg

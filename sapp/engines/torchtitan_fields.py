@@ -20,7 +20,7 @@ FIELDS = {
     ("model", "name"): P, ("model", "flavor"): P,
     ("model", "hf_assets_path"): ("irrelevant", "tokenizer and weight files"),
     ("model", "tokenizer_path"): ("irrelevant", "tokenizer files"),
-    ("model", "converters"): ("refused", [], "model converters (float8 / MX kernels)"),
+    ("model", "converters"): P,        # read by engines/fp8.py torchtitan_read: tensorwise float8 only
     ("model", "print_after_conversion"): _RUN,
     ("optimizer", "name"): ("refused", "AdamW", "an optimizer other than AdamW (sapp prices Adam's two states)"),
     **{("optimizer", k): ("irrelevant", "optimizer hyperparameters: the same update work per step")
@@ -75,10 +75,11 @@ FIELDS = {
     ("compile", "enable"): P,
     ("compile", "components"): ("irrelevant", "read only with compile on, priced as eager with a note"),
     ("compile", "backend"): ("irrelevant", "read only with compile on, priced as eager with a note"),
-    # (their settings are read only by the float8 / MX model converters, which are refused: a published
-    # job file carries [quantize.linear.float8] with `converters` commented out and trains in bf16)
-    ("quantize", "linear"): ("irrelevant", "read only by model.converters (float8 / MX), which are refused"),
-    ("quantize", "grouped_mm"): ("irrelevant", "read only by model.converters (float8 / MX), which are refused"),
+    # (read only by their model converters: a published job file carries [quantize.linear.float8] with
+    # `converters` commented out and trains in bf16; with the float8 converter on, fp8.torchtitan_read
+    # prices its tensorwise config and refuses the rest in one line)
+    ("quantize", "linear"): P,
+    ("quantize", "grouped_mm"): ("irrelevant", "read only by the grouped-GEMM converters, which are refused"),
     **{("comm", k): ("irrelevant", "collective timeouts and traces") for k in (
         "init_timeout_seconds", "train_timeout_seconds", "trace_buf_size", "save_traces_folder",
         "save_traces_file_prefix")},

@@ -30,7 +30,9 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
   (FlexAttention's own speed is not measured here).  Every backend masks block-causally by document,
   which sapp prices as one document a sequence (an upper bound);
 - model_registry's other arguments: `converters` (float8 / MX / NVFP4 linear layers) are refused in one
-  line, `tp_gemm_backend="dist_gemm"` (collectives folded into GEMMs over symmetric memory) too under
+  line (0.3's Float8LinearConverter scales rowwise only, which sapp does not price: an FP8 plan goes to
+  torchtitan@0.2.2's tensorwise converter, sapp/engines/fp8.py), `tp_gemm_backend="dist_gemm"`
+  (collectives folded into GEMMs over symmetric memory) too under
   tensor parallelism (without it torchtitan runs the stock projections);
 - the batch fields are 0.3.0's (local_batch_size, global_batch_size, seq_len,
   pipeline_parallel_microbatch_size); torchtitan main's token counts (num_tokens_per_microbatch_per_dp_rank,
@@ -258,8 +260,11 @@ def _model(doc, facts) -> dict:
     if conv not in (None, []):
         names = ", ".join(c.name if isinstance(c, Call) else repr(c)[:40] for c in (conv if isinstance(conv, list)
                                                                                   else [conv]))
-        raise EngineError(f"model_registry(converters=[{names}]): sapp does not price low-precision (float8 / MX / "
-                          f"NVFP4) linear layers; remove converters to price the bf16 job")
+        if "Float8LinearConverter" in names:     # 0.3.0 has no tensorwise recipe (sapp/engines/fp8.py)
+            raise EngineError(f"model_registry(converters=[{names}]): torchtitan 0.3's Float8LinearConverter scales "
+                              f"rowwise only, which sapp does not price; remove converters to price the bf16 job")
+        raise EngineError(f"model_registry(converters=[{names}]): sapp does not price MX / NVFP4 linear layers or "
+                          f"float8 grouped experts; remove converters to price the bf16 job")
     return args
 
 
