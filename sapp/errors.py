@@ -15,6 +15,18 @@ def shown(value, limit: int = 60) -> str:
     return f"{text[:limit]}... ({size})"
 
 
+def clip(text: str, limit: int = 160) -> str:
+    """`text` cut to at most `limit` characters at a word boundary, with an ellipsis where it was cut:
+    a message that quotes another (an exception's first line) never ends mid-word or mid-path."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 1]
+    cut = head.rfind(" ")
+    # a single long word (a path) keeps its head rather than disappearing
+    return (head[:cut] if cut > limit // 2 else head).rstrip(" ,;:") + "\u2026"
+
+
 class SappError(Exception):
     """Base of all user-facing errors.  The message is capped at MAX_MESSAGE characters (with its length
     said), so a value a message echoes unshortened cannot make a line of megabytes."""

@@ -33,6 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..errors import SappError
+from ..units import fmt_time
 
 MAX_FILE_BYTES = 64 << 20         # a log of a long run is megabytes; more is not a run's log
 SCALE_MAX = 25.0
@@ -274,7 +275,7 @@ def _fit_time(unknowns, runs, clusters, price, base, before) -> dict:
             edge = math.exp(a if at == "below" else b)
             r, bf = max(zip(runs, before), key=lambda rb: abs(math.log(rb[0].step_s / rb[1]["step_time_s"])))
             raise CalibrationError(f"the runs need {what} {at} its bound {edge:.3g} (run {os.path.basename(r.source)[:60]}: "
-                                   f"measured {r.step_s:.4g} s, priced {bf['step_time_s']:.4g} s); check that each run "
+                                   f"measured {fmt_time(r.step_s)}, priced {fmt_time(bf['step_time_s'])}); check that each run "
                                    "trained its plan on this --cluster")
     return out
 

@@ -100,10 +100,17 @@ def _from_runs(args):
         print(f"held      {from_runs._label(u)} at the base's figure: {why}")
     print(f"{'run':<40} {'measured':>10} {'before':>10} {'after':>10} {'residual':>9}")
     for src, m, b, a in res.rows:
-        print(f"{os.path.basename(src)[:40]:<40} {m:>10.4g} {b:>10.4g} {a:>10.4g} {a / m - 1:>+9.1%}")
+        print(table_row(src, m, b, a))
     print(f"trust band ±{res.band:.1%} (the largest residual, and no tighter than the measured steps' spread)")
     print(f"wrote {args.out}")
     return 0
+
+
+def table_row(src, measured, before, after) -> str:
+    """One run's row of the fit: the step times in units by magnitude (1.23 s, 285.0 ms), the residual."""
+    from ..units import fmt_time
+    return (f"{os.path.basename(src)[:40]:<40} {fmt_time(measured):>10} {fmt_time(before):>10} {fmt_time(after):>10} "
+            f"{after / measured - 1:>+9.1%}")
 
 
 def _graph(plan, source):

@@ -84,7 +84,8 @@ def describe(err) -> str:
         return f"{where} has a key that is not allowed ({err.message[:80]})"
     if v in ("minItems", "maxItems"):
         return f"{where} must have {'at least' if v == 'minItems' else 'at most'} {err.validator_value} items, got {got}"
-    return f"{where}: {err.message[:120]}"
+    from ..errors import clip
+    return f"{where}: {clip(err.message, 120)}"
 
 
 def _rank(err):
