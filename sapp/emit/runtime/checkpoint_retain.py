@@ -22,7 +22,10 @@ from .train_state import CheckpointError
 
 _SCRATCH = (".tmp-step-", ".del-step-")
 # the files a save puts in a checkpoint: DCP's (its metadata goes through a .tmp rename) and the marker
-_SAVE_FILE = re.compile(r"^(\.metadata(\.tmp)?|__\d+_\d+\.distcp|" + re.escape(MARKER) + r")$")
+# (and the marker's temporary name from fileio.write_atomic: a save killed between writing the marker and
+# renaming it, as an elastic restart does when a node returns mid-save, leaves it in the scratch folder)
+_SAVE_FILE = re.compile(r"^(\.metadata(\.tmp)?|__\d+_\d+\.distcp|" + re.escape(MARKER)
+                        + r"|\." + re.escape(MARKER) + r"\.tmp-\d+-[0-9a-f]{8})$")
 _MARKER_LIMIT = 64 << 20        # a marker lists every file and the model's entries: megabytes at most
 
 
