@@ -35,6 +35,7 @@ TIMEOUT_S = 20.0           # CPU seconds (ITIMER_PROF): the bound must not depen
 WALL_TIMEOUT_S = 300.0     # wall seconds: an open() blocked on a FIFO uses no CPU time at all
 HOSTILE_SHARE = 0.3        # inputs drawn from bench/fuzz_hostile.py's classes
 SURFACE_SHARE = 0.32       # engine files, HF configs, data files, checkpoints, cache entries (fuzz_surfaces.py)
+DIR_SHARE = 0.12           # checkpoint dirs with foreign content, plans/ links, multi-node flags (fuzz_dirs.py)
 MEMORY_LIMIT = 6 << 30
 
 
@@ -75,6 +76,8 @@ class Fuzzer:
         self.special = hostile.special_paths(self.tmp)
         from .fuzz_surfaces import Surfaces
         self.surfaces = Surfaces(rng, self.tmp, tiny, mutate)
+        from .fuzz_dirs import DirSurfaces
+        self.dirs = DirSurfaces(rng, self.tmp, self.surfaces.ckpt, self.seeds[2])
         self.counts = {"inputs": 0, "ok": 0, "sapp_error": 0, "other_exception": 0, "timeout": 0, "memory": 0,
                        "bad_message": 0, "clean_exit": 0, "nonsense": 0}
         self.by_kind = {}
@@ -187,6 +190,8 @@ class Fuzzer:
     # -- one generated input --
     def one(self):
         rng = self.rng
+        if rng.random() < DIR_SHARE:
+            return self.dirs.one()
         if rng.random() < SURFACE_SHARE:
             return self.surfaces.one()
         if rng.random() < HOSTILE_SHARE:
@@ -285,6 +290,7 @@ class Fuzzer:
         if dt > self.slowest[0]:
             self.slowest = (dt, f"{kind}: {_describe(call)[:160]}")
         self.counts[outcome] += 1
+        self.last = (outcome, detail)
         if outcome not in ("ok", "clean_exit", "sapp_error"):
             per["errors"] += 1
             self.failures.append((kind, outcome, (detail or "")[:300], _describe(call)))

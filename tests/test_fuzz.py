@@ -145,6 +145,20 @@ def test_special_paths(fz, rng):
     _ends_cleanly((lambda: fz.cli_entry(call[1])) if isinstance(call, list) else call)
 
 
+@settings(PROFILE)
+@given(st.randoms(use_true_random=False))
+def test_checkpoint_dirs_plans_links_and_multinode_flags(fz, rng):
+    """bench/fuzz_dirs.py's classes: foreign content in a checkpoint directory, links in plans/, hostile
+    multi-node flags; a write or delete under the sentinel folder the links point at fails the input."""
+    fz.dirs.rng = rng
+    try:
+        for _ in range(3):
+            kind, call = fz.dirs.one()
+            _ends_cleanly(call)
+    finally:
+        fz.dirs.rng = fz.rng        # hypothesis's random is not usable after the test
+
+
 def test_generators_reach_success_and_errors(fz):
     """The fuzzer is only worth its count if inputs get past validation too: some plans must evaluate
     and some searches succeed, not every input die at the first check."""
