@@ -171,3 +171,11 @@ def test_generators_reach_success_and_errors(fz):
         outcomes[out] += 1
     assert outcomes.get("ok", 0) >= 2 and outcomes.get("sapp_error", 0) >= 10, outcomes
     assert not fz.failures, fz.failures
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:-1", "127.0.0.1:99999", "127.0.0.1:\uff12\uff19\uff15", ":29500"])
+def test_fuzz_found_rendezvous_ports_are_refused_in_one_line(fz, endpoint):
+    """bench.fuzz_dirs found `--rdzv-endpoint 127.0.0.1:-1` raising OverflowError from socket.connect."""
+    with pytest.raises(SappError) as e:
+        fz.dirs.flags_entry(["--nnodes", "1", "--rdzv-endpoint", endpoint])
+    assert "--rdzv-endpoint" in str(e.value) and "\n" not in str(e.value)

@@ -106,6 +106,12 @@ def _check_rendezvous(args, nodes: int):
     if nodes > 1 and not getattr(args, "rdzv_endpoint", None):
         raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, node 0's address as the other nodes "
                          "reach it (sapp listens there only, never on every interface)")
+    endpoint = getattr(args, "rdzv_endpoint", None)
+    if endpoint and ":" in endpoint:         # (no port: torchrun's 29400)
+        host, _, port = endpoint.rpartition(":")
+        if not host.strip("[]") or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            from ..errors import shown
+            raise UsageError(f"--rdzv-endpoint {shown(endpoint)}: give HOST:PORT, a port from 1 to 65535 in ASCII digits")
     backend = getattr(args, "rdzv_backend", None)
     if getattr(args, "rdzv_endpoint", None) and backend not in (None, "c10d"):
         raise UsageError(f"--rdzv-backend {str(backend)[:40]!r}: sapp run's rendezvous is c10d, bound to the "
@@ -304,8 +310,8 @@ def local_address(endpoint: str) -> str:
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((host, int(port or 29400)))
             return s.getsockname()[0]
-    except (OSError, ValueError):
-        raise UsageError(f"--rdzv-endpoint {endpoint}: cannot find this machine's address toward it; give HOST:PORT "
+    except (OSError, ValueError, OverflowError):
+        raise UsageError(f"--rdzv-endpoint {endpoint[:80]}: cannot find this machine's address toward it; give HOST:PORT "
                          "of node 0 as the other nodes reach it") from None
 
 
