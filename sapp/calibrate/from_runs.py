@@ -40,6 +40,7 @@ SCALE_MAX = 25.0
 SHARE_GAP = 0.05                  # communication shares closer than this do not separate the two unknowns
 BOUND_SLACK = 1e-3
 UNKNOWNS = ("compute", "comm", "memory")
+EXACT = "exact fit, one run per unknown: other layouts unvalidated (calibrate on runs of two layouts to measure it)"
 
 
 class CalibrationError(SappError):
@@ -76,6 +77,12 @@ class Fit:
         return max([self.residual] + [r.spread for r in self._runs])
 
     _runs: list = field(default_factory=list, repr=False)
+
+    @property
+    def exact(self) -> bool:
+        """As many step-time unknowns fitted as runs: the fit meets every run by construction, so its
+        residual says nothing of other plans (the band is then only the runs' own spread)."""
+        return len(self._runs) <= len([u for u in self.fitted if u in ("compute", "comm")])
 
 
 # ---- reading ----------------------------------------------------------------------------------------
@@ -308,7 +315,7 @@ def fit(runs, base, price, want="auto", name=None) -> Fit:
     note = (f"calibrated from {len(runs)} measured run(s) (sapp calibrate --from-run): "
             + ", ".join(f"{_label(u)} {v:.4g}" for u, v in values.items())
             + (f"; held {', '.join(_label(u) for u in held)}" if held else "")
-            + f"; trust band ±{out.band:.1%}")
+            + f"; trust band ±{out.band:.1%}" + (f"; {EXACT}" if out.exact else ""))
     out.cluster = cl.replace(name=name or f"{base.name}-calibrated",
                              notes=f"{base.notes}; {note}" if base.notes else note)
     return out

@@ -39,7 +39,9 @@ def trust_note(cluster) -> str | None:
     if band is not None:
         runs = str(cluster.notes).rpartition("calibrated from ")[2].split(" ", 1)[0]
         return (f"figures calibrated from {runs} measured run(s) of this cluster (sapp calibrate --from-run): "
-                f"trust band ±{band:.1%} (the fit's residual on them and their own step-to-step spread)")
+                f"trust band ±{band:.1%} (the fit's residual on them and their own step-to-step spread)"
+                + ("; an exact fit, one run per unknown: other layouts unvalidated" if "exact fit" in
+                   str(cluster.notes).rpartition(CALIBRATED_MARK)[2] else ""))
     return uncalibrated_note(cluster)
 
 

@@ -101,7 +101,8 @@ def _from_runs(args):
     print(f"{'run':<40} {'measured':>10} {'before':>10} {'after':>10} {'residual':>9}")
     for src, m, b, a in res.rows:
         print(table_row(src, m, b, a))
-    print(f"trust band ±{res.band:.1%} (the largest residual, and no tighter than the measured steps' spread)")
+    print(f"trust band ±{res.band:.1%} (the largest residual, and no tighter than the measured steps' spread)"
+          + (f"; {from_runs.EXACT}" if res.exact else ""))
     print(f"wrote {args.out}")
     return 0
 

@@ -224,7 +224,9 @@ def summary(plan, timing=None, seq_from=None) -> str:
     lines += _memory_lines(d, mem, pr["peak_memory_bytes"], f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device")
     from ..calibrate.status import band_text, calibration_band, uncalibrated_band
     band = calibration_band(d["cluster"].get("notes"))
-    trust = f" (±{band:.0%}, calibrated from measured runs)" if band is not None else ""
+    exact = "exact fit" in str(d["cluster"].get("notes") or "").rpartition("--from-run")[2]
+    trust = (f" (±{band:.0%}, calibrated from measured runs" + ("; other layouts unvalidated" if exact else "") + ")"
+             if band is not None else "")
     if band is None and uncalibrated_band(_cluster_of(d)) is not None:
         trust = f" ({band_text()})"
     lines.append(f"predicted step {fmt_time(pr['step_time_s'])}{trust}  MFU {pr['mfu']:.1%}  "
