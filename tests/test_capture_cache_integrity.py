@@ -26,9 +26,9 @@ def test_config_rewritten_mid_search_caches_the_hashed_bytes(tmp_path, cache_dir
 
     real = api.resolve_model
 
-    def rewritten_meanwhile(spec, raw=None):
+    def rewritten_meanwhile(spec, raw=None, model_args=None):
         cfg.write_text(json.dumps(big))          # another process rewrites the file after the key was hashed
-        return real(spec, raw)
+        return real(spec, raw, model_args)
     monkeypatch.setattr(api, "resolve_model", rewritten_meanwhile)
     module, _, _, graph, _ = api.capture_spec(str(cfg))
     monkeypatch.setattr(api, "resolve_model", real)

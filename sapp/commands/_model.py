@@ -131,7 +131,7 @@ def seq_source(spec: str, settings: dict, seq=None) -> str:
         try:
             with open(spec, "rb") as f:
                 cfg = json.loads(f.read(1 << 22))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):    # the search's own read says what is wrong with it
             cfg = {}
         key = next((k for k in CONTEXT_FIELDS if isinstance(cfg, dict) and isinstance(cfg.get(k), int)
                     and cfg[k] > 0), None)

@@ -148,7 +148,9 @@ def check_device(plan, args) -> None:
     if kind in (None, "cpu"):
         return
     has_cuda = False
-    if importlib.util.find_spec("torch") is not None:
+    # no GPU device node, no GPU: said at once, without importing torch (seconds on a loaded box)
+    nodes = any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg"))
+    if nodes and importlib.util.find_spec("torch") is not None:
         import torch
         has_cuda = torch.cuda.is_available()
     if has_cuda:
@@ -164,8 +166,6 @@ def check_device(plan, args) -> None:
 
 def precheck(args):
     """Refuse before launching: bad plan file, wrong process count, unknown or different model."""
-    import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
-    from ..emit.checks import plan as checks
     from ..plan import Plan
     from ._paths import check_out
     _check_numbers(args)
@@ -181,6 +181,8 @@ def precheck(args):
     plan = mixed[0] if mixed else Plan.load(args.plan)
     if not mixed:          # a mixed plan's groups were matched to this node's device already
         check_device(plan, args)
+    import sapp.models as models  # (after the checks that need no torch) not `from .. import`: sapp.__getattr__ recurses
+    from ..emit.checks import plan as checks
     nproc = mixed[1] if mixed else args.nproc or (plan.devices // nodes if plan.devices % nodes == 0 else None)
     if mixed:
         pass        # the node count and processes per group were checked against the plan's groups

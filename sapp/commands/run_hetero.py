@@ -68,10 +68,11 @@ def this_node() -> Node:
 def mixed_plan(args, nodes: int, single: bool, node: Node = None):
     """(the Plan this node's ranks run, processes per node) for a mixed-cluster plan, else None.
     Sets args.hetero_group (this node's group; None: a one-node job of every group)."""
-    from ..emit.runtime import hetero_run
-    doc = hetero_run.load(args.plan)
-    if doc is None:
+    from ..plan import load_any
+    kind, doc = load_any(args.plan)
+    if kind != "mixed":             # (before the emitter's modules, which import torch)
         return None
+    from ..emit.runtime import hetero_run
     if getattr(args, "elastic", False):
         raise UsageError("--elastic re-plans for one device kind; a mixed-cluster plan runs on its groups' nodes "
                          "as planned: drop --elastic")
