@@ -202,14 +202,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
         raise SappError(f"progress must be a callable taking one line of text, got {type(progress).__name__}")
     capture_s, cached = 0.0, False
     cons = Constraints.from_dict(constraints)         # refused before any capture
-    if cons.target is not None and runtime not in (None, "eager"):
-        # an engine profile is the target's own (eager, the default, is sapp's emitter's: a plan priced so
-        # keeps it through replan)
-        from .constraints import TARGETS
-        allowed = TARGETS[cons.target]["runtimes"]
-        if runtime not in allowed:
-            raise SappError(f"target {cons.target} runs the {' or '.join(allowed)} runtime, not {runtime}; "
-                            f"price it with runtime {allowed[0]!r}")
+    from .constraints import check_target_runtime
+    check_target_runtime(cons.target, runtime)        # an engine profile is the target's own
     if global_batch is not None:
         Constraints.check_global_batch(global_batch)
     if isinstance(model, OpGraph):       # an already captured graph (bench, engines): nothing to build

@@ -7,7 +7,7 @@ import dataclasses
 import fnmatch
 from dataclasses import dataclass
 
-from .errors import ConstraintError
+from .errors import ConstraintError, SappError
 
 # Largest global batch sapp plans for: the joint search enumerates its divisors, and the biggest
 # recommendation-model batches in use are ~10^6 samples (4,194,304 here).
@@ -37,6 +37,18 @@ TARGETS = {
     "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
 }
+
+
+def check_target_runtime(target, runtime):
+    """Refuse a runtime profile the target does not run (eager, the default, is sapp's emitter's: a plan
+    priced so keeps it through replan).  One place for api.search and replan's pricing
+    (sapp/replan_price.py), so a re-plan drops its pins where a search refuses them."""
+    if target is None or runtime in (None, "eager"):
+        return
+    allowed = TARGETS[target]["runtimes"]
+    if runtime not in allowed:
+        raise SappError(f"target {target} runs the {' or '.join(allowed)} runtime, not {runtime}; "
+                        f"price it with runtime {allowed[0]!r}")
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,11 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
         from . import api
         if isinstance(model, str):
             _, _, _, graph, _ = api.capture_spec(model)
-        elif not hasattr(model, "nodes"):
+        elif hasattr(model, "nodes"):
+            # a captured OpGraph is its own graph, as api.search takes it: the lazy pricing
+            # (replan_price) cuts and prices the graph itself and the candidates count its blocks
+            graph = model
+        else:
             graph, _ = api.capture_graph(model)
     counts = ([cluster.nodes] if exact else candidates(cluster.nodes, cluster.gpus_per_node, gb,
                                                         len(getattr(graph, "blocks", None) or ())))

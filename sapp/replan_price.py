@@ -94,6 +94,7 @@ class Pricer:
     def price(self, c: Count, cutoff):
         """Fill c.kind/value by the joint search under `cutoff` (None: exactly), dropping pins as
         search_keeping_pins does where nothing fits with them."""
+        from .constraints import check_target_runtime
         from .search.joint import joint_search
         if not self.pins and cutoff is not None and self.floor(c.cl) > cutoff:
             # every configuration's analytic bound is at least this floor: the search would stop at
@@ -103,9 +104,11 @@ class Pricer:
         order, kept, dropped = pin_order(self.pins), dict(self.pins), []
         while True:
             try:
+                cons = self.Constraints.from_dict(kept or None)
+                # api.search refuses a runtime the pinned target does not run before it prices: so here
+                check_target_runtime(cons.target, self.settings.get("runtime"))
                 self.joint_searches += 1
-                res = joint_search(self.graph, c.cl, global_batch=self.gb,
-                                   constraints=self.Constraints.from_dict(kept or None),
+                res = joint_search(self.graph, c.cl, global_batch=self.gb, constraints=cons,
                                    settings=self.cost_settings(c.cl), search_fn=self.search_fn,
                                    caches=c.caches, cutoff=cutoff)
             except SappError as e:

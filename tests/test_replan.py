@@ -121,3 +121,23 @@ def test_a_node_count_with_no_uniform_layout_prices_the_idle_nodes_as_a_second_g
     assert f"batch shares {shares[0]} + {shares[1]}" in note and f"prices {step:.4g} s/step" in note
     assert step < r.new["step_time_s"] and "faster than this plan's" in note
     assert note in "\n".join(r.lines())
+
+
+def test_a_captured_graph_with_a_target_replans_as_searching_every_count_does():
+    # a captured OpGraph is its own graph (the lazy pricing once got None for it), and a runtime the
+    # pinned target does not run is refused in the pricing as api.search refuses it: the target pin is
+    # dropped, as the full search of every count drops it
+    from sapp.api import capture_spec, search
+    from sapp.plan import Plan
+    from sapp.replan import replan, scaled_cluster
+    graph = capture_spec("gpt-tiny")[3]
+    d = search(graph, "cpu:gpus=2,nodes=4", global_batch=8, constraints={"target": "megatron", "zero": 1}).to_dict()
+    d["settings"]["runtime"] = "torchtitan"
+    plan = Plan(d)
+    r = replan(graph, plan, scaled_cluster(plan, nodes=3))
+    full = replan(graph, plan, scaled_cluster(plan, nodes=3), search=search)
+    assert r.dropped_pins == full.dropped_pins == ["target=megatron"] and r.nodes == full.nodes
+    got = r.plan.to_dict()
+    if r.idle_note:
+        got["notes"] = got["notes"][:-1]
+    assert got == full.plan.to_dict()
