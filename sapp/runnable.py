@@ -11,8 +11,9 @@ parameters and buffers are on meta (nothing is allocated; the user's module is n
 the example inputs the search captured.  A candidate that fails is dropped with every
 configuration failing the same way (the tp degree whose shapes fail, the pipeline depth whose
 split fails), the next best is searched and checked, at most MAX_DROPS times; the plan's notes say
-what was dropped and why.  A pinned option that
-fails is refused in one line."""
+what was dropped and why.  A tp block that cannot run at one rank's shapes is gathered instead (kept
+replicated, the same degree searched again with tp on the rest); only where the gathered block still
+fails is the degree dropped.  A pinned option that fails is refused in one line."""
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,10 @@ def first_runnable(run, module, example_inputs, cons):
             return plan, res
         failure = check(module, plan, example_inputs)
         if failure is None:
-            for _, why in dropped:
+            for rule, why in dropped:
+                if rule[0] == "gather" and plan.parallel["tp"] != rule[1]:
+                    # the block was gathered, then that degree lost to another: the plan keeps no tp
+                    why += f"; with it gathered, tp={rule[1]} ranked below this plan"
                 plan._d["notes"].append(why)
             return plan, res
         rule, msg = failure

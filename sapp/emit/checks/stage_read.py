@@ -27,12 +27,21 @@ def stage_candidates(prog) -> list:
     """The names a stage's blocks are read by: capture's block candidates (the children of the
     model's containers), or, in a model without containers (a flat CNN, an LSTM language model),
     the search's pipeline units that name modules (pipeline/units.split_units: the modules that start
-    a key operator; its "prologue" is no module and is not compared)."""
-    if prog.stage_block_list:
-        return prog.stage_block_list
+    a key operator; its "prologue" is no module and is not compared).
+
+    A container child the plan's stages list nowhere while they list others is glue to the plan: a
+    block called again after other blocks ran (HRM's L and H stacks alternating over their cycles,
+    pipeline/units._merge_reused) is one glue unit with everything between its calls, never a stage
+    start nor a stage's listed block; its module runs in whichever stage holds that glue.  Reading it
+    as a block would make every such plan differ from what is emitted ("stages: plan ['pre.1'],
+    emitted ['high.0', ..., 'pre.1']"), so it is left out here, alike on both sides."""
     plan = getattr(prog, "plan", None)
     stages = (plan.pipeline.get("stages") or []) if plan is not None else []
-    return sorted({b for st in stages for b in st.get("blocks") or [] if b in (prog.full_modules or {})})
+    listed = {b for st in stages for b in st.get("blocks") or []}
+    if prog.stage_block_list:
+        kept = [b for b in prog.stage_block_list if b in listed or any(b.startswith(o + ".") for o in listed)]
+        return kept if kept else prog.stage_block_list
+    return sorted(b for b in listed if b in (prog.full_modules or {}))
 
 
 def _graphs(mod) -> list:
