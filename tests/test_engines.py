@@ -206,6 +206,25 @@ def test_deepspeed_roundtrip_and_refusals():
         E.export_plan(mp, "deepspeed", graph=graph, cluster=cl)
 
 
+def test_a_deepspeed_export_with_full_recomputation_says_what_the_script_must_call():
+    # DeepSpeed's engine never applies activation_checkpointing itself (deepspeed.checkpointing reads it):
+    # the file states the calls the training script must make, and reads back at the same price
+    cl = api.resolve_cluster(SMALL)
+    graph, _ = api.capture_graph(api.resolve_model("gpt3-350m")[0])
+    base = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1}}
+    for ac, says in ((True, True), (False, False)):
+        cfg = {**base, **({"activation_checkpointing": {}} if ac else {})}
+        plan = E.import_config(json.dumps(cfg), "deepspeed", graph, cl, "gpt3-350m")
+        text, exported, _ = E.export_plan(plan, "deepspeed", graph=graph, cluster=cl)
+        out = json.loads(text)
+        assert ("activation_checkpointing" in out) is ac
+        comment = out.get("_comment", "")
+        assert (("deepspeed.checkpointing.checkpoint(block" in comment and
+                 "deepspeed.checkpointing.configure(None, deepspeed_config=" in comment) is says), comment
+        back = E.import_config(text, "deepspeed", graph, cl, "gpt3-350m")
+        assert back["recompute"] == exported["recompute"] and back["predicted"] == exported["predicted"]
+
+
 def test_a_mix_an_engine_cannot_state_is_conformed_and_repriced(gpt175):
     graph, cl, _ = gpt175
     # Megatron states full recomputation on the first N layers of every stage, one N: stages 0 and 1

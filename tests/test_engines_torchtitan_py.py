@@ -119,7 +119,7 @@ REFUSED = [
     (_job("return Trainer.Config(parallelism=ParallelismConfig(pipeline_parallel_degree=2))"), "CUDA graphs"),
     (_job("return Trainer.Config(training=TrainingConfig(seq_len=32, max_context_length=32))"), "use one release"),
     (_job("c = Trainer.Config()\nfor i in []:\n    pass\nreturn c"), "For statement"),
-    ("def a():\n    pass\ndef b():\n    pass\n", "exactly one"),
+    ("def a():\n    pass\ndef b():\n    pass\n", "2 job functions; pass --job NAME to pick one: a, b"),
     (_job("return Trainer.Config(parallelism=ParallelismConfig(pipeline_parallel_schedule='1F1B\\n[x]'))"),
      "not a value sapp reads"),
     ("[parallelism\n", "not a Python configuration"),
@@ -337,3 +337,124 @@ def test_a_target_plan_priced_eager_replans_with_its_target_and_pins(tiny):
     r = replan(graph, plan, cl, exact=True)
     assert r.dropped_pins == [] and r.plan["parallel"]["tp"] == 2
     assert r.plan["predicted"]["step_time_s"] == plan["predicted"]["step_time_s"]
+
+
+# torchtitan 0.3.0's own registry, as published (the PyPI wheel's torchtitan/models/llama3/config_registry.py,
+# identical to branch release/0.3 at 4f9e9a47d): 14 job functions, imports from typing and relative ones,
+# jobs built from other jobs (issue 52, finding 8)
+REGISTRY = os.path.join(HERE, "tests", "data", "torchtitan_0.3.0_llama3_config_registry.py")
+# what each job is read as: its --model and degrees, or the reason it is refused
+REGISTRY_JOBS = {
+    "llama3_debugmodel": "model_registry('debugmodel')", "llama3_debugmodel_varlen_attn": "model_registry('debugmodel')",
+    "llama3_debugmodel_dist_gemm": "model_registry('debugmodel')",
+    "llama3_debugmodel_float8": "boolop", "llama3_debugmodel_nvfp4": "boolop",       # `x.enable and "model" in ...`
+    "llama3_debugmodel_first_85_pct_layers_nvfp4": "Assert statement",
+    "llama3_debugmodel_float8_emulate_lora": "model_registry('debugmodel')",          # (its own import read)
+    "llama3_debugmodel_ce_loss": "Assert statement",
+    "llama3_8b": ("llama3-8b", dict(tp=1, dp=64, zero=3, recompute="selective", global_batch=64)),
+    "llama3_8b_first_85_pct_layers_nvfp4": "Assert statement", "llama3_8b_mxfp8": "MX / NVFP4 linear layers",
+    "llama3_70b": ("llama3-70b", dict(tp=8, dp=8, sp=True, zero=3, recompute="full", global_batch=64)),
+    "llama3_405b": "boolop", "sft_debugmodel": "FunctionDef statement",              # a nested sample processor
+}
+
+
+def _published_registry():
+    with open(REGISTRY) as f:
+        text = f.read()
+    assert text.startswith("# Copyright (c) Meta Platforms") and "BSD-style license" in text
+    return text
+
+
+def test_the_published_registry_reads_each_job_it_names():
+    import ast
+    text = _published_registry()
+    names = [st.name for st in ast.parse(text).body if isinstance(st, ast.FunctionDef)]
+    assert names == list(REGISTRY_JOBS)
+    for job, want in REGISTRY_JOBS.items():
+        model = want[0] if isinstance(want, tuple) else "llama3-8b"
+        if isinstance(want, str):
+            with pytest.raises(EngineError) as e:
+                torchtitan_py.parse(text, _facts(model), 64, job=job)
+            msg = str(e.value)
+            assert msg.startswith(f"job {job}") and want in msg and "\n" not in msg, msg
+            continue
+        ecfg = torchtitan_py.parse(text, _facts(model), 64, job=job)
+        assert {k: getattr(ecfg, k) for k in want[1]} == want[1], job
+        assert f"read job function {job}, one of the file's 14" in ecfg.notes
+    # the registry's llama3_8b is the job copied alone into a file (PUBLISHED_8B): the same configuration
+    alone = torchtitan_py.parse(PUBLISHED_8B, _facts("llama3-8b"), 64)
+    assert torchtitan_py.parse(text, _facts("llama3-8b"), 64, job="llama3_8b").describe() == alone.describe()
+
+
+def test_the_registry_without_a_job_lists_them_and_the_command_picks_one(tmp_path, capsys):
+    from sapp.cli import main
+    text = _published_registry()
+    with pytest.raises(EngineError) as e:
+        torchtitan_py.parse(text, _facts("llama3-8b"), 64)
+    msg = str(e.value)
+    assert "14 job functions; pass --job NAME" in msg and all(j in msg for j in REGISTRY_JOBS) and "\n" not in msg
+    with pytest.raises(EngineError, match=r"--job 'llama3_9b' is not a function of the file; its job functions"):
+        torchtitan_py.parse(text, _facts("llama3-8b"), 64, job="llama3_9b")
+    cmd = ["import", "--from", "torchtitan", REGISTRY, "--model", "llama3-8b", "--cluster", "h100-80g:nodes=8",
+           "--no-compare"]
+    assert main(cmd + ["--job", "llama3_8b"]) == 0                       # fits: 36 GB of 77.6
+    assert "read job function llama3_8b" in capsys.readouterr().out
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "pass --job NAME" in err and "Traceback" not in err, err
+    toml = tmp_path / "job.toml"
+    toml.write_text("[training]\nseq_len = 8192\n")
+    assert main(cmd[:3] + [str(toml)] + cmd[4:] + ["--job", "llama3_8b"]) == 2
+    assert "this is a torchtitan 0.2.2 TOML, which has none" in capsys.readouterr().err
+    assert main(["import", "--from", "deepspeed", REGISTRY, "--model", "gpt-tiny", "--cluster", CL, "--job", "a"]) == 2
+    assert "--from deepspeed has none" in capsys.readouterr().err
+
+
+def _hostile(mark):
+    """A registry of several jobs, some planting code that would leave `mark` behind if it ran."""
+    evil = f"__import__('os').system('touch {mark}')"
+    return (f"from typing import cast\nfrom torchtitan.config import TrainingConfig\nfrom torchtitan.trainer import "
+            f"Trainer\nfrom . import model_registry\n\n\n"
+            f"def evil() -> Trainer.Config:\n    {evil}\n    return Trainer.Config()\n\n\n"
+            f"def good() -> Trainer.Config:\n    return Trainer.Config(model_spec=model_registry('8B'), "
+            f"training=TrainingConfig(local_batch_size=2, seq_len=8192))\n\n\n"
+            f"def derived() -> Trainer.Config:\n    config = good()\n    config.training.local_batch_size = 4\n"
+            f"    return config\n\n\ndef via_evil() -> Trainer.Config:\n    config = evil()\n    return config\n\n\n"
+            f"def casts() -> Trainer.Config:\n    return cast(Trainer.Config, good())\n\n\n"
+            f"def side() -> Trainer.Config:\n    x = {evil}\n    return good()\n\n\n"
+            f"def loop_a():\n    return loop_b()\n\n\ndef loop_b():\n    return loop_a()\n\n\n"
+            f"def helper(n):\n    {evil}\n\n\ndef calls_helper():\n    return helper(1)\n")
+
+
+@pytest.mark.parametrize("job,says", [
+    ("evil", "job evil, line 8: a Expr statement"), ("via_evil", "job evil, line 8: a Expr statement"),
+    ("casts", "a call of 'cast', not of a name imported from torchtitan"),
+    ("side", "job side, line 32: a call of \"__import__('os').system\""),
+    ("loop_a", "job loop_a calls itself (through loop_a -> loop_b)"),
+    ("helper", "--job 'helper' takes arguments"), ("calls_helper", "a call of helper with arguments"),
+])
+def test_a_registry_is_read_as_data_job_by_job(tmp_path, job, says):
+    mark = tmp_path / "executed"
+    text, facts = _hostile(mark), _facts("llama3-8b")
+    with pytest.raises(EngineError) as e:
+        torchtitan_py.parse(text, facts, 64, job=job)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+    # the clean jobs beside them read; a job built from another gets its own copy of it
+    derived, good = (torchtitan_py.parse(text, facts, 64, job=j) for j in ("derived", "good"))
+    assert (derived.mbs * derived.m, good.mbs * good.m, derived.global_batch) == (4, 2, 256)
+    assert not mark.exists()
+
+
+def test_code_a_registry_would_run_on_import_is_refused_whichever_job_is_named(tmp_path):
+    mark = tmp_path / "executed"
+    text = _hostile(mark)
+    for planted, says in ((f"__import__('os').system('touch {mark}')\n", "Expr statement at the top level"),
+                          (f"@__import__('os').system('touch {mark}')\ndef deco():\n    pass\n", "has decorators"),
+                          ("import os\n", "Import statement"), ("from os import path\n", "import from 'os'")):
+        with pytest.raises(EngineError) as e:
+            torchtitan_py.parse(planted + text, _facts("llama3-8b"), 64, job="good")
+        assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+    chain = "".join(f"def j{i}() -> Trainer.Config:\n    return j{i - 1}()\n\n\n" for i in range(1, 20))
+    with pytest.raises(EngineError, match="more than 16 calls of job functions"):
+        torchtitan_py.parse(text + "\n\ndef j0():\n    return good()\n\n\n" + chain, _facts("llama3-8b"), 64, job="j19")
+    assert not mark.exists()

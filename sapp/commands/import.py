@@ -1,5 +1,5 @@
-"""`sapp import --from megatron ARGS | torchtitan PY | torchtitan@0.2.2 TOML | deepspeed JSON --model M
---cluster C --out plan.json`:
+"""`sapp import --from megatron ARGS | torchtitan PY [--job NAME] | torchtitan@0.2.2 TOML | deepspeed JSON
+--model M --cluster C --out plan.json`:
 an engine configuration as a sapp plan, priced with that engine's runtime profile, and (unless
 --no-compare) sapp's best plan for the same engine beside it in one line.  A Megatron-LM argument file
 states the whole model: without --model it is priced as the model it states (sapp/engines/megatron_build.py)."""
@@ -19,6 +19,10 @@ def add_arguments(p):
     p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan 0.3 Python job "
                                   "(read with ast), torchtitan@0.2.2 TOML or DeepSpeed JSON (read as data, never "
                                   "executed)")
+    p.add_argument("--job", metavar="NAME",
+                   help="the job function to read from a torchtitan 0.3 file of several (torchtitan's --config; e.g. "
+                        "llama3_8b of models/llama3/config_registry.py as published): without it, a file of one is "
+                        "read and a file of several is refused with their names")
     add_model_arguments(p, default_help=" (--from megatron without it: the model the argument file states)")
     p.add_argument("--cluster", required=True, help="the cluster it runs on, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--out", help="write the imported plan JSON here")
@@ -49,6 +53,8 @@ def run(args):
     for path, flag in ((args.out, "--out"), (args.best_out, "--best-out")):
         if path:
             check_out(path, flag)
+    if args.job is not None and args.engine != "torchtitan":      # before the file and the model are read
+        raise UsageError(f"--job picks a job function of a torchtitan 0.3 Python file; --from {args.engine} has none")
     text = read_text(args.config)
     from_file = args.engine == "megatron" and not (args.model or args.hf_config)
     spec = None if from_file else model_spec(args)
@@ -59,7 +65,7 @@ def run(args):
     else:
         module, name, _ = api.resolve_model(spec)
     graph, _ = api.capture_graph(module)
-    plan = import_config(text, args.engine, graph, cl, name, source=args.config)
+    plan = import_config(text, args.engine, graph, cl, name, source=args.config, job=args.job)
     if args.out:
         plan.save(args.out)
     pr = plan["predicted"]

@@ -132,12 +132,16 @@ def block_order(plan, graph=None) -> list:
     return order(plan)
 
 
-def parse_safely(mod, engine, text, facts, devices):
+def parse_safely(mod, engine, text, facts, devices, job=None):
     """`mod.parse`, whose every failure on a file's values is one line: the parsers check what they know
     (EngineError); a value they never expected (a zero, a string where a number goes, nesting too deep
-    for the reader) still ends here, named, never as a traceback."""
+    for the reader) still ends here, named, never as a traceback.  `job`: the job function of a torchtitan
+    0.3 file of several (only that parser takes one)."""
+    if job is not None and engine != "torchtitan":
+        raise EngineError(f"--job picks a job function of a torchtitan 0.3 Python file; a {engine} "
+                          f"configuration has none")
     try:
-        return mod.parse(text, facts, devices)
+        return mod.parse(text, facts, devices) if job is None else mod.parse(text, facts, devices, job=job)
     except EngineError:
         raise
     except RecursionError:
@@ -147,16 +151,18 @@ def parse_safely(mod, engine, text, facts, devices):
                           f"{printable(str(e))[:120]}); check its numbers and types") from None
 
 
-def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source="", runtime=None):
+def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=None, source="", runtime=None,
+                  job=None):
     """The sapp Plan of the engine configuration `text` on `cluster` for the captured `graph`; `runtime`
     prices it under another profile of the same engine (bench.published_torchtitan: "torchtitan-2412",
-    the stack of torchtitan's published benchmark)."""
+    the stack of torchtitan's published benchmark); `job`: the job function of a torchtitan 0.3 file of
+    several (`sapp import --job`)."""
     mod = get(engine)
     names = block_names(graph)
     facts = model_facts(meta if meta is not None else graph.meta, names)
     if engine != "deepspeed":
         facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
-    ecfg = parse_safely(mod, engine, text, facts, cluster.devices)
+    ecfg = parse_safely(mod, engine, text, facts, cluster.devices, job)
     if runtime is not None:
         ecfg.runtime = runtime
     where = f" {source}" if source else ""

@@ -21,6 +21,13 @@ from . import deepspeed_fields
 from .mapping import BF16_MASTER, EngineConfig, EngineError, uniform_policy
 
 NAME = "deepspeed"
+# DeepSpeed's engine never applies activation_checkpointing itself (deepspeed.initialize wraps no module;
+# the section is read by deepspeed.checkpointing.configure): without the script's calls nothing is
+# recomputed and the exported plan's memory does not hold, so the file says what the script must do
+AC_SCRIPT = ("TRAINING SCRIPT: this plan recomputes every block (activation_checkpointing); DeepSpeed does so only "
+             "where the script calls deepspeed.checkpointing.configure(None, deepspeed_config=<this file>) once and "
+             "runs each transformer block as deepspeed.checkpointing.checkpoint(block, *inputs); without those calls "
+             "nothing is recomputed and the priced memory does not hold")
 
 
 def conform(ecfg: EngineConfig, names) -> tuple:
@@ -62,11 +69,13 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
             cfg["bf16"]["bf16_optimizer_states"] = ecfg.optimizer == "adam-bf16-states"
     elif ecfg.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True}
+    comment = list(header)
     if ecfg.recompute == "full":
         # read by deepspeed.checkpointing, which the training script calls on every block
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
-    if header:
-        cfg["_comment"] = " | ".join(header)
+        comment.append(AC_SCRIPT)
+    if comment:             # JSON has no comments: DeepSpeed ignores the key, and a reader of the file sees it
+        cfg["_comment"] = " | ".join(comment)
     return json.dumps(cfg, indent=1, sort_keys=True) + "\n"
 
 

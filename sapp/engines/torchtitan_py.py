@@ -352,13 +352,29 @@ def is_toml(text: str) -> bool:
         return True
 
 
-def parse(text: str, facts: dict, devices: int) -> EngineConfig:
+def parse(text: str, facts: dict, devices: int, job: str | None = None) -> EngineConfig:
+    """The job configuration `text`; `job`: the job function of a file of several (a registry file such
+    as 0.3.0's models/llama3/config_registry.py, read as published), as torchtitan's --config names it."""
     if is_toml(text):         # read as 0.2.2's TOML, said so; priced as that release runs it
+        if job is not None:
+            raise EngineError(f"--job {shown(job)} picks a job function of a torchtitan 0.3 Python file; this is a "
+                              f"torchtitan 0.2.2 TOML, which has none")
         ecfg = v022.parse(text, facts, devices)
         ecfg.notes = ["a TOML file: read as torchtitan 0.2.2's job configuration (torchtitan 0.3 reads Python; "
                       "pass --from torchtitan@0.2.2 to say so)"] + ecfg.notes
         return ecfg
-    root, _ = read(text)
+    root, name, jobs = read(text, job=job)
+    if jobs == 1:
+        return _parse_job(root, facts, devices)
+    try:        # of a registry's several jobs, every refusal names the one read
+        ecfg = _parse_job(root, facts, devices)
+    except EngineError as e:
+        raise EngineError(f"job {name}: {e}") from None
+    ecfg.notes.insert(0, f"read job function {name}, one of the file's {jobs}")
+    return ecfg
+
+
+def _parse_job(root: Call, facts: dict, devices: int) -> EngineConfig:
     doc = _sections(root)
     registry = _model(doc, facts)
     _optimizer(doc)
