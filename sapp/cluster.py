@@ -296,25 +296,12 @@ class Cluster:
 
     @classmethod
     def load(cls, path) -> "Cluster":
-        from .fileio import SpecialFileError, read_regular
+        from .fileio import read_text
+        text = read_text(path, MAX_FILE_BYTES, what="cluster file", give="give a cluster JSON file",
+                         too_big="not a cluster description", not_text="give a JSON file from `sapp calibrate`",
+                         error=ClusterError)
         try:
-            raw = read_regular(path, MAX_FILE_BYTES)
-        except TypeError as e:
-            raise ClusterError(f"cluster file: {e} (a str or os.PathLike)") from None
-        except FileNotFoundError:
-            raise ClusterError(f"cluster file {path} not found") from None
-        except IsADirectoryError:
-            raise ClusterError(f"cluster file {path} is a directory; give a cluster JSON file") from None
-        except SpecialFileError as e:
-            raise ClusterError(f"cluster file {e}; give a cluster JSON file") from None
-        except OSError as e:
-            raise ClusterError(f"cannot read cluster file {path}: {e.strerror or e}") from None
-        if len(raw) > MAX_FILE_BYTES:
-            raise ClusterError(f"cluster file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a cluster description")
-        try:
-            d = schema.strict_loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise ClusterError(f"cluster file {path} is not text (not UTF-8); give a JSON file from `sapp calibrate`") from None
+            d = schema.strict_loads(text)
         except json.JSONDecodeError as e:
             raise ClusterError(f"cluster file {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
         except (ValueError, RecursionError) as e:

@@ -55,6 +55,31 @@ def read_regular(path, limit: int) -> bytes:
             os.close(fd)
 
 
+def read_text(path, limit: int, *, what: str, give: str, too_big: str, not_text: str, error):
+    """The UTF-8 text of the regular file `path`, at most `limit` bytes; anything else raises `error`
+    in one line: "{what} {path} not found", "... is a directory; {give}", a FIFO or device ("...; {give}"),
+    "... is larger than N MB; {too_big}", "... is not text (not UTF-8); {not_text}".  Plans, clusters
+    and engine files are read through this one reader."""
+    try:
+        raw = read_regular(path, limit)
+    except TypeError as e:
+        raise error(f"{what}: {e} (a str or os.PathLike)") from None
+    except FileNotFoundError:
+        raise error(f"{what} {path} not found") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a directory; {give}") from None
+    except SpecialFileError as e:
+        raise error(f"{what} {e}; {give}") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise error(f"{what} {path} is larger than {limit >> 20} MB; {too_big}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not text (not UTF-8); {not_text}") from None
+
+
 def special_kind(path):
     """What `path` is when it exists and is neither a regular file nor a folder ("a FIFO (named
     pipe)", "a device", ...), else None: for outputs, where open(path, "w") on a FIFO blocks."""

@@ -189,25 +189,9 @@ def summary(plan) -> dict:
 
 
 def _read_text(path) -> str:
-    from .fileio import SpecialFileError, read_regular
-    try:
-        raw = read_regular(path, MAX_FILE_BYTES)
-    except TypeError as e:
-        raise PlanError(f"plan file: {e} (a str or os.PathLike)") from None
-    except FileNotFoundError:
-        raise PlanError(f"plan file {path} not found") from None
-    except IsADirectoryError:
-        raise PlanError(f"plan file {path} is a directory; give the plan's JSON file") from None
-    except SpecialFileError as e:
-        raise PlanError(f"plan file {e}; give the plan's JSON file") from None
-    except OSError as e:
-        raise PlanError(f"cannot read plan file {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise PlanError(f"plan file {path} is larger than {MAX_FILE_BYTES >> 20} MB; not a sapp plan")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PlanError(f"plan file {path} is not text (not UTF-8); give a JSON plan from `sapp search`") from None
+    from .fileio import read_text
+    return read_text(path, MAX_FILE_BYTES, what="plan file", give="give the plan's JSON file", too_big="not a sapp plan",
+                     not_text="give a JSON plan from `sapp search`", error=PlanError)
 
 
 def load_any(path):

@@ -87,22 +87,10 @@ class Fit:
 
 # ---- reading ----------------------------------------------------------------------------------------
 def _read_text(path: str) -> str:
-    import stat
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise CalibrationError(f"--from-run {path}: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise CalibrationError(f"--from-run {path} is not a regular file; give a JSON file from `sapp run`")
-    if st.st_size > MAX_FILE_BYTES:
-        raise CalibrationError(f"--from-run {path} is {st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a run's "
-                               "log holds; give the log of one run")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_FILE_BYTES + 1)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CalibrationError(f"--from-run {path} is not UTF-8 text; give a JSON file from `sapp run`") from None
+    from ..fileio import read_text
+    return read_text(path, MAX_FILE_BYTES, what="--from-run", give="give a JSON file from `sapp run`",
+                     too_big="give the log of one run", not_text="give a JSON file from `sapp run`",
+                     error=CalibrationError)
 
 
 def _number(v, what, path, lo=0.0):

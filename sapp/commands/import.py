@@ -31,19 +31,9 @@ def add_arguments(p):
 
 
 def read_text(path) -> str:
-    from ..fileio import SpecialFileError, read_regular
-    try:       # non-blocking open: a FIFO or device is refused, never waited on
-        raw = read_regular(path, MAX_BYTES)
-    except SpecialFileError as e:
-        raise UsageError(f"cannot read {path}: {e}; give a regular file") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MB; not an engine configuration")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
+    from ..fileio import read_text as read       # non-blocking open: a FIFO or device is refused, never waited on
+    return read(path, MAX_BYTES, what="engine file", give="give the engine's configuration file",
+                too_big="not an engine configuration", not_text="give the engine's text configuration", error=UsageError)
 
 
 def run(args):

@@ -85,6 +85,11 @@ def plot(plan, path, timeline=None, *, width=1400, height=900, dpi=100):
                  f"dp={par['dp']} tp={par['tp']} pp={par['pp']}" + (f" ep={par['ep']}" if par.get("ep", 1) > 1 else "")
                  + f", {_schedule_label(plan)}, predicted step {fmt_time(step)}{ends}",
                  fontsize=11)
+    return save_figure(plt, fig, path, dpi)
+
+
+def save_figure(plt, fig, path, dpi):
+    """Write `fig` to `path` (closed whatever happens); a path matplotlib cannot write is one line."""
     try:
         fig.savefig(path, dpi=dpi)
     except OSError as e:

@@ -7,11 +7,10 @@ Pipeline mode: the pipeline's one plan (its stages priced on their groups' devic
 row naming its group, above the memory per stage."""
 from __future__ import annotations
 
-from ..errors import SappError
 from ..plan_mixed import used_groups
 from ..units import fmt_time
 from ._common import as_plan
-from .plot import COLOURS, _gantt, _memory, _pyplot, check_events, check_size, dense, image_suffixes, warm_up_end
+from .plot import COLOURS, _gantt, _memory, _pyplot, check_events, check_size, dense, save_figure, warm_up_end
 from .timeline import plan_timeline
 
 
@@ -26,14 +25,10 @@ def plot_mixed(doc, path, *, width=1400, height=900, dpi=100):
         how = "pipeline stages on the groups" if doc["mode"] == "pipeline" else "data-parallel groups, uneven shares"
         fig.suptitle(f"{doc['model']['name']} on {doc['cluster'].get('name', 'a mixed cluster')} ({doc['devices']} "
                      f"devices; {how}): predicted step {fmt_time(step)}{ends}", fontsize=11)
-        fig.savefig(path, dpi=dpi)
-    except OSError as e:
-        raise SappError(f"cannot write plot to {path}: {e.strerror or e}") from None
-    except ValueError as e:        # matplotlib: "Format 'xyz' is not supported"
-        raise SappError(f"cannot write plot to {path}: {e}; use one of {', '.join(image_suffixes())}") from None
-    finally:
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return save_figure(plt, fig, path, dpi)
 
 
 def _groups(fig, doc) -> float:
