@@ -8,6 +8,9 @@ Every key of DeepSpeed's configuration surface is classified in deepspeed_fields
 refused in one line, or irrelevant with the reason); `parse` checks the file against it first, so a
 key that changes the step is never dropped silently: AutoTP, Ulysses sequence parallelism, ZeRO++,
 ZenFlow and the keys DeepSpeed itself rejects as removed (mics_shard_size) are refused;
+offload_optimizer cpu is priced at ZeRO-1, 2 and 3 as sapp's optimizer-host placement over each rank's
+1/dp shard (what differs from DeepSpeed's offload: `offload_note`); offload_param (parameters on the host,
+gathered per layer) is refused: sapp's placement has no parameter offload to price it with;
 bf16.bf16_master_weights_and_grads / bf16_optimizer_states are priced as fewer optimizer bytes per
 parameter (CostSettings optimizer "adam-bf16-master" 10 B, "adam-bf16-states" 6 B) and exported back;
 `bf16.enabled: "auto"` (the Hugging Face Trainer's placeholder, which DeepSpeed alone reads as false) is
@@ -28,6 +31,11 @@ AC_SCRIPT = ("TRAINING SCRIPT: this plan recomputes every block (activation_chec
              "where the script calls deepspeed.checkpointing.configure(None, deepspeed_config=<this file>) once and "
              "runs each transformer block as deepspeed.checkpointing.checkpoint(block, *inputs); without those calls "
              "nothing is recomputed and the priced memory does not hold")
+# DeepSpeed 0.19.8 refuses a torch optimizer beside offload_optimizer (engine.py, zero_force_ds_cpu_optimizer):
+# the offloaded step sapp prices is CPU Adam, which the script must hand over or let the JSON build
+OFFLOAD_SCRIPT = ("TRAINING SCRIPT: offload_optimizer steps Adam on the host: pass deepspeed.ops.adam.DeepSpeedCPUAdam "
+                  "(or an optimizer section of type AdamW) to deepspeed.initialize; DeepSpeed refuses a torch optimizer "
+                  "here")
 
 
 def conform(ecfg: EngineConfig, names) -> tuple:
@@ -70,6 +78,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     elif ecfg.precision == "fp16-mixed":
         cfg["fp16"] = {"enabled": True}
     comment = list(header)
+    if ecfg.offload_optimizer:
+        comment.append(OFFLOAD_SCRIPT)
     if ecfg.recompute == "full":
         # read by deepspeed.checkpointing, which the training script calls on every block
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
@@ -125,9 +135,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         off = "cpu"
     if off == "nvme":
         raise EngineError("offload_optimizer to nvme is not priced by sapp; use cpu")
-    if off == "cpu" and stage == 3:
-        raise EngineError("optimizer offload beside ZeRO-3 is not priced by sapp; use stage 1 or 2 with it")
     precision, optimizer = _precision(cfg, stage)
+    if off == "cpu" and dp > 1 and stage > 0:
+        notes.append(offload_note(stage, dp, precision))
     if dp == 1 and stage > 0:
         # ZeRO-N over one rank partitions nothing (DeepSpeed runs it, e.g. to offload the optimizer)
         notes.append(f"ZeRO-{stage} on one GPU shards nothing: priced as ZeRO-0"
@@ -144,6 +154,24 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     return EngineConfig(engine=NAME, global_batch=gb, dp=dp, mbs=mbs, m=ga, zero=stage, offload_optimizer=off == "cpu",
                         recompute="full" if "activation_checkpointing" in cfg else "none", precision=precision,
                         optimizer=optimizer, runtime="eager", notes=notes)
+
+
+def offload_note(stage: int, dp: int, precision: str) -> str:
+    """What sapp prices for DeepSpeed's offload_optimizer cpu over dp ranks and how DeepSpeed 0.19.8 differs.
+    DeepSpeed (ZeRO-1/2: stage_1_and_2.py; ZeRO-3: stage3.py, whose grad_partitions_flat_buffer lives on
+    the offload device) keeps each rank's fp32 master, Adam moments and gradient partition on its host, steps
+    CPU Adam over that 1/dp partition and copies the updated half-precision partition back (ZeRO-3: the
+    partition it gathers per layer).  sapp's optimizer-host placement at dp > 1
+    (placement/cost.optimizer_offload_cost) prices the same bytes on the host and the same CPU Adam and
+    weight copy, but one gradient copy after backward, all in series, and the gradient shard left on the
+    device: DeepSpeed moves the gradient partition to the host (and back, to accumulate) in every
+    micro-batch's backward, overlapped with it, and frees it on the device."""
+    half = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, "fp32")
+    return (f"offload_optimizer cpu at ZeRO-{stage} priced as sapp's optimizer-host placement over each rank's "
+            f"1/{dp} shard: after backward its gradient shard copied to the host, CPU Adam, its updated {half} "
+            f"parameter shard copied back, in series; not priced: DeepSpeed's gradient-partition copies during "
+            f"every micro-batch's backward (overlapped) and the gradient shard it frees on the device (priced as "
+            f"staying there)")
 
 
 def _precision(cfg, stage) -> tuple:

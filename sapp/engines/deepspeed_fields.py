@@ -36,6 +36,9 @@ _CKPT = ("irrelevant", "checkpoint saving and loading between steps")
 _OPT_HP = ("irrelevant", "optimizer hyperparameters: the same update work per step")
 _NVME = ("irrelevant", "read only with NVMe offload, which is refused")
 _POFF = ("irrelevant", "read only with parameter offload, which is refused")
+# sapp's host placement moves the optimizer only (placement.NAMES): parameters on the host have no price there
+_NO_POFF = ("set it to \"none\": sapp does not price parameters held on the host and copied to the device "
+            "for every layer's gather in forward and backward (its host placement moves the optimizer only)")
 _TP = ("irrelevant", "read only with AutoTP (tensor_parallel.autotp_size > 1), which is refused")
 _EP = ("irrelevant", "read only with AutoEP (expert_parallel.enabled), which is refused")
 _Z3 = ("irrelevant", "ZeRO-3 gather/prefetch/persistence tuning: the same per-layer all-gathers sapp prices; "
@@ -124,7 +127,7 @@ FIELDS = {
     # ---- ZeRO ------------------------------------------------------------------------------------
     "zero_optimization.stage": ("priced", "the ZeRO stage"),
     "zero_optimization.offload_optimizer.device": (
-        "priced", "\"cpu\": the optimizer on the host (ZeRO 1-2); \"nvme\" and cpu at ZeRO-3 are refused"),
+        "priced", "\"cpu\": the optimizer on the host (ZeRO 1-3: each rank's 1/dp shard); \"nvme\" is refused"),
     "zero_optimization.offload_optimizer.pin_memory": (
         "refused", (True,), "set it to true: sapp prices offload over pinned host memory"),
     "zero_optimization.offload_optimizer.ratio": (
@@ -137,12 +140,12 @@ FIELDS = {
     **{f"zero_optimization.offload_optimizer.{k}": _NVME
        for k in ("nvme_path", "buffer_count", "pipeline_read", "pipeline_write")},
     "zero_optimization.offload_param.device": (
-        "refused", ("none", None), "set it to \"none\": parameter offload is not priced by sapp"),
+        "refused", ("none", None), _NO_POFF),
     **{f"zero_optimization.offload_param.{k}": _POFF
        for k in ("nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory")},
     "zero_optimization.cpu_offload": ("priced", "true: the optimizer on the host (the old offload_optimizer cpu)"),
     "zero_optimization.cpu_offload_param": (
-        "refused", (False, None), "remove it: parameter offload is not priced by sapp"),
+        "refused", (False, None), "remove it: " + _NO_POFF[len("set it to \"none\": "):]),
     "zero_optimization.cpu_offload_use_pin_memory": ("irrelevant", "deprecated: DeepSpeed 0.19.8 ignores it"),
     "zero_optimization.zenflow": (
         "refused", (None,), "remove the zenflow section: ZenFlow's stall-free offloaded updates are not priced by sapp"),

@@ -160,7 +160,9 @@ def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_gro
     st = model_state_bytes(local, dp, zero, settings)
     if dp > 1:
         # as emitted: after backward and the dp sync, one copy of the (synced) gradients, CPU Adam,
-        # the weights back, in sequence; the gradients stay on the device
+        # the weights back, in sequence; the gradients stay on the device.  DeepSpeed's ZeRO-1/2/3
+        # offload_optimizer (priced with this too) copies the gradient partition during each backward and
+        # frees it on the device: sapp/engines/deepspeed.offload_note says so on import
         exposed = host_s = t_d2h + t_adam + t_h2d
         m_copies, saved, bucket = 1, st["optimizer"], 0.0
         in_flight = 0.0

@@ -44,13 +44,15 @@ def _offload_keys(graph, stage):
 
 def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=0, micro_batches=1,
                       compute_s=0.0, pins=None, micro_batch_size=None, keep_host_infeasible=False,
-                      device_split=None):
+                      device_split=None, engine_offloads=False):
     """Placements for the stage made of `node_names`, "device" first when allowed.
 
     graph: the OpGraph at the per-device micro-batch (or pass `micro_batch_size` to rescale the
     lookup counts from graph.batch_size); dp/tp/zero: the stage's degrees; compute_s: the stage's
     device compute per step (forward + backward over all micro-batches), used for overlap.  device_split: table -> the ways the
     stage's layout splits it over tp (default tp), for the bytes host placement frees.
+    engine_offloads: a target engine runs the plan and offloads the optimizer itself (DeepSpeed's
+    offload_optimizer, at every ZeRO stage), not sapp's emitter: no ZeRO stage is barred for it.
     Options whose host memory exceeds the stage's share of a node are dropped (kept, marked
     predicted.host_fits = false, when keep_host_infeasible).  Pins force placements; a pin that
     cannot be honoured raises ConstraintError, pinned host placement without host memory raises
@@ -90,7 +92,7 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         plans.append(("embedding+optimizer-host", [("embedding", emb), ("optimizer", off)], {**ogroups, **tgroups}))
     if pin.optimizer == "host" and not off and emb:
         plans.append(("embedding-host", [("embedding", emb)], tgroups))
-    plans, refused = _emittable(plans, zero)
+    plans, refused = _emittable(plans, zero, engine_offloads)
     if not plans and refused:
         raise ConstraintError(f"placement pins {pins!r} need {refused} at ZeRO-{zero}, which the emitter does not run; "
                               f"{'use ZeRO 0 or 2' if zero in (1, 3) else 'relax a pin'}")
@@ -134,13 +136,17 @@ def _local_params(stage, device_split, tp):
     return got
 
 
-def _emittable(plans, zero):
+def _emittable(plans, zero, engine_offloads=False):
     """The plans the emitter runs as priced at this ZeRO stage, and the name of the first it does not.
+    With `engine_offloads` the target engine runs them (DeepSpeed's ZeRO-1/2/3 offload_optimizer steps
+    each rank's 1/dp partition on its host, as optimizer_offload_cost prices dp > 1): all are kept.
     Under ZeRO-3 it refuses optimizer offload (sapp/emit/checks/plan.py: ZeRO-3-Offload is not emitted);
     under ZeRO-1 host tables run as priced (the device part's optimizer states are sharded over dp by
     sapp/emit/dp/zero1.py, the tables' sparse optimizers live on the host), but an offloaded optimizer
     would keep its whole host state on every rank (OffloadAdam), so offload is not offered there."""
-    if zero == 1:
+    if engine_offloads:
+        bad = []
+    elif zero == 1:
         bad = [n for n, _, _ in plans if "optimizer" in n]
     elif zero == 3:
         bad = [n for n, _, _ in plans if "optimizer" in n]

@@ -68,7 +68,7 @@ def _model_options(ctx, cfg, prof):
             opts = placement_options(
                 ctx.graph, list(ctx.graph.nodes), ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
                 micro_batches=cfg.m, compute_s=cfg.m * sum(num.t), pins=ctx.cons.placement, micro_batch_size=cfg.mbs,
-                device_split=table_split(ctx, prof))
+                device_split=table_split(ctx, prof), engine_offloads=engine_offloads(ctx))
         except ConstraintError as e:
             # pins this ZeRO stage cannot run (placement refuses them there); another ZeRO stage may
             if ctx.cons.zero is not None:
@@ -77,6 +77,13 @@ def _model_options(ctx, cfg, prof):
             opts = []
         ctx.placements[key] = opts
     return opts
+
+
+def engine_offloads(ctx):
+    """Whether the target engine runs the optimizer offload itself (DeepSpeed: TARGETS' host list), so
+    the ZeRO stages sapp's emitter cannot offload under (1 and 3) are offered for it."""
+    lim = ctx.cons.limits
+    return bool(lim) and "optimizer-host" in lim["host"]
 
 
 def host_offload_possible(ctx, cfg, prof):
@@ -119,7 +126,8 @@ def _stage_options(ctx, cfg, prof, res, name):
         names = [n for u in st.units for n in nodes_of.get(u, ())]
         opts = placement_options(ctx.graph, names, ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
                                  micro_batches=cfg.m, compute_s=cfg.m * (st.fwd_s + st.bwd_s),
-                                 micro_batch_size=cfg.mbs, device_split=table_split(ctx, prof))
+                                 micro_batch_size=cfg.mbs, device_split=table_split(ctx, prof),
+                                 engine_offloads=engine_offloads(ctx))
         o = next((o for o in opts if o.name == name), None)
         if o is None or st.memory_bytes - o.device_bytes_saved > ctx.cap * (1 + 1e-9):
             return None
