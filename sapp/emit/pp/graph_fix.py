@@ -13,12 +13,23 @@
   trace fixed (the dtype and device of a value it produced), so it is dropped.
 - `rejoin_module_paths`: module stacks recorded relative to a patched split block made whole again
   (the outliner refuses them: OpenAI GPT, XLM).
+- `one_buffer_path` / `shared_buffers_unlisted`: a buffer module shared by several blocks
+  (torchtune's one rotary table, set as every layer's `attn.pos_embeddings` and called for q and k)
+  is read in the exported graph under its last path (`layers.3.attn.pos_embeddings.cache`), while
+  torch's split gives each stage the buffer under the path it is read by and then looks it up under
+  every path the model's state_dict names it by -- also in modules the stage never got it in (the
+  second call `pos_embeddings@1`, `layers.2` of a stage cut before it): "'InterpreterModule' object
+  has no attribute 'cache'", reported as a torch.export failure.  Every read is pointed at the
+  buffer's first path, and while the split runs the shared buffer is left out of the state_dict, so
+  torch looks it up under that one path, which each stage reading it then holds: the buffer is
+  replicated to each stage that reads it, as a weight two stages use.
 - `compiled_stage`: run each stage sub-module's generated code instead of the fx interpreter (speed),
   renaming graph values called `self` first (BERT has a sub-module named `self`, whose result would
   shadow the method's `self`: "'Tensor' object has no attribute 'output'"), and make the stage's
   outputs contiguous (gloo's isend refuses strided views: ViT's sliced CLS token)."""
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -165,15 +176,62 @@ def rejoin_module_paths(gm: fx.GraphModule, names) -> fx.GraphModule:
     return gm
 
 
-def prepare(gm: fx.GraphModule, names=frozenset()) -> fx.GraphModule:
+def buffer_aliases(model: nn.Module) -> dict:
+    """{second or later path of a buffer: its first path} -- the paths a shared module gives it."""
+    first = {id(b): n for n, b in model.named_buffers()}
+    return {n: first[id(b)] for n, b in model.named_buffers(remove_duplicate=False) if first[id(b)] != n}
+
+
+@contextlib.contextmanager
+def shared_buffers_unlisted(model: nn.Module):
+    """Leave the buffers of shared modules out of `model`'s state_dict while torch splits it (see the
+    module docstring), as they were on exit."""
+    aliases = buffer_aliases(model)
+    added = []
+    for path in set(aliases) | set(aliases.values()):
+        parent, _, leaf = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        if leaf not in owner._non_persistent_buffers_set:
+            owner._non_persistent_buffers_set.add(leaf)
+            added.append((owner, leaf))
+    try:
+        yield
+    finally:
+        for owner, leaf in added:
+            owner._non_persistent_buffers_set.discard(leaf)
+
+
+def one_buffer_path(gm: fx.GraphModule, aliases: dict) -> fx.GraphModule:
+    """Point every get_attr of a shared buffer at its first path (in place; see the module docstring).
+    The exported module holds the buffer under each of its paths, so the first one is there."""
+    changed = False
+    for n in gm.graph.nodes:
+        target = aliases.get(n.target) if n.op == "get_attr" else None
+        if target is not None and _has_attr(gm, target):
+            n.target, changed = target, True
+    if changed:
+        gm.recompile()
+    return gm
+
+
+def _has_attr(obj, path: str) -> bool:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return torch.is_tensor(obj)
+
+
+def prepare(gm: fx.GraphModule, names=frozenset(), aliases=None) -> fx.GraphModule:
     """The repairs made on the exported graph before it is cut into stages (Pipe's split_policy;
-    `names`: the model's module names);
+    `names`: the model's module names; `aliases`: buffer_aliases of the model);
     then every stage gets its own copy of the position-only values it reads (stage_local.py), so
     what crosses a boundary is what carries data; last, a value read further on than the next stage
     (a model input from stage 1 on) is carried through the stages between (stage_carry.py)."""
     from .stage_carry import carry_values
     from .stage_local import recompute_position_tensors
-    return carry_values(recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(rejoin_module_paths(gm, names)))))
+    gm = one_buffer_path(rejoin_module_paths(gm, names), aliases or {})
+    return carry_values(recompute_position_tensors(inline_grad_regions(drop_metadata_asserts(gm))))
 
 
 def _contiguous(out):

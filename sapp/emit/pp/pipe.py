@@ -69,9 +69,9 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         # regions (the split's module outliner cannot call them) and drop export's dtype checks, which
         # DTensor cannot run (see graph_fix.prepare); an HF decoder is traced with the masks its eager
         # forward uses, as capture priced it (sapp/models/hf.py eager_masks)
-        with eager_masks(model, example_mb):
+        with eager_masks(model, example_mb), graph_fix.shared_buffers_unlisted(model):
             names = frozenset(n for n, _ in model.named_modules())
-            policy = functools.partial(graph_fix.prepare, names=names)
+            policy = functools.partial(graph_fix.prepare, names=names, aliases=graph_fix.buffer_aliases(model))
             try:
                 pipe = Pipe.from_tracing(model, example_mb, split_policy=policy)
             except Exception as first:      # noqa: BLE001 - retried once, or re-raised as it was
