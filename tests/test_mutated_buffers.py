@@ -117,3 +117,52 @@ def test_emit_refuses_a_dp2_plan_before_the_first_step(tmp_path):
         emit(EMANet(), plan, world=2, rank=0, loss_fn=loss_fn, example_inputs=(x,), check_fingerprint=False)
     msg = str(e.value)
     assert "'ema.shadow'" in msg and "dp=2" in msg and "\n" not in msg, msg
+
+
+class EMABlock(Block):
+    def __init__(self, d, ema):
+        super().__init__(d)
+        self.ema = ema
+
+    def forward(self, x):
+        return super().forward(self.ema(x))
+
+
+class SharedEMANet(nn.Module):
+    """One EMA module held by both blocks (as torchtune holds one rotary module in every layer): a
+    pipeline that puts the blocks on two stages gives each stage its own copy of the buffer."""
+
+    def __init__(self, d=16, update=True):
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        ema = EMA(d, update)
+        self.blocks = nn.ModuleList([EMABlock(d, ema) for _ in range(2)])
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def test_a_pipeline_that_copies_a_shared_written_buffer_is_refused():
+    """pp2 with one micro-batch splits no batch, but each stage would update its own copy of the
+    shared EMA from its own block's input: the emitter's check refuses it in one line naming the
+    buffer and its paths (torch's split refuses this model's pp2 too, at search)."""
+    from types import SimpleNamespace
+    from sapp.emit.checks import buffers
+    from sapp.errors import PlanError
+    model, x = SharedEMANet(), data()[0]
+    graph = SimpleNamespace(meta={"batch_buffers": ["blocks.0.ema.shadow"]})
+    plan = SimpleNamespace(parallel={"dp": 1, "tp": 1, "pp": 2}, pipeline={"micro_batches": 1})
+    with pytest.raises(PlanError) as e:
+        buffers.check(model, plan, (x,), graph)
+    msg = str(e.value)
+    assert "'blocks.0.ema.shadow'" in msg and "2 blocks share" in msg and "pp=2" in msg and "\n" not in msg, msg
+    buffers.check(model, SimpleNamespace(parallel={"dp": 1, "tp": 1, "pp": 1}, pipeline={"micro_batches": 1}),
+                  (x,), graph)                      # one stage: one copy, updated as one process does
+    buffers.check(EMANet(), plan, (x,), SimpleNamespace(meta={"batch_buffers": ["ema.shadow"]}))  # not shared
+    from sapp.errors import SappError
+    with pytest.raises(SappError):                  # and the search does not plan it either
+        _search(SharedEMANet(), "cpu:gpus=2", {"pp": 2, "micro_batches": 1})

@@ -26,11 +26,23 @@ def splits_batch(plan) -> str | None:
     return None
 
 
+def shared_buffers(model) -> dict:
+    """{buffer path: every path it is held under} for buffers one module holds for several blocks
+    (torchtune's rotary module set as every layer's pos_embeddings)."""
+    paths = {}
+    for name, buf in model.named_buffers(remove_duplicate=False):
+        paths.setdefault(id(buf), []).append(name)
+    return {ps[0]: ps for ps in paths.values() if len(ps) > 1}
+
+
 def check(model, plan, example, graph=None) -> None:
-    """Refuse `plan` when it splits the batch of a model whose forward writes a buffer from it.
+    """Refuse `plan` when it splits the batch of a model whose forward writes a buffer from it, or
+    when a pipeline gives each stage its own copy of such a buffer that several blocks share (each
+    stage would update its copy from its own blocks' inputs: the copies drift from one process's).
     `graph`: the model's capture when the fingerprint check has one, else captured here."""
     why = splits_batch(plan)
-    if why is None:
+    shared = shared_buffers(model) if plan.parallel["pp"] > 1 else {}
+    if why is None and not shared:
         return
     if graph is None:
         from ...capture.batchy import batch_stat_modules
@@ -40,6 +52,15 @@ def check(model, plan, example, graph=None) -> None:
         from .plan import _captures
         graph = next(_captures(model, example), None)
     names = (graph.meta.get("batch_buffers") or []) if graph is not None else []
+    if why is None:
+        both = [n for n in names if any(n in ps for ps in shared.values())]
+        if both:
+            paths = next(ps for ps in shared.values() if both[0] in ps)
+            raise PlanError(f"buffer {both[0]!r} is written in forward from the batch by a module {len(paths)} blocks "
+                            f"share ({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''}), and pp="
+                            f"{plan.parallel['pp']} gives each stage its own copy, which would drift from one "
+                            f"process's; pin pp=1, or give each block its own module")
+        return
     if names:
         more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
         raise PlanError(f"buffer {names[0]!r}{more} is written in forward from the batch (an EMA or running "
