@@ -115,10 +115,6 @@ def test_searched_pp2_plan_on_reused_blocks_runs(tmp_path):
 
 
 if __name__ == "__main__":
-    import json
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.emit_workers import harness
-    with open(sys.argv[1]) as f:
-        todo = json.load(f)
-    with open(sys.argv[2], "w") as f:
-        json.dump(harness.fork_ranks(_rank, 2, todo)[1], f)
+    from tests.emit_workers.harness import cases_main
+    cases_main(_rank)

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -88,24 +87,8 @@ def reference():
 
 
 def _rank(rank, world, cases, out_dir, store):
-    import torch.distributed as dist
-    from datetime import timedelta
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        for name, path in cases:
-            res[name] = _train(path)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:                 # noqa: BLE001 - reported to the test
-        import traceback
-        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(code)
+    from tests.emit_workers import harness
+    harness.gloo_rank(rank, world, store, out_dir, lambda: {name: _train(path) for name, path in cases})
 
 
 def _train(path) -> dict:
@@ -165,10 +148,5 @@ def test_nested_blocks_under_zero_equal_one_process_in_float64(per_rank, zero):
 
 
 if __name__ == "__main__":
-    from tests.emit_workers.harness import fork_ranks
-    with open(sys.argv[1]) as f:
-        cases = json.load(f)
-    failed, per = fork_ranks(_rank, 2, cases)
-    with open(sys.argv[2], "w") as f:
-        json.dump({str(k): v for k, v in per.items()}, f)
-    sys.exit(0)
+    from tests.emit_workers.harness import cases_main
+    cases_main(_rank)

@@ -78,29 +78,17 @@ def reference(kind):
 
 
 def _rank(rank, world, cases, out_dir, store):
-    import torch.distributed as dist
-    from datetime import timedelta
+    from tests.emit_workers import harness
+    harness.gloo_rank(rank, world, store, out_dir, lambda: {kind: _run(kind, path) for kind, path in cases})
+
+
+def _run(kind, path) -> dict:
     from sapp.emit import emit
     from sapp.plan import Plan
-    torch.set_num_threads(1)
-    res, code = {}, 0
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
-        for kind, path in cases:
-            prog = emit(build(kind), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(data(kind, 0)[0],),
-                        check_fingerprint=False)
-            res[kind] = {"losses": [prog.step(*prog.shard((data(kind, i)[0],), data(kind, i)[1]))
-                                    for i in range(STEPS)], "last": bool(prog.last_stage)}
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:                 # noqa: BLE001 - reported to the test
-        import traceback
-        res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
-        code = 1
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
-    os._exit(code)
+    prog = emit(build(kind), Plan.load(path), loss_fn=loss_fn, lr=1e-3, example_inputs=(data(kind, 0)[0],),
+                check_fingerprint=False)
+    return {"losses": [prog.step(*prog.shard((data(kind, i)[0],), data(kind, i)[1])) for i in range(STEPS)],
+            "last": bool(prog.last_stage)}
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +130,5 @@ def test_flat_model_under_pp2_runs_and_equals_one_process(per_rank, kind):
 
 
 if __name__ == "__main__":
-    from tests.emit_workers.harness import fork_ranks
-    with open(sys.argv[1]) as f:
-        cases = json.load(f)
-    failed, per = fork_ranks(_rank, 2, cases)
-    with open(sys.argv[2], "w") as f:
-        json.dump({str(k): v for k, v in per.items()}, f)
-    sys.exit(0)
+    from tests.emit_workers.harness import cases_main
+    cases_main(_rank)

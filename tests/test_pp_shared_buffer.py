@@ -154,10 +154,6 @@ def test_shared_rotary_under_pp2_equals_one_process(per_rank, persistent):
 
 
 if __name__ == "__main__":
-    import json
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.emit_workers import harness
-    with open(sys.argv[1]) as f:
-        todo = json.load(f)
-    with open(sys.argv[2], "w") as f:
-        json.dump(harness.fork_ranks(_rank, 2, todo)[1], f)
+    from tests.emit_workers.harness import cases_main
+    cases_main(_rank)

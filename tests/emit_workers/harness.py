@@ -178,6 +178,16 @@ def fork_ranks(worker, world: int, cases: list, builders=()):
     return failed, per_rank
 
 
+def cases_main(rank_fn, world: int = 2) -> None:
+    """The `__main__` of a test module that spawn_cases runs: read the cases from argv[1], fork the
+    ranks of rank_fn(rank, world, cases, out_dir, store), write {rank: results} to argv[2]."""
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    per = fork_ranks(rank_fn, world, cases)[1]
+    with open(sys.argv[2], "w") as f:
+        json.dump({str(k): v for k, v in per.items()}, f)
+
+
 def main(argv):
     world, cases_path, out_path = int(argv[0]), argv[1], argv[2]
     with open(cases_path) as f:
