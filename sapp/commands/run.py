@@ -166,7 +166,7 @@ def check_device(plan, args) -> None:
 
 def precheck(args):
     """Refuse before launching: bad plan file, wrong process count, unknown or different model."""
-    from ..plan import Plan
+    from ..plan import load_any
     from ._paths import check_out
     _check_numbers(args)
     nodes = _nodes(args)
@@ -174,11 +174,12 @@ def precheck(args):
     if args.out:
         check_out(args.out)
     from .run_hetero import mixed_plan
-    mixed = mixed_plan(args, nodes, single_node(args))      # (this node's plan over the job, nproc) or None
+    loaded = load_any(args.plan)              # read and checked once: a 175B plan's schema check takes seconds
+    mixed = mixed_plan(args, nodes, single_node(args), loaded=loaded)   # (this node's plan over the job, nproc) or None
     if mixed is None and getattr(args, "group", None):
         raise UsageError(f"--group names a group of a mixed-cluster plan; {args.plan} is a plan for one device kind: "
                          "drop --group")
-    plan = mixed[0] if mixed else Plan.load(args.plan)
+    plan = mixed[0] if mixed else loaded[1]
     if not mixed:          # a mixed plan's groups were matched to this node's device already
         check_device(plan, args)
     import sapp.models as models  # (after the checks that need no torch) not `from .. import`: sapp.__getattr__ recurses

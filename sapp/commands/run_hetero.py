@@ -65,11 +65,12 @@ def this_node() -> Node:
     return Node(props.name, float(props.total_memory))
 
 
-def mixed_plan(args, nodes: int, single: bool, node: Node = None):
+def mixed_plan(args, nodes: int, single: bool, node: Node = None, loaded=None):
     """(the Plan this node's ranks run, processes per node) for a mixed-cluster plan, else None.
-    Sets args.hetero_group (this node's group; None: a one-node job of every group)."""
+    Sets args.hetero_group (this node's group; None: a one-node job of every group).  `loaded`:
+    load_any's (kind, document) of args.plan when the caller has read it already."""
     from ..plan import load_any
-    kind, doc = load_any(args.plan)
+    kind, doc = loaded or load_any(args.plan)
     if kind != "mixed":             # (before the emitter's modules, which import torch)
         return None
     from ..emit.runtime import hetero_run

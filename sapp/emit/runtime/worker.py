@@ -147,7 +147,7 @@ def main(argv=None, *, reprice=None, replan=None) -> int:
     import torch.distributed as dist
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
     from ...errors import SappError
-    from ...plan import Plan
+    from ...plan import load_any
     from . import checkpoint as ckpt_mod, dist as dist_mod, hetero_run
     from .. import emit
     from .train_log import StepLog, log_error
@@ -157,9 +157,10 @@ def main(argv=None, *, reprice=None, replan=None) -> int:
     # resumes the newest checkpoint: every rank decides alike
     resume = args.resume or ((_restarted() or getattr(args, "elastic", False)) and args.checkpoint_dir and "latest")
     try:
-        mixed = hetero_run.load(args.plan)      # a mixed-cluster plan: this rank's group's, over the job
+        kind, doc = load_any(args.plan)         # read and checked once per rank
+        mixed = doc if kind == "mixed" else None   # a mixed-cluster plan: this rank's group's, over the job
         group = (args.group or hetero_run.by_position(mixed, rank)) if mixed else None
-        plan = hetero_run.rank_plan(mixed, group, world) if mixed else Plan.load(args.plan)
+        plan = hetero_run.rank_plan(mixed, group, world) if mixed else doc
         torch.manual_seed(args.seed)     # identical initial weights on every rank
         model = models.build(args.model, device="cpu", **model_overrides(args.model_arg))   # zoo | factory | HF config
         gb = plan.model.get("global_batch")
