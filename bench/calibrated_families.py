@@ -101,7 +101,7 @@ def _pinned_plan(row, graph, settings):
     """The plan bench/published.py prices for `row`: the joint search with every published pin."""
     from sapp import api
     from sapp.cluster import Cluster
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.joint import joint_search
     cl, cons = Cluster.parse(row.cluster), Constraints.from_dict(row.pins)
     res = joint_search(graph, cl, global_batch=row.global_batch, constraints=cons, settings=settings,

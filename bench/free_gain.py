@@ -11,7 +11,7 @@ the two plans do the same model FLOPs, so a compute gain is a kernel-efficiency 
 larger micro-batch or a smaller tp split), which only the cost model's kernel efficiencies vouch for.
 "memory allows" is what the free plan spends memory on: its tp / pp / ZeRO degrees where they differ, its
 micro-batch and recomputation against the pinned ones, and its peak against the device.  "above public" marks a free plan whose predicted MFU passes
-the best public run on its GPU (sapp.calibrate.public_mfu): those plans carry the note that says so."""
+the best public run on its GPU (sapp.cluster.public_mfu): those plans carry the note that says so."""
 from __future__ import annotations
 
 import argparse
@@ -44,7 +44,7 @@ def gain_row(row, settings, cache):
 
 
 def _above(res, cl) -> str:
-    from sapp.calibrate.public_mfu import best_public
+    from sapp.cluster.public_mfu import best_public
     found = best_public(cl)
     if found is None:
         return "—"
@@ -55,7 +55,7 @@ def _above(res, cl) -> str:
 
 
 def line(row, pin, free, cl) -> str:
-    from sapp.calibrate.public_mfu import best_public
+    from sapp.cluster.public_mfu import best_public
     tp, tf = step_terms(pin), step_terms(free)
     S = pin.step_time_s
     cols = [f"{100 * (tp[k] - tf[k]) / S:+.1f}" for k in _COLS]

@@ -157,7 +157,7 @@ class Fuzzer:
     def cli_entry(self, argv):
         import sapp.calibrate
         import subprocess
-        from sapp.cli import main
+        from sapp.commands.cli import main
         from sapp.cluster import PRESETS
         import sapp.api
         real_call, real_cal, real_cap = subprocess.call, sapp.calibrate.calibrate, sapp.api.capture_graph

@@ -233,7 +233,7 @@ class DirSurfaces:
 
     def flags_entry(self, flags):
         import sapp.commands.run as run_cmd
-        from sapp.cli import main
+        from sapp.commands.cli import main
         launched, usage = [], False
         real = run_cmd._launch
         run_cmd._launch = lambda cmd, env, args: launched.append(cmd) or 0

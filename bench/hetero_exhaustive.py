@@ -19,7 +19,7 @@ LIMIT = 1e-3
 
 def run_case(model, spec, gb, q):
     from sapp.api import capture_spec, tp_search_fn
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     from sapp.costmodel import CostSettings
     from sapp.search import hetero
     graph = capture_spec(model)[3]

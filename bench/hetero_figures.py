@@ -57,8 +57,8 @@ TARGET = 3.0
 
 
 def mixed_case(model, spec=MIXED, link_bw=None, batch=None):
-    from sapp import hetero_plan
-    from sapp.cluster_groups import MixedCluster, parse
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import MixedCluster, parse
     mc = parse(spec)
     if link_bw is not None:
         mc = MixedCluster.build(mc.groups, link_bw=link_bw, link_latency=mc.link_latency)
@@ -89,7 +89,7 @@ def case_line(model, spec, link_bw=None, batch=None):
     shares = ", ".join(f"{g['name']} {g.get('batch_share', '-')}" + (
         f" dp{g['parallel']['dp']} tp{g['parallel']['tp']} pp{g['parallel']['pp']}" if g.get("batch_share") else "")
         for g in doc["groups"])
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     slow = parse(spec).slowest().name
     fmt = lambda v: "n/a" if v is None else f"{v:.4g} s ({v / step - 1:+.1%})"  # noqa: E731
     return (f"{model:13} {spec} B={doc['model']['global_batch']}: mixed {step:.4g} s [{shares}; sync "
@@ -104,9 +104,10 @@ def case_line(model, spec, link_bw=None, batch=None):
 def scale(runs, out=sys.stdout):
     """(split ratio, total ratio): medians of CPU seconds, mixed over homogeneous."""
     from bench.search_time import one_search
-    from sapp import api, hetero_plan
+    from sapp import api
+    from sapp.api import mixed as hetero_plan
     from sapp.cluster import Cluster
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     model, mixed, homo = SCALE
     _, name, info, graph, _ = api.capture_spec(model)
     mc, cl = parse(mixed), Cluster.parse(homo)

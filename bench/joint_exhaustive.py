@@ -59,7 +59,7 @@ def exhaustive_search(graph, cluster, *, global_batch, constraints=None, setting
     reference).  exact_partition: the O(p n^2) DP over stage boundaries; False, the count bisection
     (tests/test_pipeline_partition.py checks it equal to the DP for identical blocks).  Returns the
     best JointResult (or None) and the number of (configuration, policy) evaluations."""
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import SearchContext, enumerate_configs, evaluate_config
     from sapp.search.joint.placement import rank_key
@@ -106,7 +106,7 @@ def dims(res):
 
 def optimum(model, cluster, *, global_batch, constraints=None):
     """Exhaustive optimum as {"step_time_s", "config", ...}, or None when the case is too large."""
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import SearchContext, enumerate_configs
     from sapp.api import tp_search_fn

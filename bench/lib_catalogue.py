@@ -13,7 +13,7 @@ float32 bar at 1e-9, resumable JSONL):
 
 Each emission row is one outcome: equal; refused by the search (one line, no plan written); refused by
 the run's pre-step checks although the search wrote the plan (must be 0: the search runs those checks
-itself, sapp/runnable.py); failed (an error in a step, a timeout); silently wrong (losses differ with
+itself, sapp/emit/runnable.py); failed (an error in a step, a timeout); silently wrong (losses differ with
 no error, confirmed in float64).
 
     python -m bench.lib_catalogue [--out FILE.jsonl] [--columns cheap,dp2,pp2,tp2,tp2+sp] [--only a,b]

@@ -255,7 +255,7 @@ def sapp_price(kind: str, runtime: str = "fused") -> dict:
     from sapp.api import capture_graph
     from sapp.cluster import PRESETS
     from sapp.costmodel import CostSettings, first_savers, saved_items
-    from sapp.mesh import Mesh
+    from sapp.cluster.mesh import Mesh
     from sapp.pipeline.profile import unit_activations
     g, _ = capture_graph(zoo_model(kind), (torch.zeros(B, S, dtype=torch.long, device="meta"),))
     st = CostSettings(precision="bf16-mixed", runtime=runtime)

@@ -30,7 +30,7 @@ def main(argv=None):
     from sapp.api import build_plan, tp_search_fn
     from sapp.capture import capture
     from sapp.cluster import Cluster
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
     info = zoo.info(a.model)

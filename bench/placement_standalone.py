@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from sapp.costmodel import collective_time, compute_time, model_state_bytes, saved_activations
 from sapp.errors import InfeasibleError
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.units import fmt_bytes, fmt_time
 from sapp.placement.decide import choose, host_infeasible_error, placement_options
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from sapp.ir import DTYPE_BYTES, Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
+from sapp.capture.ir import DTYPE_BYTES, Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
 
 
 class GraphBuilder:

@@ -22,7 +22,7 @@ def main(argv=None, out=sys.stdout):
     args = ap.parse_args(argv)
     from sapp.api import capture_spec, search
     from sapp.cluster import Cluster
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     rows = []
     for model, cluster, gb, losses in CASES[:1] if args.quick else CASES:
         _, _, _, graph, _ = capture_spec(model)

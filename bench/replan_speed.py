@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def cpu_of(args) -> tuple:
     """(CPU seconds of `sapp ARGS` in a child process, its exit status, its last line)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", *args], cwd=ROOT, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = (p.stdout + p.stderr).strip().splitlines()
@@ -52,7 +52,7 @@ def main(argv=None, out=sys.stdout):
             print(f"| {k} | {', '.join(f'{x:.2f}' for x in v)} | {statistics.median(v):.2f} |", file=out)
         ratio = statistics.median(rows["replan to 127 nodes"]) / statistics.median(rows["search 128 nodes"])
         print(f"replan / search (128 nodes) CPU: {ratio:.2f}x", file=out)
-        p = subprocess.run([sys.executable, "-m", "sapp.cli", "replan", plan, "--nodes", "127"], cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "replan", plan, "--nodes", "127"], cwd=ROOT,
                            capture_output=True, text=True)
         print("\n".join("    " + ln for ln in p.stdout.strip().splitlines()), file=out)
     return 0

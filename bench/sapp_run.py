@@ -11,7 +11,7 @@ import time
 
 def run_saved_plan(plan_path, model, procs, steps, res_path, timeout_s, extra=()):
     """Returns (result JSON of `sapp run --out`, None) or (None, a one-line status), and the wall time."""
-    cmd = [sys.executable, "-m", "sapp.cli", "run", str(plan_path), "--model", model, "--steps", str(steps),
+    cmd = [sys.executable, "-m", "sapp.commands.cli", "run", str(plan_path), "--model", model, "--steps", str(steps),
            "--out", str(res_path), "--nproc", str(procs), *extra]
     return run_for_json(cmd, res_path, timeout_s, "run")
 

@@ -15,7 +15,7 @@ SHAPES = ["cpu:1x4", "a100-80g:1x4", "a100-80g:1x6", "a100-80g:1x8", "cpu:2x2", 
 
 def cluster_mesh(shape):
     from sapp.cluster import PRESETS
-    from sapp.mesh import Mesh
+    from sapp.cluster.mesh import Mesh
     preset, _, nxg = shape.partition(":")
     nodes, gpus = (int(x) for x in nxg.split("x"))
     cl = PRESETS[preset].replace(nodes=nodes, gpus_per_node=gpus)

@@ -29,7 +29,7 @@ def build_graph(layers, batch, hand):
 
 def time_search(g, devices, repeat):
     from sapp.cluster import PRESETS
-    from sapp.mesh import Mesh
+    from sapp.cluster.mesh import Mesh
     from sapp.search import shard_search
     cl = PRESETS["a100-80g"].replace(nodes=max(1, devices // 8), gpus_per_node=min(8, devices))
     mesh = Mesh.for_devices(cl, devices)

@@ -23,7 +23,7 @@ def one_search(graph, cluster, batch):
     search (sharding searches included) is the figure the target is about; the plan's building
     (operator table, JSON Schema validation) is printed beside it."""
     from sapp.api import build_plan, tp_search_fn
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
     settings = CostSettings(precision=cluster.precision)

@@ -30,10 +30,10 @@ import time
 MAIN = ["--model", "gpt3-175b", "--cluster", "a100-80g:nodes=128"]
 DSV3 = ["--model", "deepseek-v3-like", "--cluster", "h800:nodes=256", "--batch", "4096"]
 CASES = [("import torch", ["-c", "import torch"], None),
-         ("main job cold (gpt3-175b, 1024 A100)", ["-m", "sapp.cli", "search", *MAIN], "cold"),
-         ("main job warm", ["-m", "sapp.cli", "search", *MAIN], "warm"),
-         ("DeepSeek-V3-like cold (2048 H800)", ["-m", "sapp.cli", "search", *DSV3], "cold"),
-         ("DeepSeek-V3-like warm", ["-m", "sapp.cli", "search", *DSV3], "warm")]
+         ("main job cold (gpt3-175b, 1024 A100)", ["-m", "sapp.commands.cli", "search", *MAIN], "cold"),
+         ("main job warm", ["-m", "sapp.commands.cli", "search", *MAIN], "warm"),
+         ("DeepSeek-V3-like cold (2048 H800)", ["-m", "sapp.commands.cli", "search", *DSV3], "cold"),
+         ("DeepSeek-V3-like warm", ["-m", "sapp.commands.cli", "search", *DSV3], "warm")]
 
 
 def timed(args, cache_dir=None):
@@ -91,7 +91,7 @@ def _warm_phases(model, cluster, batch, out, mark):
 def _search_phases(graph, name, info, cluster, batch, mark):
     """The phases after capture, as sapp.api.search runs them."""
     from sapp.api import build_plan, default_global_batch, resolve_cluster, tp_search_fn
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
     cl = resolve_cluster(cluster)

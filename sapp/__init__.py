@@ -101,7 +101,7 @@ def __getattr__(name):
     if name == "models":
         return importlib.import_module("sapp.models")
     if name == "Constraints":
-        return importlib.import_module("sapp.constraints").Constraints
+        return importlib.import_module("sapp.search.constraints").Constraints
     raise AttributeError(f"module 'sapp' has no attribute {name!r}")
 
 

@@ -33,7 +33,7 @@ def node(d, rank, rdzv_port, steps, pace="0", env=None, every=5, restarts=3):
     """Node `rank` of the job in `d` (plan d/plan.json, checkpoints in d/ck, rank 0's log in
     d/node<rank>.jsonl when it holds rank 0, its output appended to d/node<rank>.out).  --keep 100: no
     checkpoint is deleted (the references resume early ones; test_elastic's 260 steps write 52)."""
-    cmd = [sys.executable, "-m", "sapp.cli", "run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg",
+    cmd = [sys.executable, "-m", "sapp.commands.cli", "run", str(d / "plan.json"), "--model", "gpt-tiny", "--model-arg",
            "dropout=0", "--steps", str(steps), "--data", DATA, "--nnodes", "1:2", "--node-rank", str(rank),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", "elastic-test",
            "--max-restarts", str(restarts), "--elastic", "--checkpoint-dir", str(d / "ck"), "--checkpoint-every",
@@ -117,7 +117,7 @@ def segments(d):
 def reference(d, plan, resume_step, steps, name):
     """The same plan resumed from the same checkpoint, with no fault: losses of steps resume_step.."""
     n = json.load(open(plan))["devices"]
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(plan), "--model", "gpt-tiny", "--model-arg",
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(plan), "--model", "gpt-tiny", "--model-arg",
                         "dropout=0", "--steps", str(resume_step + steps), "--data", DATA, "--nproc", str(n),
                         "--resume", str(d / "ck" / f"step-{resume_step:08d}"), "--out", str(d / f"{name}.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)

@@ -72,7 +72,7 @@ def start(tmp, name: str):
     plan = os.path.join(tmp, f"{name}-plan.json")
     make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=8, dp=2).save(plan)
     log = os.path.join(tmp, f"{name}.jsonl")
-    proc = subprocess.Popen([sys.executable, "-m", "sapp.cli", "run", plan, "--model", "mlp-tiny",
+    proc = subprocess.Popen([sys.executable, "-m", "sapp.commands.cli", "run", plan, "--model", "mlp-tiny",
                              "--steps", "100000000", "--log-json", log], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))

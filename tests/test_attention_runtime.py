@@ -16,7 +16,7 @@ from sapp.costmodel import CostSettings, node_cost, saved_activations
 from sapp.costmodel.dtypes import ensure_widths, fusion_of
 from sapp.costmodel.nodes import local_bytes
 from sapp.errors import SappError
-from sapp.mesh import Level, Mesh
+from sapp.cluster.mesh import Level, Mesh
 
 MESH1 = Mesh((Level(1, "intra"),))
 EAGER = CostSettings()
@@ -146,7 +146,7 @@ def test_fused_swiglu_keeps_its_input_not_silu():
     """Megatron-Core's bias-SwiGLU kernel saves [gate | up] and recomputes silu in backward: under "fused"
     silu(gate) is neither written nor kept (eager keeps it for up's gradient)."""
     from sapp.costmodel import saved_activations
-    from sapp.mesh import Mesh
+    from sapp.cluster.mesh import Mesh
     g = capture(SwiGLU(), (torch.randn(4, 16, 64),), batch=4)
     silu = next(n for n in g.nodes.values() if n.target.startswith("aten.silu"))
     mul = next(n for n in g.nodes.values() if n.target.startswith("aten.mul"))

@@ -6,7 +6,7 @@ import pytest
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, evaluate_sharding, saved_activations
 from sapp.costmodel.dtypes import activation_widths, op_name
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 
 import torch  # noqa: E402  (a product test: a broken torch import must fail, not skip)
 AUTOCAST = CostSettings()                          # bf16-mixed, autocast_fp32=True (what sapp emits)

@@ -9,9 +9,9 @@ import pytest
 import sapp
 from sapp import Plan
 from sapp.api import evaluate, search
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.cluster import Cluster
-from sapp.constraints import Constraints
+from sapp.search.constraints import Constraints
 from sapp.errors import CaptureError, ClusterError, ConstraintError, PlanError, SappError
 
 

@@ -136,7 +136,7 @@ def test_special_files_refused_not_waited_on(plans, bounded, tmp_path):
     from sapp.commands._paths import check_out
     with pytest.raises(UsageError, match="FIFO"):
         check_out(fifo)
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert bounded(lambda: main(["explain", fifo])) == 2
 
 

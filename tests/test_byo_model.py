@@ -14,7 +14,7 @@ from sapp.api import search
 from sapp.errors import SappError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAPP = [sys.executable, "-m", "sapp.cli"]
+SAPP = [sys.executable, "-m", "sapp.commands.cli"]
 
 FACTORY = textwrap.dedent('''
     import torch
@@ -149,7 +149,7 @@ def test_unsupported_hf_architecture_is_one_line(tmp_path):
 def test_cli_search_hf_config(capsys, monkeypatch):
     """In-process: a fresh interpreter per command only paid for importing torch."""
     pytest.importorskip("transformers")
-    from sapp.cli import main
+    from sapp.commands.cli import main
     monkeypatch.chdir(ROOT)
     rc = main(["search", "--hf-config", "tests/data/llama.json", "--cluster", "h100-80g:nodes=1", "--json"])
     out, err = capsys.readouterr()

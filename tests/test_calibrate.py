@@ -53,7 +53,7 @@ def test_calibrate_cli_quick_two_processes(tmp_path):
     import sys
     from tests.test_run_exposure import _watched
     out, raw = tmp_path / "me.json", tmp_path / "raw.json"
-    rc, said, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "calibrate", "--out", str(out), "--procs", "2",
+    rc, said, seen, pids = _watched([sys.executable, "-m", "sapp.commands.cli", "calibrate", "--out", str(out), "--procs", "2",
                                      "--quick", "--timeout", "120", "--raw", str(raw)])
     assert rc == 0, said[-3000:]
     assert len(pids) >= 3 and seen, (pids, seen)        # sapp calibrate and two ranks; the store seen listening

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sapp.calibrate import from_runs
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.cluster import Cluster
 
 BASE = Cluster.parse("cpu:nodes=1")
@@ -87,7 +87,7 @@ def test_run_files_are_read_in_each_format(tmp_path):
 
 
 def _sapp(*argv, timeout=240):
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", *argv], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", *argv], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
@@ -99,7 +99,7 @@ def _measured(log):
 def _attempt(tmp_path):
     """(predicted, measured, band, spread) of the ZeRO-2 plan, calibrated on the ZeRO-1 run."""
     from sapp import api
-    from sapp.calibrate.status import calibration_band
+    from sapp.cluster.trust import calibration_band
     from sapp.plan import Plan
     for z in (1, 2):
         _sapp("run", str(tmp_path / f"z{z}.json"), "--steps", "10", "--log-json", str(tmp_path / f"z{z}.jsonl"))

@@ -2,7 +2,7 @@
 fastest family, and the band it measured carried by every prediction on an uncalibrated GPU preset."""
 import pytest
 
-from sapp.calibrate import status
+from sapp.cluster import trust as status
 from sapp.cluster import Cluster
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from sapp import api
 from sapp.capture import cache, graph_json
-from sapp.cli import main
+from sapp.commands.cli import main
 
 CLUSTER = "a100-80g:nodes=1"
 HF = os.path.join(os.path.dirname(__file__), "data", "llama.json")
@@ -114,7 +114,7 @@ def test_size_is_bounded(cache_dir, monkeypatch):
 
 WARM = """
 import sys
-from sapp.cli import main
+from sapp.commands.cli import main
 assert main(["search", "--model", "gpt-tiny", "--cluster", "a100-80g:nodes=1", "--out", sys.argv[1]]) == 0
 print("MODULES", "torch._dynamo" in sys.modules, "torch" in sys.modules)
 """

@@ -182,7 +182,7 @@ def test_hf_decoder_attention_is_captured_as_eager_runs_it():
     from sapp.costmodel import CostSettings, node_cost
     from sapp.costmodel.memory import saved_items
     from sapp.costmodel.nodes import time_flops
-    from sapp.mesh import Level, Mesh
+    from sapp.cluster.mesh import Level, Mesh
     import transformers.masking_utils as mu
     m, inputs, cfg = build("llama")                       # 4 heads, 2 key/value heads
     guards = (mu.is_torchdynamo_exporting, mu.find_packed_sequence_indices)

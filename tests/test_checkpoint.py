@@ -16,7 +16,7 @@ from sapp.emit.runtime import checkpoint as ck
 from sapp.emit.runtime.train_state import CheckpointError, model_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAPP = [sys.executable, "-m", "sapp.cli"]
+SAPP = [sys.executable, "-m", "sapp.commands.cli"]
 DATA = "tests.emit_workers.datasets:tokens"
 
 
@@ -151,7 +151,7 @@ def test_corrupted_latest_falls_back_to_previous(reference):
 
 def test_unwritable_checkpoint_dir_refused_before_launch(reference, tmp_path, capsys, monkeypatch):
     """In-process (a fresh interpreter only paid for importing torch); the launcher call is forbidden."""
-    from sapp.cli import main
+    from sapp.commands.cli import main
 
     def launched(*a, **k):
         raise AssertionError("sapp run launched workers although the checkpoint directory was refused")

@@ -100,7 +100,7 @@ def test_a_restarted_worker_resumes_its_own_runs_newest(tmp_path):
 
 
 def _sapp(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sapp.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sapp.commands.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
 
 

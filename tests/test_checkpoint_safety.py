@@ -84,7 +84,7 @@ def test_crafted_metadata_is_refused_and_never_runs(tmp_path, capsys):
     # through `sapp run --resume PATH`: refused before any process starts (the launcher call is
     # forbidden), in one line; in-process: a fresh interpreter only paid for importing torch
     from tests.emit_workers.plans import make_plan
-    from sapp.cli import main
+    from sapp.commands.cli import main
     import sapp.models as models
 
     def launched(*a, **k):
@@ -124,7 +124,7 @@ def test_evaluate_never_imports_the_plans_model(tmp_path):
     (tmp_path / "evilmod.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').close()\ndef build(): pass\n")
     for spec in ("evilmod:build", "http.server:test"):
         make_plan(name=spec).save(tmp_path / "plan.json")
-        p = subprocess.run([sys.executable, "-m", "sapp.cli", "evaluate", "plan.json", "--cluster", "cpu:gpus=1"],
+        p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "evaluate", "plan.json", "--cluster", "cpu:gpus=1"],
                            cwd=tmp_path, env=ENV,
                            capture_output=True, text=True, timeout=120)
         assert not (tmp_path / "pwned").exists()

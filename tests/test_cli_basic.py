@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 def test_clusters_lists_presets(capsys):
@@ -20,7 +20,7 @@ def test_no_command_prints_help(capsys):
 
 
 def test_console_entry_point_runs():
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "clusters"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "clusters"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "a100-80g" in r.stdout
 
 
@@ -35,7 +35,7 @@ def test_version(capsys):
 def test_every_option_of_every_command_has_help():
     """Walks every subcommand's parser (commands added later included): each option says what it does."""
     import argparse
-    from sapp.cli import COMMANDS, build_parser
+    from sapp.commands.cli import COMMANDS, build_parser
     parser = build_parser()
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert len(subs) == 1 and "run" in subs[0].choices and set(subs[0].choices) <= set(COMMANDS)

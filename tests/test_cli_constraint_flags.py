@@ -3,7 +3,7 @@ placement of tables (--place) and optimizer state (--optimizer-on), stage splits
 per-block recomputation (--recompute-block)."""
 import json
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 def _search(tmp_path, capsys, *argv):

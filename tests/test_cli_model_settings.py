@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 def _llama_config(tmp_path, context):
@@ -84,7 +84,7 @@ def test_run_of_a_gpu_plan_on_a_cpu_machine_is_refused_at_once(tmp_path):
     out = tmp_path / "a100.json"
     assert main(["search", "--model", "gpt-tiny", "--cluster", "a100-80g:nodes=1", "--out", str(out)]) == 0
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(out)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(out)], capture_output=True, text=True, timeout=60)
     took = time.monotonic() - t0
     assert r.returncode != 0 and took < 5, (r.returncode, took)
     err = r.stderr.strip()

@@ -14,7 +14,7 @@ def test_counts_and_rates_in_human_units():
 
 
 def test_clusters_table_shows_the_cpu_preset_in_gflops(capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert main(["clusters"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert "50 GFLOP/s" in rows["cpu"] and "312 TFLOP/s" in rows["a100-80g"] and " 0 " not in rows["cpu"]
@@ -75,7 +75,7 @@ def test_search_progress_is_the_bound_gap_and_ends_at_100_percent():
 
 def test_search_command_says_what_it_does_before_capturing(monkeypatch, capsys):
     import sys
-    from sapp.cli import main
+    from sapp.commands.cli import main
     tty = _Tty()
     monkeypatch.setattr(sys, "stderr", tty)
     assert main(["search", "--model", "gpt-tiny", "--cluster", "cpu:gpus=2"]) == 0

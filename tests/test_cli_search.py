@@ -1,7 +1,7 @@
-"""`sapp search`, `sapp evaluate`, `sapp models` (in-process through sapp.cli.main)."""
+"""`sapp search`, `sapp evaluate`, `sapp models` (in-process through sapp.commands.cli.main)."""
 import json
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 def test_search_prints_summary_and_writes_plan(tmp_path, capsys):

@@ -4,7 +4,7 @@ import pytest
 
 from sapp import Cluster, ClusterError
 from sapp.cluster import PRESETS
-from sapp.mesh import Mesh, prime_factors
+from sapp.cluster.mesh import Mesh, prime_factors
 from sapp.units import parse_quantity
 
 

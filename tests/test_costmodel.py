@@ -9,7 +9,7 @@ from sapp.costmodel import (CostSettings, collective_time, compute_time, edge_co
 from sapp.costmodel.layouts import P, R
 from sapp.costmodel.primitives import staging_copy_time
 from sapp.errors import SappError
-from sapp.mesh import Level, Mesh
+from sapp.cluster.mesh import Level, Mesh
 from bench.random_graphs import gpt_graph, mlp_graph
 
 A100 = PRESETS["a100-80g"]

@@ -61,7 +61,7 @@ def test_kv_bytes_from_the_graph():
 
 
 def test_enumeration_keeps_only_cp_configs_plain_dp_cannot_make():
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.joint.configs import enumerate_configs
     from sapp.search.joint.context import SearchContext
     g = _graph()

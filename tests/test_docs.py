@@ -1,6 +1,6 @@
 """The documents run as shown.  Every fenced command of README.md and docs/*.md is run, page by page in
 its own directory, and must exit 0 with the output the page shows; docs/cli.md must be what
-`python -m sapp.report.cli_reference` writes today.
+`python -m sapp.commands.cli_reference` writes today.
 
 How a page shows a command (the reader sees a terminal session):
   - in a fenced block, a line `$ COMMAND` is a command (a trailing backslash continues it on the next
@@ -219,11 +219,11 @@ def test_every_shown_command_is_run_or_listed():
 
 
 def test_cli_reference_is_current():
-    from sapp.report.cli_reference import reference
+    from sapp.commands.cli_reference import reference
     with open(os.path.join(ROOT, "docs", "cli.md")) as f:
         checked_in = f.read()
     assert checked_in == reference(), ("docs/cli.md differs from the parser's `--help`; regenerate it with\n"
-                                       "    python -m sapp.report.cli_reference > docs/cli.md")
+                                       "    python -m sapp.commands.cli_reference > docs/cli.md")
 
 
 def test_the_matcher_finds_lines_in_order_with_ellipses():

@@ -73,7 +73,7 @@ def test_elastic_run_on_one_process_replans_without_a_process_group(tmp_path):
     process group exists to form a search group from) and trains as the re-plan run alone."""
     plan = _plan2(tmp_path)
     common = ["--model", "gpt-tiny", "--model-arg", "dropout=0", "--data", DATA, "--steps", "4"]
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(plan), *common, "--nproc", "1", "--elastic",
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(plan), *common, "--nproc", "1", "--elastic",
                         "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
                         "--out", str(tmp_path / "out.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
@@ -82,7 +82,7 @@ def test_elastic_run_on_one_process_replans_without_a_process_group(tmp_path):
     plans = os.listdir(tmp_path / "ck" / "plans")
     assert plans == ["step-00000000-devices-1.json"], plans
     got = json.loads((tmp_path / "out.json").read_text())["losses"]
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "ck" / "plans" / plans[0]), *common,
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "ck" / "plans" / plans[0]), *common,
                         "--out", str(tmp_path / "ref.json")], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=ENV)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

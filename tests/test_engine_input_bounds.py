@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 CASES = [
     ("megatron", "args", "--num-layers 2 --global-batch-size 2000000000000000000000 --micro-batch-size 1\n", "between 1 and"),

@@ -9,7 +9,7 @@ import io
 import json
 import time
 
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.errors import SappError
 
 TT = ("from torchtitan.trainer import Trainer\nfrom torchtitan.config import TrainingConfig\n\n"

@@ -10,7 +10,7 @@ import pytest
 
 import sapp.engines as E
 from sapp import api
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.errors import SappError
 from sapp.engines import EngineError, torchtitan
 from sapp.engines.mapping import changes, comparison, from_plan
@@ -73,7 +73,7 @@ def test_search_targets_restrict_the_space():
 
 
 def test_target_pins_that_contradict_it_are_refused():
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.errors import ConstraintError
     for bad in ({"target": "deepspeed", "tp": 2}, {"target": "megatron", "zero": 3},
                 {"target": "megatron", "schedule": "gpipe"}, {"target": "torchtitan", "zero": 1}, {"target": "nemo"}):

@@ -55,13 +55,13 @@ def test_core_v0_16_1_formula_fits_mixtral_too():
 
 
 def test_cli_refuses_the_flag_without_megatron(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "search", "--model", "gpt2", "--cluster", "a100-80g:devices=8",
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "search", "--model", "gpt2", "--cluster", "a100-80g:devices=8",
                         "--fit-engine-estimate"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--target megatron" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_export_notes_an_estimate_that_reads_as_not_fitting(tmp_path, capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     _, free_plan, cl = _export("gpt3-175b", fit=False)
     _, fit_plan, _ = _export("gpt3-175b", fit=True)
     for plan, over in ((free_plan, True), (fit_plan, False)):
@@ -73,7 +73,7 @@ def test_export_notes_an_estimate_that_reads_as_not_fitting(tmp_path, capsys):
 
 
 def test_a_model_megatron_does_not_build_is_refused_in_one_line():
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "search", "--model", "resnet50", "--cluster",
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "search", "--model", "resnet50", "--cluster",
                         "a100-80g:devices=8", "--target", "megatron", "--fit-engine-estimate"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Megatron builds its own GPT model" in r.stderr and "Traceback" not in r.stderr

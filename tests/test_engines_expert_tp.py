@@ -81,7 +81,7 @@ def test_ep_beside_tp_needs_sequence_parallel_as_megatron_says(mixtral):
 
 
 def test_offered_to_the_search_under_target_megatron_only(mixtral):
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.joint import Config
     from sapp.search.joint.context import SearchContext
     from sapp.search.joint.ep import ep_configs

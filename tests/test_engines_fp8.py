@@ -9,7 +9,7 @@ import pytest
 
 import sapp.engines as E
 from sapp import api
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.engines import fp8 as F
 from sapp.engines import megatron, torchtitan
 from sapp.engines.mapping import EngineError

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from sapp import api
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.errors import SappError
 from sapp.engines import EngineError, export_plan, import_config
 from sapp.engines.megatron import tokens

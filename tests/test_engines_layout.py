@@ -74,7 +74,7 @@ def test_an_uneven_middle_split_is_exported_as_megatron_lays_it_out(deepseek, pi
 
 
 def test_a_target_search_that_fits_nothing_exits_non_zero_naming_the_nearest(capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     rc = main(["search", "--model", "deepseek-v3-like", "--cluster", "h100-80g:nodes=4", "--target", "megatron"])
     err = capsys.readouterr().err.strip()
     assert rc != 0 and len(err.splitlines()) == 1, err

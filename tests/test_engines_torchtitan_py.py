@@ -298,7 +298,7 @@ def test_each_torchtitan_file_is_compared_within_its_own_release(tiny, tmp_path)
     assert best["settings"]["runtime"] == "torchtitan-0.2.2"
     assert not any("priced for the" in n for n in best["notes"])
     # the command does the same: `sapp import --from torchtitan` of that TOML compares within 0.2.2
-    from sapp.cli import main
+    from sapp.commands.cli import main
     path = tmp_path / "job.toml"
     path.write_text(toml)
     best_path = tmp_path / "best.json"
@@ -315,7 +315,7 @@ def test_each_torchtitan_file_is_compared_within_its_own_release(tiny, tmp_path)
 
 def test_a_022_plan_saved_under_the_old_profile_name_replans_as_022(tiny):
     from sapp.plan import Plan
-    from sapp.replan import replan
+    from sapp.api.replan import replan
     graph, cl = tiny
     plan = api.search(graph, cl, global_batch=8, constraints={"target": "torchtitan@0.2.2"},
                       runtime="torchtitan-0.2.2")
@@ -330,7 +330,7 @@ def test_a_022_plan_saved_under_the_old_profile_name_replans_as_022(tiny):
 def test_a_target_plan_priced_eager_replans_with_its_target_and_pins(tiny):
     # api.search's default runtime under a target is eager (sapp's emitter's); replan keeps it, and the
     # target and pins with it
-    from sapp.replan import replan
+    from sapp.api.replan import replan
     graph, cl = tiny
     plan = api.search(graph, cl, global_batch=8, constraints={"target": "megatron", "tp": 2, "zero": 1})
     assert plan["settings"]["runtime"] == "eager"
@@ -387,7 +387,7 @@ def test_the_published_registry_reads_each_job_it_names():
 
 
 def test_the_registry_without_a_job_lists_them_and_the_command_picks_one(tmp_path, capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     text = _published_registry()
     with pytest.raises(EngineError) as e:
         torchtitan_py.parse(text, _facts("llama3-8b"), 64)

@@ -9,7 +9,7 @@ import pytest
 
 import sapp.engines as E
 from sapp import api
-from sapp.constraints import TARGETS
+from sapp.search.constraints import TARGETS
 
 from tests import engine_validate as V
 

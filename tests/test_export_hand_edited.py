@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 @pytest.fixture(scope="module")

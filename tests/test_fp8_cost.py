@@ -10,7 +10,7 @@ from sapp.costmodel import CostSettings
 from sapp.costmodel.fp8 import is_fp8_linear
 from sapp.costmodel.nodes import node_cost
 from sapp.errors import SappError
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.plan import Plan
 
 H100 = "h100-80g:nodes=1"
@@ -66,7 +66,7 @@ def test_fp8_is_refused_without_fp8_tensor_cores_and_outside_bf16(capsys):
         CostSettings(fp8="rowwise")
     with pytest.raises(SappError, match="beside bf16 mixed precision"):
         CostSettings(fp8="delayed", precision="fp32")
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert main(["search", "--model", "llama-tiny", "--cluster", H100, "--fp8", "tensorwise",
                  "--target", "megatron"]) == 2
     assert "runs FP8 linears as delayed" in capsys.readouterr().err     # Megatron's TE recipe (engines/fp8.py)

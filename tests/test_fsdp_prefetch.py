@@ -51,7 +51,7 @@ def _search(cluster, zero, pp=1, dp=4):
     import sapp
     import sapp.models as models
     from sapp.api import capture_graph
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
     m = models.get("gpt-tiny", device="meta", dropout=0.0)

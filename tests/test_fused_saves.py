@@ -13,7 +13,7 @@ from torch import nn
 from sapp.api import capture_graph
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, saved_activations, saved_items
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.models.gpt import GPT
 from sapp.models.llama import Llama
 from sapp.models.moe import MoEModel

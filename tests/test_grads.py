@@ -14,7 +14,7 @@ from sapp.costmodel.edges import edge_times  # noqa: E402
 from sapp.costmodel.grads import carries_grad, saved_for_backward  # noqa: E402
 from sapp.costmodel.memory import saved_items  # noqa: E402
 from sapp.cluster import Cluster  # noqa: E402
-from sapp.mesh import Level, Mesh  # noqa: E402
+from sapp.cluster.mesh import Level, Mesh  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

@@ -1,11 +1,11 @@
-"""Mixed clusters (sapp/cluster_groups.py) and the search over their groups (sapp/search/hetero.py)."""
+"""Mixed clusters (sapp/cluster/groups.py) and the search over their groups (sapp/search/hetero.py)."""
 import json
 import math
 
 import pytest
 
 from sapp.cluster import Cluster
-from sapp.cluster_groups import MixedCluster, parse
+from sapp.cluster.groups import MixedCluster, parse
 from sapp.errors import ClusterError, PlanError
 
 
@@ -86,7 +86,7 @@ def test_free_search_equals_exhaustive_and_shares_follow_speed(small):
     # it beats each group alone and all devices priced as A100s
     assert free[1] < min(d["alone"].values()) and free[1] < d["uniform"]
     # (that baseline started from the A100 group's tp layouts: the step of a fresh search)
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     assert d["uniform"] == hetero.uniform_baseline(graph, mc, 16, Constraints.from_dict(None), settings, fn)
 
 
@@ -116,7 +116,7 @@ def test_cutoff_keeps_the_plan_at_or_below_it_and_says_none_above(small):
 
 
 def test_pricer_bounded_answer_is_above_and_the_exact_one_is_searched_again(small):
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.hetero import GroupPricer
     graph, settings, fn = small
     mc = parse("a100-80g:nodes=1+h100-80g:nodes=1")
@@ -140,12 +140,13 @@ def test_sync_grows_as_the_link_slows(small):
 
 
 def test_hetero_plan_document_cli(tmp_path, capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     out = tmp_path / "h.json"
     assert main(["search", "--model", "gpt3-125m", "--cluster", "a100-80g:nodes=1+h100-80g:nodes=1",
                  "--batch", "64", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    from sapp import hetero_plan, schema
+    from sapp.api import mixed as hetero_plan
+    from sapp import schema
     assert doc["schema"] == "sapp.hetero-plan/1" and schema.first_error("hetero", doc) is None
     shares = [g["batch_share"] for g in doc["groups"]]
     assert sum(shares) == 64
@@ -164,7 +165,7 @@ def test_hetero_plan_document_cli(tmp_path, capsys):
 
 
 def test_clusters_shows_groups(capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert main(["clusters", "a100-80g:nodes=16+h100-80g:nodes=8"]) == 0
     text = capsys.readouterr().out
     assert "group a100-80g: 16 x 8" in text and "group h100-80g: 8 x 8" in text and "link between groups" in text
@@ -178,6 +179,6 @@ def test_homogeneous_entry_points_refuse_a_mixed_cluster_in_one_line():
 
 
 def test_schema_command_prints_the_hetero_schema(capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert main(["schema", "hetero"]) == 0
     assert json.loads(capsys.readouterr().out)["properties"]["schema"]["const"] == "sapp.hetero-plan/1"

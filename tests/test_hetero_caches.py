@@ -14,7 +14,7 @@ from sapp.errors import SappError
 
 def _plan(graph, cluster, batch, settings, fn, caches=None):
     from sapp.api import build_plan
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.joint import joint_search
     cons = Constraints.from_dict(None)
     res = joint_search(graph, cluster, global_batch=batch, constraints=cons, settings=settings, search_fn=fn,
@@ -67,8 +67,8 @@ def test_caches_refuse_another_cluster_or_settings():
 
 def test_group_pricer_shares_one_cache_per_group():
     from sapp.api import capture_spec, tp_search_fn
-    from sapp.cluster_groups import parse
-    from sapp.constraints import Constraints
+    from sapp.cluster.groups import parse
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.hetero import GroupPricer
     graph = capture_spec("gpt3-125m")[3]

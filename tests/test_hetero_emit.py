@@ -16,8 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def plan_doc():
     """Two one-device groups, the first declared 3x slower: the search gives it a quarter of the batch."""
     import torch
-    from sapp import hetero_plan
-    from sapp.cluster_groups import parse
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import parse
     # compute-bound figures (no launch overhead, memory 1e4x faster): step time linear in the share
     spec = "cpu:gpus=1,peak_flops={},op_overhead=0,update_op_overhead=0,inter_latency=0,mem_bandwidth={},rng_rate=1e12"
     mc = parse(spec.format("0.1GFLOP/s", "1TB/s") + "+" + spec.format("0.3GFLOP/s", "3TB/s"))

@@ -21,20 +21,20 @@ SPEC = "cpu:gpus=1,peak_flops={},op_overhead=0,update_op_overhead=0,inter_latenc
 
 
 def _cluster():
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     return parse(SPEC.format("0.1GFLOP/s", "1TB/s") + "+" + SPEC.format("0.3GFLOP/s", "3TB/s"))
 
 
 @pytest.fixture(scope="module")
 def plan_doc():
-    from sapp import hetero_plan
+    from sapp.api import mixed as hetero_plan
     doc, timing = hetero_plan.search(MODEL, _cluster(), global_batch=GB, mode="pipeline")
     return doc, timing
 
 
 def test_slower_group_gets_fewer_layers_and_stage_times_follow_speed(plan_doc):
     from sapp import api
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search import hetero_pipeline
     from sapp.search.joint.stage import StageEvaluator
@@ -73,8 +73,8 @@ def test_slower_group_gets_fewer_layers_and_stage_times_follow_speed(plan_doc):
 
 
 def test_explain_shows_each_groups_stages(plan_doc, tmp_path, capsys):
-    from sapp import hetero_plan
-    from sapp.cli import main
+    from sapp.api import mixed as hetero_plan
+    from sapp.commands.cli import main
     doc, _ = plan_doc
     path = tmp_path / "mixed.json"
     path.write_text(hetero_plan.dumps(doc))
@@ -106,7 +106,7 @@ def _reference(x, y):
 def _cli(tmp_path, doc, *extra, timeout=120):
     plan = tmp_path / "mixed.json"
     plan.write_text(json.dumps(doc))
-    return joblock.run([sys.executable, "-m", "sapp.cli", "run", str(plan), "--model", MODEL, "--steps", str(STEPS),
+    return joblock.run([sys.executable, "-m", "sapp.commands.cli", "run", str(plan), "--model", MODEL, "--steps", str(STEPS),
                         *extra], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -151,7 +151,7 @@ def test_ranks_out_of_stage_order_are_refused(plan_doc):
 
 
 def test_mixed_mode_on_one_kind_is_refused(capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     assert main(["search", "--model", "mlp-tiny", "--cluster", "cpu", "--mixed-mode", "pipeline"]) == 2
     err = capsys.readouterr().err
     assert "--mixed-mode pipeline is for mixed clusters (A+B); cpu is one device kind" in err
@@ -161,8 +161,8 @@ def test_mixed_mode_on_one_kind_is_refused(capsys):
 def test_auto_mode_keeps_the_faster(plan_doc):
     """At the groups' default link the data mode is the faster (no bubble); over a link 100x slower the
     cross-group gradient all-reduce costs more than the pipeline's activation sends."""
-    from sapp import hetero_plan
-    from sapp.cluster_groups import MixedCluster
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import MixedCluster
     _, timing = plan_doc
     mc = _cluster()
     auto, t = hetero_plan.search(MODEL, mc, global_batch=GB)
@@ -184,8 +184,8 @@ def test_pruned_search_equals_the_exhaustive_one(monkeypatch):
     a cutoff above the best changes nothing and one far below it prunes every configuration."""
     import itertools
     from sapp import api
-    from sapp.cluster_groups import MixedCluster, parse
-    from sapp.constraints import Constraints
+    from sapp.cluster.groups import MixedCluster, parse
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search import hetero_pipeline as hp
     from sapp.search.joint.stage import StageEvaluator

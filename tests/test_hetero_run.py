@@ -23,8 +23,8 @@ ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH
 @pytest.fixture(scope="module")
 def plan_doc():
     """Group `cpu`: 1 device; group `cpu-2`: 2 devices, each 3x faster (compute-bound figures)."""
-    from sapp import hetero_plan
-    from sapp.cluster_groups import parse
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import parse
     spec = ("cpu:gpus={},peak_flops={},op_overhead=0,update_op_overhead=0,inter_latency=0,mem_bandwidth={},"
             "rng_rate=1e12")
     mc = parse(spec.format(1, "0.1GFLOP/s", "1TB/s") + "+" + spec.format(2, "0.3GFLOP/s", "3TB/s"))
@@ -35,7 +35,7 @@ def plan_doc():
 def _cli(tmp_path, doc, *extra, timeout=120):
     plan = tmp_path / "mixed.json"
     plan.write_text(json.dumps(doc))
-    return joblock.run([sys.executable, "-m", "sapp.cli", "run", str(plan), "--model", MODEL, "--steps", str(STEPS),
+    return joblock.run([sys.executable, "-m", "sapp.commands.cli", "run", str(plan), "--model", MODEL, "--steps", str(STEPS),
                         *extra], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import sapp.commands.run as run_cmd
 import sapp.commands.run_hetero as run_hetero
-from sapp.cli import main
+from sapp.commands.cli import main
 
 MODEL = "tests.emit_workers.hetero_job:factory"
 CASES = {"sum-short": (11, 36), "negative": (-12, 60), "huge": (10 ** 30, 36), "float": (12.0, 36),
@@ -23,8 +23,8 @@ CASES = {"sum-short": (11, 36), "negative": (-12, 60), "huge": (10 ** 30, 36), "
 
 @pytest.fixture(scope="module")
 def doc():
-    from sapp import hetero_plan
-    from sapp.cluster_groups import parse
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import parse
     spec = ("cpu:gpus={},peak_flops={},op_overhead=0,update_op_overhead=0,inter_latency=0,mem_bandwidth={},"
             "rng_rate=1e12")
     mc = parse(spec.format(1, "0.1GFLOP/s", "1TB/s") + "+" + spec.format(2, "0.3GFLOP/s", "3TB/s"))

@@ -113,7 +113,7 @@ def test_pinned_v_whose_rows_do_not_spread_evenly_gets_balanced_stages():
 
 
 def test_searched_v_values_divide_the_blocks_or_take_llama3s_layout():
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.search.joint import SearchContext
     from sapp.search.joint.configs import interleave_values
     from sapp.capture import capture

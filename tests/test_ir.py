@@ -1,4 +1,4 @@
-from sapp.ir import Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
+from sapp.capture.ir import Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
 
 
 def _graph():

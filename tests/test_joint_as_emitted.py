@@ -10,7 +10,7 @@ from sapp.errors import ConstraintError
 from sapp.placement import placement_options
 from sapp.costmodel import CostSettings
 from sapp.search.joint import SearchContext, enumerate_configs, joint_search
-from sapp.constraints import Constraints
+from sapp.search.constraints import Constraints
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from bench.joint_exhaustive import exhaustive_search
 from bench.random_graphs import gpt_graph
 from sapp.cluster import Cluster
-from sapp.constraints import Constraints
+from sapp.search.constraints import Constraints
 from sapp.costmodel import CostSettings
 from sapp.search.joint import SearchContext, enumerate_configs, evaluate_config, joint_search
 from sapp.search.joint.bounds import analytic_bound, profile_bound

@@ -19,7 +19,7 @@ from bench.exact_recompute import ExactStageEvaluator, brute_force_stage
 from bench.joint_exhaustive import exhaustive_search
 from sapp.api import capture_graph, tp_search_fn
 from sapp.cluster import Cluster
-from sapp.constraints import Constraints
+from sapp.search.constraints import Constraints
 from sapp.costmodel import CostSettings
 from sapp.recompute.ordered import choose_ordered, ordered_transient
 from sapp.recompute.solver import POLICIES, BlockOption

@@ -45,7 +45,7 @@ def test_offload_frees_no_more_than_the_device_holds_at_tp():
     profile's representative were replicated over tp, so at tp=4 it claimed 18.2 GB freed from a device
     holding 6.1 GB and priced plans that do not fit.)"""
     from sapp.cluster import Cluster
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.api import tp_search_fn
     from sapp.search.joint.configs import enumerate_configs

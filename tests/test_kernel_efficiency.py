@@ -16,7 +16,7 @@ from sapp.costmodel.dtypes import ensure_widths
 from sapp.costmodel.nodes import node_cost
 from sapp.costmodel.primitives import kernel_efficiency
 from sapp.errors import ClusterError
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 
 H100 = PRESETS["h100-80g"]
 FUSED = CostSettings(runtime="fused")

@@ -47,7 +47,7 @@ def _start(tmp_path, name):
     plan = tmp_path / f"{name}-plan.json"
     make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=8, dp=2).save(plan)
     log = tmp_path / f"{name}.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "sapp.cli", "run", str(plan), "--model", "mlp-tiny",
+    proc = subprocess.Popen([sys.executable, "-m", "sapp.commands.cli", "run", str(plan), "--model", "mlp-tiny",
                              "--steps", "100000000", "--log-json", str(log)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))

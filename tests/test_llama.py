@@ -7,7 +7,7 @@ import pytest
 
 import sapp.models as zoo
 from sapp.api import capture_graph
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.errors import SappError
 
 # Meta's published totals (Llama 3 model card / paper): 8.03B, 70.6B, 405.9B (rounded as printed)

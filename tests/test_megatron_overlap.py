@@ -41,7 +41,7 @@ def test_tp_overlap_runtime_prices_a_quarter_of_the_sp_collectives_at_t4():
     GEMM at h=6144 outlasts it, so only the first chunk of each, 1/4, stays exposed."""
     import sapp.models as zoo
     from sapp.api import capture_graph, tp_search_fn
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import evaluate_sharding
     from sapp.search.joint.context import SearchContext
     g, _ = capture_graph(zoo.get("gpt3-175b", l=2, h=6144, a=48, s=2048, V=51200, attn="sdpa"))

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, saved_activations
 from sapp.emit.runtime.memory_meter import MemoryMeter
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.recompute.solver import POLICIES
 from sapp.search.joint.numbers import gathered_params, held_states, zero3_gathered
 from sapp.search.joint.stage import StageEvaluator

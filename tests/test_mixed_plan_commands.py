@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.errors import PlanError
 
 MIXED = "a100-80g:nodes=1+h100-80g:nodes=1"
@@ -17,8 +17,8 @@ def plans(tmp_path_factory):
     """gpt3-125m at batch 64: data mode (both groups get a share), gpt-small in pipeline mode, and the
     plain plan of gpt3-125m on two H100 nodes."""
     import sapp
-    from sapp import hetero_plan
-    from sapp.cluster_groups import parse
+    from sapp.api import mixed as hetero_plan
+    from sapp.cluster.groups import parse
     d = tmp_path_factory.mktemp("mixed")
     data, _ = hetero_plan.search("gpt3-125m", parse(MIXED), global_batch=64, mode="data")
     pipe, _ = hetero_plan.search("gpt-small", parse(MIXED), global_batch=256, mode="pipeline")
@@ -121,7 +121,7 @@ def test_evaluate_reprices_a_data_mode_plan_and_says_what_prices_a_pipeline(plan
         assert g["step_time_s"] == pytest.approx(mine["step_time_s"], rel=1e-4)
     # a slower link between the groups: only the sync grows
     import dataclasses
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     mc = parse(MIXED)
     dataclasses.replace(mc, link_bw=mc.link_bw / 5).save(tmp_path / "slow.json")
     rc, out, err = _cli(capsys, "evaluate", plans["data"], "--json", "--cluster", str(tmp_path / "slow.json"))

@@ -42,7 +42,7 @@ def test_two_agents_on_localhost_match_single_process(tmp_path):
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     agents = [subprocess.Popen(
-        [sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
+        [sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
          "--model-arg", "dropout=0", "--steps", str(STEPS), "--data", DATA, "--out", str(tmp_path / "out.json"),
          "--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "sapp-test"],

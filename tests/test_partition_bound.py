@@ -8,7 +8,7 @@ import pytest
 import sapp.models as zoo
 from sapp.capture import capture
 from sapp.cluster import Cluster
-from sapp.constraints import Constraints
+from sapp.search.constraints import Constraints
 from sapp.costmodel import CostSettings
 from sapp.pipeline.partition import partition_dp
 from sapp.search.joint import SearchContext, enumerate_configs

@@ -12,7 +12,7 @@ from sapp import api
 
 SCRIPT = r"""
 import contextlib, io, json, sys
-from sapp.cli import main
+from sapp.commands.cli import main
 plan, args_file, tmp = sys.argv[1:4]
 runs = [
     ["export", plan, "--to", "megatron"], ["export", plan, "--to", "torchtitan"], ["export", plan, "--to", "deepspeed"],
@@ -77,7 +77,7 @@ def test_trust_plan_model_is_the_way_in(hostile_plan):
     tmp, path, mod, marker = hostile_plan
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, str(mod)]))
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "export", str(path), "--to", "megatron",
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "export", str(path), "--to", "megatron",
                         "--trust-plan-model"], env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp))
     assert marker.exists(), r.stderr[-1000:]
     marker.unlink()
@@ -107,12 +107,12 @@ def test_fifos_are_refused_not_waited_on(tmp_path):
     os.mkfifo(fifo)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root)
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "import", "--from", "megatron", str(fifo), "--model",
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "import", "--from", "megatron", str(fifo), "--model",
                         "gpt-tiny", "--cluster", "a100-80g:devices=8"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "FIFO" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     import sapp.models as models
     from tests.emit_workers.plans import make_plan
     make_plan(name="mlp-tiny", params=models.info("mlp-tiny")["params"], global_batch=4).save(tmp_path / "p.json")
-    r = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model", "mlp-tiny",
+    r = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "p.json"), "--model", "mlp-tiny",
                         "--log-json", str(fifo)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not a regular file" in r.stderr and "launching" not in r.stdout, r.stderr

@@ -100,7 +100,7 @@ def test_pinned_tp_still_failing_once_gathered_refused_in_one_line(monkeypatch):
     """Where the gathered block still fails, the degree itself fails: a pinned tp=2 is refused in one
     line naming the module.  The check is made to answer as the audit did for fixed-heads whatever
     is gathered (no planted model fails so: gathering fixes the ones here)."""
-    import sapp.runnable as runnable
+    import sapp.emit.runnable as runnable
     from sapp.errors import SappError
     line = ("tensor parallelism tp=2: module 'layers.0.attn', op aten.reshape.default gives [8, 6, 4, 2] "
             "on a rank where the plan implies [8, 6, 2, 4]")

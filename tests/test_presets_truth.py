@@ -47,7 +47,7 @@ def test_uncalibrated_cpu_preset_says_so_and_calibrated_figures_do_not():
 
 def test_sapp_evaluate_prints_the_uncalibrated_note(tmp_path, capsys):
     from sapp.api import search
-    from sapp.cli import main
+    from sapp.commands.cli import main
     path = tmp_path / "plan.json"
     search("mlp-tiny", "cpu:gpus=2", global_batch=8).save(str(path))
     main(["evaluate", str(path), "--model", "mlp-tiny"])

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import sapp.report.progress as progress_mod
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.report.progress import Progress
 
 

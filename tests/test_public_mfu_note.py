@@ -3,8 +3,8 @@ item 6); one below says nothing.  Hand-built GPT graph (no capture: fast)."""
 import pytest
 
 from bench.random_graphs import gpt_graph
-from sapp.calibrate import public_mfu
-from sapp.calibrate.public_mfu import BEST_PUBLIC_MFU, best_public, gpu_kind
+from sapp.cluster import public_mfu
+from sapp.cluster.public_mfu import BEST_PUBLIC_MFU, best_public, gpu_kind
 from sapp.cluster import Cluster
 from sapp.search.joint import joint_search
 from sapp.search.joint.terms import public_mfu_note, step_terms

@@ -16,7 +16,7 @@ DATA = "tests.emit_workers.datasets:tokens"
 
 
 def _sapp(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sapp.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sapp.commands.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(ENV, **(env or {})))
 
 
@@ -30,7 +30,7 @@ def plan4(tmp_path_factory):
 
 def test_replan_keeps_batch_and_the_pins_that_fit(plan4):
     from sapp.plan import Plan
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     plan = Plan.load(plan4)
     r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=1))
     assert r.plan["devices"] == 2 and r.plan["model"]["global_batch"] == 8
@@ -53,7 +53,7 @@ def test_sapp_replan_command(plan4, tmp_path):
 
 def test_nothing_fits_is_one_line():
     import sapp
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     plan = sapp.search("gpt3-175b", "a100-80g:nodes=128", global_batch=1536)
     with pytest.raises(SappError) as e:
         replan("gpt3-175b", plan, scaled_cluster(plan, devices=8))
@@ -82,7 +82,7 @@ def test_rank0_killed_inside_the_replan_restarts_and_trains_as_that_plan(plan4, 
 def test_replan_keeps_the_optimizer_and_gradient_width():
     # a plan priced with SGD and fp32 main_grads (as a Megatron import sets them) re-plans priced the same way
     from sapp.api import resolve_cluster, search
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     plan = search("gpt-tiny", "cpu:gpus=2,nodes=2", global_batch=8, optimizer="sgd", grad_fp32=True,
                   precision="bf16-mixed")
     r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=1))
@@ -97,9 +97,9 @@ def test_a_node_count_with_no_uniform_layout_prices_the_idle_nodes_as_a_second_g
     # the note prices the third as its own data-parallel group (search/hetero.py), and the plan is the
     # one searching every candidate in full picks (replan_price's lazy pricing changes no byte but the note)
     from sapp.api import capture_spec, search, tp_search_fn
-    from sapp.cluster_groups import parse
+    from sapp.cluster.groups import parse
     from sapp.costmodel import CostSettings
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     from sapp.search import hetero
     plan = search("gpt-tiny", "cpu:gpus=2,nodes=4", global_batch=8)
     r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=3))
@@ -129,7 +129,7 @@ def test_a_captured_graph_with_a_target_replans_as_searching_every_count_does():
     # dropped, as the full search of every count drops it
     from sapp.api import capture_spec, search
     from sapp.plan import Plan
-    from sapp.replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     graph = capture_spec("gpt-tiny")[3]
     d = search(graph, "cpu:gpus=2,nodes=4", global_batch=8, constraints={"target": "megatron", "zero": 1}).to_dict()
     d["settings"]["runtime"] = "torchtitan"

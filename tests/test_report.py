@@ -169,7 +169,7 @@ def test_plot_png_size(tmp_path):
 
 
 def test_cli_explain_diff_plot(tmp_path, capsys):
-    from sapp.cli import main
+    from sapp.commands.cli import main
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     Plan(make_plan()).save(a)
     Plan(make_plan(dp=4, tp=1)).save(b)

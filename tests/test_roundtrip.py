@@ -4,7 +4,7 @@ A small zoo x presets x constraints set here; bench/fuzz.py --roundtrip runs ben
 import pytest
 
 from sapp.api import capture_graph, evaluate, resolve_model, search
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.plan import Plan
 
 COMPARED = ("step_time_s", "peak_memory_bytes", "mfu", "compute_s", "comm_s", "bubble_s")

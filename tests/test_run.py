@@ -10,7 +10,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAPP = [sys.executable, "-m", "sapp.cli"]
+SAPP = [sys.executable, "-m", "sapp.commands.cli"]
 
 
 def _sapp(*args, timeout=150, env=None):
@@ -68,7 +68,7 @@ def test_sapp_run_with_data_file(tmp_path):
 def test_refused_before_launch(searched_plan, tmp_path, capsys, monkeypatch):
     """In-process (the refusal happens before any worker; a fresh interpreter per case only paid for
     importing torch): the launcher call itself is forbidden, so "before launch" is checked, not assumed."""
-    from sapp.cli import main
+    from sapp.commands.cli import main
 
     def launched(*a, **k):
         raise AssertionError("sapp run launched workers although the plan was refused")

@@ -91,7 +91,7 @@ def test_single_node_job_listens_on_loopback_only(tmp_path):
     import sapp.models as models
     from tests.emit_workers.plans import make_plan
     make_plan(name="gpt-tiny", params=models.info("gpt-tiny")["params"], global_batch=8, dp=2).save(tmp_path / "p.json")
-    rc, out, seen, pids = _watched([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model",
+    rc, out, seen, pids = _watched([sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "p.json"), "--model",
                                     "gpt-tiny", "--steps", "40"])
     assert rc == 0, out[-3000:]
     assert len(pids) >= 4                   # sapp run, the launcher and two ranks were watched
@@ -111,7 +111,7 @@ def test_missing_node_times_out_in_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "p.json"), "--model", "gpt-tiny",
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "p.json"), "--model", "gpt-tiny",
                         "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}",
                         "--rdzv-id", "lonely", "--rdzv-timeout", "5"],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=200)

@@ -24,7 +24,7 @@ def plan_path(tmp_path_factory):
 
 
 def test_a_raising_rank_is_reported_once_with_its_frames(plan_path):
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(plan_path), "--model", "gpt-tiny", "--steps", "6"],
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(plan_path), "--model", "gpt-tiny", "--steps", "6"],
                        cwd=ROOT, capture_output=True, text=True, timeout=150,
                        env=dict(os.environ, SAPP_FAULT="1:2:raise"))
     err = p.stderr

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +23,7 @@ def plan(tmp_path_factory):
 def _sapp(*argv, **kw):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMP_NUM_THREADS", None)
-    return subprocess.Popen([sys.executable, "-m", "sapp.cli", *argv], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "sapp.commands.cli", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **kw)
 
 

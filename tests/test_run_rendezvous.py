@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sapp.cli import main
+from sapp.commands.cli import main
 from tests.test_run_exposure import ENV, ROOT, _tree, listening
 
 
@@ -53,7 +53,7 @@ def test_multi_node_without_a_safe_rendezvous_is_refused_before_launch(extra, ne
 def test_nnodes_2_without_endpoint_ends_at_once_and_binds_nothing(tmp_path):
     """The command as a user types it: out within seconds, one line, and no listener in its process tree
     (the old code held [::]:29500 until it was killed)."""
-    cmd = [sys.executable, "-m", "sapp.cli", "run", _plan(tmp_path), "--model", "gpt-tiny", "--nnodes", "2",
+    cmd = [sys.executable, "-m", "sapp.commands.cli", "run", _plan(tmp_path), "--model", "gpt-tiny", "--nnodes", "2",
            "--rdzv-timeout", "3"]
     job = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, t0 = set(), time.time()
@@ -88,7 +88,7 @@ def test_nnodes_1_without_endpoint_is_a_single_node_run(tmp_path):
 
 def _node(tmp_path, rank, port, timeout_s):
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", _plan(tmp_path), "--model", "gpt-tiny",
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", _plan(tmp_path), "--model", "gpt-tiny",
                         "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
                         "--rdzv-id", "alone", "--rdzv-timeout", str(timeout_s)],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)

@@ -9,7 +9,7 @@ import pytest
 from referencing import Registry, Resource
 
 from sapp import schema
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.cluster import PRESETS, Cluster
 from sapp.errors import ClusterError, PlanError
 from sapp.plan import Plan

@@ -7,7 +7,7 @@ import pytest
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, evaluate_sharding
 from sapp.errors import SappError
-from sapp.mesh import Level, Mesh
+from sapp.cluster.mesh import Level, Mesh
 from sapp.search import shard_search
 from sapp.search.problem import Problem
 from bench.random_graphs import gpt_graph, mlp_graph, random_graph

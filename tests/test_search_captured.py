@@ -4,7 +4,7 @@ import pytest
 
 from sapp.cluster import PRESETS
 from sapp.costmodel import CostSettings, evaluate_sharding, saved_activations
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.search import shard_search
 
 A100 = PRESETS["a100-80g"]

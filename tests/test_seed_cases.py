@@ -1,5 +1,5 @@
 """The seeds' cases reachable as docs/cases.md shows them (issue 55 finding 6)."""
-from sapp.cli import main
+from sapp.commands.cli import main
 
 
 def test_mlp_takes_a_four_stage_pipeline_with_recompute_and_zero(capsys):

@@ -15,7 +15,7 @@ RUN = ["--model", "gpt-tiny", "--steps", "1"]
 
 
 def _sapp(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "sapp.cli", *map(str, args)], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sapp.commands.cli", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=ENV)
 
 

@@ -85,7 +85,7 @@ def test_elastic_replan_never_writes_through_a_planted_plan_link(tmp_path):
     (tmp_path / "ck" / "plans").mkdir(parents=True)
     link = tmp_path / "ck" / "plans" / "step-00000000-devices-1.json"
     os.symlink(victim, link)
-    p = subprocess.run([sys.executable, "-m", "sapp.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
+    p = subprocess.run([sys.executable, "-m", "sapp.commands.cli", "run", str(tmp_path / "plan.json"), "--model", "gpt-tiny",
                         "--model-arg", "dropout=0", "--data", DATA, "--steps", "2", "--nproc", "1", "--elastic",
                         "--checkpoint-dir", str(tmp_path / "ck")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)

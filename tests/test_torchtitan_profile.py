@@ -13,7 +13,7 @@ from sapp.costmodel.gradsync import param_sync
 from sapp.costmodel.primitives import staging_copy_time
 from sapp.costmodel.torchtitan import fsdp_copy_bytes
 from sapp.engines import EngineError, import_config
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 from sapp.pipeline.units import split_units
 from sapp.recompute.op_sac import kept_bytes, kept_ops, recompute_seconds
 

@@ -12,7 +12,7 @@ from sapp.costmodel.primitives import kernel_efficiency
 from sapp.costmodel.torchtitan import (CE_BWD_BYTES, CE_FWD_BYTES, LOSS_BWD_LIVE_BYTES, RMSNORM_BWD_BYTES,
                                        RMSNORM_FWD_BYTES, loss_backward_bytes, loss_class_shards, pass_bytes)
 from sapp.engines import import_config
-from sapp.mesh import Mesh
+from sapp.cluster.mesh import Mesh
 
 TT = CostSettings(runtime="torchtitan")
 TT2412 = CostSettings(runtime="torchtitan-2412")     # the published benchmark's stack

@@ -1,7 +1,7 @@
 """Tensor parallelism for attention that reshapes by global sizes (issue 51, finding 5): nanoGPT's
 canonical CausalSelfAttention splits its fused projection by `self.n_embd` and views heads by
 `C // self.n_head` with C read off the input, so at one rank's layer shapes it cannot run (nothing
-local to set: C comes from the whole-width input).  The runnable check (sapp/runnable.py) used to drop
+local to set: C comes from the whole-width input).  The runnable check (sapp/emit/runnable.py) used to drop
 the whole tp degree (a pinned tp=2 refused); now that block is gathered (kept replicated on every tp
 rank) and tp keeps sharding the MLPs and the vocabulary.  2 gloo processes, float64, against one
 process trained the same way."""

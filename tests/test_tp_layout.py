@@ -111,7 +111,7 @@ def test_tied_table_split_is_priced_at_its_share():
     the head's output gathered: what the emitter runs (test_hf_emit's bert cases)."""
     from sapp.cluster import Cluster
     from sapp.costmodel import CostSettings, evaluate_sharding
-    from sapp.mesh import Level, Mesh
+    from sapp.cluster.mesh import Level, Mesh
     g = _graph("bert")
     (param, embs, heads), = tp_layout.tied_tables(g)
     mesh, cl, st = Mesh((Level(2, "intra"),)), Cluster.parse("h100-80g:devices=2"), CostSettings(precision="fp32")
@@ -153,7 +153,7 @@ def test_long_sequence_pick_falls_back_to_the_region_layout():
     import transformers as T
     from sapp.api import capture_graph, resolve_cluster
     from sapp.costmodel import CostSettings, evaluate_sharding
-    from sapp.mesh import Level, Mesh
+    from sapp.cluster.mesh import Level, Mesh
     from sapp.search import shard_search
     cfg = T.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=8192,
@@ -194,7 +194,7 @@ def test_megatron_fallback_layout_also_splits_the_lm_head():
     from sapp.capture import capture
     from sapp.cluster import Cluster
     from sapp.costmodel import CostSettings, evaluate_sharding
-    from sapp.mesh import Level, Mesh
+    from sapp.cluster.mesh import Level, Mesh
     cfg = T.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
                         vocab_size=4096, max_position_embeddings=8192, use_cache=False, num_key_value_heads=2)
     with torch.device("meta"):

@@ -80,7 +80,7 @@ def test_mha_plan_runs_under_tp2_and_equals_one_process(tmp_path):
 def test_runnable_check_gathers_a_module_the_emitter_cannot_split(tmp_path):
     """A plan naming the attention module (what the search wrote before) is caught at search: the
     module is kept replicated, in one line naming it and what the emitter splits."""
-    from sapp.runnable import check
+    from sapp.emit.runnable import check
     plan, _, x = _search(tmp_path)
     plan._d["tp_modules"]["layers.0.attn"] = "colwise_gather"
     rule, msg = check(MHANet(), plan, (x,))

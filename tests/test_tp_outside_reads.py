@@ -68,8 +68,8 @@ def plan_and_ids():
 
 
 def test_the_search_refuses_a_pinned_tp_and_drops_a_free_one(plan_and_ids):
-    """The search runs the same check on the plan it is about to return (sapp/runnable.py): pinned
-    tp=2 is refused in one line; free, the plan returned does not split the table (sapp/runnable.py
+    """The search runs the same check on the plan it is about to return (sapp/emit/runnable.py): pinned
+    tp=2 is refused in one line; free, the plan returned does not split the table (sapp/emit/runnable.py
     drops a failing candidate with every configuration of its tp degree)."""
     from sapp.errors import ConstraintError
     _, ids = plan_and_ids

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sapp
-from sapp.cli import main
+from sapp.commands.cli import main
 from sapp.plan import Plan
 
 HF = os.path.join(os.path.dirname(__file__), "data", "llama.json")

@@ -288,7 +288,7 @@ def _fit_memory(runs, after, base) -> float:
 def fit(runs, base, price, want="auto", name=None) -> Fit:
     """Fit `base`'s unknowns to `runs` (read_run, plans loaded); `price(cluster, run)` -> the
     evaluate dict of run's plan on `cluster`.  The cluster comes back named `name` and carrying its
-    calibration in its notes (sapp/calibrate/status.py reads it back as the plan's trust note)."""
+    calibration in its notes (sapp/cluster/trust.py reads it back as the plan's trust note)."""
     clusters = [run_cluster(base, r) for r in runs]
     before = [price(c, r) for c, r in zip(clusters, runs)]
     unknowns, held = _choose(want, runs, before)

@@ -76,7 +76,7 @@ def reference_prediction(cluster, ref=REFERENCE) -> float:
     every operator of the captured reference model, one device)."""
     from ..costmodel.nodes import node_cost
     from ..costmodel.settings import CostSettings
-    from ..mesh import Level, Mesh
+    from sapp.cluster.mesh import Level, Mesh
     mesh, st = Mesh((Level(1, "intra"),)), CostSettings(precision="fp32")
     return sum(node_cost(n, (None,), mesh, cluster, st).compute_s for n in _reference_graph(ref).nodes.values())
 

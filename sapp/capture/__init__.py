@@ -16,7 +16,7 @@ branches, a Python branch on a tensor's value taken as the real example's values
 from __future__ import annotations
 
 from ..errors import CaptureError
-from ..ir import OpGraph, ParamInfo
+from sapp.capture.ir import OpGraph, ParamInfo
 # blocks / convert import torch: they load when a capture runs, so `sapp.capture.cache` and
 # `sapp.capture.unknown` (a warm cached search) stay torch-free
 

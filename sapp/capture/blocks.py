@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..ir import OpNode, Operand
+from sapp.capture.ir import OpNode, Operand
 
 
 def container_children(model, strip: str = "") -> set:

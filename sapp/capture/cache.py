@@ -11,7 +11,7 @@ a `pkg.module:factory` is code sapp cannot hash, so it is captured every time.
 
 An entry's key hashes everything that decides the graph: the spec and its config, the capture
 batch, torch's default dtype, the sapp, torch and Python versions, and the source of
-sapp/capture/*.py, sapp/models/*.py and sapp/ir.py (a code change invalidates every entry).  The
+sapp/capture/*.py, sapp/models/*.py and sapp/capture/ir.py (a code change invalidates every entry).  The
 training precision is not in it: the graph is captured in the model's own dtypes and the cost model
 applies the precision afterwards, so one entry serves every precision and runtime.  Files are
 data: one JSON header line (format, key, payload size and SHA-256) and the JSON payload
@@ -56,12 +56,11 @@ _SOURCES = None
 
 
 def sources_hash() -> str:
-    """SHA-256 over the capture, model and IR sources (names and bytes), once per process."""
+    """SHA-256 over the capture (the IR among them) and model sources (names and bytes), once per process."""
     global _SOURCES
     if _SOURCES is None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        files = sorted(glob.glob(os.path.join(root, "capture", "*.py")) + glob.glob(os.path.join(root, "models", "*.py"))
-                       + [os.path.join(root, "ir.py")])
+        files = sorted(glob.glob(os.path.join(root, "capture", "*.py")) + glob.glob(os.path.join(root, "models", "*.py")))
         h = hashlib.sha256()
         for f in files:
             with open(f, "rb") as fh:

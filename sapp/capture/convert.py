@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from ..ir import Dim, OpNode, Operand, ParamInfo, TensorSpec
+from sapp.capture.ir import Dim, OpNode, Operand, ParamInfo, TensorSpec
 from .ops import OpCall, Tin, TRef, spec_for
 
 SPLIT_OPS = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split"}

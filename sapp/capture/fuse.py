@@ -10,7 +10,7 @@ input - priced like aten.rms_norm, whose name it takes.  The fused node keeps th
 op it absorbs, so every consumer's operand still points at it."""
 from __future__ import annotations
 
-from ..ir import Dim, OpNode, Operand
+from sapp.capture.ir import Dim, OpNode, Operand
 
 _CASTS = ("to", "_to_copy", "type_as")
 

@@ -8,7 +8,7 @@ import operator
 import torch
 from torch import nn
 
-from ..ir import OpGraph
+from sapp.capture.ir import OpGraph
 from .blocks import assign_blocks, container_children, group_blocks
 from .convert import Converter, ParamArg, canonical_names, prune
 from .fuse import fuse_rms_norms
@@ -60,7 +60,7 @@ def capture_fx(root, inputs, kwargs, strip, batch, gname, model):
     entries = [(q, False) for q in params] + [(q, True) for q in buffers]
     pinfo = {q: p for q, p in param_infos(root, strip, entries).items()
              if not p.name.startswith("__buffer__") or q in used}
-    from ..ir import ParamInfo
+    from sapp.capture.ir import ParamInfo
     pinfo = {q: ParamInfo(q, p.shape, p.dtype, p.module, p.trainable, p.sparse_grad) for q, p in pinfo.items()}
     return OpGraph(gname, nodes, pinfo, outputs, batch, blocks, group_blocks(nodes, blocks), {"_path": "fx"})
 

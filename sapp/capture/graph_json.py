@@ -9,7 +9,7 @@ keys are not all strings (`{"__dict__": [[k, v], ...]}`).  A value of any other 
 does not decode into a well-formed graph raises ValueError, never a half-read graph.  Pure Python."""
 from __future__ import annotations
 
-from ..ir import Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
+from sapp.capture.ir import Dim, OpGraph, OpNode, Operand, ParamInfo, TensorSpec
 
 FORMAT = 2       # 2: meta may carry `batch_buffers` (capture/batchy.py); a format-1 entry lacks it
 

@@ -2,7 +2,7 @@
 
 A handler gets an `OpCall` (the op name, its tensor inputs in argument order, the other arguments,
 the output shape) and returns a `Spec` (sapp/capture/opspec.py).  Names follow
-sapp/ir.py: linear `b0.., n, k`; batched matmul `b0.., m, n, k`; grouped expert GEMM
+sapp/capture/ir.py: linear `b0.., n, k`; batched matmul `b0.., m, n, k`; grouped expert GEMM
 `b0, n, k, e`; embedding `b0.., v, h`; conv `b0, o, c, <spatial>`; everything else `a0, a1, ...`
 over the output axes.  FLOP conventions: matmul/conv 2 per multiply-add (bias adds not counted, as
 torch.utils.flop_counter), element-wise 1 per output element, normalisation and softmax 5 per

@@ -9,7 +9,7 @@ def add_arguments(p):
 
 def run(args):
     if getattr(args, "spec", None):
-        from ..cluster_groups import describe_any
+        from sapp.cluster.groups import describe_any
         print(describe_any(args.spec, as_json=args.json))
         return 0
     if args.json:

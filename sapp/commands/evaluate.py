@@ -43,8 +43,8 @@ def run(args):
 
 
 def _mixed(args, doc):
-    from .. import hetero_plan
-    from ..plan_mixed import group_plan, used_groups
+    from sapp.api import mixed as hetero_plan
+    from sapp.plan.mixed import group_plan, used_groups
     model = model_spec(args, default=doc["model"]["name"])
     # the model the plan names is built with the settings its groups were searched with
     first = group_plan(doc, used_groups(doc)[0])["model"]

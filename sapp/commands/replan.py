@@ -1,5 +1,5 @@
 """`sapp replan PLAN --nodes N | --devices N | --cluster SPEC`: what a job running PLAN becomes on
-another number of nodes (sapp/replan.py): the new layout, both predicted step times, the search time,
+another number of nodes (sapp/api/replan.py): the new layout, both predicted step times, the search time,
 the pins that had to go.  The same re-plan `sapp run --elastic` makes when nodes leave or join."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def add_arguments(p):
 def run(args):
     from .. import api
     from ..plan import load_any
-    from ..replan import replan, scaled_cluster
+    from sapp.api.replan import replan, scaled_cluster
     from ._paths import check_out
     if args.out:
         check_out(args.out)
@@ -48,10 +48,10 @@ def run(args):
 def _mixed(args, doc):
     """A mixed plan re-planned for the cluster given (--cluster); its nodes are counted per group, so a
     bare --nodes or --devices says nothing of which group lost or gained them."""
-    from .. import hetero_plan
+    from sapp.api import mixed as hetero_plan
     from ..errors import UsageError
     from ..plan import Plan
-    from ..plan_mixed import cluster_spec
+    from sapp.plan.mixed import cluster_spec
     if not args.cluster:
         flag = f"--nodes {args.nodes}" if args.nodes is not None else f"--devices {args.devices}"
         raise UsageError(f"{flag}: a mixed plan's nodes are counted per group ({cluster_spec(doc)}); give --cluster "

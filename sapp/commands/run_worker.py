@@ -2,7 +2,7 @@
 
 The worker itself is sapp/emit/runtime/worker.py.  It sits in the emitter, below the search, so this
 entry (above both) hands it the two things of the search it needs: sapp.api.reprice_as_run for a program
-that differs from its plan (--allow-mismatch) and sapp.replan.replan for a group of another size
+that differs from its plan (--allow-mismatch) and sapp.api.replan.replan for a group of another size
 (--elastic).  Each is imported when first called, as the worker imported them before: a rank that needs
 neither loads no search."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _reprice(model, plan) -> dict:
 
 
 def _replan(model, plan, cluster, **kwargs):
-    from ..replan import replan
+    from sapp.api.replan import replan
     return replan(model, plan, cluster, **kwargs)
 
 

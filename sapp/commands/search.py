@@ -222,7 +222,7 @@ def summary(plan, timing=None, seq_from=None) -> str:
     total = d["cluster"].get("device_memory", cap)
     usable = f" ({fmt_bytes(cap)} usable)" if cap and abs(cap - total) > 1 else ""
     lines += _memory_lines(d, mem, pr["peak_memory_bytes"], f"peak {fmt_bytes(pr['peak_memory_bytes'])} of {fmt_bytes(total)}{usable} per device")
-    from ..calibrate.status import band_text, calibration_band, uncalibrated_band
+    from sapp.cluster.trust import band_text, calibration_band, uncalibrated_band
     band = calibration_band(d["cluster"].get("notes"))
     exact = "exact fit" in str(d["cluster"].get("notes") or "").rpartition("--from-run")[2]
     trust = (f" (±{band:.0%}, calibrated from measured runs" + ("; other layouts unvalidated" if exact else "") + ")"
@@ -251,7 +251,7 @@ def run(args):
     t0 = time.perf_counter()
     target = getattr(args, "target", None)
     if "+" in args.cluster or args.cluster.strip().lower().endswith(".json"):
-        from ..cluster_groups import MixedCluster, parse
+        from sapp.cluster.groups import MixedCluster, parse
         mc = parse(args.cluster)
         if isinstance(mc, MixedCluster):         # several device groups: sapp/search/hetero.py
             if args.settings or args.fp8:
@@ -292,7 +292,7 @@ def _run_target(args, target, t0):
     """The search restricted to what `target` states (constraints.TARGETS), priced with its runtime;
     what it still cannot state (a per-block recompute mix) conformed and re-priced (sapp/engines)."""
     from .. import api
-    from ..constraints import TARGETS
+    from sapp.search.constraints import TARGETS
     from ..engines import best_plan
     from ..errors import UsageError
     from ..report.progress import Progress

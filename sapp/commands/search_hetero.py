@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def run_hetero(args, spec, mc, constraints):
-    from .. import hetero_plan
+    from sapp.api import mixed as hetero_plan
     from ..errors import UsageError
     if getattr(args, "target", None):
         raise UsageError("--target exports a one-kind plan; a mixed cluster's plan is sapp's own (drop --target)")

@@ -18,7 +18,7 @@ priced as if its activation inputs were half width.
 """
 from __future__ import annotations
 
-from ..ir import DTYPE_BYTES
+from sapp.capture.ir import DTYPE_BYTES
 from .fusion import ALIAS_KEY
 
 HALF, FULL = 2, 4

@@ -9,7 +9,7 @@ several times DRAM's rate), else at mem_bandwidth x memory_efficiency.
 Compute efficiency by kernel (one model for every plan and runtime profile, held by the cluster):
   - a fused attention kernel (SDPA / flash) runs at its own fraction of peak
     (`Cluster.attention_efficiency`, `attention_bwd_efficiency`; the Hopper presets carry cuDNN's
-    published figures, sapp/cluster.py), counting FLOPs as nodes.time_flops does (causal half,
+    published figures, sapp/cluster/__init__.py), counting FLOPs as nodes.time_flops does (causal half,
     backward 2.5x forward);
   - dense GEMMs (matmul, conv) on the *summed* roofline where `gemm_memory_overlap` is 0 (the GPU
     presets): arithmetic at compute_efficiency plus operand and output traffic at memory_efficiency,

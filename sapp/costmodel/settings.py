@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SappError
-from ..ir import DTYPE_BYTES
+from sapp.capture.ir import DTYPE_BYTES
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")

@@ -30,7 +30,7 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
   time tried FlashAttention-2 first on H100 (cuDNN attention was deprioritised:
   pytorch/pytorch#141133, #142132 of 2024-12-05 on 2.6.0.dev20241204: SDPA 329 TFLOP/s against
   cuDNN's 631 at the same shape; torchtitan put cuDNN first only on B200 later, pytorch/torchtitan#1196).
-  The Hopper presets carry cuDNN's figures (sapp/cluster.py, FlashAttention-3's paper, Shah et al.
+  The Hopper presets carry cuDNN's figures (sapp/cluster/__init__.py, FlashAttention-3's paper, Shah et al.
   2024, Fig. 5-6 at 4k, head dim 128); the same figures give FlashAttention-2 319 TFLOP/s causal
   forward against cuDNN's 518 and 310 backward against 499: the profile scales a cluster's attention
   figures by those ratios.

@@ -172,7 +172,7 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
 def target_of(engine: str, runtime: str) -> str:
     """The target of `engine`'s family whose profile `runtime` is: a torchtitan 0.2.2 TOML given as
     `--from torchtitan` is priced, and compared, as torchtitan@0.2.2."""
-    from ..constraints import TARGETS
+    from sapp.search.constraints import TARGETS
     family = [t for t in ENGINES if t.split("@")[0] == engine.split("@")[0]]
     return next((t for t in [engine] + family if runtime in TARGETS[t]["runtimes"]), engine)
 
@@ -192,7 +192,7 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     --target`): when no exported plan fits, InfeasibleError naming the nearest, never a plan that does not
     fit (`sapp import` compares with the nearest instead)."""
     from .. import api
-    from ..constraints import TARGETS
+    from sapp.search.constraints import TARGETS
     from ..errors import InfeasibleError
 
     pinned, errors = dict(constraints or {}), []

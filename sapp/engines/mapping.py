@@ -46,7 +46,7 @@ class EngineConfig:
     def __post_init__(self):
         """Every number an engine file states, typed and bounded before anything uses it (the same bounds
         as `sapp search`): a batch of 2e21 ran divisors() for minutes, a degree of 0 divided by zero."""
-        from ..constraints import MAX_GLOBAL_BATCH, Constraints
+        from sapp.search.constraints import MAX_GLOBAL_BATCH, Constraints
         Constraints.check_global_batch(self.global_batch, f"{self.engine} global batch")
         for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m"):
             v = getattr(self, k)
@@ -192,7 +192,7 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     """The sapp Plan of exactly `ecfg` on `cluster` (capacity not enforced: a configuration that does
     not fit is priced and says so)."""
     from .. import api
-    from ..constraints import Constraints
+    from sapp.search.constraints import Constraints
     from ..costmodel import CostSettings
     from ..pipeline.units import split_units
     from ..search.joint import Config

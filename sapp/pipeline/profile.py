@@ -32,7 +32,7 @@ from ..costmodel.torchtitan import loss_backward_bytes, loss_class_shards
 from ..costmodel.gradsync import bucketed_sync, fsdp_exposed_copies, grad_sync_group, sparse_gradient, sparse_sync_time  # noqa: F401
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
-from ..mesh import Level, Mesh
+from sapp.cluster.mesh import Level, Mesh
 from ..recompute.op_sac import kept_bytes, kept_ops, recompute_seconds
 from .boundary import fill_side
 from .sp_profile import sp_node_set, sp_out_shards, sp_regather, sp_regather_time

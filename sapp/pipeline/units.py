@@ -91,7 +91,7 @@ def split_units(graph):
         return out
     # No blocks: cut before key operators that start a new module (emit splits on module names), a
     # module seen before (e.g. a shared layer) never starts a stage.
-    from ..ir import KEY_KINDS
+    from sapp.capture.ir import KEY_KINDS
     cur, seen = None, set()
     for name, node in graph.nodes.items():
         mod = node.module

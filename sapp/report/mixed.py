@@ -10,7 +10,7 @@ same-named group, or the other side's only plan)."""
 from __future__ import annotations
 
 from ..plan import Plan
-from ..plan_mixed import describe, group_plan, used_groups
+from sapp.plan.mixed import describe, group_plan, used_groups
 from .diff import diff, row_adder, table
 from .explain import explain
 from .mixed_summary import summary

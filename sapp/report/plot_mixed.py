@@ -7,7 +7,7 @@ Pipeline mode: the pipeline's one plan (its stages priced on their groups' devic
 row naming its group, above the memory per stage."""
 from __future__ import annotations
 
-from ..plan_mixed import used_groups
+from sapp.plan.mixed import used_groups
 from ..units import fmt_time
 from ._common import as_plan
 from .plot import COLOURS, _gantt, _memory, _pyplot, check_events, check_size, dense, save_figure, warm_up_end

@@ -203,7 +203,7 @@ def _free(pr, graph, mc, settings, n, q):
 def search(graph, mc, *, global_batch, constraints=None, settings=None, search_fn=None, exhaustive=False,
            q=None, baselines=True):
     """(best shares in samples, step seconds, details dict).  Raises InfeasibleError when no split fits."""
-    from ..constraints import Constraints
+    from sapp.search.constraints import Constraints
     from ..costmodel import CostSettings
     t0, c0 = time.perf_counter(), time.process_time()
     cons = Constraints.from_dict(constraints)

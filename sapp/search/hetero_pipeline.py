@@ -26,7 +26,7 @@ result, ties included, is pricing them all) or reaches the data mode's step (`cu
 
 Not searched here: tp, sp, cp or ep inside a stage, interleaved schedules, host placement, groups
 left idle (the data mode, sapp/search/hetero.py, covers a group alone), pinned stage maps, models
-with batch statistics.  The mixed search (sapp/hetero_plan.py) prices the data mode and this one and
+with batch statistics.  The mixed search (sapp/api/mixed.py) prices the data mode and this one and
 keeps the faster.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ whole-level restarts, and - when the per-op strategy lists are small - a final d
 strategies.  Memory is handled outside, by a Lagrange multiplier on the unary costs."""
 from __future__ import annotations
 
-from ..ir import KEY_KINDS
+from sapp.capture.ir import KEY_KINDS
 import numpy as np
 
 from .dominance import prune

@@ -168,7 +168,7 @@ def fused_parts(graph, dims: dict, consumers: dict = None) -> tuple:
 
 def regions(graph, tp: int, gather=frozenset()) -> list:
     """Every region of the graph (valid or not, `why` says), openers in graph order.  `gather`:
-    module patterns (`gathered`) whose regions stay replicated: sapp/runnable.py found that block
+    module patterns (`gathered`) whose regions stay replicated: sapp/emit/runnable.py found that block
     cannot run at one rank's shapes (it reshapes by sizes fixed for the whole model)."""
     lin = set(linears(graph))
     consumers = graph.consumers()

@@ -21,7 +21,7 @@ def forced_plan(model_name, *, world, constraints, global_batch=8, model_args=No
     import sapp
     import sapp.models as models
     from sapp.api import build_plan, capture_graph
-    from sapp.constraints import Constraints
+    from sapp.search.constraints import Constraints
     from sapp.costmodel import CostSettings
     from sapp.search.joint import joint_search
     model = models.get(model_name, device="meta", **(model_args or {}))

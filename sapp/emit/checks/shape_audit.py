@@ -220,7 +220,7 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
 def _refusal(what: str, module: str, node, graph, regions: list) -> PlanError:
     """The audit's one line, and on it `gather`: the modules of the sharded region the failure sits in
     (the region holding the failing op, else the one whose ops run in the failing module).  sapp's
-    search keeps that region replicated and tp on the rest (sapp/runnable.py); a hand-written plan is
+    search keeps that region replicated and tp on the rest (sapp/emit/runnable.py); a hand-written plan is
     told to leave those layers out."""
     hit = [r for r in regions if node is not None and node in r.dims]
     if not hit and module:

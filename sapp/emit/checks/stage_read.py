@@ -1,6 +1,6 @@
 """What the manifest reads a plan's stages and split layers by, without the manifest's re-pricing
 (which imports sapp.api): shared by the emitter's manifest (manifest.py) and the search's runnable
-check (sapp/runnable.py), so both compare the same things."""
+check (sapp/emit/runnable.py), so both compare the same things."""
 from __future__ import annotations
 
 from torch import nn

@@ -2,7 +2,7 @@
 
 torchrun's agent (`--nnodes MIN:MAX`) restarts every worker when a node is lost (its workers fail
 in a collective) and when a waiting node joins; the new group may have another world size.  Then,
-before anything is built, rank 0 searches a plan for exactly that many devices (sapp/replan.py: the
+before anything is built, rank 0 searches a plan for exactly that many devices (sapp/api/replan.py: the
 plan's model, global batch, precision, runtime and the pins that still fit), writes it beside the
 checkpoints as `plans/step-N-devices-W.json` (N: the checkpoint the group resumes from) and hands its
 text to every rank; all ranks then resume that checkpoint under it (DCP reshards; the data order is
@@ -20,7 +20,7 @@ def plan_for_world(args, plan, world: int, local_world: int, rank: int, restarte
                    replan=None):
     """The plan this group trains with: `plan` itself when it is for `world` devices, else a re-plan.
     Each group a restart forms says which, on the terminal and in rank 0's --log-json.
-    replan(model, plan, cluster, exact=True): sapp.replan.replan, handed in by the worker's entry
+    replan(model, plan, cluster, exact=True): sapp.api.replan.replan, handed in by the worker's entry
     (sapp/commands/run_worker.py): the re-plan searches, and the emitter sits below the search."""
     if int(plan.devices) == world:
         if restarted and rank == 0:

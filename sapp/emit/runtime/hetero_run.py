@@ -17,7 +17,7 @@ The gradients are weighted by `hetero_data.loss_scale`: each rank's mean loss ti
 global batch, so the program's mean over all ranks is one process's update on the whole batch, and
 its global loss the whole batch's mean loss (sapp/emit/dp/hetero_data.py).
 
-Mode "pipeline" (stages on the groups, sapp/hetero_pipe_plan.py): every rank runs the plan's one
+Mode "pipeline" (stages on the groups, sapp/api/mixed_pipe.py): every rank runs the plan's one
 ordinary pp plan, whose ranks are numbered stage by stage (emit/tp/parallel.coords: pp outermost),
 so group g's ranks must be the consecutive ranks of its stages.  `place` checks each rank's group
 is its stage's (a rank cannot move to another stage: the nodes must join in the groups' order) and

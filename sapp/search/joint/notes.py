@@ -1,7 +1,7 @@
 """The plan notes that say why the joint search chose what it chose."""
 from __future__ import annotations
 
-from ...calibrate.status import trust_note
+from sapp.cluster.trust import trust_note
 from ...units import fmt_bytes, fmt_time, plural
 from .terms import public_mfu_note
 

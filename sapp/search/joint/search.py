@@ -8,7 +8,7 @@ import inspect
 import math
 import time
 
-from ...constraints import Constraints
+from sapp.search.constraints import Constraints
 from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes, fmt_time
@@ -27,7 +27,7 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
                  skip=None, caches=None, cutoff=None, fits=None) -> JointResult:
     """Best feasible configuration.  Raises InfeasibleError (one line: the smallest per-device memory
     that would fit and the best configuration tried) when nothing fits.  `skip(config)`: configurations
-    ruled out beforehand (those the emitter cannot run for this model: sapp/runnable.py).  `caches`: a
+    ruled out beforehand (those the emitter cannot run for this model: sapp/emit/runnable.py).  `caches`: a
     dict the caller keeps across searches of this graph, cluster, settings and search_fn at other
     global batches, for what does not depend on the batch (context._shared).  `cutoff`: a step time the
     caller only needs beaten: configurations whose bound is above it are pruned unpriced, and the search

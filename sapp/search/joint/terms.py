@@ -3,8 +3,8 @@ above the best any public run has shown on its GPU (issue 54 item 6): a user sho
 the cost model such a promise stands on before sending a job to it."""
 from __future__ import annotations
 
-from ...calibrate.public_mfu import best_public
-from ...calibrate.status import uncalibrated_note
+from sapp.cluster.public_mfu import best_public
+from sapp.cluster.trust import uncalibrated_note
 
 # the order the terms are listed in, and the words the note and bench/free_gain.py use for them
 TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("tp_comm", "exposed TP communication"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 
-from .errors import ConstraintError, PlanError, SappError
+from sapp.errors import ConstraintError, PlanError, SappError
 
 MAX_DROPS = 8       # candidates dropped before the search gives up (each costs a search and a check)
 
@@ -100,11 +100,11 @@ def check(module, plan, example_inputs):
 
 
 def _check(module, skel, plan, ex, example_inputs):
-    from .capture.devices import meta_as_training_device
-    from .emit.checks import outside_reads, plan as checks, shape_audit
-    from .emit.pp import pipe
-    from .emit.tp import parallel as emit_parallel
-    from .emit.tp import sp as emit_sp
+    from sapp.capture.devices import meta_as_training_device
+    from sapp.emit.checks import outside_reads, plan as checks, shape_audit
+    from sapp.emit.pp import pipe
+    from sapp.emit.tp import parallel as emit_parallel
+    from sapp.emit.tp import sp as emit_sp
     par = plan.parallel
     tp, pp = par["tp"], par["pp"]
     styles, groups = checks.tp_modules(plan), checks.tp_groups(plan)
@@ -152,9 +152,9 @@ def _unsplit_layers(skel, plan):
     ("the emitted program differs from the plan"): (("gather", tp, patterns), one line), so the
     search keeps that module replicated and tp on the rest."""
     from torch import nn
-    from .emit.checks import plan as checks, stage_read as manifest
-    from .emit.tp import conv1d
-    from .search.tp_layout import gather_pattern
+    from sapp.emit.checks import plan as checks, stage_read as manifest
+    from sapp.emit.tp import conv1d
+    from sapp.search.tp_layout import gather_pattern
     types = {n: type(m) for n, m in skel.named_modules()}
     wanted = {**manifest.priced_tp(plan, types), **checks.tp_modules(plan)}
     bad = sorted(n for n in wanted if n in types and types[n] is not nn.Module
@@ -172,8 +172,8 @@ def _stages_differ(skel, plan, traced):
     the blocks each stage runs, by the same candidates) against the plan's listing: one line where
     `sapp run` would refuse the plan, else None.  (Interleaved chunks are left to the ranks.)"""
     from types import SimpleNamespace
-    from .capture.blocks import container_children
-    from .emit.checks import stage_read as manifest
+    from sapp.capture.blocks import container_children
+    from sapp.emit.checks import stage_read as manifest
     if (plan.pipeline.get("virtual_chunks") or 1) > 1:
         return None
     prog = SimpleNamespace(stage_block_list=sorted(container_children(skel)), plan=plan,
@@ -195,7 +195,7 @@ def _gather_rule(e, tp):
     """("gather", tp, patterns): the sharded region a failed audit sits in (shape_audit._refusal),
     kept replicated while tp shards the rest (search/tp_layout.gathered); None when the audit names
     no region (first_runnable drops the degree when the region is gathered already)."""
-    from .search.tp_layout import gather_pattern
+    from sapp.search.tp_layout import gather_pattern
     new = sorted({gather_pattern(m) for m in getattr(e, "gather", None) or []})
     return ("gather", tp, tuple(new)) if new else None
 
@@ -211,7 +211,7 @@ def _meta_artifact(e) -> bool:
 def _reads_rule(skel, plan, ex, tp):
     """Which rule a read outside a split layer breaks: ("sp", tp) when only a norm sequence
     parallelism splits is read (the same tp without SP may run), else ("tp", tp)."""
-    from .emit.checks import outside_reads
+    from sapp.emit.checks import outside_reads
     if not plan.parallel.get("sp"):
         return ("tp", tp)
     try:
@@ -224,7 +224,7 @@ def _reads_rule(skel, plan, ex, tp):
 def _tp_or_sp(module, plan, ex, styles, groups, tp):
     """Which rule a failed tensor-parallel audit breaks: ("sp", tp) when the layout passes without
     its sequence pieces (the same tp without SP may run), else ("tp", tp)."""
-    from .emit.checks import shape_audit
+    from sapp.emit.checks import shape_audit
     if not plan.parallel.get("sp"):
         return ("tp", tp)
     try:

@@ -3,15 +3,15 @@ recompute section, settings and predictions (sapp.api.search and the engines' ma
 build_plan)."""
 from __future__ import annotations
 
-from .costmodel.layouts import layout_str, output_layout
-from .pipeline.template import template_map
-from .plan import SCHEMA, Plan
+from sapp.costmodel.layouts import layout_str, output_layout
+from sapp.pipeline.template import template_map
+from sapp.plan import SCHEMA, Plan
 
 
 def operator_section(graph, prof):
     """(operators, tp_modules, tp_layout) of the plan; tp_modules and tp_layout are derived from the
     graph and the searched splits by sapp.search.tp_layout (not from module names)."""
-    from .search import tp_layout
+    from sapp.search import tp_layout
     tmap = template_map(graph, prof)
     ops, strategies = {}, {}
     for name, node in graph.nodes.items():
@@ -20,7 +20,7 @@ def operator_section(graph, prof):
         lay = output_layout(node, s)
         ops[name] = {"split": list(s), "out": [layout_str(c) for c in lay], "module": node.module, "kind": node.kind}
     tp_levels = [i for i, r in enumerate(prof.roles or ()) if r == "tp"]
-    from .search.sp_layout import sp_nodes, sp_section
+    from sapp.search.sp_layout import sp_nodes, sp_section
     sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
     tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
     section = {"source": "graph", "groups": groups, "notes": notes}
@@ -174,6 +174,6 @@ def _sp_notes(cfg, constraints, tp_layout) -> list:
 
 def _capture_notes(graph) -> list:
     """Ops capture priced without knowing them (never silent: sapp/capture/unknown.py)."""
-    from .capture.unknown import unknown_note
+    from sapp.capture.unknown import unknown_note
     note = unknown_note(graph.meta.get("unknown_ops") or [])
     return [note] if note else []

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from . import schema
-from .cluster import MAX_DEVICES, MAX_FILE_BYTES, RANGES, Cluster
-from .errors import ClusterError
+from sapp import schema
+from sapp.cluster import MAX_DEVICES, MAX_FILE_BYTES, RANGES, Cluster
+from sapp.errors import ClusterError
 
 MAX_GROUPS = 16
 
@@ -92,7 +92,7 @@ class MixedCluster:
 
 
 def _read_json(path):
-    from .fileio import read_regular
+    from sapp.fileio import read_regular
     try:
         raw = read_regular(path, MAX_FILE_BYTES)
         return schema.strict_loads(raw.decode("utf-8"))
@@ -137,7 +137,7 @@ def parse(spec):
 
 def describe(mc: MixedCluster) -> list:
     """Lines for `sapp clusters` / `sapp explain`: each group and the link between them."""
-    from .units import fmt_bytes, fmt_flops
+    from sapp.units import fmt_bytes, fmt_flops
     lines = [f"mixed cluster {mc.name}: {mc.devices} devices in {len(mc.groups)} groups"]
     for g in mc.groups:
         lines.append(f"  group {g.name}: {g.nodes} x {g.gpus_per_node} devices, {fmt_flops(g.peak_flops)} peak, "
@@ -152,6 +152,6 @@ def describe_any(spec, as_json=False) -> str:
         return json.dumps(c.to_dict(), indent=2, sort_keys=True)
     if isinstance(c, MixedCluster):
         return "\n".join(describe(c))
-    from .units import fmt_bytes, fmt_flops
+    from sapp.units import fmt_bytes, fmt_flops
     return (f"cluster {c.name}: {c.nodes} x {c.gpus_per_node} devices, {fmt_flops(c.peak_flops)} peak, "
             f"{fmt_bytes(c.device_memory)}, inter {fmt_bytes(c.inter_bw)}/s")

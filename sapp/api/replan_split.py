@@ -1,11 +1,11 @@
-"""The idle nodes of a re-plan, priced as a second data-parallel group (sapp/replan.py).
+"""The idle nodes of a re-plan, priced as a second data-parallel group (sapp/api/replan.py).
 
 Where no uniform layout fits the node count (127 A100 nodes: no dp x tp x pp of 1,016 devices
 divides a batch of 1536), the fastest uniform plan leaves nodes idle.  Those nodes can still train
 as a data-parallel group of their own with an uneven batch share (search/hetero.py, the mixed-cluster
 split: each group its own layout, the gradients all-reduced between the groups).  That split is
 priced here with hetero's own walk (`_free`), its group searches sharing the re-plan's caches (the
-winning count's stage profiles, which no node count reaches: sapp/replan_price.py) and bounded by
+winning count's stage profiles, which no node count reaches: sapp/api/replan_price.py) and bounded by
 the uniform step, so a split that cannot beat it costs bounded searches only.  The result is a
 sentence for the plan's notes: the idle nodes and what using them prices, faster or slower, and the
 `sapp search --cluster A+B` that writes that mixed plan (sapp.hetero-plan/1, which `sapp run` runs)."""
@@ -17,9 +17,9 @@ import math
 def price_split(pricer, won, idle: int):
     """(step, shares, sync seconds) of the winning count's cluster `won.cl` beside `idle` nodes of
     the same kind, or (inf, None, 0) where no split fits."""
-    from .cluster_groups import MixedCluster
-    from .errors import SappError
-    from .search import hetero
+    from sapp.cluster.groups import MixedCluster
+    from sapp.errors import SappError
+    from sapp.search import hetero
     rest = won.cl.replace(nodes=idle, name=f"{won.cl.name}-idle")
     try:
         mc = MixedCluster.build([won.cl, rest])

@@ -23,7 +23,7 @@ COMMANDS = {
 
 
 def build_parser():
-    from . import __version__
+    from sapp import __version__
     parser = argparse.ArgumentParser(prog="sapp", description="Auto-parallel strategy search for PyTorch.")
     parser.add_argument("--version", action="version", version=f"sapp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,7 +52,7 @@ class _Printable:
         self._stream = stream
 
     def write(self, text):
-        from .units import printable
+        from sapp.units import printable
         return self._stream.write("\n".join(printable(line.replace("\t", "    ")) for line in text.split("\n")))
 
     def __getattr__(self, name):
@@ -75,7 +75,7 @@ def main(argv=None):
 
 
 def _run(args):
-    from .errors import SappError
+    from sapp.errors import SappError
     try:
         return int(args._run(args) or 0)
     except SappError as e:

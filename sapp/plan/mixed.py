@@ -1,13 +1,13 @@
 """The checks of a mixed-cluster plan document (sapp.hetero-plan/1), apart from the search that writes
-it (sapp/hetero_plan.py), so that the one loader every command uses (sapp.plan.load_any) can check
+it (sapp/api/mixed.py), so that the one loader every command uses (sapp.plan.load_any) can check
 both kinds of plan without importing the search: the schema (sapp/schema/hetero.schema.json), then
 what it cannot say: the data mode's shares add up to the global batch; the pipeline mode's groups
 hold the stages 0..P-1 in order, as wide as the pipeline, and its inner plan's stages are theirs."""
 from __future__ import annotations
 
-from . import schema as _schema
-from .errors import PlanError
-from .search.hetero import SCHEMA  # noqa: F401 - this module's name for the document's schema
+from sapp import schema as _schema
+from sapp.errors import PlanError
+from sapp.search.hetero import SCHEMA  # noqa: F401 - this module's name for the document's schema
 
 
 def check(doc) -> dict:

@@ -1,9 +1,9 @@
 """docs/cli.md, written from the argparse parser the `sapp` command itself runs, so the reference and
 `--help` cannot disagree.  Regenerate it after changing a flag:
 
-    python -m sapp.report.cli_reference > docs/cli.md
+    python -m sapp.commands.cli_reference > docs/cli.md
 
-Every subcommand of `sapp.cli.build_parser()` in its order: the description, the usage line and each
+Every subcommand of `sapp.commands.cli.build_parser()` in its order: the description, the usage line and each
 option group as a table (flag and metavar, its help with %(default)s expanded, the choices a
 metavar hides).  The
 text is laid out at a fixed width, so the output does not depend on the terminal it is run in."""
@@ -62,11 +62,11 @@ def _subcommands(parser):
 def reference(parser=None) -> str:
     """The Markdown reference of every `sapp` subcommand (the text of docs/cli.md)."""
     if parser is None:
-        from ..cli import build_parser
+        from sapp.commands.cli import build_parser
         parser = build_parser()
     subs = _subcommands(parser)
     out = ["# sapp command reference", "",
-           "Generated from the argparse parser of `sapp` by `python -m sapp.report.cli_reference > docs/cli.md`;",
+           "Generated from the argparse parser of `sapp` by `python -m sapp.commands.cli_reference > docs/cli.md`;",
            "the suite fails when this file and `--help` disagree.  Every command also takes `-h, --help`.", "",
            " ".join(f"[{name}](#sapp-{name})" for name, _ in subs), ""]
     for name, sub in subs:

@@ -10,15 +10,15 @@ import math
 import sys
 import time
 
-from .cluster import Cluster
-from .constraints import Constraints
-from .costmodel import CostSettings
-from .errors import CaptureError, ClusterError, PlanError, SappError
-from .pipeline.schedule import too_long
-from .plan import Plan
-from .plan_build import build_plan, operator_section
+from sapp.cluster import Cluster
+from sapp.search.constraints import Constraints
+from sapp.costmodel import CostSettings
+from sapp.errors import CaptureError, ClusterError, PlanError, SappError
+from sapp.pipeline.schedule import too_long
+from sapp.plan import Plan
+from sapp.plan.build import build_plan, operator_section
 
-from .capture import DEFAULT_BATCH as CAPTURE_BATCH   # batch dims show only at batch > 1; the search rebatches
+from sapp.capture import DEFAULT_BATCH as CAPTURE_BATCH   # batch dims show only at batch > 1; the search rebatches
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def resolve_cluster(cluster) -> Cluster:
         return Cluster.parse(cluster)
     if isinstance(cluster, str) or type(cluster).__name__ == "MixedCluster":
         raise ClusterError("a cluster of several device groups is planned by `sapp search --cluster A+B` or "
-                           "sapp.hetero_plan.search (data-parallel groups with uneven batch shares)")
+                           "sapp.api.mixed.search (data-parallel groups with uneven batch shares)")
     raise SappError(f"cluster must be a Cluster or a spec string like 'a100-80g:nodes=16', got {type(cluster).__name__}")
 
 
@@ -39,7 +39,7 @@ def resolve_model(model, raw: bytes | None = None, model_args: dict | None = Non
     import importlib
     zoo = importlib.import_module("sapp.models")  # not `from . import models`: sapp.__getattr__ recurses
     if isinstance(model, str):       # zoo name | pkg.module:factory | HF config.json (sapp/models/resolve.py)
-        from .models import resolve
+        from sapp.models import resolve
         args = dict(model_args or {})
         return resolve.build(model, device="meta", raw=raw, **args), model, resolve.info(model, **args)
     if model_args:
@@ -75,7 +75,7 @@ def check_fp8(fp8, cluster) -> None:
 
 
 def fp8_ceiling(settings, cluster) -> float:
-    from .costmodel.fp8 import fp8_rate_ratio
+    from sapp.costmodel.fp8 import fp8_rate_ratio
     return max(1.0, fp8_rate_ratio(cluster)) if settings.fp8 else 1.0
 
 
@@ -102,7 +102,7 @@ def capture_graph(module, example_inputs=None, loss_fn=None, targets=None):
     """The module's OpGraph (with its loss when `loss_fn` and `targets` are given) and the seconds it took."""
     import contextlib
     import io
-    from .capture import capture
+    from sapp.capture import capture
     if (loss_fn is None) != (targets is None):
         raise SappError("pass loss_fn and targets together (loss_fn(output, targets) is captured into the graph), "
                         "or neither")
@@ -133,8 +133,8 @@ def capture_spec(spec: str, model_args: dict | None = None):
     """(module or None, name, info, graph, seconds) of the model spec, through the capture cache:
     a hit builds and traces nothing (module None; no torch import), a miss captures and stores.
     Specs the cache cannot identify (factories) are captured as without it; `model_args` as resolve_model."""
-    from .capture import cache
-    from .models.resolve import kind_of
+    from sapp.capture import cache
+    from sapp.models.resolve import kind_of
     t0 = time.perf_counter()
     # an HF config is read once: its key and its model come from the same bytes
     raw = cache.read_config(spec) if isinstance(spec, str) and kind_of(spec) == "hf" else None
@@ -197,12 +197,12 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py)."""
     cl = resolve_cluster(cluster)
     check_fp8(fp8, cl)
-    from .ir import OpGraph
+    from sapp.capture.ir import OpGraph
     if progress is not None and not callable(progress):
         raise SappError(f"progress must be a callable taking one line of text, got {type(progress).__name__}")
     capture_s, cached = 0.0, False
     cons = Constraints.from_dict(constraints)         # refused before any capture
-    from .constraints import check_target_runtime
+    from sapp.search.constraints import check_target_runtime
     check_target_runtime(cons.target, runtime)        # an engine profile is the target's own
     if global_batch is not None:
         Constraints.check_global_batch(global_batch)
@@ -222,19 +222,19 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing
-        from .placement.groups import parse_pins
+        from sapp.placement.groups import parse_pins
         parse_pins(cons.placement, graph, None)
     t0 = time.perf_counter()
 
     def run(skip):
-        # blocks the runnable check found cannot run split keep tp off them only (sapp/runnable.py)
+        # blocks the runnable check found cannot run split keep tp off them only (sapp/emit/runnable.py)
         gather = getattr(skip, "gather", None) or {}
         res = _joint(graph, cl, gb, cons, settings, progress, skip, fits, None if gather else caches, gather)
         check_prediction(res.step_time_s, res.mfu, fp8_ceiling(settings, cl))
         return build_plan(graph, cl, res, name=name, global_batch=gb, constraints=cons, settings=settings,
                           section=res.sapp_section, model_args=model_args), res
-    # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/runnable.py)
-    from .runnable import first_runnable
+    # the emitter's pre-step checks on the candidate returned, the next best where it fails (sapp/emit/runnable.py)
+    from sapp.emit.runnable import first_runnable
     plan, res = first_runnable(run, module, example_inputs, cons)
     search_s = time.perf_counter() - t0
     # wall times are printed, never stored in the plan (byte-identical files)
@@ -248,7 +248,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
 def _joint(graph, cl, gb, cons, settings, progress, skip, fits=None, caches=None, gather=None):
     """The joint search's best result; its operator section (when SP is chosen) as `sapp_section`.
     `gather` ({tp: module patterns}): blocks kept replicated at that tp (search/tp_layout.gathering)."""
-    from .search.joint import joint_search
+    from sapp.search.joint import joint_search
     search_fn = tp_search_fn(gather)
     # the tp level searched in the one form DTensor runs (sapp/search/tp_layout.py), priced as emitted
     res = joint_search(graph, cl, global_batch=gb, constraints=cons, settings=settings, progress=progress,
@@ -279,7 +279,7 @@ def _sp_chosen(res) -> bool:
 
 
 def tp_search_fn(gather=None):
-    from .search import tp_layout
+    from sapp.search import tp_layout
     return tp_layout.gathering(gather) if gather else tp_layout.search_fn
 
 
@@ -367,8 +367,8 @@ def _placement_pins(plan, graph):
     Host-capable tables the plan leaves on the device are pinned there; the dense optimizer is
     pinned to where the plan's non-table entries keep it.  A plan whose stages offload differently
     cannot be said with global pins: the optimizer is then left to the evaluator."""
-    from .placement.groups import _host_capable
-    from .placement.schema import resolve
+    from sapp.placement.groups import _host_capable
+    from sapp.placement.schema import resolve
     section = plan._d.get("placement") or {}
     pins, offload = {}, set()
     for name, info in sorted(graph.params.items()):
@@ -386,7 +386,7 @@ def _placement_pins(plan, graph):
 
 def _plan_splits(plan, graph):
     """Per-node split tuples from the plan; every entry must be null or one of the node's op dims."""
-    from .search import tp_layout
+    from sapp.search import tp_layout
     ops = plan["operators"]
     out = {}
     for name, node in graph.nodes.items():
@@ -407,7 +407,7 @@ def _plan_splits(plan, graph):
 
 
 def _plan_config(plan, gb):
-    from .search.joint import Config
+    from sapp.search.joint import Config
     par, pipe = plan["parallel"], plan["pipeline"]
     sched = pipe.get("schedule", "none") if par["pp"] > 1 else "none"
     m = pipe["micro_batches"]
@@ -419,7 +419,7 @@ def _plan_config(plan, gb):
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):
     """Price exactly the plan's configuration `cfg` with its own splits (sapp/search/joint/single.py)."""
-    from .search.joint.single import score_config
+    from sapp.search.joint.single import score_config
     allowed, res = score_config(graph, cl, gb, cons, settings, cfg, fixed_strategies=splits)
     if not allowed:
         raise PlanError(f"the plan's configuration ({cfg.describe()}) is not one this cluster, model and batch "
@@ -435,7 +435,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     """Re-score `plan` (loaded or hand-edited) with the cost model: predicted step time, memory per
     stage and whether it fits.  Refuses a plan made for another model (PlanError).  `model_args`: the
     settings of a model named by a string (search's; a plan records them as model.args)."""
-    from .calibrate.status import trust_note
+    from sapp.cluster.trust import trust_note
     if not isinstance(plan, Plan):
         raise PlanError("evaluate needs a sapp.Plan (use sapp.Plan.load(path))")
     cl = resolve_cluster(cluster) if cluster is not None else Cluster.from_dict(plan["cluster"], where="plan's cluster section: ")
@@ -446,7 +446,7 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
         name = model if isinstance(model, str) else getattr(getattr(model, "sapp_spec", None), "name",
                                                                   type(model).__name__)
     plan.check_model(graph.fingerprint(), name)
-    from .plan_names import check_plan_names
+    from sapp.plan.names import check_plan_names
     check_plan_names(plan, graph)       # a name the model lacks would be skipped, not priced
     if plan["devices"] != cl.devices:
         raise PlanError(f"plan is for {plan['devices']} devices but the cluster has {cl.devices}; "

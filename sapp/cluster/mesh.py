@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import SappError
+from sapp.errors import SappError
 
 
 def prime_factors(n: int) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from .errors import PlanError
+from sapp.errors import PlanError
 
 
 def module_names(graph) -> set:

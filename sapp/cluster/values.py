@@ -1,11 +1,11 @@
 """The cluster file's values read and checked one by one (numbers, booleans, [size, rate] curves,
-{name: [a, b]} pairs): one-line ClusterErrors naming the field (sapp/cluster.py)."""
+{name: [a, b]} pairs): one-line ClusterErrors naming the field (sapp/cluster/__init__.py)."""
 from __future__ import annotations
 
 import math
 
-from .errors import ClusterError, SappError
-from .units import parse_quantity
+from sapp.errors import ClusterError, SappError
+from sapp.units import parse_quantity
 
 
 def _check_curve(name, key, curve):

@@ -21,8 +21,8 @@ import json
 import os
 import math
 
-from . import schema as _schema
-from .errors import PlanError
+from sapp import schema as _schema
+from sapp.errors import PlanError
 
 SCHEMA = "sapp.plan/1"
 REQUIRED = ("schema", "model", "cluster", "devices", "parallel", "mesh", "operators", "pipeline",
@@ -122,7 +122,7 @@ class Plan:
             self._validate()
         try:
             if under is not None:
-                from .fileio import write_atomic
+                from sapp.fileio import write_atomic
                 write_atomic(path, text, under=under, make=True)
                 return
             with open(path, "w") as f:
@@ -183,22 +183,22 @@ MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse
 
 def summary(plan) -> dict:
     """A plan's layout and prediction in a few keys: what a re-plan logs of the old and the new plan
-    (sapp/replan.py, and the elastic worker, which sits below it: sapp/emit/runtime/elastic.py)."""
+    (sapp/api/replan.py, and the elastic worker, which sits below it: sapp/emit/runtime/elastic.py)."""
     return {"parallel": dict(plan["parallel"]), "micro_batches": plan["pipeline"].get("micro_batches", 1),
             "zero": plan["zero"], "devices": plan["devices"], "step_time_s": plan["predicted"]["step_time_s"]}
 
 
 def _read_text(path) -> str:
-    from .fileio import read_text
+    from sapp.fileio import read_text
     return read_text(path, MAX_FILE_BYTES, what="plan file", give="give the plan's JSON file", too_big="not a sapp plan",
                      not_text="give a JSON plan from `sapp search`", error=PlanError)
 
 
 def load_any(path):
-    """("plan", Plan) or ("mixed", the checked mixed-cluster document: a dict, sapp/plan_mixed.py) for
+    """("plan", Plan) or ("mixed", the checked mixed-cluster document: a dict, sapp/plan/mixed.py) for
     the plan file `path`: the one entry every command reads a plan through, so none parses the schema
     string itself.  Another schema is refused in one line saying how to get a plan this sapp reads."""
-    from . import plan_mixed
+    from sapp.plan import mixed as plan_mixed
     text = _read_text(path)
     if plan_mixed.SCHEMA not in text:           # (the common case: parsed once, by Plan)
         return "plan", Plan.from_json(text, source=str(path))
@@ -218,7 +218,7 @@ def schema_problem(d: dict) -> str:
     """Why the document `d` (its schema not this sapp's plan's) is not a plan Plan reads, and how to get
     one: a mixed-cluster plan is read by load_any (every command does); no older plan version exists
     to migrate from, so another is searched again, for the model and cluster it names."""
-    from .plan_mixed import SCHEMA as MIXED
+    from sapp.plan.mixed import SCHEMA as MIXED
     found = d.get("schema")
     if found == MIXED:
         return (f"schema is {MIXED!r}, a mixed-cluster plan: read it with sapp.plan.load_any (every sapp command "

@@ -7,7 +7,7 @@ import dataclasses
 import fnmatch
 from dataclasses import dataclass
 
-from .errors import ConstraintError, SappError
+from sapp.errors import ConstraintError, SappError
 
 # Largest global batch sapp plans for: the joint search enumerates its divisors, and the biggest
 # recommendation-model batches in use are ~10^6 samples (4,194,304 here).
@@ -42,7 +42,7 @@ TARGETS = {
 def check_target_runtime(target, runtime):
     """Refuse a runtime profile the target does not run (eager, the default, is sapp's emitter's: a plan
     priced so keeps it through replan).  One place for api.search and replan's pricing
-    (sapp/replan_price.py), so a re-plan drops its pins where a search refuses them."""
+    (sapp/api/replan_price.py), so a re-plan drops its pins where a search refuses them."""
     if target is None or runtime in (None, "eager"):
         return
     allowed = TARGETS[target]["runtimes"]

@@ -1,7 +1,7 @@
 """Whether a cluster's figures were measured: a plan priced on an uncalibrated preset says so."""
 from __future__ import annotations
 
-from ..cluster import PRESETS
+from sapp.cluster import PRESETS
 
 # what `sapp calibrate` measures; a cluster that still has every one of them at its preset's value
 # was not calibrated (node counts and memory sizes may differ: `a100-80g:nodes=4` is still the preset)

@@ -10,10 +10,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from . import schema
-from .errors import ClusterError
-from .cluster_values import (_check_curve, _check_named_pairs, _is_number, _named_pairs, _to_bool, _to_curve,
-                             _to_float, _to_int)
+from sapp import schema
+from sapp.errors import ClusterError
+from sapp.cluster.values import _check_curve, _check_named_pairs, _is_number, _named_pairs, _to_bool, _to_curve, _to_float, _to_int
 
 # Bounds that keep every search finite (the joint search enumerates divisors of these): the largest
 # clusters built have ~10^5 accelerators; a node (one NVLink domain) a few hundred.
@@ -296,7 +295,7 @@ class Cluster:
 
     @classmethod
     def load(cls, path) -> "Cluster":
-        from .fileio import read_text
+        from sapp.fileio import read_text
         text = read_text(path, MAX_FILE_BYTES, what="cluster file", give="give a cluster JSON file",
                          too_big="not a cluster description", not_text="give a JSON file from `sapp calibrate`",
                          error=ClusterError)

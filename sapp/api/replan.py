@@ -8,8 +8,8 @@ A world of N nodes may admit no layout at all (1,016 A100s = 8 x 127: no dp x tp
 global batch of 1536), and a few nodes fewer can be faster than all of them.  So the candidates are
 N, N-1, N-2, N-3 nodes, the largest smaller counts whose devices factor into a layout of the batch,
 and the largest power of two <= N (`candidates`); the fastest plan wins and the spare nodes idle
-(sapp/replan_price.py prices the candidates lazily, by bounds against the best so far, and searches
-only the winner in full; sapp/replan_split.py prices the idle nodes as a second data-parallel group
+(sapp/api/replan_price.py prices the candidates lazily, by bounds against the best so far, and searches
+only the winner in full; sapp/api/replan_split.py prices the idle nodes as a second data-parallel group
 and the plan's notes say what that costs or saves).  Pins the user gave are kept when a
 search with them succeeds; otherwise they are dropped one at a time, device-count pins (dp, tp, pp,
 cp, ep) first, and every dropped pin is said."""
@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .cluster import Cluster
-from .errors import SappError
-from .plan import summary
-from .replan_price import DEVICE_PINS, search_keeping_pins  # noqa: F401 - DEVICE_PINS: this module's name for them
+from sapp.cluster import Cluster
+from sapp.errors import SappError
+from sapp.plan import summary
+from sapp.api.replan_price import DEVICE_PINS, search_keeping_pins  # noqa: F401 - DEVICE_PINS: this module's name for them
 
 
 @dataclasses.dataclass
@@ -111,7 +111,7 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
     Raises SappError in one line when no plan fits, saying what would."""
     lazy = search is None
     if search is None:
-        from .api import search
+        from sapp.api import search
     gb = int(plan["model"]["global_batch"])
     settings = plan["settings"]
     pins = dict(plan["constraints"] or {})
@@ -120,7 +120,7 @@ def replan(model, plan, cluster: Cluster, *, graph=None, search=None, exact: boo
         settings = {**settings, "runtime": "torchtitan-0.2.2"}
     t0, c0 = time.perf_counter(), time.process_time()
     if graph is None:               # captured once for every candidate
-        from . import api
+        from sapp import api
         if isinstance(model, str):
             _, _, _, graph, _ = api.capture_spec(model)
         elif hasattr(model, "nodes"):
@@ -154,7 +154,7 @@ def _search_target(model, graph):
     """What api.search is given: the captured graph for a zoo name (whose module the search would build
     again per call and never check: runnable._zoo_model; its plan names the graph's name, the same
     name), the model itself otherwise (an HF config or factory is built and checked as before)."""
-    from .models.resolve import kind_of
+    from sapp.models.resolve import kind_of
     if isinstance(model, str) and graph is not None and kind_of(model) == "zoo" and graph.name == model:
         return graph
     return model
@@ -162,8 +162,8 @@ def _search_target(model, graph):
 
 def _lazy(search, model, graph, clusters, gb, settings, pins, cluster):
     """(best, tried, dropped pins, last error, the note on idle nodes) by replan_price's lazy pricing."""
-    from .replan_price import Pricer, fastest
-    from .replan_split import idle_note, price_split
+    from sapp.api.replan_price import Pricer, fastest
+    from sapp.api.replan_split import idle_note, price_split
     pricer = Pricer(search, _search_target(model, graph), graph, gb, settings, pins)
     counts = fastest(pricer, clusters)
     tried = [(c.cl.nodes, c.value if c.kind in ("lb", "exact") else (("above", c.value) if c.kind == "above"

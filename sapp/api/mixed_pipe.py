@@ -10,8 +10,8 @@ from __future__ import annotations
 
 
 def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
-    from .api import build_plan
-    from .search.hetero import SCHEMA, uniform_cluster
+    from sapp.api import build_plan
+    from sapp.search.hetero import SCHEMA, uniform_cluster
     res, cfg = pipe.result, pipe.config
     inner = build_plan(graph, uniform_cluster(mc), res, name=name, global_batch=gb, constraints=cons,
                        settings=settings).to_dict()

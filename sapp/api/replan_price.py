@@ -1,4 +1,4 @@
-"""The candidate node counts of a re-plan (sapp/replan.py), priced lazily.
+"""The candidate node counts of a re-plan (sapp/api/replan.py), priced lazily.
 
 Searching every candidate in full (12 for 127 A100 nodes of GPT-3 175B) cost 8x the search it
 replaces: each api.search built the zoo module again (0.8 s for 175B, unused: zoo models skip the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import SappError
+from sapp.errors import SappError
 
 DEVICE_PINS = ("dp", "pp", "tp", "cp", "ep")
 
@@ -71,10 +71,10 @@ class Count:
 
 class Pricer:
     def __init__(self, search, target, graph, gb, settings, pins):
-        from . import api
-        from .constraints import Constraints
-        from .costmodel import CostSettings
-        from .pipeline.units import split_units
+        from sapp import api
+        from sapp.search.constraints import Constraints
+        from sapp.costmodel import CostSettings
+        from sapp.pipeline.units import split_units
         self.search, self.target, self.graph, self.gb, self.settings, self.pins = \
             search, target, graph, gb, settings, dict(pins)
         self.Constraints, self.CostSettings, self.search_fn = Constraints, CostSettings, api.tp_search_fn()
@@ -94,8 +94,8 @@ class Pricer:
     def price(self, c: Count, cutoff):
         """Fill c.kind/value by the joint search under `cutoff` (None: exactly), dropping pins as
         search_keeping_pins does where nothing fits with them."""
-        from .constraints import check_target_runtime
-        from .search.joint import joint_search
+        from sapp.search.constraints import check_target_runtime
+        from sapp.search.joint import joint_search
         if not self.pins and cutoff is not None and self.floor(c.cl) > cutoff:
             # every configuration's analytic bound is at least this floor: the search would stop at
             # its first look (joint_search's cutoff test), so it is not started
@@ -134,7 +134,7 @@ class Pricer:
         the joint search starts from (search/joint/bounds.py; context.work_per_sample, the same for
         every node count: it reads the per-device figures only)."""
         if self._work is None:
-            from .search.joint.context import SearchContext
+            from sapp.search.joint.context import SearchContext
             ctx = SearchContext(self.graph, cl, self.gb, self.Constraints.from_dict(None), self.cost_settings(cl),
                                 self.search_fn, None)
             self._work = ctx.work_per_sample
@@ -164,9 +164,9 @@ class Pricer:
         check: runnable.first_runnable returns its first result) where api.search would take the
         result as it is: no SP section the whole graph cannot place, no placement pins to parse.
         None: api.search decides (the caller runs it)."""
-        from .api import _sp_chosen, check_prediction
-        from .ir import OpGraph
-        from .plan_build import build_plan, operator_section
+        from sapp.api import _sp_chosen, check_prediction
+        from sapp.capture.ir import OpGraph
+        from sapp.plan.build import build_plan, operator_section
         if c.res is None or not isinstance(self.target, OpGraph) or self.target is not self.graph:
             return None
         cons = self.Constraints.from_dict(c.kept or None)

@@ -1,19 +1,19 @@
 """Plans over mixed clusters (sapp.hetero-plan/1).  Mode "data": each group's assignment is an
 ordinary plan of that group at its share of the global batch, plus what joins them (the cross-group
 gradient sync) and the baselines the split has to beat.  Mode "pipeline": pipeline stages placed on
-the groups (sapp/search/hetero_pipeline.py, the document in sapp/hetero_pipe_plan.py).  `search`
+the groups (sapp/search/hetero_pipeline.py, the document in sapp/api/mixed_pipe.py).  `search`
 prices both and keeps the faster (mode="auto"; a data-mode plan is then byte-identical to one
-searched by the data mode alone).  Checked by sapp/plan_mixed.py; every command loads it with
+searched by the data mode alone).  Checked by sapp/plan/mixed.py; every command loads it with
 sapp.plan.load_any."""
 from __future__ import annotations
 
 import json
 import math
 
-from .errors import InfeasibleError, SappError
-from .plan_mixed import check  # noqa: F401 - hetero_plan.check, as before
-from .report.mixed_summary import summary as explain  # noqa: F401 - hetero_plan.explain, as before
-from .search.hetero import SCHEMA
+from sapp.errors import InfeasibleError, SappError
+from sapp.plan.mixed import check  # noqa: F401 - hetero_plan.check, as before
+from sapp.report.mixed_summary import summary as explain  # noqa: F401 - hetero_plan.explain, as before
+from sapp.search.hetero import SCHEMA
 
 MODES = ("auto", "data", "pipeline")
 
@@ -27,10 +27,10 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
     """(the hetero plan document (a dict) for `model` on the MixedCluster `mc`, timing).  `mode`: "auto"
     (the faster of the data and pipeline modes), "data" or "pipeline" (that mode only)."""
     import time
-    from . import api
-    from .constraints import Constraints
-    from .costmodel import CostSettings
-    from .search import hetero
+    from sapp import api
+    from sapp.search.constraints import Constraints
+    from sapp.costmodel import CostSettings
+    from sapp.search import hetero
     cons = Constraints.from_dict(constraints)
     info, name = None, getattr(graph, "name", None) or "graph"
     if graph is None:
@@ -56,7 +56,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
         shares, step, d = None, math.inf, None
     pipe, why, timing_p = None, None, {}
     if mode != "data":
-        from .search import hetero_pipeline
+        from sapp.search import hetero_pipeline
         t1, c1 = time.perf_counter(), time.process_time()
         # auto: configurations that cannot beat the data mode are not priced (their step stays unknown)
         cutoff = step if mode == "auto" and d is not None else None
@@ -70,7 +70,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
             raise InfeasibleError(f"no pipeline over the groups {', '.join(g.name for g in mc.groups)}: {why}"
                                   + ("" if d is not None or mode == "pipeline" else "; and no split of the batch fits"))
     if pipe is not None and (mode == "pipeline" or pipe.result.step_time_s < step):
-        from . import hetero_pipe_plan
+        from sapp.api import mixed_pipe as hetero_pipe_plan
         if d is not None:
             alone, uni = {k: _num(v) for k, v in d["alone"].items()}, _num(d["uniform"])
         else:
@@ -113,7 +113,7 @@ def dumps(doc) -> str:
 def load_if_hetero(path):
     """The checked document when `path` holds a mixed-cluster plan, else None (an ordinary plan: the
     caller loads it).  Read by the one loader every command uses (sapp.plan.load_any)."""
-    from .plan import load_any
+    from sapp.plan import load_any
     kind, doc = load_any(path)
     return doc if kind == "mixed" else None
 
@@ -124,12 +124,12 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
     step is the slowest group's plus the sync.  `cluster`: a mixed spec or file whose groups are the
     plan's (the plan's own cluster by default).  A pipeline-mode plan is refused in one line: its
     stages are priced per group only inside the pipeline search, which nothing re-runs on given stages."""
-    from . import api
-    from .cluster_groups import MixedCluster, parse
-    from .costmodel import CostSettings
-    from .plan import Plan
-    from .plan_mixed import search_command, used_groups
-    from .search import hetero
+    from sapp import api
+    from sapp.cluster.groups import MixedCluster, parse
+    from sapp.costmodel import CostSettings
+    from sapp.plan import Plan
+    from sapp.plan.mixed import search_command, used_groups
+    from sapp.search import hetero
     if doc["mode"] == "pipeline":
         raise SappError("a pipeline-mode mixed plan's stages are priced on their groups only by its search: "
                         f"`{search_command(doc, 'pipeline')}` prices it again; `sapp evaluate` re-prices data-mode "
@@ -163,12 +163,12 @@ def replan(doc, model, cluster) -> tuple:
     """(lines to print, the new document: a mixed plan's dict, or a Plan for one kind) re-planning the
     mixed plan `doc` for `cluster` (a spec or file) with its model, global batch, precision, runtime
     and pins: a mixed cluster is searched as `sapp search --cluster A+B` does (both modes, the faster
-    kept); a cluster of one kind re-plans the plan one group's ranks run (sapp/replan.py)."""
+    kept); a cluster of one kind re-plans the plan one group's ranks run (sapp/api/replan.py)."""
     import time
-    from .cluster_groups import MixedCluster, parse
-    from .emit.runtime.hetero_run import rank_plan
-    from .plan_mixed import describe, group_plan, used_groups
-    from .replan import replan as replan_one
+    from sapp.cluster.groups import MixedCluster, parse
+    from sapp.emit.runtime.hetero_run import rank_plan
+    from sapp.plan.mixed import describe, group_plan, used_groups
+    from sapp.api.replan import replan as replan_one
     groups = used_groups(doc)
     inner = group_plan(doc, groups[0])
     st = inner.get("settings") or {}
