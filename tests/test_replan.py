@@ -101,6 +101,7 @@ def test_a_node_count_with_no_uniform_layout_prices_the_idle_nodes_as_a_second_g
     from sapp.costmodel import CostSettings
     from sapp.api.replan import replan, scaled_cluster
     from sapp.search import hetero
+    from sapp.search.joint import joint_search
     plan = search("gpt-tiny", "cpu:gpus=2,nodes=4", global_batch=8)
     r = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=3))
     full = replan("gpt-tiny", plan, scaled_cluster(plan, nodes=3), search=search)
@@ -110,16 +111,25 @@ def test_a_node_count_with_no_uniform_layout_prices_the_idle_nodes_as_a_second_g
     got = r.plan.to_dict()
     got["notes"] = got["notes"][:-1]
     assert got == full.plan.to_dict()
-    # the price the note states is the mixed-cluster search's, on the spec it names
+    # the price the note states: the 2 nodes at the plan's layout (dp 4: shares in fours), the idle node
+    # searched free, each group's step priced alone, plus the cross-group all-reduce
     spec = note.split("--cluster ")[1].split()[0]
     assert spec == "cpu:gpus=2,nodes=2+cpu:gpus=2,nodes=1"
     mc = parse(spec)
-    shares, step, _ = hetero.search(capture_spec("gpt-tiny")[3], mc, global_batch=8, baselines=False,
-                                    settings=CostSettings(precision=mc.groups[0].precision,
-                                                          dropout_noise=not mc.groups[0].fused_dropout),
-                                    search_fn=tp_search_fn())
-    assert f"batch shares {shares[0]} + {shares[1]}" in note and f"prices {step:.4g} s/step" in note
-    assert step < r.new["step_time_s"] and "faster than this plan's" in note
+    graph = capture_spec("gpt-tiny")[3]
+    settings = CostSettings(precision=mc.groups[0].precision, dropout_noise=not mc.groups[0].fused_dropout)
+    assert "the 2 at this plan's layout, batch shares 4 + 4," in note
+    par = r.plan["parallel"]
+    pinned = {"dp": par["dp"], "tp": par["tp"], "pp": par["pp"]}
+    t = max(joint_search(graph, mc.groups[0], global_batch=4, constraints=pinned, settings=settings,
+                         search_fn=tp_search_fn()).step_time_s,
+            joint_search(graph, mc.groups[1], global_batch=4, settings=settings, search_fn=tp_search_fn()).step_time_s)
+    priced = t + hetero.sync_s(graph, mc, settings, [0, 1])
+    assert f"prices {priced:.4g} s/step" in note
+    assert priced < r.new["step_time_s"] and "faster than this plan's" in note
+    # the mixed search the note names prices every group's layout: at most the note's price
+    _, step, _ = hetero.search(graph, mc, global_batch=8, baselines=False, settings=settings, search_fn=tp_search_fn())
+    assert step <= priced
     assert note in "\n".join(r.lines())
 
 

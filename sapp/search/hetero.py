@@ -59,6 +59,7 @@ class GroupPricer:
         self.above = {}                             # (g, b) -> the highest cutoff T_g(b) is known to exceed
         self.shared = [{} for _ in mc.groups]       # per group: joint_search's `caches`
         self.searches = 0                           # joint searches run, bounded ones included
+        self.group_cons = None                      # per group: its own constraints (None: `cons` for every group)
 
     def result(self, g, b):
         key = (g, b)
@@ -70,7 +71,8 @@ class GroupPricer:
         from .joint import joint_search
         self.searches += 1
         try:
-            return joint_search(self.graph, self.mc.groups[g], global_batch=b, constraints=self.cons,
+            cons = self.cons if self.group_cons is None else self.group_cons[g]
+            return joint_search(self.graph, self.mc.groups[g], global_batch=b, constraints=cons,
                                 settings=self.settings, search_fn=self.search_fn, caches=self.shared[g],
                                 cutoff=cutoff)
         except SappError:          # infeasible or no layout for this share: not a candidate
