@@ -96,7 +96,10 @@ def _rank(err):
 
 def first_error(name: str, doc):
     """The one-line description of the most telling schema violation of `doc`, or None."""
-    errors = list(_validator(name).iter_errors(doc))
+    v = _validator(name)
+    from .fast import stand_ins
+    subs = stand_ins(v.schema, doc)     # large, simply typed sections checked without jsonschema
+    errors = list(v.iter_errors({**doc, **subs} if subs else doc))
     if not errors:
         return None
     return describe(min(errors, key=_rank))
