@@ -44,7 +44,14 @@ Families and sources (the figures are the sources'; step times are derived from 
   the benchmark's machine at the H100 SXM datasheet peak (989 TFLOP/s: the page says only that the real peak
   lies between NVL and SXM, which is what calibration is for).
 Two rows is the least a family can have; torchtitan's page prints no other FSDP-only bf16 eager rows.
-The Mixtral row of bench/published_moe.py is one run, not a family, and is left out."""
+The Mixtral row of bench/published_moe.py is one run, not a family, and is left out.
+
+bench/RESULTS.md §21's `--sweep` (2026-12-02), calibrated on each row in turn (median / max error of
+the other rows): Megatron-LM H100 weak scaling 4.6-8.9% / 7.7-14.3% (calibrated on the 7.1B row, 4.6% /
+7.7%, it meets the target; on 314B or 462B 5.0% / 8.3-8.4%, just outside the median; on the others not);
+Narayanan Table 2 1.4-5.1% / 3.5-7.4% (all but the 1536-GPU row meet it); Korthikanti 1.8-2.8% /
+2.4-3.6%; MT-NLG 2.0-3.6% / 2.9-4.2%; Llama 3 (measured before evaluate's sequence-parallel boundary
+fix; re-run `--sweep`) 12.8-27.6% / 24.9-27.8%; torchtitan 0.4% / 0.4%."""
 from __future__ import annotations
 
 import argparse

@@ -11,7 +11,12 @@ the two plans do the same model FLOPs, so a compute gain is a kernel-efficiency 
 larger micro-batch or a smaller tp split), which only the cost model's kernel efficiencies vouch for.
 "memory allows" is what the free plan spends memory on: its tp / pp / ZeRO degrees where they differ, its
 micro-batch and recomputation against the pinned ones, and its peak against the device.  "above public" marks a free plan whose predicted MFU passes
-the best public run on its GPU (sapp.cluster.public_mfu): those plans carry the note that says so."""
+the best public run on its GPU (sapp.cluster.public_mfu): those plans carry the note that says so.
+
+The best public MFU per GPU (sapp/cluster/public_mfu.py, sources in that file): A100 55.2%, MegaScale;
+H100 / H800 / H200 49.5%, the Megatron-LM README's 16B row; V100 48%, Megatron-LM v1.0.  A plan above it
+carries a note naming the terms its gain rests on and asking for a calibration before trusting it.  The
+terms are sapp/search/joint/terms.py step_terms."""
 from __future__ import annotations
 
 import argparse

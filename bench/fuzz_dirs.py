@@ -17,7 +17,11 @@
 What must hold, on top of the fuzzer's rule (success or a one-line SappError within 20 CPU-s): nothing
 under the sentinel folder changes (its files' bytes, modes and mtimes, its listing), i.e. no write or
 delete went outside the directory sapp was given.  Elastic fault timing is not here: one case is a
-multi-process job of tens of seconds (tests/test_elastic_faults.py and bench.launcher_kills time those)."""
+multi-process job of tens of seconds (tests/test_elastic_faults.py and bench.launcher_kills time those).
+
+Found and fixed on the way (earlier seeds; from bench/RESULTS.md §7): `--rdzv-endpoint 127.0.0.1:-1`
+raised OverflowError from `socket.connect` (the port is now checked: 1-65535, ASCII digits).  Accepted as
+given: an explicit `--rdzv-endpoint [::]:29500` or `0.0.0.0:...` binds that wildcard (the user named it)."""
 from __future__ import annotations
 
 import contextlib

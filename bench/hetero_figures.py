@@ -39,7 +39,21 @@ chunks and groups out of stage order are refused in one line before launch; the 
 data mode at the groups' 2 GB/s link and the pipeline over a link 200× slower.  Not shown: tp, cp, ep
 or host placement inside a pipeline stage (not searched; tp refused under `sapp run`), a group
 left idle by the pipeline mode, multi-node `sapp run` of a pipeline plan (the ranks refuse nodes
-that joined out of the groups' order), GPUs."""
+that joined out of the groups' order), GPUs.
+
+Search time of the two-group case (bench/RESULTS.md §12, 2026-11-28, CPU box), goal within 3x of the
+homogeneous search: the data mode's split search 2.3-2.7x (load 5-6; 2.35x at load 2-3; eight more
+invocations at load 2-6: 2.2-3.4x, two above 3x at load ~5.5).  With the pipeline mode's search beside the
+split (`--mixed-mode auto`; two invocations, load 4-5: homogeneous 0.92 / 1.03 CPU s, split 2.57 / 2.74 =
+2.81x / 2.66x): 2.75 / 2.91 CPU s (3.00x / 2.83x), the data mode kept (none of the pipeline mode's 80
+configurations' step floors beats the data mode's 0.9974 s; 0 priced).  Both modes with the baselines
+(each group alone, 1,024 devices as A100s) and the plan documents: 4.86 / 5.24 (5.30x / 5.10x).  The
+pipeline mode alone (no cutoff): 0.64 CPU s, 40 of its 80 (configuration, order) pairs priced.
+
+The shares of bench/RESULTS.md §18's table (dp x tp x pp, 2026-12-01): gpt3-13b A100 480 at 16x2x1, H100
+544 at 8x1x4; llama3-70b 336 at 4x4x4, 432 at 2x2x8; mixtral 312 at 8x1x8, 456 at 8x1x4; gpt3-13b V100 448
+at 8x4x2, A100 576 at 8x2x2 (cross-group sync 0.131 s).  The `link` row's pipeline: 3 stages x 32
+devices, 8 micro-batches, 1F1B, ZeRO-2; A100 stages 13 and 8 layers, H100 stage 19."""
 from __future__ import annotations
 
 import argparse

@@ -27,7 +27,10 @@ Refusals (bench/RESULTS.md §11):
   - tp2: big_bird, bigbird_pegasus, prophetnet, t5gemma2 (the shape audit).
   - tp2+SP: the same four, and encoder-decoder (an SP entry holding a stack of blocks).
 - Capture refuses in one line: ibert (QuantAct's `.data.min()`), jetmoe (routing sizes are unbacked
-  symbols), switch_transformers (a module reassigned in forward)."""
+  symbols), switch_transformers (a module reassigned in forward).
+
+`--columns cheap` over all 295 types (bench/RESULTS.md §11, 2026-11-26): 246 build tiny offline, 243
+capture (98.8%), 243 with 0 unknown ops, 243 search, 239 shard something under pinned tp2."""
 from __future__ import annotations
 
 import argparse

@@ -6,7 +6,11 @@ trained 3 Adam steps on gloo and compared with single-process training of the sa
 
 One spawned job per (model, process count) runs that model's configurations in the same processes;
 a job that hangs is killed at --timeout and its cases reported as such.  Prints a table: per case
-pass/fail, max relative loss error, search and run wall time, and the reason of a failure."""
+pass/fail, max relative loss error, search and run wall time, and the reason of a failure.
+
+bench/RESULTS.md §5's float64 rows (2026-11-29, 3 Adam steps): BERT tp2 and DistilBERT tp2 (tied table
+split by vocabulary) 0 (bit-equal); BERT pp2 x tp2 2e-16; BERT dp2 x tp2, ZeRO-1 and ZeRO-3 1.6e-16;
+Qwen2 and Llama dp2 x tp2, ZeRO-1 4e-16."""
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,10 @@ presets: capture and search wall times, and the plan's model FLOPs against a han
 (6·N_active·tokens + attention).
 
     python -m bench.hf_scale            # prints one row per model x cluster
+
+bench/RESULTS.md §5's run (2026-11-23, idle CPU box; seq 4096, global batch 256, 64 devices): search
+1.59-2.01 s (Llama-7B-like, a100), 2.17-2.40 s (h100), 2.69-3.15 s (Mixtral-8x7B-like, a100), 2.45-2.65 s
+(h100); predicted FLOPs +0.02% against the hand count for both (48.3 and 87.0 PFLOP per step).
 """
 from __future__ import annotations
 

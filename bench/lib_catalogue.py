@@ -31,7 +31,11 @@ shape audit.
 Fused projections split by pieces: vit-pytorch's ViT, SimpleViT, PiT and T2T-ViT split their fused
 `to_qkv` ([64, 64, 64]) by heads with `to_out` row-split, CrossViT its `to_kv`, and PerceiverIO its
 GEGLU `net.0` ([256, 256]).  DeepViT and XCiT keep `to_qkv` a gathered column split: their attention
-mixes heads (re-attention, cross-covariance), which the layout does not split.  Not shown: scale, GPUs."""
+mixes heads (re-attention, cross-covariance), which the layout does not split.  Not shown: scale, GPUs.
+
+bench/RESULTS.md §20's run (2026-11-28; the `probe` extra, `pip install --no-deps vit-pytorch`): 21
+families: x-transformers 2.31.10 (7), vit-pytorch 1.26.11 (8), tab-transformer-pytorch 0.6.1 (2),
+perceiver-pytorch 0.11.0 (2), performer-pytorch 1.1.4 (2)."""
 from __future__ import annotations
 
 import argparse

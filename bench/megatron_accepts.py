@@ -28,7 +28,10 @@ If accepted, the release's own `report_theoretical_memory(args, num_microbatches
 validated arguments; `args.padded_vocab_size` is set by the release's `_vocab_size_with_padding` on
 the exported vocabulary (what build_tokenizer does for a tokenizer of exactly that many tokens; the
 null tokenizer would add one end-of-document token).  Megatron prints MB = MiB; the table is in GiB.
-Not in the default test suite: it needs the fetched Megatron-LM."""
+Not in the default test suite: it needs the fetched Megatron-LM.
+
+bench/RESULTS.md §16's run: core_v0.16.1 at commit 55ac7082517c; `--tag HEAD` (main at d98e8a64dd)
+accepts all four exports too."""
 from __future__ import annotations
 
 import argparse

@@ -20,7 +20,13 @@ Activations (with transients), sapp / completed formula: 42.1 / 41.1, 27.6 / 34.
 own MoE layer keeps 58.5 sbh less its norms against a dense SwiGLU one's 33, below); weights, gradients
 and optimizer: 23.3 / 22.8, 42.6 / 40.2, 18.7 / 17.8, 17.6 / 17.6 (`python -m bench.megatron_estimate_fit`'s
 second table).  sapp's peak is the plan as exported (Megatron's
-recomputation flags), priced so."""
+recomputation flags), priced so.
+
+bench/RESULTS.md §16's run (2026-11-29, CPU box, 71 s): Megatron-LM accepts the four exports at
+core_v0.16.1 and main; main's `report_theoretical_memory` prints 63.3 / 67.0 / 50.1 / 44.4 GiB (`python -m
+bench.megatron_accepts --tag HEAD --fit-engine-estimate`).  Under `--fit-engine-estimate core_v0.16.1` that
+release prints 63.3 / 67.0 / 50.1 / 63.2 GiB (154.7 for Mixtral's free plan) and Mixtral becomes pp 8, dp
+16, interleaved v 2, 6.245 s/step against 5.880 s (2026-12-01)."""
 from __future__ import annotations
 
 import os

@@ -60,7 +60,11 @@ Reading the figures (bench/RESULTS.md §19):
   with what conforming added held back from usable memory (sapp/engines/__init__.py `best_plan`;
   `pytest tests/test_engines_best_plan.py`).  Llama-3-70B with cp 2 on 128 H100s: the first plan
   conformed to 77.80 GB of 77.60 usable (+2.0 GB); searched again, tp 2 pp 4, 62.32 s/step at 75.35 GB
-  (70.2 GiB), where the uniform-recomputation fallback gives 68.04 s."""
+  (70.2 GiB), where the uniform-recomputation fallback gives 68.04 s.
+
+bench/RESULTS.md §19's layer: bf16, s 128, mbs 2, h 256, 8 heads.  Applied to Megatron's Mixtral
+example (§16): main's estimate with its per-layer term replaced by the measured MoE layer (62.46 sbh
+against the formula's 34) gives 51.5 GiB, sapp -5.6% from it."""
 from __future__ import annotations
 
 import argparse

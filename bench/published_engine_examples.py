@@ -43,7 +43,15 @@ Reading the figures (bench/RESULTS.md §16):
   36.6, a figure that leaves the MoE layer out.
 - The HelloDeepSpeed row is the README's "2 billion parameter model on a single P40 GPU with 24GB", priced
   on a V100 preset with 24 GB (memory only); ZeRO-N over one GPU imports as ZeRO-0 with the optimizer on the
-  host and exports back as stage 1."""
+  host and exports back as stage 1.
+
+bench/RESULTS.md §16's run (2026-11-29, 18 s with megatron-core; see also
+bench/deepspeed_published/README.md): GPT-3 175B as the script builds it (no `--model`): 155.797 s/step,
+peak 55.22 GB (51.4 GiB) of 77.60 GB usable, fits; sapp's best Megatron plan 130.817 s (1.19x); with
+`--model gpt3-175b` (untied, eager attention) 88.24 GB, does not fit.  Mixtral built from its flags: 52.23
+GB, as with `--model mixtral-8x7b`.  Imported with `sapp import` (2026-11-29): on 64 H100 52.23 GB with
+fp32 main_grads, 48.48 GB with `--grad-reduce-in-bf16`; at `--tensor-model-parallel-size 2` on 128 H100
+33.03 GB (activations 22.56 GB; 33.83 GB with the experts' ffn whole on every tp rank)."""
 from __future__ import annotations
 
 import argparse

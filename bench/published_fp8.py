@@ -16,7 +16,20 @@ Sources: pytorch/torchtitan v0.2.2 benchmarks/llama3_h100_202412_torchtitan.md (
 Llama 3.1 8B, local batch 2, selective AC) and benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md
 (vanilla TP columns: 70B FSDP 32 x TP 8 full AC local batch 16; 8B FSDP 8 x TP 8 op SAC local batch
 12).  The 2025-06 tensorwise runs used float8 tensor-parallel collectives (torchtitan's
-enable_float8_tensorwise_tp), which sapp prices in bf16.  Nothing here is fitted to the published rows."""
+enable_float8_tensorwise_tp), which sapp prices in bf16.  Nothing here is fitted to the published rows.
+
+Reading bench/RESULTS.md §23: each row is torchtitan 0.2.2's own job file with the row's batch, degrees
+and checkpointing, read as `sapp import --from torchtitan@0.2.2` reads it (the `torchtitan-0.2.2` profile),
+bf16 and with `converters = ["quantize.linear.float8"]` (tensorwise, no FP8 all-gather, output
+filtered), on the benchmarks' 500 W H100 at the SXM and NVL peaks (FP8 twice the bf16 peak).  Every
+published Float8 row ran with torch.compile, which sapp prices as eager: the published columns are
+compile+Float8 and the published ratio is compile+Float8 / compile.  The FSDP rows' FP8 figures land
+within +-15% (at NVL; +15.3% at SXM on Table 1) partly because sapp's eager bf16 is already above
+torchtitan's compiled bf16 (8,261 vs 6,667 on Table 1 SXM: the +26-43% of issue 54); sapp's FP8 gain
+(1.18-1.23x) is below the published 1.28-1.29x, and far below it under tp 8 (0.98-1.14x against
+1.16-1.36x), where the per-rank GEMMs are small and the casts, priced eager, weigh most.  No published
+Megatron FP8 run is priced: the NeMo performance tables found state per-tensor current scaling
+(Megatron's `--fp8-recipe tensorwise`, refused by sapp) or no recipe."""
 from __future__ import annotations
 
 import argparse

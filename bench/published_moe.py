@@ -7,7 +7,11 @@ virtual pipeline stages (8 chunks over 4 stages: v = 2), global batch 256, seque
 dropless routing; 438-468 TFLOP/s per GPU).  Pinned here: tp 1, pp 4, dp 16, ep 8, interleaved v 2,
 16 micro-batches of 1; ZeRO-1 (Megatron's distributed optimizer; the experts' states sharded over
 expert-DP).  TF/GPU = the model's FLOPs per step (3 x forward, no
-recomputation) / step / GPUs, i.e. the plan's MFU x peak."""
+recomputation) / step / GPUs, i.e. the plan's MFU x peak.
+
+bench/RESULTS.md §8's Mixtral row alone (2026-11-29, CPU box): pinned 439.6 TF/GPU, -3.0% against 453,
+step 3.092 s, peak 59.4 GB; free search dp32 pp2 interleaved v8 ep8 m4 ZeRO-1, 486.3 TF/GPU, 2.794 s;
+6.5 s to capture and price."""
 from __future__ import annotations
 
 import sys

@@ -7,7 +7,11 @@ level searched in the form DTensor runs (sharding searches included), then the p
 the median of --runs fresh searches (default 5; nothing is cached between runs), the spread, the
 chosen configuration and the search statistics.  Target: <= 2 s on the 2-core reference machine,
 ~1.2 s to leave room for the sp / cp / ep dimensions.  `--profile` prints a pyinstrument profile of
-one more run."""
+one more run.
+
+The GPT-3 175B plan priced 2026-11-26 (embedding split by vocabulary under SP): 23.61 s.  Llama 3's
+published layouts priced pinned (eager runtime, bench.long_context): 8.91 s (tp8 pp16, 8K) and 14.57 s
+(tp8 cp16 pp16 dp8, 131K)."""
 from __future__ import annotations
 
 import argparse
