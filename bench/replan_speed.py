@@ -58,7 +58,9 @@ def main(argv=None, out=sys.stdout):
             rows["search 128 nodes"].append(cpu_of(search)[0])
             rows["search 127 nodes"].append(cpu_of(["search", "--model", "gpt3-175b", "--cluster",
                                                     "a100-80g:nodes=127"])[0])
-            c, rc, _ = cpu_of(["replan", plan, "--nodes", "127"])
+            c, rc, last = cpu_of(["replan", plan, "--nodes", "127"])
+            if rc:
+                raise SystemExit(f"replan failed: {last}")
             rows["replan to 127 nodes"].append(c)
         print("| command | CPU s (each run) | median |", file=out)
         print("|---|---|---|", file=out)
