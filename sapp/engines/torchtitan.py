@@ -8,7 +8,8 @@ Runtime: torchtitan 0.2.2's eager torch ("torchtitan-0.2.2", costmodel/settings.
 activations under FSDP2's mixed precision, fp32 gradient reduction, op-level selective checkpointing,
 attention through SDPA).  Data parallelism: FSDP2 over data_parallel_shard_degree
 (ZeRO-2: fsdp_reshard_after_forward "never", ZeRO-3: "always") or DDP over
-data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
+data_parallel_replicate_degree (ZeRO-0); both > 1 is HSDP: FSDP2 within each shard group, the gradient
+shards all-reduced across the replicas (priced so: search/joint/numbers.replica_sync); no ZeRO-1.  Tensor parallelism always
 shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
 plus the embedding and the output (weights first/last_stage_less_layers) evenly over the (virtual)
 stages, or takes module_fqns_per_model_part as given.  FP8: [model] converters =
@@ -164,8 +165,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
            "context_parallel_degree": ecfg.cp, "expert_parallel_degree": ecfg.ep}
     if ecfg.zero == 0:
         par.update(data_parallel_replicate_degree=ecfg.dp, data_parallel_shard_degree=1)
-    else:
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=ecfg.dp,
+    else:           # (HSDP: rep replicas of dp / rep shards)
+        par.update(data_parallel_replicate_degree=ecfg.rep, data_parallel_shard_degree=ecfg.dp // ecfg.rep,
                    fsdp_reshard_after_forward="never" if ecfg.zero == 2 else "always")
     train = {"global_batch_size": ecfg.global_batch, "local_batch_size": ecfg.global_batch // ecfg.dp}
     if facts.get("seq"):
@@ -243,9 +244,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         shard = devices // (tp * pp * cp * rep)
     if rep * shard * tp * pp * cp != devices:
         raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
-    if rep > 1 and shard > 1:
-        raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
-                          "not priced by sapp; use one of them")
+    if rep > 1 and shard > 1 and ep > 1:
+        raise EngineError("HSDP (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) beside expert "
+                          "parallelism is not priced by sapp; use one of them")
     if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
         raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
                           "shard instead (data_parallel_shard_degree)")
@@ -267,7 +268,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         raise EngineError(f"training.global_batch_size {gb} is not a multiple of local_batch_size x data-parallel "
                           f"degree = {local} x {dp}")
     ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
-                        runtime=RUNTIME,
+                        runtime=RUNTIME, rep=rep if shard > 1 else 1,
                         precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed")
     if pp > 1:
         if gb != local * dp:

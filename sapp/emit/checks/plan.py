@@ -221,6 +221,11 @@ ENGINE_ONLY_OPTIMIZERS = {"adam-bf16-master": "bf16.bf16_master_weights_and_grad
 
 
 def check_optimizer(plan: Plan) -> None:
+    rep = plan["parallel"].get("dp_replicate", 1)
+    if rep > 1:
+        raise PlanError(f"plan parallel.dp_replicate={rep} is torchtitan's HSDP, which sapp's own program does not run "
+                        f"(its FSDP2 shards over every data-parallel rank): run the plan with torchtitan (`sapp export "
+                        f"--to torchtitan`), or search again without --target torchtitan")
     opt = (plan._d.get("settings") or {}).get("optimizer")
     if opt in ENGINE_ONLY_OPTIMIZERS:
         raise PlanError(f"plan settings.optimizer {opt!r} prices DeepSpeed's {ENGINE_ONLY_OPTIMIZERS[opt]}, which "
