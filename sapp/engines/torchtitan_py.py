@@ -360,10 +360,8 @@ def parse(text: str, facts: dict, devices: int, job: str | None = None) -> Engin
             raise EngineError(f"--job {shown(job)} picks a job function of a torchtitan 0.3 Python file; this is a "
                               f"torchtitan 0.2.2 TOML, which has none")
         ecfg = v022.parse(text, facts, devices)
-        which = "torchtitan 0.2.2's job configuration" if ecfg.runtime == v022.RUNTIME else \
-            "torchtitan's job TOML of its 2024 schema"          # (said in the next note)
-        ecfg.notes = [f"a TOML file: read as {which} (torchtitan 0.3 reads Python; pass --from torchtitan@0.2.2 "
-                      "to say so)"] + ecfg.notes
+        ecfg.notes = ["a TOML file: read as torchtitan 0.2.2's job configuration (torchtitan 0.3 reads Python; "
+                      "pass --from torchtitan@0.2.2 to say so)"] + ecfg.notes
         return ecfg
     root, name, jobs = read(text, job=job)
     if jobs == 1:

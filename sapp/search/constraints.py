@@ -33,7 +33,7 @@ TARGETS = {
     "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "any",
                    "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",)},
     "torchtitan@0.2.2": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
-                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile"), "ddp_alone": True},
+                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan-0.2.2",), "ddp_alone": True},
     "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
 }
