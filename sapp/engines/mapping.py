@@ -49,7 +49,7 @@ class EngineConfig:
         as `sapp search`): a batch of 2e21 ran divisors() for minutes, a degree of 0 divided by zero."""
         from sapp.search.constraints import MAX_GLOBAL_BATCH, Constraints
         Constraints.check_global_batch(self.global_batch, f"{self.engine} global batch")
-        for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m"):
+        for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m", "rep"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GLOBAL_BATCH:
                 raise EngineError(f"{self.engine} configuration: {k} must be a whole number from 1 to "
@@ -112,6 +112,9 @@ def from_plan(plan, engine: str) -> EngineConfig:
         raise EngineError(f"the plan shards over groups of {par['dp'] // rep} and all-reduces across {rep} replicas "
                           f"(torchtitan's HSDP), which {engine} cannot state; search again with --target {engine}")
     opt = st.get("optimizer", "adam")
+    if opt == "adam-bf16" and not engine.startswith("torchtitan"):
+        raise EngineError(f"the plan trains in pure bf16 (weights and Adam's moments in bf16, no fp32 master: torchtitan's "
+                          f"training.dtype bfloat16), which {engine} cannot state; search again with --target {engine}")
     if opt in BF16_MASTER and engine != "deepspeed":
         raise EngineError(f"the plan keeps bf16 master weights (priced from DeepSpeed's bf16 section), which {engine} "
                           f"cannot state here; search again with --target {engine}")

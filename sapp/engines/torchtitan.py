@@ -25,6 +25,7 @@ from .arch_hf import torchtitan_attention_agrees
 from .mapping import EngineConfig, EngineError
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
+PURE_BF16 = "adam-bf16"         # training.dtype = "bfloat16" as a CostSettings optimizer (costmodel/settings.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
@@ -172,6 +173,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     if facts.get("seq"):
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    if ecfg.optimizer == PURE_BF16:     # weights, gradients and Adam's moments in bf16, no fp32 master
+        train["dtype"] = "bfloat16"
     # (mixed_precision_reduce: 0.2.2 accepts only "float32", what the "torchtitan" runtime prices)
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
@@ -269,7 +272,8 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                           f"degree = {local} x {dp}")
     ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
                         runtime=RUNTIME, rep=rep if shard > 1 else 1,
-                        precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed")
+                        precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed",
+                        optimizer=_optimizer(train))
     if pp > 1:
         if gb != local * dp:
             raise EngineError("sapp prices one pipeline schedule per step: set training.global_batch_size = "
@@ -310,6 +314,19 @@ def _run_notes(ecfg, train, par, comp, zero, pp, notes):
                      f"steps; priced as one reduce-scatter per step (the other {ecfg.m - 1} are not priced)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
+
+
+def _optimizer(train) -> str:
+    """training.dtype: "float32" (fp32 master weights under mixed precision: Adam's 12 bytes a parameter) or
+    "bfloat16" (pure bf16: the model built in bf16, its gradients and AdamW's moments in bf16, no master:
+    priced as the "adam-bf16" optimizer's 4 bytes a parameter beside the 2 + 2 of weights and gradients)."""
+    dtype = train.get("dtype", "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise EngineError(f"training.dtype {str(dtype)[:40]!r}: torchtitan takes \"float32\" or \"bfloat16\"")
+    if dtype == "bfloat16" and train.get("mixed_precision_param") == "float32":
+        raise EngineError("training.dtype \"bfloat16\" with mixed_precision_param \"float32\": a bf16 model run in "
+                          "fp32 is not priced by sapp; set mixed_precision_param = \"bfloat16\"")
+    return PURE_BF16 if dtype == "bfloat16" else "adam"
 
 
 def _check_model(model, facts):

@@ -143,6 +143,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
     train["mixed_precision_reduce"] = "float32"
+    if ecfg.optimizer == v022.PURE_BF16:        # pure bf16 training: no fp32 master weights
+        train["dtype"] = "bfloat16"
     if ecfg.pp > 1:
         par.update(_layout(ecfg, L))
     # eager kernels as priced (and varlen attention reads its document lengths on the host)
