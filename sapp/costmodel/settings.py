@@ -47,16 +47,18 @@ FP8_RECIPES = ("tensorwise", "delayed")
 #            (is_causal), which torch dispatches to cuDNN's kernel on Hopper: the cluster's attention figures.
 #   "torchtitan-2412": "torchtitan-0.2.2" on the stack of torchtitan's published Llama 3.1 benchmark (torchtitan
 #            9dec370, torch of Dec 2024): besides, its eager fp32 RMSNorm and SDPA's FlashAttention-2 on
-#            Hopper, where a current stack runs a fused RMSNorm kernel (costmodel/torchtitan.py).
-RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412")
-TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412")
+#            Hopper, where a current stack runs a fused RMSNorm kernel (costmodel/torchtitan.py).  The
+#            profile `sapp import` reads off a torchtitan TOML of that schema (sapp/engines/torchtitan_2412.py).
+#   "torchtitan-2412+compile": "torchtitan-2412" with torch.compile on each block (that schema's
+#            training.compile): inductor fuses the blocks' RMSNorm; SDPA still FlashAttention-2.
+RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412",
+            "torchtitan-2412+compile")
+TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).
 _OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4),
-              "adam-bf16-master": (10, 8), "adam-bf16-states": (6, 8),
-              # pure bf16 training (torchtitan's training.dtype bfloat16): no master, Adam's moments in bf16
-              "adam-bf16": (4, 8)}
+              "adam-bf16-master": (10, 8), "adam-bf16-states": (6, 8)}
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ torch 1963fc8, Dec 2024, eager, `norm_type = "rmsnorm"`): pure functions, one pe
     element of an identical block beside its gathered parameters.
 
 Era: the RMSNorm and attention terms are the benchmark's kernels (Dec 2024), priced only under the
-"torchtitan-2412" profile.  torch later gained a fused CUDA RMSNorm (aten._fused_rms_norm,
+"torchtitan-2412" profiles, which `sapp import` chooses for a TOML of that era's schema
+(sapp/engines/torchtitan_2412.py).  "torchtitan-2412+compile" is that stack with its training.compile on:
+torch.compile (fullgraph) on each TransformerBlock, whose inductor graph fuses the eager RMSNorm's ops
+into one kernel (priced as the fused norm) and leaves SDPA's kernel choice as it is (FlashAttention-2).  torch later gained a fused CUDA RMSNorm (aten._fused_rms_norm,
 pytorch/pytorch#153666) and torchtitan's llama3 moved to nn.RMSNorm, so the current profiles price the
 norm as one fused kernel.  Their attention: "torchtitan-0.2.2" (`--target torchtitan@0.2.2`) calls SDPA,
 which a current torch on Hopper dispatches to cuDNN's kernel first (check_prefer_cudnn_attention), the
@@ -88,6 +91,8 @@ the Hopper presets).  The loss, its backward memory and the update are the same 
 from __future__ import annotations
 
 ERA_2412 = "torchtitan-2412"     # the profile of the benchmark's stack; "torchtitan" is a current one
+ERA_2412_COMPILE = "torchtitan-2412+compile"     # that stack with each block compiled (its norm fused)
+ERAS_2412 = (ERA_2412, ERA_2412_COMPILE)
 CURRENT = "torchtitan"           # torchtitan 0.3 as sapp exports it (varlen FlashAttention)
 RMSNORM_FWD_BYTES, RMSNORM_BWD_BYTES = 36, 92
 CE_FWD_BYTES, CE_BWD_BYTES = 22, 26
@@ -122,7 +127,7 @@ def pass_bytes(node, factors, settings):
         return None
     if node.kind == "norm" and "rms_norm" in node.target and node.operands:
         if settings.runtime != ERA_2412:
-            return None         # a current stack's nn.RMSNorm: one fused kernel, priced as any fused norm
+            return None         # a current stack's nn.RMSNorm, or the 2412 stack's compiled block: one fused kernel
         n = _local(node.operands[0], factors)
         return n * RMSNORM_FWD_BYTES, n * RMSNORM_BWD_BYTES
     o = _logits(node)
@@ -141,8 +146,8 @@ def flash_kernel(settings) -> bool:
 
 def attention_scale(backward: bool, settings) -> float:
     """Factor on a cluster's fused-attention efficiency: torch SDPA's FlashAttention-2 over cuDNN's
-    kernel under the benchmark's era ("torchtitan-2412", module docstring), 1 otherwise."""
-    if settings is None or settings.runtime != ERA_2412:
+    kernel under the benchmark's era ("torchtitan-2412", compiled or not: module docstring), 1 otherwise."""
+    if settings is None or settings.runtime not in ERAS_2412:
         return 1.0
     return FA2_OVER_CUDNN[1 if backward else 0]
 
