@@ -172,7 +172,7 @@ mode = "full"
     again = E.import_config(text, "torchtitan@0.2.2", graph, cl, "gpt3-175b")
     assert again["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-6)
     for bad, what in (("[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 64\n"
-                       "tensor_parallel_degree = 8\n", "hybrid sharding"),
+                       "tensor_parallel_degree = 8\nexpert_parallel_degree = 2\n", "HSDP"),
                       ("[parallelism\n", "not a TOML file"),
                       ("[training]\nseq_len = 4096\n", "seq_len 4096"),
                       ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"

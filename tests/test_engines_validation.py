@@ -77,8 +77,11 @@ def test_torchtitan_config_manager_accepts_the_export(case, tmp_path):
     dp = cfg.parallelism.data_parallel_replicate_degree * cfg.parallelism.data_parallel_shard_degree
     assert dp == par["dp"] and cfg.training.global_batch_size == plan["model"]["global_batch"]
     assert cfg.parallelism.expert_parallel_degree == par.get("ep", 1)
-    if cfg.parallelism.data_parallel_replicate_degree > 1:     # DDP only as the one parallelism
+    rep, shard = cfg.parallelism.data_parallel_replicate_degree, cfg.parallelism.data_parallel_shard_degree
+    if rep > 1 and shard == 1:      # DDP only as the one parallelism
         assert par["tp"] == par["pp"] == par.get("cp", 1) == 1
+    if rep > 1 and shard > 1:       # HSDP, which the search weighs for torchtitan (tests/test_engines_hsdp.py)
+        assert par["dp_replicate"] == rep and plan["zero"] in (2, 3)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -358,7 +358,8 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
                        virtual_chunks=v if sched == "interleaved" else None,
                        recompute=recompute, zero=plan["zero"], stages=stages, sp=bool(par.get("sp", False)),
                        placement=_placement_pins(plan, graph) if graph is not None else None,
-                       cp=par.get("cp", 1))
+                       cp=par.get("cp", 1), dp_replicate=par.get("dp_replicate"),
+                       target=_hsdp_target(plan))
 
 
 def _placement_pins(plan, graph):
@@ -414,7 +415,15 @@ def _plan_config(plan, gb):
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
                   (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
-                  cp=par.get("cp", 1), ep=par.get("ep", 1), sp=bool(par.get("sp", False)))
+                  cp=par.get("cp", 1), ep=par.get("ep", 1), sp=bool(par.get("sp", False)),
+                  rep=par.get("dp_replicate", 1))
+
+
+def _hsdp_target(plan):
+    """The torchtitan target an HSDP plan is re-scored under (only those run it), else None."""
+    if plan["parallel"].get("dp_replicate", 1) <= 1:
+        return None
+    return "torchtitan@0.2.2" if (plan._d.get("settings") or {}).get("runtime") == "torchtitan-0.2.2" else "torchtitan"
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):

@@ -45,7 +45,7 @@ def updated_params(optimizer_state_bytes: float, param_bytes: float, settings) -
 # ops per parameter tensor of torch's single-tensor update (Adam: exp_avg.lerp_, exp_avg_sq.mul_ +
 # addcmul_, sqrt, div_, add_ eps, param.addcdiv_; AdamW adds the decoupled weight decay mul_)
 UPDATE_OPS = {"adam": 7, "adamw": 8, "sgd": 3, "sgd-nomomentum": 1, "adagrad": 4, "adam-bf16-master": 7,
-              "adam-bf16-states": 7}
+              "adam-bf16-states": 7, "adam-bf16": 7}
 # the optimizers emit fuses (plain parameters), and their dispatch per tensor on a serial device
 FUSED = ("adam", "adamw")
 FUSED_OPS_PER_TENSOR = 2

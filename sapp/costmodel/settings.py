@@ -58,7 +58,9 @@ TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412", "tor
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).
 _OPT_BYTES = {"adam": (12, 8), "adamw": (12, 8), "sgd": (8, 4), "sgd-nomomentum": (4, 0), "adagrad": (8, 4),
-              "adam-bf16-master": (10, 8), "adam-bf16-states": (6, 8)}
+              "adam-bf16-master": (10, 8), "adam-bf16-states": (6, 8),
+              # pure bf16 training (torchtitan's training.dtype bfloat16): no master, Adam's moments in bf16
+              "adam-bf16": (4, 8)}
 
 
 @dataclass(frozen=True)

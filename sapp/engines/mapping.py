@@ -41,6 +41,7 @@ class EngineConfig:
     grad_fp32: bool = False         # gradients held and reduced in fp32 (Megatron without --grad-reduce-in-bf16)
     runtime: str = "eager"
     fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" (sapp/engines/fp8.py)
+    rep: int = 1                    # HSDP: replicas of the FSDP2 shard group (dp / rep ranks; torchtitan only)
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -48,7 +49,7 @@ class EngineConfig:
         as `sapp search`): a batch of 2e21 ran divisors() for minutes, a degree of 0 divided by zero."""
         from sapp.search.constraints import MAX_GLOBAL_BATCH, Constraints
         Constraints.check_global_batch(self.global_batch, f"{self.engine} global batch")
-        for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m"):
+        for k in ("tp", "pp", "dp", "cp", "ep", "v", "mbs", "m", "rep"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GLOBAL_BATCH:
                 raise EngineError(f"{self.engine} configuration: {k} must be a whole number from 1 to "
@@ -63,6 +64,7 @@ class EngineConfig:
         sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.v}" if self.v > 1 else "")
         rc = self.recompute if isinstance(self.recompute, str) else "per-block"
         extra = "".join(f" {k}={getattr(self, k)}" for k in ("cp", "ep") if getattr(self, k) > 1)
+        extra += f" HSDP {self.rep} replicas x {self.dp * self.cp // self.rep} shards" if self.rep > 1 else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{extra}{' sp' if self.sp else ''}{sched} "
                 f"micro-batches {self.m} x {self.mbs} ZeRO-{self.zero} recompute {rc}"
                 + (" offload-optimizer" if self.offload_optimizer else "")
@@ -105,7 +107,14 @@ def from_plan(plan, engine: str) -> EngineConfig:
         raise EngineError(f"the plan keeps {option.replace('-host', '')} tables on the host, which {engine} cannot "
                           f"state; search again with --target {engine}")
     gb = plan["model"].get("global_batch")
+    rep = par.get("dp_replicate", 1)
+    if rep > 1 and not engine.startswith("torchtitan"):
+        raise EngineError(f"the plan shards over groups of {par['dp'] // rep} and all-reduces across {rep} replicas "
+                          f"(torchtitan's HSDP), which {engine} cannot state; search again with --target {engine}")
     opt = st.get("optimizer", "adam")
+    if opt == "adam-bf16" and not engine.startswith("torchtitan"):
+        raise EngineError(f"the plan trains in pure bf16 (weights and Adam's moments in bf16, no fp32 master: torchtitan's "
+                          f"training.dtype bfloat16), which {engine} cannot state; search again with --target {engine}")
     if opt in BF16_MASTER and engine != "deepspeed":
         raise EngineError(f"the plan keeps bf16 master weights (priced from DeepSpeed's bf16 section), which {engine} "
                           f"cannot state here; search again with --target {engine}")
@@ -115,7 +124,7 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
                         precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
-                        grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "")
+                        grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "", rep=rep)
 
 
 def even_split(n, parts) -> list | None:
@@ -150,7 +159,7 @@ def pins(ecfg: EngineConfig, block_names) -> dict:
     contiguous layout the joint search prices (api._interleaved_rename's rule)."""
     out = {"tp": ecfg.tp, "dp": ecfg.dp, "pp": ecfg.pp, "cp": ecfg.cp, "ep": ecfg.ep, "sp": ecfg.sp,
            "micro_batches": ecfg.m, "zero": ecfg.zero, "target": ecfg.engine,
-           "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}}
+           "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}, "dp_replicate": ecfg.rep}
     if ecfg.pp > 1:
         out["schedule"] = ecfg.schedule
         if ecfg.schedule == "interleaved":
@@ -203,7 +212,7 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
                             optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32",
                             fp8=ecfg.fp8)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
-                 ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp)
+                 ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp, rep=ecfg.rep)
     from ..search.joint.single import score_config
     allowed, res = score_config(graph, cluster, ecfg.global_batch, cons, settings, cfg, search_fn=api.tp_search_fn())
     if not allowed or res is None:
@@ -230,7 +239,7 @@ def changes(a, b) -> list:
     """What plan b changes from plan a, as short phrases ("tp 8 -> 4", "vp 3", "selective recompute")."""
     pa, pb = a["parallel"], b["parallel"]
     out = []
-    for k in ("tp", "pp", "dp", "cp", "ep"):
+    for k in ("tp", "pp", "dp", "cp", "ep", "dp_replicate"):
         x, y = pa.get(k, 1), pb.get(k, 1)
         if x != y:
             out.append(f"{k} {x} \u2192 {y}")

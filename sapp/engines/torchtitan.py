@@ -8,7 +8,8 @@ Runtime: torchtitan 0.2.2's eager torch ("torchtitan-0.2.2", costmodel/settings.
 activations under FSDP2's mixed precision, fp32 gradient reduction, op-level selective checkpointing,
 attention through SDPA).  Data parallelism: FSDP2 over data_parallel_shard_degree
 (ZeRO-2: fsdp_reshard_after_forward "never", ZeRO-3: "always") or DDP over
-data_parallel_replicate_degree (ZeRO-0); no ZeRO-1, no hybrid sharding.  Tensor parallelism always
+data_parallel_replicate_degree (ZeRO-0); both > 1 is HSDP: FSDP2 within each shard group, the gradient
+shards all-reduced across the replicas (priced so: search/joint/numbers.replica_sync); no ZeRO-1.  Tensor parallelism always
 shards the norms' sequence (sequence parallelism on).  Pipeline stages: torchtitan spreads the layers
 plus the embedding and the output (weights first/last_stage_less_layers) evenly over the (virtual)
 stages, or takes module_fqns_per_model_part as given.  FP8: [model] converters =
@@ -25,6 +26,7 @@ from .mapping import EngineConfig, EngineError
 from .torchtitan_2412 import PROFILE as _ERA, PROFILE_COMPILE as _ERA_COMPILE, is_era, translate
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
+PURE_BF16 = "adam-bf16"         # training.dtype = "bfloat16" as a CostSettings optimizer (costmodel/settings.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
@@ -169,13 +171,15 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
            "context_parallel_degree": ecfg.cp, "expert_parallel_degree": ecfg.ep}
     if ecfg.zero == 0:
         par.update(data_parallel_replicate_degree=ecfg.dp, data_parallel_shard_degree=1)
-    else:
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=ecfg.dp,
+    else:           # (HSDP: rep replicas of dp / rep shards)
+        par.update(data_parallel_replicate_degree=ecfg.rep, data_parallel_shard_degree=ecfg.dp // ecfg.rep,
                    fsdp_reshard_after_forward="never" if ecfg.zero == 2 else "always")
     train = {"global_batch_size": ecfg.global_batch, "local_batch_size": ecfg.global_batch // ecfg.dp}
     if facts.get("seq"):
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
+    if ecfg.optimizer == PURE_BF16:     # weights, gradients and Adam's moments in bf16, no fp32 master
+        train["dtype"] = "bfloat16"
     # (mixed_precision_reduce: 0.2.2 accepts only "float32", what the "torchtitan" runtime prices)
     if ecfg.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULES[ecfg.schedule]
@@ -251,9 +255,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         shard = devices // (tp * pp * cp * rep)
     if rep * shard * tp * pp * cp != devices:
         raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
-    if rep > 1 and shard > 1:
-        raise EngineError("hybrid sharding (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) is "
-                          "not priced by sapp; use one of them")
+    if rep > 1 and shard > 1 and ep > 1:
+        raise EngineError("HSDP (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) beside expert "
+                          "parallelism is not priced by sapp; use one of them")
     if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
         raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
                           "shard instead (data_parallel_shard_degree)")
@@ -275,8 +279,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         raise EngineError(f"training.global_batch_size {gb} is not a multiple of local_batch_size x data-parallel "
                           f"degree = {local} x {dp}")
     ecfg = EngineConfig(engine=NAME, global_batch=gb, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=zero,
-                        runtime=RUNTIME,
-                        precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed")
+                        runtime=RUNTIME, rep=rep if shard > 1 else 1,
+                        precision="fp32" if train.get("mixed_precision_param") == "float32" else "bf16-mixed",
+                        optimizer=_optimizer(train))
     if pp > 1:
         if gb != local * dp:
             raise EngineError("sapp prices one pipeline schedule per step: set training.global_batch_size = "
@@ -318,6 +323,19 @@ def _run_notes(ecfg, train, par, comp, zero, pp, notes):
                      f"steps; priced as one reduce-scatter per step (the other {ecfg.m - 1} are not priced)")
     if par.get("enable_async_tensor_parallel"):
         notes.append("async tensor parallelism is on in this file: priced without it")
+
+
+def _optimizer(train) -> str:
+    """training.dtype: "float32" (fp32 master weights under mixed precision: Adam's 12 bytes a parameter) or
+    "bfloat16" (pure bf16: the model built in bf16, its gradients and AdamW's moments in bf16, no master:
+    priced as the "adam-bf16" optimizer's 4 bytes a parameter beside the 2 + 2 of weights and gradients)."""
+    dtype = train.get("dtype", "float32")
+    if dtype not in ("float32", "bfloat16"):
+        raise EngineError(f"training.dtype {str(dtype)[:40]!r}: torchtitan takes \"float32\" or \"bfloat16\"")
+    if dtype == "bfloat16" and train.get("mixed_precision_param") == "float32":
+        raise EngineError("training.dtype \"bfloat16\" with mixed_precision_param \"float32\": a bf16 model run in "
+                          "fp32 is not priced by sapp; set mixed_precision_param = \"bfloat16\"")
+    return PURE_BF16 if dtype == "bfloat16" else "adam"
 
 
 def _check_model(model, facts):

@@ -35,7 +35,7 @@ FIELDS = {
     ("training", "max_norm"): ("irrelevant", "gradient clipping: one norm over the gradients, not modelled"),
     ("training", "steps"): ("irrelevant", "the run's length"),
     ("training", "enable_cpu_offload"): ("refused", False, "parameter and optimizer CPU offload"),
-    ("training", "dtype"): ("refused", "float32", "training without fp32 master weights"),
+    ("training", "dtype"): P,          # "bfloat16": pure bf16 training, the "adam-bf16" optimizer's states
     ("training", "mixed_precision_param"): P, ("training", "mixed_precision_reduce"): P,  # (0.2.2: "float32" only)
     ("training", "gc_freq"): ("irrelevant", "Python garbage collection between steps"),
     ("training", "gc_debug"): ("irrelevant", "Python garbage collection between steps"),

@@ -16,7 +16,7 @@ distributed/activation_checkpoint.py, models/llama3/parallelize.py at 0.3.0):
   written as priced, and read as written;
 - data parallelism is always FSDP2 (`apply_fsdp_to_decoder`): data_parallel_replicate_degree alone is
   FSDP2 over a replicate mesh (ZeRO-0 as sapp prices it, beside any other parallelism); replicate and
-  shard together (HSDP) are not priced;
+  shard together are HSDP, priced as torchtitan.py says;
 - the forward+backward is captured as a CUDA graph unless `disable_cuda_graphs` (torchtitan refuses it
   with pipeline parallelism); sapp prices eager kernels, each at least its launch, so an export disables
   the graphs and an import with them on says it may run faster;
@@ -131,8 +131,8 @@ def _layout(ecfg, L) -> dict:
 
 def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     L = len(names)
-    par = {"data_parallel_replicate_degree": ecfg.dp if ecfg.zero == 0 else 1,
-           "data_parallel_shard_degree": 1 if ecfg.zero == 0 else ecfg.dp}
+    par = {"data_parallel_replicate_degree": ecfg.dp if ecfg.zero == 0 else ecfg.rep,
+           "data_parallel_shard_degree": 1 if ecfg.zero == 0 else ecfg.dp // ecfg.rep}
     if ecfg.zero:
         par["fsdp_reshard_after_forward"] = "never" if ecfg.zero == 2 else "always"
     par.update(tensor_parallel_degree=ecfg.tp, enable_sequence_parallel=bool(ecfg.sp and ecfg.tp > 1),
@@ -143,6 +143,8 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         train["seq_len"] = facts["seq"]
     train["mixed_precision_param"] = "bfloat16" if ecfg.precision != "fp32" else "float32"
     train["mixed_precision_reduce"] = "float32"
+    if ecfg.optimizer == v022.PURE_BF16:        # pure bf16 training: no fp32 master weights
+        train["dtype"] = "bfloat16"
     if ecfg.pp > 1:
         par.update(_layout(ecfg, L))
     # eager kernels as priced (and varlen attention reads its document lengths on the host)

@@ -248,6 +248,10 @@ def _semantic(d):
         raise PlanError(f"{what} = {vals} does not equal devices={d['devices']}")
     if par["dp"] % par.get("ep", 1):
         raise PlanError(f"parallel.ep={par['ep']} must divide dp={par['dp']} (EP groups are made of data-parallel ranks)")
+    rep = par.get("dp_replicate", 1)
+    if rep > 1 and (par["dp"] % rep or d.get("zero", 0) < 2 or par["dp"] // rep < 2):
+        raise PlanError(f"parallel.dp_replicate={rep} needs ZeRO-2/3 and to divide dp={par['dp']} into shard groups "
+                        f"of 2 or more ranks (HSDP)")
     if par.get("sp") and par["tp"] < 2:
         raise PlanError(f"parallel.sp is true but tp={par['tp']}; sequence parallelism splits within a tp group "
                         f"of 2 or more: set sp to false or tp > 1")

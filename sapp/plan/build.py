@@ -114,7 +114,8 @@ def build_plan(graph, cluster, res, *, name, global_batch, constraints, settings
         # (tp = 1 plans keep their old form)
         "parallel": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
                      **({"sp": sp} if cfg.tp > 1 else {}),
-                     **({"cp": cfg.cp} if cfg.cp > 1 else {}), **({"ep": cfg.ep} if cfg.ep > 1 else {})},
+                     **({"cp": cfg.cp} if cfg.cp > 1 else {}), **({"ep": cfg.ep} if cfg.ep > 1 else {}),
+                     **({"dp_replicate": cfg.rep} if cfg.rep > 1 else {})},
         "mesh": dict(prof.mesh.to_dict(), roles=list(prof.roles or ())),
         "operators": ops,
         "tp_modules": tp_modules,

@@ -38,6 +38,11 @@ TARGETS = {
                   "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
 }
 
+# torchtitan's HSDP (data_parallel_replicate_degree beside its shard degree): weighed by the search
+# (search/joint/configs.hsdp_configs) for the engines that state it
+for _t in ("torchtitan", "torchtitan@0.2.2"):
+    TARGETS[_t]["hsdp"] = True
+
 
 def check_target_runtime(target, runtime):
     """Refuse a runtime profile the target does not run (eager, the default, is sapp's emitter's: a plan
@@ -69,6 +74,7 @@ class Constraints:
     ep: int | None = None                 # expert parallelism (MoE models): EP group size, divides dp
     sp: bool | None = None                # Megatron sequence parallelism on the tp level (tp > 1)
     target: str | None = None             # a training engine (TARGETS): only what it can state is searched
+    dp_replicate: int | None = None       # HSDP replicas of the FSDP2 shard group (targets with "hsdp"); 1 = none
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -91,7 +97,7 @@ class Constraints:
         return cls(**kw)
 
     def __post_init__(self):
-        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp", "ep"):
+        for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp", "ep", "dp_replicate"):
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")
@@ -136,6 +142,12 @@ class Constraints:
                 if getattr(self, k) not in (None, 1):
                     raise ConstraintError(f"target {self.target} has no {k} in its configuration; drop {k}={getattr(self, k)} "
                                           f"or choose another target")
+        if (self.dp_replicate or 1) > 1 and not (lim or {}).get("hsdp"):
+            raise ConstraintError(f"dp_replicate={self.dp_replicate} (HSDP) is priced for the torchtitan targets only; "
+                                  f"pin target torchtitan or drop dp_replicate")
+        if (self.dp_replicate or 1) > 1 and self.zero is not None and self.zero < 2:
+            raise ConstraintError(f"dp_replicate={self.dp_replicate} replicates FSDP2's shard groups (ZeRO-2/3), not "
+                                  f"ZeRO-{self.zero}; drop one of them")
         if lim and self.zero is not None and self.zero not in lim["zero"]:
             raise ConstraintError(f"target {self.target} runs ZeRO stages {', '.join(map(str, lim['zero']))}, not {self.zero}")
         if lim and self.schedule is not None and self.schedule not in lim["schedules"]:

@@ -216,16 +216,23 @@ def check_all(model: nn.Module, plan: Plan, world: int, name: str = "", example_
 
 # optimizer states priced for an engine's own optimizer, which emit does not build (DeepSpeed's bf16
 # master weights / optimizer states): run here, the step would hold fp32 masters and moments
-ENGINE_ONLY_OPTIMIZERS = {"adam-bf16-master": "bf16.bf16_master_weights_and_grads",
-                          "adam-bf16-states": "bf16.bf16_optimizer_states"}
+ENGINE_ONLY_OPTIMIZERS = {"adam-bf16-master": "DeepSpeed's bf16.bf16_master_weights_and_grads",
+                          "adam-bf16-states": "DeepSpeed's bf16.bf16_optimizer_states",
+                          "adam-bf16": "torchtitan's training.dtype bfloat16 (no fp32 master weights)"}
 
 
 def check_optimizer(plan: Plan) -> None:
+    rep = plan["parallel"].get("dp_replicate", 1)
+    if rep > 1:
+        raise PlanError(f"plan parallel.dp_replicate={rep} is torchtitan's HSDP, which sapp's own program does not run "
+                        f"(its FSDP2 shards over every data-parallel rank): run the plan with torchtitan (`sapp export "
+                        f"--to torchtitan`), or search again without --target torchtitan")
     opt = (plan._d.get("settings") or {}).get("optimizer")
     if opt in ENGINE_ONLY_OPTIMIZERS:
-        raise PlanError(f"plan settings.optimizer {opt!r} prices DeepSpeed's {ENGINE_ONLY_OPTIMIZERS[opt]}, which "
-                        "sapp's own program does not run (its Adam keeps fp32 masters and moments): run the plan "
-                        "with DeepSpeed (`sapp export --to deepspeed`), or import the config without that field")
+        engine = "torchtitan" if opt == "adam-bf16" else "deepspeed"
+        raise PlanError(f"plan settings.optimizer {opt!r} prices {ENGINE_ONLY_OPTIMIZERS[opt]}, which "
+                        f"sapp's own program does not run (its Adam keeps fp32 masters and moments): run the plan "
+                        f"with {engine} (`sapp export --to {engine}`), or import the config without that field")
 
 
 def check_batch_statistics(model: nn.Module, plan: Plan) -> None:

@@ -127,10 +127,23 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                     continue
                 for sp in _sp_options(c, tp, _has_experts(ctx)):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
-                    if c.ep is None or c.ep == 1:
+                    if (c.ep is None or c.ep == 1) and c.dp_replicate in (None, 1):
                         out.append(cfg)
-                    if cp == 1 and lim.get("model_parallel", True):   # expert parallelism: without cp
-                        out += ep_configs(ctx, cfg)
+                    if cp == 1 and lim.get("model_parallel", True) and c.dp_replicate in (None, 1):
+                        out += ep_configs(ctx, cfg)     # expert parallelism: without cp (nor HSDP)
+                    out += hsdp_configs(c, cfg)
+
+
+def hsdp_configs(c, cfg) -> list:
+    """cfg as HSDP with each replica count it may take (torchtitan's data_parallel_replicate_degree beside
+    its shard degree): FSDP2 (ZeRO-2/3) over shard groups of at least 2 data-parallel ranks (replicas of a
+    context-parallel group alone are torchtitan's DDP rule, refused beside cp), where the target runs it
+    (TARGETS "hsdp") or a pin asks for it; none beside expert parallelism (not priced)."""
+    lim, pin = c.limits or {}, c.dp_replicate
+    if cfg.zero < 2 or pin == 1 or not (lim.get("hsdp") or pin) or (c.ep or 1) > 1:
+        return []
+    return [Config(cfg.pp, cfg.dp, cfg.tp, cfg.m, cfg.mbs, cfg.schedule, cfg.v, cfg.zero, cp=cfg.cp, sp=cfg.sp, rep=r)
+            for r in divisors(cfg.dp) if 1 < r < cfg.dp and (pin is None or r == pin)]
 
 
 def batch_stats_problem(ctx):

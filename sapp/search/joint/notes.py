@@ -34,6 +34,9 @@ def notes(ctx, res):
         out.append(cp_note(ctx, res))
     if cfg.zero:
         over = f"dp x cp = {cfg.dp}x{cfg.cp}" if cfg.cp > 1 else f"dp={cfg.dp}"
+        if cfg.rep > 1:         # HSDP: the shard group, its gradient shards all-reduced across the replicas
+            over = (f"each of {cfg.rep} HSDP replicas' {cfg.dp_cp} ranks (FSDP2 within the group, each gradient "
+                    f"shard all-reduced across the {cfg.rep} replicas)")
         # device memory only: states a placement keeps on the host (host_offload, negative) are not
         # on the device
         states = sum(res.memory[k] for k in ('params', 'grads', 'optimizer'))

@@ -79,12 +79,26 @@ def _bound_values(u, cfg, cpt, ctx):
     if cpt is not None:
         cf, cb, _, _ = cpt.of(u)
         f, b = f + cf, b + cb
-    sync = u.grad_sync[cfg.zero]
+    sync = u.grad_sync[cfg.zero] + replica_sync(u, cfg, ctx)
     if cfg.ep > 1:
         d = unit_delta(ctx, u, cfg)
         f, b = f + d["fwd_s"], b + d["bwd_s"]
         sync = max(0.0, sync + d["sync_s"])
     return (f + b, None, None, out, None, sync, None, f, u.sync_lat.get(cfg.zero, 0.0), None)
+
+
+def replica_sync(u, cfg, ctx) -> float:
+    """HSDP (cfg.rep > 1): seconds of the all-reduce of the unit's gradient shard across the rep replicas
+    of its FSDP2 shard group, after the reduce-scatter within the group the profile prices (torchtitan's
+    fully_shard on the (dp_replicate, dp_shard) mesh: the shard is 1/(dp x cp / rep) of the unit's
+    gradient, reduced at FSDP2's reduce width).  The replicas are dp x cp x tp / rep ranks apart: on other
+    nodes once a stage's ranks span nodes.  0 without HSDP."""
+    if cfg.rep <= 1:
+        return 0.0
+    st = ctx.settings
+    elems = u.states[0]["grads"] / st.grad_bytes
+    link = "inter" if cfg.dp * cfg.cp * cfg.tp > ctx.cluster.gpus_per_node else "intra"
+    return collective_time("all_reduce", elems * st.reduce_bytes / cfg.dp_cp, cfg.rep, link, ctx.cluster)
 
 
 def _values(u, cfg, cpt, ctx):
@@ -98,7 +112,7 @@ def _values(u, cfg, cpt, ctx):
         f, b = f + cf, b + cb
         act = (act[0] + ca, act[1] + cs, act[2])
         extra = (extra[0], extra[1], extra[2] + cf)
-    sync = u.grad_sync[cfg.zero]
+    sync = u.grad_sync[cfg.zero] + replica_sync(u, cfg, ctx)
     if cfg.ep > 1:
         d = unit_delta(ctx, u, cfg)      # expert parallelism: all-to-alls, load, expert-DP states
         f, b = f + d["fwd_s"], b + d["bwd_s"]
@@ -232,7 +246,7 @@ def boundary_replicated(prof) -> bool:
 
 
 def bound_numbers(ctx, prof, cfg):
-    key = ("bound", prof.dp, prof.tp, getattr(prof, "sp", False), cfg.mbs, cfg.zero, cfg.cp, cfg.ep)
+    key = ("bound", prof.dp, prof.tp, getattr(prof, "sp", False), cfg.mbs, cfg.zero, cfg.cp, cfg.ep, cfg.rep)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = BoundNumbers(prof, cfg, ctx)
@@ -314,7 +328,7 @@ def _prefetched(units, blocks):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep, getattr(prof, "sp", False))
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep, getattr(prof, "sp", False), cfg.rep)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)

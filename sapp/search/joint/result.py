@@ -19,20 +19,26 @@ class Config:
     cp: int = 1             # context-parallel ranks sharing each sample's sequence (sapp/costmodel/context.py)
     ep: int = 1             # expert parallelism: EP groups of ep dp ranks share each MoE layer's experts
     sp: bool = False        # Megatron sequence parallelism on the tp level (tp > 1 only)
+    # HSDP (torchtitan's data_parallel_replicate_degree beside its shard degree): FSDP2 shards over
+    # groups of dp x cp / rep ranks and all-reduces each gradient shard across the rep replicas
+    rep: int = 1
 
     @property
     def dp_cp(self):
-        """Ranks a stage's parameters are replicated over (gradient sync and ZeRO group): dp x cp."""
-        return self.dp * self.cp
+        """Ranks a stage's parameters are sharded over and reduce-scattered within (the ZeRO group, the
+        profile's dp): dp x cp, or its shard group under HSDP (dp x cp / rep)."""
+        return self.dp * self.cp // self.rep
 
     def key(self):
-        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp, self.ep, self.sp)
+        return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp, self.ep, self.sp,
+                self.rep)
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
         s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
         c = f" cp={self.cp}" if self.cp > 1 else ""
         e = f" ep={self.ep}" if self.ep > 1 else ""
+        e += f" dp_replicate={self.rep}" if self.rep > 1 else ""
         return (f"pp={self.pp} dp={self.dp}{c} tp={self.tp}{e} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
                 + (" sp" if self.sp else ""))
 
