@@ -224,16 +224,9 @@ def _order_rows(schedule, p, m, v):
                  for i, o in enumerate(_orders(schedule, p, m, v)))
 
 
-def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None,
-             chunk_shares=None, timeline=True) -> SimResult:
-    """Simulate one training step.  `recompute_s[i]` (part of stage_bwd[i]) is drawn as a separate
-    event before each backward.  `chunk_shares[i]` (interleaved): the fractions of stage i's times
-    its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
-    micro-batches (stage units) and the timeline events (stage, mb, kind, start, end).  `p2p_s`: one
-    send's seconds, a (forward, backward) pair, or one pair per stage.  `timeline` False: no events
-    (the search prices many configurations here and reads only the step time)."""
-    p = len(stage_fwd)
-    pf, pb = zip(*_p2p(p2p_s, p))
+def _checked_chunks(schedule, p, m, v) -> int:
+    """The chunks per stage `schedule` runs (v for interleaved, else 1); ValueError, in one line, for
+    an unknown schedule or one too long to simulate or that cannot run m micro-batches over p stages."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}")
     if schedule != "interleaved":
@@ -245,12 +238,33 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
     if schedule == "interleaved" and interleave_rounds(p, m) is None:
         raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
                          f"(m must be a multiple of max(1, m // p) = {max(1, m // p)})")
+    return v
+
+
+def _chunk_times(stage_fwd, stage_bwd, recompute_s, chunk_shares, p, v):
+    """(forward, backward, recompute) seconds of each stage's chunks: [stage][chunk], each stage's
+    time split by its chunk shares (default 1/v each)."""
     rec = list(recompute_s) if recompute_s is not None else [0.0] * p
-    n_chunks = p * v
     sh = [list(chunk_shares[i]) if chunk_shares is not None else [1.0 / v] * v for i in range(p)]
     tf = [[stage_fwd[i] * x for x in sh[i]] for i in range(p)]
     tb = [[stage_bwd[i] * x for x in sh[i]] for i in range(p)]
     rc = [[rec[i] * x for x in sh[i]] for i in range(p)]
+    return tf, tb, rc
+
+
+def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute_s=None,
+             chunk_shares=None, timeline=True) -> SimResult:
+    """Simulate one training step.  `recompute_s[i]` (part of stage_bwd[i]) is drawn as a separate
+    event before each backward.  `chunk_shares[i]` (interleaved): the fractions of stage i's times
+    its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
+    micro-batches (stage units) and the timeline events (stage, mb, kind, start, end).  `p2p_s`: one
+    send's seconds, a (forward, backward) pair, or one pair per stage.  `timeline` False: no events
+    (the search prices many configurations here and reads only the step time)."""
+    p = len(stage_fwd)
+    pf, pb = zip(*_p2p(p2p_s, p))
+    v = _checked_chunks(schedule, p, m, v)
+    n_chunks = p * v
+    tf, tb, rc = _chunk_times(stage_fwd, stage_bwd, recompute_s, chunk_shares, p, v)
     orders = _order_rows(schedule, p, m, v)
     # the time each (global chunk, micro-batch)'s forward / backward output (send included) is there
     done_f = [[None] * m for _ in range(n_chunks)]

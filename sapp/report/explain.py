@@ -104,7 +104,19 @@ def _alt_line(i, alt, best_step):
 
 def explain(plan) -> str:
     plan = as_plan(plan)
-    model, cl, par, pipe, pr = plan["model"], plan["cluster"], plan["parallel"], plan["pipeline"], plan["predicted"]
+    step = float(plan["predicted"].get("step_time_s") or 0.0)
+    out = _layout_lines(plan)
+    out += [""] + _time_lines(plan, step)
+    out += [""] + _memory_lines(plan)
+    name, why = binding_constraint(plan)
+    out += ["", f"Binding constraint: {name} - {why}"]
+    out += _alternative_lines(plan, step) + _unknown_and_note_lines(plan)
+    return "\n".join(out) + "\n"
+
+
+def _layout_lines(plan) -> list:
+    """The header: the model, the cluster, the degrees and what each parallelism splits."""
+    model, cl, par, pipe = plan["model"], plan["cluster"], plan["parallel"], plan["pipeline"]
     out = []
     n = plan["devices"]
     cname = cl.get("name", "cluster")
@@ -143,9 +155,13 @@ def explain(plan) -> str:
     cons = opt(plan, "constraints", {})
     if cons:
         out.append("  pinned by user: " + ", ".join(f"{k}={cons[k]}" for k in sorted(cons)))
+    return out
 
-    step = float(pr.get("step_time_s") or 0.0)
-    out.append("")
+
+def _time_lines(plan, step) -> list:
+    """Step time, throughput and MFU, then the step's parts and the communication by kind."""
+    par, pr = plan["parallel"], plan["predicted"]
+    out = []
     tput = throughput(plan)
     head = f"Step time {fmt_time(step)}"
     if tput:
@@ -173,10 +189,14 @@ def explain(plan) -> str:
     if step and abs(rest) > 0.01 * step:
         label = "other" if rest > 0 else "overlapped"
         out.append(f"  {label:<16} {('-' if rest < 0 else '') + fmt_time(abs(rest)):>10}  {_pct(rest, step)}")
+    return out
 
+
+def _memory_lines(plan) -> list:
+    """Memory per device: one row per stage (its parts where the plan has them) against the capacity."""
+    pr = plan["predicted"]
     cap = capacity(plan)
-    out.append("")
-    out.append(f"Memory per device (capacity {fmt_bytes(cap)})")
+    out = [f"Memory per device (capacity {fmt_bytes(cap)})"]
     rows, host = _device_rows(stage_memory(plan))
     parts = ("states", "activations") if host else MEMORY_PARTS
     has_bd = any(bd for _, _, bd in rows)
@@ -194,17 +214,19 @@ def explain(plan) -> str:
         out.append("  breakdown (peak stage): " + ", ".join(f"{k} {fmt_bytes(pr['memory'][k])}" for k in MEMORY_PARTS if k in pr["memory"]))
     if host:
         out.append(f"  host memory: up to {fmt_bytes(host)} of model states per device (the placement's), not on the device")
+    return out
 
-    name, why = binding_constraint(plan)
-    out.append("")
-    out.append(f"Binding constraint: {name} - {why}")
 
+def _alternative_lines(plan, step) -> list:
     alts = opt(plan, "alternatives", [])
-    if alts:
-        out.append("")
-        out.append("Next-best alternatives (predicted)")
-        for i, alt in enumerate(alts[:5], 1):
-            out.append(_alt_line(i, alt, step))
+    if not alts:
+        return []
+    return ["", "Next-best alternatives (predicted)"] + [_alt_line(i, alt, step) for i, alt in enumerate(alts[:5], 1)]
+
+
+def _unknown_and_note_lines(plan) -> list:
+    """The ops capture did not know (as capture wrote them) and the plan's notes."""
+    out = []
     meta = opt(plan, "model", {}).get("meta")
     unknown = (meta.get("unknown_ops") if isinstance(meta, dict) else None) or []
     # model.meta is free-form in the schema: a hand-edited list of anything is shown only where it has
@@ -222,4 +244,4 @@ def explain(plan) -> str:
         out.append("")
         out.append("Notes")
         out += [f"  - {x}" for x in notes]
-    return "\n".join(out) + "\n"
+    return out

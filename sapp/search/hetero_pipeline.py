@@ -121,33 +121,50 @@ def link_send(mc, nbytes) -> float:
 
 def price(mc, evs, order, cfg, ctxs):
     """The configuration with stage i on group order[i] (evs[g]: g's StageEvaluator): PipeResult or None."""
-    from ..costmodel.gradsync import overlap_rule
-    from ..costmodel.optimizer import optimizer_step_time
-    from .joint.evaluate import _exposed_sync, _starts_from_counts, step_copies
-    from .joint.result import JointResult
-    P = cfg.pp
-    ev0 = evs[order[0]]
-    n, units = ev0.n, ev0.units
+    sends = _Sends(mc, evs, order, cfg.pp)
+    starts = _partition(evs, order, cfg.pp, ctxs[order[0]], sends)
+    priced = None if starts is None else _priced_stages(evs, order, cfg, ctxs, starts, sends)
+    if priced is None:
+        return None
+    stages, pairs, link_s = priced
+    res = _joint_result(mc, cfg, ctxs, order, stages, pairs)
+    res.profile = evs[order[0]].prof
+    return PipeResult(cfg, tuple(order), res, tuple(link_s))
 
-    def pair(i, a, b):
+
+class _Sends:
+    """Stage i's sends with the stage on group order[i]: over the link where the next (previous)
+    stage is on another group, else as its group's StageEvaluator prices them."""
+
+    def __init__(self, mc, evs, order, P):
+        self.mc, self.evs, self.order, self.P = mc, evs, order, P
+
+    def pair(self, i, a, b):
         """((seconds, bytes) forward, (seconds, bytes) backward) of one of stage i's sends."""
-        (f, g) = evs[order[i]].send_pair(i, a, b)
-        if i < P - 1 and order[i + 1] != order[i]:
-            f = (link_send(mc, f[1]), f[1])
+        order = self.order
+        (f, g) = self.evs[order[i]].send_pair(i, a, b)
+        if i < self.P - 1 and order[i + 1] != order[i]:
+            f = (link_send(self.mc, f[1]), f[1])
         if i > 0 and order[i - 1] != order[i]:
-            g = (link_send(mc, g[1]), g[1])
+            g = (link_send(self.mc, g[1]), g[1])
         return f, g
 
-    def adj(i, a, b):
-        ev = evs[order[i]]
-        (nf, nb), (f, g) = ev.send_counts(i), pair(i, a, b)
+    def adj(self, i, a, b):
+        """What the link changes in stage i's send seconds over the group's own price."""
+        ev = self.evs[self.order[i]]
+        (nf, nb), (f, g) = ev.send_counts(i), self.pair(i, a, b)
         return nf * f[0] + nb * g[0] - ev.send_s(i, a, b)
 
-    def seg(i, a, b):
-        t, fits = evs[order[i]].seg(i, a, b)
-        return (t + adj(i, a, b), True) if fits else (math.inf, False)
+    def seg(self, i, a, b):
+        t, fits = self.evs[self.order[i]].seg(i, a, b)
+        return (t + self.adj(i, a, b), True) if fits else (math.inf, False)
 
-    ctx = ctxs[order[0]]
+
+def _partition(evs, order, P, ctx, sends):
+    """Each stage's first unit of the exact min-max partition over the per-stage prices, or None."""
+    from .joint.evaluate import _starts_from_counts
+    ev0 = evs[order[0]]
+    n, units, seg = ev0.n, ev0.units, sends.seg
     if ctx.uniform:
         first = next(i for i, u in enumerate(units) if u.kind == "block")
         pre, post = first, n - first - ctx.L
@@ -159,24 +176,29 @@ def price(mc, evs, order, cfg, ctxs):
                 return seg(i, n - post - k, n)
             return seg(i, pre, pre + k)
         counts, _ = partition_counts(ctx.L, P, seg_k)
-        starts = None if counts is None else _starts_from_counts(units, counts)
-    else:
-        cut = [u.cut_before for u in units]
-        cut[0] = False
-        if cut_at_block_entry(ev0.prof):
-            cut[next(i for i, u in enumerate(units) if u.kind == "block")] = False
-        starts = partition_dp(n, P, [True] + cut[1:], seg)[0]
-    if starts is None:
-        return None
-    ends = starts[1:] + [n]
-    stages, sends, link_s = [], [], []
+        return None if counts is None else _starts_from_counts(units, counts)
+    cut = [u.cut_before for u in units]
+    cut[0] = False
+    if cut_at_block_entry(ev0.prof):
+        cut[next(i for i, u in enumerate(units) if u.kind == "block")] = False
+    return partition_dp(n, P, [True] + cut[1:], seg)[0]
+
+
+def _priced_stages(evs, order, cfg, ctxs, starts, sends):
+    """(stages, (forward, backward) send seconds per stage, link seconds per stage) of the
+    partition, or None where a stage cannot be priced."""
+    from ..costmodel.gradsync import overlap_rule
+    from .joint.evaluate import _exposed_sync, step_copies
+    P = cfg.pp
+    ends = starts[1:] + [evs[order[0]].n]
+    stages, pairs, link_s = [], [], []
     for i, (a, b) in enumerate(zip(starts, ends)):
         st = evs[order[i]].seg(i, a, b, detail=True)
         if st is None:
             return None
-        st.send_s += adj(i, a, b)
-        f, g = pair(i, a, b)
-        sends.append((f[0], g[0]))
+        st.send_s += sends.adj(i, a, b)
+        f, g = sends.pair(i, a, b)
+        pairs.append((f[0], g[0]))
         cross_f = i < P - 1 and order[i + 1] != order[i]
         cross_b = i > 0 and order[i - 1] != order[i]
         link_s.append((f[0] if cross_f else 0.0, g[0] if cross_b else 0.0))
@@ -185,8 +207,17 @@ def price(mc, evs, order, cfg, ctxs):
             st.grad_sync_s = _exposed_sync(evs[order[i]], rule, st, a, b)
         st.grad_sync_s += step_copies(evs[order[i]], a, b)
         stages.append(st)
+    return stages, pairs, link_s
+
+
+def _joint_result(mc, cfg, ctxs, order, stages, pairs):
+    """The step of the priced stages (schedule, slowest gradient sync and optimizer update, loss
+    sync) and its parts, as a JointResult."""
+    from ..costmodel.optimizer import optimizer_step_time
+    from .joint.result import JointResult
+    ctx = ctxs[order[0]]
     fw, bw = [s.fwd_s for s in stages], [s.bwd_s for s in stages]
-    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule, 1, sends)
+    step_pipe = step_time(fw, bw, cfg.m, cfg.schedule, 1, pairs)
     gs = max(s.grad_sync_s for s in stages)
     opt = [optimizer_step_time(s.memory["optimizer"], s.memory["params"], ctxs[order[i]].cluster, ctx.settings,
                                tensors=s.param_tensors / (cfg.dp if cfg.zero == 1 else 1), sharded=cfg.zero >= 2)
@@ -210,8 +241,7 @@ def price(mc, evs, order, cfg, ctxs):
     res.model_flops = ctx.model_flops_per_sample * ctx.B
     peak = sum(c.devices * c.peak_flops for c in mc.groups)
     res.mfu = res.model_flops / (step * peak) if step > 0 else 0.0
-    res.profile = ev0.prof
-    return PipeResult(cfg, tuple(order), res, tuple(link_s))
+    return res
 
 
 def _least_max(n, fs, L):

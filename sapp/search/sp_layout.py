@@ -284,56 +284,76 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
         d = dim(n)
         if node.kind == "norm" and node.module:
             sec["norms"][node.module] = node.out.dims.index(d)
-        for op in node.operands:
-            p = op.producer
-            if p is None or p in sp or d not in op.dims or graph.nodes[p].kind == "input":
-                continue
-            pn, axis = graph.nodes[p], op.dims.index(d)
-            if axis >= len(pn.out.dims) or not pn.module:
-                sec["unsupported"].append(f"{n} reads {p} without a module boundary")
-            elif dim(p) == "k":
-                sec["exits"][pn.module] = axis
-            elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
-                    node.module == pn.module.rpartition(".")[0]) and _runs_blocks(node.module, blocks):
-                # the parent sums it but also runs the blocks (Granite's `embed_tokens(ids) * multiplier`
-                # in the decoder model): it reads the cut length for positions and masks, and the blocks'
-                # first input is not where the cut would be
-                sec["unsupported"].append(f"{n} ({node.module or 'the model'}) works on {p}'s output in a module that "
-                                          f"also runs the blocks")
-            elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
-                    node.module == pn.module.rpartition(".")[0]):
-                # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
-                # model's embed_tokens -> layers) may read the full length from it (masks, positions)
-                sec["scatter"][pn.module] = axis
-            elif dim(p) is None and pn.kind in ("embedding", "matmul") and _block_entry(graph, p, node.block, sp,
-                                                                                          consumers):
-                # an HF decoder's embedding: its parent reads the full length (masks, positions), so the
-                # residual stream is cut where the first block takes it in
-                sec["block_scatter"][node.block] = axis
-            elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
-                sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
-            else:
-                sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
-        axis = node.out.dims.index(d)
-        for c, j in consumers[n]:
-            if c in sp:
-                continue
-            cn = graph.nodes[c]
-            if cn.kind == "matmul" and cn.module and dim(c) in ("n", None) and any(
-                    o.param is not None for o in cn.operands):
-                others = [graph.nodes[x].module or "" for x, _ in consumers[n] if x in sp]
-                where = _enclosing(cn.module, [node.module or ""] + others)
-                if any(b.startswith(where + ".") for b in blocks):
-                    # an encoder-decoder's decoder reading the encoder's output: its gather could not
-                    # tell that input from the others (sapp/emit/tp/sp_entry.check_entries refuses it), so
-                    # sequence parallelism is not priced here and tp runs without it
-                    sec["unsupported"].append(f"{where} holds a stack of blocks and reads the sequence split of {n}")
-                    continue
-                sec["entries"].setdefault(where, axis)
-            else:
-                sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+        _into_split(graph, sec, n, d, sp, dim, blocks, consumers)
+        _out_of_split(graph, sec, n, d, sp, dim, blocks, consumers)
     _cut_where_blocks_read_length(graph, sec, sp, dim, blocks, consumers)
-    # a scattered or reduce-scattered output is the shard for every reader: each must take the shard
+    _shard_readers(graph, sec, sp, consumers)
+    sec["unsupported"] = sorted(set(sec["unsupported"]))
+    return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sec.items()}
+
+
+def _into_split(graph, sec, n, d, sp, dim, blocks, consumers) -> None:
+    """Where SP node n's operands from outside the SP set (split along d) come from: a row-split
+    closer's exit, an embedding's scatter or block_scatter, or an edge the emitter cannot place."""
+    node = graph.nodes[n]
+    for op in node.operands:
+        p = op.producer
+        if p is None or p in sp or d not in op.dims or graph.nodes[p].kind == "input":
+            continue
+        pn, axis = graph.nodes[p], op.dims.index(d)
+        if axis >= len(pn.out.dims) or not pn.module:
+            sec["unsupported"].append(f"{n} reads {p} without a module boundary")
+        elif dim(p) == "k":
+            sec["exits"][pn.module] = axis
+        elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
+                node.module == pn.module.rpartition(".")[0]) and _runs_blocks(node.module, blocks):
+            # the parent sums it but also runs the blocks (Granite's `embed_tokens(ids) * multiplier`
+            # in the decoder model): it reads the cut length for positions and masks, and the blocks'
+            # first input is not where the cut would be
+            sec["unsupported"].append(f"{n} ({node.module or 'the model'}) works on {p}'s output in a module that "
+                                      f"also runs the blocks")
+        elif dim(p) in (None, "v") and pn.kind in ("embedding", "matmul") and (
+                node.module == pn.module.rpartition(".")[0]):
+            # cut right where the producer's parent sums it (GPT's Embed): a parent further out (an HF
+            # model's embed_tokens -> layers) may read the full length from it (masks, positions)
+            sec["scatter"][pn.module] = axis
+        elif dim(p) is None and pn.kind in ("embedding", "matmul") and _block_entry(graph, p, node.block, sp,
+                                                                                      consumers):
+            # an HF decoder's embedding: its parent reads the full length (masks, positions), so the
+            # residual stream is cut where the first block takes it in
+            sec["block_scatter"][node.block] = axis
+        elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
+            sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
+        else:
+            sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
+
+
+def _out_of_split(graph, sec, n, d, sp, dim, blocks, consumers) -> None:
+    """Where SP node n's output (split along d) leaves the SP set: a region module's entry
+    all-gather, or a reader the emitter cannot place."""
+    node = graph.nodes[n]
+    axis = node.out.dims.index(d)
+    for c, j in consumers[n]:
+        if c in sp:
+            continue
+        cn = graph.nodes[c]
+        if cn.kind == "matmul" and cn.module and dim(c) in ("n", None) and any(
+                o.param is not None for o in cn.operands):
+            others = [graph.nodes[x].module or "" for x, _ in consumers[n] if x in sp]
+            where = _enclosing(cn.module, [node.module or ""] + others)
+            if any(b.startswith(where + ".") for b in blocks):
+                # an encoder-decoder's decoder reading the encoder's output: its gather could not
+                # tell that input from the others (sapp/emit/tp/sp_entry.check_entries refuses it), so
+                # sequence parallelism is not priced here and tp runs without it
+                sec["unsupported"].append(f"{where} holds a stack of blocks and reads the sequence split of {n}")
+                continue
+            sec["entries"].setdefault(where, axis)
+        else:
+            sec["unsupported"].append(f"{c} ({cn.kind}) reads the sequence split of {n}")
+
+
+def _shard_readers(graph, sec, sp, consumers) -> None:
+    """A scattered or reduce-scattered output is the shard for every reader: each must take the shard."""
     owner = {graph.nodes[n].module: n for n in graph.nodes if graph.nodes[n].module}
     # each module's first embedding / linear outside the SP set, found in one pass (not one per module)
     opener = {}
@@ -347,5 +367,3 @@ def sp_section(graph, strategies: dict, tp_level, tp: int, sp=None) -> dict:
                 cn = graph.nodes[c]
                 if c not in sp and not (cn.kind == "matmul" and any(o.param is not None for o in cn.operands)):
                     sec["unsupported"].append(f"{c} ({cn.kind}) reads {p} whole, which runs sequence-sharded")
-    sec["unsupported"] = sorted(set(sec["unsupported"]))
-    return {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in sec.items()}
