@@ -17,6 +17,29 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     """Turn `measure()` output into a Cluster (per-device figures are the slowest rank's)."""
     ranks, procs = raw["ranks"], raw["procs"]
     base_c = PRESETS[base]
+    cuda = ranks[0]["cuda"]
+    changes, peaks = _device_figures(ranks, procs, name, base_c, cuda)
+    launch, graph_op, overhead = _dispatch(ranks, changes, base_c, cuda)
+    _curves_and_op_rates(ranks, changes, overhead, raw)
+    fit = _collectives(ranks, procs, changes, base_c) if procs > 1 else None
+    notes = _notes(raw, ranks, procs, cuda, min(peaks), changes, launch, graph_op, fit)
+    ref_s = reference_seconds(raw)
+    if ref_s:
+        scale = _compute_scale(raw, ref_s, changes, base_c)
+        changes["compute_scale"] = round(scale, 3)
+        notes += f", framework overhead x{scale:.2f} (reference block {ref_s * 1e3:.1f} ms measured)"
+    if "mem_bw_curve" in changes:
+        pts = changes["mem_bw_curve"]
+        notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"
+                  f" to {pts[-1][1] / 1e9:.0f} GB/s at {pts[-1][0] / 3 / 2 ** 20:.0f} MB per tensor")
+    notes += "; single node: inter-node figures copy the intra-node ones"
+    changes["notes"] = notes
+    return Cluster.from_dict({**base_c.to_dict(), **changes})
+
+
+def _device_figures(ranks, procs, name, base_c, cuda):
+    """(the Cluster fields of one device and its host, each rank's best GEMM rate): the slowest
+    rank's GEMM, copy and element-wise rates, memory sizes, dropout draws."""
     peaks, medians, copies, adds = [], [], [], []
     for r in ranks:
         rates = list(r["local"]["gemm_flops"].values())
@@ -28,7 +51,6 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
     mem_bw = min(copies)
     compute_eff = max(0.05, min(1.0, min(medians) / peak))
     mem_eff = max(0.05, min(1.0, min(adds) / mem_bw))
-    cuda = ranks[0]["cuda"]
     h2d = min(r["local"]["h2d_bw"] for r in ranks) if cuda else mem_bw
     changes = {"name": name, "nodes": 1, "gpus_per_node": procs, "peak_flops": peak, "mem_bandwidth": mem_bw,
                "compute_efficiency": round(compute_eff, 3), "memory_efficiency": round(mem_eff, 3), "h2d_bw": h2d}
@@ -42,6 +64,13 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         changes["rng_rate"] = min(rng)            # slowest rank
     if not cuda:
         changes["precision"] = "fp32"
+    return changes, peaks
+
+
+def _dispatch(ranks, changes, base_c, cuda):
+    """Per-op dispatch into `changes` (op_overhead: a graph operator's, update_op_overhead: a bare
+    op's); returns (the ranks' launch measurements, the per-graph-op figure or None, a bare op's
+    dispatch: what single-op measurements carry and an optimizer update pays; 0 on CUDA)."""
     launch = [r["local"]["launch"] for r in ranks if r["local"].get("launch")]
     if launch:
         # the slowest rank's dispatch, like every other per-device figure (the step waits for it)
@@ -50,8 +79,7 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         sharded = [x["sharded"] for x in launch if x.get("sharded")]
         if sharded:
             changes["sharded_op_overhead"] = max(sharded)
-    # a bare op's dispatch: what single-op measurements below carry and an optimizer update pays
-    overhead = changes.get("op_overhead", 0.0) if not cuda else 0.0
+    overhead = changes.get("op_overhead", 0.0) if not cuda else 0.0      # (before graph_op replaces it)
     tiny = [r["local"].get("tiny_s") for r in ranks]
     graph_op = None
     if launch and all(tiny):
@@ -63,6 +91,12 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         graph_op = max(overhead, (max(tiny) - roof) / max(1, graph_launches(TINY)))
         changes["update_op_overhead"] = changes["op_overhead"]
         changes["op_overhead"] = graph_op
+    return launch, graph_op, overhead
+
+
+def _curves_and_op_rates(ranks, changes, overhead, raw) -> None:
+    """The element-wise and dropout rate curves and the per-op rate table into `changes`: per size
+    (op), the slowest rank, less the serial dispatch `overhead`."""
     for key in ("mem_bw_curve", "rng_curve"):
         curves = [r["local"].get(key) for r in ranks]
         if all(curves):
@@ -87,45 +121,52 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
                 pair.append(1.0 / max(t - overhead / cfg_elems(raw), 0.25 * t))
             rates[name] = pair
         changes["op_rates"] = rates
-    fit = None
-    if procs > 1:
-        ar = ranks[0]["allreduce"]
-        sizes = sorted(ar)
-        alpha, beta, resid = fit_alpha_beta(sizes, [ar[s] for s in sizes], procs)
-        fit = (alpha, beta, resid)
-        changes.update(intra_latency=alpha, intra_bw=beta, inter_latency=alpha, inter_bw=beta)
-        fits = {}
-        for kind, times in sorted((ranks[0].get("collectives") or {}).items()):
-            ks = sorted(times)
-            if len(ks) >= 2:
-                if kind == "p2p":       # t = α + B/β is the 2-rank all-gather model at twice the bytes
-                    a, b, _ = fit_alpha_beta([2 * k for k in ks], [times[k] for k in ks], 2, factor=1.0)
-                else:
-                    a, b, _ = fit_alpha_beta(ks, [times[k] for k in ks], procs, factor=1.0)
-                fits[kind] = [a, b]
-        if fits:
-            changes["collective_fits"] = fits
-        fs = [r["local"].get("fsdp") for r in ranks]
-        if all(fs):
-            from ..costmodel.primitives import collective_time
-            fitted = Cluster.from_dict({**base_c.to_dict(), **changes})
-            w = FSDP_WIDTH
 
-            def per_unit(key, nbytes):
-                comm = (2 * collective_time("all_gather", nbytes, procs, "intra", fitted)
-                        + collective_time("reduce_scatter", nbytes, procs, "intra", fitted))
-                extra = max(f[key] - f["plain" + key[4:]] for f in fs) / (FSDP_UNITS + 1)   # + the root unit
-                return max(0.0, extra - comm)
 
-            u2 = per_unit("fsdp", 4.0 * (w * w + w))
-            u6 = per_unit("fsdp6", 4.0 * (w * w + w + w // 2 * 3 + w))
-            per_tensor = max(0.0, (u6 - u2) / 4.0)
-            changes["fsdp_tensor_overhead"] = per_tensor
-            changes["fsdp_unit_overhead"] = max(0.0, u2 - 2.0 * per_tensor)
+def _collectives(ranks, procs, changes, base_c):
+    """The fitted all_reduce (alpha, beta, rms error), with the other collectives' fits and FSDP2's
+    per-unit and per-tensor overheads, into `changes`."""
+    ar = ranks[0]["allreduce"]
+    sizes = sorted(ar)
+    alpha, beta, resid = fit_alpha_beta(sizes, [ar[s] for s in sizes], procs)
+    changes.update(intra_latency=alpha, intra_bw=beta, inter_latency=alpha, inter_bw=beta)
+    fits = {}
+    for kind, times in sorted((ranks[0].get("collectives") or {}).items()):
+        ks = sorted(times)
+        if len(ks) >= 2:
+            if kind == "p2p":       # t = α + B/β is the 2-rank all-gather model at twice the bytes
+                a, b, _ = fit_alpha_beta([2 * k for k in ks], [times[k] for k in ks], 2, factor=1.0)
+            else:
+                a, b, _ = fit_alpha_beta(ks, [times[k] for k in ks], procs, factor=1.0)
+            fits[kind] = [a, b]
+    if fits:
+        changes["collective_fits"] = fits
+    fs = [r["local"].get("fsdp") for r in ranks]
+    if all(fs):
+        from ..costmodel.primitives import collective_time
+        fitted = Cluster.from_dict({**base_c.to_dict(), **changes})
+        w = FSDP_WIDTH
+
+        def per_unit(key, nbytes):
+            comm = (2 * collective_time("all_gather", nbytes, procs, "intra", fitted)
+                    + collective_time("reduce_scatter", nbytes, procs, "intra", fitted))
+            extra = max(f[key] - f["plain" + key[4:]] for f in fs) / (FSDP_UNITS + 1)   # + the root unit
+            return max(0.0, extra - comm)
+
+        u2 = per_unit("fsdp", 4.0 * (w * w + w))
+        u6 = per_unit("fsdp6", 4.0 * (w * w + w + w // 2 * 3 + w))
+        per_tensor = max(0.0, (u6 - u2) / 4.0)
+        changes["fsdp_tensor_overhead"] = per_tensor
+        changes["fsdp_unit_overhead"] = max(0.0, u2 - 2.0 * per_tensor)
+    return alpha, beta, resid
+
+
+def _notes(raw, ranks, procs, cuda, peak, changes, launch, graph_op, fit) -> str:
+    """The calibrated cluster's notes: what was measured, up to the collectives."""
     notes = (f"calibrated with {procs} {'GPU' if cuda else 'CPU'} process(es), {raw['threads_per_proc']} thread(s) each"
              f"{', ' + ranks[0]['backend'] if ranks[0].get('backend') else ''}"
-             f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {mem_bw / 1e9:.2f} GB/s")
-    if rng:
+             f"; GEMM best {peak / 1e9:.1f} GFLOP/s, copy {changes['mem_bandwidth'] / 1e9:.2f} GB/s")
+    if "rng_rate" in changes:
         notes += f", dropout {changes['rng_rate'] / 1e6:.0f} M random draws/s"
     if launch:
         notes += (f", op dispatch {max(x['fwd'] for x in launch) * 1e6:.1f} us fwd / "
@@ -140,24 +181,18 @@ def cluster_from_measurements(raw, name="calibrated", base="cpu") -> Cluster:
         notes += f", {kind} alpha {a * 1e6:.0f} us beta {b / 1e9:.2f} GB/s"
     if fit:
         notes += f", all_reduce alpha {fit[0] * 1e6:.1f} us beta {fit[1] / 1e9:.3f} GB/s (fit rms error {fit[2] * 100:.0f}%)"
-    ref_s = reference_seconds(raw)
-    if ref_s:
-        # the slowest rank's reference step over the cost model's prediction with everything else measured
-        measured_c = Cluster.from_dict({**base_c.to_dict(), **changes})
-        predicted = reference_prediction(measured_c)
-        if len(raw["ranks"]) > 1:        # the lockstep all-reduce closing each timed step, as a run's loss sync
-            from ..costmodel.primitives import scalar_allreduce_time
-            predicted += scalar_allreduce_time(len(raw["ranks"]), "intra", measured_c)
-        scale = max(0.5, min(3.0, ref_s / predicted)) if predicted > 0 else 1.0
-        changes["compute_scale"] = round(scale, 3)
-        notes += f", framework overhead x{scale:.2f} (reference block {ref_s * 1e3:.1f} ms measured)"
-    if "mem_bw_curve" in changes:
-        pts = changes["mem_bw_curve"]
-        notes += (f", element-wise {pts[0][1] / 1e9:.0f} GB/s at {pts[0][0] / 3 / 1024:.0f} KB"
-                  f" to {pts[-1][1] / 1e9:.0f} GB/s at {pts[-1][0] / 3 / 2 ** 20:.0f} MB per tensor")
-    notes += "; single node: inter-node figures copy the intra-node ones"
-    changes["notes"] = notes
-    return Cluster.from_dict({**base_c.to_dict(), **changes})
+    return notes
+
+
+def _compute_scale(raw, ref_s, changes, base_c) -> float:
+    """The slowest rank's reference step over the cost model's prediction with everything else
+    measured, kept within [0.5, 3]."""
+    measured_c = Cluster.from_dict({**base_c.to_dict(), **changes})
+    predicted = reference_prediction(measured_c)
+    if len(raw["ranks"]) > 1:        # the lockstep all-reduce closing each timed step, as a run's loss sync
+        from ..costmodel.primitives import scalar_allreduce_time
+        predicted += scalar_allreduce_time(len(raw["ranks"]), "intra", measured_c)
+    return max(0.5, min(3.0, ref_s / predicted)) if predicted > 0 else 1.0
 
 
 def calibrate(procs=2, quick=False, timeout_s=120.0, name="calibrated", threads=None):
