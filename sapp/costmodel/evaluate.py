@@ -179,23 +179,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
     per_node = {n: dict.fromkeys(_KEYS, 0.0) for n in graph.nodes}
     # Repeated blocks hold identical ops: price each (structure, strategy) once.
     node_memo, edge_memo = {}, {}
-    sigs = memo.get("sigs") if memo is not None else None     # (the graph's nodes do not change)
-    if sigs is None:
-        sigs, ids = {}, {}
-        for node in graph.nodes.values():
-            sigs[node.name] = ids.setdefault(_sig(node), len(ids))
-        if memo is not None:
-            memo["sigs"] = sigs
-    # per node: its operands' trainable flags (the node-memo key) and whether it is a linear with
-    # parameters (_shared_entry), fixed for this graph and owners table
-    okey = ("node facts", id(owners))
-    facts = memo.get(okey) if memo is not None else None
-    if facts is None or facts[0] is not owners:
-        facts = (owners, {n.name: (tuple(owners[n.name].get(o.param) for o in n.operands if o.param is not None),
-                                   bool(n.kind == "matmul" and n.params)) for n in graph.nodes.values()})
-        if memo is not None:
-            memo[okey] = facts
-    facts = facts[1]
+    sigs = _signatures(graph, memo)
+    facts = _node_facts(graph, owners, memo)
     overlap = [] if settings.tp_overlap else None      # (runtime fused+tp-overlap: costmodel.tp_overlap)
     gemms = {}
     shared = set()          # (producer, module, src, dst, direction) moved for another linear (_shared_entry)
@@ -248,8 +233,38 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
     if overlap:
         _overlap_tp(graph, overlap, gemms, per_node, mesh)
     tot = ShardingCost(per_node=per_node)
-    if not totals:
-        return tot
+    return _totals(graph, tot) if totals else tot
+
+
+def _signatures(graph, memo) -> dict:
+    """Each node's structure id (_sig: identical ops of repeated blocks share one), kept in `memo`."""
+    sigs = memo.get("sigs") if memo is not None else None     # (the graph's nodes do not change)
+    if sigs is None:
+        sigs, ids = {}, {}
+        for node in graph.nodes.values():
+            sigs[node.name] = ids.setdefault(_sig(node), len(ids))
+        if memo is not None:
+            memo["sigs"] = sigs
+    return sigs
+
+
+def _node_facts(graph, owners, memo) -> dict:
+    """Per node: its operands' trainable flags (the node-memo key) and whether it is a linear with
+    parameters (_shared_entry), fixed for this graph and owners table (kept in `memo`)."""
+    okey = ("node facts", id(owners))
+    facts = memo.get(okey) if memo is not None else None
+    if facts is None or facts[0] is not owners:
+        facts = (owners, {n.name: (tuple(owners[n.name].get(o.param) for o in n.operands if o.param is not None),
+                                   bool(n.kind == "matmul" and n.params)) for n in graph.nodes.values()})
+        if memo is not None:
+            memo[okey] = facts
+    return facts[1]
+
+
+def _totals(graph, tot) -> ShardingCost:
+    """`tot` with the graph and per-block sums of its per-node costs, and each one's comm, time and
+    memory totals."""
+    per_node = tot.per_node
     for name, d in per_node.items():
         for k in _KEYS:
             setattr(tot, k, getattr(tot, k) + d[k])
