@@ -1,35 +1,32 @@
-"""torchtitan's published Float8 rows imported through `sapp import`'s path and priced with FP8 linears:
+"""Published FP8 runs imported through `sapp import`'s path and priced with FP8 linears:
 `python -m bench.published_fp8 [--only TEXT]`.
 
-Every row is torchtitan 0.2.2's own job file (bench/torchtitan_published/llama3_8b / 70b.toml) with the
-row's batch, degrees and checkpointing, read by sapp.engines.import_config as `sapp import --from
-torchtitan@0.2.2` reads it (the "torchtitan-0.2.2" profile, no bench-only profile), twice: bf16, and with
-the float8 converter on as the job file ships its [quantize.linear.float8] table (converters =
-["quantize.linear.float8"], no FP8 all-gather, the output filtered: tensorwise, sapp/engines/fp8.py).
-The machine is the benchmarks' Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA a GPU, 500 W),
-"between SXM and NVL": priced at both (dense bf16 989 / 835 TFLOP/s, FP8 twice that).
+torchtitan's Float8 rows.  The 2412 benchmark's rows (benchmarks/llama3_h100_202412_torchtitan.md, Tables
+1 and 3: FSDP, Llama 3.1 8B, local batch 2, selective AC, torch.compile + Float8) are that benchmark's own
+job file, torchtitan 9dec370's llama3_8b.toml (bench/torchtitan_published/llama3_8b_9dec370.toml) with
+batch_size = 2 and compile = true, read as `sapp import --from torchtitan@0.2.2` reads a file of that
+schema (sapp/engines/torchtitan_2412.py: the "torchtitan-2412+compile" profile, chosen from the file's
+fields), twice: bf16, and with its own `[float8] enable_float8_linear = true` (dynamic tensorwise scales,
+no FP8 all-gather, `output` left in bf16 as its float8.py filters it: tensorwise, sapp/engines/fp8.py).
+The 2025-06 rows (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, vanilla TP columns: 70B FSDP 32
+x TP 8 full AC local batch 16; 8B FSDP 8 x TP 8 op SAC local batch 12) are torchtitan 0.2.2's job files
+(bench/torchtitan_published/llama3_8b / 70b.toml, the "torchtitan-0.2.2" profile) with the float8
+converter on as they ship its [quantize.linear.float8] table; those runs also used float8 tensor-parallel
+collectives (enable_float8_tensorwise_tp), priced here in bf16, and torch.compile, priced as eager.  The
+machine is the benchmarks' Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA a GPU, 500 W),
+"between SXM and NVL": priced at both (dense bf16 989 / 835 TFLOP/s, FP8 twice that).  The published
+ratio is compile+Float8 / compile.
 
-The published Float8 rows all ran with torch.compile, which sapp does not price (an import with compile
-on is priced eager, said in its notes); so the table compares sapp's FP8 tokens/s with the published
-compile+Float8 figure, and sapp's FP8/bf16 ratio with the published compile+Float8 / compile ratio.
-Sources: pytorch/torchtitan v0.2.2 benchmarks/llama3_h100_202412_torchtitan.md (Tables 1 and 3: FSDP,
-Llama 3.1 8B, local batch 2, selective AC) and benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md
-(vanilla TP columns: 70B FSDP 32 x TP 8 full AC local batch 16; 8B FSDP 8 x TP 8 op SAC local batch
-12).  The 2025-06 tensorwise runs used float8 tensor-parallel collectives (torchtitan's
-enable_float8_tensorwise_tp), which sapp prices in bf16.  Nothing here is fitted to the published rows.
+Megatron-Core FP8: NeMo 25.02's GPT3-175B row on 512 H100 (bench/megatron_args/nemo_2502_gpt3_175b_fp8_h100.args
+states the run and its source: TP 4, PP 8, VP 6, MBS 2, GBS 2048, delayed scaling), imported as `sapp import
+--from megatron FILE --cluster h100-80g:devices=512` imports it (the model its flags state, the
+"fused+tp-overlap" profile), and again without its FP8 flags for sapp's bf16 figure (none published).
 
-Reading bench/RESULTS.md §23: each row is torchtitan 0.2.2's own job file with the row's batch, degrees
-and checkpointing, read as `sapp import --from torchtitan@0.2.2` reads it (the `torchtitan-0.2.2` profile),
-bf16 and with `converters = ["quantize.linear.float8"]` (tensorwise, no FP8 all-gather, output
-filtered), on the benchmarks' 500 W H100 at the SXM and NVL peaks (FP8 twice the bf16 peak).  Every
-published Float8 row ran with torch.compile, which sapp prices as eager: the published columns are
-compile+Float8 and the published ratio is compile+Float8 / compile.  The FSDP rows' FP8 figures land
-within +-15% (at NVL; +15.3% at SXM on Table 1) partly because sapp's eager bf16 is already above
-torchtitan's compiled bf16 (8,261 vs 6,667 on Table 1 SXM: the +26-43% of issue 54); sapp's FP8 gain
-(1.18-1.23x) is below the published 1.28-1.29x, and far below it under tp 8 (0.98-1.14x against
-1.16-1.36x), where the per-rank GEMMs are small and the casts, priced eager, weigh most.  No published
-Megatron FP8 run is priced: the NeMo performance tables found state per-tensor current scaling
-(Megatron's `--fp8-recipe tensorwise`, refused by sapp) or no recipe."""
+Nothing here is fitted to the published rows.  Reading (bench/RESULTS.md §23): sapp's FP8 gain is below
+the published one (1.16-1.21x against 1.28-1.29x on the 2412 FSDP rows, 0.98-1.14x against 1.16-1.36x
+under tp 8): the casts are priced as eager kernels, which compile fuses and which weigh most where the
+per-rank GEMMs are small.  The NeMo row's peak (85 GB) is over the 80 GB it ran in: NeMo gathers FP8
+weights (fp8_param_gather, not priced) and Transformer Engine keeps FP8 activations (priced at bf16)."""
 from __future__ import annotations
 
 import argparse
@@ -41,20 +38,35 @@ from bench.published_torchtitan import GRAND_TETON, PEAKS, job_text, price
 
 SRC_2412 = "llama3_h100_202412_torchtitan.md"
 SRC_2506 = "asyncTP_llama3_h100_2025-06_torchtitan.md"
+TT_2412 = "llama3_8b_9dec370.toml"          # the 2412 benchmark's own job file (its schema: torchtitan_2412.py)
 # (name, job file, edits, model, nodes, published bf16 (compile), published Float8 (compile), source)
 ROWS = [
-    ("T1 8B FSDP 8 GPUs", "llama3_8b.toml", {"local_batch_size": 2}, "llama3-8b", 1, 6667, 8532, SRC_2412),
-    ("T3 8B FSDP 128 GPUs", "llama3_8b.toml", {"local_batch_size": 2}, "llama3-8b", 16, 6514, 8380, SRC_2412),
+    ("T1 8B FSDP 8 GPUs", TT_2412, {"batch_size": 2, "compile": "true"}, "llama3-8b", 1, 6667, 8532, SRC_2412),
+    ("T3 8B FSDP 128 GPUs", TT_2412, {"batch_size": 2, "compile": "true"}, "llama3-8b", 16, 6514, 8380, SRC_2412),
     ("70B FSDP32 TP8 256 GPUs", "llama3_70b.toml", {"local_batch_size": 16}, "llama3-70b", 32, 597.3, 809.8,
      SRC_2506),
     ("8B FSDP8 TP8 64 GPUs", "llama3_8b.toml", {"local_batch_size": 12, "tensor_parallel_degree": 8},
      "llama3-8b", 8, 4378, 5078.1, SRC_2506),
 ]
 FLOAT8_ON = ('# converters = ["float8"]', 'converters = ["quantize.linear.float8"]')
+# Megatron-Core FP8 (delayed scaling) runs: (name, argument file, cluster, published tokens/s/GPU, source)
+MEGATRON = [("NeMo 25.02 GPT3-175B 512 H100", "bench/megatron_args/nemo_2502_gpt3_175b_fp8_h100.args",
+             "h100-80g:devices=512", 866, "NeMo 25.02 performance summary, DGX-H100")]
+FP8_FLAGS = ("--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--fp8-amax-compute-algo")
 
 
 def _cluster(nodes, peak):
     return GRAND_TETON.format(nodes=nodes, peak=peak) + f",fp8_peak_flops={2 * peak:.0f}"
+
+
+def _texts(fname, edits):
+    """(bf16 job text, Float8 job text): the 2024 schema's [float8] table, or 0.2.2's converter line."""
+    if fname == TT_2412:
+        return job_text(fname, edits), job_text(fname, {**edits, "enable_float8_linear": "true"})
+    text = job_text(fname, edits)
+    f8 = text.replace(*FLOAT8_ON)
+    assert f8 != text, f"{fname}: no commented float8 converter line to turn on"
+    return text, f8
 
 
 def rows(only=""):
@@ -63,13 +75,36 @@ def rows(only=""):
     for name, fname, edits, model, nodes, pub_bf16, pub_fp8, src in ROWS:
         if only not in name:
             continue
-        text = job_text(fname, edits)
-        f8 = text.replace(*FLOAT8_ON)
-        assert f8 != text, f"{fname}: no commented float8 converter line to turn on"
+        text, f8 = _texts(fname, edits)
         for pk in ("sxm", "nvl"):
             cl = _cluster(nodes, PEAKS[pk])
             b, f = price(text, model, cl, graphs), price(f8, model, cl, graphs)
             out.append((name, pk, b["tps"], f["tps"], pub_bf16, pub_fp8, src, f["gib"]))
+    return out
+
+
+def megatron_rows(only=""):
+    """[(name, bf16 tok/s, fp8 tok/s, published fp8, source, fp8 peak GB, fits)]: each file imported as
+    `sapp import --from megatron FILE --cluster C` does (the model its flags state), and without its FP8 flags."""
+    from sapp import api
+    from sapp.engines import import_config
+    from sapp.engines.megatron_build import build
+    out = []
+    for name, path, spec, pub, src in MEGATRON:
+        if only not in name:
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        bf16 = "\n".join(ln for ln in text.splitlines() if not ln.startswith(FP8_FLAGS))
+        graph = api.capture_graph(build(text, path))[0]
+        cl = api.resolve_cluster(spec)
+        tps = []
+        for t in (bf16, text):
+            plan = import_config(t, "megatron", graph, cl, path, source=path)
+            pr = plan["predicted"]
+            tps.append(plan["model"]["global_batch"] * graph.meta["config"]["s"] / pr["step_time_s"] / cl.devices)
+        out.append((name, tps[0], tps[1], pub, src, pr["peak_memory_bytes"] / 1e9,
+                    pr["peak_memory_bytes"] <= cl.usable_memory))
     return out
 
 
@@ -90,6 +125,13 @@ def main(argv=None):
     rs = rows(args.only)
     print(f"python -m bench.published_fp8  ({datetime.date.today()}, tokens/s/GPU)")
     print(table(rs))
+    ms = megatron_rows(args.only)
+    if ms:
+        print("\n| Megatron-Core FP8 run | sapp bf16 | sapp FP8 (delayed) | published | FP8 err | peak GB | source |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for name, b, f, pub, src, gb, fits in ms:
+            print(f"| {name} | {b:,.0f} | {f:,.0f} | {pub:,} | {(f - pub) / pub:+.1%} | {gb:.1f}"
+                  f"{'' if fits else ' (does not fit)'} | {src} |")
     print(f"\n({time.time() - t0:.0f} s)")
     return 0
 
