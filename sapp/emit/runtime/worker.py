@@ -31,6 +31,7 @@ import signal
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 
 def parse_args(argv=None):
@@ -143,73 +144,121 @@ def main(argv=None, *, reprice=None, replan=None) -> int:
     from .lifeline import bind_to_parent
     bind_to_parent(f"rank {os.environ.get('RANK', '?')}")     # its agent killed: end, do not train on
     args = parse_args(argv)
-    import torch
     import torch.distributed as dist
+    from ...errors import SappError
+    from . import dist as dist_mod
+    from .train_log import log_error
+    rank, world = dist_mod.rank_world()
+    try:
+        job = _prepare(args, rank, world, reprice, replan)
+    except SappError as e:
+        _say(rank, e)
+        log_error(args.log_json, rank, None, str(e))
+        os._exit(2)
+    losses, times = _train(args, rank, job)
+    job.log.close()
+    if rank == 0:
+        summary(args, job.plan, world, job.prog, losses, times, job.start)
+    if world > 1:
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: torch/gloo teardown with sparse gradients occasionally aborts at interpreter exit
+    os._exit(0)
+
+
+@dataclass
+class _Job:
+    """What the step loop needs, as _prepare leaves it."""
+    plan: object            # this rank's Plan (its group's, re-planned for the world where elastic)
+    prog: object            # the emitted Program
+    gb: int                 # global batch
+    batches: object         # the data (data.Batches)
+    share: dict | None      # a mixed-cluster group's rows of the batch
+    ckpt: object            # the Checkpointer, or None
+    log: object             # the StepLog
+    start: int              # the first step to run (a resumed checkpoint's)
+    losses: list            # the losses so far (a resumed checkpoint's)
+    world: int
+
+
+def _prepare(args, rank, world, reprice, replan) -> _Job:
+    """Plan -> model -> data -> process group -> checkpoint directory check -> emit -> resume; a bad
+    input raises SappError."""
+    import torch
     import sapp.models as models  # not `from .. import`: sapp.__getattr__ recurses on it
     from ...errors import SappError
     from ...plan import load_any
     from . import checkpoint as ckpt_mod, dist as dist_mod, hetero_run
     from .. import emit
-    from .train_log import StepLog, log_error
+    from .train_log import StepLog
     from .train_state import model_names
-    rank, world = dist_mod.rank_world()
     # a restarted group, and every group of an elastic job (a joining node's agent has not restarted),
     # resumes the newest checkpoint: every rank decides alike
     resume = args.resume or ((_restarted() or getattr(args, "elastic", False)) and args.checkpoint_dir and "latest")
-    try:
-        kind, doc = load_any(args.plan)         # read and checked once per rank
-        mixed = doc if kind == "mixed" else None   # a mixed-cluster plan: this rank's group's, over the job
-        group = (args.group or hetero_run.by_position(mixed, rank)) if mixed else None
-        plan = hetero_run.rank_plan(mixed, group, world) if mixed else doc
-        torch.manual_seed(args.seed)     # identical initial weights on every rank
-        model = models.build(args.model, device="cpu", **model_overrides(args.model_arg))   # zoo | factory | HF config
-        gb = plan.model.get("global_batch")
-        if not gb:
-            raise SappError("plan has no model.global_batch; search it with --global-batch")
-        gb = int(gb)
-        batches = _data(args, gb, model)
-        example = batches(0)[0]
-        device = dist_mod.default_device()
-        if world > 1:
-            dist_mod.init(device, timeout_s=args.timeout)
-        share = hetero_run.place(mixed, group, rank, world) if mixed else None
-        ckpt_mod.planted_hold("join", rank)      # tests: a node that joins a group and dies before its first step
-        if getattr(args, "elastic", False) and not mixed:      # a group of another size than the plan's: re-plan for it (sapp/emit/runtime/elastic.py)
-            from .elastic import plan_for_world
-            from .checkpoint_find import committed
-            regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
-            plan = plan_for_world(args, plan, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), rank, regroup,
-                                  say=(lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None), replan=replan)
-        ckpt = None
-        if resume == "latest" and not args.checkpoint_dir:
-            raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
-        if args.checkpoint_dir or resume:
-            ckpt = ckpt_mod.Checkpointer(args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume)),
-                                         keep=args.keep, names=model_names(model), world=world)
-        if args.checkpoint_dir:      # before any training: an unwritable or full directory is refused now
-            ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer), bool(resume))
-        # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
-        prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
-                    name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
-                    allow_mismatch=args.allow_mismatch, reprice=reprice)
-        if share:
-            hetero_run.weigh(prog, share)
-        log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
-        if rank == 0 and args.log_json:      # what `sapp calibrate --from-run` reads the measured steps against
-            from .train_log import log_event
-            log_event(args.log_json, 0, "start", plan=os.path.abspath(args.plan), devices=world, model=args.model)
-        start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
-    except SappError as e:
-        _say(rank, e)
-        log_error(args.log_json, rank, None, str(e))
-        os._exit(2)
+    kind, doc = load_any(args.plan)         # read and checked once per rank
+    mixed = doc if kind == "mixed" else None   # a mixed-cluster plan: this rank's group's, over the job
+    group = (args.group or hetero_run.by_position(mixed, rank)) if mixed else None
+    plan = hetero_run.rank_plan(mixed, group, world) if mixed else doc
+    torch.manual_seed(args.seed)     # identical initial weights on every rank
+    model = models.build(args.model, device="cpu", **model_overrides(args.model_arg))   # zoo | factory | HF config
+    gb = plan.model.get("global_batch")
+    if not gb:
+        raise SappError("plan has no model.global_batch; search it with --global-batch")
+    gb = int(gb)
+    batches = _data(args, gb, model)
+    example = batches(0)[0]
+    device = dist_mod.default_device()
+    if world > 1:
+        dist_mod.init(device, timeout_s=args.timeout)
+    share = hetero_run.place(mixed, group, rank, world) if mixed else None
+    ckpt_mod.planted_hold("join", rank)      # tests: a node that joins a group and dies before its first step
+    if getattr(args, "elastic", False) and not mixed:      # a group of another size than the plan's: re-plan for it (sapp/emit/runtime/elastic.py)
+        from .elastic import plan_for_world
+        from .checkpoint_find import committed
+        regroup = _restarted() or bool(committed(args.checkpoint_dir))     # not the job's first group
+        plan = plan_for_world(args, plan, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), rank, regroup,
+                              say=(lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None), replan=replan)
+    ckpt = None
+    if resume == "latest" and not args.checkpoint_dir:
+        raise SappError("--resume without a checkpoint path needs --checkpoint-dir (where to look)")
+    if args.checkpoint_dir or resume:
+        ckpt = ckpt_mod.Checkpointer(args.checkpoint_dir or os.path.dirname(os.path.abspath(args.resume)),
+                                     keep=args.keep, names=model_names(model), world=world)
+    if args.checkpoint_dir:      # before any training: an unwritable or full directory is refused now
+        ckpt.check(ckpt_mod.estimate_bytes(int(plan.model.get("params") or 0), args.optimizer), bool(resume))
+    # `sapp run` fingerprints the model once before launching; a bare torchrun launch checks here
+    prog = emit(model, plan, lr=args.lr, optimizer=args.optimizer, device=device, example_inputs=example,
+                name=args.model, check_fingerprint=os.environ.get("SAPP_RUN_PRECHECKED") != "1",
+                allow_mismatch=args.allow_mismatch, reprice=reprice)
+    if share:
+        hetero_run.weigh(prog, share)
+    log = StepLog(rank, args.steps, gb, device, json_path=args.log_json)
+    if rank == 0 and args.log_json:      # what `sapp calibrate --from-run` reads the measured steps against
+        from .train_log import log_event
+        log_event(args.log_json, 0, "start", plan=os.path.abspath(args.plan), devices=world, model=args.model)
+    start, losses = _resume(args, ckpt, prog, gb, log.note) if resume else (0, [])
+    return _Job(plan, prog, gb, batches, share, ckpt, log, start, losses, world)
+
+
+def _train(args, rank, job: _Job):
+    """The steps from job.start (checkpoint every N): (losses, step times); a failing rank ends the
+    process (exit 2 for a SappError, 1 for anything else) after its one-line report."""
+    from ...errors import SappError
+    from .train_log import log_error
+    plan, prog, batches, share, ckpt, log, losses = (job.plan, job.prog, job.batches, job.share, job.ckpt, job.log,
+                                                     job.losses)
     if log.bar is not None:
-        log.bar.update(start)
+        log.bar.update(job.start)
     fault = _fault()
     pace = float(os.environ.get("SAPP_TEST_PACE", "0") or 0)     # tests: seconds added to each step
     times = []
-    meta = {"global_batch": gb, "data": args.data or "synthetic", "shuffle": bool(args.shuffle), "seed": args.seed, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
-            "plan_fingerprint": plan.model.get("fingerprint", ""), "world": world,
+    meta = {"global_batch": job.gb, "data": args.data or "synthetic", "shuffle": bool(args.shuffle), "seed": args.seed, "parallel": dict(plan.parallel), "zero": prog.zero, "model": args.model,
+            "plan_fingerprint": plan.model.get("fingerprint", ""), "world": job.world,
             # lineage: which job wrote the step, and which checkpoint that job started from
             "run": run_id(), "parent": getattr(args, "parent", None)}
     # a step's time runs from the end of the one before (the first: from its own start).  Each step
@@ -219,15 +268,9 @@ def main(argv=None, *, reprice=None, replan=None) -> int:
     # 2x faster than the others (4 processes on 2 cores: 149 ms after a 404 ms one, median 290 ms)
     last_end = None
     try:
-        for i in range(start, args.steps):
+        for i in range(job.start, args.steps):
             if fault and fault[:2] == (rank, i):
-                print(f"[rank {rank}] SAPP_FAULT: {'killing itself' if fault[2] == 'kill' else 'exiting'} at step {i} "
-                      f"at t={time.time():.3f}", file=sys.stderr, flush=True)
-                if fault[2] == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if fault[2] == "raise":
-                    _planted_fault(i)
-                os._exit(1)
+                _planted(fault, rank, i)
             x, y = (batches.rows(i, *share["rows"]) if share else
                     batches.local(i, prog.dp_rank, getattr(prog, "dp_only", prog.dp)))
             if getattr(prog, "cp", 1) > 1:          # context parallelism: this rank's tokens of them
@@ -252,34 +295,40 @@ def main(argv=None, *, reprice=None, replan=None) -> int:
         log_error(args.log_json, rank, len(losses), str(e))
         os._exit(2)
     except Exception as e:  # this rank's own error, or a peer's seen in a collective: one line each
-        from . import failure
-        first, culprit = failure.record(rank, len(losses), e)
-        msg = str(e).strip().splitlines()
-        head = f"[rank {rank}] error at step {len(losses)}: "
-        if first and os.environ.get("SAPP_FAIL_DIR"):       # sapp run prints the frames once, at the end
-            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
-        elif first:
-            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}\n{failure.frames(e)}", file=sys.stderr, flush=True)
-        elif culprit is not None and culprit != rank:
-            print(f"{head}stopped because rank {culprit} failed", file=sys.stderr, flush=True)
-        else:
-            print(f"{head}{type(e).__name__}: {msg[0] if msg else ''} (a collective failed: another rank "
-                  f"died or stalled)", file=sys.stderr, flush=True)
-        log_error(args.log_json, rank, len(losses), f"{type(e).__name__}: {msg[0] if msg else ''}")
-        os._exit(1)
-    log.close()
-    if rank == 0:
-        summary(args, plan, world, prog, losses, times, start)
-    if world > 1:
-        try:
-            dist.barrier()
-            dist.destroy_process_group()
-        except Exception:
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # os._exit: torch/gloo teardown with sparse gradients occasionally aborts at interpreter exit
-    os._exit(0)
+        _failed(args, rank, losses, e)
+    return losses, times
+
+
+def _planted(fault, rank, i):
+    """SAPP_FAULT's action at its step: kill, raise, or exit(1)."""
+    print(f"[rank {rank}] SAPP_FAULT: {'killing itself' if fault[2] == 'kill' else 'exiting'} at step {i} "
+          f"at t={time.time():.3f}", file=sys.stderr, flush=True)
+    if fault[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault[2] == "raise":
+        _planted_fault(i)
+    os._exit(1)
+
+
+def _failed(args, rank, losses, e):
+    """A rank's error in the step loop, one line (its frames once, where it is the first failure),
+    then exit(1)."""
+    from . import failure
+    from .train_log import log_error
+    first, culprit = failure.record(rank, len(losses), e)
+    msg = str(e).strip().splitlines()
+    head = f"[rank {rank}] error at step {len(losses)}: "
+    if first and os.environ.get("SAPP_FAIL_DIR"):       # sapp run prints the frames once, at the end
+        print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}", file=sys.stderr, flush=True)
+    elif first:
+        print(f"{head}{type(e).__name__}: {msg[0] if msg else ''}\n{failure.frames(e)}", file=sys.stderr, flush=True)
+    elif culprit is not None and culprit != rank:
+        print(f"{head}stopped because rank {culprit} failed", file=sys.stderr, flush=True)
+    else:
+        print(f"{head}{type(e).__name__}: {msg[0] if msg else ''} (a collective failed: another rank "
+              f"died or stalled)", file=sys.stderr, flush=True)
+    log_error(args.log_json, rank, len(losses), f"{type(e).__name__}: {msg[0] if msg else ''}")
+    os._exit(1)
 
 
 def _say(rank: int, e) -> None:
