@@ -1,10 +1,12 @@
-"""Tensor parallelism for attention that reshapes by global sizes (issue 51, finding 5): nanoGPT's
-canonical CausalSelfAttention splits its fused projection by `self.n_embd` and views heads by
-`C // self.n_head` with C read off the input, so at one rank's layer shapes it cannot run (nothing
-local to set: C comes from the whole-width input).  The runnable check (sapp/emit/runnable.py) used to drop
-the whole tp degree (a pinned tp=2 refused); now that block is gathered (kept replicated on every tp
-rank) and tp keeps sharding the MLPs and the vocabulary.  2 gloo processes, float64, against one
-process trained the same way."""
+"""Tensor parallelism for attention that reshapes by sizes nothing gives a rank's value of (issue 51,
+finding 5): nanoGPT's CausalSelfAttention with its head size left to `-1` after a head count fixed for
+the whole model (`k.view(B, T, H, -1)`, H a module constant).  At one rank's layer shapes the view
+holds as written and gives other heads, so neither the stored sizes nor the reshapes run at a rank's
+share (sapp/emit/tp/local_shapes.py, which rewrites only a call that cannot hold) fix it.  The
+runnable check (sapp/emit/runnable.py) used to drop the whole tp degree (a pinned tp=2 refused); now
+that block is gathered (kept replicated on every tp rank) and tp keeps sharding the MLPs and the
+vocabulary.  2 gloo processes, float64, against one process trained the same way.  (nanoGPT's own
+attention, `C // self.n_head` with C off the input, runs split by heads: tests/test_tp_heads.py.)"""
 import json
 import os
 import subprocess
@@ -19,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class CausalSelfAttention(nn.Module):
-    """nanoGPT's, as written there (flash path)."""
+    """nanoGPT's (flash path), its views by a module-level head count with the head size left to -1."""
 
     def __init__(self):
         super().__init__()
@@ -30,9 +32,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, H, -1).transpose(1, 2)
+        q = q.view(B, T, H, -1).transpose(1, 2)
+        v = v.view(B, T, H, -1).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)

@@ -13,6 +13,16 @@ from __future__ import annotations
 SP_KINDS = ("elementwise", "dropout", "norm")
 
 
+def _cast(node) -> bool:
+    """A dtype cast of the whole tensor (litgpt's RMSNorm: `x.float()` ... `.to(dtype=dtype)`): it
+    runs on a sequence shard as it does on the whole."""
+    return (node.kind == "view" and str(node.target) in _CASTS and len(node.operands) >= 1
+            and tuple(node.operands[0].shape) == tuple(node.out.shape))
+
+
+_CASTS = frozenset({"aten.to.dtype", "aten._to_copy.default", "aten.to.dtype_layout", "aten._to_copy"})
+
+
 def _seq_dim(node):
     """The sequence dim of a row-split closer's output y[b, s, n]: its last leading dim that is not the
     batch (None for a 2-D [tokens, n] output: nothing to split along)."""
@@ -50,11 +60,21 @@ def sp_with_table(graph, choice: dict, tp: int):
     """(strategies, sp_section) of sequence parallelism on `choice` (one tp level): with the token table
     split by vocabulary where the emitter can place that (`vocab_split`), else with the table as the
     search left it (an HF decoder's `embed_tokens`, cut at the first block, must stay whole)."""
-    for base in (vocab_split(graph, choice, tp), choice):
+    from .linears import tied_tables
+    whole = dict(choice)
+    for _, embs, heads in tied_tables(graph):
+        whole.update({n: None for n in list(embs) + list(heads)})
+    # last, a table tied to the head left whole, head too: split by vocabulary, nanoGPT's `wte(idx) +
+    # wpe(pos)` summed in the model could not be cut where the first block takes the stream in
+    bases = [vocab_split(graph, choice, tp), choice] + ([whole] if whole != choice else [])
+    first = None
+    for base in bases:
         with_sp = sp_choice(graph, base, tp)
         sec = sp_section(graph, {n: (d,) for n, d in with_sp.items()}, 0, tp) or {}
-        if not sec.get("unsupported") or base is choice:
+        if not sec.get("unsupported"):
             return with_sp, sec
+        first = first if base is not choice else (with_sp, sec)
+    return first
 
 
 def sp_choice(graph, choice: dict, tp: int) -> dict:
@@ -78,7 +98,7 @@ def sp_choice(graph, choice: dict, tp: int) -> dict:
             if sd is not None:
                 stack.append((n, sd, "seed"))
     free = {n for n, node in graph.nodes.items()
-            if node.kind in SP_KINDS and choice.get(n) is None and n not in graph.outputs}
+            if (node.kind in SP_KINDS or _cast(node)) and choice.get(n) is None and n not in graph.outputs}
     def ok(name, d):
         node = graph.nodes[name]
         dim = next((x for x in node.dims if x.name == d), None)
@@ -147,7 +167,7 @@ def sp_nodes(graph, strategies: dict, tp_level, tp: int) -> set:
     def dim(n):
         s = strategies.get(n) or ()
         return s[tp_level] if tp_level < len(s) else None
-    base = {n: (None if graph.nodes[n].kind in SP_KINDS else dim(n)) for n in graph.nodes}
+    base = {n: (None if graph.nodes[n].kind in SP_KINDS or _cast(graph.nodes[n]) else dim(n)) for n in graph.nodes}
     want = sp_choice(graph, base, tp)
     return {n for n, d in want.items() if d is not None and base[n] is None and dim(n) == d}
 
@@ -322,10 +342,39 @@ def _into_split(graph, sec, n, d, sp, dim, blocks, consumers) -> None:
             # an HF decoder's embedding: its parent reads the full length (masks, positions), so the
             # residual stream is cut where the first block takes it in
             sec["block_scatter"][node.block] = axis
+        elif pn.kind in ("embedding", "matmul") and dim(p) is None and (
+                cut := _entry_cut(graph, n, sp, dim, consumers)):
+            # summed further out than its parent (nanoGPT's `wte(idx) + wpe(pos)` in the model): that sum
+            # runs whole on each rank and the stream is cut where the one block taking it in does
+            sec["block_scatter"].update([cut])
         elif pn.kind in ("embedding", "matmul") and dim(p) in (None, "v"):
             sec["unsupported"].append(f"{n} ({node.module}) sums {p}'s output outside its parent module")
         else:
             sec["unsupported"].append(f"{p} ({pn.kind}) feeds the sequence split of {n}")
+
+
+def _entry_cut(graph, n, sp, dim, consumers):
+    """(block, seq axis) where the sequence-parallel ops outside the blocks that follow `n` (the sum
+    of embeddings and its dropout) hand the stream to one block whose readers all run
+    sequence-parallel; None when `n` is in a block or the stream enters in more than one place."""
+    if graph.nodes[n].block:
+        return None
+    seen, stack, entries = {n}, [n], set()
+    while stack:
+        x = stack.pop()
+        for c, _ in consumers[x]:
+            cn = graph.nodes[c]
+            if cn.block:
+                entries.add((x, cn.block))
+            elif c in sp and c not in seen:
+                seen.add(c)
+                stack.append(c)
+            elif c not in sp:
+                return None
+    if len({b for _, b in entries}) != 1 or not all(_block_entry(graph, x, b, sp, consumers) for x, b in entries):
+        return None
+    x, b = next(iter(entries))
+    return b, graph.nodes[x].out.dims.index(dim(x))
 
 
 def _out_of_split(graph, sec, n, d, sp, dim, blocks, consumers) -> None:

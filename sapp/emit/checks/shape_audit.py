@@ -31,6 +31,7 @@ from torch import nn
 
 from ...errors import PlanError
 from ..recompute.checkpointing import _common_module
+from ..tp import local_shapes
 from .rank_capture import quiet as _quiet, swapped as _swapped, targets as _targets
 
 # attribute names that can hold a width or a count of heads; counters such as layer_idx never do
@@ -276,16 +277,24 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     tries = [cand] if cand else []
     if 1 < len(cand) <= MAX_TRIES:
         tries += [{k: v for k, v in cand.items() if k != drop} for drop in cand]
-    for picked in tries:
+    # then the regions' reshapes by sizes of the whole model run at a rank's share, alone and with the
+    # stored sizes (nanoGPT's view by `C // self.n_head`, C off the input; litgpt's shared config)
+    shapes = local_shapes.rules(graph, regions, tp) if fix else {}
+    runs = [(p, False) for p in tries + [{}]] + [(p, True) for p in ([{}] + tries if shapes else [])]
+    for picked, localised in runs:
         _set(model, picked, tp, local=True)
+        wrapped = local_shapes.install(model, shapes, tp) if localised else []
         try:
             checked = audit(model, graph, regions, local, tp, example_inputs)
         except PlanError:
             _set(model, picked, tp, local=False)
+            local_shapes.uninstall(model, wrapped)
             continue
         for (cls, attr), where in sorted(picked.items()):
             notes.append(f"tp: {cls}.{attr} {where[0][1]} -> {where[0][1] // tp} on {len(where)} module(s) "
                          f"(this rank's share of a size the module reshapes by; shape audit passed)")
+        if wrapped:
+            notes.append(local_shapes.note(wrapped, tp))
         break
     else:
         checked = audit(model, graph, regions, local, tp, example_inputs)

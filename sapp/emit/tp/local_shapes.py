@@ -1,0 +1,204 @@
+"""Reshapes by sizes of the whole model, run at one rank's share (tensor parallelism split by heads).
+
+A sharded region's attention may reshape by sizes it reads off its whole-width input or from a config
+every layer shares rather than store on itself: nanoGPT's `c_attn(x).split(self.n_embd, dim=2)` and
+`q.view(B, T, self.n_head, C // self.n_head)` with `C` from `x.size()`, litgpt's
+`qkv.view(B, T, n_query_groups, total_qkv, head_size)`, `k.expand(B, n_query_groups, ...)` and
+`y.reshape(B, T, head_size * n_head)` with the counts read from its Config.  No attribute of the module
+gives these a rank's value (the shape audit sets those it stores: sapp/emit/checks/shape_audit.py), so
+at one rank's layer shapes such a block cannot run, and the search used to gather it.
+
+Here the module holding the region's linears runs its forward under a TorchFunctionMode
+(`Localised`) that rewrites the size arguments of `view` / `reshape` / `expand` / `split` calls naming
+the global length of the region's split axis where the rank's tensor holds 1/tp of it.  What it
+knows comes off the captured graph (`rules`): each reshaping op of the region, its rank, the axis that
+carries the split and that axis's global length; each split of the fused projection, its axis and
+global pieces.  A call is rewritten only when it cannot hold at this rank's shapes as given (a view
+whose sizes do not multiply to the tensor's, a split whose pieces sum to tp times the axis, an expand
+of this rank's one group to tp of them) and exactly one rewrite makes it hold; a whole-width tensor
+keeps its call.  The shape audit then compares every op's shape at a rank's layer shapes with the
+plan's split, so a rewrite that gives another shape is refused and the block is gathered as before.
+
+The search's runnable check and the emitter run the same audit (sapp/emit/runnable.py,
+sapp/emit/checks/before.py), so the plan the search writes is the program the ranks run."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..recompute.checkpointing import _common_module
+
+_FAMILY = {"aten.view.default": "view", "aten.reshape.default": "view", "aten._unsafe_view.default": "view",
+           "aten.expand.default": "expand"}
+
+
+def _empty() -> dict:
+    return {"view": set(), "expand": set(), "split": set()}
+
+
+def rules(graph, regions: list, tp: int) -> dict:
+    """{owner module: {"view" / "expand": {(rank, axis, global length)}, "split": {(axis, pieces)}}}
+    of the regions (tp_layout.Region) whose ops reshape or split their split axis; the owner is the
+    innermost module holding the region's linears."""
+    out = {}
+    for r in regions:
+        got = _empty()
+        for n, d in r.dims.items():
+            node = graph.nodes[n]
+            if n in r.openers or n in r.closers or d not in node.out.dims:
+                continue
+            axis = node.out.dims.index(d)
+            fam = _FAMILY.get(str(node.target))
+            length = int(node.out.shape[axis])
+            if fam is not None and length % tp == 0:
+                got[fam].add((len(node.out.shape), axis, length))
+            piece = node.extra.get("piece") if node.kind == "view" else None
+            if piece is not None and piece["axis"] == axis and all(s % tp == 0 for s in piece["sizes"]):
+                got["split"].add((axis, tuple(int(s) for s in piece["sizes"])))
+        if any(got.values()):
+            owner = _common_module([graph.nodes[n].module for n in r.openers + r.closers])
+            have = out.setdefault(owner, _empty())
+            for k, v in got.items():
+                have[k] |= v
+    return out
+
+
+def _ints(xs) -> bool:
+    return all(type(x) is int for x in xs)
+
+
+def _sizes(rest):
+    """The sizes of `t.view(*sizes)` / `t.view(sizes)`, or None (a dtype, symbolic sizes)."""
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
+        rest = tuple(rest[0])
+    return tuple(rest) if rest and _ints(rest) else None
+
+
+def _view_holds(numel: int, shape: tuple) -> bool:
+    if shape.count(-1) > 1:
+        return True                     # torch's own error stands
+    known = math.prod(x for x in shape if x != -1)
+    return numel == known if -1 not in shape else (known > 0 and numel % known == 0)
+
+
+def _expand_holds(have: tuple, shape: tuple) -> bool:
+    lead = len(shape) - len(have)
+    return lead >= 0 and all(s == -1 or h in (1, s) for h, s in zip(have, shape[lead:]))
+
+
+class Localised(TorchFunctionMode):
+    """Rewrites a region's reshapes by global sizes to this rank's share (module docstring)."""
+
+    def __init__(self, rule: dict, tp: int):
+        super().__init__()
+        self.rule, self.tp = rule, tp
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        call = _CALLS.get(getattr(func, "__name__", ""))
+        if call is not None and args and isinstance(args[0], torch.Tensor):
+            try:
+                fixed = call(self, args, kwargs)
+            except Exception:               # noqa: BLE001 - a form not read here runs as given
+                fixed = None
+            if fixed is not None:
+                args, kwargs = fixed
+        return func(*args, **kwargs)
+
+    def reshape(self, t, rest, fam: str):
+        """The local sizes for `t.view(*rest)` (fam "view") / `t.expand(*rest)`, or None: as given."""
+        shape = _sizes(rest)
+        if shape is None:
+            return None
+        lead = len(shape) - t.dim()
+        if fam == "view":
+            holds, have = _view_holds, t.numel()
+        else:
+            holds, have = _expand_holds, tuple(t.shape)
+
+        def ours(axis, length):         # an expand of this rank's share of a split axis to the whole
+            return fam == "view" or (axis >= lead and t.shape[axis - lead] * self.tp == length)
+
+        found = [(axis, length) for rank, axis, length in self.rule[fam]
+                 if len(shape) == rank and shape[axis] == length and ours(axis, length)]
+        # as given it holds: kept, except an expand of this rank's one group to tp (a singleton broadcasts)
+        if holds(have, shape) and (fam == "view" or not found):
+            return None
+        picks = {shape[:a] + (n // self.tp,) + shape[a + 1:] for a, n in found}
+        picks = {p for p in picks if holds(have, p)}
+        return picks.pop() if len(picks) == 1 else None
+
+    def split(self, t, sizes, dim):
+        """The local pieces for `t.split(sizes, dim)`, or None: as given."""
+        if type(dim) is not int or not -t.dim() <= dim < t.dim():
+            return None
+        dim %= t.dim()
+        for axis, pieces in self.rule["split"]:
+            if axis != dim or t.shape[dim] * self.tp != sum(pieces):
+                continue
+            if type(sizes) is int and all(s == sizes for s in pieces[:-1]) and pieces[-1] <= sizes:
+                return sizes // self.tp if sizes % self.tp == 0 else None
+            if isinstance(sizes, (list, tuple)) and _ints(sizes) and tuple(sizes) == pieces:
+                return [s // self.tp for s in sizes]
+        return None
+
+
+def _reshape_call(fam):
+    def call(mode, args, kwargs):
+        if kwargs:
+            return None
+        new = mode.reshape(args[0], args[1:], fam)
+        return None if new is None else ((args[0], new), {})
+    return call
+
+
+def _split_call(mode, args, kwargs):
+    rest = dict(kwargs)
+    sizes = args[1] if len(args) > 1 else rest.pop("split_size", rest.pop("split_size_or_sections", None))
+    dim = args[2] if len(args) > 2 else rest.pop("dim", 0)
+    if rest or sizes is None or len(args) > 3:
+        return None
+    new = mode.split(args[0], sizes, dim)
+    return None if new is None else ((args[0], new, dim), {})
+
+
+_CALLS = {"view": _reshape_call("view"), "reshape": _reshape_call("view"), "expand": _reshape_call("expand"),
+          "split": _split_call, "split_with_sizes": _split_call}
+
+
+class _Forward:
+    """A module's forward run under `Localised` (set as the instance's `forward`)."""
+
+    def __init__(self, forward, rule: dict, tp: int):
+        self.forward, self.rule, self.tp = forward, rule, tp
+
+    def __call__(self, *args, **kwargs):
+        with Localised(self.rule, self.tp):
+            return self.forward(*args, **kwargs)
+
+
+def install(model, found: dict, tp: int) -> list:
+    """Run each owner module of `found` (`rules`) under `Localised`; returns the names wrapped."""
+    done = []
+    for name, rule in sorted(found.items()):
+        mod = model.get_submodule(name) if name else model
+        if not isinstance(mod.__dict__.get("forward"), _Forward):
+            mod.forward = _Forward(mod.forward, rule, tp)
+            done.append(name)
+    return done
+
+
+def uninstall(model, names: list) -> None:
+    for name in names:
+        mod = model.get_submodule(name) if name else model
+        if isinstance(mod.__dict__.get("forward"), _Forward):
+            del mod.forward
+
+
+def note(names: list, tp: int) -> str:
+    from ...search.tp_layout import gather_pattern
+    pats = sorted({gather_pattern(n) for n in names})
+    return (f"tp: {', '.join(pats)} reshape by sizes of the whole model (read off the input or a shared config): "
+            f"split by heads, those reshapes run at this rank's 1/{tp} (shape audit passed)")

@@ -1,0 +1,68 @@
+"""Tensor parallelism split by heads for attention that reshapes by sizes of the whole model (issue
+51, item 5): nanoGPT's CausalSelfAttention (`c_attn(x).split(self.n_embd, dim=2)`, views by
+`C // self.n_head` with C read off the whole-width input) and litgpt's llama layout (counts read from
+one Config every layer shares; 0.4's fused `attn` interleaved per query group, 0.5's `qkv` split by
+sizes), models in tests/emit_workers/heads_models.py as their repositories write them.  Nothing stored on the
+module gives these a rank's value, so the search used to gather the attention (replicated on every
+tp rank) and shard only the MLPs.  Now the attention runs with those reshapes at a rank's share
+(sapp/emit/tp/local_shapes.py, checked op by op by the shape audit) and its projections are split:
+under tp=2 and tp=2 with sequence parallelism, 2 gloo processes, 3 Adam steps in float64, against
+one process trained the same way."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.emit_workers import heads_models as HM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FUSED = {"NanoGPT": "c_attn", "LitLlamaInterleaved": "attn", "LitLlamaSplit": "qkv"}
+
+
+def _searched(cls, tmp_path, sp: bool):
+    from sapp.api import search
+    from sapp.emit.runtime.program import default_loss
+    from tests.emit_workers import custom_sp_run
+    with torch.device("meta"):
+        meta = cls()
+    x, y = custom_sp_run._data(cls, 0)
+    plan = search(meta, custom_sp_run.TP_CLUSTER, global_batch=custom_sp_run.BATCH, example_inputs=(x,),
+                  loss_fn=default_loss, targets=y, constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0, "sp": sp})
+    path = os.path.join(tmp_path, "plan.json")
+    plan.save(path)
+    return plan, path
+
+
+def _ranks(cls, path, tmp_path) -> dict:
+    out = os.path.join(tmp_path, "out.json")
+    spec = f"{HM.__file__}:{cls.__name__}"
+    subprocess.run([sys.executable, "-m", "tests.emit_workers.custom_sp_run", spec, path, out], check=True,
+                   timeout=240, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    with open(out) as f:
+        res = json.load(f)
+    errs = [r["error"] for r in res["ranks"].values() if "error" in r]
+    assert not errs and not res["failed"], (res["failed"], errs[:1])
+    return res["ranks"]
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2+sp"])
+@pytest.mark.parametrize("name", list(FUSED))
+def test_attention_split_by_heads_equals_one_process(name, sp, tmp_path):
+    from tests.emit_workers import custom_sp_run
+    cls = getattr(HM, name)
+    plan, path = _searched(cls, tmp_path, sp)
+    styles = plan._d["tp_modules"]
+    assert plan.parallel["tp"] == 2 and bool(plan.parallel.get("sp")) == sp, plan.parallel
+    for i in range(2):
+        attn = f"transformer.h.{i}.attn"
+        assert styles.get(f"{attn}.{FUSED[name]}") == "colwise", styles
+        assert styles.get(f"{attn}.{'c_proj' if name == 'NanoGPT' else 'proj'}") == "rowwise", styles
+    assert not any("gathered" in n for n in plan._d["notes"]), plan._d["notes"]
+    ref = custom_sp_run.single(cls)
+    for rank, res in sorted(_ranks(cls, path, tmp_path).items()):
+        losses = res["losses"]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
