@@ -7,6 +7,7 @@ import heapq
 import inspect
 import math
 import time
+from dataclasses import dataclass
 
 from sapp.search.constraints import Constraints
 from ...costmodel import CostSettings
@@ -47,6 +48,44 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     if ignore_capacity:            # evaluate a pinned plan even if it does not fit (reported, not refused)
         ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
+    configs = _configs(ctx, global_batch, skip)
+    bb = _branch_and_bound(ctx, configs, progress, exhaustive, cutoff, fits)
+    if bb.cut and (bb.best is None or bb.best.step_time_s > cutoff):
+        if bb.idle and bb.best is None:            # idle tp is priced only when nothing else fits: unknown here
+            return joint_search(graph, cluster, global_batch=global_batch, constraints=cons, settings=settings,
+                                search_fn=search_fn, progress=progress, exhaustive=exhaustive,
+                                ignore_capacity=ignore_capacity,
+                                fixed_strategies=fixed_strategies, skip=skip, caches=caches, fits=fits)
+        return None
+    for cfg, prof in bb.idle if bb.best is None else ():
+        bb.evaluated += 1
+        res = _passing(ctx, cfg, prof, evaluate_config(ctx, cfg, prof), fits)
+        if res is None:
+            bb.infeasible.append((cfg, prof))
+        elif bb.best is None or rank_key(res) < rank_key(bb.best):
+            bb.feasible_seen.append(res)
+            bb.best = res
+    best = bb.best
+    if best is None and getattr(ctx, "pin_error", None):
+        raise ConstraintError(ctx.pin_error)
+    bb.report.done(best)
+    if best is None:
+        raise _infeasible(ctx, bb.infeasible)
+    best.stats = {"configs": len(configs), "evaluated": bb.evaluated, "pruned": len(configs) - bb.evaluated,
+                  "profiles": len(ctx.used_profiles),
+                  # (the tp searches, not the SP layouts derived from them: pipeline/profile.stage_strategies)
+                  "searches": sum(1 for k in ctx.strategy_cache if k[0] == "tp"),
+                  "search_s": time.perf_counter() - t0}
+    best.capacity_bytes = cluster.usable_memory
+    best.notes = notes(ctx, best)
+    best.alternatives = _alternatives(best, bb.feasible_seen)
+    return best
+
+
+def _configs(ctx, global_batch, skip) -> list:
+    """The configurations the constraints leave, less those `skip` rules out; ConstraintError, in one
+    line, where none is left."""
+    cons, cluster = ctx.cons, ctx.cluster
     configs = enumerate_configs(ctx)
     if skip is not None:
         configs = [c for c in configs if not skip(c)]
@@ -59,6 +98,22 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
                               f"batch {global_batch} under the constraints"
                               + (" (host placement pins rule out context parallelism)" if host_pinned(cons) else "")
                               + "; relax them or change the batch")
+    return configs
+
+
+@dataclass
+class _Walk:
+    """Where the branch and bound stopped."""
+    best: object                # the best JointResult priced, or None
+    evaluated: int              # configurations priced
+    idle: list                  # (config, profile) of tp levels that shard nothing, not priced yet
+    feasible_seen: list         # the results that fit (for the alternatives)
+    infeasible: list            # (config, profile) that did not fit (for the message)
+    cut: bool                   # stopped by the cutoff
+    report: "_Report"
+
+
+def _branch_and_bound(ctx, configs, progress, exhaustive, cutoff, fits) -> _Walk:
     # Best-first branch and bound: a configuration first enters with its analytic bound; popped, it
     # gets its profile bound (its (dp, tp) profile built on first use) and goes back; popped again
     # it is evaluated.  Configurations are thus evaluated in profile-bound order, so the optimum is
@@ -69,28 +124,24 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
     heap = [(lb, 0, key, i) for i, (lb, key, _) in enumerate(ranked)]
     # tp left free: a tp level that shards nothing (every tp rank computes the whole model) spends
     # devices dp or pp could use: evaluated only when no other configuration fits (a pinned tp stays)
-    skip_idle_tp = cons.tp is None and any(c.tp == 1 for c in configs)
-    best, evaluated, pruned = None, 0, 0
-    idle = []               # tp that shards nothing: evaluated only if nothing else fits
-    feasible_seen = []
-    infeasible = []
-    report = _Report(progress, [t[0] for t in ranked], exhaustive)
-    cut = False                 # a configuration pruned by the cutoff alone
+    skip_idle_tp = ctx.cons.tp is None and any(c.tp == 1 for c in configs)
+    w = _Walk(None, 0, [], [], [], False, _Report(progress, [t[0] for t in ranked], exhaustive))
+    report = w.report
     while heap:
         lb, phase, _, i = heapq.heappop(heap)
         cfg = ranked[i][2]
+        best = w.best
         if cutoff is not None and lb > cutoff and (best is None or best.step_time_s > cutoff):
-            cut = True                       # nothing left is at or below the cutoff
+            w.cut = True                       # nothing left is at or below the cutoff
             break
         if best is not None and not exhaustive and lb > best.step_time_s:
-            pruned += 1 + len(heap)          # the heap is ordered: nothing left can beat `best`
-            break
+            break                              # the heap is ordered: nothing left can beat `best`
         n_prof = len(ctx.used_profiles)
         prof = ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp)      # a cp configuration shares dp·cp's profile
         if len(ctx.used_profiles) > n_prof:
             report.profile(len(ctx.used_profiles), best, lb)
         if skip_idle_tp and cfg.tp > 1 and not tp_shards(prof):
-            idle.append((cfg, prof))
+            w.idle.append((cfg, prof))
             continue
         if phase == 0 and not exhaustive:
             heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof)), 1, cfg.key(), i))
@@ -100,65 +151,40 @@ def joint_search(graph, cluster, *, global_batch, constraints=None, settings=Non
             # fits beside the states: pruned unpriced); evaluated when popped again
             floor = stage_time_floor(ctx, cfg, prof, host_offload_possible(ctx, cfg, prof))
             if floor == math.inf:
-                pruned += 1
-                infeasible.append((cfg, prof))
+                w.infeasible.append((cfg, prof))
                 report.decided(i, best, lb)
                 continue
             if floor is not None:
                 heapq.heappush(heap, (max(lb, profile_bound(ctx, cfg, prof, floor)), 2, cfg.key(), i))
                 continue
-        evaluated += 1
+        w.evaluated += 1
         res = _passing(ctx, cfg, prof, evaluate_config(ctx, cfg, prof), fits)
         if res is not None:
-            feasible_seen.append(res)
-            if best is None or rank_key(res) < rank_key(best):
-                best = res
-        report.decided(i, best, lb)
+            w.feasible_seen.append(res)
+            if w.best is None or rank_key(res) < rank_key(w.best):
+                w.best = res
+        report.decided(i, w.best, lb)
         if res is None:
-            infeasible.append((cfg, prof))     # priced for the message only if nothing fits
+            w.infeasible.append((cfg, prof))     # priced for the message only if nothing fits
             continue
-        feasible_seen.append(res)
-        if best is None or rank_key(res) < rank_key(best):
-            best = res
-    if cut and (best is None or best.step_time_s > cutoff):
-        if idle and best is None:            # idle tp is priced only when nothing else fits: unknown here
-            return joint_search(graph, cluster, global_batch=global_batch, constraints=cons, settings=settings,
-                                search_fn=search_fn, progress=progress, exhaustive=exhaustive,
-                                ignore_capacity=ignore_capacity,
-                                fixed_strategies=fixed_strategies, skip=skip, caches=caches, fits=fits)
-        return None
-    for cfg, prof in idle if best is None else ():
-        evaluated += 1
-        res = _passing(ctx, cfg, prof, evaluate_config(ctx, cfg, prof), fits)
-        if res is None:
-            infeasible.append((cfg, prof))
-        elif best is None or rank_key(res) < rank_key(best):
-            feasible_seen.append(res)
-            best = res
-    if best is None and getattr(ctx, "pin_error", None):
-        raise ConstraintError(ctx.pin_error)
-    report.done(best)
-    if best is None:
-        closest = None            # (memory needed, config) of the best infeasible attempt
-        for cfg, prof in infeasible:
-            need = memory_needed(ctx, cfg, prof)
-            if closest is None or need < closest[0]:
-                closest = (need, cfg)
-        need, cfg = closest
-        raise InfeasibleError(
-            f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(cons)}; "
-            f"the closest ({cfg.describe()}) needs {fmt_bytes(need)} per device: use devices with more "
-            f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
-    pruned = len(configs) - evaluated
-    best.stats = {"configs": len(configs), "evaluated": evaluated, "pruned": pruned,
-                  "profiles": len(ctx.used_profiles),
-                  # (the tp searches, not the SP layouts derived from them: pipeline/profile.stage_strategies)
-                  "searches": sum(1 for k in ctx.strategy_cache if k[0] == "tp"),
-                  "search_s": time.perf_counter() - t0}
-    best.capacity_bytes = cluster.usable_memory
-    best.notes = notes(ctx, best)
-    best.alternatives = _alternatives(best, feasible_seen)
-    return best
+        w.feasible_seen.append(res)
+        if w.best is None or rank_key(res) < rank_key(w.best):
+            w.best = res
+    return w
+
+
+def _infeasible(ctx, infeasible) -> InfeasibleError:
+    """Nothing fits: the smallest per-device memory that would, and the configuration needing it."""
+    closest = None            # (memory needed, config) of the best infeasible attempt
+    for cfg, prof in infeasible:
+        need = memory_needed(ctx, cfg, prof)
+        if closest is None or need < closest[0]:
+            closest = (need, cfg)
+    need, cfg = closest
+    return InfeasibleError(
+        f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(ctx.cons)}; "
+        f"the closest ({cfg.describe()}) needs {fmt_bytes(need)} per device: use devices with more "
+        f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
 
 
 def _passing(ctx, cfg, prof, res, fits):
