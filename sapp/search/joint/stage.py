@@ -235,9 +235,7 @@ class StageEvaluator:
         idx = range(a, b)
         T = self._tab if self._tab is not None else self._tables()
         if self.cfg.pp > 1 and T["blocks"][b] == T["blocks"][a]:
-            r = (math.inf, False) if not detail else None
-            self.cache[key] = r
-            return r
+            return self._unfit(key, detail)
         t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
         # interleaved chunks of unequal size: the peak weighs each chunk's live forwards by its blocks,
         # and only the chunks through a backward by then hold accumulators (schedule.chunk_peak)
@@ -253,7 +251,32 @@ class StageEvaluator:
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
         tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
         fixed_act -= tail
-        # free block types present in [a, b), in order of first appearance
+        types = self._free_types(T, a, b, detail)
+        # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
+        still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
+        base = cap - states - z3 - tail
+        # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
+        pinned = T["pinned"][b] > T["pinned"][a]
+        choice = self._choose(a, b, types, base, fixed_act, fixed_extra, still, infl, pinned)
+        if choice is None:
+            return self._unfit(key, detail)
+        acts, extra, counts = choice
+        T = t + extra
+        if not detail:
+            self.cache[key] = (T, True)
+            return (T, True)
+        return self._stage_result(i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3)
+
+    def _unfit(self, key, detail):
+        """A run [a, b) that holds no block under pp, or whose memory fits no recomputation choice."""
+        r = (math.inf, False) if not detail else None
+        self.cache[key] = r
+        return r
+
+    def _free_types(self, T, a, b, detail) -> dict:
+        """The free block types present in [a, b), in order of first appearance: type key -> [count,
+        BlockOption, allowed policies, unit names (detail only), (positions, first index)]."""
+        num = self.num
         types = {}
         for first, (tk, pos, j0) in sorted((pos[bisect_left(pos, a)], (tk, pos, j0))
                                            for tk, (pos, j0) in T["classes"].items()
@@ -261,66 +284,58 @@ class StageEvaluator:
             lo = bisect_left(pos, a)
             names = [self.units[j].name for j in pos[lo:bisect_left(pos, b, lo)]] if detail else None
             types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names, (pos, lo)]
+        return types
+
+    def _choose(self, a, b, types, base, fixed_act, fixed_extra, still, infl, pinned):
+        """(activation bytes per micro-batch, recompute seconds, per-type policy counts) of the
+        cheapest recomputation choice of the free blocks that fits `base` bytes, or None."""
+        cap, idx = self.cap, range(a, b)
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
-        # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
-        still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
-        base = cap - states - z3 - tail
-        choice, transient = None, still
-        # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
-        pinned = T["pinned"][b] > T["pinned"][a]
         if not pinned and fixed_act + free_act0 <= (base - still) / infl + 1e-9 * cap:
-            extra = fixed_extra
-            acts = fixed_act + free_act0
-            counts = [(tv[0], 0, 0) for tv in types.values()]
-            choice = (acts, extra, counts)
-        else:
-            # one run of identical free blocks: the exact choice, priced with the transient of its best
-            # order (recompute/ordered.py).  Otherwise the budget holds the largest transient any
-            # choice could need (the plan reports the chosen one's), in two classes: choices without
-            # full recomputation of a free block (their transient is the selective core's), and all
-            # choices (full's).  Either class contains the uniform policy at its exact transient, so
-            # no uniform choice that fits is lost.
-            run, rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else (False, None)
+            return fixed_act + free_act0, fixed_extra, [(tv[0], 0, 0) for tv in types.values()]
+        # one run of identical free blocks: the exact choice, priced with the transient of its best
+        # order (recompute/ordered.py).  Otherwise the budget holds the largest transient any
+        # choice could need (the plan reports the chosen one's), in two classes: choices without
+        # full recomputation of a free block (their transient is the selective core's), and all
+        # choices (full's).  Either class contains the uniform policy at its exact transient, so
+        # no uniform choice that fits is lost.
+        choice = None
+        run, rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else (False, None)
+        if rc is not None:
+            choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
+        tl = list(types.values())
+        for no_full in (() if run else (True, False) if tl else (False,)):
+            tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
+            if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
+                continue            # no free block may use full: the second class is the same
+            tr = self.transient(idx, None, no_full)
+            budget = (base - tr) / infl - fixed_act
+            if budget < 0:
+                continue
+            if len(tlc) == 1:      # one block type: the O(n) exact path, any allowed subset
+                rc = choose_uniform(tlc[0][0], tlc[0][1], budget, tlc[0][2])
+            elif not tlc:
+                rc = None
+                choice = (fixed_act, fixed_extra, [])
+            else:
+                rc = choose_recompute([(tv[0], tv[1]) for tv in tlc], budget) if all(
+                    tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
+            if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
+                choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
+        if not run and len(tl) > 1 and sum(tv[0] for tv in tl) <= MIXED_BLOCKS:
+            # several block types: the bound above is loose; also try the cheapest Pareto count
+            # choices with their blocks in the order the plan gets and their real transient
+            # (stages of few blocks only: the frontier of long ones costs the search seconds)
+            beat = choice[1] - fixed_extra if choice else math.inf
+            rc = self._mixed(idx, tl, base - infl * fixed_act, infl, beat)
             if rc is not None:
                 choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
-            tl = list(types.values())
-            for no_full in (() if run else (True, False) if tl else (False,)):
-                tlc = [[tv[0], tv[1], tuple(x for x in tv[2] if x != "full"), tv[3]] for tv in tl] if no_full else tl
-                if no_full and all(tv[2] == t0[2] for tv, t0 in zip(tlc, tl)):
-                    continue            # no free block may use full: the second class is the same
-                tr = self.transient(idx, None, no_full)
-                budget = (base - tr) / infl - fixed_act
-                if budget < 0:
-                    continue
-                if len(tlc) == 1:      # one block type: the O(n) exact path, any allowed subset
-                    rc = choose_uniform(tlc[0][0], tlc[0][1], budget, tlc[0][2])
-                elif not tlc:
-                    rc = None
-                    choice, transient = (fixed_act, fixed_extra, []), tr
-                else:
-                    rc = choose_recompute([(tv[0], tv[1]) for tv in tlc], budget) if all(
-                        tv[2] == POLICIES for tv in tlc) else choose_restricted(tlc, budget)
-                if rc is not None and (choice is None or fixed_extra + rc.extra_s < choice[1]):
-                    choice, transient = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts)), tr
-            if not run and len(tl) > 1 and sum(tv[0] for tv in tl) <= MIXED_BLOCKS:
-                # several block types: the bound above is loose; also try the cheapest Pareto count
-                # choices with their blocks in the order the plan gets and their real transient
-                # (stages of few blocks only: the frontier of long ones costs the search seconds)
-                beat = choice[1] - fixed_extra if choice else math.inf
-                rc = self._mixed(idx, tl, base - infl * fixed_act, infl, beat)
-                if rc is not None:
-                    choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
-        if choice is None:
-            r = (math.inf, False) if not detail else None
-            self.cache[key] = r
-            return r
-        acts, extra, counts = choice
-        T = t + extra
-        if not detail:
-            self.cache[key] = (T, True)
-            return (T, True)
-        # detailed: per-block policies, full recomputation on a type's first blocks, then selective
-        # (recompute/ordered.py: that order's transient is the least)
+        return choice
+
+    def _stage_result(self, i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3) -> StageResult:
+        """The run [a, b) as stage i, detailed: per-block policies, full recomputation on a type's first
+        blocks, then selective (recompute/ordered.py: that order's transient is the least)."""
+        num, idx = self.num, range(a, b)
         policies = _order_policies(list(types.values()), counts)
         for j in idx:
             u = self.units[j]
