@@ -35,15 +35,11 @@ from ..errors import SappError
 from sapp.cluster.mesh import Level, Mesh
 from ..recompute.op_sac import kept_bytes, kept_ops, recompute_seconds
 from .boundary import fill_side
+from .profile_fit import _fresh, _fresh_unit, fit_units, zero_numbers
 from .sp_profile import sp_node_set, sp_out_shards, sp_regather, sp_regather_time
-from .units import Unit, split_units, template_nodes, template_units
+from .units import split_units, template_nodes, template_units
 
 ZEROS = (0, 1, 2, 3)
-
-
-def _pieces(values, points):
-    """Secants between consecutive samples of a convex function: its max is the interpolation."""
-    return tuple(_affine(values[i], values[i + 1], points[i], points[i + 1]) for i in range(len(points) - 1))
 
 
 def sample_points(max_mbs):
@@ -232,19 +228,6 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
     return out
 
 
-def _fresh_unit(d):
-    """A copy of one unit's numbers whose mutable members (its states, its parameter list) no other
-    profile shares."""
-    return dict(d, states=dict(d["states"]), param_list=list(d["param_list"]))
-
-
-def _fresh(numbers):
-    """A copy of build_profile's (num, samples) (_fresh_unit for every unit)."""
-    (a, b), samples = numbers
-    a2, b2 = {k: _fresh_unit(v) for k, v in a.items()}, {k: _fresh_unit(v) for k, v in b.items()}
-    return (a2, b2), [a2, b2] + [{k: _fresh_unit(v) for k, v in smp.items()} for smp in samples[2:]]
-
-
 def _out_bytes(graph, names, dp, settings):
     """Bytes per device of the unit's output (the tensor a stage boundary after it sends): the
     dp shard of the full tensor.  Without sequence parallelism every tensor-parallel rank sends its
@@ -253,11 +236,6 @@ def _out_bytes(graph, names, dp, settings):
     if not node.out.shape:
         return 0.0
     return node.out.numel * out_bytes(node, settings) / dp
-
-
-def _affine(v1, v2, b1, b2):
-    c1 = (v2 - v1) / (b2 - b1)
-    return (v1 - c1 * b1, c1)
 
 
 def rebatch(graph, batch):
@@ -374,26 +352,13 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
         from ..search import shard_search
         search_fn = shard_search
     if fixed_strategies is not None:           # re-scoring a plan: its own splits, no search
-        missing = [n for n in t1.nodes if n not in fixed_strategies]
-        if missing:
-            raise SappError(f"plan has no split for operator {missing[0]!r}; regenerate it with `sapp search`")
-        strategies = {n: tuple(fixed_strategies[n]) for n in t1.nodes}
-        bad = [n for n, s in strategies.items() if len(s) != len(mesh.levels)]
-        if bad:
-            raise SappError(f"operator {bad[0]!r} has {len(strategies[bad[0]])} split entries but the stage mesh has "
-                            f"{len(mesh.levels)} levels; fix the plan or regenerate it")
-        # a plan says sp only where it placed it: its splits are the SP ones (numbers.boundary_replicated)
-        method = "plan+sp" if (sp and tp > 1) else "plan"
-        if sp and tp > 1:   # where the search cut the stream (at the first block's entry), so does the plan
-            from ..search.sp_layout import sp_with_table
-            method += BLOCK_ENTRY if sp_with_table(rebatch(template, 1), {n: s[-1] for n, s in strategies.items()},
-                                                   tp)[1].get("block_scatter") else ""
+        strategies, method = _plan_strategies(t1, fixed_strategies, mesh, sp and tp > 1, tp,
+                                              lambda: rebatch(template, 1))
     else:
         strategies, method = stage_strategies(template, mesh, roles, cluster, base, dp, tp, search_fn,
                                               strategy_cache, rebatched=rebatch, sp=sp and tp > 1)
     # Two batch sizes at the first ZeRO stage fit the batch-linear terms; the other stages only change
     # batch-independent terms (states, gradient sync, ZeRO-3 gathers), so one evaluation each.
-    num = {}
     z0 = zeros[0]
     if ("units", id(units)) not in gc:    # (the same units and template in every profile of a search)
         gc[("units", id(units))] = (units, template_units(template, units), param_owners(template))
@@ -412,7 +377,7 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
     steps_key = steps if sparse else None
     nkey = ("numbers",) + skey[:4] + (steps, tuple(points)) + skey[4:6]
     if nkey in gc:
-        num[z0], samples = _fresh(gc[nkey])
+        first, samples = _fresh(gc[nkey])
     else:
         if ("sp set",) + skey not in gc:
             gc[("sp set",) + skey] = sp_node_set(t1, strategies, mesh, roles)
@@ -429,72 +394,33 @@ def build_profile(graph, cluster, settings, dp, tp, *, search_fn=None, zeros=ZER
                                         samples=steps if acts else 1.0, roles=roles, owners=owners, sp=sp_set,
                                         memo=memo)
             return {k: _fresh_unit(v) for k, v in gc[key].items()}
-        num[z0] = (sampled(t1, True), sampled(t2, True))
+        first = (sampled(t1, True), sampled(t2, True))
         # further time samples (activations are affine: no need), see the module docstring
-        samples = [num[z0][0], num[z0][1]] + [sampled(rebatch(template, dp * b), False) for b in points[2:]]
-        gc[nkey] = _fresh((num[z0], samples))
-    for z in zeros[1:]:
-        zkey = ("zero", z) + skey + (steps_key,)    # (the parameter lists are the first sample's)
-        if zkey not in gc:
-            sz = dataclasses.replace(settings, zero=z)
-            gc[zkey] = {k: bucketed_sync(a0["param_list"], cluster, sz, steps)
-                        + (unit_states(a0["param_list"], z, sz, steps),
-                           fsdp_exposed_copies(a0["param_list"], cluster, sz)) for k, a0 in num[z0][0].items()}
-        one, two = {}, {}
-        for k, (a0, b0) in ((k, (num[z0][0][k], num[z0][1][k])) for k in num[z0][0]):
-            sync, lat, gather, states, copy = gc[zkey][k]
-            ef = gather - a0["gather"] + copy[0] - a0["copy"][0]
-            eb = gather - a0["gather"] + copy[1] - a0["copy"][1]
-            common = {"grad_sync": sync, "sync_lat": lat, "states": dict(states), "copy": copy}
-            one[k] = dict(a0, fwd=a0["fwd"] + ef, bwd=a0["bwd"] + eb, **common)
-            two[k] = dict(b0, fwd=b0["fwd"] + ef, bwd=b0["bwd"] + eb, **common)
-        num[z] = (one, two)
-    rep_of = {u.name: u.rep for u in units}
-    per_sample_flops = {}
-    for u in reversed(units):       # (the last unit of each type sets it: only that one's sum is read)
-        if u.rep not in per_sample_flops:
-            per_sample_flops[u.rep] = sum(t1.nodes[n].flops for n in u.nodes if n in t1.nodes) / dp
-    out_units = []
-    made = {}          # key -> the first unit built for it: identical blocks copy its numbers
-    for u in units:
-        key = u.rep if u.kind == "block" else u.name
-        a, b = num[z0][0].get(key), num[z0][1].get(key)
-        if a is None:
-            raise SappError(f"unit {u.name} has no operators in the template (internal)")
-        nu = Unit(u.name, u.kind, u.rep, u.nodes, u.cut_before)
-        first = made.get(key)
-        if first is not None:
-            for f in ("fwd", "bwd", "reshard", "act", "extra", "out_bytes", "flops", "tensors", "fsdp_exempt",
-                      "bwd_live"):
-                setattr(nu, f, getattr(first, f))
-            for f in ("zfwd", "zbwd", "grad_sync", "sync_lat", "zcopy"):
-                setattr(nu, f, dict(getattr(first, f)))
-            nu.states = {z: dict(v) for z, v in first.states.items()}
-            out_units.append(nu)
-            continue
-        made[key] = nu
-        sv = [smp[key] for smp in samples]
-        nu.fwd = _pieces([x["fwd"] for x in sv], points)
-        nu.bwd = _pieces([x["bwd"] for x in sv], points)
-        nu.reshard = _pieces([x["reshard"] for x in sv], points)
-        nu.act = tuple(_affine(x, y, 1, 2) for x, y in zip(a["act"], b["act"]))
-        nu.extra = tuple(_pieces([x["extra"][k] for x in sv], points) for k in range(3))
-        nu.out_bytes = _affine(a["out"], b["out"], 1, 2)
-        nu.bwd_live = _affine(a["bwd_live"], b["bwd_live"], 1, 2)
-        for z in zeros:
-            za = num[z][0][key]
-            # ZeRO stages only add batch-independent time (gathers) to the z0 curve
-            dz_f, dz_b = za["fwd"] - a["fwd"], za["bwd"] - a["bwd"]
-            nu.zfwd[z] = tuple((c0 + dz_f, c1) for c0, c1 in nu.fwd)
-            nu.zbwd[z] = tuple((c0 + dz_b, c1) for c0, c1 in nu.bwd)
-            nu.grad_sync[z] = za["grad_sync"]
-            nu.sync_lat[z] = za["sync_lat"]
-            nu.zcopy[z] = za["copy"]
-            nu.states[z] = za["states"]
-        nu.flops = per_sample_flops.get(u.rep, 0.0)
-        nu.tensors = sum(1 for _, _, _, trainable, _ in a["param_list"] if trainable)
-        nu.fsdp_exempt = a["fsdp_exempt"]
-        out_units.append(nu)
+        samples = [first[0], first[1]] + [sampled(rebatch(template, dp * b), False) for b in points[2:]]
+        gc[nkey] = _fresh((first, samples))
+    num = zero_numbers(first, zeros, cluster, settings, steps, gc, skey + (steps_key,))
+    out_units, rep_of = fit_units(units, num, samples, points, zeros, t1, dp)
     # what a stage boundary sends besides the activation (masks built from inputs, ...)
     fill_side(graph, units, out_units, gc, (t1, t2), strategies, mesh, roles, settings, dp)
     return Profile(dp, tp, mesh, roles, out_units, strategies, t1, rep_of, method, sp=bool(sp and tp > 1))
+
+
+def _plan_strategies(t1, fixed, mesh, sp, tp, template_at_1):
+    """(strategies, method) of a plan being re-scored: its own splits of the template's operators,
+    checked against the stage mesh; `sp`: where the search cut the stream (at the first block's
+    entry), so does the plan."""
+    missing = [n for n in t1.nodes if n not in fixed]
+    if missing:
+        raise SappError(f"plan has no split for operator {missing[0]!r}; regenerate it with `sapp search`")
+    strategies = {n: tuple(fixed[n]) for n in t1.nodes}
+    bad = [n for n, s in strategies.items() if len(s) != len(mesh.levels)]
+    if bad:
+        raise SappError(f"operator {bad[0]!r} has {len(strategies[bad[0]])} split entries but the stage mesh has "
+                        f"{len(mesh.levels)} levels; fix the plan or regenerate it")
+    # a plan says sp only where it placed it: its splits are the SP ones (numbers.boundary_replicated)
+    method = "plan+sp" if sp else "plan"
+    if sp:
+        from ..search.sp_layout import sp_with_table
+        method += BLOCK_ENTRY if sp_with_table(template_at_1(), {n: s[-1] for n, s in strategies.items()},
+                                               tp)[1].get("block_scatter") else ""
+    return strategies, method
