@@ -238,32 +238,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     ac, comp = doc.get("activation_checkpoint") or {}, doc.get("compile") or {}
     L = facts["layers"]
     notes = []
-
-    def num(sec, key, default):
-        v = sec.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise EngineError(f"{key} must be a whole number, got {v!r}")
-        return v
-    tp, pp = num(par, "tensor_parallel_degree", 1), num(par, "pipeline_parallel_degree", 1)
-    cp, ep = num(par, "context_parallel_degree", 1), num(par, "expert_parallel_degree", 1)
-    rep, shard = num(par, "data_parallel_replicate_degree", 1), num(par, "data_parallel_shard_degree", -1)
-    if min(tp, pp, cp, ep, rep) < 1:
-        raise EngineError("parallel degrees must be at least 1 (data_parallel_shard_degree may be -1)")
-    if devices % (tp * pp * cp * rep):
-        raise EngineError(f"the degrees do not divide the cluster's {devices} GPUs; pass the --cluster this file ran on")
-    if shard == -1:
-        shard = devices // (tp * pp * cp * rep)
-    if rep * shard * tp * pp * cp != devices:
-        raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
-    if rep > 1 and shard > 1 and ep > 1:
-        raise EngineError("HSDP (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) beside expert "
-                          "parallelism is not priced by sapp; use one of them")
-    if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
-        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
-                          "shard instead (data_parallel_shard_degree)")
+    num = _whole
+    tp, pp, cp, ep, rep, shard = _degrees(par, devices)
     dp = rep * shard
-    if ep > 1 and tp > 1:
-        raise EngineError("expert parallelism beside tensor parallelism is not priced by sapp; use tp 1 with ep")
     reshard = par.get("fsdp_reshard_after_forward", "default")
     if shard > 1 or cp > 1:
         zero = {"never": 2, "always": 3}.get(reshard, 2 if pp > 1 else 3)
@@ -305,6 +282,39 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     _run_notes(ecfg, train, par, comp, zero, pp, notes)
     ecfg.notes = era_notes + notes
     return ecfg
+
+
+def _whole(sec, key, default):
+    v = sec.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise EngineError(f"{key} must be a whole number, got {v!r}")
+    return v
+
+
+def _degrees(par, devices):
+    """(tp, pp, cp, ep, replicate, shard) of the [parallelism] section on `devices` GPUs
+    (data_parallel_shard_degree -1: the rest); EngineError for what torchtitan or sapp does not run."""
+    num = _whole
+    tp, pp = num(par, "tensor_parallel_degree", 1), num(par, "pipeline_parallel_degree", 1)
+    cp, ep = num(par, "context_parallel_degree", 1), num(par, "expert_parallel_degree", 1)
+    rep, shard = num(par, "data_parallel_replicate_degree", 1), num(par, "data_parallel_shard_degree", -1)
+    if min(tp, pp, cp, ep, rep) < 1:
+        raise EngineError("parallel degrees must be at least 1 (data_parallel_shard_degree may be -1)")
+    if devices % (tp * pp * cp * rep):
+        raise EngineError(f"the degrees do not divide the cluster's {devices} GPUs; pass the --cluster this file ran on")
+    if shard == -1:
+        shard = devices // (tp * pp * cp * rep)
+    if rep * shard * tp * pp * cp != devices:
+        raise EngineError(f"replicate x shard x tp x pp x cp = {rep * shard * tp * pp * cp}, not the cluster's {devices} GPUs")
+    if rep > 1 and shard > 1 and ep > 1:
+        raise EngineError("HSDP (data_parallel_replicate_degree and data_parallel_shard_degree both > 1) beside expert "
+                          "parallelism is not priced by sapp; use one of them")
+    if rep > 1 and shard == 1 and (tp, pp, cp, ep) != (1, 1, 1, 1):
+        raise EngineError("torchtitan runs DDP (data_parallel_replicate_degree > 1) only as the one parallelism; "
+                          "shard instead (data_parallel_shard_degree)")
+    if ep > 1 and tp > 1:
+        raise EngineError("expert parallelism beside tensor parallelism is not priced by sapp; use tp 1 with ep")
+    return tp, pp, cp, ep, rep, shard
 
 
 def _run_notes(ecfg, train, par, comp, zero, pp, notes):
