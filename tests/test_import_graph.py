@@ -1,5 +1,5 @@
 """Layout rules read off the source: no import circle in sapp/ (nor in bench/), no sapp/ file over 500
-lines.
+lines, no sapp/ function over 80 lines.
 
 The graph comes from each module's `ast`, not from importing it.  An edge is every import statement
 in the module, at module level or inside a function: a lazy import that dodges a circle at load time
@@ -13,6 +13,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 500
+MAX_FUNCTION_LINES = 80       # a function, method or nested function, `def` line to last line
 
 
 def modules(root: str, top: str) -> dict:
@@ -151,6 +152,41 @@ def test_no_sapp_file_over_500_lines():
         if n > MAX_LINES:
             long.append(f"{os.path.relpath(path, ROOT)} ({n})")
     assert not long, f"files over {MAX_LINES} lines (split them by concern): {', '.join(sorted(long))}"
+
+
+def long_functions(root: str, top: str, limit: int = MAX_FUNCTION_LINES) -> list:
+    """'path:line name (n lines)' of every function (methods and nested ones too) under root/top longer
+    than `limit` lines, counted from its `def` to its last line (decorators not counted)."""
+    out = []
+    for path, _ in modules(root, top).values():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out.append(f"{os.path.relpath(path, root)}:{node.lineno} {node.name} ({n} lines)")
+    return sorted(out)
+
+
+def test_no_sapp_function_over_80_lines():
+    long = long_functions(ROOT, "sapp")
+    assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps with explicit "
+                      f"inputs and outputs): {', '.join(long)}")
+
+
+def test_the_function_reader_counts_methods_and_nested_functions(tmp_path):
+    """The check above can fail: a method and a nested function of 81 lines are found, one of 80 is not."""
+    def fn(name, lines, pad):         # a function of exactly `lines` lines, indented by `pad`
+        return [f"{pad}def {name}():"] + [f"{pad}    x{i} = {i}" for i in range(lines - 2)] + [f"{pad}    return 0"]
+    src = fn("ok", 80, "") + ["class C:"] + fn("method", 81, "    ") + ["def outer():"] + fn("inner", 81, "    ")
+    src += ["    return inner", ""]
+    pkg = tmp_path / "toy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("\n".join(src))
+    found = [f.split(" ", 1)[1] for f in long_functions(str(tmp_path), "toy")]
+    assert sorted(found) == ["inner (81 lines)", "method (81 lines)", "outer (83 lines)"], found
 
 
 def test_the_reader_finds_planted_circles(tmp_path):
