@@ -82,9 +82,10 @@ def mixed_case(model, spec=MIXED, link_bw=None, batch=None):
 
 def pipeline_words(doc, timing) -> str:
     """The other mode's step, and the pipeline's layout when it won."""
-    if doc["mode"] == "pipeline":
-        p = doc["pipeline"]
-        lay = "; ".join(f"{g['name']} layers {'/'.join(str(len(s['blocks'])) for s in g['stages'])}" for g in doc["groups"])
+    from sapp.plan.mixed import members, mode, pipe
+    if mode(doc) == "pipeline":
+        p = pipe(doc)
+        lay = "; ".join(f"{g['name']} layers {'/'.join(str(len(s['blocks'])) for s in g['stages'])}" for g in members(doc))
         return (f"PIPELINE mode {p['stages']} stages x {p['stage_width']}, m={p['micro_batches']} {p['schedule']} "
                 f"ZeRO-{p['zero']} [{lay}]; data mode {timing.get('data_step_s') or float('nan'):.4g} s")
     t, above = timing.get("pipeline_step_s"), timing.get("pipeline_step_above_s")
@@ -96,13 +97,13 @@ def pipeline_words(doc, timing) -> str:
 def case_line(model, spec, link_bw=None, batch=None):
     doc, timing = mixed_case(model, spec, link_bw, batch)
     step = doc["predicted"]["step_time_s"]
-    alone = doc["baselines"]["alone"]
-    uni = doc["baselines"]["uniform_slowest"]
+    alone = doc["groups"]["baselines"]["alone"]
+    uni = doc["groups"]["baselines"]["uniform_slowest"]
     fits = [v for v in alone.values() if v is not None]
     best_alone = min(fits) if fits else None
     shares = ", ".join(f"{g['name']} {g.get('batch_share', '-')}" + (
         f" dp{g['parallel']['dp']} tp{g['parallel']['tp']} pp{g['parallel']['pp']}" if g.get("batch_share") else "")
-        for g in doc["groups"])
+        for g in doc["groups"]["members"])
     from sapp.cluster.groups import parse
     slow = parse(spec).slowest().name
     fmt = lambda v: "n/a" if v is None else f"{v:.4g} s ({v / step - 1:+.1%})"  # noqa: E731

@@ -147,19 +147,19 @@ def test_hetero_plan_document_cli(tmp_path, capsys):
     doc = json.loads(out.read_text())
     from sapp.api import mixed as hetero_plan
     from sapp import schema
-    assert doc["schema"] == "sapp.hetero-plan/1" and schema.first_error("hetero", doc) is None
-    shares = [g["batch_share"] for g in doc["groups"]]
+    assert doc["schema"] == "sapp.plan/1" and schema.first_error("plan", doc) is None   # one plan schema
+    shares = [g["batch_share"] for g in doc["groups"]["members"]]
     assert sum(shares) == 64
-    for g in doc["groups"]:
+    for g in doc["groups"]["members"]:
         if g["batch_share"]:
             assert g["plan"]["model"]["global_batch"] == g["batch_share"]
             assert g["plan"]["devices"] == g["devices"]
-    assert set(doc["baselines"]["alone"]) == {"a100-80g", "h100-80g"}
+    assert set(doc["groups"]["baselines"]["alone"]) == {"a100-80g", "h100-80g"}
     capsys.readouterr()
     assert main(["explain", str(out)]) == 0
     text = capsys.readouterr().out
     assert "group a100-80g" in text and "baseline all devices as the slowest kind" in text
-    doc["groups"][0]["batch_share"] += 1
+    doc["groups"]["members"][0]["batch_share"] += 1
     with pytest.raises(PlanError):
         hetero_plan.check(doc)
 
@@ -178,7 +178,12 @@ def test_homogeneous_entry_points_refuse_a_mixed_cluster_in_one_line():
     assert "sapp search --cluster A+B" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_schema_command_prints_the_hetero_schema(capsys):
+def test_the_plan_schema_states_a_mixed_clusters_groups(capsys):
+    """One plan schema for both kinds: `sapp schema plan` holds the groups section; there is no other."""
     from sapp.commands.cli import main
-    assert main(["schema", "hetero"]) == 0
-    assert json.loads(capsys.readouterr().out)["properties"]["schema"]["const"] == "sapp.hetero-plan/1"
+    assert main(["schema", "plan"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["properties"]["schema"]["const"] == "sapp.plan/1" and s["properties"]["groups"] == {"$ref": "#/$defs/groups"}
+    assert set(s["$defs"]["groups"]["properties"]["mode"]["enum"]) == {"data", "pipeline"}
+    with pytest.raises(SystemExit):
+        main(["schema", "hetero"])

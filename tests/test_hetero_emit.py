@@ -42,7 +42,7 @@ def _max_diff(a, b):
 
 @pytest.mark.slow       # ~45 s; the default suite runs uneven shares through `sapp run` (test_hetero_run.py)
 def test_uneven_shares_train_as_one_process(plan_doc, tmp_path):
-    shares = [g["batch_share"] for g in plan_doc["groups"]]
+    shares = [g["batch_share"] for g in plan_doc["groups"]["members"]]
     assert shares == [16, 48]            # 3x slower: a quarter of the batch
     out = _run(plan_doc, tmp_path)
     assert out["rank_slices"] == [[0, shares[0]], [shares[0], 64]]
@@ -54,7 +54,7 @@ def test_uneven_shares_train_as_one_process(plan_doc, tmp_path):
 
 def test_layouts_the_emitter_cannot_split_are_refused(plan_doc):
     doc = json.loads(json.dumps(plan_doc))
-    g = next(g for g in doc["groups"] if g["batch_share"])
+    g = next(g for g in doc["groups"]["members"] if g["batch_share"])
     g["parallel"]["tp"] = 2
     with pytest.raises(PlanError, match="data-parallel groups only"):
         rank_slices(doc)

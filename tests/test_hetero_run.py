@@ -60,7 +60,7 @@ def _reference(x, y, rows):
 
 
 def test_uneven_shares_run_as_one_process(plan_doc, tmp_path):
-    assert [g["batch_share"] for g in plan_doc["groups"]] == [12, 36]      # 1 : 3, per device 12 : 18
+    assert [g["batch_share"] for g in plan_doc["groups"]["members"]] == [12, 36]      # 1 : 3, per device 12 : 18
     x, y = hetero_job.batch(0, GB * STEPS)
     torch.save(((x,), y), tmp_path / "data.pt")
     p = _cli(tmp_path, plan_doc, "--data", str(tmp_path / "data.pt"), "--out", str(tmp_path / "out.json"), timeout=240)
@@ -75,7 +75,7 @@ def test_uneven_shares_run_as_one_process(plan_doc, tmp_path):
 
 def _renamed(doc, old, new):
     doc = json.loads(json.dumps(doc))
-    for g in doc["groups"] + doc["cluster"]["groups"]:
+    for g in doc["groups"]["members"] + doc["cluster"]["groups"]:
         if g["name"] == old:
             g["name"] = new
     return doc
@@ -93,7 +93,7 @@ def test_refused_in_one_line_before_launch(plan_doc, tmp_path, case):
                             "on each node of each group")
     if case == "tp-group":
         doc = json.loads(json.dumps(plan_doc))
-        doc["groups"][1]["plan"]["parallel"].update(dp=1, tp=2)
+        doc["groups"]["members"][1]["plan"]["parallel"].update(dp=1, tp=2)
         extra, words = [], "group cpu-2 runs tp=2: uneven shares are emitted for data-parallel groups only"
     p = _cli(tmp_path, doc, *extra)
     assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Mixed-cluster plans with hostile group shares (issue 53 item 7): a hand-edited sapp.hetero-plan/1 whose
+"""Mixed-cluster plans with hostile group shares (issue 53 item 7): a hand-edited mixed plan whose
 shares do not sum to the global batch, are negative, huge, not whole numbers, do not divide a group's
 devices, or differ from the batch the group's own plan was priced at, is refused in one line before
 anything launches; the plan as searched launches (the launch itself stubbed: tests/test_hetero_run.py
@@ -56,7 +56,7 @@ def test_the_searched_shares_launch(doc, tmp_path, monkeypatch):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_shares_are_refused_in_one_line(doc, tmp_path, monkeypatch, case):
     d = json.loads(json.dumps(doc))
-    for g, share in zip(d["groups"], CASES[case]):
+    for g, share in zip(d["groups"]["members"], CASES[case]):
         g["batch_share"] = share
     rc, err, launched = _run(tmp_path, monkeypatch, d)
     lines = err.strip().splitlines()

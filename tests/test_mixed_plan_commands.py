@@ -1,7 +1,9 @@
 """A mixed-cluster plan (`sapp search --cluster A+B`) through every command that reads a plan (issue 55
 item 1): explain and plot show each group, diff compares it with a plain plan, evaluate re-prices it,
 replan re-plans it, export refuses it in one line with the real reason; every command reads plans
-through sapp.plan.load_any, and a schema it does not read is refused in one line saying how to get one."""
+through sapp.plan.load_any, and a schema it does not read is refused in one line saying how to get one.
+A mixed plan is an ordinary plan with a `groups` section, one Plan type and one schema; files written
+in the earlier sapp.hetero-plan/1 layout are migrated on read."""
 import json
 
 import pytest
@@ -22,7 +24,7 @@ def plans(tmp_path_factory):
     d = tmp_path_factory.mktemp("mixed")
     data, _ = hetero_plan.search("gpt3-125m", parse(MIXED), global_batch=64, mode="data")
     pipe, _ = hetero_plan.search("gpt-small", parse(MIXED), global_batch=256, mode="pipeline")
-    assert [g["batch_share"] > 0 for g in data["groups"]] == [True, True]
+    assert [g["batch_share"] > 0 for g in data["groups"]["members"]] == [True, True]
     (d / "data.json").write_text(hetero_plan.dumps(data))
     (d / "pipe.json").write_text(hetero_plan.dumps(pipe))
     sapp.search("gpt3-125m", "h100-80g:nodes=2", global_batch=64).save(str(d / "plain.json"))
@@ -41,10 +43,11 @@ def test_load_any_tells_the_kinds_apart_and_refuses_other_schemas_in_one_line(pl
     from sapp.plan import Plan, load_any
     assert load_any(plans["data"])[0] == "mixed" and load_any(plans["pipe"])[0] == "mixed"
     kind, plan = load_any(plans["plain"])
-    assert kind == "plan" and isinstance(plan, Plan)
-    with pytest.raises(PlanError) as e:             # the API's Plan.load names the reader of both kinds
-        Plan.load(plans["data"])
-    assert "load_any" in str(e.value) and "regenerate" not in str(e.value)
+    assert kind == "plan" and isinstance(plan, Plan) and not plan.mixed
+    for k in ("data", "pipe"):                      # one Plan type: the API's Plan.load reads both kinds
+        mixed = Plan.load(plans[k])
+        assert mixed.mixed and mixed["schema"] == plan["schema"] == "sapp.plan/1"
+        assert sorted(g["name"] for g in mixed.groups["members"]) == ["a100-80g", "h100-80g"]
     old = json.loads(open(plans["plain"]).read())
     old["schema"] = "sapp.plan/0"
     (tmp_path / "old.json").write_text(json.dumps(old))
@@ -54,10 +57,44 @@ def test_load_any_tells_the_kinds_apart_and_refuses_other_schemas_in_one_line(pl
     assert "\n" not in msg and "sapp.plan/0" in msg and "sapp search --model gpt3-125m --cluster h100-80g:nodes=2" in msg
 
 
+def _legacy(doc) -> dict:
+    """The same plan in the earlier sapp.hetero-plan/1 layout: the mixed fields at the top, the pipeline
+    mode's pp plan nested under `plan`, its shape under `pipeline`."""
+    from sapp.plan import mixed
+    g = doc["groups"]
+    old = {"schema": "sapp.hetero-plan/1", "mode": g["mode"], "model": doc["model"], "cluster": doc["cluster"],
+           "devices": doc["devices"], "groups": g["members"], "baselines": g["baselines"], "notes": doc["notes"]}
+    if g["mode"] == "data":
+        return dict(old, predicted=doc["predicted"])
+    inner = mixed.inner(doc)
+    n = len(doc["notes"]) - 1                       # the mixed document's own note is the last
+    inner["notes"] = doc["notes"][:n]
+    pr = {k: doc["predicted"][k] for k in ("step_time_s", "bubble_s", "samples_per_s", *mixed.CROSS_KEYS)
+          if k in doc["predicted"]}
+    return dict(old, notes=doc["notes"][n:], plan=inner, pipeline=mixed.pipe(doc), predicted=pr)
+
+
+def test_plans_in_the_earlier_mixed_layout_are_migrated_on_read(plans, tmp_path, capsys):
+    from sapp.plan import Plan, load_any
+    for k in ("data", "pipe"):
+        new = json.loads(open(plans[k]).read())
+        (tmp_path / f"{k}-old.json").write_text(json.dumps(_legacy(new)))
+        kind, plan = load_any(str(tmp_path / f"{k}-old.json"))
+        assert kind == "mixed" and plan == Plan(new)       # field for field the plan the search writes now
+        rc, out, err = _cli(capsys, "explain", str(tmp_path / f"{k}-old.json"))
+        assert rc == 0 and "predicted step" in out, err
+    bad = _legacy(json.loads(open(plans["pipe"]).read()))
+    bad["pipeline"]["stage_width"] += 1                    # its two copies of the pipeline's shape disagree
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(PlanError) as e:
+        load_any(str(tmp_path / "bad.json"))
+    assert "\n" not in str(e.value) and "sapp.hetero-plan/1" in str(e.value)
+
+
 def test_explain_shows_each_groups_plan(plans, capsys):
     rc, out, _ = _cli(capsys, "explain", plans["data"])
     assert rc == 0 and "predicted step" in out
-    for g in plans["data_doc"]["groups"]:
+    for g in plans["data_doc"]["groups"]["members"]:
         assert f"group {g['name']}'s plan ({g['batch_share']} of the global batch 64" in out
     assert out.count("Plan for gpt3-125m") == 2 and "Binding constraint" in out
     rc, out, _ = _cli(capsys, "explain", plans["pipe"])
@@ -70,7 +107,7 @@ def test_diff_of_a_mixed_and_a_plain_plan(plans, capsys):
     overall = out.split("\n\n")[0].splitlines()          # the first table: the plans as a whole
     row = {ln.split("  ")[0].strip(): ln for ln in overall}
     assert "mixed (data)" in row["plan"] and "one device kind" in row["plan"]
-    for g in plans["data_doc"]["groups"]:
+    for g in plans["data_doc"]["groups"]["members"]:
         assert f"share {g['batch_share']}/64" in row[f"group {g['name']}"]
     assert "dp=16" in row["group h100-80g"]           # the plain plan is one group, named by its cluster
     from sapp.units import fmt_time
@@ -117,7 +154,7 @@ def test_evaluate_reprices_a_data_mode_plan_and_says_what_prices_a_pipeline(plan
     assert res["step_time_s"] == pytest.approx(doc["predicted"]["step_time_s"], rel=1e-4)
     assert res["cross_group_sync_s"] == pytest.approx(doc["predicted"]["cross_group_sync_s"], rel=1e-4)
     assert [g["name"] for g in res["groups"]] == ["a100-80g", "h100-80g"]
-    for g, mine in zip(res["groups"], doc["groups"]):
+    for g, mine in zip(res["groups"], doc["groups"]["members"]):
         assert g["step_time_s"] == pytest.approx(mine["step_time_s"], rel=1e-4)
     # a slower link between the groups: only the sync grows
     import dataclasses

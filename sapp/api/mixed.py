@@ -1,4 +1,4 @@
-"""Plans over mixed clusters (sapp.hetero-plan/1).  Mode "data": each group's assignment is an
+"""Plans over mixed clusters (a plan with a `groups` section, sapp/plan/mixed.py).  Mode "data": each group's assignment is an
 ordinary plan of that group at its share of the global batch, plus what joins them (the cross-group
 gradient sync) and the baselines the split has to beat.  Mode "pipeline": pipeline stages placed on
 the groups (sapp/search/hetero_pipeline.py, the document in sapp/api/mixed_pipe.py).  `search`
@@ -11,9 +11,9 @@ import json
 import math
 
 from sapp.errors import InfeasibleError, SappError
-from sapp.plan.mixed import check  # noqa: F401 - hetero_plan.check, as before
-from sapp.report.mixed_summary import summary as explain  # noqa: F401 - hetero_plan.explain, as before
-from sapp.search.hetero import SCHEMA
+from sapp.plan import Plan
+from sapp.plan.mixed import data_document, group_plan, mode as mode_of, used_groups
+from sapp.report.mixed_summary import summary as explain  # noqa: F401 - mixed.explain, the summary search prints
 
 MODES = ("auto", "data", "pipeline")
 
@@ -79,7 +79,7 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
             uni = _num(hetero.uniform_baseline(graph, mc, gb, cons, settings, api.tp_search_fn()))
         doc = hetero_pipe_plan.document(graph, mc, pipe, name=name, gb=gb, cons=cons, settings=settings,
                                         data_step=_num(step), alone=alone, uniform=uni)
-        check(doc)
+        doc = Plan(doc).to_dict()
         return doc, dict(timing_p, search_s=time.perf_counter() - t0, evaluations=pipe.evaluations,
                          split_search_s=d["search_s"] if d else 0.0, split_search_cpu_s=d["search_cpu_s"] if d else 0.0)
     groups = []
@@ -90,32 +90,29 @@ def search(model, mc, *, global_batch=None, constraints=None, precision=None, ru
             plan = api.build_plan(graph, cl, res, name=name, global_batch=b, constraints=cons, settings=settings)
             entry.update(parallel=dict(plan["parallel"]), step_time_s=res.step_time_s, plan=plan.to_dict())
         groups.append(entry)
-    doc = {"schema": SCHEMA, "mode": "data",
-           "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                     "flops_per_sample": graph.flops_per_sample(), "global_batch": gb},
-           "cluster": mc.to_dict(), "devices": mc.devices, "groups": groups,
-           "predicted": {"step_time_s": step, "cross_group_sync_s": d["sync_s"],
-                         "samples_per_s": gb / step},
-           "baselines": {"alone": {k: _num(v) for k, v in d["alone"].items()},
-                         "uniform_slowest": _num(d["uniform"])},
-           "notes": [f"batch split in quanta of {d['quantum']} samples; gradients weighted by share / global batch "
-                     f"and summed over all ranks"]}
-    check(doc)
+    doc = data_document(
+        {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
+         "flops_per_sample": graph.flops_per_sample(), "global_batch": gb},
+        mc.to_dict(), mc.devices, groups,
+        {"step_time_s": step, "cross_group_sync_s": d["sync_s"], "samples_per_s": gb / step},
+        {"alone": {k: _num(v) for k, v in d["alone"].items()}, "uniform_slowest": _num(d["uniform"])},
+        [f"batch split in quanta of {d['quantum']} samples; gradients weighted by share / global batch "
+         f"and summed over all ranks"])
+    doc = Plan(doc).to_dict()       # checked and rounded as every plan is
     doc_timing = {"search_s": time.perf_counter() - t0, "split_search_s": d["search_s"],
                   "split_search_cpu_s": d["search_cpu_s"], "evaluations": d["evaluations"], **timing_p}
     return doc, doc_timing
 
 
 def dumps(doc) -> str:
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    """The plan's JSON as Plan.save writes it (a dict or a Plan)."""
+    return doc.to_json() if isinstance(doc, Plan) else json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
-def load_if_hetero(path):
-    """The checked document when `path` holds a mixed-cluster plan, else None (an ordinary plan: the
-    caller loads it).  Read by the one loader every command uses (sapp.plan.load_any)."""
-    from sapp.plan import load_any
-    kind, doc = load_any(path)
-    return doc if kind == "mixed" else None
+def check(doc):
+    """A mixed plan's document checked as Plan checks every plan (schema, groups, the pp plan's fields)."""
+    Plan(doc if isinstance(doc, dict) else doc.to_dict())
+    return doc
 
 
 def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
@@ -127,17 +124,16 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
     from sapp import api
     from sapp.cluster.groups import MixedCluster, parse
     from sapp.costmodel import CostSettings
-    from sapp.plan import Plan
-    from sapp.plan.mixed import search_command, used_groups
+    from sapp.plan.mixed import search_command
     from sapp.search import hetero
-    if doc["mode"] == "pipeline":
+    if mode_of(doc) == "pipeline":
         raise SappError("a pipeline-mode mixed plan's stages are priced on their groups only by its search: "
                         f"`{search_command(doc, 'pipeline')}` prices it again; `sapp evaluate` re-prices data-mode "
                         "mixed plans and one-kind plans")
     mc = parse(cluster) if cluster is not None else MixedCluster.from_dict(doc["cluster"], where="plan's cluster section: ")
     if not isinstance(mc, MixedCluster):
         raise SappError(f"--cluster {cluster} is one kind of device; a mixed plan is priced on its groups: give a "
-                        f"spec of its groups ({' + '.join(g['name'] for g in doc['groups'])}) or drop --cluster")
+                        f"spec of its groups ({' + '.join(g['name'] for g in doc['groups']['members'])}) or drop --cluster")
     groups = used_groups(doc)
     index = {g.name: i for i, g in enumerate(mc.groups)}
     lost = [g["name"] for g in groups if g["name"] not in index]
@@ -167,7 +163,7 @@ def replan(doc, model, cluster) -> tuple:
     import time
     from sapp.cluster.groups import MixedCluster, parse
     from sapp.emit.runtime.hetero_run import rank_plan
-    from sapp.plan.mixed import describe, group_plan, used_groups
+    from sapp.plan.mixed import describe
     from sapp.api.replan import replan as replan_one
     groups = used_groups(doc)
     inner = group_plan(doc, groups[0])

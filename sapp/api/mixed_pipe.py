@@ -1,17 +1,18 @@
-"""The pipeline mode of a mixed-cluster plan (sapp.hetero-plan/1, mode "pipeline"): the document of a
-pipeline whose stages sit on the groups (sapp/search/hetero_pipeline.py), and its `sapp explain` (sapp/report/mixed_summary.py).
+"""The pipeline mode of a mixed cluster's plan (groups.mode "pipeline", sapp/plan/mixed.py): the plan
+of a pipeline whose stages sit on the groups (sapp/search/hetero_pipeline.py).
 
-The document states each group's stages (their blocks and units, per-micro-batch times as priced on
-the group's devices, the sends over the link between groups), the pipeline's stage width,
-micro-batches and schedule, and `plan`: the ordinary pp plan every rank runs (sapp run), whose
-stages are the same, numbered in group order, with the mixed predictions."""
+The document is the ordinary pp plan every rank runs (sapp run), its stages numbered in group order,
+with the mixed cluster as its cluster and the mixed predictions; its `groups` section states each
+group's stages (their blocks and units, per-micro-batch times as priced on the group's devices, the
+sends over the link between groups) and the baselines."""
 from __future__ import annotations
 
 
 
 def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uniform):
     from sapp.api import build_plan
-    from sapp.search.hetero import SCHEMA, uniform_cluster
+    from sapp.plan.mixed import pipeline_document
+    from sapp.search.hetero import uniform_cluster
     res, cfg = pipe.result, pipe.config
     inner = build_plan(graph, uniform_cluster(mc), res, name=name, global_batch=gb, constraints=cons,
                        settings=settings).to_dict()
@@ -28,19 +29,13 @@ def document(graph, mc, pipe, *, name, gb, cons, settings, data_step, alone, uni
              "bwd_s": st.bwd_s, "send_s": st.send_s, "link_send_s": list(pipe.link_s[st.index]),
              "memory_bytes": st.memory_bytes} for st in mine]})
     cross = sum(f + b for f, b in pipe.link_s)
-    step = res.step_time_s
-    return {"schema": SCHEMA, "mode": "pipeline",
-            "model": {"name": name, "fingerprint": graph.fingerprint(), "params": graph.param_count(),
-                      "flops_per_sample": graph.flops_per_sample(), "global_batch": gb},
-            "cluster": mc.to_dict(), "devices": mc.devices, "groups": groups,
-            "pipeline": {"stages": cfg.pp, "stage_width": cfg.dp, "micro_batches": cfg.m,
-                         "micro_batch_size": cfg.mbs, "schedule": cfg.schedule, "zero": cfg.zero},
-            "plan": inner,
-            "predicted": {"step_time_s": step, "cross_group_sync_s": 0.0, "cross_group_send_s": cross,
-                          "bubble_s": res.bubble_s, "samples_per_s": gb / step},
-            "baselines": {"alone": alone, "uniform_slowest": uniform, "data_mode": data_step},
-            "notes": [f"pipeline of {cfg.pp} stages x {cfg.dp} devices over the groups in the order listed; "
-                      f"stage boundaries between groups send over the link between them; every rank runs `plan`"]}
+    inner["model"] = dict(inner["model"], name=name, global_batch=gb)
+    return pipeline_document(
+        inner, mc.to_dict(), groups, {"cross_group_sync_s": 0.0, "cross_group_send_s": cross},
+        {"alone": alone, "uniform_slowest": uniform, "data_mode": data_step},
+        [f"pipeline of {cfg.pp} stages x {cfg.dp} devices over the groups in the order listed; stage boundaries "
+         "between groups send over the link between them; every rank runs the plan at the top (its stages the "
+         "groups')"])
 
 
 def _span(ix) -> str:

@@ -13,7 +13,7 @@ samples and dp divisors are new (0.45-0.49 of the 0.65 CPU-s the split cost for 
 nodes; pinned, 0.1), and the step it prices is that of a mixed plan which reshards nothing on them.
 On that case the pinned price equals the free one (the free search keeps the layout at 1488 of 1536
 samples).  The result is a sentence for the plan's notes: the idle nodes and what using them prices,
-faster or slower, and the `sapp search --cluster A+B` that writes a mixed plan (sapp.hetero-plan/1,
+faster or slower, and the `sapp search --cluster A+B` that writes a mixed plan (a plan with `groups`,
 which `sapp run` runs; it searches every group's layout, so it prices at most as much at these shares)."""
 from __future__ import annotations
 
@@ -76,6 +76,6 @@ def idle_note(model_name, base, won_nodes, idle, uniform_step, split, gb) -> str
             f"this plan's layout, batch shares "
             f"{shares[0]} + {shares[1]}, cross-group gradient all-reduce {sync:.3g} s) prices {step:.4g} s/step, "
             f"{abs(change):.1%} {verdict} than this plan's {uniform_step:.4g} s"
-            + (f"; that mixed plan (sapp.hetero-plan/1, which `sapp run` runs; `sapp run --elastic` re-plans "
+            + (f"; that mixed plan (a plan with `groups`, which `sapp run` runs; `sapp run --elastic` re-plans "
                f"one-kind plans only, so this plan stays one kind) is `sapp search --model {model_name} "
                f"--cluster {spec} --batch {gb} --out PLAN`" if change < 0 else ""))

@@ -39,9 +39,10 @@ def _estimate_note(text, exported):
 
 def mixed_refusal(path, doc, engine) -> str:
     """Why a mixed-cluster plan has no engine configuration, and what runs it instead."""
-    how = "an uneven batch split" if doc["mode"] == "data" else "pipeline stages"
-    first = doc["groups"][0]["name"]
-    return (f"{path} is a mixed-cluster plan ({how} over {' + '.join(g['name'] for g in doc['groups'])}): {engine} runs "
+    from ..plan.mixed import members, mode
+    how = "an uneven batch split" if mode(doc) == "data" else "pipeline stages"
+    first = members(doc)[0]["name"]
+    return (f"{path} is a mixed-cluster plan ({how} over {' + '.join(g['name'] for g in members(doc))}): {engine} runs "
             f"one device kind with one layout on every rank, which this plan is not; run it with `sapp run {path}`, or "
             f"export a plan searched for one group's cluster (`sapp search --cluster {first}:nodes=N --target {engine}`)")
 

@@ -5,7 +5,7 @@ Checks that need no processes (plan file, world size, model name and size, data 
 directory) run before the launch; a rank that dies ends the job (torchrun's agent stops the others,
 max-restarts 0) with a non-zero exit, or with --max-restarts N and --checkpoint-dir, restarts every
 worker from the last checkpoint.  --resume continues a run, under this plan or any other.  A mixed-cluster
-plan (sapp.hetero-plan/1) runs its groups' uneven data shares: which group this node runs, by the
+plan (a plan with `groups`, sapp/plan/mixed.py) runs its groups' uneven data shares: which group this node runs, by the
 device it reports or --group NAME, is settled in sapp/commands/run_hetero.py."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sapp run MIXED_PLAN.json`: which group of a mixed-cluster plan (sapp.hetero-plan/1) this node runs,
+"""`sapp run MIXED_PLAN.json`: which group of a mixed-cluster plan (a plan with `groups`) this node runs,
 checked before anything is launched.
 
 A group's device kind is read from its name, else from its notes: the first of cpu, v100, a100, h100,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def add_arguments(p):
-    p.add_argument("which", nargs="?", default="plan", choices=("plan", "cluster", "hetero"),
-                   help="which schema to print (default: plan; hetero: plans over mixed clusters)")
+    p.add_argument("which", nargs="?", default="plan", choices=("plan", "cluster"),
+                   help="which schema to print (default: plan, of one device kind or a mixed cluster's groups)")
 
 
 def run(args):

@@ -99,7 +99,22 @@ class Plan:
     def __eq__(self, other):
         return isinstance(other, Plan) and self.to_json() == other.to_json()
 
+    def get(self, key, default=None):
+        return self._d.get(key, default)
+
+    def __contains__(self, key):
+        return key in self._d
+
+    @property
+    def mixed(self) -> bool:
+        """A mixed cluster's plan (a `groups` section: sapp/plan/mixed.py); False for one device kind."""
+        return "groups" in self._d
+
     def __repr__(self):
+        if self.mixed:
+            return (f"Plan(model={self._d['model'].get('name')!r}, devices={self._d['devices']}, "
+                    f"groups={[g['name'] for g in self._d['groups']['members']]}, mode={self._d['groups']['mode']!r}, "
+                    f"step_time_s={self._d['predicted'].get('step_time_s')})")
         p, pr = self._d["parallel"], self._d["predicted"]
         return (f"Plan(model={self._d['model'].get('name')!r}, devices={self._d['devices']}, "
                 f"dp={p.get('dp')}, tp={p.get('tp')}, pp={p.get('pp')}, step_time_s={pr.get('step_time_s')})")
@@ -150,7 +165,7 @@ class Plan:
         if not isinstance(d, dict):
             raise PlanError(f"{source} must hold a JSON object, found {type(d).__name__}")
         try:
-            return cls(d)
+            return cls(_migrated(d))
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
 
@@ -166,6 +181,8 @@ class Plan:
         d = self._d
         if d.get("schema") != SCHEMA:
             raise PlanError(schema_problem(d))
+        if "groups" in d:
+            return self._validate_mixed(schema)
         missing = [k for k in REQUIRED if k not in d]
         if missing:
             raise PlanError(f"missing field(s) {', '.join(missing)}")
@@ -176,6 +193,19 @@ class Plan:
         if err:
             raise PlanError(err)
         _semantic(d)
+
+    def _validate_mixed(self, schema):
+        """A mixed cluster's plan: the schema (both kinds are one schema), the groups' checks, and in
+        pipeline mode every check of the ordinary pp plan at its top (sapp/plan/mixed.py)."""
+        from sapp.plan import mixed
+        err = _schema.first_error("plan", self._d) if schema else None
+        if err:
+            raise PlanError(f"mixed-cluster plan: {err}")
+        if not isinstance(self._d.get("groups"), dict) or self._d["groups"].get("mode") not in ("data", "pipeline"):
+            raise PlanError("mixed-cluster plan: groups.mode must be data or pipeline")
+        mixed.check(self._d)
+        if mixed.mode(self._d) == "pipeline":
+            _semantic(self._d)
 
 
 MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse a huge unrelated file
@@ -195,37 +225,30 @@ def _read_text(path) -> str:
 
 
 def load_any(path):
-    """("plan", Plan) or ("mixed", the checked mixed-cluster document: a dict, sapp/plan/mixed.py) for
-    the plan file `path`: the one entry every command reads a plan through, so none parses the schema
-    string itself.  Another schema is refused in one line saying how to get a plan this sapp reads."""
-    from sapp.plan import mixed as plan_mixed
-    text = _read_text(path)
-    if plan_mixed.SCHEMA not in text:           # (the common case: parsed once, by Plan)
-        return "plan", Plan.from_json(text, source=str(path))
-    try:
-        d = _schema.strict_loads(text)
-    except (ValueError, RecursionError) as e:
-        raise PlanError(f"plan file {path} is not valid JSON ({str(e)[:80]}); fix or regenerate it with `sapp search`") from None
-    if not isinstance(d, dict) or d.get("schema") != plan_mixed.SCHEMA:
-        return "plan", Plan.from_json(text, source=str(path))
-    try:
-        return "mixed", plan_mixed.check(d)
-    except PlanError as e:
-        raise PlanError(f"{path}: {e}") from None
+    """("plan", Plan) or ("mixed", Plan) for the plan file `path`: both kinds are one Plan type
+    (a mixed cluster's plan has a `groups` section, sapp/plan/mixed.py); the kind tells a command which
+    of its views to take.  Plan.load reads both the same way."""
+    plan = Plan.load(path)
+    return ("mixed" if plan.mixed else "plan"), plan
+
+
+def _migrated(d: dict) -> dict:
+    """An older layout of a plan, moved to this one on read (nothing re-priced): a mixed-cluster plan
+    written as sapp.hetero-plan/1."""
+    from sapp.plan import mixed
+    if d.get("schema") == mixed.LEGACY:
+        return mixed.migrate(d)
+    return d
 
 
 def schema_problem(d: dict) -> str:
     """Why the document `d` (its schema not this sapp's plan's) is not a plan Plan reads, and how to get
-    one: a mixed-cluster plan is read by load_any (every command does); no older plan version exists
-    to migrate from, so another is searched again, for the model and cluster it names."""
-    from sapp.plan.mixed import SCHEMA as MIXED
+    one: the plan is searched again, for the model and cluster it names (sapp.hetero-plan/1 files are
+    migrated before this check: Plan.from_json)."""
     found = d.get("schema")
-    if found == MIXED:
-        return (f"schema is {MIXED!r}, a mixed-cluster plan: read it with sapp.plan.load_any (every sapp command "
-                f"does), or hetero_run.rank_plan(doc, group, world) for the plan one group's ranks run")
-    return (f"schema is {found!r}; this sapp reads {SCHEMA!r} and {MIXED!r} plans and has no converter from "
-            f"{found!r}: search the plan again (`sapp search --model {_named(d, 'model', 'NAME')} --cluster "
-            f"{_named(d, 'cluster', 'SPEC')} --out FILE`)")
+    return (f"schema is {str(found)[:60]!r}; this sapp reads {SCHEMA!r} plans (and migrates sapp.hetero-plan/1 "
+            f"ones) and has no converter from {str(found)[:60]!r}: search the plan again (`sapp search --model "
+            f"{_named(d, 'model', 'NAME')} --cluster {_named(d, 'cluster', 'SPEC')} --out FILE`)")
 
 
 def _named(d, section, placeholder) -> str:

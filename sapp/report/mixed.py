@@ -1,4 +1,4 @@
-"""`explain` and `diff` of any plan, a mixed-cluster one included (sapp.plan.load_any's ("mixed", doc)).
+"""`explain` and `diff` of any plan, a mixed cluster's included (a plan with `groups`: sapp.plan.load_any's "mixed").
 
 A plan of one device kind is one group: the group named after its cluster, whose plan is the plan.
 A mixed plan's groups each run an ordinary plan: in data mode its own (at its share of the batch,
@@ -10,7 +10,7 @@ same-named group, or the other side's only plan)."""
 from __future__ import annotations
 
 from ..plan import Plan
-from sapp.plan.mixed import describe, group_plan, used_groups
+from sapp.plan.mixed import describe, group_plan, inner, members, mode, used_groups
 from .diff import diff, row_adder, table
 from .explain import explain
 from .mixed_summary import summary
@@ -19,9 +19,9 @@ from .mixed_summary import summary
 def explain_mixed(doc) -> str:
     out = [summary(doc).rstrip("\n")]
     gb = doc["model"]["global_batch"]
-    if doc["mode"] == "pipeline":
+    if mode(doc) == "pipeline":
         out += ["", "the pipeline's plan (every rank runs it; each stage priced on its group's devices):",
-                _indent(explain(Plan(doc["plan"])))]
+                _indent(explain(Plan(inner(doc))))]
     else:
         for g in used_groups(doc):
             out += ["", f"group {g['name']}'s plan ({g['batch_share']} of the global batch {gb} on its "
@@ -36,8 +36,10 @@ def _indent(text) -> str:
 def _side(kind, doc):
     """{"kind", "cluster", "devices", "step", "rate", "cross", "model", "fingerprint", "gb", "parts":
     {group name: its part in words}, "plans": [(group name or None, plan dict)]} of either kind."""
+    if isinstance(doc, Plan):
+        doc = doc.to_dict()
     if kind == "plan":
-        d = doc.to_dict() if isinstance(doc, Plan) else doc
+        d = doc
         par, pr, gb = d["parallel"], d["predicted"], d["model"].get("global_batch")
         name = d["cluster"].get("name") or "cluster"
         return {"kind": "one device kind", "cluster": name, "devices": d["devices"], "step": pr.get("step_time_s"),
@@ -46,8 +48,8 @@ def _side(kind, doc):
                 "parts": {name: f"{d['devices']} devices, {_layout(par)}"}, "plans": [(None, d)]}
     pr, gb = doc["predicted"], doc["model"]["global_batch"]
     parts = {}
-    for g in doc["groups"]:
-        if doc["mode"] == "pipeline":
+    for g in members(doc):
+        if mode(doc) == "pipeline":
             ix = [s["index"] for s in g["stages"]]
             parts[g["name"]] = (f"{g['devices']} devices, stage{'s' if len(ix) > 1 else ''} "
                                 f"{ix[0] if len(ix) == 1 else f'{ix[0]}-{ix[-1]}'} "
@@ -55,9 +57,9 @@ def _side(kind, doc):
         else:
             parts[g["name"]] = (f"{g['devices']} devices, share {g['batch_share']}/{gb}, {_layout(g['parallel'])}"
                                 if g.get("batch_share") else f"{g['devices']} devices, unused")
-    plans = ([("pipeline", doc["plan"])] if doc["mode"] == "pipeline"
+    plans = ([("pipeline", inner(doc))] if mode(doc) == "pipeline"
              else [(g["name"], group_plan(doc, g)) for g in used_groups(doc)])
-    return {"kind": f"mixed ({doc['mode']})", "cluster": doc["cluster"].get("name"), "devices": doc["devices"],
+    return {"kind": f"mixed ({mode(doc)})", "cluster": doc["cluster"].get("name"), "devices": doc["devices"],
             "step": pr["step_time_s"], "rate": pr.get("samples_per_s"),
             "cross": pr.get("cross_group_sync_s", 0.0) + pr.get("cross_group_send_s", 0.0),
             "model": doc["model"]["name"], "fingerprint": doc["model"]["fingerprint"], "gb": gb,

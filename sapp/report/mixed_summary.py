@@ -1,21 +1,22 @@
-"""The summary of a mixed-cluster plan (sapp.hetero-plan/1) that `sapp search --cluster A+B` prints and
+"""The summary of a mixed cluster's plan (a plan with `groups`, sapp/plan/mixed.py) that `sapp search --cluster A+B` prints and
 `sapp explain` opens with: each group's part (its share and layout, or its stages), what crosses
 between the groups, the predicted step and the baselines the plan has to beat."""
 from __future__ import annotations
 
+from ..plan.mixed import baselines, members, mode, pipe as pipe_of
 from ..units import fmt_time
 
 
 def summary(doc) -> str:
-    pr, base = doc["predicted"], doc["baselines"]
-    if doc["mode"] == "pipeline":
+    pr, base = doc["predicted"], baselines(doc)
+    if mode(doc) == "pipeline":
         lines = _pipeline_lines(doc)
         lines += _baselines(base, pr)
         return "\n".join(lines) + "\n"
     gb = doc["model"]["global_batch"]
     lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
-             f"in {len(doc['groups'])} groups (data-parallel replicas, uneven shares)"]
-    for g in doc["groups"]:
+             f"in {len(members(doc))} groups (data-parallel replicas, uneven shares)"]
+    for g in members(doc):
         if g["batch_share"]:
             p = g["parallel"]
             lines.append(f"  group {g['name']}: {g['devices']} devices, share {g['batch_share']}/{gb}, "
@@ -41,13 +42,13 @@ def _baselines(base, pr) -> list:
 
 
 def _pipeline_lines(doc) -> list:
-    pipe, pr = doc["pipeline"], doc["predicted"]
+    pipe, pr = pipe_of(doc), doc["predicted"]
     gb = doc["model"]["global_batch"]
     lines = [f"mixed-cluster plan for {doc['model']['name']}: global batch {gb} over {doc['devices']} devices "
-             f"in {len(doc['groups'])} groups (pipeline stages on the groups, uneven stages)",
+             f"in {len(members(doc))} groups (pipeline stages on the groups, uneven stages)",
              f"  pipeline: {pipe['stages']} stages x {pipe['stage_width']} devices (dp={pipe['stage_width']} tp=1), "
              f"{pipe['micro_batches']} micro-batches of {pipe['micro_batch_size']}, {pipe['schedule']}, ZeRO-{pipe['zero']}"]
-    for g in doc["groups"]:
+    for g in members(doc):
         sts = g["stages"]
         lines.append(f"  group {g['name']}: {g['devices']} devices, {_span([s['index'] for s in sts])}, "
                      f"layers {'/'.join(str(len(s['blocks'])) for s in sts)}")
@@ -63,7 +64,7 @@ def _pipeline_lines(doc) -> list:
                  f"{link['bw'] / 1e9:.4g} GB/s per device")
     lines.append(f"  predicted step {fmt_time(pr['step_time_s'])} ({pr['samples_per_s']:.4g} samples/s), "
                  f"bubble {fmt_time(pr.get('bubble_s', 0))}")
-    d = doc["baselines"].get("data_mode")
+    d = baselines(doc).get("data_mode")
     lines.append("  data mode (uneven batch shares): " + ("does not fit" if d is None else
                                                            f"{fmt_time(d)} ({d / pr['step_time_s']:.3g}x)"))
     return lines

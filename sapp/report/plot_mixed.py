@@ -7,7 +7,7 @@ Pipeline mode: the pipeline's one plan (its stages priced on their groups' devic
 row naming its group, above the memory per stage."""
 from __future__ import annotations
 
-from sapp.plan.mixed import used_groups
+from sapp.plan.mixed import inner, members, mode, used_groups
 from ..units import fmt_time
 from ._common import as_plan
 from .plot import COLOURS, _gantt, _memory, _pyplot, check_events, check_size, dense, save_figure, warm_up_end
@@ -19,10 +19,10 @@ def plot_mixed(doc, path, *, width=1400, height=900, dpi=100):
     plt = _pyplot()
     fig = plt.figure(figsize=(width / dpi, height / dpi), dpi=dpi)
     try:
-        drawn = (_pipeline if doc["mode"] == "pipeline" else _groups)(fig, doc)
+        drawn = (_pipeline if mode(doc) == "pipeline" else _groups)(fig, doc)
         step = float(doc["predicted"]["step_time_s"])
         ends = f" (the drawn step ends at {fmt_time(drawn)})" if abs(drawn - step) > 0.01 * step else ""
-        how = "pipeline stages on the groups" if doc["mode"] == "pipeline" else "data-parallel groups, uneven shares"
+        how = "pipeline stages on the groups" if mode(doc) == "pipeline" else "data-parallel groups, uneven shares"
         fig.suptitle(f"{doc['model']['name']} on {doc['cluster'].get('name', 'a mixed cluster')} ({doc['devices']} "
                      f"devices; {how}): predicted step {fmt_time(step)}{ends}", fontsize=11)
     except BaseException:
@@ -70,7 +70,7 @@ def _groups(fig, doc) -> float:
 
 
 def _pipeline(fig, doc) -> float:
-    plan = as_plan(doc["plan"])
+    plan = as_plan(inner(doc))
     check_events(plan)
     events = plan_timeline(plan)
     p = int(plan["parallel"]["pp"])
@@ -82,7 +82,7 @@ def _pipeline(fig, doc) -> float:
     if zoom:
         charts.append(fig.add_subplot(gs[1]))
         _gantt(charts[1], plan, events, p, xlim=warm_up_end(events), zoom=True)
-    owner = {s["index"]: g["name"] for g in doc["groups"] for s in g["stages"]}
+    owner = {s["index"]: g["name"] for g in members(doc) for s in g["stages"]}
     for ax in charts:               # which group's devices each stage runs on
         rows = len(ax.get_yticks())
         ax.set_yticklabels([f"stage {rows - 1 - i} ({owner.get(rows - 1 - i, '?')})" for i in range(rows)],

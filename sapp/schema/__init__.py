@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from importlib import resources
 
-NAMES = ("plan", "cluster", "hetero")
+NAMES = ("plan", "cluster")
 BASE = "https://sapp.dev/schema/"
 
 

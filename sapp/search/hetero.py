@@ -41,8 +41,6 @@ import time
 
 from ..errors import InfeasibleError, SappError
 
-SCHEMA = "sapp.hetero-plan/1"
-
 
 class GroupPricer:
     """T_g(b), memoised: the joint search's result for group g at batch b (None where nothing fits).

@@ -1,4 +1,4 @@
-"""Uneven data shares over a mixed cluster (sapp.hetero-plan/1, mode "data").
+"""Uneven data shares over a mixed cluster (a plan with `groups`, mode "data").
 
 Each group trains its share of the global batch, split evenly over the group's data-parallel ranks,
 so ranks hold different numbers of samples.  The plain data-parallel average (each rank's mean loss,
@@ -22,12 +22,13 @@ import torch
 import torch.distributed as dist
 
 from ...errors import PlanError
+from ...plan.mixed import members
 
 
 def used_groups(doc) -> list:
     """The groups with a share, each checked to be data-parallel only (what this emitter splits)."""
     out = []
-    for g in doc["groups"]:
+    for g in members(doc):
         b, n = g["batch_share"], g["devices"]
         if not b:
             continue

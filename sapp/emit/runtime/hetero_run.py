@@ -1,4 +1,4 @@
-"""One rank of `sapp run` on a mixed-cluster plan (sapp.hetero-plan/1, uneven data shares).
+"""One rank of `sapp run` on a mixed cluster's plan (a plan with `groups`, sapp/plan/mixed.py; uneven data shares).
 
 Every rank emits an ordinary program: its group's plan (zero, recompute, micro-batches, host
 placement as that group was searched) laid over the whole job as data parallelism, dp = the world
@@ -17,8 +17,8 @@ The gradients are weighted by `hetero_data.loss_scale`: each rank's mean loss ti
 global batch, so the program's mean over all ranks is one process's update on the whole batch, and
 its global loss the whole batch's mean loss (sapp/emit/dp/hetero_data.py).
 
-Mode "pipeline" (stages on the groups, sapp/api/mixed_pipe.py): every rank runs the plan's one
-ordinary pp plan, whose ranks are numbered stage by stage (emit/tp/parallel.coords: pp outermost),
+Mode "pipeline" (stages on the groups, sapp/api/mixed_pipe.py): every rank runs the ordinary pp plan
+at the document's top, whose ranks are numbered stage by stage (emit/tp/parallel.coords: pp outermost),
 so group g's ranks must be the consecutive ranks of its stages.  `place` checks each rank's group
 is its stage's (a rank cannot move to another stage: the nodes must join in the groups' order) and
 weighs nothing: every stage sees every sample, the dp replicas even shares."""
@@ -27,12 +27,13 @@ from __future__ import annotations
 import copy
 
 from ...errors import PlanError
+from ...plan.mixed import inner as inner_plan, members, mode, pipe
 from ..dp.hetero_data import loss_scale, used_groups as _data_groups
 
 
 def used_groups(doc) -> list:
     """The groups that get ranks, in rank order, each checked to be what the emitter runs."""
-    if doc.get("mode") == "pipeline":
+    if mode(doc) == "pipeline":
         return pipeline_groups(doc)
     return _data_groups(doc)
 
@@ -40,7 +41,7 @@ def used_groups(doc) -> list:
 def pipeline_groups(doc) -> list:
     """Pipeline mode: every group (each holds stages), refused in one line where the stages are not
     what the emitter runs across groups (tp, cp or ep inside a stage, interleaved chunks)."""
-    inner = doc["plan"]
+    inner = inner_plan(doc)
     par = inner.get("parallel") or {}
     lay = " ".join(f"{k}={par[k]}" for k in ("tp", "cp", "ep") if int(par.get(k, 1) or 1) != 1)
     if lay:
@@ -50,7 +51,7 @@ def pipeline_groups(doc) -> list:
     if int(pipe.get("virtual_chunks", 1) or 1) != 1 or pipe.get("schedule") not in ("1f1b", "gpipe"):
         raise PlanError(f"the pipeline runs {pipe.get('schedule')} with {pipe.get('virtual_chunks', 1)} chunks: stages "
                         "across groups are emitted for 1f1b or gpipe without interleaving")
-    return list(doc["groups"])
+    return members(doc)
 
 
 def load(path):
@@ -72,7 +73,7 @@ def by_position(doc, rank: int) -> str:
 
 def _stage_groups(doc) -> list:
     """Pipeline mode: the group of every rank, in rank order."""
-    w = doc["pipeline"]["stage_width"]
+    w = pipe(doc)["stage_width"]
     return [g["name"] for g in pipeline_groups(doc) for _ in g["stages"] for _ in range(w)]
 
 
@@ -84,13 +85,13 @@ def rank_plan(doc, group: str, world: int):
     """`group`'s plan laid over the whole job: dp = world, the whole global batch, one ZeRO stage."""
     from ...plan import Plan
     groups = used_groups(doc)
-    if doc.get("mode") == "pipeline":
+    if mode(doc) == "pipeline":
         if group not in [g["name"] for g in groups]:
             raise PlanError(f"group {group!r} is not one of this plan's groups ({', '.join(g['name'] for g in groups)})")
         if world != doc["devices"]:
             raise PlanError(f"the pipeline runs on the plan's {doc['devices']} devices but this job has {world} "
                             "processes; start every group's nodes")
-        return Plan(copy.deepcopy(doc["plan"]))
+        return Plan(inner_plan(doc))
     mine = next((g for g in groups if g["name"] == group), None)
     if mine is None:
         raise PlanError(f"group {group!r} has no share in this plan; its groups with a share are "
@@ -118,7 +119,7 @@ def place(doc, group: str, rank: int, world: int) -> dict:
     if world > 1:
         names = [None] * world
         dist.all_gather_object(names, group)
-    if doc.get("mode") == "pipeline":
+    if mode(doc) == "pipeline":
         return _place_stages(doc, names, rank)
     groups = used_groups(doc)
     want = {g["name"]: g["devices"] for g in groups}
@@ -151,7 +152,7 @@ def _place_stages(doc, names, rank):
     want = _stage_groups(doc)
     if names != want:
         bad = next(r for r, (a, b) in enumerate(zip(names, want)) if a != b) if len(names) == len(want) else 0
-        e = PlanError(f"the pipeline's ranks run stages in group order ({', '.join(g['name'] for g in doc['groups'])}) "
+        e = PlanError(f"the pipeline's ranks run stages in group order ({', '.join(g['name'] for g in members(doc))}) "
                       f"but rank {bad} is in group {names[bad] if bad < len(names) else '?'}, not {want[bad]}: start the "
                       "groups' nodes in that order (--node-rank) with their group's processes")
         e.every_rank = True

@@ -20,7 +20,7 @@ act inside a save, before a commit or as a group forms (sapp/emit/runtime/checkp
 (tests that must act while a job runs).
 
 --elastic: a group of another size than the plan's re-plans for it first (sapp/emit/runtime/elastic.py).
-A mixed-cluster plan (sapp.hetero-plan/1): --group names this rank's group, else ranks take the
+A mixed-cluster plan (a plan with `groups`): --group names this rank's group, else ranks take the
 groups in plan order; each trains its rows of the global batch (sapp/emit/runtime/hetero_run.py)."""
 from __future__ import annotations
 
