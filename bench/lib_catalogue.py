@@ -55,6 +55,26 @@ SILENT = ("losses differ silently", "replicated parameter drifts between ranks s
 def use_library_models():
     """Point the catalogue's machinery at the library cases (forked children inherit it)."""
     H.MODELS, H.PREFIX = "tests.emit_workers.lib_models", "lib:"
+    if H.case_emit is not _emit_noting_gathers:
+        global _case_emit
+        _case_emit, H.case_emit = H.case_emit, _emit_noting_gathers
+
+
+_case_emit = None
+
+
+def _emit_noting_gathers(arch: str, config: str, tmp: str) -> dict:
+    """hf_catalogue's emission row, with the blocks the searched plan keeps gathered (replicated on
+    every tp rank because they could not run at a rank's shapes: its "tp=2: gathered ..." notes)."""
+    import json
+    row = _case_emit(arch, config, tmp)
+    try:
+        with open(os.path.join(tmp, f"{config}.json")) as f:
+            notes = json.load(f).get("notes") or []
+    except (OSError, ValueError):
+        return row
+    row["gathered"] = sorted({n.split(" (")[0].split(": gathered ", 1)[1] for n in notes if ": gathered " in n})
+    return row
 
 
 def outcome(r: dict) -> str:
@@ -94,7 +114,8 @@ def report(rows) -> str:
         cells = []
         for col in cols:
             r = last.get((c, col))
-            cells.append("-" if r is None else short[outcome(r)] + ("" if r["ok"] else f" ({H.failure(r)})"))
+            cells.append("-" if r is None else short[outcome(r)] + ("" if r["ok"] else f" ({H.failure(r)})")
+                         + (f" [gathered {', '.join(r['gathered'])}]" if r and r.get("gathered") else ""))
         lines.append(f"| {L.CASES[c][0]} | {c} | {L.CASES[c][1]} | {cheap} | " + " | ".join(cells) + " |")
     lines += ["", "| column | run | " + " | ".join(OUTCOMES) + " | equal share |", "|---|---|" + "---|" * 6]
     totals = dict.fromkeys(OUTCOMES, 0)
@@ -105,6 +126,12 @@ def report(rows) -> str:
             totals[o] += n[o]
         lines.append(f"| {col} | {len(rs)} | " + " | ".join(str(n[o]) for o in OUTCOMES) +
                      f" | {100 * n['equal'] / len(rs):.0f}% |" if rs else f"| {col} | 0 |")
+    for col in ("tp2", "tp2+sp"):
+        rs = [r for (a, k), r in last.items() if k == col]
+        if rs:
+            whole = sum(1 for r in rs if r["ok"] and not r.get("gathered"))
+            lines.append(f"{col}: {whole} of {len(rs)} equal with no block gathered (every attention split by heads "
+                         f"or not split by tp at all)")
     lines += ["", f"plans sapp search wrote that the run refused at its pre-step checks: "
                   f"{totals['run refused a searched plan']}",
               f"silently wrong rows (losses differ from one process, float64-confirmed, or a replicated weight "

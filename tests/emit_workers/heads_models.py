@@ -186,12 +186,12 @@ class GPT(nn.Module):
 
 
 class NanoGPT(GPT):
-    """The tests' entry: GPT at GPTConfig's toy sizes in float64, returning the training logits
+    """The tests' entry: GPT at GPTConfig's toy sizes (float64 unless `dtype`), returning the training logits
     (nanoGPT's `logits = self.lm_head(x)` of the targets branch; the loss is the harness's)."""
 
-    def __init__(self):
-        super().__init__(GPTConfig())
-        self.double()
+    def __init__(self, config=None, dtype=torch.float64):
+        super().__init__(config or GPTConfig())
+        self.to(dtype)
 
     def forward(self, idx):
         pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
@@ -471,14 +471,14 @@ class LitGPT(nn.Module):
 class LitLlamaInterleaved(LitGPT):
     """litgpt 0.4's llama layout at toy sizes, float64."""
 
-    def __init__(self):
-        super().__init__(Config(), InterleavedAttention)
-        self.double()
+    def __init__(self, config=None, dtype=torch.float64):
+        super().__init__(config or Config(), InterleavedAttention)
+        self.to(dtype)
 
 
 class LitLlamaSplit(LitGPT):
     """litgpt 0.5's llama layout at toy sizes, float64."""
 
-    def __init__(self):
-        super().__init__(Config(), SplitAttention)
-        self.double()
+    def __init__(self, config=None, dtype=torch.float64):
+        super().__init__(config or Config(), SplitAttention)
+        self.to(dtype)

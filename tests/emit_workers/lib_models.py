@@ -1,6 +1,8 @@
 """Popular PyTorch model libraries other than transformers, each model family built tiny (no weights):
-x-transformers, vit-pytorch, tab-transformer-pytorch, perceiver-pytorch and performer-pytorch (the
-`probe` extra, pinned in constraints.txt).  A kind is "lib:<case>"; tests/emit_workers/hf_models.py
+x-transformers, vit-pytorch, tab-transformer-pytorch, perceiver-pytorch, performer-pytorch,
+local-attention and x-mlps-pytorch (the `probe` extra, pinned in constraints.txt), torch.nn's own
+Transformer / TransformerEncoder / LSTM, and nanoGPT's and litgpt's model files as their repositories
+write them (tests/emit_workers/heads_models.py: neither is a package here).  A kind is "lib:<case>"; tests/emit_workers/hf_models.py
 hands such kinds here, so the emission harness (hf_harness, hf_plans) runs them like its own and
 bench/lib_catalogue.py runs them like the transformers catalogue.
 
@@ -130,6 +132,77 @@ def _performer(causal):
     return make
 
 
+def _local_transformer():
+    from local_attention import LocalTransformer
+    return LocalTransformer(num_tokens=VOCAB, max_seq_len=SEQ, dim=DIM, depth=DEPTH, heads=HEADS, dim_head=16,
+                            local_attn_window_size=SEQ // 2, causal=True)
+
+
+def _x_mlp():
+    from x_mlps_pytorch import MLP
+    return MLP(FEATURES, DIM, DIM, FEATURES)
+
+
+def _nanogpt():
+    from tests.emit_workers import heads_models as M
+    return M.NanoGPT(M.GPTConfig(block_size=SEQ, vocab_size=VOCAB, n_embd=DIM, n_head=HEADS), dtype=torch.float32)
+
+
+def _litgpt(cls):
+    def make():
+        from tests.emit_workers import heads_models as M
+        cfg = M.Config(block_size=SEQ, padded_vocab_size=VOCAB, n_embd=DIM, n_head=HEADS, n_query_groups=2,
+                       head_size=DIM // HEADS, intermediate_size=2 * DIM)
+        return getattr(M, cls)(cfg, dtype=torch.float32)
+    return make
+
+
+class TorchEncoderLM(torch.nn.Module):
+    """torch.nn's TransformerEncoder (nn.MultiheadAttention inside, pre-norm) as a causal LM."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.emb, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
+        layer = nn.TransformerEncoderLayer(DIM, HEADS, 2 * DIM, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, DEPTH, enable_nested_tensor=False)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return self.head(self.encoder(x, mask=mask, is_causal=True))
+
+
+class TorchSeq2Seq(torch.nn.Module):
+    """torch.nn.Transformer (encoder-decoder) between two token tables and a head."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.src, self.tgt = nn.Embedding(VOCAB, DIM), nn.Embedding(VOCAB, DIM)
+        self.transformer = nn.Transformer(DIM, HEADS, DEPTH, DEPTH, 2 * DIM, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, src, tgt):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
+        return self.head(self.transformer(self.src(src), self.tgt(tgt), tgt_mask=mask, tgt_is_causal=True))
+
+
+class LSTMLM(torch.nn.Module):
+    """A two-layer torch.nn.LSTM language model (no container of blocks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(VOCAB, DIM), torch.nn.Linear(DIM, VOCAB)
+        self.rnn = torch.nn.LSTM(DIM, DIM, num_layers=2, batch_first=True)
+
+    def forward(self, ids):
+        return self.head(self.rnn(self.emb(ids))[0])
+
+
+NANOGPT, LITGPT = "nanoGPT model.py (reproduced)", "litgpt model.py (reproduced)"
+
 CASES = {
     "xt_gpt": ("x-transformers", "decoder LM, absolute positions", "lm", _xt),
     "xt_llama": ("x-transformers", "decoder LM: rotary, RMSNorm, GQA, GLU", "lm",
@@ -160,9 +233,25 @@ CASES = {
     "perceiver_lm": ("perceiver-pytorch", "PerceiverIO LM", "lm", _perceiver_lm),
     "performer_lm": ("performer-pytorch", "Performer causal LM (FAVOR+)", "lm", _performer(True)),
     "performer_enc": ("performer-pytorch", "Performer encoder (FAVOR+)", "lm", _performer(False)),
+    "xt_relpos": ("x-transformers", "decoder LM: T5 relative position bias", "lm", lambda: _xt(rel_pos_bias=True)),
+    "xt_qknorm": ("x-transformers", "decoder LM: qk-norm attention", "lm", lambda: _xt(attn_qk_norm=True)),
+    "vit_small": ("vit-pytorch", "ViT for small datasets (SPT, LSA)", "image", _vit_case(
+        "vit_for_small_dataset", "ViT", patch_size=4)),
+    "simple_vit_reg": ("vit-pytorch", "SimpleViT with register tokens", "image", _vit_case(
+        "simple_vit_with_register_tokens", "SimpleViT", patch_size=4)),
+    "local_transformer": ("local-attention", "LocalTransformer (windowed causal LM)", "lm", _local_transformer),
+    "x_mlp": ("x-mlps-pytorch", "MLP over tokens", "cont", _x_mlp),
+    "torch_encoder_lm": ("torch.nn", "TransformerEncoder causal LM (MultiheadAttention)", "lm", TorchEncoderLM),
+    "torch_seq2seq": ("torch.nn", "nn.Transformer encoder-decoder", "seq2seq", TorchSeq2Seq),
+    "torch_lstm": ("torch.nn", "LSTM LM (no block container)", "lm", LSTMLM),
+    "nanogpt": (NANOGPT, "GPT: fused c_attn split by n_embd, tied head", "lm", _nanogpt),
+    "litgpt_llama": (LITGPT, "llama layout, 0.5's qkv split by sizes, GQA", "lm", _litgpt("LitLlamaSplit")),
+    "litgpt_llama_04": (LITGPT, "llama layout, 0.4's attn interleaved per group", "lm",
+                        _litgpt("LitLlamaInterleaved")),
 }
 ROW_KEYS = ("library", "family")        # what catalogue()'s pair is, in a bench row
-LIBRARIES = ("x-transformers", "vit-pytorch", "tab-transformer-pytorch", "perceiver-pytorch", "performer-pytorch")
+LIBRARIES = ("x-transformers", "vit-pytorch", "tab-transformer-pytorch", "perceiver-pytorch", "performer-pytorch",
+             "local-attention", "x-mlps-pytorch", "torch.nn", NANOGPT, LITGPT)
 
 
 def catalogue() -> dict:
@@ -216,7 +305,8 @@ def skip_reason(kind: str) -> str | None:
     lib = CASES[_name(kind)][0]
     mod = {"x-transformers": "x_transformers", "vit-pytorch": "vit_pytorch", "tab-transformer-pytorch":
            "tab_transformer_pytorch", "perceiver-pytorch": "perceiver_pytorch",
-           "performer-pytorch": "performer_pytorch"}[lib]
-    if importlib.util.find_spec(mod) is None:
+           "performer-pytorch": "performer_pytorch", "local-attention": "local_attention",
+           "x-mlps-pytorch": "x_mlps_pytorch"}.get(lib)          # torch.nn and the reproduced files: here
+    if mod is not None and importlib.util.find_spec(mod) is None:
         return f"No module named {mod!r}: pip install -c constraints.txt '.[probe]'"
     return None
