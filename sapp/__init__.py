@@ -75,17 +75,126 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
                    graph=graph, return_result=return_result, fits=fits, caches=caches)
 
 
-def evaluate(model, cluster, plan, **kwargs):
+def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None,
+             model_args=None):
+    """Re-score a plan (loaded, hand-edited or searched) on the cost model.
+
+    Parameters
+    ----------
+    model : nn.Module, str or OpGraph
+        The model the plan was made for, as :func:`search` takes it.
+    cluster : Cluster, str or None
+        The cluster to price on; None: the plan's own cluster section.
+    plan : Plan
+        ``sapp.Plan.load(path)`` or a plan :func:`search` returned.
+    example_inputs, loss_fn, targets : optional
+        As in :func:`search`, for a module that is not a zoo model.
+    graph : OpGraph, optional
+        The model captured before (nothing is built then).
+    model_args : dict, optional
+        Settings of a model named by a string, as in :func:`search`.
+
+    Returns
+    -------
+    dict
+        ``step_time_s``, ``peak_memory_bytes``, ``mfu``, ``compute_s``, ``comm_s``, ``bubble_s``,
+        ``fits``, ``memory``, ``stages``, ``notes``, ...
+
+    Raises
+    ------
+    PlanError
+        The plan was made for another model or another number of devices.
+
+    Examples
+    --------
+    >>> import sapp
+    >>> plan = sapp.search("gpt-tiny", "cpu:nodes=1", global_batch=16, constraints={"dp": 2})
+    >>> report = sapp.evaluate("gpt-tiny", "cpu:nodes=1", plan)
+    >>> report["fits"], abs(report["step_time_s"] / plan["predicted"]["step_time_s"] - 1) < 1e-5
+    (True, True)
+    """
     from .api import evaluate as _evaluate
-    return _evaluate(model, cluster, plan, **kwargs)
+    return _evaluate(model, cluster, plan, example_inputs=example_inputs, graph=graph, loss_fn=loss_fn,
+                     targets=targets, model_args=model_args)
 
 
-def capture(model, example_inputs=None, **kwargs):
+def capture(model, example_inputs=None, *, target=None, loss_fn=None, batch=None, name=None, fast=None,
+            method="auto"):
+    """Trace a model into the operator graph the search prices (on the meta device: no weights).
+
+    Parameters
+    ----------
+    model : nn.Module
+        A module; a zoo model (``sapp.models.get(name)``) brings its own inputs, targets and loss.
+    example_inputs : Tensor or tuple, optional
+        One batch matching ``forward(...)``; needed for a module that is not a zoo model.
+    target, loss_fn : optional
+        ``loss_fn(output, target)`` is captured as part of the graph.
+    batch : int, optional
+        A zoo model's capture batch (default 8).
+    name : str, optional
+        The graph's name.
+    fast : bool, optional
+        None: a deep stack of identical blocks is traced once and replicated; True forces, False
+        disables it.
+    method : {"auto", "export", "fx"}
+        ``torch.export`` with the torch.fx fallback, or one of them.
+
+    Returns
+    -------
+    OpGraph
+
+    Raises
+    ------
+    CaptureError
+        The model cannot be traced; the message says what to pass or change.
+
+    Examples
+    --------
+    >>> import sapp
+    >>> graph = sapp.capture(sapp.models.get("gpt-tiny"))
+    >>> graph.batch_size, "matmul" in {node.kind for node in graph.nodes.values()}
+    (8, True)
+    """
     from .capture import capture as _capture
-    return _capture(model, example_inputs, **kwargs)
+    return _capture(model, example_inputs, target=target, loss_fn=loss_fn, batch=batch, name=name, fast=fast,
+                    method=method)
 
 
 def emit(model, plan, **kwargs):
+    """Build this rank's training program for a plan (what each rank of ``sapp run`` runs).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model with real weights, e.g. ``sapp.models.get(name, device="cpu")``.
+    plan : Plan
+        A plan for this model; with more than one device the process group must be up
+        (``sapp run`` / torchrun start it).
+    **kwargs
+        ``loss_fn``, ``lr``, ``optimizer``, ``device``, ``example_inputs``, ``name``,
+        ``allow_mismatch``, ...: as in :func:`sapp.emit.recipe.emit`, which documents each.
+
+    Returns
+    -------
+    Program
+        ``program.step(inputs, targets)`` trains one step and returns the loss.
+
+    Raises
+    ------
+    PlanError
+        The plan does not fit this model, or what would run differs from what was priced.
+
+    Examples
+    --------
+    >>> import sapp, torch
+    >>> plan = sapp.search("gpt-tiny", "cpu:gpus=1", global_batch=4)
+    >>> program = sapp.emit(sapp.models.get("gpt-tiny", device="cpu"), plan, name="gpt-tiny")
+    >>> tokens = torch.randint(0, 256, (4, 32))
+    >>> loss = program.step(tokens, tokens)
+    >>> isinstance(loss, float) and loss > 0
+    True
+    """
     from .api import reprice_as_run
     from .emit import emit as _emit
     kwargs.setdefault("reprice", reprice_as_run)      # an allowed mismatch is re-priced through it
@@ -93,6 +202,9 @@ def emit(model, plan, **kwargs):
 
 
 _emit = emit      # what the callable sapp.emit package forwards to (the name `emit` is rebound to the package)
+# the facade's functions by name, whatever their names are rebound to: doctest reads its examples from
+# here (tests/test_api_doctests.py), and help() of a callable package shows its function's
+__test__ = {"search": search, "evaluate": evaluate, "capture": capture, "emit": emit}
 
 
 def __getattr__(name):
@@ -128,9 +240,9 @@ class _SappModule(_types.ModuleType):
     def __setattr__(self, name, value):
         if type(value) is _types.ModuleType and getattr(value, "__name__", None) in _ENTRIES:
             value.__class__ = _CallablePackage
-            if value.__name__ == "sapp.search":     # help(sapp.search) still shows the function's
-                value.__signature__ = _inspect.signature(search)
-                value.__doc__ = f"{search.__doc__}\n(the package sapp.search: {value.__doc__ or ''})"
+            fn = __test__[value.__name__[len("sapp."):]]     # help(sapp.search) still shows the function's
+            value.__signature__ = _inspect.signature(fn)
+            value.__doc__ = f"{fn.__doc__}\n(the package {value.__name__}: {value.__doc__ or ''})"
         super().__setattr__(name, value)
 
 

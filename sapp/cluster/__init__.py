@@ -53,6 +53,21 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 
 @dataclass(frozen=True)
 class Cluster:
+    """A homogeneous cluster: nodes of identical devices, the figures the cost model prices them with.
+
+    Presets (``sapp clusters`` lists them) are read with :meth:`parse`; ``sapp calibrate`` measures
+    the figures of the machine it runs on; :meth:`replace` changes a few.  Sizes are in bytes, rates
+    in bytes or FLOP per second per device, latencies in seconds.
+
+    Examples
+    --------
+    >>> import sapp
+    >>> cluster = sapp.Cluster.parse("a100-80g:nodes=2")
+    >>> cluster.devices, cluster.gpus_per_node, cluster.device_memory
+    (16, 8, 80000000000.0)
+    >>> cluster.replace(nodes=4).devices
+    32
+    """
     name: str = "custom"
     nodes: int = 1
     gpus_per_node: int = 8
@@ -309,7 +324,31 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str) -> "Cluster":
-        """'a100-80g:nodes=128', 'h100-80g:nodes=4,gpus=8,inter_bw=50GB/s', 'cpu:gpus=2', or a JSON path."""
+        """A cluster from a spec: a preset with settings, or a JSON file ``sapp calibrate`` wrote.
+
+        Parameters
+        ----------
+        spec : str
+            ``NAME[:key=value,...]``: ``'a100-80g:nodes=128'``, ``'h100-80g:nodes=4,gpus=8,inter_bw=50GB/s'``,
+            ``'cpu:gpus=2'`` (units: GB/s, GFLOP/s, GB, us, ...), or a ``.json`` path.
+
+        Returns
+        -------
+        Cluster
+
+        Raises
+        ------
+        ClusterError
+            An unknown preset or key, or a value out of its bounds; the message names it.
+
+        Examples
+        --------
+        >>> import sapp
+        >>> sapp.Cluster.parse("h100-80g:nodes=4,gpus=8,inter_bw=50GB/s").inter_bw
+        50000000000.0
+        >>> sapp.Cluster.parse("cpu:gpus=2").devices
+        2
+        """
         if not isinstance(spec, str):
             raise ClusterError(f"cluster spec must be a string like 'a100-80g:nodes=16' or a .json path, "
                                f"got {type(spec).__name__} {spec!r:.40}")

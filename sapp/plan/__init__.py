@@ -58,6 +58,25 @@ def empty_sections() -> dict:
 
 
 class Plan:
+    """A parallel plan: the layout :func:`sapp.search` chose, its per-stage prediction and its notes.
+
+    Sections read as ``plan["parallel"]`` or ``plan.parallel`` (``model``, ``cluster``, ``parallel``,
+    ``pipeline``, ``zero``, ``predicted``, ``notes``, ...; ``sapp schema plan`` prints the JSON
+    Schema every load and save is checked against).  :meth:`save` / :meth:`load` write and read the
+    file ``sapp run``, ``sapp explain`` and ``sapp export`` take.
+
+    Examples
+    --------
+    >>> import os, tempfile, sapp
+    >>> plan = sapp.search("gpt-tiny", "cpu:nodes=1", global_batch=16, constraints={"dp": 2})
+    >>> plan.parallel["dp"], plan["devices"], plan["predicted"]["step_time_s"] > 0
+    (2, 2, True)
+    >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+    >>> plan.save(path)
+    >>> sapp.Plan.load(path) == plan
+    True
+    """
+
     def __init__(self, data: dict):
         self._init(data, schema=True)
 
@@ -149,6 +168,31 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
+        """The plan in the file `path`, checked against the plan schema and its own invariants.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file :meth:`save` or ``sapp search --out`` wrote.
+
+        Returns
+        -------
+        Plan
+
+        Raises
+        ------
+        PlanError
+            Not a plan this sapp reads (JSON, schema, or a section that contradicts another); the
+            message says what to fix or to regenerate it with ``sapp search``.
+
+        Examples
+        --------
+        >>> import os, tempfile, sapp
+        >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+        >>> sapp.search("gpt-tiny", "cpu:gpus=1", global_batch=4).save(path)
+        >>> sapp.Plan.load(path).parallel["dp"]
+        1
+        """
         return cls.from_json(_read_text(path), source=str(path))
 
     @classmethod
