@@ -192,6 +192,17 @@ def test_paired_run_alternates_the_plan_and_the_reference_block(tmp_path):
     assert res is None and status.startswith("paired run failed")
 
 
+def test_results_md_stays_short():
+    """bench/RESULTS.md holds today's figures, one short section per benchmark (command, date, machine,
+    table), at most 600 lines (issue 56 item 6); derivations live in the docstring of the bench that
+    produces them."""
+    from bench import results
+    with open(results.RESULTS) as f:
+        n = sum(1 for _ in f)
+    assert n <= 600, (f"bench/RESULTS.md has {n} lines (at most 600): shorten your section and move its "
+                      f"derivation to the docstring of the bench that produces it")
+
+
 def test_results_md_has_every_generated_section_and_replace_keeps_the_rest(tmp_path):
     """`python -m bench.results` rewrites only the marked bodies of bench/RESULTS.md, whose sections
     are numbered in order."""
