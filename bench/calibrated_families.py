@@ -38,20 +38,27 @@ Families and sources (the figures are the sources'; step times are derived from 
 - Llama 3 405B, Dubey et al. 2024 Table 4 (Meta's own 4D-parallel stack, H100 80 GB; 3 rows: 8K tokens on
   8,192 and 16,384 GPUs, 131K on 16,384; TF/GPU), as bench/published.py prices it.
 - torchtitan's benchmark (pytorch/torchtitan v0.2.2 benchmarks/llama3_h100_202412_torchtitan.md, Tables 1
-  and 3: Llama 3.1 8B FSDP, local batch 2, seq 8192, selective AC, no compile, no float8; 8 and 128 H100 96 GB
-  at 500 W; tokens/s per GPU, step = 2 x 8192 / tokens/s): the job file bench/published_torchtitan.py
-  imports, through `sapp import --from torchtitan@0.2.2`'s profile (not the bench-only `torchtitan-2412`), on
-  the benchmark's machine at the H100 SXM datasheet peak (989 TFLOP/s: the page says only that the real peak
-  lies between NVL and SXM, which is what calibration is for).
-Two rows is the least a family can have; torchtitan's page prints no other FSDP-only bf16 eager rows.
+  and 3: Llama 3.1 8B FSDP, local batch 2, seq 8192, selective AC, no float8, without and with
+  torch.compile; 8 and 128 H100 96 GB at 500 W; tokens/s per GPU, step = 2 x 8192 / tokens/s): the
+  benchmark's own job file (torchtitan 9dec370's llama3_8b.toml) as bench/published_torchtitan.py imports
+  it, through `sapp import --from torchtitan@0.2.2`'s path, which prices a file of that schema with the
+  profile its fields state (torchtitan-2412, or torchtitan-2412+compile with compile on:
+  sapp/engines/torchtitan_2412.py); on the benchmark's machine at the H100 SXM datasheet peak (989
+  TFLOP/s: the page says only that the real peak lies between NVL and SXM, which is what calibration is
+  for).  Four rows: FSDP and FSDP + compile at 8 and 128 GPUs.
 The Mixtral row of bench/published_moe.py is one run, not a family, and is left out.
 
 bench/RESULTS.md §21's `--sweep` (2026-12-02), calibrated on each row in turn (median / max error of
-the other rows): Megatron-LM H100 weak scaling 4.6-8.9% / 7.7-14.3% (calibrated on the 7.1B row, 4.6% /
-7.7%, it meets the target; on 314B or 462B 5.0% / 8.3-8.4%, just outside the median; on the others not);
-Narayanan Table 2 1.4-5.1% / 3.5-7.4% (all but the 1536-GPU row meet it); Korthikanti 1.8-2.8% /
-2.4-3.6%; MT-NLG 2.0-3.6% / 2.9-4.2%; Llama 3 (measured before evaluate's sequence-parallel boundary
-fix; re-run `--sweep`) 12.8-27.6% / 24.9-27.8%; torchtitan 0.4% / 0.4%."""
+the other rows): Megatron-LM H100 weak scaling 4.1-9.2% / 7.0-15.1% (on the 1.7B, 7.1B, 314B or 462B row
+it meets the target); Narayanan Table 2 1.4-5.1% / 3.5-7.4% (all but the 1536-GPU row meet it);
+Korthikanti 1.8-2.8% / 2.4-3.6%; MT-NLG 2.0-3.6% / 2.9-4.2%; Llama 3 1.1-1.6% / 1.4-2.3%; torchtitan
+0.4-1.4% / 0.9-1.5%.
+
+The H100 rows run before mid-2024 (Megatron-LM's weak scaling, Llama 3) price attention at
+FlashAttention-2's figures, the kernel of their date (bench/published.py H100_2024H1_ATTENTION).  At the
+preset's cuDNN 9 figures (July 2024) both families failed (weak scaling calibrated median 5.4%, Llama 3
+131K -16.1%): attention's share of a step is about s / 6h, largest on the 1.7B row the family is fitted
+on and on the 131K row, so one compute_scale fitted there carried the wrong correction to the rest."""
 from __future__ import annotations
 
 import argparse
@@ -172,7 +179,7 @@ def _torchtitan_family(graphs):
     from bench.published_torchtitan import BENCH, GRAND_TETON, PEAKS, job_text
     from sapp import api
     from sapp.engines import import_config
-    fam = Family("torchtitan Llama 3.1 8B FSDP", "torchtitan 0.2.2 (sapp import --from torchtitan@0.2.2)",
+    fam = Family("torchtitan Llama 3.1 8B FSDP", "torchtitan 9dec370 (sapp import of its job file)",
                  "H100 96 GB, 500 W (SXM datasheet peak)", "torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
                  GRAND_TETON.format(nodes=1, peak=PEAKS["sxm"]))
     for name, fname, edits, model, nodes, (tps, _gib), _src in BENCH:
@@ -188,10 +195,11 @@ def _torchtitan_family(graphs):
 
 
 def families(only: str = "") -> list:
+    from bench.published import H100_2024H1_ATTENTION as ERA
     cache, graphs = {}, {}
     spec = [
         ("Megatron-LM H100 weak scaling", "Megatron-LM (Megatron-Core)", "H100 SXM 80 GB",
-         "Megatron-LM README (REFERENCE.md §5)", "h100-80g", "Megatron-LM H100 weak scaling"),
+         "Megatron-LM README (REFERENCE.md §5)", f"h100-80g:{ERA}", "Megatron-LM H100 weak scaling"),
         ("Narayanan 2021 Table 2 (PTD-P)", "Megatron-LM", "A100 80 GB", "Narayanan et al. 2021 Table 2",
          "a100-80g", "Megatron-LM 2021 Table 2 (PTD-P)"),
         ("Korthikanti 2022 Table 4 (one 22B layer)", "Megatron-LM", "A100 80 GB", "Korthikanti et al. 2022 Table 4",
@@ -199,7 +207,7 @@ def families(only: str = "") -> list:
         ("MT-NLG 530B (Smith et al. 2022)", "Megatron-DeepSpeed", "A100 80 GB (Selene)",
          "Smith et al. 2022 section 2.4", "a100-80g", None),
         ("Llama 3 405B (Dubey et al. 2024)", "Meta's Llama 3 stack (FSDP + 4D)", "H100 SXM 80 GB",
-         "Dubey et al. 2024 Table 4", "h100-80g", "Llama 3 405B (Dubey et al. 2024, Table 4)"),
+         "Dubey et al. 2024 Table 4", f"h100-80g:{ERA}", "Llama 3 405B (Dubey et al. 2024, Table 4)"),
     ]
     out = []
     for name, engine, hw, src, base, group in spec:

@@ -39,14 +39,19 @@ Compute is priced by kernel (docs/ARCHITECTURE.md "Compute efficiency by kernel"
 row): dense GEMMs on the summed roofline (arithmetic at 80% of peak + operand/output traffic at 80% of
 the memory bandwidth: the arithmetic-intensity dependence the Megatron-LM README gives for its weak
 scaling), flash attention on Hopper at the cuDNN kernel's published 518 / 499 TFLOP/s (forward /
-backward, FlashAttention-3 paper), and the fused profile's loss as Megatron-Core's vocab-parallel
+backward, FlashAttention-3 paper, July 2024) for runs made since, and at FlashAttention-2's 319 / 310
+(the same figure) for the H100 runs made before it (the README's weak scaling, committed 2024-07-15;
+Llama 3 405B: H100_2024H1_ATTENTION beside the rows), and the fused profile's loss as Megatron-Core's vocab-parallel
 cross entropy runs it: fp32, one kernel a pass (cast, max, subtract, exp, sum, divide; backward
 multiply and cast back: 38 + 14 bytes a logit element, costmodel/nodes.py).
 
 How close, and what is left (from the breakdown column; no row is corrected):
-- Every Megatron / Korthikanti / Mixtral row is within ±10%.  Closest to the edge: weak scaling 32B
-  (t=8) at -9.8% and 16B (t=4) at -8.9%, predicted slow; 1.7B (t=1, h=2048, the smallest GEMMs) at
-  +7.5% and 2021 175B on 1536 GPUs at +9.5%, predicted fast.
+- Every row is within ±10% (22 of 22).  Closest to the edge: 2021 175B on 1536 GPUs at +9.5% and
+  weak scaling 119B at +8.6%, predicted fast; 16B (t=4) at -5.7%, predicted slow.  The attention kernel
+  of the runs' date is what moved the H100 rows (issue 54): its share of a step is about s / 6h (33% of
+  the 1.7B row's FLOPs, 4% of the 462B row's, 40% of Llama 3 at 131K), so the preset's later kernel made
+  the small-h and long-sequence rows fast and a one-row calibration could not carry over (1.7B +7.5%,
+  119B +11.2%, Llama 3 131K +30.2% at the cuDNN figures; bench/calibrated_families.py).
 - Not settled by this table: data-parallel groups that hold several ranks in a node (t < 8 here)
   are priced as one ring on one NIC per GPU.  NCCL's rings leave a node through all of its NICs, so
   such a group's cross-node bandwidth is k NICs' worth (multi-node all-reduce bus bandwidth is the
@@ -61,7 +66,8 @@ forward (ZeRO-2), interleaving whose first / last chunk holds only the embedding
 (one layer a chunk: V = 8), Table 4's batch per DP as micro-batches of one sequence, no recomputation at
 8K ("without activation checkpointing"; at 131K the search's choice), and SP (not named by the paper;
 8K without checkpointing needs the residual stream sharded).  bench/published.py gives the reasons
-beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (outside ±10%).
+beside the rows.  Predicted fast: +6.1% / +5.1% at 8K tokens, +4.3% at 131K (at the preset's cuDNN
+attention figures +8.7% / +7.6% / +30.2%).
 - What these rows rest on: capture prices an HF decoder's attention as eager and every fused stack run
   it, causal GQA (sapp.models.hf.eager_masks), not as torch.export traces it (a materialised causal mask,
   a non-causal attention over the whole s^2, 16x copies of the 8 KV heads).  The paper's own settings are
@@ -79,11 +85,11 @@ beside the rows.  Predicted fast: +8.7% / +7.6% at 8K tokens, +30.2% at 131K (ou
   for its MFU).  Counting only the causal half (6N + 6LHQT: x0.962 at 8K, x0.714 at 131K) would read
   449 / 414 / 353 (+4.5 / +3.5 / -7.0%).  sapp's 131K / 8K step ratio at 16,384 GPUs (11.73 / 6.25 s =
   1.88) lies between the table's whole-s^2 reading (2.27) and its causal one (1.69); neither settles it.
-- The 131K gap is in attention, 40% of that row's priced compute (6% at 8K): the preset's kernel is
-  cuDNN's (518 / 499 TFLOP/s forward / backward, FlashAttention-3 paper); with both at 0.65x of that
-  the row reads +7.0%, at 0.6x +2.6% (FlashAttention-2 on an H100 runs its causal forward at 319
-  TFLOP/s at 4K in the same figure, 0.62x).  The paper names neither its kernel nor, at 131K, its
-  recomputation (every layer recomputed: +11.4%).  Also not priced: the document mask's computation
+- The 131K row rests on attention, 40% of its priced compute (6% at 8K): priced at FlashAttention-2's
+  H100 figures (319 / 310 TFLOP/s, 0.62x of the preset's cuDNN 518 / 499), the kernel of the run's date
+  (pre-training in the first half of 2024, before FlashAttention-3 and that cuDNN kernel were
+  published; Meta's torchtitan ran SDPA's FlashAttention-2 on H100 still in Dec 2024).  The paper names
+  neither its kernel nor, at 131K, its recomputation (every layer recomputed: about +11%).  Also not priced: the document mask's computation
   imbalance between micro-batches (the paper's reason for asynchronous p2p), FP32 gradient
   reduce-scatter (section 3.3.2; it would add 0.2-0.4 s of exposed DP sync), asynchronous p2p (sapp
   charges the sends to the sender: 0.17-0.35 s) and a vocabulary-parallel loss (sapp gathers the logits
@@ -130,6 +136,14 @@ def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
             "attn": attn, "dropout": dropout}
 
 
+# Attention on the H100 rows run before mid-2024 (the Megatron-LM README's H100 scaling runs, committed
+# 2024-07-15; Llama 3 405B, pre-trained in the first half of 2024): FlashAttention-2's H100 figures
+# (FlashAttention-3 paper, Shah et al. 2024, Fig. 5-6, causal, head dim 128, 4K: 319 TFLOP/s forward, 310
+# backward), not the cuDNN 9 figures beside them that the h100-80g preset carries (518 / 499): that paper
+# and kernel are of July 2024, after these runs; Meta's torchtitan still ran SDPA's FlashAttention-2 on
+# H100 in Dec 2024 (costmodel/torchtitan.py FA2_OVER_CUDNN).  The kernel of the runs' date, not a fit; the
+# sources name none (the module docstring gives both readings).
+H100_2024H1_ATTENTION = f"attention_efficiency={319 / 989:.4f},attention_bwd_efficiency={310 / 989:.4f}"
 # Megatron-LM repository, H100 weak scaling (Megatron-Core, seq 4096, vocab 131072, DP 48, bf16).
 # Shapes (heads, hidden, layers) as the README's model table prints them (images/model_table.png in
 # NVIDIA/Megatron-LM, July 2024), with Megatron's GPT conventions for the rest: ffn 4h, untied 131072
@@ -157,7 +171,7 @@ for _n, _l, _h, _a, _t, _p, _gb, _tf in _MEGATRON_H100:
     _gpus = 48 * _t * _p
     ROWS.append(Row(
         "Megatron-LM H100 weak scaling", f"GPT {_n} t{_t} p{_p} d48", "gpt3-175b",
-        gpt_shape(_l, _h, _a, 131072, 4096), f"h100-80g:devices={_gpus}", _gb,
+        gpt_shape(_l, _h, _a, 131072, 4096), f"h100-80g:devices={_gpus},{H100_2024H1_ATTENTION}", _gb,
         {"tp": _t, "pp": _p, "dp": 48, "zero": 1, "micro_batches": _gb // 48, **({"sp": True} if _t > 1 else {}),
          **({"schedule": "1f1b"} if _p > 1 else {})},
         "tf_per_gpu_model", _tf,
@@ -210,7 +224,7 @@ for _g, _cp, _dp, _seq, _tf in ((8192, 1, 64, 8192, 430), (16384, 1, 128, 8192, 
     _gb = 16 * 2 ** 20 // _seq
     ROWS.append(Row(
         "Llama 3 405B (Dubey et al. 2024, Table 4)", f"405B {_g} GPUs t8 cp{_cp} p16 d{_dp} seq {_seq}", _LLAMA3,
-        {"seq": _seq}, f"h100-80g:devices={_g}", _gb,
+        {"seq": _seq}, f"h100-80g:devices={_g},{H100_2024H1_ATTENTION}", _gb,
         {"tp": 8, "cp": _cp, "pp": 16, "dp": _dp, "sp": True, "zero": 2, "schedule": "interleaved",
          "virtual_chunks": 8, "micro_batches": _gb // _dp, **({"recompute": "none"} if _seq == 8192 else {})},
         "tf_per_gpu_model", _tf, "Dubey et al. 2024, Table 4 and section 3.3.2",
