@@ -66,3 +66,39 @@ def test_attention_split_by_heads_equals_one_process(name, sp, tmp_path):
         losses = res["losses"]
         diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
         assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+
+
+def test_only_calls_that_cannot_hold_at_a_ranks_shapes_are_rewritten():
+    """A whole-width tensor keeps its call; this rank's share of the split axis gets the local sizes."""
+    from sapp.emit.tp.local_shapes import Localised
+    rule = {"view": {(4, 2, 4), (3, 2, 32)}, "expand": {(5, 1, 2)}, "split": {(2, (32, 32, 32))}}
+    with Localised(rule, 2):
+        assert [t.shape[-1] for t in torch.zeros(2, 8, 96).split(32, dim=2)] == [32, 32, 32]
+        assert [t.shape[-1] for t in torch.zeros(2, 8, 48).split(32, dim=2)] == [16, 16, 16]
+        assert tuple(torch.zeros(2, 8, 32).view(2, 8, 4, 8).shape) == (2, 8, 4, 8)
+        assert tuple(torch.zeros(2, 8, 16).view(2, 8, 4, 8).shape) == (2, 8, 2, 8)
+        assert tuple(torch.zeros(2, 8, 2, 8).reshape(2, 8, 32).shape) == (2, 8, 16)
+        # litgpt 0.4's k.expand(B, n_query_groups, q_per_kv, T, hs): a rank holds 1 of the 2 groups
+        assert tuple(torch.zeros(2, 1, 1, 8, 8).expand(2, 2, 2, 8, 8).shape) == (2, 1, 2, 8, 8)
+        assert tuple(torch.zeros(2, 2, 1, 8, 8).expand(2, 2, 2, 8, 8).shape) == (2, 2, 2, 8, 8)
+        assert tuple(torch.zeros(4, 8, 16).view(4, 8, 4, 8).shape) == (4, 8, 2, 8)    # another batch
+
+
+def test_the_audit_passes_with_the_reshapes_at_a_ranks_share_and_says_so():
+    """nanoGPT's attention at one rank's layer shapes: refused as it is (fix=False: nothing localised),
+    run split by heads with a note once the shape audit localises its reshapes."""
+    from sapp.emit.checks import shape_audit
+    from sapp.errors import PlanError
+    styles = {}
+    for i in range(2):
+        styles.update({f"transformer.h.{i}.attn.c_attn": "colwise", f"transformer.h.{i}.attn.c_proj": "rowwise"})
+    groups = [[f"transformer.h.{i}.attn.c_attn", f"transformer.h.{i}.attn.c_proj"] for i in range(2)]
+    ids = torch.zeros(2, HM.SEQ, dtype=torch.long, device="meta")
+    with torch.device("meta"):
+        model = HM.NanoGPT()
+    with pytest.raises(PlanError, match="cannot run at one rank's shapes"):
+        shape_audit.check(model, styles, groups, 2, (ids,), [], fix=False)
+    notes = []
+    assert shape_audit.check(model, styles, groups, 2, (ids,), notes, fix=True) > 0
+    assert notes == ["tp: transformer.h.*.attn reshape by sizes of the whole model (read off the input or a shared "
+                     "config): split by heads, those reshapes run at this rank's 1/2 (shape audit passed)"], notes
