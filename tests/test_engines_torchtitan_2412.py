@@ -79,3 +79,13 @@ def test_what_is_not_priced_is_refused_in_one_line(llama8b, edits, words):
     with pytest.raises(EngineError) as e:
         _import(text, llama8b)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_imported_2024_plan_exports_as_priced_and_says_which_stack(llama8b):
+    from sapp.engines import export_plan
+    plan = _import(job_text(FILE, {"batch_size": 2}), llama8b)
+    text, out, notes = export_plan(plan, "torchtitan@0.2.2", graph=llama8b, cluster=api.resolve_cluster(NVL))
+    assert not notes                                   # nothing re-priced: the comparison search keeps the stack
+    assert out["settings"]["runtime"] == "torchtitan-2412"
+    assert out["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-9)
+    assert "# NOTE: priced on torchtitan's Dec 2024 stack (torchtitan-2412)" in text

@@ -123,10 +123,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
         notes.append("torchtitan replicates with DDP only as the one parallelism: ZeRO-0 exported as ZeRO-2 "
                      "(FSDP2, fsdp_reshard_after_forward never)")
         out.zero = 2
-    if out.runtime in (_ERA, _ERA_COMPILE):     # (an import of a 2024 TOML, or the search beside it)
-        notes.append(f"priced on torchtitan's Dec 2024 stack ({out.runtime}); written in 0.2.2's schema, which "
-                     f"sapp prices on a current stack ({RUNTIME})")
-    elif out.runtime != RUNTIME:
+    if out.runtime not in (RUNTIME, _ERA, _ERA_COMPILE):     # (a 2024 TOML's profile is kept: export says so)
         notes.append(retarget_note(out.runtime, RUNTIME))
         out.runtime = RUNTIME
     if out.tp > 1 and not out.sp:
@@ -211,6 +208,9 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         ac = {"mode": "selective", "selective_ac_option": str(n)}
     model, note = model_section(facts.get("arch"))
     lines = [f"# {h}" for h in header] + ([f"# NOTE: {note}"] if note else [])
+    if ecfg.runtime in (_ERA, _ERA_COMPILE):
+        lines.append(f"# NOTE: priced on torchtitan's Dec 2024 stack ({ecfg.runtime}); sapp reads this file, "
+                     f"0.2.2's schema, as a current stack ({RUNTIME})")
     if ecfg.fp8:                # torchao's tensorwise Float8Linear on the blocks' linears (engines/fp8.py)
         model = {**(model or {}), "converters": [fp8.TT_NAME]}
     sections = [("model", model)] if model else []
