@@ -24,7 +24,7 @@ LAYERS = [
     # what every layer reads: errors, quantities, files, the graph type, the model zoo, the cluster, its
     # figures and how far to trust them, the published schemas, the user's pins
     ("base", ["sapp.errors", "sapp.units", "sapp.fileio", "sapp.version", "sapp.capture.ir", "sapp.schema",
-              "sapp.models", "sapp.cluster", "sapp.search.constraints"]),
+              "sapp.models", "sapp.cluster", "sapp.search.constraints", "sapp.search.targets"]),
     ("capture", ["sapp.capture"]),
     ("costmodel", ["sapp.costmodel"]),
     # the sharding search of one stage's mesh, and the tp / sp layouts it derives: the pipeline's stage

@@ -30,3 +30,11 @@ def check_out(path, flag="--out", suffixes=None) -> str:
             raise UsageError(f"{flag} {path}: unknown file type {('.' + ext) if ext else '(no extension)'}; "
                              f"use one of {', '.join('.' + s for s in sorted(suffixes))}")
     return path
+
+
+def written_beside(args) -> str:
+    """What `plan written to PATH` adds where the operators went to their side file."""
+    if getattr(args, "full", True):
+        return ""
+    from ..plan import operators_path
+    return f" (its operators map in {operators_path(args.out)}; --full for one file)"

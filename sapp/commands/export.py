@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import sys
 
+from ._engines import engine_help, engine_names
 from ..units import fmt_time
 from ._model import add_model_arguments, model_spec
 
 
 def add_arguments(p):
     p.add_argument("plan", help="plan JSON file (from `sapp search`)")
-    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
-                   help="engine: megatron (pretrain_gpt.py arguments), torchtitan (0.3's Python job configuration), "
-                        "torchtitan@0.2.2 (job TOML), deepspeed (config JSON)")
+    p.add_argument("--to", required=True, choices=engine_names(),
+                   help=engine_help("engine: "))
     p.add_argument("--out", help="write the configuration here (default: print it)")
     p.add_argument("--plan-out", metavar="PLAN_JSON",
                    help="also write the plan as exported (re-priced when the engine runs something else)")

@@ -5,6 +5,7 @@ an engine configuration as a sapp plan, priced with that engine's runtime profil
 states the whole model: without --model it is priced as the model it states (sapp/engines/megatron_build.py)."""
 from __future__ import annotations
 
+from ._engines import engine_help, engine_names
 from ..errors import UsageError
 from ..units import fmt_bytes, fmt_time
 from ._model import add_model_arguments, model_spec
@@ -14,8 +15,8 @@ MAX_BYTES = 4 << 20          # an engine configuration is a few kB
 
 def add_arguments(p):
     p.add_argument("--from", dest="engine", required=True,
-                   choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
-                   help="the engine the configuration is for")
+                   choices=engine_names(),
+                   help=engine_help("the engine the configuration is for: "))
     p.add_argument("config", help="the engine's configuration: Megatron-LM argument file, torchtitan 0.3 Python job "
                                   "(read with ast), torchtitan@0.2.2 TOML or DeepSpeed JSON (read as data, never "
                                   "executed)")
@@ -27,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="the cluster it runs on, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--out", help="write the imported plan JSON here")
     p.add_argument("--best-out", metavar="PLAN_JSON", help="write sapp's best plan for the same engine here")
+    p.add_argument("--full", action="store_true",
+                   help="write the operators map inside the plan files (default: beside it, PLAN.operators.json, "
+                        "so the plan stays short enough to read; every command reads the pair as one plan)")
     p.add_argument("--no-compare", action="store_true", help="only price the configuration (no search)")
 
 
@@ -57,7 +61,7 @@ def run(args):
     graph, _ = api.capture_graph(module)
     plan = import_config(text, args.engine, graph, cl, name, source=args.config, job=args.job)
     if args.out:
-        plan.save(args.out)
+        plan.save(args.out, operators_beside=not args.full)
     pr = plan["predicted"]
     fits = pr["peak_memory_bytes"] <= cl.usable_memory
     print(f"your configuration  {fmt_time(pr['step_time_s'])}/step  MFU {pr['mfu']:.1%}  peak "
@@ -66,7 +70,8 @@ def run(args):
     for n in plan["notes"]:
         print(f"  - {n}")
     if args.out:
-        print(f"plan written to {args.out}")
+        from ._paths import written_beside
+        print(f"plan written to {args.out}" + written_beside(args))
     if args.no_compare:
         return 0 if fits else 1
     st = plan["settings"]
@@ -81,6 +86,6 @@ def run(args):
                                "fp8": st.get("fp8") or None})   # as the engine would run it
     print(comparison(plan, best))
     if args.best_out:
-        best.save(args.best_out)
+        best.save(args.best_out, operators_beside=not args.full)
         print(f"best plan written to {args.best_out}  (compare: sapp diff {args.out or 'yours.json'} {args.best_out})")
     return 0 if fits else 1

@@ -16,13 +16,16 @@ def add_arguments(p):
     p.add_argument("--trust-plan-model", dest="trust_plan_model", action="store_true",
                    help="import and call the plan's pkg.module:factory model (never done by default: a plan is data)")
     p.add_argument("--out", help="write the new plan here")
+    p.add_argument("--full", action="store_true",
+                   help="write the operators map inside the plan file (default: beside it, PLAN.operators.json, "
+                        "so the plan stays short enough to read; every command reads the pair as one plan)")
 
 
 def run(args):
     from .. import api
     from ..plan import load_any
     from sapp.api.replan import replan, scaled_cluster
-    from ._paths import check_out
+    from ._paths import check_out, written_beside
     if args.out:
         check_out(args.out)
     kind, plan = load_any(args.plan)
@@ -40,8 +43,8 @@ def run(args):
     for line in r.lines():
         print(line)
     if args.out:
-        r.plan.save(args.out)
-        print(f"plan written to {args.out}")
+        r.plan.save(args.out, operators_beside=not args.full)
+        print(f"plan written to {args.out}" + written_beside(args))
     return 0
 
 
@@ -63,7 +66,7 @@ def _mixed(args, doc):
         print(line)
     if args.out:
         if isinstance(new, Plan):
-            new.save(args.out)
+            new.save(args.out, operators_beside=not args.full)
         else:
             with open(args.out, "w") as f:
                 f.write(hetero_plan.dumps(new))

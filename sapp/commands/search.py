@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import time
 
+from ._engines import engine_help, engine_names
 from ..units import fmt_bytes, fmt_count, fmt_time
 from ._model import add_model_arguments, add_setting_arguments, model_settings, model_spec, seq_source
+from ._paths import written_beside
 
 
 def add_constraint_arguments(p):
@@ -38,8 +40,9 @@ def add_constraint_arguments(p):
     g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
     g.add_argument("--ep", type=int, help="expert-parallel degree for MoE models (EP groups of dp ranks)")
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
-    g.add_argument("--target", choices=("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed"),
-                   help="search only what this engine can state, priced with its runtime (then `sapp export --to` it)")
+    g.add_argument("--target", choices=engine_names(),
+                   help=engine_help("search only what this engine can state, priced with its runtime (then `sapp export "
+                                    "--to` it): "))
     g.add_argument("--fit-engine-estimate", nargs="?", const="main", choices=("main", "core_v0.16.1"),
                    help="with --target megatron: keep only plans whose Megatron-LM startup memory estimate (which "
                         "leaves out context parallelism, full recomputation and bf16 main_grads) also fits; "
@@ -100,6 +103,9 @@ def add_arguments(p):
     p.add_argument("--cluster", required=True, help="cluster spec, e.g. a100-80g:nodes=128, or a JSON file")
     p.add_argument("--batch", type=int, help="global batch (samples per step); default: the model's usual one")
     p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--full", action="store_true",
+                   help="write the operators map inside the plan file (default: beside it, PLAN.operators.json, "
+                        "so the plan stays short enough to read; every command reads the pair as one plan)")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
     p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412",
@@ -247,6 +253,9 @@ def run(args):
     from ._paths import check_out
     if args.out:
         check_out(args.out)          # before the search, not after it
+        if not args.full:
+            from ..plan import operators_path
+            check_out(operators_path(args.out), "--out (its operators file)")
     spec = model_spec(args)
     args.settings = model_settings(spec, args.model_arg, args.seq)     # checked before any work
     args.seq_from = seq_source(spec, args.settings, args.seq)
@@ -330,10 +339,10 @@ def _estimate_fit(graph, cl, args):
 def _finish(args, plan, t0):
     timing = dict(getattr(plan, "_timing", {}) or {}, total_s=time.perf_counter() - t0)
     if args.out:
-        plan.save(args.out)
+        plan.save(args.out, operators_beside=not args.full)
     if args.json:
         print(plan.to_json(), end="")
     else:
         print(summary(plan, timing, getattr(args, "seq_from", None)))
         if args.out:
-            print(f"plan written to {args.out}")
+            print(f"plan written to {args.out}" + written_beside(args))

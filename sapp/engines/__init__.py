@@ -16,16 +16,17 @@ import importlib
 from ..units import printable
 from .mapping import EngineConfig, EngineError, comparison, from_plan, price
 
-ENGINES = ("megatron", "torchtitan", "torchtitan@0.2.2", "deepspeed")
-MODULES = {"megatron": "megatron", "torchtitan": "torchtitan_py", "torchtitan@0.2.2": "torchtitan", "deepspeed": "deepspeed"}
+from sapp.search.targets import ENGINES as TABLE
+
 MAX_FACT = 1 << 40         # a model dimension an engine file states (vocabularies, sequences): far past any model
-SUFFIX = {"megatron": "args", "torchtitan": "py", "torchtitan@0.2.2": "toml", "deepspeed": "json"}
 
 
 def get(name: str):
-    if name not in ENGINES:
-        raise EngineError(f"unknown engine {name!r}; use one of {', '.join(ENGINES)}")
-    return importlib.import_module(f"sapp.engines.{MODULES[name]}")
+    """The module that reads and writes engine `name`'s files (its row's `module`, under sapp/engines/)."""
+    if name not in TABLE:
+        raise EngineError(f"unknown engine {str(name)[:40]!r}; use one of {', '.join(TABLE)}")
+    mod = TABLE[name].module
+    return importlib.import_module(mod if "." in mod else f"sapp.engines.{mod}")
 
 
 def model_facts(meta: dict, names) -> dict:
@@ -104,7 +105,7 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
         exported = price(graph, cl, out, name=plan["model"]["name"],
                          notes=[f"exported to {engine}: {n}" for n in notes])
     facts = model_facts(plan["model"].get("meta") or {}, names)
-    if engine != "deepspeed":       # DeepSpeed trains the user's own module
+    if TABLE[engine].builds_model:  # (DeepSpeed trains the user's own module)
         facts.update(arch_facts(plan["model"]["name"], plan["model"].get("meta") or {}, len(names)))
     pr = exported["predicted"]
     header = [f"{engine} configuration written by `sapp export` for {plan['model']['name']} on {plan['devices']} GPUs",
@@ -160,7 +161,7 @@ def import_config(text: str, engine: str, graph, cluster, name: str, *, meta=Non
     mod = get(engine)
     names = block_names(graph)
     facts = model_facts(meta if meta is not None else graph.meta, names)
-    if engine != "deepspeed":
+    if TABLE[engine].builds_model:
         facts.update(arch_facts(name, meta if meta is not None else graph.meta, len(names)))
     ecfg = parse_safely(mod, engine, text, facts, cluster.devices, job)
     if runtime is not None:
@@ -173,7 +174,7 @@ def target_of(engine: str, runtime: str) -> str:
     """The target of `engine`'s family whose profile `runtime` is: a torchtitan 0.2.2 TOML given as
     `--from torchtitan` is priced, and compared, as torchtitan@0.2.2."""
     from sapp.search.constraints import TARGETS
-    family = [t for t in ENGINES if t.split("@")[0] == engine.split("@")[0]]
+    family = [t for t in TABLE if t.split("@")[0] == engine.split("@")[0]]
     return next((t for t in [engine] + family if runtime in TARGETS[t]["runtimes"]), engine)
 
 

@@ -144,9 +144,12 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self._d, indent=1, sort_keys=True) + "\n"
 
-    def save(self, path, under=None) -> None:
+    def save(self, path, under=None, operators_beside=False) -> None:
         """`under`: a folder sapp manages that `path` lies in (a checkpoint directory): the file is
-        written there without following any symlink below it, atomically (fileio.write_atomic)."""
+        written there without following any symlink below it, atomically (fileio.write_atomic).
+        `operators_beside`: the operators map (most of a large plan's bytes, one entry per operator)
+        goes to a side file next to `path` (`operators_path`), which the plan names with its SHA-256,
+        so the plan itself stays short enough to read; Plan.load reads the pair back as one plan."""
         # sections are plain dicts callers can edit in place: check again what is about to be written
         if not isinstance(path, (str, bytes, os.PathLike)):
             raise PlanError(f"plan.save: a file path is needed, got {type(path).__name__} (a str or os.PathLike)")
@@ -154,6 +157,8 @@ class Plan:
         text = self.to_json()
         if text != self.__dict__.get("_built_text"):
             self._validate()
+        if operators_beside and not self.mixed:
+            text = self._write_operators(path)
         try:
             if under is not None:
                 from sapp.fileio import write_atomic
@@ -165,6 +170,20 @@ class Plan:
             if under is not None:
                 raise PlanError(f"cannot write plan to {path}: {e.strerror or e}") from None
             raise PlanError(f"cannot write plan to {path}: {e.strerror or e}; choose another --out") from None
+
+    def _write_operators(self, path) -> str:
+        """Write the operators map beside `path` and return the plan's text that names it."""
+        side = operators_path(path)
+        body = json.dumps({"schema": OPERATORS_SCHEMA, "operators": self._d["operators"]}, indent=1,
+                          sort_keys=True) + "\n"
+        try:
+            with open(side, "w") as f:
+                f.write(body)
+        except OSError as e:
+            raise PlanError(f"cannot write the plan's operators to {side}: {e.strerror or e}; choose another --out") from None
+        d = {k: v for k, v in self._d.items() if k != "operators"}
+        d["operators_file"] = {"path": os.path.basename(side), "sha256": _sha256(body)}
+        return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def load(cls, path) -> "Plan":
@@ -193,10 +212,11 @@ class Plan:
         >>> sapp.Plan.load(path).parallel["dp"]
         1
         """
-        return cls.from_json(_read_text(path), source=str(path))
+        return cls.from_json(_read_text(path), source=str(path), folder=os.path.dirname(os.fspath(path)))
 
     @classmethod
-    def from_json(cls, text: str, source="plan") -> "Plan":
+    def from_json(cls, text: str, source="plan", folder=None) -> "Plan":
+        """`folder`: where a plan whose operators sit in a side file (`operators_file`) finds it."""
         if not isinstance(text, (str, bytes, bytearray)):
             raise PlanError(f"{source}: Plan.from_json takes the JSON text (str or bytes), got {type(text).__name__}; "
                             "use Plan.load for a path")
@@ -208,6 +228,8 @@ class Plan:
             raise PlanError(f"{source} is not a usable JSON plan ({str(e)[:80]}); fix or regenerate it with `sapp search`") from None
         if not isinstance(d, dict):
             raise PlanError(f"{source} must hold a JSON object, found {type(d).__name__}")
+        if "operators_file" in d:
+            d = _with_operators(d, folder, source)
         try:
             return cls(_migrated(d))
         except PlanError as e:
@@ -253,6 +275,48 @@ class Plan:
 
 
 MAX_FILE_BYTES = 256 << 20     # a 175B-parameter plan is ~2 MB; refuse to parse a huge unrelated file
+OPERATORS_SCHEMA = "sapp.plan-operators/1"
+
+
+def operators_path(path) -> str:
+    """The side file of a plan written with its operators beside it: plan.json -> plan.operators.json."""
+    path = os.fspath(path)
+    stem = path[:-5] if path.lower().endswith(".json") else path
+    return stem + ".operators.json"
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _with_operators(d, folder, source) -> dict:
+    """The plan `d` with the operators map of the side file it names read in.  The name must be a bare
+    file name (the file lies beside the plan: no folder, no `..`), the file a regular one of this
+    plan's operators (its SHA-256 the plan's), else one line saying what to do."""
+    ref = d["operators_file"]
+    name = ref.get("path") if isinstance(ref, dict) else None
+    digest = ref.get("sha256") if isinstance(ref, dict) else None
+    if (not isinstance(name, str) or not isinstance(digest, str) or not name or len(name) > 255 or "/" in name
+            or "\\" in name or name.startswith(".") or "\0" in name):
+        raise PlanError(f"{source}: operators_file must be {{\"path\": a file name beside the plan, \"sha256\": ...}}; "
+                        "write the plan again with `sapp search --out` (or --full for one file)")
+    if folder is None:
+        raise PlanError(f"{source}: its operators are in {name!r} beside the plan file; load it with Plan.load(path)")
+    side = os.path.join(folder or ".", name)
+    body = _read_text(side)
+    if _sha256(body) != digest:
+        raise PlanError(f"{source}: {side} is not the operators file written with this plan (its SHA-256 differs); "
+                        "keep the two files a search wrote together, or search again")
+    try:
+        ops = _schema.strict_loads(body)
+    except (ValueError, RecursionError) as e:
+        raise PlanError(f"{side} is not valid JSON ({str(e)[:80]})") from None
+    if not isinstance(ops, dict) or ops.get("schema") != OPERATORS_SCHEMA or not isinstance(ops.get("operators"), dict):
+        raise PlanError(f"{side} is not a plan's operators file (schema {OPERATORS_SCHEMA!r}); search again")
+    out = {k: v for k, v in d.items() if k != "operators_file"}
+    out["operators"] = ops["operators"]
+    return out
 
 
 def summary(plan) -> dict:

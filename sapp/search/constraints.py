@@ -14,34 +14,10 @@ from sapp.errors import ConstraintError, SappError
 MAX_GLOBAL_BATCH = 1 << 22
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
-POLICIES = ("none", "selective", "full")
 
-# What each training engine can state in its own configuration (`sapp search --target`, sapp/engines):
-# the search enumerates only these (configs.enumerate_configs, SearchContext.allowed, host placement);
-# what is left (a per-block recompute mix an engine states differently) is conformed and re-priced on
-# export (sapp/engines/mapping.conform).  `sp`: "any" (a choice), "with-tp" (on whenever tp > 1:
-# torchtitan's tensor-parallel plan always shards the norms' sequence), "off".  `host`: the placement
-# options it runs ("optimizer-host": DeepSpeed's offload_optimizer).  `runtimes`: the profiles that
-# price it, the first the default.  `moe_sp`: the `sp` rule for a model with experts (Megatron-Core 0.16.1's
-# MoELayer.forward raises in training at tp > 1 without sequence parallelism).  `ddp_alone`: ZeRO-0 (DDP) only as the one parallelism
-# (torchtitan 0.2.2's parallelize refuses "DDP has not supported > 1D parallelism").  "torchtitan" is the
-# current release (0.3: sequence parallelism its own switch, replication by FSDP2 beside anything).
-TARGETS = {
-    "megatron": {"schedules": ("none", "1f1b", "interleaved"), "zero": (0, 1), "sp": "any", "moe_sp": "with-tp",
-                 "model_parallel": True,
-                 "recompute": POLICIES, "host": (), "runtimes": ("fused", "fused+tp-overlap")},
-    "torchtitan": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "any",
-                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan",)},
-    "torchtitan@0.2.2": {"schedules": ("none", "1f1b", "gpipe", "interleaved"), "zero": (0, 2, 3), "sp": "with-tp",
-                   "model_parallel": True, "recompute": POLICIES, "host": (), "runtimes": ("torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile"), "ddp_alone": True},
-    "deepspeed": {"schedules": ("none",), "zero": (0, 1, 2, 3), "sp": "off", "model_parallel": False,
-                  "recompute": ("none", "full"), "host": ("optimizer-host",), "runtimes": ("eager",)},
-}
-
-# torchtitan's HSDP (data_parallel_replicate_degree beside its shard degree): weighed by the search
-# (search/joint/configs.hsdp_configs) for the engines that state it
-for _t in ("torchtitan", "torchtitan@0.2.2"):
-    TARGETS[_t]["hsdp"] = True
+# What each training engine can state in its own configuration (`sapp search --target`): the engine
+# table's limits (sapp/search/targets.py, one row per engine)
+from sapp.search.targets import POLICIES, TARGETS  # noqa: E402,F401 - this module's names for them
 
 
 def check_target_runtime(target, runtime):
