@@ -11,7 +11,17 @@ recomputation) / step / GPUs, i.e. the plan's MFU x peak.
 
 bench/RESULTS.md §8's Mixtral row alone (2026-11-29, CPU box): pinned 439.6 TF/GPU, -3.0% against 453,
 step 3.092 s, peak 59.4 GB; free search dp32 pp2 interleaved v8 ep8 m4 ZeRO-1, 486.3 TF/GPU, 2.794 s;
-6.5 s to capture and price."""
+6.5 s to capture and price.
+
+Not priced within ±15% yet (issue 54 item 5; no row here): DeepSeek-V3's pre-training (DeepSeek-V3 technical
+report: 2,048 H800, PP 16 with DualPipe, EP 64 over 8 nodes, ZeRO-1, FP8; 180K H800 GPU-hours per trillion
+tokens = 1,543 tokens/s/GPU).  Measured 2026-12-02 on the CPU box (`sapp.api.search`, the zoo's
+deepseek-v3-like, h800:nodes=256, global batch 15360, runtime fused): pinned tp 1 pp 16 dp 128 ep 64 ZeRO-1
+120 micro-batches (1F1B in DualPipe's place) 622 tokens/s/GPU (-59.7%), with delayed FP8 643 (-58.3%); the
+free search picks dp 128 pp 16 ep 8 (849, -45%), not the published layout.  What the pricing lacks: the
+node-limited routing (a token's rows cross IB to at most 4 nodes, then NVLink), the FP8 dispatch (1 byte an
+element), the all-to-all hidden behind the paired micro-batch's compute (DualPipe), and MLA (the zoo model
+stands in with plain attention)."""
 from __future__ import annotations
 
 import sys
