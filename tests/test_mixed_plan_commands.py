@@ -146,7 +146,7 @@ def test_export_refuses_with_the_real_reason(plans, capsys):
     assert "one device kind" in err and f"sapp run {plans['data']}" in err and "regenerate" not in err
 
 
-def test_evaluate_reprices_a_data_mode_plan_and_says_what_prices_a_pipeline(plans, capsys, tmp_path):
+def test_evaluate_reprices_both_modes(plans, capsys, tmp_path):
     rc, out, err = _cli(capsys, "evaluate", plans["data"], "--json")
     assert rc == 0, err
     res = json.loads(out)
@@ -166,8 +166,20 @@ def test_evaluate_reprices_a_data_mode_plan_and_says_what_prices_a_pipeline(plan
     slower = json.loads(out)
     assert slower["cross_group_sync_s"] > 4 * res["cross_group_sync_s"]
     assert [g["step_time_s"] for g in slower["groups"]] == [g["step_time_s"] for g in res["groups"]]
+    # a pipeline-mode plan: re-priced on its stages as they are, each on its group
+    rc, out, err = _cli(capsys, "evaluate", plans["pipe"], "--json")
+    assert rc == 0, err
+    res, doc = json.loads(out), plans["pipe_doc"]
+    assert res["mode"] == "pipeline" and res["step_time_s"] == pytest.approx(doc["predicted"]["step_time_s"], rel=1e-4)
+    owner = [g["name"] for g in doc["groups"]["members"] for _ in g["stages"]]
+    assert [s["group"] for s in res["stages"]] == owner
+    rc, out, err = _cli(capsys, "evaluate", plans["pipe"], "--json", "--cluster", str(tmp_path / "slow.json"))
+    assert rc == 0, err
+    slow = json.loads(out)       # only the sends over the link grow
+    assert slow["cross_group_send_s"] > 2 * res["cross_group_send_s"] > 0      # (its latency stays) and slow["step_time_s"] > res["step_time_s"]
+    assert [s["fwd_s"] for s in slow["stages"]] == [s["fwd_s"] for s in res["stages"]]
     rc, out, err = _cli(capsys, "evaluate", plans["pipe"])
-    assert rc == 2 and err.count("\n") == 1 and "--mixed-mode pipeline" in err and "regenerate" not in err
+    assert rc == 0 and "stage 0 on" in out and "plan says" in out, err
 
 
 def test_replan_for_the_nodes_given(plans, capsys, tmp_path):

@@ -119,17 +119,12 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
     """Re-price a data-mode mixed plan: each group's own plan on its group (api.evaluate, the model
     captured once), then the cross-group gradient sync over the link, as the search sums them: the
     step is the slowest group's plus the sync.  `cluster`: a mixed spec or file whose groups are the
-    plan's (the plan's own cluster by default).  A pipeline-mode plan is refused in one line: its
-    stages are priced per group only inside the pipeline search, which nothing re-runs on given stages."""
+    plan's (the plan's own cluster by default).  A pipeline-mode plan is re-priced on its stages as they
+    are, each on its group (`_evaluate_pipeline`)."""
     from sapp import api
     from sapp.cluster.groups import MixedCluster, parse
     from sapp.costmodel import CostSettings
-    from sapp.plan.mixed import search_command
     from sapp.search import hetero
-    if mode_of(doc) == "pipeline":
-        raise SappError("a pipeline-mode mixed plan's stages are priced on their groups only by its search: "
-                        f"`{search_command(doc, 'pipeline')}` prices it again; `sapp evaluate` re-prices data-mode "
-                        "mixed plans and one-kind plans")
     mc = parse(cluster) if cluster is not None else MixedCluster.from_dict(doc["cluster"], where="plan's cluster section: ")
     if not isinstance(mc, MixedCluster):
         raise SappError(f"--cluster {cluster} is one kind of device; a mixed plan is priced on its groups: give a "
@@ -142,6 +137,8 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
                         "as the plan does, or search the plan again for this cluster")
     module, name, _ = api.resolve_model(model, model_args=model_args)
     graph, _ = api.capture_graph(module)
+    if mode_of(doc) == "pipeline":
+        return _evaluate_pipeline(doc, graph, mc, index)
     parts = []
     for g in groups:
         r = api.evaluate(name, mc.groups[index[g["name"]]], Plan(g["plan"]), graph=graph)
@@ -153,6 +150,36 @@ def evaluate(doc, model, cluster=None, *, model_args=None) -> dict:
     return {"mode": "data", "step_time_s": step, "plan_step_time_s": doc["predicted"]["step_time_s"],
             "cross_group_sync_s": sync, "samples_per_s": doc["model"]["global_batch"] / step,
             "fits": all(p["fits"] for p in parts), "groups": parts}
+
+
+def _evaluate_pipeline(doc, graph, mc, index) -> dict:
+    """Re-price a pipeline-mode mixed plan on its stages as they are (each on its group, the sends over
+    the link between groups), as its search priced them (hetero_pipeline.price_given)."""
+    from sapp import api
+    from sapp.costmodel import CostSettings
+    from sapp.search.constraints import Constraints
+    from sapp.search import hetero_pipeline
+    from sapp.search.joint.result import Config
+    from sapp.plan.mixed import members, pipe
+    p, st = pipe(doc), doc.get("settings") or {}
+    cfg = Config(p["stages"], p["stage_width"], 1, p["micro_batches"], p["micro_batch_size"], p["schedule"], 1,
+                 p["zero"])
+    order = [index[g["name"]] for g in members(doc) for _ in g["stages"]]
+    units = [list(s["units"]) for g in members(doc) for s in g["stages"]]
+    slow = mc.slowest()
+    settings = CostSettings(precision=st.get("precision") or slow.precision, runtime=st.get("runtime") or "eager",
+                            dropout_noise=not slow.fused_dropout)
+    r = hetero_pipeline.price_given(graph, mc, global_batch=doc["model"]["global_batch"],
+                                    constraints=Constraints.from_dict(doc.get("constraints") or None), settings=settings,
+                                    search_fn=api.tp_search_fn(), cfg=cfg, order=order, stage_units=units)
+    res, step = r.result, r.result.step_time_s
+    return {"mode": "pipeline", "step_time_s": step, "plan_step_time_s": doc["predicted"]["step_time_s"],
+            "cross_group_send_s": sum(f + b for f, b in r.link_s), "bubble_s": res.bubble_s,
+            "samples_per_s": doc["model"]["global_batch"] / step,
+            "peak_memory_bytes": res.peak_memory_bytes, "capacity_bytes": res.capacity_bytes,
+            "fits": res.peak_memory_bytes <= res.capacity_bytes,
+            "stages": [{"index": i, "group": mc.groups[g].name, "fwd_s": s.fwd_s, "bwd_s": s.bwd_s,
+                        "memory_bytes": s.memory_bytes} for i, (g, s) in enumerate(zip(order, res.stages))]}
 
 
 def replan(doc, model, cluster) -> tuple:

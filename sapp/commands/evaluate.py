@@ -54,6 +54,8 @@ def _mixed(args, doc):
         import json
         print(json.dumps(res, indent=1, sort_keys=True, default=float))
         return 0 if res["fits"] else 1
+    if res["mode"] == "pipeline":
+        return _mixed_pipeline(args, doc, res)
     print(f"plan      {args.plan}: mixed cluster {doc['cluster'].get('name')}, {len(res['groups'])} data-parallel groups")
     for g in res["groups"]:
         print(f"  group {g['name']}: share {g['batch_share']}/{doc['model']['global_batch']}, {g['config']}: step "
@@ -63,4 +65,18 @@ def _mixed(args, doc):
     print(f"  cross-group gradient all-reduce {fmt_time(res['cross_group_sync_s'])}")
     print(f"step      {fmt_time(res['step_time_s'])} (plan says {fmt_time(res['plan_step_time_s'])}), the slowest group "
           f"plus the sync: {res['samples_per_s']:.4g} samples/s")
+    return 0 if res["fits"] else 1
+
+
+def _mixed_pipeline(args, doc, res) -> int:
+    print(f"plan      {args.plan}: mixed cluster {doc['cluster'].get('name')}, a pipeline of {len(res['stages'])} "
+          "stages over its groups")
+    for s in res["stages"]:
+        print(f"  stage {s['index']} on {s['group']}: fwd {fmt_time(s['fwd_s'])}, bwd {fmt_time(s['bwd_s'])} per "
+              f"micro-batch, memory {fmt_bytes(s['memory_bytes'])}")
+    print(f"  sends over the link between groups {fmt_time(res['cross_group_send_s'])} per micro-batch, bubble "
+          f"{fmt_time(res['bubble_s'])}")
+    print(f"step      {fmt_time(res['step_time_s'])} (plan says {fmt_time(res['plan_step_time_s'])}): "
+          f"{res['samples_per_s']:.4g} samples/s; peak {fmt_bytes(res['peak_memory_bytes'])} of "
+          f"{fmt_bytes(res['capacity_bytes'])}: " + ("fits" if res["fits"] else "DOES NOT FIT"))
     return 0 if res["fits"] else 1

@@ -363,3 +363,33 @@ def search(graph, mc, *, global_batch, constraints, settings, search_fn, cutoff=
         return None, "no pipeline over the groups fits their memory", tried
     best.evaluations = tried
     return best, None, tried
+
+
+def price_given(graph, mc, *, global_batch, constraints, settings, search_fn, cfg, order, stage_units):
+    """The PipeResult of one given pipeline: stage i on group order[i], its units `stage_units[i]`
+    (names, as a plan's groups list them), priced as the search prices its candidates (`price`) but on
+    these stages instead of the min-max partition.  What `sapp evaluate` of a pipeline-mode mixed plan
+    runs.  SappError in one line where the stages are not a partition of the model's units in order, or
+    a stage cannot be priced (no layout of its width, past its group's memory)."""
+    from ..errors import SappError
+    from .joint.stage import StageEvaluator
+    ctxs = contexts(graph, mc, global_batch, constraints, settings, search_fn)
+    profs = {g: ctxs[g].profile(cfg.dp, 1) for g in range(len(mc.groups))}
+    evs = {g: StageEvaluator(ctxs[g], cfg, profs[g]) for g in range(len(mc.groups))}
+    names = [u.name for u in evs[order[0]].units]
+    flat = [u for units in stage_units for u in units]
+    if flat != names or any(not units for units in stage_units):
+        raise SappError(f"the plan's stages hold units {flat[:4]}... in an order that is not the model's "
+                        f"{len(names)} units ({', '.join(names[:3])}, ...): search the plan again for this model")
+    starts, k = [], 0
+    for units in stage_units:
+        starts.append(k)
+        k += len(units)
+    sends = _Sends(mc, evs, order, cfg.pp)
+    priced = _priced_stages(evs, order, cfg, ctxs, starts, sends)
+    if priced is None:
+        raise SappError("a stage of the plan cannot be priced on its group (no layout of its width fits its "
+                        "devices); search the plan again for this cluster")
+    stages, pairs, link_s = priced
+    res = _joint_result(mc, cfg, ctxs, order, stages, pairs)
+    return PipeResult(cfg, tuple(order), res, tuple(link_s))
