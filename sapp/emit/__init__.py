@@ -7,8 +7,9 @@
         loss = prog.step(*prog.shard(x, y))      # this rank's dp shard in, global mean loss out
 
 `emit` (recipe.py) is a recipe: checks first (checks/before.py: a plan sapp cannot run as priced is
-refused before anything is built), then one step per plan feature, each a function in steps/ sharing
-one `Build` (build.py), in this order:
+refused before anything is built), then one step per plan feature, each a function in steps/ taking
+the typed groups of build.py it reads (Rank, Layout, Training, RecomputePlan, Placement, Audit) and
+`Made`, what the steps make, in this order:
   same_start        every parameter and buffer broadcast from rank 0 (a model whose __init__ draws
                     from Python's random built other weights on each rank)
   context_parallel  the attention rewritten for a token shard -- before the trace, so stages keep it
@@ -24,8 +25,9 @@ rank: a difference is a PlanError naming the field, or with allow_mismatch=True 
 `prog.repriced`, the prediction of what really runs.
 
 A new parallelism: its mechanism in a package of its own (like ep/), one module in steps/ with
-`apply(b, s)` (or `apply(b)` for the whole model), one line in recipe.py at its place in the order,
-and its plan field compared in checks/manifest.py.  Packages: checks/ (before and after the steps),
+`apply(layout, made, s)` naming the groups it reads (as steps/expert_parallel.py; its degree in
+build.py's `Layout` and `start`), one line in recipe.py at its place in the order, and its plan field
+compared in checks/manifest.py.  Packages: checks/ (before and after the steps),
 steps/ (the recipe's steps), tp/ cp/ pp/ ep/ dp/ host/ recompute/ (how each feature runs), runtime/
 (the training program and `sapp run`'s worker: loop, launch, data, checkpoints, logs)."""
 

@@ -1,8 +1,22 @@
 """What the recipe's steps share (sapp/emit/recipe.py): `Build`, made once from the plan by `start`.
 
-The first block of fields is read-only for the steps: the plan's numbers for this rank, what the
-recompute section resolves to, the precision.  The second block is what the steps make, in the
-order the recipe runs them: stage modules, wrapped modules, gradient hooks, optimizers, notes."""
+`Build` is the model, the plan and a few typed groups, each with one meaning:
+
+  Rank            who this process is: rank, world, device, coords (pp_i, dp_i, tp_i), mesh  (frozen)
+  Layout          the plan's degrees: pp, dp, tp, cp, ep (+ EP groups), stages, tp styles, ZeRO  (frozen)
+  Training        what training is asked for: lr, optimizer, grad_sync, allow_mismatch, example
+                  inputs, precision (mixed, half)  (frozen)
+  RecomputePlan   what the recompute section resolves to: blocks, modes as planned / as run,
+                  the selective blocks' priced regions  (frozen)
+  Placement       the plan's placement section and whether it places host tables  (frozen)
+  Audit           what the checks before the first step found: replicated parameters applied to a
+                  rank's share (partial), fused projections split by heads (fused), notes (appended
+                  to by the steps)
+  Made            what the steps make, in the order the recipe runs them: stages, wrappers, hooks,
+                  optimizers, the schedule (the one mutable group)
+
+Each step (sapp/emit/steps/) names the groups it reads in its signature where that is few, else takes
+the `Build`; its docstring says what it reads and what it writes into `Made`."""
 from __future__ import annotations
 
 import contextlib
@@ -20,63 +34,119 @@ from .runtime.program import _tuple
 from .tp import parallel
 
 
-@dataclass
-class Build:
-    # ---- given: the plan for this rank -------------------------------------------------------------
-    model: nn.Module
-    plan: object
+@dataclass(frozen=True)
+class Rank:
+    """This process: its global rank, the world size, its device, its coords (pp_i, dp_i, tp_i) and
+    the DeviceMesh (pp, dp, tp) (None in one process)."""
     rank: int
     world: int
     device: torch.device
+    coords: tuple
+    mesh: object
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The plan's parallel degrees for the emitter.  `dp` is the gradient group: dp x cp under context
+    parallelism (`dp // cp` the data-parallel replicas).  `zero` the ZeRO stage planned (the stage that
+    runs is `Made.zero`); `ep_groups` (EP group, expert-DP group, rank in the EP group) when ep > 1."""
+    pp: int
+    dp: int
+    tp: int
+    cp: int
+    ep: int
+    ep_groups: tuple | None
+    n_stages: int
+    tp_styles: dict                # tp_modules of the plan
+    zero: int
+
+    @property
+    def local_zero1(self) -> bool:
+        """ZeRO-1 as sapp/emit/dp/zero1.py runs it: gradients synchronised like ZeRO-0, optimizer
+        states sharded element by element over dp."""
+        return self.zero == 1 and self.dp > 1
+
+
+@dataclass(frozen=True)
+class Training:
+    """What training is asked for: the optimizer and its lr, the gradient sync, whether a mismatch
+    with the plan is allowed, the example inputs as given to emit (None: the zoo makes them when
+    needed) and the precision (mixed: bf16-/fp16-mixed autocast in `half`)."""
     lr: float
     optimizer: str
     grad_sync: str
     allow_mismatch: bool
-    example_inputs: tuple | None   # as given to emit (None: the zoo makes them when needed)
-    pp: int
-    dp: int                        # the gradient group: dp x cp under context parallelism
-    tp: int
-    cp: int
-    coords: tuple                  # (pp_i, dp_i, tp_i) of this rank
-    mesh: object                   # DeviceMesh (pp, dp, tp), None in one process
-    tp_styles: dict                # tp_modules of the plan
-    blocks: list                   # block names (recompute and FSDP units)
-    modes: dict                    # recompute mode per block as planned
-    run_modes: dict                # ... as run (a selective block without a region dropped when allowed)
-    regions: dict                  # selective blocks' priced regions
-    mixed: bool                    # bf16-mixed / fp16-mixed
+    example_inputs: tuple | None
+    mixed: bool
     half: torch.dtype
-    placement: dict
+
+    def autocast(self, device: torch.device):
+        return torch.autocast(device.type, dtype=self.half) if self.mixed else contextlib.nullcontext()
+
+    @property
+    def precision(self) -> str:
+        """What runs (autocast's dtype), as the plan spells precisions."""
+        return "fp32" if not self.mixed else "fp16-mixed" if self.half == torch.float16 else "bf16-mixed"
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    """The recompute section resolved on the model: block names (recompute and FSDP units), the mode
+    per block as planned, as run (a selective block without a region dropped when allowed), and the
+    selective blocks' priced regions."""
+    blocks: list
+    modes: dict
+    run_modes: dict
+    regions: dict
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The plan's placement section; `host_groups`: it places host tables (groups) at all."""
+    section: dict
     host_groups: bool
-    n_stages: int
-    partial: list                  # replicated parameters applied to a rank's share (shape audit)
-    fused: dict                    # fused projections split by heads: {module: piece sizes} (shape audit)
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What the checks before the first step found: replicated parameters applied to a rank's share
+    (`partial`), fused projections split by heads ({module: piece sizes}, `fused`), and the notes
+    (a list the steps append to)."""
+    partial: list
+    fused: dict
     notes: list
-    # ---- made by the steps -------------------------------------------------------------------------
+
+
+@dataclass
+class Made:
+    """What the steps make, in the order the recipe runs them."""
+    stages: dict                   # stage index -> module (the model without pp)
+    zero: int                      # the ZeRO stage that runs
     traced: object = None          # the traced pipeline (None: no pipeline)
     mine: list = field(default_factory=lambda: [0])       # this rank's stage indices
-    stages: dict = field(default_factory=dict)            # stage index -> module (the model without pp)
     wrapped: dict = field(default_factory=dict)           # stage index -> module wrapped for dp
     hooks: list = field(default_factory=list)             # run after backward, before the optimizers
     optimizers: list = field(default_factory=list)
     recomputed: dict = field(default_factory=dict)
-    zero: int = 0                  # the ZeRO stage that runs
-    ep: int = 1
-    ep_groups: tuple = None        # (EP group, expert-DP group, rank in the EP group)
     dp_excluded: dict = field(default_factory=dict)       # stage -> parameter names kept out of DDP/FSDP
     sparse_names: dict = field(default_factory=dict)      # stage -> device sparse tables
     expert_params: dict = field(default_factory=dict)     # stage -> expert parameters (EP)
     schedule: object = None
     fused_params: dict = field(default_factory=dict)      # permuted parameters: {name: (axis, sizes, tp)}
 
-    @property
-    def local_zero1(self) -> bool:
-        """ZeRO-1 as sapp/emit/dp/zero1.py runs it: gradients synchronised like ZeRO-0, optimizer
-        states sharded element by element over dp."""
-        return self.plan.zero == 1 and self.dp > 1
 
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.half) if self.mixed else contextlib.nullcontext()
+@dataclass
+class Build:
+    """The model, the plan and the groups above: what the recipe hands its steps."""
+    model: nn.Module
+    plan: object
+    rank: Rank
+    layout: Layout
+    training: Training
+    recompute: RecomputePlan
+    placement: Placement
+    audit: Audit
+    made: Made
 
 
 def plan_precision(plan) -> str:
@@ -134,11 +204,14 @@ def start(model, plan, rank, world, device, *, lr, optimizer, grad_sync, allow_m
     # fp16-mixed (GPUs without bf16, e.g. V100): the same with fp16 autocast; loss scaling is not emitted
     prec = plan_precision(plan)
     placement = plan.placement or {}
-    return Build(model=model, plan=plan, rank=rank, world=world, device=device, lr=lr, optimizer=optimizer,
-                 grad_sync=grad_sync, allow_mismatch=allow_mismatch, example_inputs=example, pp=pp, dp=dp, tp=tp,
-                 cp=cp, coords=me, mesh=mesh, tp_styles=tp_styles, blocks=blocks, modes=modes, run_modes=run_modes,
-                 regions=regions, mixed=prec in ("bf16-mixed", "fp16-mixed"),
-                 half=torch.float16 if prec == "fp16-mixed" else torch.bfloat16, placement=placement,
-                 host_groups=bool(placement.get("groups") or {}),
-                 n_stages=checks.stage_count(plan) if pp > 1 else 1, partial=partial, fused=fused, notes=notes,
-                 stages={0: model}, zero=plan.zero, ep=ep, ep_groups=ep_groups)
+    return Build(
+        model=model, plan=plan, rank=Rank(rank=rank, world=world, device=device, coords=me, mesh=mesh),
+        layout=Layout(pp=pp, dp=dp, tp=tp, cp=cp, ep=ep, ep_groups=ep_groups,
+                      n_stages=checks.stage_count(plan) if pp > 1 else 1, tp_styles=tp_styles, zero=plan.zero),
+        training=Training(lr=lr, optimizer=optimizer, grad_sync=grad_sync, allow_mismatch=allow_mismatch,
+                          example_inputs=example, mixed=prec in ("bf16-mixed", "fp16-mixed"),
+                          half=torch.float16 if prec == "fp16-mixed" else torch.bfloat16),
+        recompute=RecomputePlan(blocks=blocks, modes=modes, run_modes=run_modes, regions=regions),
+        placement=Placement(section=placement, host_groups=bool(placement.get("groups") or {})),
+        audit=Audit(partial=partial, fused=fused, notes=notes),
+        made=Made(stages={0: model}, zero=plan.zero))

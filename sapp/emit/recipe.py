@@ -2,7 +2,8 @@
 applying one step per plan feature in a fixed order (the order and why: sapp/emit/__init__.py)."""
 from __future__ import annotations
 
-import torch
+import functools
+
 from torch import nn
 
 from ..capture.blocks import container_children
@@ -41,43 +42,47 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     b = build_mod.start(model, plan, rank, world, device, lr=lr, optimizer=optimizer, grad_sync=grad_sync,
                         allow_mismatch=allow_mismatch, example=example_inputs, audit=audit)
     loss = _resolve_loss(model, loss_fn)
-    same_start.apply(b)                 # rank 0's weights everywhere, before anything is split
-    context_parallel.apply(b)           # whole model, before any trace: stages run the cp attention
-    pipeline.split(b)                   # this rank's stages (traced copies); the model itself without pp
-    for s in b.mine:                    # each stage, in this order:
-        host_placement.apply(b, s)      #   on the device, host tables on the CPU (before any wrapper)
-        recomputation.apply(b, s)       #   checkpoint wrappers around the plain blocks
-        tensor_parallel.apply(b, s)     #   DTensor layers (and SP) inside the checkpointed blocks
-        sparse_tables.apply(b, s)       #   host / sparse tables out of the dp sync, their own hooks
-        expert_parallel.apply(b, s)     #   experts over EP groups, out of the dp sync
-        data_parallel.apply(b, s)       #   DDP / all-reduce / FSDP2 around all of that
-    tensor_parallel.partial_grads(b)    # tp sums of replicated weights: the first hook after backward
-    pipeline.tie(b)                     # tied weights across stages: summed after the dp sync
-    for s in b.mine:
-        optimizers.apply(b, s)          # after the wrappers (FSDP2 swaps parameters for DTensors)
-    pipeline.schedule(b, loss)          # the stages (wrapped) handed to the plan's schedule
+    rk, lay, made, notes = b.rank, b.layout, b.made, b.audit.notes
+    same_start.apply(model, rk, notes)          # rank 0's weights everywhere, before anything is split
+    context_parallel.apply(model, lay, rk)      # whole model, before any trace: stages run the cp attention
+    # this rank's stages (traced copies); the model itself without pp
+    made.traced, made.mine, made.stages = pipeline.split(model, plan, lay, rk, b.training)
+    for s in made.mine:                         # each stage, in this order:
+        mod = made.stages[s]
+        host_placement.apply(mod, b.placement, rk.device)   # on the device, host tables on the CPU (before any wrapper)
+        made.recomputed.update(recomputation.apply(mod, b.recompute))  # checkpoint wrappers around the plain blocks
+        tensor_parallel.apply(b, s)             #   DTensor layers (and SP) inside the checkpointed blocks
+        sparse_tables.apply(lay, rk, b.placement, made, s)  # host / sparse tables out of the dp sync, own hooks
+        expert_parallel.apply(lay, made, s)     #   experts over EP groups, out of the dp sync
+        data_parallel.apply(b, s)               #   DDP / all-reduce / FSDP2 around all of that
+    tensor_parallel.partial_grads(b)            # tp sums of replicated weights: the first hook after backward
+    pipeline.tie(model, lay, made, notes)       # tied weights across stages: summed after the dp sync
+    for s in made.mine:
+        optimizers.apply(b, s)                  # after the wrappers (FSDP2 swaps parameters for DTensors)
+    made.schedule = pipeline.schedule(plan, lay, rk, made, loss)   # the wrapped stages in the plan's schedule
     prog = _program(b, loss)
     prog.reprice = reprice              # before the first check: the manifest re-prices through it
-    prog.manifest_expected = manifest_mod.expected(plan, prog, b.regions)
-    agree(lambda: manifest_mod.check(prog), world, b.device)
+    prog.manifest_expected = manifest_mod.expected(plan, prog, b.recompute.regions)
+    agree(lambda: manifest_mod.check(prog), world, rk.device)
     return prog
 
 
 def _program(b, loss) -> Program:
-    mixed, half, model, plan = b.mixed, b.half, b.model, b.plan
-    extra = {"cp": b.cp, "dp_only": b.dp // b.cp, "cp_rank": b.coords[1] % b.cp} if b.cp > 1 else {}
-    return (CPProgram if b.cp > 1 else Program)(
-        **extra, plan=plan, rank=b.rank, world=b.world, device=b.device, coords=b.coords, pp=b.pp, dp=b.dp, tp=b.tp,
-        ep=b.ep, mesh=b.mesh, modules=[b.wrapped[s] for s in b.mine], stage_indices=b.mine, optimizers=b.optimizers,
-        grad_hooks=b.hooks, schedule=b.schedule, loss_fn=loss, notes=b.notes, fused_params=b.fused_params,
-        recomputed=sorted(d["region"] for d in b.recomputed.values() if d["region"]), recompute_done=b.recomputed,
-        micro_batches=plan.pipeline.get("micro_batches", 1), zero=b.zero, autocast=b.autocast,
+    model, plan, rk, lay, made, rec = b.model, b.plan, b.rank, b.layout, b.made, b.recompute
+    cp = lay.cp
+    extra = {"cp": cp, "dp_only": lay.dp // cp, "cp_rank": rk.coords[1] % cp} if cp > 1 else {}
+    return (CPProgram if cp > 1 else Program)(
+        **extra, plan=plan, rank=rk.rank, world=rk.world, device=rk.device, coords=rk.coords, pp=lay.pp, dp=lay.dp,
+        tp=lay.tp, ep=lay.ep, mesh=rk.mesh, modules=[made.wrapped[s] for s in made.mine], stage_indices=made.mine,
+        optimizers=made.optimizers, grad_hooks=made.hooks, schedule=made.schedule, loss_fn=loss, notes=b.audit.notes,
+        fused_params=made.fused_params, recomputed=sorted(d["region"] for d in made.recomputed.values() if d["region"]),
+        recompute_done=made.recomputed, micro_batches=plan.pipeline.get("micro_batches", 1), zero=made.zero,
+        autocast=functools.partial(b.training.autocast, rk.device),
         # what runs (autocast's dtype) vs what was priced
-        precision=("fp32" if not mixed else "fp16-mixed" if half == torch.float16 else "bf16-mixed"),
-        plan_precision=build_mod.plan_precision(plan),
-        first_stage=0 in b.mine, last_stage=(b.n_stages - 1) in b.mine,
+        precision=b.training.precision, plan_precision=build_mod.plan_precision(plan),
+        first_stage=0 in made.mine, last_stage=(lay.n_stages - 1) in made.mine,
         # what the manifest needs of the whole model (a pipeline rank holds only its stages)
-        block_list=b.blocks, recompute_modes=b.modes, stage_block_list=sorted(container_children(model)),
+        block_list=rec.blocks, recompute_modes=rec.modes, stage_block_list=sorted(container_children(model)),
         full_modules={n: type(m) for n, m in model.named_modules()},
-        full_model=model if b.traced is None else None, allow_mismatch=b.allow_mismatch, mismatches=[],
-        repriced=None, runtime_checked=not any(m == "selective" for m in b.run_modes.values()))
+        full_model=model if made.traced is None else None, allow_mismatch=b.training.allow_mismatch,
+        runtime_checked=not any(m == "selective" for m in rec.run_modes.values()))

@@ -1,13 +1,20 @@
 """The training program under context parallelism: its data shard is rows (dp) and tokens (cp)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..runtime.program import Program
 from .cp import shard_sequence
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class CPProgram(Program):
     """Program whose data shard is this rank's rows (dp) and tokens (cp).  `dp` is the gradient
     group dp·cp (what the emitter wraps); `cp`, `dp_only`, `cp_rank` the split of it."""
+    cp: int
+    dp_only: int
+    cp_rank: int
+    cp_checked: bool = False       # the attention ran through the cp path (checked after the first step)
 
     @property
     def dp_rank(self) -> int:
@@ -15,7 +22,7 @@ class CPProgram(Program):
 
     def step(self, inputs, targets) -> float:
         loss = super().step(inputs, targets)
-        if not getattr(self, "cp_checked", False):      # attention ran through the cp path: checked once
+        if not self.cp_checked:      # attention ran through the cp path: checked once
             from .cp_hf import check_ran
             check_ran(self.modules)
             self.cp_checked = True

@@ -3,6 +3,8 @@ rank's data-parallel shard (see `Program.shard`) and returns the global mean los
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -40,16 +42,54 @@ def _tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class Program:
-    """One rank's training program.  Attributes: plan, rank, world, device, coords (pp_i, dp_i, tp_i),
-    dp/tp/pp, modules (this rank's model or stage modules, wrapped), parameters, optimizers, mesh,
-    notes (what the emitter decided beyond the plan), recomputed (module names checkpointed),
-    manifest (what runs: sapp/emit/checks/manifest.py), mismatches (allowed differences from the plan),
-    repriced (sapp.evaluate of what runs, when it differs and that was allowed), reprice (the callable
-    that prices it, from emit's caller)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
+    """One rank's training program (made by sapp/emit/recipe.py; compared by identity).  `parameters`,
+    `module` and `dp_rank` are read off the fields below."""
+    # ---- who and where -------------------------------------------------------------------------
+    plan: object
+    rank: int
+    world: int
+    device: torch.device
+    coords: tuple                  # (pp_i, dp_i, tp_i)
+    pp: int
+    dp: int                        # the gradient group (dp x cp under context parallelism)
+    tp: int
+    ep: int
+    mesh: object                   # DeviceMesh (pp, dp, tp); None in one process
+    # ---- what runs -----------------------------------------------------------------------------
+    modules: list                  # this rank's model or stage modules, wrapped
+    stage_indices: list
+    optimizers: list
+    grad_hooks: list               # called after backward, before the optimizers
+    schedule: object               # the pipeline schedule (None: no pipeline)
+    loss_fn: Callable
+    micro_batches: int
+    zero: int                      # the ZeRO stage that runs
+    autocast: Callable             # () -> the context the forward runs in
+    precision: str                 # what runs
+    plan_precision: str            # what was priced
+    first_stage: bool
+    last_stage: bool
+    fused_params: dict             # permuted parameters: {name: (axis, sizes, tp)}
+    recomputed: list               # region names checkpointed
+    recompute_done: dict           # block -> what recomputation applied
+    notes: list                    # what the emitter decided beyond the plan
+    # ---- what the manifest needs of the whole model (a pipeline rank holds only its stages) -----
+    block_list: list
+    recompute_modes: dict
+    stage_block_list: list
+    full_modules: dict             # name -> module type
+    full_model: object             # the model (None under a pipeline)
+    allow_mismatch: bool
+    runtime_checked: bool          # False until a forward ran where selective recomputation needs one
+    # ---- set by the manifest (sapp/emit/checks/manifest.py) -------------------------------------
+    mismatches: list = field(default_factory=list)         # allowed differences from the plan
+    repriced: dict | None = None   # sapp.evaluate of what runs, when it differs and that was allowed
+    reprice: Callable | None = None          # what prices it, from emit's caller
+    manifest_expected: dict | None = None
+    manifest: dict | None = None   # what runs
+    recompute_unpriced: dict = field(default_factory=dict)
 
     # ---- data --------------------------------------------------------------------------------
     @property

@@ -7,12 +7,19 @@ from ..dp import wrap
 
 
 def apply(b: Build, s: int) -> None:
+    """Reads stage `s` and what is kept out of the sync (`made.stages[s]`, `made.dp_excluded[s]`,
+    `made.traced`), the layout (dp, tp, ep, ZeRO), the mesh and device, the recompute blocks (FSDP
+    units) and the precision; writes `made.wrapped[s]`, `made.zero` (the stage that runs), a sync
+    hook in `made.hooks` when the wrapper needs one, and notes."""
+    made, layout, rank, training = b.made, b.layout, b.rank, b.training
     # ZeRO-1 is synchronised like ZeRO-0 here: under TP not FSDP's ZeRO-2, with host placement not a
     # full optimizer per rank, and never whole tensors per rank (ZeroRedundancyOptimizer)
-    w, hook, b.zero = wrap.wrap_dp(b.stages[s], dp=b.dp, tp=b.tp, zero=0 if b.local_zero1 else b.plan.zero,
-                                       mesh=b.mesh, blocks=b.blocks, device=b.device, notes=b.notes,
-                                       staged=b.traced is not None, host_names=b.dp_excluded.get(s, ()),
-                                       mixed=b.mixed, grad_sync="allreduce" if b.ep > 1 else b.grad_sync)
-    b.wrapped[s] = w
+    w, hook, made.zero = wrap.wrap_dp(made.stages[s], dp=layout.dp, tp=layout.tp,
+                                      zero=0 if layout.local_zero1 else layout.zero, mesh=rank.mesh,
+                                      blocks=b.recompute.blocks, device=rank.device, notes=b.audit.notes,
+                                      staged=made.traced is not None, host_names=made.dp_excluded.get(s, ()),
+                                      mixed=training.mixed,
+                                      grad_sync="allreduce" if layout.ep > 1 else training.grad_sync)
+    made.wrapped[s] = w
     if hook:
-        b.hooks.append(hook)
+        made.hooks.append(hook)

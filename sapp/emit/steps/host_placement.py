@@ -2,12 +2,14 @@
 parameters) kept on the CPU as the plan's placement section says (sapp/emit/host/host.py)."""
 from __future__ import annotations
 
-from ..build import Build
+from ..build import Placement
 from ..host import host
 
 
-def apply(b: Build, s: int) -> None:
-    if b.host_groups:
-        host.apply_placement(b.stages[s], b.placement, b.device)
+def apply(module, placement: Placement, device) -> None:
+    """Moves `module` (one stage) in place: onto `device`, its host tables on the CPU when the
+    placement section places any."""
+    if placement.host_groups:
+        host.apply_placement(module, placement.section, device)
     else:
-        b.stages[s].to(b.device)
+        module.to(device)

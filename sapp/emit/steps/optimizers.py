@@ -11,39 +11,45 @@ from ..dp import wrap
 
 
 def apply(b: Build, s: int) -> None:
-    mod, lr, kind = b.stages[s], b.lr, b.optimizer
-    sparse_ids = {id(p) for n, p in mod.named_parameters() if n in set(b.sparse_names[s])}
-    if b.host_groups:
-        opts = list(host.build_optimizers(mod, b.placement, lr, optimizer=kind,
-                                          overrides={n: "sparse_adam" for n in b.sparse_names[s]},
+    """Reads stage `s` as wrapped (`made.stages[s]`: FSDP2 swapped its parameters), its sparse tables
+    and experts (`made.sparse_names[s]`, `made.expert_params[s]`), the training's optimizer and lr,
+    the layout (dp, ZeRO), the mesh, the placement section; appends to `made.optimizers` and sets
+    `made.zero` to 1 where ZeRO-1 shards the states here."""
+    made, layout, training, placement = b.made, b.layout, b.training, b.placement
+    mod, lr, kind = made.stages[s], training.lr, training.optimizer
+    mesh = b.rank.mesh
+    sparse_ids = {id(p) for n, p in mod.named_parameters() if n in set(made.sparse_names[s])}
+    if placement.host_groups:
+        opts = list(host.build_optimizers(mod, placement.section, lr, optimizer=kind,
+                                          overrides={n: "sparse_adam" for n in made.sparse_names[s]},
                                           overlap=_offload_overlap(mod, b)))
-        if b.local_zero1:     # the device part's optimizer states sharded over dp, as priced
+        if layout.local_zero1:     # the device part's optimizer states sharded over dp, as priced
             dense = [p for o in opts if o.sapp_where == "device" and o.sapp_kind != "sparse_adam"
                      for g in o.param_groups for p in g["params"]]
             opts = [o for o in opts if o.sapp_where != "device" or o.sapp_kind == "sparse_adam"]
             if dense:
-                z1 = zero1.make(dense, kind, lr, b.mesh["dp"].get_group())
+                z1 = zero1.make(dense, kind, lr, mesh["dp"].get_group())
                 z1.sapp_where = "device"
                 opts.append(z1)
-            b.zero = 1
-        b.optimizers += opts
+            made.zero = 1
+        made.optimizers += opts
         return
     # sparse tables: SparseAdam, whole on every rank (priced so at any ZeRO stage); the rest below
     if sparse_ids:
-        b.optimizers.append(sparse_mod.optimizer([p for p in mod.parameters() if id(p) in sparse_ids], lr))
+        made.optimizers.append(sparse_mod.optimizer([p for p in mod.parameters() if id(p) in sparse_ids], lr))
     dense = [p for p in mod.parameters() if id(p) not in sparse_ids]
-    if b.local_zero1 and b.expert_params.get(s):
+    if layout.local_zero1 and made.expert_params.get(s):
         # ZeRO-1 over expert-DP for the experts (as priced), over dp for the rest
-        b.zero = 1
-        ex = {id(p) for p in b.expert_params[s]}
-        b.optimizers.append(zero1.make([p for p in dense if id(p) not in ex], kind, lr, b.mesh["dp"].get_group()))
-        b.optimizers.append(zero1.make(b.expert_params[s], kind, lr, b.ep_groups[1]))
-    elif b.local_zero1:
-        b.zero = 1
-        b.optimizers.append(zero1.make(dense, kind, lr, b.mesh["dp"].get_group()))
+        made.zero = 1
+        ex = {id(p) for p in made.expert_params[s]}
+        made.optimizers.append(zero1.make([p for p in dense if id(p) not in ex], kind, lr, mesh["dp"].get_group()))
+        made.optimizers.append(zero1.make(made.expert_params[s], kind, lr, layout.ep_groups[1]))
+    elif layout.local_zero1:
+        made.zero = 1
+        made.optimizers.append(zero1.make(dense, kind, lr, mesh["dp"].get_group()))
     else:
-        dp_group = b.mesh["dp"].get_group() if (b.dp > 1 and b.zero == 1) else None
-        b.optimizers.append(wrap.make_optimizer(dense, kind, lr, zero=b.zero, dp_group=dp_group))
+        dp_group = mesh["dp"].get_group() if (layout.dp > 1 and made.zero == 1) else None
+        made.optimizers.append(wrap.make_optimizer(dense, kind, lr, zero=made.zero, dp_group=dp_group))
 
 
 def _offload_overlap(mod, b: Build):
@@ -51,9 +57,9 @@ def _offload_overlap(mod, b: Build):
     backward) where gradients are final when backward accumulates them: no data-parallel sync (dp = 1).
     Pipeline-tied weights wait for their cross-stage sum (late); the schedule's 1/m scaling of the
     device gradients is applied on the host (grad_divisor).  None (step after backward) with dp > 1."""
-    if b.dp > 1:
+    if b.layout.dp > 1:
         return None
     m = int(b.plan.pipeline.get("micro_batches", 1) or 1)
-    tied = {id(p) for h in b.hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}
+    tied = {id(p) for h in b.made.hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}
     late = [n for n, p in mod.named_parameters() if id(p) in tied]
-    return {"accumulations": m, "blocks": b.blocks, "late": late, "grad_divisor": m if b.pp > 1 else 1}
+    return {"accumulations": m, "blocks": b.recompute.blocks, "late": late, "grad_divisor": m if b.layout.pp > 1 else 1}

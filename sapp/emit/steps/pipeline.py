@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ...errors import PlanError
-from ..build import Build, example_inputs
+from ..build import Layout, Made, Rank, Training, example_inputs
 from ..checks import plan as checks
 from ..cp import cp as cp_mod
 from ..ep import experts as ep_mod
@@ -14,29 +14,33 @@ from ..pp import pipe as pipe_mod
 from ..tp import parallel
 
 
-def split(b: Build) -> None:
-    """This rank's stages (private copies, traced at its micro-batch) in `b.stages`; the model itself
-    as stage 0 when the plan has no pipeline."""
-    if b.pp == 1:
-        return
-    plan, cp = b.plan, b.cp
+def split(model, plan, layout: Layout, rank: Rank, training: Training) -> tuple:
+    """This rank's stages: (traced, mine, stages) for `Made` -- the traced pipeline, this rank's
+    stage indices and {index: private copy traced at its micro-batch}; (None, [0], {0: model}) when
+    the plan has no pipeline.  Reads the plan's pipeline section and split points, the layout, this
+    rank's coords and device, the example inputs and the precision (stages autocast themselves)."""
+    if layout.pp == 1:
+        return None, [0], {0: model}
+    cp = layout.cp
     n_micro = plan.pipeline["micro_batches"]
     gb = plan.model.get("global_batch")
-    mbs = plan.pipeline.get("micro_batch_size") or (gb // ((b.dp // cp) * n_micro) if gb else None)
+    mbs = plan.pipeline.get("micro_batch_size") or (gb // ((layout.dp // cp) * n_micro) if gb else None)
     if not mbs:
         raise PlanError("pipeline plans need pipeline.micro_batch_size or model.global_batch")
-    ex = pipe_mod.micro_example(tuple(x.to("cpu") for x in example_inputs(b.model, b.example_inputs, mbs, "cpu")), mbs)
+    ex = pipe_mod.micro_example(tuple(x.to("cpu") for x in example_inputs(model, training.example_inputs, mbs, "cpu")), mbs)
     if cp > 1:          # the stage graphs are traced at this rank's share of the sequence
-        ex = tuple(cp_mod.shard_sequence(x, cp, b.coords[1] % cp) if x.dim() >= 2 else x for x in ex)
-    local = parallel.local_layers(b.model, b.tp_styles, b.tp, checks.tp_groups(plan)) if b.tp > 1 else None
-    b.traced = pipe_mod.trace(b.model, ex, checks.split_points(plan), local=local)
-    b.mine = [s for s in range(b.n_stages) if s % b.pp == b.coords[0]]
-    b.stages = pipe_mod.stage_modules(b.traced, b.mine)
-    if b.ep > 1:      # the stage's MoE layers eager again, for EP (emit/ep/experts.py)
-        ep_mod.eager_moe(b.stages, b.model)
-    if b.mixed:
-        for mod in b.stages.values():
-            _autocast_stage(mod, b.device, b.half)
+        ex = tuple(cp_mod.shard_sequence(x, cp, rank.coords[1] % cp) if x.dim() >= 2 else x for x in ex)
+    tp = layout.tp
+    local = parallel.local_layers(model, layout.tp_styles, tp, checks.tp_groups(plan)) if tp > 1 else None
+    traced = pipe_mod.trace(model, ex, checks.split_points(plan), local=local)
+    mine = [s for s in range(layout.n_stages) if s % layout.pp == rank.coords[0]]
+    stages = pipe_mod.stage_modules(traced, mine)
+    if layout.ep > 1:      # the stage's MoE layers eager again, for EP (emit/ep/experts.py)
+        ep_mod.eager_moe(stages, model)
+    if training.mixed:
+        for mod in stages.values():
+            _autocast_stage(mod, rank.device, training.half)
+    return traced, mine, stages
 
 
 def _autocast_stage(mod: nn.Module, device, dtype=torch.bfloat16) -> None:
@@ -53,23 +57,26 @@ def _autocast_stage(mod: nn.Module, device, dtype=torch.bfloat16) -> None:
     mod.forward = forward
 
 
-def tie(b: Build) -> None:
-    """Weights shared by stages (an LM head tied to the embedding): gradients summed between them."""
-    if b.traced is None:
+def tie(model, layout: Layout, made: Made, notes: list) -> None:
+    """Weights shared by stages (an LM head tied to the embedding): gradients summed between them.
+    Reads the traced pipeline and this rank's stages; appends the summing hook to `made.hooks` and a
+    note (nothing without a pipeline)."""
+    if made.traced is None:
         return
-    tied = pipe_mod.TiedGrads(b.model, b.traced, b.n_stages, b.stages, b.pp, b.dp, b.tp)
+    tied = pipe_mod.TiedGrads(model, made.traced, layout.n_stages, made.stages, layout.pp, layout.dp, layout.tp)
     if tied.ties:
-        b.hooks.append(tied)
-        b.notes.append(f"{len(tied.ties)} tied parameter(s) shared across pipeline stages: gradients summed between stages")
+        made.hooks.append(tied)
+        notes.append(f"{len(tied.ties)} tied parameter(s) shared across pipeline stages: gradients summed between stages")
 
 
-def schedule(b: Build, loss) -> None:
-    """The plan's schedule over this rank's stages; `loss(out, target)` on the last stage."""
-    if b.traced is None:
-        return
-    plan = b.plan
-    if plan.pipeline.get("scatter_gather") and b.tp > 1:     # Megatron's boundary scatter/gather (priced)
-        for s in b.mine:
-            pipe_mod.scatter_gather(b.wrapped[s], s, b.n_stages, b.mesh["tp"])
-    stages = [pipe_mod.pipeline_stage(b.wrapped[s], s, b.n_stages, b.device, b.mesh["pp"].get_group()) for s in b.mine]
-    b.schedule = pipe_mod.build_schedule(plan.pipeline.get("schedule", "none"), stages, plan.pipeline["micro_batches"], loss)
+def schedule(plan, layout: Layout, rank: Rank, made: Made, loss):
+    """The plan's schedule over this rank's wrapped stages (`made.wrapped`, for `made.schedule`);
+    `loss(out, target)` on the last stage.  None without a pipeline."""
+    if made.traced is None:
+        return None
+    n = layout.n_stages
+    if plan.pipeline.get("scatter_gather") and layout.tp > 1:     # Megatron's boundary scatter/gather (priced)
+        for s in made.mine:
+            pipe_mod.scatter_gather(made.wrapped[s], s, n, rank.mesh["tp"])
+    stages = [pipe_mod.pipeline_stage(made.wrapped[s], s, n, rank.device, rank.mesh["pp"].get_group()) for s in made.mine]
+    return pipe_mod.build_schedule(plan.pipeline.get("schedule", "none"), stages, plan.pipeline["micro_batches"], loss)

@@ -14,26 +14,28 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..build import Build
+from ..build import Rank
 
 
-def apply(b: Build) -> None:
-    if b.world == 1 or not dist.is_initialized():
+def apply(model, rank: Rank, notes: list) -> None:
+    """Reads the whole `model` (before any split) and `rank` (world, device); writes the model's
+    parameters and buffers in place, and a note to `notes` when some rank's copy differed."""
+    if rank.world == 1 or not dist.is_initialized():
         return
     changed = 0
     with torch.no_grad():
-        for t in _state(b.model):
+        for t in _state(model):
             # through the collective's device (NCCL holds no CPU tensors); the model's own copy kept
-            wire = t.detach().to(b.device, torch.uint8 if t.dtype == torch.bool else t.dtype, copy=True)
+            wire = t.detach().to(rank.device, torch.uint8 if t.dtype == torch.bool else t.dtype, copy=True)
             dist.broadcast(wire, src=0)
             got = wire.to(t.device, t.dtype)
             if not torch.equal(got, t.detach()):
                 changed += 1
                 t.copy_(got)
-    flag = torch.tensor([float(changed)], device=b.device)
+    flag = torch.tensor([float(changed)], device=rank.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item() > 0:
-        b.notes.append("the ranks built different initial weights (the model's __init__ draws from a generator "
+        notes.append("the ranks built different initial weights (the model's __init__ draws from a generator "
                        "other than torch's, e.g. Python's random): every rank starts from rank 0's")
 
 

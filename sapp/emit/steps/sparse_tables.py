@@ -2,7 +2,7 @@
 gradients), their gradients averaged over dp by hooks of their own (sapp/emit/host/)."""
 from __future__ import annotations
 
-from ..build import Build
+from ..build import Layout, Made, Placement, Rank
 from ..host import host, sparse as sparse_mod
 from ..dp import wrap
 
@@ -18,15 +18,20 @@ class HostSync:
         host.sync_host_grads(self.module, self.section, group=self.group)
 
 
-def apply(b: Build, s: int) -> None:
-    mod, names = b.stages[s], ()
-    if b.host_groups and b.dp > 1:
-        names = tuple(host.ignore_host_params_in_ddp(mod, b.placement))
+def apply(layout: Layout, rank: Rank, placement: Placement, made: Made, s: int) -> None:
+    """Reads stage `s` (`made.stages[s]`), the layout's degrees, this rank's mesh and device and the
+    placement section; writes `made.sparse_names[s]`, `made.dp_excluded[s]` (host and sparse tables)
+    and their gradient hooks in `made.hooks` (only when dp > 1)."""
+    mod, names = made.stages[s], ()
+    dp, mesh = layout.dp, rank.mesh
+    if placement.host_groups and dp > 1:
+        names = tuple(host.ignore_host_params_in_ddp(mod, placement.section))
         if names:
-            b.hooks.append(HostSync(mod, b.placement, wrap.gloo_dp_group(b.mesh, b.device, b.pp, b.dp, b.tp)))
-    b.sparse_names[s] = sparse_mod.table_names(mod)
-    if b.sparse_names[s] and b.dp > 1:     # device sparse tables: outside DDP/FSDP, rows all-gathered
+            group = wrap.gloo_dp_group(mesh, rank.device, layout.pp, dp, layout.tp)
+            made.hooks.append(HostSync(mod, placement.section, group))
+    made.sparse_names[s] = sparse_mod.table_names(mod)
+    if made.sparse_names[s] and dp > 1:     # device sparse tables: outside DDP/FSDP, rows all-gathered
         named = dict(mod.named_parameters())
-        b.hooks.append(sparse_mod.SparseGradSync([named[n] for n in b.sparse_names[s]], b.mesh["dp"].get_group()))
-        names = tuple(names) + tuple(b.sparse_names[s])
-    b.dp_excluded[s] = names
+        made.hooks.append(sparse_mod.SparseGradSync([named[n] for n in made.sparse_names[s]], mesh["dp"].get_group()))
+        names = tuple(names) + tuple(made.sparse_names[s])
+    made.dp_excluded[s] = names
