@@ -49,10 +49,11 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
     made.traced, made.mine, made.stages = pipeline.split(model, plan, lay, rk, b.training)
     for s in made.mine:                         # each stage, in this order:
         mod = made.stages[s]
-        host_placement.apply(mod, b.placement, rk.device)   # on the device, host tables on the CPU (before any wrapper)
-        made.recomputed.update(recomputation.apply(mod, b.recompute))  # checkpoint wrappers around the plain blocks
+        # on the device, host tables on the CPU (before any wrapper); checkpoint wrappers around the plain blocks
+        host_placement.apply(mod, b.placement, rk.device)
+        made.recomputed.update(recomputation.apply(mod, b.recompute))
         tensor_parallel.apply(b, s)             #   DTensor layers (and SP) inside the checkpointed blocks
-        sparse_tables.apply(lay, rk, b.placement, made, s)  # host / sparse tables out of the dp sync, own hooks
+        sparse_tables.apply(lay, rk, b.placement, made, s)  # host / sparse tables out of the dp sync
         expert_parallel.apply(lay, made, s)     #   experts over EP groups, out of the dp sync
         data_parallel.apply(b, s)               #   DDP / all-reduce / FSDP2 around all of that
     tensor_parallel.partial_grads(b)            # tp sums of replicated weights: the first hook after backward
