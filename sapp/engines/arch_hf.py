@@ -48,15 +48,44 @@ def torchtitan_attention_agrees(arch) -> bool:
     """Whether torchtitan's llama3 model computes this architecture's attention: full attention (it has no
     window) and its one rope scaling (models/llama3/model/args.py RoPEScalingArgs: Llama 3's, factor 8,
     always applied), or none stated (a zoo model's, which states none)."""
+    return unlike_llama3_attention(arch) is None
+
+
+def unlike_llama3(arch):
+    """The first field of `arch` torchtitan's llama3 builds otherwise (its flavors: RMSNorm, SwiGLU, rope
+    base 500000, no biases, no experts, vocabulary 128256, head width hidden / heads), or None."""
+    for bad, why in ((arch["norm"] != "RMSNorm", f"norm {arch['norm']}"), (not arch["glu"], "activation (not SwiGLU)"),
+                     (arch["position"] != "rope", f"position embedding {arch['position']}"),
+                     (arch["bias"], "linear biases"), (arch["qkv_bias"], "q/k/v biases"),
+                     (arch.get("experts"), f"{arch.get('experts')} experts (torchtitan's llama3 is dense)"),
+                     (arch["vocab"] != 128256, f"vocab_size {arch['vocab']} (torchtitan's llama3: 128256)"),
+                     (arch["head_dim"] * arch["heads"] != arch["hidden"], f"head_dim {arch['head_dim']}"),
+                     (arch.get("rope_base") != 500000, f"rope_theta {arch.get('rope_base')} (torchtitan's llama3: 500000)")):
+        if bad:
+            return why
+    return unlike_llama3_attention(arch)
+
+
+def unlike_llama3_attention(arch):
+    """The first field of `arch` whose attention torchtitan's llama3 computes otherwise (named as the
+    HF config names it), or None.  An HF config that states no rope scaling differs: torchtitan 0.2.2's
+    precompute_freqs_cis always applies RoPEScalingArgs (factor 8), so Llama 3 8B's own config (no
+    rope_scaling) was written as flavor 8B and trained with another rope (issue 52)."""
     rs = arch.get("rope_scaling")
-    if arch.get("window") or arch.get("attention_dropout") or abs(arch.get("norm_eps", 1e-5) - 1e-5) > 1e-12:
-        return False            # (and its RMSNorm epsilon, 1e-5, and no dropout)
+    if arch.get("window"):
+        return f"sliding_window {arch['window']} (torchtitan's llama3 attends in full)"
+    if arch.get("attention_dropout"):
+        return f"attention_dropout {arch['attention_dropout']:g} (torchtitan's llama3 has none)"
+    if abs(arch.get("norm_eps", 1e-5) - 1e-5) > 1e-12:
+        return f"rms_norm_eps {arch['norm_eps']:g} (torchtitan's llama3: 1e-05)"
     if not rs:
-        return True
+        return ("rope scaling none (torchtitan's llama3 always applies Llama 3's, factor 8)"
+                if "rope_scaling" in arch else None)
     try:
-        return rope_factor(rs) == 8.0
-    except EngineError:
-        return False
+        factor = rope_factor(rs)
+    except EngineError as e:
+        return str(e).split(":", 1)[0]
+    return None if factor == 8.0 else f"rope_parameters.factor {factor:g} (torchtitan's llama3: 8)"
 
 
 def config_of(path: str):
@@ -140,8 +169,9 @@ def read(path: str, raw: dict, seq) -> dict:
         a["window"] = window
         if pattern:
             a["window_layers"] = pattern
+    # (stated even when None: a config without rope scaling says so, unlike a zoo model, which states none)
+    a["rope_scaling"] = dict(scaling) if scaling else None
     if scaling:
-        a["rope_scaling"] = dict(scaling)
         rope_factor(scaling)                     # refused here, before anything is written
     for k in ("hidden_act", "attention_bias", "mlp_bias", "router_jitter_noise"):
         v = getattr(cfg, k, FIELDS[k][1])
@@ -153,6 +183,11 @@ def read(path: str, raw: dict, seq) -> dict:
                  shared_ffn=0, dense_layers=0)
     if mt == "qwen2_moe":
         a.update(_qwen2_moe(path, cfg, L))
+    if a.get("top_k") == 1 and not a.get("router_pre_softmax"):
+        # Megatron-Core's TransformerConfig raises "use --moe-router-pre-softmax when topk is 1" (core_v0.16.1),
+        # which weights the one expert by its softmax probability; HF renormalises the top-k, so a weight of 1
+        raise EngineError(f"{path}: num_experts_per_tok 1 with renormalised routing: Megatron-Core routes top-1 only "
+                          f"with --moe-router-pre-softmax (another expert weight); export to deepspeed")
     return a
 
 

@@ -21,7 +21,7 @@ import math
 import tomllib
 
 from . import fp8
-from .arch_hf import torchtitan_attention_agrees
+from .arch_hf import torchtitan_attention_agrees, unlike_llama3
 from .mapping import EngineConfig, EngineError
 from .torchtitan_2412 import PROFILE as _ERA, PROFILE_COMPILE as _ERA_COMPILE, is_era, translate
 
@@ -90,8 +90,9 @@ def _layout_for(ecfg, L):
 FLAVORS = {"8B": (32, 4096, 32, 8, 14336), "70B": (80, 8192, 64, 8, 28672), "405B": (126, 16384, 128, 8, 53248)}
 
 
-def model_section(arch) -> tuple:
-    """({"name", "flavor"} or None, a note when torchtitan has no flavor of this architecture)."""
+def model_section(arch, why=None) -> tuple:
+    """({"name", "flavor"} or None, a note when torchtitan has no flavor of this architecture; `why`: why
+    sapp has no architecture of the model, the field named)."""
     if arch is not None:
         shape = (arch["layers"], arch["hidden"], arch["heads"], arch["kv_heads"], arch["ffn"])
         llama = (arch["norm"] == "RMSNorm" and arch["glu"] and arch["position"] == "rope" and not arch["bias"]
@@ -101,9 +102,12 @@ def model_section(arch) -> tuple:
         for flavor, f in FLAVORS.items():
             if llama and shape == f:
                 return {"name": "llama3", "flavor": flavor}, None
-    what = "sapp does not know its architecture" if arch is None else (
+    differs = arch and (unlike_llama3(arch) or ("tie_word_embeddings true (0.2.2's llama3 flavors are untied)"
+                                                if arch["tied"] else None))
+    what = (why or "sapp does not know its architecture") if arch is None else (
         f"{arch['layers']} layers, hidden {arch['hidden']}, {arch['heads']} heads / {arch['kv_heads']} kv, ffn "
-        f"{arch['ffn']}, vocabulary {arch['vocab']}" + (f", {arch['experts']} experts" if arch.get("experts") else ""))
+        f"{arch['ffn']}, vocabulary {arch['vocab']}" + (f", {arch['experts']} experts" if arch.get("experts") else "")
+        + (f"; {differs}" if differs else ""))
     return None, (f"this model is none of torchtitan's llama3 flavors ({what}): without a [model] name / flavor of "
                   f"this architecture torchtitan trains its 6-layer debug model, not the model priced")
 
@@ -206,7 +210,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     elif isinstance(rc, dict):
         n = _every_nth([rc[b] for b in names])
         ac = {"mode": "selective", "selective_ac_option": str(n)}
-    model, note = model_section(facts.get("arch"))
+    model, note = model_section(facts.get("arch"), facts.get("arch_why"))
     lines = [f"# {h}" for h in header] + ([f"# NOTE: {note}"] if note else [])
     if ecfg.runtime in (_ERA, _ERA_COMPILE):
         lines.append(f"# NOTE: priced on torchtitan's Dec 2024 stack ({ecfg.runtime}); sapp reads this file, "

@@ -157,7 +157,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
     if flavor:
         body["model_spec"] = Call("model_registry", [flavor], {"attn_backend": "varlen"})
     else:
-        what = v022.model_section(arch)[1].split(" (", 1)[1].split("):", 1)[0]
+        what = v022.model_section(arch, facts.get("arch_why"))[1].split(" (", 1)[1].split("):", 1)[0]
         notes.insert(0, f"this model is none of torchtitan's llama3 flavors ({what}): the file names no model_spec, so "
                         f"torchtitan refuses it until you add the model_registry(..., attn_backend='varlen') of the "
                         f"architecture priced")
