@@ -14,8 +14,9 @@ torchtitan 0.2.2 and DeepSpeed, and the export read back by the engine's own par
 
 Each (config, field) is carried (the engine's parsed model holds the HF value), refused (one line
 naming the field, or the model type for a decoder sapp writes no engine model of), or dropped; the
-walk asserts 0 dropped and its counts are printed (`-s`).  The full catalogue (every causal-LM type of
-transformers, captured and searched) is @slow."""
+walk asserts 0 dropped and its counts are printed (`-s`).  The walk reads each config.json as export_plan
+does (sapp/engines/arch.py), without capturing each probe; the other causal-LM types of the catalogue are
+refused by model type (not walked here)."""
 from __future__ import annotations
 
 import ast
