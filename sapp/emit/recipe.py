@@ -55,11 +55,13 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         tensor_parallel.apply(b, s)             #   DTensor layers (and SP) inside the checkpointed blocks
         sparse_tables.apply(lay, rk, b.placement, made, s)  # host / sparse tables out of the dp sync
         expert_parallel.apply(lay, made, s)     #   experts over EP groups, out of the dp sync
-        data_parallel.apply(b, s)               #   DDP / all-reduce / FSDP2 around all of that
+        # DDP / all-reduce / FSDP2 around all of that
+        data_parallel.apply(lay, rk, b.training, b.recompute, made, notes, s)
     tensor_parallel.partial_grads(b)            # tp sums of replicated weights: the first hook after backward
     pipeline.tie(model, lay, made, notes)       # tied weights across stages: summed after the dp sync
     for s in made.mine:
-        optimizers.apply(b, s)                  # after the wrappers (FSDP2 swaps parameters for DTensors)
+        # after the wrappers (FSDP2 swaps parameters for DTensors)
+        optimizers.apply(plan, lay, rk, b.training, b.placement, b.recompute, made, s)
     made.schedule = pipeline.schedule(plan, lay, rk, made, loss)   # the wrapped stages in the plan's schedule
     prog = _program(b, loss)
     prog.reprice = reprice              # before the first check: the manifest re-prices through it

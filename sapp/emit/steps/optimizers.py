@@ -3,26 +3,26 @@
 element-wise over dp (sapp/emit/dp/zero1.py; over expert-DP for the experts), ZeRO-0/2/3 plain."""
 from __future__ import annotations
 
-from ..build import Build
+from ..build import Layout, Made, Placement, Rank, RecomputePlan, Training
 from ..dp import zero1
 from ..host import host, sparse as sparse_mod
 from ..pp import pipe as pipe_mod
 from ..dp import wrap
 
 
-def apply(b: Build, s: int) -> None:
+def apply(plan, layout: Layout, rank: Rank, training: Training, placement: Placement, recompute: RecomputePlan,
+          made: Made, s: int) -> None:
     """Reads stage `s` as wrapped (`made.stages[s]`: FSDP2 swapped its parameters), its sparse tables
     and experts (`made.sparse_names[s]`, `made.expert_params[s]`), the training's optimizer and lr,
     the layout (dp, ZeRO), the mesh, the placement section; appends to `made.optimizers` and sets
     `made.zero` to 1 where ZeRO-1 shards the states here."""
-    made, layout, training, placement = b.made, b.layout, b.training, b.placement
     mod, lr, kind = made.stages[s], training.lr, training.optimizer
-    mesh = b.rank.mesh
+    mesh = rank.mesh
     sparse_ids = {id(p) for n, p in mod.named_parameters() if n in set(made.sparse_names[s])}
     if placement.host_groups:
         opts = list(host.build_optimizers(mod, placement.section, lr, optimizer=kind,
                                           overrides={n: "sparse_adam" for n in made.sparse_names[s]},
-                                          overlap=_offload_overlap(mod, b)))
+                                          overlap=_offload_overlap(mod, plan, layout, recompute, made)))
         if layout.local_zero1:     # the device part's optimizer states sharded over dp, as priced
             dense = [p for o in opts if o.sapp_where == "device" and o.sapp_kind != "sparse_adam"
                      for g in o.param_groups for p in g["params"]]
@@ -52,14 +52,14 @@ def apply(b: Build, s: int) -> None:
         made.optimizers.append(wrap.make_optimizer(dense, kind, lr, zero=made.zero, dp_group=dp_group))
 
 
-def _offload_overlap(mod, b: Build):
+def _offload_overlap(mod, plan, layout: Layout, recompute: RecomputePlan, made: Made):
     """OffloadAdam's overlap as priced (sapp/placement/cost.py: per-group CPU Adam during the last
     backward) where gradients are final when backward accumulates them: no data-parallel sync (dp = 1).
     Pipeline-tied weights wait for their cross-stage sum (late); the schedule's 1/m scaling of the
     device gradients is applied on the host (grad_divisor).  None (step after backward) with dp > 1."""
-    if b.layout.dp > 1:
+    if layout.dp > 1:
         return None
-    m = int(b.plan.pipeline.get("micro_batches", 1) or 1)
-    tied = {id(p) for h in b.made.hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}
+    m = int(plan.pipeline.get("micro_batches", 1) or 1)
+    tied = {id(p) for h in made.hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}
     late = [n for n, p in mod.named_parameters() if id(p) in tied]
-    return {"accumulations": m, "blocks": b.recompute.blocks, "late": late, "grad_divisor": m if b.layout.pp > 1 else 1}
+    return {"accumulations": m, "blocks": recompute.blocks, "late": late, "grad_divisor": m if layout.pp > 1 else 1}
