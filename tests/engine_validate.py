@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import types
 
@@ -80,6 +81,20 @@ def torchtitan(toml_path: str):
     _torchtitan_package()
     from torchtitan.config.manager import ConfigManager
     return ConfigManager().parse_args(["--job.config_file", str(toml_path)])
+
+
+def torchtitan_text(text: str, folder):
+    """`torchtitan` on a job TOML's text (written into `folder`), skipping the test where torchtitan 0.2.2
+    (and tyro, which its ConfigManager needs) is not installed."""
+    import pytest
+    pytest.importorskip("tyro")
+    path = os.path.join(str(folder), "job.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    try:
+        return torchtitan(path)
+    except ImportError:
+        pytest.skip("torchtitan not installed")
 
 
 class _DataParallel:

@@ -77,13 +77,7 @@ def test_hsdp_exports_back_at_the_same_price(graph, engine, tmp_path):
     assert again["parallel"] == plan["parallel"] and again["zero"] == plan["zero"] == 2
     assert again["predicted"]["step_time_s"] == pytest.approx(exported["predicted"]["step_time_s"], rel=1e-9)
     if engine == "torchtitan@0.2.2":
-        pytest.importorskip("tyro")
-        path = tmp_path / "job.toml"
-        path.write_text(text)
-        try:
-            cfg = V.torchtitan(path)
-        except ImportError:
-            pytest.skip("torchtitan not installed")
+        cfg = V.torchtitan_text(text, tmp_path)
         par = cfg.parallelism
         assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (4, 8)
         from torchtitan.distributed.parallel_dims import ParallelDims

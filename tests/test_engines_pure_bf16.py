@@ -50,13 +50,7 @@ def test_pure_bf16_exports_back_at_the_same_price(graph, engine, tmp_path):
     assert again["settings"]["optimizer"] == "adam-bf16"
     assert again["predicted"]["step_time_s"] == pytest.approx(exported["predicted"]["step_time_s"], rel=1e-9)
     if engine == "torchtitan@0.2.2":
-        pytest.importorskip("tyro")
-        path = tmp_path / "job.toml"
-        path.write_text(text)
-        try:
-            cfg = V.torchtitan(path)
-        except ImportError:
-            pytest.skip("torchtitan not installed")
+        cfg = V.torchtitan_text(text, tmp_path)
         assert cfg.training.dtype == "bfloat16" and cfg.training.mixed_precision_param == "bfloat16"
 
 
