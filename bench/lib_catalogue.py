@@ -130,8 +130,8 @@ def report(rows) -> str:
         rs = [r for (a, k), r in last.items() if k == col]
         if rs:
             whole = sum(1 for r in rs if r["ok"] and not r.get("gathered"))
-            lines.append(f"{col}: {whole} of {len(rs)} equal with no block gathered (every attention split by heads "
-                         f"or not split by tp at all)")
+            lines.append(f"{col}: {whole} of {len(rs)} equal with no block the runnable check gathered (a region tp "
+                         f"does not split, e.g. an attention the layout cannot carry, is not counted here)")
     lines += ["", f"plans sapp search wrote that the run refused at its pre-step checks: "
                   f"{totals['run refused a searched plan']}",
               f"silently wrong rows (losses differ from one process, float64-confirmed, or a replicated weight "

@@ -356,8 +356,9 @@ def _into_split(graph, sec, n, d, sp, dim, blocks, consumers) -> None:
 def _entry_cut(graph, n, sp, dim, consumers):
     """(block, seq axis) where the sequence-parallel ops outside the blocks that follow `n` (the sum
     of embeddings and its dropout) hand the stream to one block whose readers all run
-    sequence-parallel; None when `n` is in a block or the stream enters in more than one place."""
-    if graph.nodes[n].block:
+    sequence-parallel; None when `n` is in a block, the stream enters in more than one place, or a norm
+    runs on the way (the emitter runs a norm's module sequence-parallel: it would take the whole as a shard)."""
+    if graph.nodes[n].block or graph.nodes[n].kind == "norm":
         return None
     seen, stack, entries = {n}, [n], set()
     while stack:
@@ -367,7 +368,9 @@ def _entry_cut(graph, n, sp, dim, consumers):
             if cn.block:
                 entries.add((x, cn.block))
             elif c in sp and c not in seen:
-                seen.add(c)
+                if cn.kind == "norm":
+                    return None         # its module would run sequence-parallel on the whole (Bloom's
+                seen.add(c)             # word_embeddings_layernorm): not a cut at the block
                 stack.append(c)
             elif c not in sp:
                 return None
