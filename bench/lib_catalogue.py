@@ -1,5 +1,6 @@
 """Model code nobody here wrote, from popular PyTorch libraries other than transformers: x-transformers,
-vit-pytorch, tab-transformer-pytorch, perceiver-pytorch and performer-pytorch, each model family built
+vit-pytorch, tab-transformer-pytorch, perceiver-pytorch, performer-pytorch, local-attention,
+x-mlps-pytorch, torch.nn, and nanoGPT's and litgpt's model files, each model family built
 tiny (tests/emit_workers/lib_models.py, the `probe` extra), run exactly as bench/hf_catalogue.py runs
 the transformers catalogue (its machinery: a forked child per (case, column) from one parent, its own
 process group killed at --timeout, named failure classes, a float64 re-run judging any row over the
@@ -33,9 +34,16 @@ Fused projections split by pieces: vit-pytorch's ViT, SimpleViT, PiT and T2T-ViT
 GEGLU `net.0` ([256, 256]).  DeepViT and XCiT keep `to_qkv` a gathered column split: their attention
 mixes heads (re-attention, cross-covariance), which the layout does not split.  Not shown: scale, GPUs.
 
-bench/RESULTS.md §20's run (2026-11-28; the `probe` extra, `pip install --no-deps vit-pytorch`): 21
-families: x-transformers 2.31.10 (7), vit-pytorch 1.26.11 (8), tab-transformer-pytorch 0.6.1 (2),
-perceiver-pytorch 0.11.0 (2), performer-pytorch 1.1.4 (2)."""
+Attention split by heads where the model reshapes by sizes of the whole model (nanoGPT's `C // n_head`
+with C off the input, litgpt's shared Config): sapp/emit/tp/local_shapes.py.  Kept replicated by the
+layout (it cannot carry their reshapes): x-transformers' rotary/GQA, ALiBi, relative-bias and qk-norm
+decoders, LocalTransformer's windows, Performer, nn.MultiheadAttention (torch.nn's models).
+
+bench/RESULTS.md §20's run (2026-12-02; the `probe` extra, `pip install --no-deps vit-pytorch`): 33
+families: x-transformers 2.31.10 (9), vit-pytorch 1.26.11 (10), tab-transformer-pytorch 0.6.1 (2),
+perceiver-pytorch 0.11.0 (2), performer-pytorch 1.1.4 (2), local-attention 1.11.2 (1), x-mlps-pytorch
+0.6.9 (1), torch.nn (3), nanoGPT's model.py (1) and litgpt's (2) reproduced in
+tests/emit_workers/heads_models.py."""
 from __future__ import annotations
 
 import argparse
