@@ -52,12 +52,12 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         # on the device, host tables on the CPU (before any wrapper); checkpoint wrappers around the plain blocks
         host_placement.apply(mod, b.placement, rk.device)
         made.recomputed.update(recomputation.apply(mod, b.recompute))
-        tensor_parallel.apply(b, s)             #   DTensor layers (and SP) inside the checkpointed blocks
+        tensor_parallel.apply(model, plan, lay, rk, b.audit, made, s)   # DTensor layers (and SP) inside the checkpointed blocks
         sparse_tables.apply(lay, rk, b.placement, made, s)  # host / sparse tables out of the dp sync
         expert_parallel.apply(lay, made, s)     #   experts over EP groups, out of the dp sync
         # DDP / all-reduce / FSDP2 around all of that
         data_parallel.apply(lay, rk, b.training, b.recompute, made, notes, s)
-    tensor_parallel.partial_grads(b)            # tp sums of replicated weights: the first hook after backward
+    tensor_parallel.partial_grads(model, rk, b.audit, made)   # tp sums of replicated weights: the first hook after backward
     pipeline.tie(model, lay, made, notes)       # tied weights across stages: summed after the dp sync
     for s in made.mine:
         # after the wrappers (FSDP2 swaps parameters for DTensors)

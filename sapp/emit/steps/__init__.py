@@ -2,6 +2,6 @@
 one pipeline stage `s` of it, in place, and takes what it reads by name: the groups of sapp/emit/build.py
 (`Rank`, `Layout`, `Training`, `RecomputePlan`, `Placement`, `Audit`) and `Made`, what the steps
 before it made, where it writes its results (or it returns them, as `pipeline.split` and
-`recomputation.apply`).  A step that reads five groups or more (tensor_parallel, data_parallel,
-optimizers) takes the whole `Build`; each docstring says what is read and what written.  How a concern
+`recomputation.apply`); none takes the whole `Build`.  Each docstring says what is read and what
+written.  How a concern
 works lives in its own package (tp/, cp/, pp/, ep/, dp/, host/, recompute/)."""
