@@ -115,14 +115,14 @@ def test_size_is_bounded(cache_dir, monkeypatch):
 WARM = """
 import sys
 from sapp.commands.cli import main
-assert main(["search", "--model", "gpt-tiny", "--cluster", "a100-80g:nodes=1", "--out", sys.argv[1]]) == 0
+assert main(["search", "--model", "gpt-tiny", "--cluster", "a100-80g:nodes=1", "--out", sys.argv[1], "--full"]) == 0
 print("MODULES", "torch._dynamo" in sys.modules, "torch" in sys.modules)
 """
 
 
 def test_warm_search_imports_no_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("SAPP_CACHE_DIR", str(tmp_path / "c"))
-    assert main(["search", "--model", "gpt-tiny", "--cluster", CLUSTER, "--out", str(tmp_path / "cold.json")]) == 0
+    assert main(["search", "--model", "gpt-tiny", "--cluster", CLUSTER, "--out", str(tmp_path / "cold.json"), "--full"]) == 0
     env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", WARM, str(tmp_path / "warm.json")], env=env, cwd=os.getcwd(),
                          capture_output=True, text=True, timeout=240)

@@ -306,8 +306,8 @@ def _with_operators(d, folder, source) -> dict:
     side = os.path.join(folder or ".", name)
     body = _read_text(side)
     if _sha256(body) != digest:
-        raise PlanError(f"{source}: {side} is not the operators file written with this plan (its SHA-256 differs); "
-                        "keep the two files a search wrote together, or search again")
+        raise PlanError(f"{source}: {name} beside it is not the operators file written with this plan (its SHA-256 "
+                        "differs); keep the two files a search wrote together, or search again")
     try:
         ops = _schema.strict_loads(body)
     except (ValueError, RecursionError) as e:
