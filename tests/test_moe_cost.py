@@ -76,9 +76,9 @@ def zoo_search_s():
     """The zoo's GPT-3 6.7B searched on the same preset here: the speed this box gives a 7B search."""
     import sapp.models as zoo
     g = capture(zoo.get("gpt3-6.7b"), batch=8)
-    t0 = time.perf_counter()
+    t0 = time.process_time()       # CPU seconds: the other worker's load does not stretch them
     search(zoo.get("gpt3-6.7b"), "h100-80g:nodes=8", global_batch=256, graph=g)
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 @pytest.mark.parametrize("name, cluster", [("llama-7b", "a100-80g:nodes=8"), ("mixtral-8x7b", "h100-80g:nodes=8")])
@@ -90,16 +90,16 @@ def test_scaled_up_configs_flops_and_search_time(name, cluster, zoo_search_s):
     ids = torch.empty(8, seq, dtype=torch.long, device="meta")
     g = capture(m, (ids,), target=ids, loss_fn=token_loss)
     assert g.meta["capture"] == "export+replicate" and g.meta["unknown_ops"] == []
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     plan = search(m, cluster, global_batch=gb, graph=g)
-    search_s = time.perf_counter() - t0
+    search_s = time.process_time() - t0
     hand = _hand_flops(cfg, gb, seq)
     err = plan.predicted["model_flops"] / hand - 1
     print(f"{name} on {cluster}: search {search_s:.2f} s (zoo gpt3-6.7b {zoo_search_s:.2f} s here), "
           f"model FLOPs {plan.predicted['model_flops']:.4e} vs hand {hand:.4e} ({100 * err:+.3f}%)")
     assert abs(err) < 0.05
     # The target is 3 s; a shared CI box slows every search alike, so the guard is relative to the
-    # zoo's 7B GPT searched here: HF graphs have 1.5x (Llama) to 3x (Mixtral: routing) its nodes per
+    # zoo's 7B GPT searched here, both in CPU seconds (wall time stretched 4x under the suite's other worker): HF graphs have 1.5x (Llama) to 3x (Mixtral: routing) its nodes per
     # block and search 1.8-3.9x as long (bench/hf_scale.py); blocks that stop being grouped as
     # identical (one search per layer) took 18x, which this catches.
     assert search_s <= max(SEARCH_BUDGET_S, 5.0 * zoo_search_s)
