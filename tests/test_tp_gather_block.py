@@ -7,17 +7,13 @@ runnable check (sapp/emit/runnable.py) used to drop the whole tp degree (a pinne
 that block is gathered (kept replicated on every tp rank) and tp keeps sharding the MLPs and the
 vocabulary.  2 gloo processes, float64, against one process trained the same way.  (nanoGPT's own
 attention, `C // self.n_head` with C off the input, runs split by heads: tests/test_tp_heads.py.)"""
-import json
 import os
-import subprocess
-import sys
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 D, H, SEQ, VOCAB, BATCH, LAYERS = 32, 4, 8, 64, 4, 2
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class CausalSelfAttention(nn.Module):
@@ -94,15 +90,9 @@ def _plan(tmp_path, sp: bool):
 
 
 def _run(tmp_path, path) -> list:
-    out = os.path.join(tmp_path, "out.json")
-    spec = f"{os.path.abspath(__file__)}:NanoGPT"
-    subprocess.run([sys.executable, "-m", "tests.emit_workers.custom_sp_run", spec, path, out], check=True,
-                   timeout=150, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
-    with open(out) as f:
-        res = json.load(f)
-    errs = [r["error"] for r in res["ranks"].values() if "error" in r]
-    assert not errs and not res["failed"], (res["failed"], errs[:1])
-    return [r["losses"] for _, r in sorted(res["ranks"].items())]
+    from tests.emit_workers.custom_sp_run import launch
+    ranks = launch(f"{os.path.abspath(__file__)}:NanoGPT", path, tmp_path, timeout=150)
+    return [r["losses"] for _, r in sorted(ranks.items())]
 
 
 def test_nanogpt_attention_gathered_mlp_keeps_tp(tmp_path):

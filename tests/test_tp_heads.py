@@ -8,17 +8,13 @@ tp rank) and shard only the MLPs.  Now the attention runs with those reshapes at
 (sapp/emit/tp/local_shapes.py, checked op by op by the shape audit) and its projections are split:
 under tp=2 and tp=2 with sequence parallelism, 2 gloo processes, 3 Adam steps in float64, against
 one process trained the same way."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tests.emit_workers import heads_models as HM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUSED = {"NanoGPT": "c_attn", "LitLlamaInterleaved": "attn", "LitLlamaSplit": "qkv"}
 
 
@@ -37,15 +33,8 @@ def _searched(cls, tmp_path, sp: bool):
 
 
 def _ranks(cls, path, tmp_path) -> dict:
-    out = os.path.join(tmp_path, "out.json")
-    spec = f"{HM.__file__}:{cls.__name__}"
-    subprocess.run([sys.executable, "-m", "tests.emit_workers.custom_sp_run", spec, path, out], check=True,
-                   timeout=240, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
-    with open(out) as f:
-        res = json.load(f)
-    errs = [r["error"] for r in res["ranks"].values() if "error" in r]
-    assert not errs and not res["failed"], (res["failed"], errs[:1])
-    return res["ranks"]
+    from tests.emit_workers.custom_sp_run import launch
+    return launch(f"{HM.__file__}:{cls.__name__}", path, tmp_path, timeout=240)
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2+sp"])

@@ -88,18 +88,25 @@ def run(cls, tmp_path):
     x, y = _data(cls, 0)
     plan = search(meta, TP_CLUSTER, global_batch=BATCH, example_inputs=(x,), loss_fn=default_loss, targets=y,
                   constraints={"dp": 1, "tp": 2, "pp": 1, "sp": True, "zero": 0})
-    path, out = os.path.join(tmp_path, "plan.json"), os.path.join(tmp_path, "out.json")
+    path = os.path.join(tmp_path, "plan.json")
     plan.save(path)
-    spec = f"{sys.modules[cls.__module__].__file__}:{cls.__qualname__}"
+    ranks = launch(f"{sys.modules[cls.__module__].__file__}:{cls.__qualname__}", path, tmp_path, timeout=120)
+    return ranks["0"]["losses"], single(cls), plan
+
+
+def launch(spec, plan_path, tmp_path, timeout) -> dict:
+    """{rank: its result} of this job run in its own process on `plan_path` for the class `spec`
+    ("path:name"); asserts no rank failed or raised."""
+    out = os.path.join(str(tmp_path), "out.json")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run([sys.executable, "-m", "tests.emit_workers.custom_sp_run", spec, path, out], check=True,
-                   timeout=120, env=env, cwd=root)
+    subprocess.run([sys.executable, "-m", "tests.emit_workers.custom_sp_run", spec, plan_path, out], check=True,
+                   timeout=timeout, env=env, cwd=root)
     with open(out) as f:
         res = json.load(f)
     errs = [r["error"] for r in res["ranks"].values() if "error" in r]
     assert not errs and not res["failed"], (res["failed"], errs[:1])
-    return res["ranks"]["0"]["losses"], single(cls), plan
+    return res["ranks"]
 
 
 if __name__ == "__main__":
