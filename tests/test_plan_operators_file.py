@@ -68,3 +68,39 @@ def test_a_side_file_that_is_not_the_plans_is_refused_in_one_line(pair, tmp_path
     want = {"edited": "SHA-256 differs", "missing": "plan.operators.json", "outside": "file name beside the plan",
             "dotdot": "file name beside the plan", "no-folder": "Plan.load(path)"}[case]
     assert want in msg, msg
+
+
+def test_a_symlink_planted_at_either_file_is_replaced_not_followed(pair, tmp_path):
+    """Files are written never through a symlink: links planted at the plan's and its side file's names
+    are replaced by the files, and what they point at is left as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    for name in ("plan.json", "plan.operators.json"):
+        os.symlink(victim, tmp_path / name)
+    Plan.load(str(pair / "full.json")).save(str(tmp_path / "plan.json"), operators_beside=True)
+    assert victim.read_text() == "mine"
+    assert not os.path.islink(tmp_path / "plan.json") and not os.path.islink(tmp_path / "plan.operators.json")
+    assert Plan.load(str(tmp_path / "plan.json")) == Plan.load(str(pair / "full.json"))
+
+
+@pytest.mark.parametrize("cmd", ["export", "cluster", "mixed"])
+def test_the_other_files_sapp_writes_replace_a_planted_symlink(tmp_path, cmd):
+    """An engine configuration (`sapp export --out`), a cluster file (Cluster.save, what `sapp calibrate`
+    writes) and a mixed cluster's plan (`sapp search --cluster A+B --out`) replace a symlink planted at
+    their name; its target is left as it was."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    out = tmp_path / "out.file"
+    os.symlink(victim, out)
+    if cmd == "export":
+        plan = tmp_path / "p.json"
+        assert main(["search", "--model", "gpt-tiny", "--cluster", "cpu:nodes=1", "--batch", "16", "--out",
+                     str(plan), "--full"]) == 0
+        assert main(["export", str(plan), "--to", "deepspeed", "--out", str(out)]) == 0
+    elif cmd == "cluster":
+        from sapp.cluster import Cluster
+        Cluster.parse("cpu:nodes=1").save(str(out))
+    else:
+        assert main(["search", "--model", "gpt-tiny", "--cluster", "cpu:nodes=1+cpu:gpus=1", "--batch", "16",
+                     "--out", str(out)]) == 0
+    assert victim.read_text() == "mine" and not os.path.islink(out) and out.stat().st_size > 10

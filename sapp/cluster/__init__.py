@@ -302,9 +302,9 @@ class Cluster:
         if err:     # a field this class gained but the schema has not: fix the schema, not the file
             raise ClusterError(f"cluster {self.name!r} does not match cluster.schema.json: {err}")
         text = json.dumps(d, indent=2, sort_keys=True) + "\n"
-        try:
-            with open(path, "w") as f:
-                f.write(text)
+        from sapp.fileio import write_atomic
+        try:        # never through a symlink: a link planted at `path` is replaced, not followed
+            write_atomic(path, text)
         except OSError as e:
             raise ClusterError(f"cannot write cluster file {path}: {e.strerror or e}; choose another --out") from None
 

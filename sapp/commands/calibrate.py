@@ -57,8 +57,8 @@ def run(args):
     cluster.save(args.out)
     if args.raw:
         try:
-            with open(args.raw, "w") as f:
-                json.dump(raw, f, indent=1, sort_keys=True, default=str)
+            from ..fileio import write_atomic
+            write_atomic(args.raw, json.dumps(raw, indent=1, sort_keys=True, default=str))
         except OSError as e:
             raise UsageError(f"cannot write --raw {args.raw}: {e.strerror or e}") from None
     c = cluster

@@ -70,8 +70,11 @@ def run(args):
     if args.plan_out:
         exported.save(args.plan_out)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from ..fileio import write_atomic
+        try:        # never through a symlink
+            write_atomic(args.out, text)
+        except OSError as e:
+            raise UsageError(f"cannot write --out {args.out}: {e.strerror or e}") from None
         print(f"{args.to} configuration written to {args.out}")
     else:
         print(text, end="")

@@ -65,10 +65,6 @@ def _mixed(args, doc):
     for line in lines:
         print(line)
     if args.out:
-        if isinstance(new, Plan):
-            new.save(args.out, operators_beside=not args.full)
-        else:
-            with open(args.out, "w") as f:
-                f.write(hetero_plan.dumps(new))
+        (new if isinstance(new, Plan) else Plan(new)).save(args.out, operators_beside=not args.full)
         print(f"plan written to {args.out}")
     return 0

@@ -22,8 +22,8 @@ def run_hetero(args, spec, mc, constraints):
     else:
         print(f"  search {timing['search_s']:.3g} s ({timing['evaluations']} group searches)")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(hetero_plan.dumps(doc))
+        from ..plan import Plan
+        Plan(doc).save(args.out)      # (the bytes hetero_plan.dumps writes; never through a symlink)
         print(f"wrote {args.out}")
     return 0
 

@@ -145,8 +145,8 @@ class Plan:
         return json.dumps(self._d, indent=1, sort_keys=True) + "\n"
 
     def save(self, path, under=None, operators_beside=False) -> None:
-        """`under`: a folder sapp manages that `path` lies in (a checkpoint directory): the file is
-        written there without following any symlink below it, atomically (fileio.write_atomic).
+        """Written atomically without following a symlink (fileio.write_atomic).  `under`: a folder
+        sapp manages that `path` lies in (a checkpoint directory): no symlink below it is followed either.
         `operators_beside`: the operators map (most of a large plan's bytes, one entry per operator)
         goes to a side file next to `path` (`operators_path`), which the plan names with its SHA-256,
         so the plan itself stays short enough to read; Plan.load reads the pair back as one plan."""
@@ -159,13 +159,9 @@ class Plan:
             self._validate()
         if operators_beside and not self.mixed:
             text = self._write_operators(path)
-        try:
-            if under is not None:
-                from sapp.fileio import write_atomic
-                write_atomic(path, text, under=under, make=True)
-                return
-            with open(path, "w") as f:
-                f.write(text)
+        from sapp.fileio import write_atomic
+        try:        # never through a symlink: a link planted at `path` is replaced, not followed
+            write_atomic(path, text, under=under, make=under is not None)
         except OSError as e:
             if under is not None:
                 raise PlanError(f"cannot write plan to {path}: {e.strerror or e}") from None
@@ -176,9 +172,9 @@ class Plan:
         side = operators_path(path)
         body = json.dumps({"schema": OPERATORS_SCHEMA, "operators": self._d["operators"]}, indent=1,
                           sort_keys=True) + "\n"
+        from sapp.fileio import write_atomic
         try:
-            with open(side, "w") as f:
-                f.write(body)
+            write_atomic(side, body)
         except OSError as e:
             raise PlanError(f"cannot write the plan's operators to {side}: {e.strerror or e}; choose another --out") from None
         d = {k: v for k, v in self._d.items() if k != "operators"}
