@@ -47,6 +47,17 @@ def _known(target: str, mods: dict):
     return target
 
 
+def import_targets(node, name, pkg, mods) -> list:
+    """The modules an import statement `node` of module `name` (in package `pkg`) names: a submodule
+    imported by name (`from . import x`) is that module, anything else the module it is taken from."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = _base(name, pkg, node.level, node.module) if node.level else node.module
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+    return []
+
+
 def graph(mods: dict) -> dict:
     """{module: {modules it imports}} over `mods` (imports of anything else are left out)."""
     edges = {}
@@ -55,13 +66,7 @@ def graph(mods: dict) -> dict:
             tree = ast.parse(f.read(), filename=path)
         out = set()
         for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _base(name, pkg, node.level, node.module) if node.level else node.module
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            for t in targets:
+            for t in import_targets(node, name, pkg, mods):
                 t = _known(t, mods)
                 if t is not None and t != name:
                     out.add(t)

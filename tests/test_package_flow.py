@@ -14,7 +14,7 @@ occurs (remove it), so the list can only get shorter."""
 import ast
 import os
 
-from tests.test_import_graph import ROOT, _base, _known, modules
+from tests.test_import_graph import ROOT, _known, import_targets, modules
 
 # (layer, the modules in it), lowest first.  An entry names a module or a package (the package and
 # everything under it); the longest entry that covers a module decides.  "sapp" itself is the package
@@ -96,13 +96,8 @@ def imports(mods: dict) -> list:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), filename=path)
         for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _base(name, pkg, node.level, node.module) if node.level else node.module
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            elif isinstance(node, ast.Call):
+            targets = import_targets(node, name, pkg, mods)
+            if isinstance(node, ast.Call):
                 t = _import_module_target(node)
                 targets = [t] if t else []
             for t in targets:
