@@ -123,7 +123,12 @@ def price(mc, evs, order, cfg, ctxs):
     """The configuration with stage i on group order[i] (evs[g]: g's StageEvaluator): PipeResult or None."""
     sends = _Sends(mc, evs, order, cfg.pp)
     starts = _partition(evs, order, cfg.pp, ctxs[order[0]], sends)
-    priced = None if starts is None else _priced_stages(evs, order, cfg, ctxs, starts, sends)
+    return None if starts is None else _at(mc, evs, order, cfg, ctxs, starts, sends)
+
+
+def _at(mc, evs, order, cfg, ctxs, starts, sends):
+    """The PipeResult of the stages starting at units `starts`, or None where one cannot be priced."""
+    priced = _priced_stages(evs, order, cfg, ctxs, starts, sends)
     if priced is None:
         return None
     stages, pairs, link_s = priced
@@ -385,11 +390,8 @@ def price_given(graph, mc, *, global_batch, constraints, settings, search_fn, cf
     for units in stage_units:
         starts.append(k)
         k += len(units)
-    sends = _Sends(mc, evs, order, cfg.pp)
-    priced = _priced_stages(evs, order, cfg, ctxs, starts, sends)
-    if priced is None:
+    r = _at(mc, evs, order, cfg, ctxs, starts, _Sends(mc, evs, order, cfg.pp))
+    if r is None:
         raise SappError("a stage of the plan cannot be priced on its group (no layout of its width fits its "
                         "devices); search the plan again for this cluster")
-    stages, pairs, link_s = priced
-    res = _joint_result(mc, cfg, ctxs, order, stages, pairs)
-    return PipeResult(cfg, tuple(order), res, tuple(link_s))
+    return r
