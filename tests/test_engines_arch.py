@@ -126,8 +126,14 @@ def test_llama32_rope_scaling_factor_reaches_megatron_or_is_refused(tmp_path):
     rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
     a = _hf_arch(_hf_config(tmp_path, "LlamaConfig", max_position_embeddings=131072, rope_parameters=rope))
-    args = _megatron_model(a)[1]
-    assert args["--use-rope-scaling"] is True and float(args["--rope-scaling-factor"]) == 32.0
+    # core_v0.16.1's gpt_builders.py never passes --rope-scaling-factor to GPTModel (default 8): refused
+    with pytest.raises(EngineError) as e:
+        _megatron_model(a)
+    assert "rope_parameters.factor 32" in str(e.value) and "gpt_builders" in str(e.value), str(e.value)
+    # Llama 3.1's factor 8 is what Megatron-Core builds: carried
+    args = _megatron_model(_hf_arch(_hf_config(tmp_path / "8", "LlamaConfig", max_position_embeddings=131072,
+                                               rope_parameters={**rope, "factor": 8.0})))[1]
+    assert args["--use-rope-scaling"] is True and float(args["--rope-scaling-factor"]) == 8.0
     assert args["--rotary-base"] == "500000"
     # what Megatron-Core fixes (low / high frequency factors, the original context) is refused when it differs
     with pytest.raises(EngineError) as e:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from .arch_hf import LLAMA_LIKE
+from .arch_hf import refuse_type
 from .mapping import EngineError
 
 
@@ -84,9 +84,7 @@ def _hf(path: str, facts: dict, seq) -> dict:
     from ..fileio import read_regular
     from .arch_hf import read
     mt = facts.get("model_type")
-    if mt not in LLAMA_LIKE:
-        raise EngineError(f"HF model type {mt!r}: sapp writes engine models for {', '.join(LLAMA_LIKE)} decoders; "
-                          f"export to deepspeed, which trains your own module")
+    refuse_type(mt)
     try:
         raw = json.loads(read_regular(path, 64 << 20))
     except (OSError, ValueError) as e:
@@ -104,6 +102,8 @@ def count(a: dict, active: bool = False) -> int:
     norm = 2 * h if a["norm"] == "LayerNorm" else h
     qkv = h * (a["heads"] + 2 * a["kv_heads"]) * hd
     attn = qkv + a["heads"] * hd * h + 2 * norm
+    if a.get("qk_norm"):            # one norm over a head's width for queries, one for keys (shared by heads)
+        attn += 2 * (norm // h) * hd
     if a["qkv_bias"]:
         attn += (a["heads"] + 2 * a["kv_heads"]) * hd
     if a["bias"]:

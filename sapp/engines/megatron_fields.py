@@ -65,7 +65,8 @@ FIELDS = {
               "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
               "--micro-batch-size --global-batch-size --use-distributed-optimizer --overlap-grad-reduce "
               "--overlap-param-gather --tp-comm-overlap --bf16 --fp16 --grad-reduce-in-bf16 "
-              "--recompute-granularity --recompute-method --recompute-num-layers --recompute-activations"),
+              "--recompute-granularity --recompute-method --recompute-num-layers --recompute-activations "
+              "--recompute-modules --moe-layer-recompute"),
     # ---- the model: priced (sizes checked against the model, the rest compared in a note) -----------------
     **_fam(P, "--num-layers --hidden-size --num-attention-heads --seq-length --max-position-embeddings "
               "--ffn-hidden-size --num-query-groups --group-query-attention --kv-channels --num-experts "
@@ -74,13 +75,11 @@ FIELDS = {
               "--untie-embeddings-and-output-weights --attention-dropout --hidden-dropout --moe-ffn-hidden-size "
               "--moe-token-dispatcher-type --moe-grouped-gemm --moe-shared-expert-intermediate-size --moe-layer-freq "
               "--window-size --window-attn-skip-freq --rope-scaling-factor --moe-shared-expert-gate "
-              "--moe-router-pre-softmax"),
+              "--moe-router-pre-softmax --qk-layernorm"),
     # ---- what changes the step in ways sapp does not price: refused ---------------------------------------
     "--num-distributed-optimizer-instances": (
         "refused", "a partial distributed optimizer (optimizer state sharded within each of several data-parallel "
                    "instances, then all-reduced across them)", ("1",)),
-    "--recompute-modules": ("refused", "selective recomputation of modules other than core attention (sapp's "
-                                       "selective recomputes core attention, Megatron's default)", ("core_attn",)),
     "--main-grads-dtype": ("refused", "the precision-aware optimizer's bf16 main gradients", ("fp32",)),
     "--main-params-dtype": ("refused", "the precision-aware optimizer's fp16 master weights", ("fp32",)),
     "--exp-avg-dtype": ("refused", "Adam moments stored below fp32 (the precision-aware optimizer)", ("fp32",)),
@@ -127,7 +126,7 @@ FIELDS = {
         ("--overlap-p2p-communication-warmup-flush", "pipeline sends overlapped during warmup and flush"),
         ("--no-overlap-p2p-communication", "interleaved pipeline sends not overlapped with compute"),
         ("--mtp-standalone", "multi-token prediction on its own stage"),
-        ("--fp32-residual-connection", "an fp32 residual stream"), ("--qk-layernorm", "query/key normalization"),
+        ("--fp32-residual-connection", "an fp32 residual stream"),
         ("--qk-l2-norm", "query/key L2 normalization"), ("--qk-clip", "query/key weight clipping (QK-clip)"),
         ("--attention-output-gate", "a gated attention output"), ("--multi-latent-attention", "multi-latent attention"),
         ("--distribute-saved-activations", "recomputation checkpoints split over tensor parallelism"),
@@ -135,7 +134,6 @@ FIELDS = {
         ("--moe-shared-expert-overlap", "the shared expert overlapped with the token dispatch"),
         ("--moe-enable-routing-replay", "recorded and replayed routing"),
         ("--moe-enable-deepep", "DeepEP's fused token dispatcher"),
-        ("--moe-layer-recompute", "MoE-layer recomputation"),
         ("--enable-cuda-graph", "CUDA graphs"), ("--external-cuda-graph", "CUDA graphs"),
         ("--is-hybrid-model", "hybrid Mamba layers"), ("--fine-grained-activation-offloading", "activation offloading"),
         ("--use-rotary-position-embeddings", "a deprecated way to state rope: write --position-embedding-type rope"),
@@ -401,10 +399,6 @@ def check(args: dict) -> None:
             continue
         if kind[0] == "rejected":
             raise EngineError(f"{flag}: Megatron-LM {VERSION} rejects it ({kind[1]})")
-        if flag == "--recompute-modules" and (args.get("--recompute-granularity") or
-                                              ("selective" if args.get("--recompute-activations") else None)) != \
-                "selective":
-            continue                    # Megatron reads it only with selective recomputation
         if len(kind) == 2:
             raise EngineError(f"{flag}: sapp does not price {kind[1]}; remove it to price the rest")
         if value is True:

@@ -14,7 +14,7 @@ ENV = "environment: CUDA_DEVICE_MAX_CONNECTIONS=1"
 # the rest of the model's description (model_args): compared with the priced model (model_notes)
 MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--normalization", "--norm-epsilon",
          "--swiglu", "--position-embedding-type", "--rotary-base", "--use-rope-scaling", "--rope-scaling-factor",
-         "--window-size", "--window-attn-skip-freq", "--disable-bias-linear",
+         "--window-size", "--window-attn-skip-freq", "--disable-bias-linear", "--qk-layernorm", "--rotary-percent",
          "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
          "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
          "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-router-pre-softmax",
@@ -50,12 +50,12 @@ def model_args(a: dict, tp: int) -> list:
     if a["position"] == "rope":
         if a.get("rope_base"):
             out.append(f"--rotary-base {int(a['rope_base'])}")
-        rs = a.get("rope_scaling")
-        if rs:
-            if not isinstance(rs, dict):
-                raise EngineError(f"rope_scaling {str(rs)[:60]!r}: Megatron states Llama 3's rope scaling only")
-            # the factor as well: Megatron's default is 8, and Llama 3.2's 32 was dropped (issue 52)
-            out += ["--use-rope-scaling", f"--rope-scaling-factor {rope_factor(rs):g}"]
+        if megatron_rope_factor(a.get("rope_scaling")):
+            out += ["--use-rope-scaling", "--rope-scaling-factor 8"]
+        if a.get("rotary_percent", 1.0) != 1.0:
+            out.append(f"--rotary-percent {a['rotary_percent']:g}")
+    if a.get("qk_norm"):
+        out.append("--qk-layernorm")
     out += window_args(a)
     if not a["bias"]:
         out.append("--disable-bias-linear")
@@ -64,7 +64,7 @@ def model_args(a: dict, tp: int) -> list:
     if not a["tied"]:
         out.append("--untie-embeddings-and-output-weights")
     drop = 0.0 if a["position"] == "rope" else 0.1
-    out += [f"--attention-dropout {a.get('attention_dropout', drop)}", f"--hidden-dropout {drop}"]
+    out += [f"--attention-dropout {a.get('attention_dropout', drop)}", f"--hidden-dropout {a.get('hidden_dropout', drop)}"]
     if a.get("experts"):
         out += [f"--num-experts {a['experts']}", f"--moe-router-topk {a['top_k']}",
                 f"--moe-ffn-hidden-size {a['expert_ffn']}", "--moe-token-dispatcher-type alltoall",
@@ -78,6 +78,22 @@ def model_args(a: dict, tp: int) -> list:
         elif d:
             out.append(f"--moe-layer-freq ([0]*{d}+[1]*{a['layers'] - d})")
     return out
+
+
+def megatron_rope_factor(rs) -> float | None:
+    """The Llama 3 rope scaling factor Megatron-LM trains with, or None: core_v0.16.1's gpt_builders.py builds
+    GPTModel with rope_scaling=--use-rope-scaling but never passes --rope-scaling-factor, so the model
+    always scales by GPTModel's default 8 (Llama 3.2's 32 is parsed and dropped): another factor is refused."""
+    if not rs:
+        return None
+    if not isinstance(rs, dict):
+        raise EngineError(f"rope_scaling {str(rs)[:60]!r}: Megatron states Llama 3's rope scaling only")
+    factor = rope_factor(rs)
+    if factor != 8.0:
+        raise EngineError(f"rope_parameters.factor {factor:g}: Megatron-LM core_v0.16.1's GPT builder (gpt_builders.py) "
+                          f"does not pass --rope-scaling-factor, so Megatron-Core scales rope by 8; export to "
+                          f"deepspeed (or torchtitan, whose llama3 also scales by 8 only)")
+    return factor
 
 
 def moe_routing_args(a: dict) -> list:
@@ -127,11 +143,18 @@ def check_arch(args, arch) -> None:
                               f"{'it' if flag in want else 'none'} (Megatron would route or gate otherwise than "
                               f"priced); pass the --model this file trains, or {'add' if flag in want else 'drop'} {flag}")
     rs = arch.get("rope_scaling") if arch.get("position") == "rope" else None
-    factor = rope_factor(rs) if rs else None
-    got = float(args.get("--rope-scaling-factor", 8.0)) if args.get("--use-rope-scaling") else None
+    factor = megatron_rope_factor(rs)
+    # (whatever --rope-scaling-factor says: core_v0.16.1's builder scales by 8, see megatron_rope_factor)
+    got = 8.0 if args.get("--use-rope-scaling") else None
     if got != factor:
-        raise EngineError(f"--use-rope-scaling / --rope-scaling-factor give {got or 'no rope scaling'} but the model "
-                          f"has {factor or 'none'}; pass the --model this file trains, or match its rope scaling")
+        raise EngineError(f"--use-rope-scaling gives {got or 'no rope scaling'} but the model has {factor or 'none'}; "
+                          f"pass the --model this file trains, or match its rope scaling")
+    for flag, want, got in (("--qk-layernorm", bool(arch.get("qk_norm")), bool(args.get("--qk-layernorm"))),
+                            ("--rotary-percent", float(arch.get("rotary_percent", 1.0)),
+                             float(args.get("--rotary-percent", 1.0)))):
+        if want != got:
+            raise EngineError(f"{flag} {got} but the model has {want} (Megatron would build another attention than "
+                              f"priced); pass the --model this file trains, or set {flag} to match it")
 
 
 def model_notes(args, arch, tp, precision) -> list:
@@ -148,7 +171,7 @@ def model_notes(args, arch, tp, precision) -> list:
             "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
             "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size", "--use-rope-scaling",
             "--rope-scaling-factor", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
-            "--moe-router-pre-softmax"}      # (check_arch refuses those)
+            "--moe-router-pre-softmax", "--qk-layernorm", "--rotary-percent"}      # (check_arch refuses those)
     defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
                 "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1",
                 "--moe-ffn-hidden-size": args.get("--ffn-hidden-size", False)}   # Megatron's default: the dense ffn
