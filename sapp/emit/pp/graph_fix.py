@@ -12,7 +12,8 @@
   (a sequence-parallel norm: HF's RMSNorm casts to fp32) fails there.  The check only repeats what the
   trace fixed (the dtype and device of a value it produced), so it is dropped.
 - `rejoin_module_paths`: module stacks recorded relative to a patched split block made whole again
-  (the outliner refuses them: OpenAI GPT, XLM).
+  (the outliner refuses them: OpenAI GPT, XLM), and a shared module's calls made its callers' ops
+  (x-transformers' one position bias called by every layer).
 - `one_buffer_path` / `shared_buffers_unlisted`: a buffer module shared by several blocks
   (torchtune's one rotary table, set as every layer's `attn.pos_embeddings` and called for q and k)
   is read in the exported graph under its last path (`layers.3.attn.pos_embeddings.cache`), while
@@ -156,8 +157,14 @@ def rejoin_module_paths(gm: fx.GraphModule, names) -> fx.GraphModule:
     under `transformer.h.1`), and torch's module outliner refuses them ("Child module 'attn' is not
     a descendant of parent module 'transformer.h.1'").  An entry whose path names no module of the
     model (`names`) but does under the entry before is that relative path: it and every entry after
-    it get that entry's path as prefix.  (A module called from one it is not a child of -- a shared
-    table -- keeps its own, real, path.)"""
+    it get that entry's path as prefix.
+
+    A real module called from one it is not inside (x-transformers' one relative-position bias, a
+    child of the decoder handed to every attention layer, which calls it) is refused by the outliner
+    too ("Child module 'attn_layers.rel_pos' is not a descendant of parent module
+    'attn_layers.layers.2.1'"); its entry and those after it are dropped, as torch.export's own
+    unflatten does: its ops become the calling layer's, and every stage calling it holds a copy of its
+    weights and buffers (a weight several stages use; pipe.TiedGrads sums their gradients)."""
     for n in gm.graph.nodes:
         stack = n.meta.get("nn_module_stack")
         if not stack:
@@ -170,10 +177,19 @@ def rejoin_module_paths(gm: fx.GraphModule, names) -> fx.GraphModule:
             if base is not None:       # the key names one call of the module: kept unique, "@n" kept
                 head, at, idx = key.partition("@")
                 key, path, changed = f"{head}__in__{base}{at}{idx}", f"{base}.{path}", True
+            elif i > 0 and not _inside(path, prev):
+                # a module called from one it is not inside (a shared position bias): its ops are the
+                # caller's (see the docstring)
+                changed = True
+                break
             out.append((key, (path, ty)))
         if changed:
             n.meta["nn_module_stack"] = dict(out)
     return gm
+
+
+def _inside(path: str, parent: str) -> bool:
+    return not parent or path.startswith(parent + ".")
 
 
 def buffer_aliases(model: nn.Module) -> dict:

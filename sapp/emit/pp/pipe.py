@@ -5,8 +5,9 @@ graph_fix.py) and cut BEFORE each plan split point; stage modules keep the origi
 Every stage is run once in-process before any rank communicates (preflight.py).  Stage i of S runs on
 pipeline rank i % pp (interleaved: v = S / pp stages per rank).
 
-Tied weights (GPT-2's embedding and head) are silently duplicated into every stage that uses them;
-TiedGrads adds their gradients across the owning stages after backward so every copy gets the
+Tied weights (GPT-2's embedding and head) and the weights of a module several stages call (one
+relative-position bias shared by every attention layer) are duplicated into every stage that uses
+them; TiedGrads adds their gradients across the owning stages after backward so every copy gets the
 single-process gradient and stays equal under the same optimizer update."""
 from __future__ import annotations
 
@@ -87,9 +88,10 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
         if data_dependent(_innermost(e)):
             # capture may take such a branch as the example's values do (it only prices the graph); a
             # stage traced so would run that branch for every later batch
+            site = _branch_site(_innermost(e))
             raise PlanError(f"could not split the model into pipeline stages before {points}: its forward "
-                            f"branches on tensor values ({_cause(e)[:120]}), which a traced stage would fix "
-                            f"to this batch's branch; pin pp=1") from e
+                            f"branches on tensor values ({site or _cause(e)[:120]}), which a traced stage would "
+                            f"fix to this batch's branch; pin pp=1") from e
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
                         f"inputs, or pin pp=1") from e
@@ -104,6 +106,25 @@ def _innermost(e: BaseException) -> BaseException:
     while e.__cause__ is not None:
         e = e.__cause__
     return e
+
+
+def _branch_site(e: BaseException) -> str | None:
+    """'file.py:line `code`' of the model's own line that branched on a tensor's value (TabTransformer's
+    `if is_special_token.any():`): the last frame of the failure outside torch, else None."""
+    import linecache
+    import os
+    skip = (os.path.dirname(torch.__file__) + os.sep,
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
+    site, tb = None, e.__traceback__
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if not f.startswith(skip) and not f.startswith("<"):
+            site = (f, tb.tb_lineno)
+        tb = tb.tb_next
+    if site is None:
+        return None
+    code = linecache.getline(*site).strip()
+    return f"{os.path.basename(site[0])}:{site[1]} `{code[:80]}`" if code else f"{os.path.basename(site[0])}:{site[1]}"
 
 
 def _cause(e: BaseException) -> str:
@@ -180,8 +201,12 @@ class TiedGrads:
         for s in range(n_stages):
             for name, _ in pipe.get_stage_module(s).named_parameters(remove_duplicate=False):
                 key = alias.get(name)
-                if key and len(key) > 1:
+                if key:
                     owners.setdefault(key, set()).add(s)
+        # tied: a weight under several names (GPT-2's embedding and head), or one module's weight that
+        # every stage calling it holds a copy of (x-transformers' one relative-position bias, called by
+        # every attention layer: graph_fix.rejoin_module_paths inlines it into each caller)
+        owners = {k: v for k, v in owners.items() if len(k) > 1 or len(v) > 1}
         self.ties = []                     # (local params, group or None)
         me = dist.get_rank()
         # new_group must be called by every rank in the same order: iterate ties and coords globally
