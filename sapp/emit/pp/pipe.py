@@ -89,9 +89,10 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
             # capture may take such a branch as the example's values do (it only prices the graph); a
             # stage traced so would run that branch for every later batch
             site = _branch_site(_innermost(e))
-            raise PlanError(f"could not split the model into pipeline stages before {points}: its forward "
-                            f"branches on tensor values ({site or _cause(e)[:120]}), which a traced stage would "
-                            f"fix to this batch's branch; pin pp=1") from e
+            where = f"at {site} (data-dependent)" if site else f"({_cause(e)[:120]})"
+            raise PlanError(f"the model's forward branches on tensor values {where}, which a pipeline stage, "
+                            f"traced once, would fix to this batch's branch; pin pp=1 (stages split before "
+                            f"{points})") from e
         raise PlanError(f"could not split the model into pipeline stages before {points} "
                         f"({_cause(e)}); the model must be traceable by torch.export with these example "
                         f"inputs, or pin pp=1") from e
