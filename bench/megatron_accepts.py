@@ -105,7 +105,8 @@ if out["accepted"]:
         "sequence_parallel", "recompute_granularity", "recompute_method", "recompute_num_layers",
         "num_query_groups", "ffn_hidden_size", "kv_channels", "grad_reduce_in_bf16", "accumulate_allreduce_grads_in_fp32",
         "moe_token_dispatcher_type", "moe_grouped_gemm", "use_distributed_optimizer", "params_dtype",
-        "moe_shared_expert_gate", "moe_router_pre_softmax", "moe_layer_freq", "pipeline_model_parallel_layout")}
+        "moe_shared_expert_gate", "moe_router_pre_softmax", "moe_layer_freq", "pipeline_model_parallel_layout",
+        "recompute_modules", "expert_tensor_parallel_size")}
     out["derived"] = {k: (str(v) if not isinstance(v, (int, float, str, bool, type(None))) else v)
                       for k, v in out["derived"].items()}
     try:

@@ -48,6 +48,8 @@ def megatron(args_text: str):
         moe_router_pre_softmax=bool(a.get("--moe-router-pre-softmax")),
         recompute_granularity=gran, recompute_method=a.get("--recompute-method"),
         recompute_num_layers=i("--recompute-num-layers"),
+        recompute_modules=a["--recompute-modules"].split() if isinstance(a.get("--recompute-modules"), str) else None,
+        moe_grouped_gemm=bool(a.get("--moe-grouped-gemm")),
         num_layers_in_first_pipeline_stage=i("--decoder-first-pipeline-num-layers"),
         num_layers_in_last_pipeline_stage=i("--decoder-last-pipeline-num-layers"),
         account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss,

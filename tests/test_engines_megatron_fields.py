@@ -14,7 +14,7 @@ import pytest
 
 import sapp.engines as E
 from sapp import api
-from sapp.engines import EngineError, megatron, megatron_model
+from sapp.engines import EngineError, megatron, megatron_model, megatron_recompute
 from sapp.engines import fp8 as engine_fp8
 from sapp.engines import megatron_fields as F
 
@@ -72,7 +72,8 @@ def _constants(module):
 
 
 def test_the_parser_reads_only_megatrons_flags_and_every_priced_one():
-    read = _constants(megatron) | _constants(megatron_model) | _constants(F) | _constants(engine_fp8)
+    read = (_constants(megatron) | _constants(megatron_model) | _constants(F) | _constants(engine_fp8)
+            | _constants(megatron_recompute))
     assert not sorted(read - set(ARGS)), "sapp reads flags Megatron-LM does not have"
     priced = {f for f, k in F.FIELDS.items() if k == "priced"}
     assert not sorted(priced - read), "priced flags the parser never reads"
@@ -107,7 +108,9 @@ def test_a_refused_flag_is_refused_in_one_line(flag):
     ("--fp8 hybrid", "--fp8: Megatron-LM core_v0.16.1's parser has no such argument"),
     ("--use-custom-fsdp", "no such argument"),
     ("--no-position-embedding", "rejects it without --position-embedding-type rope"),
-    ("--recompute-activations --recompute-modules core_attn mlp", "--recompute-modules core_attn mlp: sapp does not"),
+    ("--recompute-activations --recompute-modules core_attn mla_up_proj", "--recompute-modules mla_up_proj: sapp does not"),
+    ("--recompute-activations --recompute-modules core_attn mpl", "--recompute-modules mpl: Megatron-Core core_v0.16.1 "
+                                                                  "allows only"),
 ])
 def test_unknown_and_conditional_flags(text, says):
     with pytest.raises(EngineError, match=re.escape(says)):

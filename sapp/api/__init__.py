@@ -465,7 +465,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
     settings = CostSettings(precision=st.get("precision", cl.precision), optimizer=st.get("optimizer", "adam"),
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
                             dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0),
-                            grad_fp32=st.get("grad_fp32", False), fp8=st.get("fp8", ""))
+                            grad_fp32=st.get("grad_fp32", False), fp8=st.get("fp8", ""),
+                            recompute_modules=tuple(st.get("recompute_modules") or ()))
     check_fp8(settings.fp8, cl)
     gb = plan["model"].get("global_batch")
     if gb is None:

@@ -53,6 +53,8 @@ FP8_RECIPES = ("tensorwise", "delayed")
 #            training.compile): inductor fuses the blocks' RMSNorm; SDPA still FlashAttention-2.
 RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412",
             "torchtitan-2412+compile")
+# Megatron-Core's --recompute-modules that sapp prices (sapp/recompute/modules.py)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
 TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
@@ -85,6 +87,9 @@ class CostSettings:
     # buffer of every local gradient that the data-parallel reduce moves at 4 bytes an element
     grad_fp32: bool = False
     fp8: str = ""                       # FP8 linear layers: "" | FP8_RECIPES
+    # "selective" recomputation of Megatron-Core's named modules (--recompute-modules, sorted;
+    # sapp/recompute/modules.py); () = the attention core, sapp's selective (Megatron's core_attn)
+    recompute_modules: tuple = ()
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -108,6 +113,10 @@ class CostSettings:
             raise SappError(f"fp8 linear layers run beside bf16 mixed precision, not {self.precision}; use bf16-mixed")
         if self.runtime not in RUNTIMES:
             raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use one of {', '.join(RUNTIMES)}")
+        rm = self.recompute_modules
+        if not isinstance(rm, tuple) or any(m not in RECOMPUTE_MODULES for m in rm) or list(rm) != sorted(set(rm)):
+            raise SappError(f"recompute_modules must be a sorted list of {', '.join(RECOMPUTE_MODULES)}, "
+                            f"got {str(rm)[:60]!r}")
 
     @property
     def fused(self) -> bool:

@@ -92,6 +92,10 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
         out = out.replace(grad_fp32=False)
         notes.append(f"the plan holds and reduces fp32 gradients (Megatron's main_grads); {engine} keeps them at "
                      f"its own width: re-priced so")
+    if out.recompute_modules and engine != "megatron":
+        notes.append(f"the plan recomputes Megatron's modules {' '.join(out.recompute_modules)}; {engine} states its "
+                     f"own selective recomputation: re-priced so")
+        out = out.replace(recompute_modules=())
     exported = plan
     if notes:
         if graph is None:

@@ -42,6 +42,7 @@ class EngineConfig:
     runtime: str = "eager"
     fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" (sapp/engines/fp8.py)
     rep: int = 1                    # HSDP: replicas of the FSDP2 shard group (dp / rep ranks; torchtitan only)
+    recompute_modules: tuple = ()   # "selective" as Megatron's named modules (sorted); () = the attention core
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -124,7 +125,8 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         m=pipe["micro_batches"], zero=plan["zero"], recompute=recompute, device_blocks=device,
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
                         precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
-                        grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "", rep=rep)
+                        grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "", rep=rep,
+                        recompute_modules=tuple(st.get("recompute_modules") or ()))
 
 
 def even_split(n, parts) -> list | None:
@@ -197,6 +199,20 @@ def _contiguous_name(ecfg, names, block):
     return dict(zip(real, names)).get(block, block)
 
 
+def _check_modules(graph, mods):
+    """Named recomputed modules (Megatron's --recompute-modules) the model has no counterpart for: one line."""
+    if not mods:
+        return
+    from ..pipeline.profile import attention_core
+    from ..recompute.modules import missing_modules
+    blocks = [names for names in (graph.blocks or {}).values()]
+    missing = missing_modules(graph, blocks, mods, attention_core)
+    if missing:
+        raise EngineError(f"--recompute-modules {' '.join(missing)}: the model has no such module to recompute "
+                          f"(sapp/recompute/modules.py: a dense MLP for mlp, an MoE layer for moe / moe_act / "
+                          f"layernorm, shared experts for shared_experts); leave {'it' if len(missing) == 1 else 'them'} out")
+
+
 def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     """The sapp Plan of exactly `ecfg` on `cluster` (capacity not enforced: a configuration that does
     not fit is priced and says so)."""
@@ -208,9 +224,10 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     names = [u.name for u in split_units(graph) if u.kind == "block"]
     cons = Constraints.from_dict(pins(ecfg, names))
     api.check_fp8(ecfg.fp8, cluster)       # a file training FP8 on a cluster without FP8 tensor cores: one line
+    _check_modules(graph, ecfg.recompute_modules)
     settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout,
                             optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32",
-                            fp8=ecfg.fp8)
+                            fp8=ecfg.fp8, recompute_modules=ecfg.recompute_modules)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
                  ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp, rep=ecfg.rep)
     from ..search.joint.single import score_config

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import shlex
 
-from . import fp8
-from .mapping import EngineConfig, EngineError, counted_recompute, uniform_policy
+from . import fp8, megatron_recompute
+from .mapping import EngineConfig, EngineError
 from .megatron_fields import FIELDS, MULTI, check, layout_counts
 from .megatron_model import ENV, check_arch, model_args, model_notes
 
@@ -40,7 +40,7 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--moe-grouped-gemm", "--add-qkv-bias",
             "--use-rope-scaling", "--moe-shared-expert-gate", "--moe-router-pre-softmax", "--no-fp8-wgrad",
-            "--disable-fp8-wgrad", "--first-last-layers-bf16", "--fp8-param-gather"}
+            "--disable-fp8-wgrad", "--first-last-layers-bf16", "--fp8-param-gather", "--moe-layer-recompute"}
 # every flag of Megatron-LM's parser is priced, refused in one line or irrelevant: megatron_fields.FIELDS
 
 
@@ -79,39 +79,8 @@ def conform(ecfg: EngineConfig, names) -> tuple:
                          f"exported as {k} layers each")
             out.chunk_blocks = [k] * (out.pp * out.v)
             out.device_blocks = [k * out.v] * out.pp
-    rc = out.recompute
-    if not isinstance(rc, str) and uniform_policy(rc) is None:
-        runs = _runs(out, L)
-        pols = [rc[b] for b in names]
-        if "full" in pols:
-            pos, n = 0, 0
-            for k in runs:
-                n = max(n, sum(1 for p in pols[pos:pos + k] if p != "none"))
-                pos += k
-            new = counted_recompute(runs, names, n)
-        else:
-            new = "selective"
-        if new != rc:
-            notes.append("Megatron recomputes one way on every layer, or fully on the first N of each stage: "
-                         f"per-block recomputation exported as {_rc_words(new, runs)}")
-        out.recompute = new
-    elif not isinstance(rc, str):
-        out.recompute = uniform_policy(rc)
+    megatron_recompute.conform(out, names, notes)
     return out, notes
-
-
-def _runs(ecfg, L):
-    """Blocks per recompute run: per virtual stage (interleaved) or per stage."""
-    if ecfg.schedule == "interleaved" and ecfg.chunk_blocks:
-        return list(ecfg.chunk_blocks)
-    return list(ecfg.device_blocks) if ecfg.device_blocks else [L]
-
-
-def _rc_words(rc, runs):
-    if isinstance(rc, str):
-        return f"{rc} on every layer"
-    n = max(sum(1 for p in list(rc.values())[sum(runs[:i]):sum(runs[:i + 1])] if p == "full") for i in range(len(runs)))
-    return f"full on the first {n} layer(s) of every stage"
 
 
 def _interleave_flags(ecfg, L):
@@ -171,19 +140,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
             add("--decoder-first-pipeline-num-layers", d[0])
         if d[-1] != mid or ecfg.pp == 2:
             add("--decoder-last-pipeline-num-layers", d[-1])
-    rc = ecfg.recompute
-    if rc == "selective":
-        add("--recompute-granularity", "selective")
-    elif rc == "full":
-        add("--recompute-granularity", "full")
-        add("--recompute-method", "uniform")
-        add("--recompute-num-layers", 1)
-    elif isinstance(rc, dict):
-        runs = _runs(ecfg, L)
-        n = max(sum(1 for b in names[sum(runs[:i]):sum(runs[:i + 1])] if rc[b] == "full") for i in range(len(runs)))
-        add("--recompute-granularity", "full")
-        add("--recompute-method", "block")
-        add("--recompute-num-layers", n)
+    a += megatron_recompute.flags(ecfg, names)
     if ecfg.zero == 1:
         add("--use-distributed-optimizer")
     if ecfg.runtime in RUNTIMES and ecfg.dp * ecfg.cp > 1:
@@ -313,7 +270,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         notes.append(f"context parallelism priced as keys/values all-gathered (--cp-comm-type all_gather), not "
                      f"{args.get('--cp-comm-type', 'p2p')}")
     _layout(args, ecfg, L)
-    ecfg.recompute = _recompute(args, ecfg, L, facts["names"], notes)
+    ecfg.recompute = megatron_recompute.read(args, ecfg, L, facts["names"], notes)
     if ecfg.dp * ecfg.cp > 1 and not args.get("--overlap-grad-reduce"):
         notes.append("priced with the gradient reduce overlapped with backward as Megatron-Core's "
                      "--overlap-grad-reduce runs it; this file does not set it, so the step may be slower than priced")
@@ -426,28 +383,3 @@ def _layout(args, ecfg, L):
         raise EngineError(f"{L} layers do not split into {pp} stages with the first / last stage counts given")
     k = rest // mid if mid else 0
     ecfg.device_blocks = [first if first is not None else k] + [k] * (pp - 2) + [last if last is not None else k]
-
-
-def _recompute(args, ecfg, L, names, notes):
-    gran = args.get("--recompute-granularity") or ("selective" if args.get("--recompute-activations") else None)
-    if gran in (None, True):
-        return "none"
-    if gran == "selective":
-        return "selective"
-    if gran != "full":
-        raise EngineError(f"--recompute-granularity {gran!r}: use full or selective")
-    method, n = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
-    if method == "uniform":
-        if n != 1:
-            notes.append(f"--recompute-method uniform --recompute-num-layers {n} checkpoints groups of {n} layers; "
-                         f"priced as every layer recomputed on its own (the same recomputation, more memory than "
-                         f"Megatron keeps)")
-        return "full"
-    if method != "block":
-        raise EngineError(f"--recompute-method {method!r}: use uniform or block")
-    runs = (list(ecfg.chunk_blocks) if ecfg.chunk_blocks else list(ecfg.device_blocks) if ecfg.device_blocks else [L])
-    if n >= max(runs):
-        return "full"
-    if n <= 0:
-        return "none"
-    return counted_recompute(runs, names, n)

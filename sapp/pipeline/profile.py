@@ -33,6 +33,7 @@ from ..costmodel.gradsync import bucketed_sync, fsdp_exposed_copies, grad_sync_g
 from .states import _sparse_grads_delta, unit_states  # noqa: F401
 from ..errors import SappError
 from sapp.cluster.mesh import Level, Mesh
+from ..recompute.modules import dropped, selective_sets
 from ..recompute.op_sac import kept_bytes, kept_ops, recompute_seconds
 from .boundary import fill_side
 from .profile_fit import _fresh, _fresh_unit, fit_units, zero_numbers
@@ -116,6 +117,9 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
     names = list(unit_nodes)
     inside = set(names)
     core = attention_core(graph, names)
+    mods = settings.recompute_modules and graph.nodes[names[0]].block is not None if names else False
+    if mods:        # Megatron's named modules (recompute/modules.py) instead of the attention core
+        discarded, checkpointed, _ = selective_sets(graph, names, settings.recompute_modules, attention_core)
     none = sel = full = 0.0
     regather = regather or {}
     for n in names:
@@ -128,7 +132,7 @@ def unit_activations(graph, unit_nodes, strategies, mesh, settings, savers, rega
             b /= regather.get((n, tid), (1, 0.0))[0] * (cls.get(n, 1) if cls else 1)
             none += b
             prod = _producer(tid)
-            if prod not in core:
+            if (not dropped(prod, n, discarded, checkpointed)) if mods else prod not in core:
                 sel += b
             if prod is None or prod not in inside:
                 full += b
@@ -209,6 +213,9 @@ def _unit_numbers(graph, units, strategies, mesh, cluster, settings, zero, dp, a
                else (0.0, 0.0, 0.0))
         if st.op_sac and u.kind == "block":
             sel_extra = recompute_seconds(names, kept_ops(graph, names), cost.per_node)
+        elif st.recompute_modules and u.kind == "block":
+            rerun = selective_sets(graph, names, st.recompute_modules, attention_core)[2]
+            sel_extra = sum(cost.per_node[n]["fwd_s"] for n in names if n in rerun)
         else:
             sel_extra = sum(cost.per_node[n]["fwd_s"] for n in core)
         out[u.name] = {

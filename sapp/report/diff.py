@@ -61,7 +61,7 @@ def _split_str(deg):
 
 # what a plan states about how it trains that changes its price, beyond the parallel degrees
 SETTINGS = (("precision", "fp32"), ("runtime", "eager"), ("optimizer", "adam"), ("grad_sync_overlap_rule", "none"),
-            ("grad_fp32", False), ("moe_imbalance", 1.0))
+            ("grad_fp32", False), ("moe_imbalance", 1.0), ("recompute_modules", None))
 
 
 def _layout_rows(a, b, row):

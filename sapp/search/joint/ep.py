@@ -42,7 +42,9 @@ def moe_facts(ctx) -> dict:
         # outputs (the activation's input) and the down GEMM's input (the activation's output)
         row_elems = sum(n.dim("n").size for n in gemms if n.dim("n").size != h) + \
             sum(n.dim("k").size for n in gemms if n.dim("k").size != h)
+        down = sum(n.dim("k").size for n in gemms if n.dim("k").size != h)      # the activation's output
         facts[block] = {"rows": rows * layers / B, "hidden": h, "top_k": int(k), "ffn_row_elems": row_elems / layers,
+                        "act_out_share": down / row_elems if row_elems else 0.0,
                         "experts": int(first.extra["experts"]),
                         "expert_flops": sum(n.flops for n in gemms) / B,
                         "expert_params": float(sum(n.dim("e").size * n.dim("k").size * n.dim("n").size

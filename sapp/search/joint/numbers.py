@@ -6,7 +6,8 @@ from ...costmodel.gradsync import fsdp_prefetch_hidden, overlap_rule
 from ...costmodel.torchtitan import fsdp_held_ratio
 from ...pipeline.profile import cut_at_block_entry
 from .cp import CPTerms
-from .ep import unit_delta
+from ...recompute.modules import expert_kept
+from .ep import moe_facts, unit_delta
 
 
 class UnitNumbers:
@@ -118,7 +119,8 @@ def _values(u, cfg, cpt, ctx):
         f, b = f + d["fwd_s"], b + d["bwd_s"]
         da = d["act_per_sample"] * cfg.mbs / cfg.cp       # experts split over tp keep 1/tp of their ffn width
         if da:
-            act = (act[0] + da, act[1] + da, act[2])
+            act = (act[0] + da, act[1] + da * expert_kept(ctx.settings.recompute_modules, moe_facts(ctx).get(u.name)),
+                   act[2])
         # (never below zero: the profile's sync of this unit holds the experts' share)
         sync = max(0.0, sync + d["sync_s"])
     st = held_states(u, cfg, ctx=ctx)
