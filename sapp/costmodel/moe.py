@@ -137,7 +137,7 @@ def expert_tp_gather(rows: float, hidden: int, act_bytes: float, tp: int, cluste
 
 
 def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int, cluster, settings,
-                  stage_devices: int) -> dict:
+                  stage_devices: int, etp: int = 0) -> dict:
     """What EP changes in one block's priced numbers against the ep = 1 profile (every dp rank holding
     every expert, its expert gradients all-reduced over all dp): per micro-batch seconds added to
     forward and backward (all-to-alls, the EP re-sort, expert GEMMs at the routed load), per-step
@@ -153,19 +153,27 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     keeps for backward in the experts' ffn width (the up/gate outputs the activation reads, the down
     GEMM's input: `ffn_row_elems` a routed row) is 1/tp of it too, on the same gathered rows (Megatron-Core's
     GroupedMLP / SequentialMLP under expert-tp: each rank's linear_fc1 / linear_fc2 shards are ffn/tp
-    wide): "act_per_sample", bytes a sample (negative), for the no- and selective-recomputation stashes."""
+    wide): "act_per_sample", bytes a sample (negative), for the no- and selective-recomputation stashes.
+    `etp` 1 beside tp > 1 (Megatron's --expert-tensor-parallel-size 1, --expert-model-parallel-size
+    ep x tp): the same tp x ep ranks hold the experts whole, E/(ep tp) each; a rank dispatches its 1/tp of
+    the tokens over all ep x tp of them (no row exchange over tp) and keeps 1/tp of the routed rows at the
+    hidden width too; FLOPs, states and the expert-DP sync are those of etp = tp.  0: etp = tp."""
     zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "act_per_sample": 0.0,
                   "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
     if ep <= 1 or not facts:
         return zero_delta
     gpn = cluster.gpus_per_node
     local = ep_local(ep, tp, gpn)
+    whole = etp == 1 and tp > 1         # experts whole on each of the ep x tp ranks
+    group = ep * tp if whole else ep    # the ranks one all-to-all spans
+    if whole:
+        local = ep_local(group, 1, gpn)
     act = 2.0 if settings.mixed else 4.0
     rows = facts["rows"] * mbs                            # T·k routed rows this rank sends
     tokens = rows / facts["top_k"]
-    a_f, a_b = dispatch_combine_time(tokens / tp, facts["top_k"], facts["hidden"], act, ep, local, cluster)
-    a_f, a_b = a_f + expert_tp_gather(rows, facts["hidden"], act, tp, cluster), \
-        a_b + expert_tp_gather(rows, facts["hidden"], act, tp, cluster)
+    a_f, a_b = dispatch_combine_time(tokens / tp, facts["top_k"], facts["hidden"], act, group, local, cluster)
+    a_f, a_b = a_f + expert_tp_gather(rows, facts["hidden"], act, 1 if whole else tp, cluster), \
+        a_b + expert_tp_gather(rows, facts["hidden"], act, 1 if whole else tp, cluster)
     resort = compute_time(0.0, permute_bytes(tokens, facts["top_k"], facts["hidden"], act, ep)
                           - permute_bytes(tokens, facts["top_k"], facts["hidden"], act, 1), cluster)
     load = expert_load(facts.get("capacity_factor", 0.0), getattr(settings, "moe_imbalance", DEFAULT_IMBALANCE))
@@ -182,7 +190,7 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     zs = dataclasses.replace(settings, zero=zero)
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
-    act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * facts.get("ffn_row_elems", 0.0) * act
+    act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * (facts.get("ffn_row_elems", 0.0) + whole * facts["hidden"]) * act
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
             "sync_s": mine - full, "act_per_sample": act_delta,
             "states": {k: after[k] - before[k] for k in before}}
