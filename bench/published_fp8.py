@@ -39,16 +39,17 @@ from bench.published_torchtitan import GRAND_TETON, PEAKS, job_text, price
 SRC_2412 = "llama3_h100_202412_torchtitan.md"
 SRC_2506 = "asyncTP_llama3_h100_2025-06_torchtitan.md"
 TT_2412 = "llama3_8b_9dec370.toml"          # the 2412 benchmark's own job file (its schema: torchtitan_2412.py)
+TT_2506 = "llama3_%s_820504e.toml"          # the 2025-06 benchmark's own job files (torchtitan_2506.py)
 # (name, job file, edits, model, nodes, published bf16 (compile), published Float8 (compile), source)
 ROWS = [
     ("T1 8B FSDP 8 GPUs", TT_2412, {"batch_size": 2, "compile": "true"}, "llama3-8b", 1, 6667, 8532, SRC_2412),
     ("T3 8B FSDP 128 GPUs", TT_2412, {"batch_size": 2, "compile": "true"}, "llama3-8b", 16, 6514, 8380, SRC_2412),
-    ("70B FSDP32 TP8 256 GPUs", "llama3_70b.toml", {"local_batch_size": 16}, "llama3-70b", 32, 597.3, 809.8,
-     SRC_2506),
-    ("8B FSDP8 TP8 64 GPUs", "llama3_8b.toml", {"local_batch_size": 12, "tensor_parallel_degree": 8},
+    ("70B FSDP32 TP8 256 GPUs", TT_2506 % "70b", {"local_batch_size": 16, "compile": "true"}, "llama3-70b", 32,
+     597.3, 809.8, SRC_2506),
+    ("8B FSDP8 TP8 64 GPUs", TT_2506 % "8b", {"local_batch_size": 12, "tensor_parallel_degree": 8, "compile": "true"},
      "llama3-8b", 8, 4378, 5078.1, SRC_2506),
 ]
-FLOAT8_ON = ('# converters = ["float8"]', 'converters = ["quantize.linear.float8"]')
+FLOAT8_ON = ('# converters = ["float8"]', 'converters = ["float8"]')     # (820504e's converter name)
 # Megatron-Core FP8 (delayed scaling) runs: (name, argument file, cluster, published tokens/s/GPU, source)
 MEGATRON = [("NeMo 25.02 GPT3-175B 512 H100", "bench/megatron_args/nemo_2502_gpt3_175b_fp8_h100.args",
              "h100-80g:devices=512", 866, "NeMo 25.02 performance summary, DGX-H100")]

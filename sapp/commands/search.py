@@ -117,9 +117,10 @@ def add_arguments(p):
                         "reduction, varlen FlashAttention), torchtitan-0.2.2 (the same with SDPA) or "
                         "torchtitan-2412 (0.2.2 on the Dec 2024 stack of its published benchmark; "
                         "torchtitan-2412+compile with its blocks compiled)")
-    p.add_argument("--fp8", choices=("tensorwise", "delayed"),
+    p.add_argument("--fp8", choices=("tensorwise", "tensorwise-tp", "delayed"),
                    help="FP8 linear layers in the blocks, priced at the cluster's FP8 rate with the casts: tensorwise "
-                        "(torchtitan's float8 converter, dynamic scaling) or delayed (Megatron-LM's Transformer "
+                        "(torchtitan's float8 converter, dynamic scaling), tensorwise-tp (with its float8 tensor-parallel "
+                        "all-gathers) or delayed (Megatron-LM's Transformer "
                         "Engine --fp8-recipe delayed); e.g. --fp8 tensorwise on h100-80g")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",

@@ -135,21 +135,24 @@ _STAMPED: dict = {}      # id(graph) -> graph (held, so the id cannot be reused 
 
 def ensure_widths(graph) -> None:
     """Stamp the autocast widths on the graph's nodes (once per graph object), and with them the
-    kernel-fusion marks of the "fused" runtime (costmodel.fusion) and the gradient flags
+    kernel-fusion marks of the "fused" runtime (costmodel.fusion), the FP8 linears sharing each
+    linear's input (costmodel.fp8_linears.fp8_shares) and the gradient flags
     (costmodel.grads): a node that already carries them (copied from the whole model into a
     sub-graph) keeps them."""
     if _STAMPED.get(id(graph)) is graph:
         return
+    from .fp8_linears import fp8_shares
     from .fusion import fused_aliases, fusion_marks
     from .grads import stamp
     stamp(graph)            # which outputs carry a gradient (costmodel.grads)
     marks = aliases = None
     for name, w in propagate(graph).items():
         extra = graph.nodes[name].extra
-        if len(w) < 4:
+        if len(w) < 5:
             if marks is None:
-                marks, aliases = fusion_marks(graph), fused_aliases(graph)
-            w = tuple(w[:3]) + (marks[name],)
+                marks, aliases, shares = fusion_marks(graph), fused_aliases(graph), fp8_shares(graph)
+            # (and the FP8 linears reading the same input: one cast under compile, costmodel/fp8.py)
+            w = tuple(w[:3]) + (marks[name], shares.get(name, 1))
             if name in aliases:
                 extra[ALIAS_KEY] = aliases[name]
             else:
@@ -165,6 +168,13 @@ def _stamp(node):
     if w is None or len(w[1]) != len(node.operands):
         w = node_widths(node, {})
     return w
+
+
+def fp8_share_of(node) -> int:
+    """The FP8 linears reading this linear's input, as ensure_widths stamped them (costmodel.fp8_linears);
+    1 for a node never seen inside a graph."""
+    w = node.extra.get(WIDTHS_KEY)
+    return int(w[4]) if w is not None and len(w) > 4 else 1
 
 
 NO_FUSION = ((), False, ())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .dtypes import out_bytes
+from .fp8 import edge_width
 from .grads import carries_grad
 from .layouts import R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
 
@@ -31,16 +32,17 @@ def edge_layouts(prod_node, operand, s_prod, s_cons):
     return f_src, f_dst, b_src, b_dst
 
 
-def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings):
-    """(forward seconds, backward seconds) of resharding one edge."""
+def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings, consumer=None):
+    """(forward seconds, backward seconds) of resharding one edge (`consumer`: the node reading
+    `operand`, for the FP8 tensor-parallel widths of costmodel/fp8.py)."""
     f_src, f_dst, b_src, b_dst = edge_layouts(prod_node, operand, s_prod, s_cons)
     # the producer's tensor moves as it is (a consumer's autocast cast comes after it arrives)
     eb = out_bytes(prod_node, settings) if settings.is_float(operand.dtype) else settings.act_bytes(operand.dtype)
-    nbytes = operand.numel * eb
-    fwd = reshard_time(f_src, f_dst, nbytes, mesh, cluster)
+    fwd = reshard_time(f_src, f_dst, operand.numel * edge_width(prod_node, consumer, False, settings, eb), mesh,
+                       cluster)
     # no gradient comes back along an edge whose tensor carries none (costmodel.grads)
-    bwd = (reshard_time(b_src, b_dst, nbytes, mesh, cluster)
-           if settings.is_float(operand.dtype) and carries_grad(prod_node) else 0.0)
+    bwd = (reshard_time(b_src, b_dst, operand.numel * edge_width(prod_node, consumer, True, settings, eb), mesh,
+                        cluster) if settings.is_float(operand.dtype) and carries_grad(prod_node) else 0.0)
     return fwd, bwd
 
 
@@ -48,7 +50,7 @@ def edge_cost(graph, producer, consumer, operand_index, s_prod, s_cons, mesh, cl
     """Seconds of forward + backward resharding on the edge producer -> consumer.operands[i]."""
     p = graph.nodes[producer] if isinstance(producer, str) else producer
     c = graph.nodes[consumer] if isinstance(consumer, str) else consumer
-    fwd, bwd = edge_times(p, c.operands[operand_index], s_prod, s_cons, mesh, cluster, settings)
+    fwd, bwd = edge_times(p, c.operands[operand_index], s_prod, s_cons, mesh, cluster, settings, consumer=c)
     return fwd + bwd
 
 

@@ -220,7 +220,8 @@ def evaluate_sharding(graph, strategies, mesh, cluster, settings, *, owners=None
                 gk = (o.producer, node.name, i, sp, s)
                 fb = gedge.get(gk)
                 if fb is None:
-                    fb = gedge[gk] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings)
+                    fb = gedge[gk] = edge_times(graph.nodes[o.producer], o, sp, s, mesh, cluster, settings,
+                                                consumer=node)
                 edge_memo[ekey] = fb
             f, bw = fb
             if linear and f + bw > 0:

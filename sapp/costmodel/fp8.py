@@ -6,31 +6,50 @@ convert them: torchtitan's float8 converter swaps every nn.Linear but the filter
 output layer is Megatron-Core's own ColumnParallelLinear, bf16).  Attention's score GEMMs, the
 embedding and the head stay bf16.
 
-Their time, per GEMM (forward: Y = X·W; backward: dX = dY·Wᵀ and dW = Xᵀ·dY):
-  - the arithmetic at the cluster's FP8 rate (`Cluster.fp8_peak_flops`) at the same fraction of it
-    the bf16 GEMMs reach, on the same summed roofline, with the operands read at one byte;
-  - the casts, memory-bound passes of their own:
-      "tensorwise" (torchao's Float8Linear, dynamic scaling, eager): each operand's amax (a read, 2 bytes
-        an element) then the cast (read 2, write 1), for X and W in forward and for dY, X and W in
-        backward (torchao keeps X and W in bf16 for backward and casts them again), two launches
-        each;
-      "delayed" (Transformer Engine): the scale comes from the amax history and the amax is taken
-        inside a fused cast-transpose (read 2, write 1 + 1) for X and W in forward, dY in backward;
-        the FP8 weight and its transpose are kept across the step's micro-batches (2 bytes per weight
-        element of memory).
-Activation memory is priced at bf16 (torchao keeps the bf16 input; Transformer Engine keeps the FP8
-input, 1 byte: an upper bound there, said in the plan's notes)."""
+Their time, per GEMM (forward: Y = X·W; backward: dX = dY·Wᵀ and dW = Xᵀ·dY): the arithmetic at the
+cluster's FP8 rate (`Cluster.fp8_peak_flops`) at the same fraction of it the bf16 GEMMs reach, on the
+same summed roofline, with the operands read at one byte; and the casts, memory-bound passes of their
+own (bytes an element of the bf16 operand):
+  "tensorwise" (torchao's Float8Linear, dynamic per-tensor scales, torchao/float8 of 2025), eager: each
+      cast is torchao's op sequence, one kernel an op: `torch.max(torch.abs(x))` (abs r2 w2, max r2),
+      `x.to(float32) * scale` (r2 w4, r4 w4), the saturating clamp (r4 w4) and `.to(float8)` (r4 w1):
+      33 B, 6 launches, for X and W in forward and for dY, X and W again in backward
+      (matmul_with_hp_or_float8_args keeps the bf16 X and W and casts them again), and the weight
+      gradient's operands copied into the layouts `_scaled_mm` takes (X and dY, r1 w1 each);
+  the same under torch.compile (the runtime profiles ending "+compile": torchtitan compiles each
+      TransformerBlock, fullgraph) as torchao's own roofline prices a compiled tensorwise cast
+      (torchao/float8/roofline_utils.py get_tensor_memory_traffic_ovhd_s): the amax's first stage
+      (r2) and its second (a launch), then one kernel writing the fp8 copy in both layouts (X, dY: r2
+      w1 w1) or, for the weight, once in forward and again in backward (r2 w1 each); nothing else in
+      backward.  Identical casts of one tensor in one compiled graph are one (the joint graph's CSE):
+      the X that wq / wk / wv (or w1 / w3) read is cast once, each linear priced its share
+      (`fp8_shares`, stamped on the graph beside the autocast widths: costmodel.dtypes.fp8_share_of);
+  "tensorwise-tp": "tensorwise" with torchao's float8 tensor-parallel styles (Float8ColwiseParallel,
+      Float8RowwiseParallel, PrepareFloat8ModuleInput: torchtitan's enable_float8_tensorwise_tp), on
+      torchtitan's sequence-parallel plan: a column-parallel linear's input is cast on this rank's
+      sequence shard (1/tp of the gathered X) before the all-gather, which moves fp8 (1 B an element),
+      and the gathered fp8 X is what backward keeps (no second cast; a copy into the weight
+      gradient's layout, r1 w1 of the gathered X); a row-parallel linear's output gradient is cast to
+      fp8 on the shard before the all-gather of backward (1 B), plus the same layout copy.  The
+      reduce-scatters (forward after wo / w2, backward of the gathers) stay bf16: what they move is a
+      GEMM's bf16 output.  The scalar amax all-reduces over tp are not priced (a latency each);
+  "delayed" (Transformer Engine): the scale comes from the amax history and the amax is taken inside a
+      fused cast-transpose (read 2, write 1 + 1) for X and W in forward, dY in backward; the FP8
+      weight and its transpose are kept across the step's micro-batches (2 bytes per weight element).
+Activation memory is priced at bf16 (torchao keeps the bf16 input, or under the tensor-parallel styles
+and compile the fp8 copy; Transformer Engine keeps the FP8 input, 1 byte: an upper bound there, said in
+the plan's notes)."""
 from __future__ import annotations
 
-CAST_BYTES = {"tensorwise": 5.0, "delayed": 4.0}        # bytes an element per operand cast (above)
-CAST_LAUNCHES = {"tensorwise": 2, "delayed": 1}
-WEIGHT_CACHE_BYTES = {"tensorwise": 0.0, "delayed": 2.0}
+from .fp8_linears import fp8_shares, is_fp8_linear  # noqa: F401  (which ops, and who shares an input)
 
-
-def is_fp8_linear(node) -> bool:
-    """A linear layer inside a repeated block: a matmul with a weight."""
-    return node.kind == "matmul" and node.block is not None and any(
-        o.param is not None and len(o.shape) == 2 for o in node.operands)
+TENSORWISE = ("tensorwise", "tensorwise-tp")
+TP_GATHER = "tensorwise-tp"         # the recipe whose tensor-parallel collectives move fp8
+EAGER_CAST, EAGER_LAUNCHES = 33.0, 6            # torchao's cast op by op (above)
+AMAX, CAST_ONE, CAST_BOTH = 2.0, 3.0, 4.0       # compiled: amax stage 1; one-layout cast; both layouts
+LAYOUT_COPY = 2.0                               # an fp8 tensor copied into the other layout (r1 w1)
+DELAYED_CAST = 4.0                              # Transformer Engine's cast-transpose
+WEIGHT_CACHE_BYTES = {"delayed": 2.0}
 
 
 def fp8_rate_ratio(cluster) -> float:
@@ -38,9 +57,76 @@ def fp8_rate_ratio(cluster) -> float:
     return float(getattr(cluster, "fp8_peak_flops", 0.0) or 0.0) / cluster.peak_flops
 
 
-def fp8_times(node, numel, ff, fb, cluster, settings, grad: bool, overlap: float) -> tuple:
+def compiled(settings) -> bool:
+    """The blocks run under torch.compile: the runtime profiles ending "+compile" (costmodel/settings.py)."""
+    return settings.runtime.endswith("+compile")
+
+
+def edge_width(prod, cons, backward: bool, settings, width: float) -> float:
+    """Bytes an element an activation edge moves: 1 under "tensorwise-tp" into an FP8 linear (its
+    input gathered as fp8) and, backward, out of one (its output's gradient cast before the gather);
+    `width` otherwise."""
+    if settings.fp8 != TP_GATHER:
+        return width
+    node = prod if backward else cons
+    return 1.0 if node is not None and is_fp8_linear(node) else width
+
+
+def _tp_split(node, numel) -> tuple:
+    """(column-parallel, row-parallel, tp): how the strategy splits the linear's weight (the local
+    X and output element counts against their whole ones tell which side is split)."""
+    w = [o for o in node.operands if o.param is not None]
+    tp = (sum(o.numel for o in w) / max(1.0, sum(numel(o) for o in w))) if w else 1.0
+    if tp <= 1.0 + 1e-9:
+        return False, False, 1.0
+    xs = [o for o in node.operands if o.param is None]
+    rx = sum(o.numel for o in xs) / max(1.0, sum(numel(o) for o in xs)) if xs else 1.0
+    ry = node.out.numel / max(1.0, numel(None))
+    return ry > rx, rx > ry, tp
+
+
+def tensorwise_casts(node, numel, settings, share: int = 1) -> tuple:
+    """((forward bytes, launches), (backward bytes, launches)) of a tensorwise FP8 linear's casts on
+    this rank (module docstring: eager or compiled, with or without the float8 tensor-parallel styles);
+    `share`: the FP8 linears reading its input (fp8_shares)."""
+    x = sum(numel(o) for o in node.operands if o.param is None)
+    w = sum(numel(o) for o in node.operands if o.param is not None)
+    y = numel(None)
+    comp = compiled(settings)
+    share = share if comp else 1
+    col, row, tp = _tp_split(node, numel) if settings.fp8 == TP_GATHER else (False, False, 1.0)
+    cast, launches = (AMAX + CAST_ONE, 3) if comp else (EAGER_CAST, EAGER_LAUNCHES)
+    fb, fl = cast * w, launches                         # the weight, forward
+    bb, bl = (CAST_ONE * w, 1) if comp else (EAGER_CAST * w, EAGER_LAUNCHES)   # and again for dX
+    if col or row:              # the fp8 input is kept for backward: one cast, and the layout copy
+        xs = x / tp if col else x                       # (PrepareFloat8ModuleInput: once a module)
+        fb += cast * xs / share
+        fl += launches / share
+        bb += LAYOUT_COPY * x / share
+        bl += 1.0 / share
+    elif comp:                  # torchao's roofline: both layouts in one kernel, nothing in backward
+        fb += (AMAX + CAST_BOTH) * x / share
+        fl += launches / share
+    else:                       # eager: cast in forward, again in backward, then the layout copy
+        fb += EAGER_CAST * x
+        fl += EAGER_LAUNCHES
+        bb += (EAGER_CAST + LAYOUT_COPY) * x
+        bl += EAGER_LAUNCHES + 1
+    if row:                     # dY cast on the shard before backward's all-gather, then its copy
+        bb += cast * y / tp + LAYOUT_COPY * y
+        bl += launches + 1
+    elif comp:
+        bb += (AMAX + CAST_BOTH) * y
+        bl += launches
+    else:
+        bb += (EAGER_CAST + LAYOUT_COPY) * y
+        bl += EAGER_LAUNCHES + 1
+    return (fb, fl), (bb, bl)
+
+
+def fp8_times(node, numel, ff, fb, cluster, settings, grad: bool, overlap: float, share: int = 1) -> tuple:
     """(forward s, backward s, weight-cache bytes) of an FP8 linear; `numel(operand or None)` the
-    local element count of an operand (None: the output)."""
+    local element count of an operand (None: the output); `share` as tensorwise_casts."""
     from .primitives import compute_time, kernel_efficiency
     recipe = settings.fp8
     ratio = fp8_rate_ratio(cluster)
@@ -50,12 +136,14 @@ def fp8_times(node, numel, ff, fb, cluster, settings, grad: bool, overlap: float
     out_w = 2.0                     # the GEMM writes bf16
     eff_f = kernel_efficiency("matmul", False, cluster, settings) * ratio
     eff_b = kernel_efficiency("matmul", True, cluster, settings) * ratio
-    cast, launches = CAST_BYTES[recipe], CAST_LAUNCHES[recipe]
+    if recipe in TENSORWISE:
+        (cf, lf), (cb, lb) = tensorwise_casts(node, numel, settings, share)
+    else:
+        (cf, lf), (cb, lb) = (DELAYED_CAST * (x + w), 2), (DELAYED_CAST * y, 1)
     fwd = compute_time(ff, x + w + out_w * y, cluster, 1, efficiency=eff_f, overlap=overlap)
-    fwd += compute_time(0.0, cast * (x + w), cluster, 2 * launches)
+    fwd += compute_time(0.0, cf, cluster, lf)
     if not grad:
         return fwd, 0.0, 0.0
     bwd = compute_time(fb, 2 * y + x + w + out_w * (x + w), cluster, 2, efficiency=eff_b, overlap=overlap)
-    again = (x + w) if recipe == "tensorwise" else 0.0         # torchao casts the bf16 X and W again
-    bwd += compute_time(0.0, cast * (y + again), cluster, launches * (3 if again else 1))
-    return fwd, bwd, WEIGHT_CACHE_BYTES[recipe] * w
+    bwd += compute_time(0.0, cb, cluster, lb)
+    return fwd, bwd, WEIGHT_CACHE_BYTES.get(recipe, 0.0) * w

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import SappError
-from .dtypes import fusion_of, operand_bytes, out_bytes
+from .dtypes import fp8_share_of, fusion_of, operand_bytes, out_bytes
 from .fp8 import fp8_times, is_fp8_linear
 from .grads import carries_grad
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
@@ -181,6 +181,14 @@ def megatron_cross_entropy_bytes(node, factors, settings):
     return n * CE_FWD_BYTES + rest, n * CE_BWD_BYTES
 
 
+def _fp8_linear(node, f, ff, fb, cluster, settings, ov) -> tuple:
+    """fp8_times of a linear under the split factors `f`, with the FP8 linears sharing its input."""
+    def numel(o):
+        t = node.out if o is None else o
+        return _local_numel(t.shape, t.dims, f)
+    return fp8_times(node, numel, ff, fb, cluster, settings, carries_grad(node), ov, fp8_share_of(node))
+
+
 def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     """Cost of one op under `strategy`.  `params` optionally maps the parameter names this node
     accounts for to whether they are trainable (a parameter shared by several ops is accounted once,
@@ -226,10 +234,7 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
                            own * launches_of(node.kind, True, async_launch), floor=floor_b,
                            efficiency=kernel_efficiency(node.kind, True, cluster, settings), overlap=ov) if carries_grad(node) else 0.0
     if settings.fp8 and is_fp8_linear(node):        # its GEMMs at the FP8 rate, and the casts (costmodel/fp8.py)
-        def numel(o):
-            t = node.out if o is None else o
-            return _local_numel(t.shape, t.dims, f)
-        c.fwd_s, c.bwd_s, c.param_bytes = fp8_times(node, numel, ff, fb, cluster, settings, carries_grad(node), ov)
+        c.fwd_s, c.bwd_s, c.param_bytes = _fp8_linear(node, f, ff, fb, cluster, settings, ov)
     seen = set()
     for o in node.operands:
         if o.param is None or o.param in seen:

@@ -40,6 +40,7 @@ WHY_NOT = {
 }
 MEGATRON_FORMATS = ("e4m3", "hybrid")
 TT_NAME = "quantize.linear.float8"                  # the converter name torchtitan 0.2.2 registers
+TT_TP_RECIPE = "tensorwise-tp"      # with torchao's float8 tensor-parallel styles (engines/torchtitan_2506.py)
 TT_FILTER = ["output"]                              # the head stays bf16, as sapp prices it
 # (--fp8-param-gather is refused by megatron_fields.check itself, with or without --fp8-format)
 MEGATRON_REFUSED = ("--no-fp8-wgrad", "--disable-fp8-wgrad", "--first-last-layers-bf16")
@@ -64,7 +65,12 @@ def conform(out, engine: str, notes: list) -> None:
     want = RECIPE.get(engine)
     if want is None:
         raise EngineError(f"the plan is priced with FP8 linear layers ({out.fp8}): {WHY_NOT[engine]}")
-    if out.fp8 != want:
+    if out.fp8 == TT_TP_RECIPE and want == "tensorwise":
+        notes.append("the plan was priced with float8 tensor-parallel all-gathers (tensorwise-tp); torchtitan "
+                     "0.2.2 runs them in bf16 (its apply_tp looks for a converter named 'float8', which 0.2.2 "
+                     f"registers as '{TT_NAME}'): re-priced as tensorwise")
+        out.fp8 = want
+    elif out.fp8 != want:
         notes.append(f"the plan was priced with {out.fp8} FP8 scaling; {engine} runs {want} "
                      f"({'Transformer Engine' if engine == 'megatron' else 'torchao Float8Linear'}): re-priced so")
         out.fp8 = want

@@ -24,6 +24,7 @@ from . import fp8
 from .arch_hf import torchtitan_attention_agrees, unlike_llama3
 from .mapping import EngineConfig, EngineError
 from .torchtitan_2412 import PROFILE as _ERA, PROFILE_COMPILE as _ERA_COMPILE, is_era, translate
+from .torchtitan_2506 import is_2506, translate as translate_2506
 
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
 PURE_BF16 = "adam-bf16"         # training.dtype = "bfloat16" as a CostSettings optimizer (costmodel/settings.py)
@@ -232,8 +233,10 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise EngineError(f"not a TOML file ({e})") from None
-    runtime, era_notes = RUNTIME, []
-    if is_era(doc):             # torchtitan's schema of before 2025-02: its fields choose the profile
+    runtime, era_notes, tp_float8 = RUNTIME, [], False
+    if is_2506(doc):            # torchtitan's schema of mid-2025 (its June 2025 benchmark): likewise
+        doc, runtime, era_notes, tp_float8 = translate_2506(doc)
+    elif is_era(doc):           # torchtitan's schema of before 2025-02: its fields choose the profile
         doc, runtime, era_notes = translate(doc)
     from .torchtitan_fields import check
     check(doc)
@@ -282,6 +285,8 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
         ecfg.mbs, ecfg.m = local, gb // (local * dp)
     ecfg.recompute = _recompute(ac, facts["names"], notes)
     ecfg.fp8 = fp8.torchtitan_read(doc)
+    if tp_float8 and ecfg.fp8 and tp > 1:      # float8 all-gathers under tp (engines/torchtitan_2506.py)
+        ecfg.fp8 = fp8.TT_TP_RECIPE
     ecfg.runtime = runtime
     _run_notes(ecfg, train, par, comp, zero, pp, notes)
     ecfg.notes = era_notes + notes

@@ -11,6 +11,7 @@ from ..costmodel.dtypes import WIDTHS_KEY, ensure_widths, out_bytes
 from ..costmodel.edges import edge_layouts, translate
 from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
+from ..costmodel.fp8 import edge_width
 from ..costmodel.grads import GRAD_KEY, carries_grad
 from ..costmodel.layouts import reshard_coeffs, reshard_time
 from ..costmodel.memory import saved_items
@@ -193,13 +194,19 @@ class Problem:
             return out_bytes(self.nodes[pv], self.settings)
         return self.settings.act_bytes(o.dtype)
 
+    def _widths(self, pv, cv, o):
+        """(forward, backward) bytes an element the edge moves (FP8 tensor-parallel widths: costmodel/fp8.py)."""
+        w, st = self._width(pv, o), self.settings
+        return (edge_width(self.nodes[pv], self.nodes[cv], False, st, w),
+                edge_width(self.nodes[pv], self.nodes[cv], True, st, w))
+
     def _edge_time(self, pv, cv, i, sp, sc):
         o = self.nodes[cv].operands[i]
         f_src, f_dst, b_src, b_dst = self._layouts(pv, cv, i, sp, sc)
-        nbytes = o.numel * self._width(pv, o)
-        t = self._rs(f_src, f_dst, nbytes)
+        wf, wb = self._widths(pv, cv, o)
+        t = self._rs(f_src, f_dst, o.numel * wf)
         if self.settings.is_float(o.dtype) and carries_grad(self.nodes[pv]):
-            t += self._rs(b_src, b_dst, nbytes)
+            t += self._rs(b_src, b_dst, o.numel * wb)
         return t
 
     def edge(self, k, sp, sc) -> float:
@@ -213,7 +220,7 @@ class Problem:
         included.  Many strategies share a layout, so the tables are much smaller than the matrix."""
         pv, cv, i, cnt = self.edges[k]
         o = self.nodes[cv].operands[i]
-        nbytes = o.numel * self._width(pv, o)
+        wf, wb = self._widths(pv, cv, o)
         prod = self.nodes[pv]
         pf, pb = [], []
         for s in sps:
@@ -221,10 +228,10 @@ class Problem:
             pf.append(translate(prod.out, o, ol))
             pb.append(translate(prod.out, o, output_grad_layout(ol)))
         cf = [input_layout(o.dims, s) for s in scs]
-        out = [self._factor(pf, cf, nbytes, cnt, False)]
+        out = [self._factor(pf, cf, o.numel * wf, cnt, False)]
         if self.settings.is_float(o.dtype) and carries_grad(prod):
             cb = [input_grad_layout(o.dims, s) for s in scs]
-            out.append(self._factor(pb, cb, nbytes, cnt, True))
+            out.append(self._factor(pb, cb, o.numel * wb, cnt, True))
         return out
 
     def _factor(self, prod_lays, cons_lays, nbytes, cnt, backward):
