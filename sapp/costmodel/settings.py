@@ -22,8 +22,9 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 # FP8 linear layers (costmodel/fp8.py): "tensorwise" (torchao's Float8Linear as torchtitan's float8
 # converter runs it: dynamic per-tensor scales, an amax pass and a cast per operand and step) or
 # "delayed" (Transformer Engine's --fp8-recipe delayed in Megatron-LM: the scale from an amax history,
-# the amax taken inside the cast).  "" = no FP8.
-FP8_RECIPES = ("tensorwise", "delayed")
+# the amax taken inside the cast); "tensorwise-tp": "tensorwise" with torchao's float8 tensor-parallel
+# styles (torchtitan's enable_float8_tensorwise_tp: the gathers move fp8).  "" = no FP8.
+FP8_RECIPES = ("tensorwise", "tensorwise-tp", "delayed")
 # The runtime a plan is priced for (the module docstring says why):
 #   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
 #            losses, fp32 spreading through element-wise ops), one kernel per operator;
