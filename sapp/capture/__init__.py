@@ -212,11 +212,13 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
     from .fuse import fuse_rms_norms
     conv = Converter(batch, strip)
     kinds = {}
+    firsts = {}
+    for name, m in root.named_modules():
+        firsts.setdefault(id(m), name)
     for s in ep.graph_signature.input_specs:
-        if s.kind == InputKind.PARAMETER:
-            kinds[s.arg.name] = ("param", s.target)
-        elif s.kind == InputKind.BUFFER:
-            kinds[s.arg.name] = ("buffer", s.target)
+        if s.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            kinds[s.arg.name] = ("param" if s.kind == InputKind.PARAMETER else "buffer",
+                                 _first_path(root, s.target, firsts))
         elif s.kind == InputKind.USER_INPUT:
             kinds[s.arg.name] = ("input", s.arg.name)
         else:
@@ -266,6 +268,20 @@ def _from_export(ep, root, strip, batch, gname, model, expand):
             return q[len(strip):] if strip and q.startswith(strip) else q
         meta["tied"] = {st(a): st(tied[a]) for a in sorted(tied)}
     return OpGraph(gname, nodes, params, outputs, batch, blocks, group_blocks(nodes, blocks), meta)
+
+
+def _first_path(root, q: str, firsts: dict) -> str:
+    """`q` by the first path of the module holding it: one module registered under two paths
+    (performer-pytorch keeps its layers under `net` and `proj_updater.instance`) is named everywhere by
+    the path named_modules gives first, which export may not pick.  A weight two modules share (a tied
+    table) keeps its name (`_untie`)."""
+    mod_q, _, leaf = q.rpartition(".")
+    try:
+        mod = root.get_submodule(mod_q) if mod_q else root
+    except AttributeError:
+        return q
+    name = firsts.get(id(mod), mod_q)
+    return f"{name}.{leaf}" if name else leaf
 
 
 def _untie(ep, root, kinds):

@@ -135,11 +135,16 @@ def select(c):
 
 
 def cat(c):
+    """cat(tensors, dim): the cat axis is kept whole (a shard of it would be pieces of two inputs),
+    except where one input is the whole output (the others empty: Performer's cat of its global heads
+    with no local heads), which maps straight."""
     r = c.out_shape
     d = _axis(int(_arg(c, 1, "dim", 0)), len(r))
-    ind = [tuple(f"a{i}" if (i != d and t.shape[i] == r[i]) else None for i in range(len(t.shape)))
+    whole = [t for t in c.ins if len(t.shape) == len(r) and t.shape[d] == r[d]]
+    alone = len(whole) == 1 and all(t is whole[0] or 0 in tuple(t.shape) for t in c.ins)
+    ind = [tuple(f"a{i}" if ((i != d or alone) and t.shape[i] == r[i]) else None for i in range(len(t.shape)))
            if len(t.shape) == len(r) else tuple(None for _ in t.shape) for t in c.ins]
-    return _view_spec(c, ind, {d}, copies=True)
+    return _view_spec(c, ind, set() if alone else {d}, copies=True)
 
 
 def stack(c):

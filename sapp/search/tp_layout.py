@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from .linears import linears, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
+from .tp_regroup import regroup, regroup_parts
+from .tp_sliced import broadcast, sliceable
 
 
 @dataclass
@@ -39,6 +41,8 @@ class Region:
     closers: list                 # node names of row-split linears
     dims: dict = field(default_factory=dict)   # node -> op dim split on the tp level (members too)
     parts: dict = field(default_factory=dict)  # fused opener node -> its pieces' sizes (split by heads)
+    sliced: dict = field(default_factory=dict)  # node -> operand indices made outside, sliced to a rank's part
+    bcast: dict = field(default_factory=dict)   # expand made outside -> its axis over the split (a rank's share)
     why: str = ""                 # why it is not valid ("" when valid)
 
 
@@ -63,9 +67,10 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
     dims = {o: "n" for o in region.openers}
     order = [n for n in graph.nodes if n in members or n in region.closers]
     inside = set(region.openers) | members
+    sliced, bcast = {}, {}
     for name in order:
         node = graph.nodes[name]
-        got = set()
+        got, unmapped = set(), None
         for j, op in enumerate(node.operands):
             if op.producer not in inside:
                 continue
@@ -75,9 +80,16 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
                 return f"{op.producer} contracts the split before reaching a closer"
             axis = p.out.dims.index(pd)
             d = op.dims[axis] if axis < len(op.dims) else None
+            if d is None and not any(op.dims):
+                continue                # read for its shape only (expand_as's `other`): the audit checks it
+            if d is None and regroup(node, op, axis) is not None:
+                d = regroup(node, op, axis)[0]     # key heads repeated as the inner factor (tp_regroup.py)
             if d is None:
-                return f"{name} ({node.kind}) does not map the split axis of {op.producer}"
+                unmapped = unmapped or f"{name} ({node.kind}) does not map the split axis of {op.producer}"
+                continue
             got.add(d)
+        if unmapped or not got:
+            return unmapped or f"{name} ({node.kind}) reads the split only for its shape"
         if len(got) != 1:
             return f"{name} meets the split on different dims {sorted(got)}"
         d = got.pop()
@@ -93,17 +105,26 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
                 return f"{name} ({node.kind}) cuts the fused split axis into {piece['sizes']}, not all divisible by {tp}"
         elif dim is None or not dim.splittable or dim.batch or dim.size % tp:
             return f"{name} ({node.kind}) cannot split {d} {tp} ways"
-        for op in node.operands:
+        for j, op in enumerate(node.operands):
             if op.producer not in inside and d in op.dims and op.numel > 1:
-                src = op.param or op.producer or "an input"
-                return f"{name} combines the split with {src}, which runs over the same dim unsplit"
+                why = sliceable(graph, node, op, d, inside)
+                if why:
+                    src = op.param or op.producer or "an input"
+                    return f"{name} combines the split with {src}, which runs over the same dim unsplit ({why})"
+                if broadcast(graph, op, op.dims.index(d)):     # the same values on every head
+                    bcast[op.producer] = op.dims.index(d)
+                else:
+                    sliced.setdefault(name, []).append(j)
         if name in graph.outputs:
             return f"{name} is a model output"
         dims[name] = d
-    region.dims = dims
+    region.dims, region.sliced, region.bcast = dims, sliced, bcast
     parts, why = fused_parts(graph, dims, consumers)
-    region.parts = parts
-    return why
+    heads, why2 = regroup_parts(graph, dims, set(linears(graph)), tp)
+    if set(parts) & set(heads):
+        why2 = f"{sorted(set(parts) & set(heads))[0]} is both a fused projection and the queries of repeated key heads"
+    region.parts = {**parts, **heads}
+    return why or why2
 
 
 def piece_cut(node, d):
@@ -414,6 +435,7 @@ def module_parts(graph, strategies: dict, tp_levels: list, sp: set = frozenset()
         if len(ds) == 1 and n not in sp:
             dims[n] = ds.pop()
     parts, _ = fused_parts(graph, dims)
+    parts.update(regroup_parts(graph, dims, set(linears(graph)))[0])
     return {graph.nodes[n].module: list(v) for n, v in sorted(parts.items()) if graph.nodes[n].module}
 
 

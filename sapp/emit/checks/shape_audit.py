@@ -67,6 +67,11 @@ def expected_local(graph, regions: list, tp: int) -> dict:
                 axis = node.out.dims.index(d)
                 shape[axis] //= tp
                 exp[n] = tuple(shape)
+        # a constant repeated over the heads it meets (FAVOR+'s projection), by a rank's head count
+        for n, axis in r.bcast.items():
+            shape = list(exp[n])
+            shape[axis] //= tp
+            exp[n] = tuple(shape)
     return exp
 
 
@@ -100,11 +105,18 @@ def partial_params(graph, regions: list) -> list:
                     out.add(op.param)
                 elif op.producer in derived:
                     out.update(derived[op.producer])
+    # a per-head tensor made outside a region and sliced to a rank's heads where it meets it (ALiBi, a
+    # relative-position bias: tp_layout's Region.sliced): the parameters it is made of get this rank's
+    # heads' gradient only
+    made = _sliced_sources(graph, regions)
+    out.update(p for n in made for p in graph.nodes[n].params)
+    out.update(graph.nodes[n].operands[j].param for r in regions for n, js in r.sliced.items() for j in js
+               if graph.nodes[n].operands[j].param is not None)
     out = {p for p in out if getattr(graph.params.get(p), "trainable", False)}     # not buffers
     # a weight also used whole outside the regions would get that part summed tp times: refused
     inside = {n for r in regions for n in r.dims}
     for name, node in graph.nodes.items():
-        if name in inside or name in derived:
+        if name in inside or name in derived or name in made:
             continue
         used = set(node.params).union(*(derived.get(o.producer, ()) for o in node.operands if o.param is None))
         if used & out:
@@ -113,6 +125,36 @@ def partial_params(graph, regions: list) -> list:
                             f"axis and to whole tensors (op {node.target or node.kind} in module "
                             f"{node.module or '(model)'!r}); sapp cannot sum its gradient right: pin tp=1")
     return sorted(out)
+
+
+def _sliced_sources(graph, regions: list) -> set:
+    """The ops the regions' sliced per-head tensors are made by; PlanError when one of them also
+    feeds an op that uses it whole (its parameters' gradient would then be summed tp times)."""
+    made, stack, uses = set(), [], set()
+    for r in regions:
+        for n, js in r.sliced.items():
+            for j in js:
+                op = graph.nodes[n].operands[j]
+                uses.add((n, op.producer or op.param))
+                if op.producer is not None:
+                    stack.append(op.producer)
+    while stack:
+        cur = stack.pop()
+        if cur not in made:
+            made.add(cur)
+            stack.extend(o.producer for o in graph.nodes[cur].operands if o.producer is not None)
+    consumers = graph.consumers() if made else {}
+    for n in made:
+        for c, _ in consumers[n]:
+            if c not in made and (c, n) not in uses:
+                node = graph.nodes[c]
+                err = PlanError(f"tensor parallelism: {n!r} is sliced to a rank's heads in a split region and used "
+                                f"whole by op {node.target or node.kind} in module {node.module or '(model)'!r}; "
+                                f"sapp cannot sum its gradient right: leave the regions slicing it out of "
+                                f"tp_modules (sapp search plans them gathered) or pin tp=1")
+                err.gather = sorted({graph.nodes[x].module for r in regions if r.sliced for x in r.openers + r.closers})
+                raise err
+    return made
 
 
 def candidates(model: nn.Module, graph, regions: list, tp: int) -> dict:
@@ -203,7 +245,13 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
     # no shape, and every op that does is still compared
     ours = [m for m in mine.nodes.values() if str(m.target) not in _LAYOUT_ONLY]
     theirs = [(n, node) for n, node in graph.nodes.items() if str(node.target) not in _LAYOUT_ONLY]
-    for i, (n, node) in enumerate(theirs):
+    i = -1
+    for n, node in theirs:
+        i += 1
+        # a per-head tensor narrowed to this rank's heads (local_shapes.Localised): an op the global
+        # capture has not, before the op it feeds
+        while i < len(ours) and str(ours[i].target) == _NARROWED and str(node.target) != _NARROWED:
+            i += 1
         got = ours[i] if i < len(ours) else None
         where = f"module {node.module or '(model)'!r}, op {node.target or node.kind}"
         if got is None or got.target != node.target:
@@ -240,6 +288,7 @@ def _refusal(what: str, module: str, node, graph, regions: list) -> PlanError:
 
 # ops that return their input when it already has the layout asked for (no op recorded then)
 _LAYOUT_ONLY = frozenset({"aten.contiguous.default"})
+_NARROWED = "aten.narrow.default"
 
 # at most this many leave-one-out tries when setting every candidate fails the audit
 MAX_TRIES = 8
@@ -271,8 +320,9 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     if parts is not None:
         for r in regions:
             parts.update({graph.nodes[n].module: list(v) for n, v in r.parts.items()})
+    found = partial_params(graph, regions)     # its refusals hold for the search's runnable check too
     if partial is not None:
-        partial.extend(partial_params(graph, regions))
+        partial.extend(found)
     cand = candidates(model, graph, regions, tp) if fix else {}
     tries = [cand] if cand else []
     if 1 < len(cand) <= MAX_TRIES:

@@ -36,28 +36,32 @@ def segments(sizes, tp: int) -> list:
     return out
 
 
-def axis_of(module) -> int:
-    """The weight axis of the output features: HF's Conv1D stores [in, out]."""
-    return 1 if conv1d.is_conv1d(module) else 0
+def axis_of(module, inputs: bool = False) -> int:
+    """The weight axis of the output features (`inputs`: of the input features): HF's Conv1D stores
+    [in, out]."""
+    return (1 if conv1d.is_conv1d(module) else 0) ^ int(inputs)
 
 
-def permute_(module, sizes, tp: int) -> None:
-    """Reorder `module`'s output rows (weight and bias) from the model's order to rank order."""
+def permute_(module, sizes, tp: int, inputs: bool = False) -> None:
+    """Reorder `module`'s output rows (weight and bias) from the model's order to rank order;
+    `inputs`: its input columns instead (a row-split closer reading query heads in that order,
+    sapp/search/tp_regroup.py; its bias is added whole)."""
     idx = torch.tensor(order(sizes, tp), device=module.weight.device)
-    ax = axis_of(module)
+    ax = axis_of(module, inputs)
     with torch.no_grad():
         module.weight.data = module.weight.data.index_select(ax, idx).contiguous()
-        if getattr(module, "bias", None) is not None:
+        if not inputs and getattr(module, "bias", None) is not None:
             module.bias.data = module.bias.data.index_select(0, idx).contiguous()
 
 
-def entries(modules_parts: dict, module_of, tp: int) -> dict:
+def entries(modules_parts: dict, module_of, tp: int, inputs=frozenset()) -> dict:
     """{parameter name: (axis, sizes, tp)} of the permuted layers' weights and biases, for the
-    checkpoint planners.  `module_of(name)`: the running module."""
+    checkpoint planners.  `module_of(name)`: the running module; `inputs`: the names permuted by
+    input columns."""
     out = {}
     for name, sizes in modules_parts.items():
         mod = module_of(name)
-        out[f"{name}.weight"] = (axis_of(mod), tuple(sizes), tp)
-        if getattr(mod, "bias", None) is not None:
+        out[f"{name}.weight"] = (axis_of(mod, name in inputs), tuple(sizes), tp)
+        if name not in inputs and getattr(mod, "bias", None) is not None:
             out[f"{name}.bias"] = (0, tuple(sizes), tp)
     return out

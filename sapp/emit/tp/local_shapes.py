@@ -35,7 +35,36 @@ _FAMILY = {"aten.view.default": "view", "aten.reshape.default": "view", "aten._u
 
 
 def _empty() -> dict:
-    return {"view": set(), "expand": set(), "split": set()}
+    return {"view": set(), "expand": set(), "split": set(), "slice": set()}
+
+
+_BINARY = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor": "mul", "aten.div.Tensor": "div"}
+
+
+def _pattern(graph, node, op, axis=None, tp=1) -> tuple:
+    """An operand's shape with the data batch's axes None (another batch size runs) and `axis` / tp."""
+    batch = {x.name for x in node.dims if x.batch}
+    return tuple(None if d in batch else (s // tp if i == axis else s)
+                 for i, (s, d) in enumerate(zip(op.shape, op.dims)))
+
+
+def _slices(graph, r, tp: int) -> set:
+    """(op family, outside operand's pattern, its axis over the split, global length, the split
+    operand's pattern at a rank's share) of each per-head tensor a region slices (tp_layout's
+    `Region.sliced`: ALiBi's or a relative-position bias)."""
+    out = set()
+    for n, js in r.sliced.items():
+        node = graph.nodes[n]
+        d = r.dims[n]
+        mine = next((o for o in node.operands if o.producer in r.dims and d in o.dims), None)
+        if mine is None or str(node.target) not in _BINARY:
+            continue
+        for j in js:
+            op = node.operands[j]
+            axis = op.dims.index(d)
+            out.add((_BINARY[str(node.target)], _pattern(graph, node, op), axis, int(op.shape[axis]),
+                     _pattern(graph, node, mine, mine.dims.index(d), tp)))
+    return out
 
 
 def rules(graph, regions: list, tp: int) -> dict:
@@ -57,6 +86,7 @@ def rules(graph, regions: list, tp: int) -> dict:
             piece = node.extra.get("piece") if node.kind == "view" else None
             if piece is not None and piece["axis"] == axis and all(s % tp == 0 for s in piece["sizes"]):
                 got["split"].add((axis, tuple(int(s) for s in piece["sizes"])))
+        got["slice"] = _slices(graph, r, tp)
         if any(got.values()):
             owner = _common_module([graph.nodes[n].module for n in r.openers + r.closers])
             have = out.setdefault(owner, _empty())
@@ -88,12 +118,24 @@ def _expand_holds(have: tuple, shape: tuple) -> bool:
     return lead >= 0 and all(s == -1 or h in (1, s) for h, s in zip(have, shape[lead:]))
 
 
-class Localised(TorchFunctionMode):
-    """Rewrites a region's reshapes by global sizes to this rank's share (module docstring)."""
+def _fits(t, pattern) -> bool:
+    return t.dim() == len(pattern) and all(p is None or p == s for p, s in zip(pattern, t.shape))
 
-    def __init__(self, rule: dict, tp: int):
+
+def tp_rank(tp: int) -> int:
+    """This process's index on the tp mesh dim (rank = ((pp_i * dp) + dp_i) * tp + tp_i,
+    parallel.build_mesh); 0 without a process group (the shape audit on meta: shapes only)."""
+    import torch.distributed as dist
+    return dist.get_rank() % tp if dist.is_available() and dist.is_initialized() else 0
+
+
+class Localised(TorchFunctionMode):
+    """Rewrites a region's reshapes by global sizes to this rank's share, and slices a per-head tensor
+    made outside it to this rank's heads where the two meet (module docstring)."""
+
+    def __init__(self, rule: dict, tp: int, rank: int = 0):
         super().__init__()
-        self.rule, self.tp = rule, tp
+        self.rule, self.tp, self.rank = rule, tp, rank
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -130,6 +172,21 @@ class Localised(TorchFunctionMode):
         picks = {p for p in picks if holds(have, p)}
         return picks.pop() if len(picks) == 1 else None
 
+    def sliced(self, fam: str, a, b, inplace: bool):
+        """(a, b) with the one that is a per-head tensor of the rule at its global length narrowed to
+        this rank's heads, where the other is the region's split at a rank's share; None: as given."""
+        pairs = [(1, b, a)] + ([] if inplace else [(0, a, b)])
+        for which, whole, mine in pairs:
+            if not (isinstance(whole, torch.Tensor) and isinstance(mine, torch.Tensor)):
+                continue
+            for f, pat, axis, length, mine_pat in self.rule.get("slice", ()):
+                lead = mine.dim() - whole.dim()
+                if (f == fam and _fits(whole, pat) and _fits(mine, mine_pat) and lead >= 0
+                        and mine.shape[axis + lead] * self.tp == length):
+                    part = whole.narrow(axis, self.rank * (length // self.tp), length // self.tp)
+                    return (a, part) if which == 1 else (part, b)
+        return None
+
     def split(self, t, sizes, dim):
         """The local pieces for `t.split(sizes, dim)`, or None: as given."""
         if type(dim) is not int or not -t.dim() <= dim < t.dim():
@@ -164,8 +221,22 @@ def _split_call(mode, args, kwargs):
     return None if new is None else ((args[0], new, dim), {})
 
 
+def _binary_call(fam, inplace=False):
+    def call(mode, args, kwargs):
+        if len(args) != 2 or not mode.rule.get("slice"):
+            return None
+        new = mode.sliced(fam, args[0], args[1], inplace)
+        return None if new is None else (new, kwargs)
+    return call
+
+
 _CALLS = {"view": _reshape_call("view"), "reshape": _reshape_call("view"), "expand": _reshape_call("expand"),
           "split": _split_call, "split_with_sizes": _split_call}
+for _fam, _names in {"add": ("add", "__add__", "__radd__"), "sub": ("sub", "__sub__", "__rsub__"),
+                     "mul": ("mul", "__mul__", "__rmul__"), "div": ("div", "__truediv__", "__rtruediv__")}.items():
+    _CALLS.update({n: _binary_call(_fam) for n in _names})
+    _CALLS.update({n: _binary_call(_fam, inplace=True) for n in (f"{_fam}_", f"__i{_fam}__")})
+_CALLS["__itruediv__"] = _binary_call("div", inplace=True)
 
 
 class _Forward:
@@ -175,7 +246,7 @@ class _Forward:
         self.forward, self.rule, self.tp = forward, rule, tp
 
     def __call__(self, *args, **kwargs):
-        with Localised(self.rule, self.tp):
+        with Localised(self.rule, self.tp, tp_rank(self.tp)):
             return self.forward(*args, **kwargs)
 
 

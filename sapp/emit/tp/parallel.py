@@ -248,10 +248,11 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
             sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
         mine = {n: parts[n] for n in plan if n in (parts or {})}
+        cols = {n for n in mine if styles[n] == "rowwise"}     # a closer of repeated key heads' queries
         for n, sizes in mine.items():       # before DTensor splits the rows: each rank's block, its heads
-            fused.permute_(mods[n], sizes, tp_mesh.size())
+            fused.permute_(mods[n], sizes, tp_mesh.size(), inputs=n in cols)
         if permuted is not None:
-            permuted.update(fused.entries(mine, mods.get, tp_mesh.size()))
+            permuted.update(fused.entries(mine, mods.get, tp_mesh.size(), cols))
         if plan:
             _parallelize_tied(module, tp_mesh, plan, originals)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)

@@ -1,0 +1,62 @@
+"""Decoders of the probe set's libraries (x-transformers, performer-pytorch) whose attention tensor
+parallelism splits by heads, at toy sizes in float64, for tests/test_tp_lib_heads.py: a per-head bias
+made outside the split block (ALiBi, T5-style relative positions), an l2 qk-norm over the head dim,
+grouped-query attention whose key heads are repeated as `(r kvh)`, and Performer's FAVOR+ (a random
+projection repeated over the heads).  Each class builds the library's model as its README shows and
+returns the logits; the file loads on its own (tests/emit_workers/custom_sp_run.py loads it by path)."""
+import torch
+from torch import nn
+
+SEQ, VOCAB, DIM = 8, 64, 32
+
+
+def _xt(**attn):
+    from x_transformers import Decoder, TransformerWrapper
+    return TransformerWrapper(num_tokens=VOCAB, max_seq_len=SEQ,
+                              attn_layers=Decoder(dim=DIM, depth=2, **dict({"heads": 4, "attn_dim_head": 8}, **attn)))
+
+
+class _Lib(nn.Module):
+    """The library's model in float64 on the device in use (meta for the search): Performer draws
+    its projection with a QR at build, which meta cannot run, so every model is built on the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        dev = torch.empty(0).device
+        with torch.device("cpu"):
+            net = self.make()
+        self.net = net.to(device=dev, dtype=torch.float64)
+
+    def forward(self, ids):
+        return self.net(ids)
+
+
+class XtAlibi(_Lib):
+    def make(self):
+        return _xt(alibi_pos_bias=True, alibi_num_heads=2)
+
+
+class XtRelPos(_Lib):
+    def make(self):
+        return _xt(rel_pos_bias=True)
+
+
+class XtQKNorm(_Lib):
+    def make(self):
+        return _xt(attn_qk_norm=True)
+
+
+class XtGQA(_Lib):
+    """Rotary, RMSNorm, GLU and 8 query heads over 4 key heads (a rank holds 2: x-transformers runs
+    its grouped branch, not the one-key-head branch it takes at 1); a head width that is no head count
+    (16), so the shape audit's stored sizes are told apart."""
+
+    def make(self):
+        return _xt(heads=8, attn_kv_heads=4, attn_dim_head=16, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_no_bias=True)
+
+
+class PerformerCausal(_Lib):
+    def make(self):
+        from performer_pytorch import PerformerLM
+        return PerformerLM(num_tokens=VOCAB, max_seq_len=SEQ, dim=DIM, depth=2, heads=4, dim_head=8, causal=True,
+                           nb_features=16, feature_redraw_interval=None)

@@ -1,0 +1,61 @@
+"""Tensor parallelism split by heads on the probe set's decoders beyond nanoGPT and litgpt (issue 51,
+item 5): x-transformers' ALiBi and relative-position decoders (a per-head bias made outside the split
+block, sliced to a rank's heads where it meets the scores: sapp/search/tp_sliced.py, its parameters'
+gradient summed over tp), its qk-norm decoder (F.normalize reads the split for its shape only), its
+grouped-query decoder (key heads repeated as `(r kvh)`: the queries' rows and the closer's columns put
+in rank order, sapp/search/tp_regroup.py) and Performer's FAVOR+ (a projection repeated over a rank's
+heads).  tp=2 on 2 gloo processes, 3 Adam steps in float64, against one process trained the same way;
+the plan is sapp's own search, its runnable check the emitter's shape audit."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+for _lib in ("x_transformers", "performer_pytorch"):
+    if importlib.util.find_spec(_lib) is None:
+        pytest.skip(f"{_lib} is not installed (the probe extra)", allow_module_level=True)
+
+from tests.emit_workers import lib_heads_models as LM  # noqa: E402
+
+ATTN = {"XtAlibi": ("net.attn_layers.layers.{}.1", 0), "XtRelPos": ("net.attn_layers.layers.{}.1", 0),
+        "XtQKNorm": ("net.attn_layers.layers.{}.1", 0), "XtGQA": ("net.attn_layers.layers.{}.1", 0),
+        "PerformerCausal": ("net.performer.net.layers.{}.0.fn", 0)}
+
+
+def _searched(cls, tmp_path):
+    from sapp.api import search
+    from sapp.emit.runtime.program import default_loss
+    from tests.emit_workers import custom_sp_run
+    with torch.device("meta"):
+        meta = cls()
+    x, y = custom_sp_run._data(cls, 0)
+    plan = search(meta, custom_sp_run.TP_CLUSTER, global_batch=custom_sp_run.BATCH, example_inputs=(x,),
+                  loss_fn=default_loss, targets=y, constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0, "sp": False})
+    path = os.path.join(tmp_path, "plan.json")
+    plan.save(path)
+    return plan, path
+
+
+@pytest.mark.parametrize("name", list(ATTN))
+def test_attention_split_by_heads_equals_one_process(name, tmp_path):
+    from tests.emit_workers import custom_sp_run
+    cls = getattr(LM, name)
+    plan, path = _searched(cls, tmp_path)
+    styles = plan._d["tp_modules"]
+    assert plan.parallel["tp"] == 2, plan.parallel
+    block = ATTN[name][0]
+    for i in (0, 2) if name.startswith("Xt") else (0, 1):     # x-transformers: attention, ff, attention, ff
+        attn = block.format(i)
+        assert [styles.get(f"{attn}.{p}") for p in ("to_q", "to_k", "to_v", "to_out")] == \
+            ["colwise"] * 3 + ["rowwise"], (attn, styles)
+    assert not any("gathered" in n for n in plan._d["notes"]), plan._d["notes"]
+    if name == "XtGQA":     # the queries' rows and the closer's columns in rank order: 2 pieces (8 / 4 heads)
+        parts = plan._d["tp_layout"]["parts"]
+        assert parts[f"{block.format(0)}.to_q"] == [64, 64] and parts[f"{block.format(0)}.to_out"] == [64, 64], parts
+    ref = custom_sp_run.single(cls)
+    ranks = custom_sp_run.launch(f"{LM.__file__}:{name}", path, tmp_path, timeout=240)
+    for rank, res in sorted(ranks.items()):
+        losses = res["losses"]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
