@@ -1,27 +1,29 @@
 """Every architecture field of the HF catalogue's decoders reaches each engine, or the export refuses
 (issue 52, item 1's "done when"): transformers' own config classes, shrunk, each field set to a value
-other than its default (tests/test_engines_arch.PROBES), exported to Megatron, torchtitan 0.3,
-torchtitan 0.2.2 and DeepSpeed, and the export read back by the engine's own parser:
+other than its default (tests/test_engines_arch.PROBES, MORE, EXTRA below: rope scaling types, partial
+rotary), exported to Megatron, torchtitan 0.3, torchtitan 0.2.2 and DeepSpeed, and the export read back
+by the engine's own code (tests/field_walk_views.py):
 
   Megatron      the flags read as Megatron-LM core_v0.16.1's parser reads them (its recorded argument
-                table, tests/data/megatron_core_v0.16.1_args.json: dest, default, store_true/false), then
-                Megatron-Core's own TransformerConfig built from them (it validates) and its
-                is_layer_window_attention per layer;
+                table), then Megatron-Core's own TransformerConfig built from them (it validates), its
+                is_layer_window_attention per layer, and what its pretrain_gpt builder passes to GPTModel
+                (rope scaled by 8 whatever --rope-scaling-factor says: checked against its source);
   torchtitan    the flavor the file names (0.2.2: its ConfigManager; 0.3: sapp's ast reader) and that
                 flavor's TransformerModelArgs from torchtitan's own source (the installed 0.2.2);
   DeepSpeed     DeepSpeedConfig accepts the file, which trains the user's HF module: the export names the
-                config.json the script must build, and that file holds the field.
+                config.json the script must build.
 
-Each (config, field) is carried (the engine's parsed model holds the HF value), refused (one line
-naming the field, or the model type for a decoder sapp writes no engine model of), or dropped; the
-walk asserts 0 dropped and its counts are printed (`-s`).  The walk reads each config.json as export_plan
-does (sapp/engines/arch.py), without capturing each probe; the other causal-LM types of the catalogue are
-refused by model type (not walked here)."""
+The decoders: CARRIED (the ten types sapp writes engine models of: Llama, Mistral, Mixtral, Qwen2,
+Qwen2-MoE, Qwen3, Qwen3-MoE, StableLM, Phi-3, Starcoder2) field by field; REFUSED (Gemma 1-3, OLMo2,
+OLMoE, DeepSeek-V2/V3, GPT-NeoX, Falcon, Cohere, GraniteMoE) with each of item 1's fields they have
+nudged, every export refused in one line naming the field Megatron-Core cannot state.  Each (config,
+field) is carried (the engine's parsed model holds the HF value), refused (one line naming the field),
+noted (torchtitan: no model written, the note naming the field), no effect, or dropped; the walk
+asserts 0 dropped and prints its counts (`-s`)."""
 from __future__ import annotations
 
-import ast
+import copy
 import json
-import math
 import os
 import sys
 
@@ -32,164 +34,18 @@ from sapp.engines import EngineError
 from sapp.engines.mapping import EngineConfig
 
 from tests import engine_validate
+from tests.field_walk_views import hf_view as _hf_view, megatron_view as _megatron_view
+from tests.field_walk_views import torchtitan_flavors as _torchtitan_flavors
 from tests.test_engines_arch import DECODERS, PROBES, _hf_config, _with
 
 HERE = os.path.dirname(__file__)
-ARGS = json.load(open(os.path.join(HERE, "data", "megatron_core_v0.16.1_args.json")))
 SEQ = 256
 COUNTS = {}
 # fields a torchtitan note states as the sizes it lists (layers, hidden, heads / kv, ffn, vocabulary)
 SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
-# ---- the HF model as transformers builds it: what every engine must compute ------------------------------
-def _hf_view(path):
-    """The architecture transformers builds from `path`, keyed as the engines' views are."""
-    from sapp.models.hf import load_config
-    c = load_config(path, {})
-    mt, g = c.model_type, (lambda k, d=None: getattr(c, k, d))
-    L, h, a = c.num_hidden_layers, c.hidden_size, c.num_attention_heads
-    rp = g("rope_parameters") or {}
-    kind = rp.get("rope_type", "default")
-    v = dict(layers=L, hidden=h, heads=a, kv_heads=g("num_key_value_heads") or a, head_dim=g("head_dim") or h // a,
-             vocab=c.vocab_size, norm="RMSNorm", norm_eps=c.rms_norm_eps, act=c.hidden_act,
-             rope_base=float(rp.get("rope_theta", 10000.0)), rope_type=kind,
-             rope_factor=float(rp["factor"]) if kind != "default" else None,
-             rope_fixed={k: rp.get(k) for k in ("low_freq_factor", "high_freq_factor",
-                                                "original_max_position_embeddings")} if kind != "default" else None,
-             bias=bool(g("attention_bias") or g("mlp_bias")), tied=bool(c.tie_word_embeddings),
-             attention_dropout=float(g("attention_dropout", 0.0) or 0.0), router_jitter=g("router_jitter_noise", 0.0))
-    v["qkv_bias"] = mt == "qwen2" or bool(g("qkv_bias")) or bool(g("attention_bias"))
-    w, types = g("sliding_window"), g("layer_types")
-    on = w and g("use_sliding_window") is not False
-    v["window"] = [bool(on and (t == "sliding_attention" if types else True)) for t, _ in
-                   zip(types or [None] * L, range(L))]
-    v["window_size"] = w if any(v["window"]) else None
-    v["ffn"] = c.intermediate_size
-    if mt == "mixtral":
-        v.update(experts=c.num_local_experts, top_k=c.num_experts_per_tok, expert_ffn=c.intermediate_size,
-                 moe=[True] * L, shared_ffn=0, shared_gate=False, pre_softmax=False)
-    elif mt == "qwen2_moe":
-        moe = [i not in set(c.mlp_only_layers or ()) and (i + 1) % c.decoder_sparse_step == 0 for i in range(L)]
-        v.update(experts=c.num_experts, top_k=c.num_experts_per_tok, expert_ffn=c.moe_intermediate_size, moe=moe,
-                 shared_ffn=c.shared_expert_intermediate_size, shared_gate=True, pre_softmax=not c.norm_topk_prob)
-    return v
-
-
-# ---- Megatron: the flags as Megatron-LM's parser reads them, into Megatron-Core's config ----------------
-def _namespace(text):
-    """{dest: value} of an argument file as core_v0.16.1's parser reads it (its recorded table): an unknown
-    flag fails here as argparse would."""
-    from sapp.engines.megatron import tokens
-    table = {f: row for row in ARGS["flags"] for f in row["flags"]}
-    ns = {row["dest"]: row["default"] for row in ARGS["flags"]}
-    for flag, val in tokens(text).items():
-        row = table[flag]
-        if row["nargs"] == 0:
-            ns[row["dest"]] = not row["default"] if isinstance(row["default"], bool) else True
-        else:
-            d = row["default"]
-            try:        # (a typed flag; moe_freq_type's list expressions stay text)
-                ns[row["dest"]] = type(d)(val) if isinstance(d, (int, float)) and not isinstance(d, bool) else val
-            except ValueError:
-                ns[row["dest"]] = val
-    return ns
-
-
-def _list_expr(v):
-    """Megatron-LM's moe_freq_type: an int, or a Python list expression of [0]*n + [1]*m (evaluated here
-    without eval: lists, *, + only)."""
-    def ev(n):
-        if isinstance(n, ast.Constant) and isinstance(n.value, int):
-            return n.value
-        if isinstance(n, ast.List):
-            return [ev(x) for x in n.elts]
-        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mult, ast.Add)):
-            x, y = ev(n.left), ev(n.right)
-            return x * y if isinstance(n.op, ast.Mult) else x + y
-        raise ValueError(ast.dump(n))
-    return v if v is None or isinstance(v, int) else ev(ast.parse(str(v), mode="eval").body)
-
-
-def _megatron_view(text):
-    import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron.core.transformer.utils import is_layer_window_attention
-    ns = _namespace(text)
-    win = engine_validate._pair(ns["window_size"])
-    skip = _list_expr(ns["window_attn_skip_freq"])
-    E_ = int(ns["num_experts"]) if ns["num_experts"] else None
-    L = int(ns["num_layers"])
-    tc = TransformerConfig(
-        num_layers=L, hidden_size=int(ns["hidden_size"]), num_attention_heads=int(ns["num_attention_heads"]),
-        ffn_hidden_size=int(ns["ffn_hidden_size"]), kv_channels=int(ns["kv_channels"]) if ns["kv_channels"] else None,
-        num_query_groups=int(ns["num_query_groups"]) if ns["group_query_attention"] else None,
-        normalization=ns["normalization"], layernorm_epsilon=float(ns["layernorm_epsilon"]),
-        gated_linear_unit=ns["swiglu"], activation_func=F.silu if ns["swiglu"] else F.gelu,
-        add_bias_linear=ns["add_bias_linear"], add_qkv_bias=ns["add_qkv_bias"],
-        attention_dropout=float(ns["attention_dropout"]), hidden_dropout=float(ns["hidden_dropout"]),
-        window_size=win, window_attn_skip_freq=skip, num_moe_experts=E_,
-        moe_router_topk=int(ns["moe_router_topk"]), moe_ffn_hidden_size=int(ns["moe_ffn_hidden_size"])
-        if ns["moe_ffn_hidden_size"] else None,
-        moe_shared_expert_intermediate_size=int(ns["moe_shared_expert_intermediate_size"])
-        if ns["moe_shared_expert_intermediate_size"] else None,
-        moe_shared_expert_gate=ns["moe_shared_expert_gate"], moe_router_pre_softmax=ns["moe_router_pre_softmax"],
-        moe_layer_freq=_list_expr(ns["moe_layer_freq"]), use_cpu_initialization=True)
-    mult = int(ns["make_vocab_size_divisible_by"]) * int(ns["tensor_model_parallel_size"])
-    v = dict(layers=tc.num_layers, hidden=tc.hidden_size, heads=tc.num_attention_heads, kv_heads=tc.num_query_groups,
-             head_dim=tc.kv_channels, vocab=math.ceil(int(ns["vocab_size"]) / mult) * mult, norm=tc.normalization,
-             norm_eps=tc.layernorm_epsilon, act="silu" if tc.gated_linear_unit and tc.activation_func is F.silu
-             else "gelu", rope_base=float(ns["rotary_base"]) if ns["position_embedding_type"] == "rope" else None,
-             rope_type="llama3" if ns["use_rope_scaling"] else "default",
-             rope_factor=float(ns["rope_scaling_factor"]) if ns["use_rope_scaling"] else None,
-             bias=tc.add_bias_linear, qkv_bias=tc.add_qkv_bias or tc.add_bias_linear,
-             tied=not ns["untie_embeddings_and_output_weights"], attention_dropout=tc.attention_dropout,
-             router_jitter=0.0, ffn=tc.ffn_hidden_size,
-             window=[is_layer_window_attention(tc.window_size, tc.window_attn_skip_freq, i + 1) for i in range(L)],
-             window_size=tc.window_size[0] + 1 if tc.window_size else None)
-    if v["rope_factor"] is not None:     # Megatron-Core's _apply_scaling fixes these at Llama 3's values
-        v["rope_fixed"] = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    else:
-        v["rope_fixed"] = None
-    if E_:
-        freq = tc.moe_layer_freq
-        moe = [bool(freq[i]) for i in range(L)] if isinstance(freq, list) else [i % freq == 0 for i in range(L)]
-        v.update(experts=E_, top_k=tc.moe_router_topk, expert_ffn=tc.moe_ffn_hidden_size, moe=moe,
-                 shared_ffn=tc.moe_shared_expert_intermediate_size or 0, shared_gate=tc.moe_shared_expert_gate,
-                 pre_softmax=tc.moe_router_pre_softmax)
-    return v
-
-
-# ---- torchtitan: the flavor the file names, as torchtitan's own source defines it ------------------------
-def _torchtitan_flavors():
-    """{flavor: view} of torchtitan 0.2.2's llama3_args (its models/llama3/__init__.py, read with ast; the
-    arguments built by its own TransformerModelArgs; the FFN width by its FeedForward rule)."""
-    import importlib.util
-    engine_validate._torchtitan_package()
-    root = sys.modules["torchtitan"].__path__[0]
-    spec = importlib.util.spec_from_file_location("_tt_args", os.path.join(root, "models/llama3/model/args.py"))
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    tree = ast.parse(open(os.path.join(root, "models/llama3/__init__.py")).read())
-    table = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "llama3_args")
-    out = {}
-    for k, call in zip(table.keys, table.values):
-        a = m.TransformerModelArgs(**{kw.arg: ast.literal_eval(kw.value) for kw in call.keywords})
-        f = int(2 * 4 * a.dim / 3)
-        f = int(a.ffn_dim_multiplier * f) if a.ffn_dim_multiplier is not None else f
-        rs = a.rope_scaling_args
-        out[k.value] = dict(layers=a.n_layers, hidden=a.dim, heads=a.n_heads, kv_heads=a.n_kv_heads or a.n_heads,
-                            head_dim=a.dim // a.n_heads, vocab=a.vocab_size, norm="RMSNorm", norm_eps=a.norm_eps,
-                            act="silu", rope_base=float(a.rope_theta), rope_type="llama3",
-                            rope_factor=float(rs.scaling_factor), bias=False, qkv_bias=False, tied=False,
-                            attention_dropout=0.0, router_jitter=0.0,
-                            rope_fixed={"low_freq_factor": rs.low_freq_factor, "high_freq_factor": rs.high_freq_factor,
-                                        "original_max_position_embeddings": rs.original_max_position_embeddings},
-                            ffn=a.multiple_of * ((f + a.multiple_of - 1) // a.multiple_of),
-                            window=[False] * a.n_layers, window_size=None)
-    return out
-
-
+# ---- torchtitan: the flavor the file names ------------------------------------------------------------
 def _torchtitan_flavor(engine, text, tmp_path):
     """The flavor torchtitan builds from the file, or None where it names none."""
     if engine == "torchtitan@0.2.2":
@@ -226,7 +82,6 @@ def _export(engine, path, layers):
 
 def _outcome(engine, path, layers, field, base_view, tmp_path, flavors):
     """("carried" | "refused" | "noted" | "no effect" | "dropped", detail)."""
-    want = _hf_view(path)
     out = _export(engine, path, layers)
     if isinstance(out, EngineError):
         msg = str(out)
@@ -235,9 +90,10 @@ def _outcome(engine, path, layers, field, base_view, tmp_path, flavors):
             or "HF model type" in msg
         return ("refused", msg) if named else ("dropped", f"refused without naming {field}: {msg}")
     if engine == "deepspeed":
-        engine_validate.deepspeed(out, 8)           # DeepSpeed's own parser accepts it
+        # DeepSpeed's own parser accepts it; the module it trains is the one built from the config it names
+        engine_validate.deepspeed(out, 8)
         named = path in json.loads(out).get("_comment", "")
-        return ("carried", path) if named and _hf_view(path) == want else ("dropped", "the config is not named")
+        return ("carried", path) if named else ("dropped", "the config is not named")
     if engine == "megatron":
         got = _megatron_view(out)
     else:
@@ -248,37 +104,84 @@ def _outcome(engine, path, layers, field, base_view, tmp_path, flavors):
             named = field is None or field in note or field in SIZES or (field == "rope_parameters" and "rope" in note)
             return ("noted", note) if note and named else ("dropped", f"no flavor, and no note naming {field}: {note}")
         got = flavors[flavor]
+    want = _hf_view(path)
     diff = sorted(k for k in want if k in got and got[k] != want[k])
     if diff:
         return "dropped", {k: (want[k], got[k]) for k in diff}
     return ("carried", "") if field is None or want != base_view else ("no effect", "")
 
 
-def _walk(engine, tmp_path, classes=DECODERS, sizes=None):
-    """{(class, field): outcome} over every probed field of each class."""
+# the catalogue's decoders sapp writes engine models of, each with what its shrunk default needs to be a
+# valid model of the shrunk sizes (Phi-3's pad / eos ids inside the vocabulary; Starcoder2 with exact GELU,
+# the one Megatron-Core's GPT builds: its default tanh GELU is probed below and refused)
+CARRIED = {"LlamaConfig": {}, "MistralConfig": {}, "MixtralConfig": {}, "Qwen2Config": {}, "Qwen2MoeConfig": {},
+           "Qwen3Config": {}, "Qwen3MoeConfig": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 48},
+           "StableLmConfig": {}, "Phi3Config": {"pad_token_id": None, "eos_token_id": 2},
+           "Starcoder2Config": {"hidden_act": "gelu", "bos_token_id": 1, "eos_token_id": 2}}
+# probes of the fields the five first decoders lack (a value other than the shrunk default)
+MORE = {"qk_layernorm": True, "use_parallel_residual": True, "hidden_dropout": 0.1, "use_qkv_bias": True,
+        "layer_norm_eps": 3e-6, "resid_pdrop": 0.1, "norm_epsilon": 3e-6, "use_bias": False, "residual_dropout": 0.1,
+        "embedding_dropout": 0.1}
+BY_CLASS = {"Starcoder2Config": {"hidden_act": "gelu_pytorch_tanh"}}
+_ROPE = {"rope_theta": 10000.0}
+# (field, what, the probe's settings) beside the one-field probes: rope scaling types and partial rotary
+EXTRA = {
+    "LlamaConfig": [("rope_parameters", f"rope {k}", {"rope_parameters": {**_ROPE, **r}}) for k, r in (
+        ("linear", {"rope_type": "linear", "factor": 2.0}), ("dynamic", {"rope_type": "dynamic", "factor": 2.0}),
+        ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}),
+        ("llama3 8", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192}),
+        ("llama3 32", {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}),
+        ("longrope", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                      "original_max_position_embeddings": 256}),
+        # (transformers 5 applies a partial_rotary_factor of any model's rope_parameters)
+        ("partial rotary 0.5", {"rope_type": "default", "partial_rotary_factor": 0.5}))],
+    "StableLmConfig": [("rope_parameters", "partial rotary 0.5", {"rope_parameters": {
+        **_ROPE, "rope_type": "default", "partial_rotary_factor": 0.5}})],
+    "Phi3Config": [("rope_parameters", "partial rotary 0.5", {"rope_parameters": {
+        **_ROPE, "rope_type": "default", "partial_rotary_factor": 0.5}})],
+    "Starcoder2Config": [("residual_dropout", "one dropout 0.1", {"residual_dropout": 0.1, "embedding_dropout": 0.1})],
+}
+
+
+def _probes(cls, base_kw):
+    """[(field, label, settings, reference settings)] of class `cls` over its shrunk base `base_kw`."""
     import transformers as T
     from sapp.engines.arch_hf import FIELDS
+    default = getattr(T, cls)()
+    out = []
+    for k in sorted(set(default.to_dict()) & (set(PROBES) | set(MORE))):
+        if FIELDS[k][0] == "irrelevant":
+            continue
+        v = BY_CLASS.get(cls, {}).get(k, MORE.get(k, PROBES.get(k)))
+        if k == "tie_word_embeddings":
+            v = not default.tie_word_embeddings
+        if k == "layer_types":
+            v = (PROBES[k] * 2)[:4]
+        ref = {**base_kw, **_with(cls, k)}
+        out.append((k, k, {**ref, k: v}, ref))
+    out += [(k, label, {**base_kw, **kw}, base_kw) for k, label, kw in EXTRA.get(cls, ())]
+    return out
+
+
+def _walk(engine, tmp_path, classes=DECODERS, sizes=None):
+    """{(class, probe): outcome} over every probed field of each class (a tuple of classes: shrunk defaults;
+    a dict: each class's base settings)."""
     flavors = _torchtitan_flavors() if engine.startswith("torchtitan") else None
     res = {}
     for cls in classes:
-        base_kw = dict(sizes or {})
-        base = _hf_config(tmp_path / "base", cls, **base_kw)
+        base_kw = {**(classes.get(cls) or {} if isinstance(classes, dict) else {}), **(sizes or {})}
+        base = _hf_config(tmp_path / "base", cls, **copy.deepcopy(base_kw))
         layers = json.load(open(base))["num_hidden_layers"]
         res[(cls, None)] = _outcome(engine, base, layers, None, None, tmp_path, flavors)
-        base_view = _hf_view(base)
-        for k in sorted(set(getattr(T, cls)().to_dict()) & set(PROBES)):
-            if FIELDS[k][0] == "irrelevant":
-                continue
-            kw = {**base_kw, **_with(cls, k), k: PROBES[k]}
-            if k == "tie_word_embeddings":
-                kw[k] = not getattr(T, cls)().tie_word_embeddings
-            if k == "layer_types":
-                kw[k] = PROBES[k][:kw.get("num_hidden_layers", 4)] * 2
-                kw[k] = kw[k][:kw.get("num_hidden_layers", 4)]
-            path = _hf_config(tmp_path / k, cls, **kw)
-            ref = _hf_view(_hf_config(tmp_path / f"{k}-ref", cls, **{**base_kw, **_with(cls, k)}))
-            res[(cls, k)] = _outcome(engine, path, json.load(open(path))["num_hidden_layers"], k, ref, tmp_path,
-                                     flavors)
+        for n, (k, label, kw, ref_kw) in enumerate(_probes(cls, base_kw)):
+            path = _hf_config(tmp_path / f"p{n}", cls, **copy.deepcopy(kw))
+            # (DeepSpeed trains the module the named config builds: no view to compare)
+            ref = None if engine == "deepspeed" else _hf_view(_hf_config(tmp_path / f"p{n}-ref", cls,
+                                                                         **copy.deepcopy(ref_kw)))
+            res[(cls, label)] = _outcome(engine, path, json.load(open(path))["num_hidden_layers"], k, ref, tmp_path,
+                                         flavors)
     return res
 
 
@@ -297,12 +200,26 @@ def test_every_field_of_the_shrunk_decoders_reaches_the_engine_or_is_refused(eng
         pytest.importorskip("megatron.core")
     else:
         pytest.importorskip("deepspeed")
-    res = _walk(engine, tmp_path)
+    res = _walk(engine, tmp_path, CARRIED if engine == "megatron" else {**CARRIED, **dict.fromkeys(REFUSED)})
     assert _report(engine, res) == {}
     assert res[("LlamaConfig", "rms_norm_eps")][0] == "carried"      # (the walk sees what it walks)
     if engine == "megatron":
         assert res[("MistralConfig", "sliding_window")][0] == "carried"
         assert res[("LlamaConfig", "hidden_act")][0] == "refused"
+        assert res[("Qwen3Config", None)][0] == res[("Phi3Config", "partial rotary 0.5")][0] == "carried"
+        assert res[("LlamaConfig", "rope partial rotary 0.5")][0] == "carried"
+        for key, outcome in ((("Qwen3MoeConfig", None), "carried"), (("StableLmConfig", "use_qkv_bias"), "carried"),
+                             (("StableLmConfig", "layer_norm_eps"), "carried"),
+                             (("StableLmConfig", "qk_layernorm"), "refused"),
+                             (("StableLmConfig", "use_parallel_residual"), "refused"),
+                             (("Starcoder2Config", "use_bias"), "carried"), (("Starcoder2Config", "hidden_act"), "refused"),
+                             (("Starcoder2Config", "one dropout 0.1"), "carried"),
+                             (("LlamaConfig", "rope llama3 8"), "carried"), (("LlamaConfig", "rope llama3 32"), "refused")):
+            assert res[key][0] == outcome, (key, res[key])
+        for kind in ("linear", "dynamic", "yarn", "longrope"):
+            assert res[("LlamaConfig", f"rope {kind}")][0] == "refused"
+    else:
+        assert res[("Gemma2Config", None)][0] == res[("DeepseekV3Config", None)][0] == "carried"
 
 
 # Llama 3.1 8B's sizes (rope: Llama 3's scaling, factor 8): torchtitan's llama3 flavor 8B, so that every
@@ -329,3 +246,85 @@ def test_every_field_off_a_torchtitan_flavor_is_carried_or_named(engine, tmp_pat
     plain = _hf_config(tmp_path / "plain", "LlamaConfig", **{**LLAMA31_8B, "rope_parameters": {
         "rope_type": "default", "rope_theta": 500000.0}})
     assert _outcome(engine, plain, 32, "rope_parameters", None, tmp_path, _torchtitan_flavors())[0] == "noted"
+    # the catalogue's other decoders at those sizes: no flavor, the note naming what torchtitan's llama3 lacks
+    # (a copy: StableLM's config class writes its partial_rotary_factor into the rope dict it is given)
+    rope = {"rope_parameters": dict(LLAMA31_8B["rope_parameters"])}
+    for cls, kw, why in (("Qwen3Config", {}, "q_norm / k_norm"), ("Qwen3MoeConfig", {}, "8 experts"),
+                         ("StableLmConfig", rope, "norm LayerNorm"), ("Starcoder2Config", rope, "norm LayerNorm"),
+                         ("Gemma2Config", {}, "attn_logit_softcapping")):
+        path = _hf_config(tmp_path / cls, cls, **copy.deepcopy({**(CARRIED.get(cls) or {}), **LLAMA31_8B, **kw}))
+        got = _outcome(engine, path, 32, None, None, tmp_path, _torchtitan_flavors())
+        assert got[0] == "noted" and why in got[1], (cls, got)
+
+
+MIRROR = "/work/.mirror/NVIDIA+Megatron-LM/repo"
+
+
+@pytest.mark.skipif(not os.path.isdir(MIRROR), reason="needs the fetched Megatron-LM (bench/megatron_accepts.py)")
+def test_megatron_lms_gpt_builder_passes_no_rope_scaling_factor():
+    # what megatron_view (and the export's refusal of a factor other than 8) relies on: core_v0.16.1's
+    # pretrain_gpt builds GPTModel with rope_scaling but not rope_scaling_factor, whose default is 8
+    import subprocess
+    src = subprocess.run(["git", "--git-dir", MIRROR, "show", "core_v0.16.1:gpt_builders.py"], capture_output=True,
+                         text=True, check=True).stdout
+    gpt = subprocess.run(["git", "--git-dir", MIRROR, "show", "core_v0.16.1:megatron/core/models/gpt/gpt_model.py"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "rope_scaling=args.use_rope_scaling" in src and "rope_scaling_factor" not in src
+    assert "rope_scaling_factor: float = 8.0" in gpt
+
+
+# the catalogue's other decoders, each with a field (or module) Megatron-Core's GPT cannot state, which the
+# refusal must name (sapp/engines/arch_hf.UNSTATED)
+REFUSED = {"GemmaConfig": "hidden_act", "Gemma2Config": "attn_logit_softcapping",
+           "Gemma3TextConfig": "attn_logit_softcapping", "Olmo2Config": "q_norm", "OlmoeConfig": "q_norm",
+           "DeepseekV2Config": "kv_lora_rank", "DeepseekV3Config": "kv_lora_rank",
+           "GPTNeoXConfig": "use_parallel_residual", "FalconConfig": "parallel_attn", "CohereConfig": "logit_scale",
+           "GraniteMoeConfig": "embedding_multiplier"}
+# item 1's fields as those classes name them (attention window, rope, qk-norm, softcapping, biases, norm,
+# activation, tying, MoE routing, dense-vs-expert FFN sizes, MLA dimensions)
+ITEM1 = ("sliding_window layer_types rope_parameters rms_norm_eps layer_norm_eps layer_norm_epsilon hidden_act "
+         "hidden_activation attention_bias mlp_bias use_bias bias use_qkv_bias qk_layernorm use_qk_norm "
+         "tie_word_embeddings num_experts_per_tok n_shared_experts norm_topk_prob routed_scaling_factor n_group "
+         "topk_group moe_intermediate_size intermediate_size first_k_dense_replace kv_lora_rank q_lora_rank "
+         "qk_rope_head_dim qk_nope_head_dim v_head_dim attn_logit_softcapping final_logit_softcapping "
+         "query_pre_attn_scalar use_parallel_residual parallel_attn alibi new_decoder_architecture logit_scale "
+         "embedding_multiplier residual_multiplier attention_multiplier logits_scaling rotary_pct").split()
+
+
+def _nudged(v):
+    """A value other than `v` of its type (None where the walk has none to give)."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return 2 * v or 2
+    if isinstance(v, float):
+        return 2 * v or 0.1
+    if isinstance(v, dict) and "rope_theta" in v:
+        return {**v, "rope_theta": 2 * v["rope_theta"]}
+    if isinstance(v, str) and v in ("gelu", "gelu_pytorch_tanh", "silu"):
+        return "relu"
+    return None
+
+
+@pytest.mark.parametrize("cls", sorted(REFUSED))
+def test_a_decoder_megatron_cannot_build_is_refused_naming_the_field(cls, tmp_path):
+    import transformers as T
+    d = getattr(T, cls)().to_dict()
+    probes = [(k, _nudged(d[k])) for k in ITEM1 if k in d and _nudged(d[k]) is not None]
+    assert probes
+    res = {}
+    for k, v in [(None, None)] + probes:
+        try:
+            path = _hf_config(tmp_path / str(k), cls, **({k: v} if k else {}))
+        except (ValueError, TypeError) as e:        # the config class itself rejects the nudged value
+            res[k] = ("rejected by transformers", str(e)[:80])
+            continue
+        out = _export("megatron", path, json.load(open(path))["num_hidden_layers"])
+        assert isinstance(out, EngineError), (cls, k)
+        msg = str(out)
+        assert "\n" not in msg and REFUSED[cls] in msg and "HF model type" in msg, msg
+        res[k] = ("refused", msg)
+    COUNTS.setdefault("megatron, refused types", {}).setdefault(cls, len(res))
+    print(f"\n{cls}: {sum(o == 'refused' for o, _ in res.values())} of {len(res)} refused naming {REFUSED[cls]}")
+    if REFUSED[cls] not in ("q_norm",):         # (a module of the model, not a field of its config)
+        assert REFUSED[cls] in d

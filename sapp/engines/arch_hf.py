@@ -17,8 +17,8 @@ LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwe
 # the catalogue's other decoders, each with the first field Megatron-Core's GPT (core_v0.16.1) cannot state:
 # the export refuses naming it (a type not listed is refused by its model type)
 UNSTATED = {
-    "gemma": "hidden_activation (GeGLU with tanh GELU; Megatron's GLU is SwiGLU or quick-GeGLU), RMSNorm (1 + weight) "
-             "and embeddings scaled by sqrt(hidden_size)",
+    "gemma": "hidden_act gelu_pytorch_tanh (a GeGLU with tanh GELU; Megatron's GLU is SwiGLU or quick-GeGLU), "
+             "RMSNorm (1 + weight) and embeddings scaled by sqrt(hidden_size)",
     "gemma2": "attn_logit_softcapping / final_logit_softcapping (Megatron-Core caps no logits)",
     "gemma3_text": "attn_logit_softcapping / final_logit_softcapping, query_pre_attn_scalar and a rope per layer type",
     "gemma3n_text": "altup / laurel blocks and per-layer inputs",
@@ -29,7 +29,7 @@ UNSTATED = {
     "olmoe": "q_norm / k_norm over the whole projection (Megatron's --qk-layernorm normalises each head)",
     "deepseek_v2": "kv_lora_rank / q_lora_rank (multi-latent attention: sapp writes no --multi-latent-attention)",
     "deepseek_v3": "kv_lora_rank / q_lora_rank (multi-latent attention: sapp writes no --multi-latent-attention), "
-                   "scoring_func / topk_group routing",
+                   "sigmoid router scores with n_group / topk_group routing",
     "gpt_neox": "use_parallel_residual (attention and MLP side by side; Megatron-Core's blocks are sequential)",
     "falcon": "parallel_attn / new_decoder_architecture (attention and MLP side by side) or alibi",
     "cohere": "a parallel attention + MLP block and logit_scale",
