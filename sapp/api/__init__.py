@@ -359,7 +359,8 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
                        recompute=recompute, zero=plan["zero"], stages=stages, sp=bool(par.get("sp", False)),
                        placement=_placement_pins(plan, graph) if graph is not None else None,
                        cp=par.get("cp", 1), dp_replicate=par.get("dp_replicate"),
-                       target=_hsdp_target(plan))
+                       target=_hsdp_target(plan) or ("megatron" if par.get("etp") else None),
+                       etp=par.get("etp", 0) if par.get("ep", 1) > 1 and par["tp"] > 1 else None)
 
 
 def _placement_pins(plan, graph):
@@ -416,7 +417,7 @@ def _plan_config(plan, gb):
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
                   (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
                   cp=par.get("cp", 1), ep=par.get("ep", 1), sp=bool(par.get("sp", False)),
-                  rep=par.get("dp_replicate", 1))
+                  rep=par.get("dp_replicate", 1), etp=par.get("etp", 0))
 
 
 def _hsdp_target(plan):

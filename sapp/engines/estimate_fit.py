@@ -31,8 +31,9 @@ def config_args(arch: dict, cfg, stages, *, precision: str, grad_fp32: bool) -> 
               "--context-parallel-size": cfg.cp, "--micro-batch-size": cfg.mbs,
               "--global-batch-size": cfg.m * cfg.mbs * cfg.dp})
     if arch.get("experts"):
-        a["--expert-model-parallel-size"] = cfg.ep
-        a["--expert-tensor-parallel-size"] = cfg.tp if cfg.ep > 1 else 1
+        whole = getattr(cfg, "etp", 0) == 1 and cfg.tp > 1 and cfg.ep > 1   # experts whole on ep x tp ranks
+        a["--expert-model-parallel-size"] = cfg.ep * cfg.tp if whole else cfg.ep
+        a["--expert-tensor-parallel-size"] = 1 if whole or cfg.ep == 1 else cfg.tp
     if cfg.sp and cfg.tp > 1:
         a["--sequence-parallel"] = True
     if cfg.pp > 1 and cfg.schedule == "interleaved" and cfg.v > 1:

@@ -43,6 +43,7 @@ class EngineConfig:
     fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" (sapp/engines/fp8.py)
     rep: int = 1                    # HSDP: replicas of the FSDP2 shard group (dp / rep ranks; torchtitan only)
     recompute_modules: tuple = ()   # "selective" as Megatron's named modules (sorted); () = the attention core
+    etp: int = 0                    # beside ep at tp > 1: 0 = experts split over tp (Megatron's default), 1 = whole
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -126,7 +127,7 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
                         precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
                         grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "", rep=rep,
-                        recompute_modules=tuple(st.get("recompute_modules") or ()))
+                        recompute_modules=tuple(st.get("recompute_modules") or ()), etp=par.get("etp", 0))
 
 
 def even_split(n, parts) -> list | None:
@@ -161,7 +162,8 @@ def pins(ecfg: EngineConfig, block_names) -> dict:
     contiguous layout the joint search prices (api._interleaved_rename's rule)."""
     out = {"tp": ecfg.tp, "dp": ecfg.dp, "pp": ecfg.pp, "cp": ecfg.cp, "ep": ecfg.ep, "sp": ecfg.sp,
            "micro_batches": ecfg.m, "zero": ecfg.zero, "target": ecfg.engine,
-           "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}, "dp_replicate": ecfg.rep}
+           "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}, "dp_replicate": ecfg.rep,
+           **({"etp": ecfg.etp} if ecfg.ep > 1 and ecfg.tp > 1 else {})}
     if ecfg.pp > 1:
         out["schedule"] = ecfg.schedule
         if ecfg.schedule == "interleaved":
@@ -229,7 +231,8 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
                             optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32",
                             fp8=ecfg.fp8, recompute_modules=ecfg.recompute_modules)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
-                 ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp, rep=ecfg.rep)
+                 ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp, rep=ecfg.rep,
+                 etp=ecfg.etp if ecfg.ep > 1 and ecfg.tp > 1 else 0)
     from ..search.joint.single import score_config
     allowed, res = score_config(graph, cluster, ecfg.global_batch, cons, settings, cfg, search_fn=api.tp_search_fn())
     if not allowed or res is None:

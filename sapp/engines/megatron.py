@@ -121,8 +121,9 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         add("--context-parallel-size", ecfg.cp)
         add("--cp-comm-type", "all_gather")        # keys and values all-gathered: what sapp prices
     if ecfg.ep > 1 or facts["arch"].get("experts"):
-        add("--expert-model-parallel-size", ecfg.ep)
-        add("--expert-tensor-parallel-size", ecfg.tp if ecfg.ep > 1 else 1)   # what costmodel/moe.py prices
+        whole = ecfg.etp == 1 and ecfg.tp > 1 and ecfg.ep > 1       # experts whole on ep x tp ranks
+        add("--expert-model-parallel-size", ecfg.ep * ecfg.tp if whole else ecfg.ep)
+        add("--expert-tensor-parallel-size", ecfg.tp if ecfg.ep > 1 and not whole else 1)   # as costmodel/moe.py prices
     if ecfg.sp:
         add("--sequence-parallel")
     if ecfg.pp > 1 and ecfg.schedule == "interleaved":
@@ -260,9 +261,9 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                         fp8=fp8.megatron_read(args))
     if ecfg.sp and tp == 1:
         ecfg.sp = False           # Megatron turns it off itself at tp 1
-    etp = int(args.get("--expert-tensor-parallel-size", tp) or tp)     # Megatron's default: tp
+    etp = _int(args, "--expert-tensor-parallel-size", tp)     # Megatron's default: tp
     if ep > 1:
-        _expert_tp(etp, tp, ecfg.sp, dp, ep)
+        ecfg.ep, ecfg.etp = _expert_tp(etp, tp, ecfg.sp, dp, ep)
     if "--num-experts" in args and tp > 1 and not ecfg.sp:
         raise EngineError(MOE_SP.replace("the plan does not price; search again with --target megatron (or --sp)",
                                          "this file does not set; add --sequence-parallel"))
@@ -286,19 +287,28 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     return ecfg
 
 
-def _expert_tp(etp, tp, sp, dp, ep):
-    """Expert tensor parallelism beside ep: Megatron's --expert-tensor-parallel-size (default: tp).  sapp
-    prices the experts whole at tp 1, or split over the tp ranks (expert-tp = tp) at tp > 1 with
-    sequence parallelism, which Megatron itself requires for MoE beside tp."""
-    if etp != tp:
-        raise EngineError(f"--expert-tensor-parallel-size {etp} with tp {tp}: sapp prices experts split like the "
-                          f"other layers (expert-tp = tp, Megatron's default); give {tp} or leave it out")
+def _expert_tp(etp, tp, sp, dp, ep) -> tuple:
+    """(sapp's ep, etp) of Megatron's --expert-model-parallel-size `ep` and --expert-tensor-parallel-size
+    `etp` (default: tp).  sapp prices the experts whole at tp 1; at tp > 1 with sequence parallelism
+    (which Megatron requires for MoE beside tp) split over the tp ranks (etp = tp: expert groups of
+    tp x ep ranks), or whole (etp 1: Megatron's ep = tp x sapp's ep, the same groups of ranks)."""
+    whole = etp == 1 and tp > 1
+    if etp != tp and not whole:
+        raise EngineError(f"--expert-tensor-parallel-size {etp} with tp {tp}: sapp prices experts split over the tp "
+                          f"ranks (expert-tp = tp, Megatron's default) or whole (1); give {tp} or 1")
+    if whole and ep % tp:
+        raise EngineError(f"--expert-model-parallel-size {ep} with --expert-tensor-parallel-size 1 at tp {tp}: sapp "
+                          f"prices expert groups spanning whole tensor-parallel groups; give a multiple of {tp}")
+    if whole:
+        ep //= tp
     if tp > 1 and not sp:
         raise EngineError("expert parallelism beside tensor parallelism needs --sequence-parallel (Megatron "
                           "asserts it); add it")
     if dp % ep:
-        raise EngineError(f"--expert-model-parallel-size {ep} must divide the data-parallel size {dp} (expert "
-                          f"groups of tp x ep ranks at expert-tp = tp)")
+        raise EngineError(f"--expert-model-parallel-size {ep * tp if whole else ep} must divide "
+                          f"{'tp x ' if whole else ''}the data-parallel size {tp * dp if whole else dp} (expert groups "
+                          f"of tp x ep ranks)")
+    return ep, 1 if whole else 0
 
 
 def _grad_fp32(args) -> bool:

@@ -375,6 +375,8 @@ def _semantic(d):
         raise PlanError(f"{what} = {vals} does not equal devices={d['devices']}")
     if par["dp"] % par.get("ep", 1):
         raise PlanError(f"parallel.ep={par['ep']} must divide dp={par['dp']} (EP groups are made of data-parallel ranks)")
+    if par.get("etp") and (par.get("ep", 1) < 2 or par["tp"] < 2):
+        raise PlanError(f"parallel.etp={par['etp']} (experts whole beside tensor parallelism) needs ep > 1 and tp > 1")
     rep = par.get("dp_replicate", 1)
     if rep > 1 and (par["dp"] % rep or d.get("zero", 0) < 2 or par["dp"] // rep < 2):
         raise PlanError(f"parallel.dp_replicate={rep} needs ZeRO-2/3 and to divide dp={par['dp']} into shard groups "

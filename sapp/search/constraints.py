@@ -51,6 +51,9 @@ class Constraints:
     sp: bool | None = None                # Megatron sequence parallelism on the tp level (tp > 1)
     target: str | None = None             # a training engine (TARGETS): only what it can state is searched
     dp_replicate: int | None = None       # HSDP replicas of the FSDP2 shard group (targets with "hsdp"); 1 = none
+    # expert tensor parallelism beside ep at tp > 1 (target megatron): 0 = tp (each expert split over the
+    # tp ranks), 1 = each expert whole on one of the ep x tp ranks; None = the search weighs both
+    etp: int | None = None
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -124,6 +127,14 @@ class Constraints:
         if (self.dp_replicate or 1) > 1 and self.zero is not None and self.zero < 2:
             raise ConstraintError(f"dp_replicate={self.dp_replicate} replicates FSDP2's shard groups (ZeRO-2/3), not "
                                   f"ZeRO-{self.zero}; drop one of them")
+        if self.etp is not None and (isinstance(self.etp, bool) or self.etp not in (0, 1)):
+            raise ConstraintError(f"constraint etp must be 0 (expert-tp = tp) or 1 (experts whole), got {self.etp!r}")
+        if self.etp == 1 and self.target != "megatron":
+            raise ConstraintError("etp=1 (experts whole beside tensor parallelism) is priced for target megatron only; "
+                                  "pin target megatron or drop etp")
+        if (self.ep or 1) > 1 and (self.zero or 0) > 1:
+            raise ConstraintError(f"ep={self.ep} is priced at ZeRO-0/1 (expert gradients reduced over expert-DP, "
+                                  f"ZeRO-1's optimizer states sharded there), not ZeRO-{self.zero}; drop one of them")
         if lim and self.zero is not None and self.zero not in lim["zero"]:
             raise ConstraintError(f"target {self.target} runs ZeRO stages {', '.join(map(str, lim['zero']))}, not {self.zero}")
         if lim and self.schedule is not None and self.schedule not in lim["schedules"]:

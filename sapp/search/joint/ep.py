@@ -78,8 +78,14 @@ def ep_configs(ctx, cfg) -> list:
         return []
     E = min(f["experts"] for f in facts.values())
     pin = ctx.cons.ep
-    return [dataclasses.replace(cfg, ep=e) for e in range(2, cfg.dp + 1)
-            if cfg.dp % e == 0 and E % e == 0 and (pin is None or e == pin)]
+    out = [dataclasses.replace(cfg, ep=e) for e in range(2, cfg.dp + 1)
+           if cfg.dp % e == 0 and E % e == 0 and (pin is None or e == pin)]
+    if cfg.tp == 1:
+        return out
+    # Megatron's --expert-tensor-parallel-size 1: experts whole on each of the ep x tp ranks (E/(ep tp) each)
+    etp = getattr(ctx.cons, "etp", None)
+    whole = [dataclasses.replace(c, etp=1) for c in out if E % (c.ep * cfg.tp) == 0] if etp in (None, 1) else []
+    return whole + (out if etp in (None, 0) else [])
 
 
 def expert_tp_ok(ctx, cfg) -> bool:
@@ -93,11 +99,12 @@ def unit_delta(ctx, unit, cfg) -> dict:
     """What ep changes in `unit`'s numbers under cfg (zeros for ep = 1 and for blocks without experts)."""
     ep = getattr(cfg, "ep", 1)
     facts = moe_facts(ctx).get(unit.name) if ep > 1 and unit.kind == "block" else None
-    key = (unit.name, cfg.dp, cfg.tp, ep, cfg.mbs, cfg.zero)
+    key = (unit.name, cfg.dp, cfg.tp, ep, cfg.mbs, cfg.zero, getattr(cfg, "etp", 0))
     cache = ctx.__dict__.setdefault("_ep_delta", {})
     if key not in cache:
         cache[key] = ep_unit_delta(facts, dp=cfg.dp, tp=cfg.tp, ep=ep, mbs=cfg.mbs, zero=cfg.zero,
-                                   cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp)
+                                   cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp,
+                                   etp=getattr(cfg, "etp", 0))
     return cache[key]
 
 
@@ -108,7 +115,12 @@ def ep_note(ctx, cfg) -> str:
     E = min(f["experts"] for f in facts.values())
     s = (f"expert parallelism ep={cfg.ep}: {E // cfg.ep} of {E} experts per rank, all-to-all dispatch/combine "
          f"over {cfg.ep} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP ranks")
-    if cfg.tp > 1:
+    if cfg.tp > 1 and getattr(cfg, "etp", 0) == 1:
+        s = (f"expert parallelism ep={cfg.ep} x tp={cfg.tp}: {E // (cfg.ep * cfg.tp)} of {E} experts whole per rank "
+             f"(Megatron's --expert-tensor-parallel-size 1, --expert-model-parallel-size {cfg.ep * cfg.tp}), all-to-all "
+             f"dispatch/combine over {cfg.ep * cfg.tp} ranks, expert gradients synced over {cfg.dp // cfg.ep} expert-DP "
+             f"ranks; priced only: sapp run emits ep at tp 1")
+    elif cfg.tp > 1:
         s += (f"; each expert split over the {cfg.tp} tensor-parallel ranks (Megatron's expert-tp = tp; "
               f"priced only: sapp run emits ep at tp 1)")
     if cfg.pp > 1:

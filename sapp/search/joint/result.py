@@ -22,6 +22,9 @@ class Config:
     # HSDP (torchtitan's data_parallel_replicate_degree beside its shard degree): FSDP2 shards over
     # groups of dp x cp / rep ranks and all-reduces each gradient shard across the rep replicas
     rep: int = 1
+    # expert tensor parallelism beside ep at tp > 1 (Megatron's --expert-tensor-parallel-size): 0 = tp, each
+    # expert split over the tp ranks (Megatron's default); 1 = experts whole on each of the ep x tp ranks
+    etp: int = 0
 
     @property
     def dp_cp(self):
@@ -31,7 +34,7 @@ class Config:
 
     def key(self):
         return (self.pp, self.tp, self.m, SCHED_ORDER[self.schedule], self.v, self.zero, self.cp, self.ep, self.sp,
-                self.rep)
+                self.rep, self.etp)
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
@@ -39,6 +42,7 @@ class Config:
         c = f" cp={self.cp}" if self.cp > 1 else ""
         e = f" ep={self.ep}" if self.ep > 1 else ""
         e += f" dp_replicate={self.rep}" if self.rep > 1 else ""
+        e += f" etp={self.etp}" if self.etp else ""
         return (f"pp={self.pp} dp={self.dp}{c} tp={self.tp}{e} m={self.m} mbs={self.mbs}{s} zero={self.zero}"
                 + (" sp" if self.sp else ""))
 
