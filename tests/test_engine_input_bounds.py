@@ -11,7 +11,7 @@ from sapp.commands.cli import main
 CASES = [
     ("megatron", "args", "--num-layers 2 --global-batch-size 2000000000000000000000 --micro-batch-size 1\n", "between 1 and"),
     ("megatron", "args", "--num-layers 2 --global-batch-size 64 --micro-batch-size 0\n", "cannot use"),
-    ("megatron", "args", "--num-layers 2 --global-batch-size 64 --expert-tensor-parallel-size abc\n", "cannot use"),
+    ("megatron", "args", "--num-layers 2 --global-batch-size 64 --expert-tensor-parallel-size abc\n", "must be a whole number"),
     ("torchtitan", "toml", "[training]\nglobal_batch_size = 9200000000000000000\n", "between 1 and"),
     ("torchtitan", "toml", "parallelism = 5\n", ""),
     ("torchtitan", "toml", "parallelism = " + "[" * 100000 + "]" * 100000 + "\n", "nests too deeply"),

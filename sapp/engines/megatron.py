@@ -1,5 +1,6 @@
 """Megatron-LM `pretrain_gpt.py` arguments: a plan written as an argument file, and an argument file
-read back as a configuration (tokens only: shlex, never executed).
+read back as a configuration (tokens only: shlex, never executed; a launch script in the style of
+Megatron-LM's examples/*/train_*.sh, with bash arrays and variables, is read as text by megatron_script.py).
 
 The file states the whole model (model_args: sizes, vocabulary unpadded, norm, SwiGLU, positions,
 biases, tying, dropout, MoE with the all-to-all dispatcher and grouped GEMM) and the gradients' width
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import fp8, megatron_recompute
+from . import fp8, megatron_recompute, megatron_script
 from .mapping import EngineConfig, EngineError
 from .megatron_fields import FIELDS, MULTI, check, layout_counts
 from .megatron_model import ENV, check_arch, model_args, model_notes
@@ -177,6 +178,8 @@ def layout_text(device_blocks) -> str:
 def tokens(text: str) -> dict:
     """{flag: value or True} from an argument file (shell quoting and # comments; a launcher and the
     script before the first flag are skipped; --flag=value accepted).  Data only: nothing is run."""
+    if megatron_script.is_script(text):
+        return _script_flags(text)
     try:
         toks = shlex.split(text.replace("\\\n", " "), comments=True)
     except ValueError as e:
@@ -194,6 +197,28 @@ def tokens(text: str) -> dict:
             break
     if py is not None:
         toks = toks[py + 1:]
+    return _flags(toks)
+
+
+def _script_flags(text: str) -> dict:
+    """{flag: value} a Megatron example shell script launches pretrain_gpt.py with (megatron_script.py):
+    every way through it must state the same priced flags; a priced flag whose value reads a variable
+    the script never sets is refused in one line naming it."""
+    ways = [(_flags(args), why) for _, args, why in megatron_script.launch_args(text)]
+    priced = [{k: v for k, v in f.items() if FIELDS.get(k, ("?",))[0] != "irrelevant"} for f, _ in ways]
+    if any(p != priced[0] for p in priced[1:]):
+        names = sorted({n for _, why in ways for n in why})
+        raise EngineError(f"the script's arguments depend on {', '.join('$' + n for n in names) or 'a test'}, which it "
+                          f"never sets; set {'it' if len(names) == 1 else 'them'} in the script")
+    for k, v in priced[0].items():
+        m = megatron_script.UNSET.search(v) if isinstance(v, str) else None
+        if m:
+            raise EngineError(f"{k} reads ${m.group(1)}, which the script never sets (a positional argument or the "
+                              f"environment); set it in the script")
+    return ways[0][0]
+
+
+def _flags(toks) -> dict:
     out, i = {}, 0
     while i < len(toks):
         t = toks[i]
