@@ -138,3 +138,12 @@ def test_megatron_lm_parse_args_accepts_the_modules(mixtral, priced, tmp_path):
     res = run_megatron(str(tmp_path), argv_of(text) + EXTRA, 64, 9, environment_of(text))
     assert res["accepted"], res.get("error")
     assert res["derived"]["recompute_modules"] == "['moe']" and res["derived"]["recompute_granularity"] == "selective"
+
+
+def test_sapp_run_refuses_the_modules_it_does_not_recompute(priced):
+    from sapp.emit.checks.plan import check_optimizer
+    from sapp.errors import PlanError
+    with pytest.raises(PlanError, match="recompute_modules moe") as e:
+        check_optimizer(priced["moe"])
+    assert "\n" not in str(e.value)
+    check_optimizer(priced[""])          # the attention core: sapp's own selective

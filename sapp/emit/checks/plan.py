@@ -227,6 +227,11 @@ def check_optimizer(plan: Plan) -> None:
         raise PlanError(f"plan parallel.dp_replicate={rep} is torchtitan's HSDP, which sapp's own program does not run "
                         f"(its FSDP2 shards over every data-parallel rank): run the plan with torchtitan (`sapp export "
                         f"--to torchtitan`), or search again without --target torchtitan")
+    mods = (plan._d.get("settings") or {}).get("recompute_modules")
+    if mods:
+        raise PlanError(f"plan settings.recompute_modules {' '.join(mods)} prices Megatron-Core's selective recomputation "
+                        f"of those modules, which sapp's own program does not run (its selective recomputes the "
+                        f"attention core): run the plan with Megatron-LM (`sapp export --to megatron`)")
     opt = (plan._d.get("settings") or {}).get("optimizer")
     if opt in ENGINE_ONLY_OPTIMIZERS:
         engine = "torchtitan" if opt == "adam-bf16" else "deepspeed"
