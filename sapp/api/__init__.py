@@ -173,7 +173,7 @@ def default_global_batch(info, devices) -> int:
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
            runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None, model_args=None,
-           fp8=None):
+           fp8=None, recompute_modules=()):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -194,7 +194,9 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     config's fields or `seq`, a factory's keywords); the plan records them as model.args, so `sapp run`
     builds the same model.
     `fp8`: FP8 linear layers, "tensorwise" (torchtitan's float8 converter) or "delayed" (Megatron-LM's
-    Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py)."""
+    Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py).
+    `recompute_modules`: what "selective" recomputes, Megatron-Core's --recompute-modules (sorted;
+    sapp/recompute/modules.py); () = the attention core."""
     cl = resolve_cluster(cluster)
     check_fp8(fp8, cl)
     from sapp.capture.ir import OpGraph
@@ -218,7 +220,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
                             dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32),
-                            fp8=fp8 or "")
+                            fp8=fp8 or "", recompute_modules=tuple(recompute_modules))
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing

@@ -205,11 +205,13 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     # neither (tp layouts, stage numbers) is found once per cluster (api.search's `caches`)
     shared = {}
 
-    def one(pins, searched=cluster):
+    def one(pins, searched=cluster, mods=()):
         try:
+            # (a search pricing other modules keeps its own caches: they hold numbers of its settings)
             p = api.search(graph=graph, model=model, cluster=searched, global_batch=global_batch,
                            constraints={**pinned, "target": engine, **pins}, fits=fits, progress=progress,
-                           caches=shared.setdefault(id(searched), {}), **settings)
+                           caches=shared.setdefault((id(searched), mods), {}), **settings,
+                           **({"recompute_modules": mods} if mods else {}))
         except InfeasibleError as e:
             errors.append(e)
             return None
@@ -234,6 +236,13 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
         found += [last] if last else []
     if (first is None or first[1]) and pinned.get("recompute") is None:
         found += [r for r in (one({"recompute": rc}) for rc in TARGETS[engine]["recompute"]) if r]
+    if engine == "megatron" and pinned.get("recompute") is None and any(_full(p) for p, _, _ in found):
+        # where memory asks for full recomputation, Megatron's selective recomputation of named modules
+        # (--recompute-modules) may fit for less (sapp/recompute/modules.py)
+        from ..pipeline.profile import attention_core
+        from ..recompute.modules import search_candidates
+        found += [r for r in (one({"recompute": "selective"}, mods=m) for m in search_candidates(graph, attention_core))
+                  if r]
     if fits is not None:
         found = [r for r in found if fits_file(engine, r[2], cluster, getattr(fits, "version", "main"))]
     if not found:
@@ -242,6 +251,11 @@ def best_plan(graph, cluster, engine: str, *, global_batch, settings: dict, mode
     if not ok and must_fit:
         raise near_miss(engine, [p for p, _, _ in found], cluster)
     return min(ok, key=lambda p: p["predicted"]["step_time_s"]) if ok else found[0][0]
+
+
+def _full(plan) -> bool:
+    rc = plan["recompute"] or {}
+    return rc.get("default") == "full" or "full" in (rc.get("blocks") or {}).values()
 
 
 def near_miss(engine: str, plans, cluster):

@@ -150,3 +150,16 @@ def expert_kept(modules, facts) -> float:
     if "moe_act" in modules and facts:
         return 1.0 - facts.get("act_out_share", 0.0)
     return 1.0
+
+
+def search_candidates(graph, attention_core) -> list:
+    """The module sets a --target megatron search weighs as selective recomputation where memory asks
+    for more than the attention core: a dense model's MLP; an MoE model's expert activation and
+    pre-MLP norm (output-discarding, cheap), or its whole MoE layer.  Each with core_attn (no change
+    under a fused attention kernel)."""
+    have = set()
+    for names in (graph.blocks or {}).values():
+        have |= set(module_regions(graph, names, attention_core))
+    if "moe" in have:
+        return [tuple(sorted({"core_attn", "moe_act", "layernorm"} & (have | {"core_attn"}))), ("core_attn", "moe")]
+    return [("core_attn", "mlp")] if "mlp" in have else []
