@@ -202,3 +202,15 @@ def test_megatron_lm_parse_args_accepts_etp1(mixtral, tmp_path):
     res = run_megatron(str(tmp_path), argv_of(out) + EXTRA, 64, 9, environment_of(out))
     assert res["accepted"], res.get("error")
     assert res["derived"]["expert_tensor_parallel_size"] == 1 and res["derived"]["expert_model_parallel_size"] == 8
+
+
+def test_megatrons_default_etp_at_ep1_beside_tp_is_refused_in_one_line(mixtral):
+    # Megatron splits each expert over tp there (etp defaults to tp); sapp prices them whole on each rank
+    cl = api.resolve_cluster("h100-80g:devices=64")
+    text = _text(2).replace("--expert-model-parallel-size 8\n", "--expert-model-parallel-size 1\n")
+    with pytest.raises(EngineError, match="at --expert-model-parallel-size 1") as e:
+        import_config(text, "megatron", mixtral[1], cl, "mixtral-8x7b")
+    assert "\n" not in str(e.value)
+    plan = import_config(text + "--expert-tensor-parallel-size 1\n", "megatron", mixtral[1], cl, "mixtral-8x7b")
+    out, _, _ = export_plan(plan, "megatron", graph=mixtral[1], cluster=cl)
+    assert tokens(out)["--expert-tensor-parallel-size"] == "1"

@@ -289,6 +289,11 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     etp = _int(args, "--expert-tensor-parallel-size", tp)     # Megatron's default: tp
     if ep > 1:
         ecfg.ep, ecfg.etp = _expert_tp(etp, tp, ecfg.sp, dp, ep)
+    elif "--num-experts" in args and tp > 1 and etp != 1:
+        # (sapp prices ep 1 with every expert whole on each tp rank: Megatron's etp 1, not its default)
+        raise EngineError(f"--expert-tensor-parallel-size {etp} at --expert-model-parallel-size 1 splits each expert "
+                          f"over the tp ranks, which sapp prices only beside ep > 1; give --expert-tensor-parallel-size "
+                          f"1 (experts whole on every rank) or an --expert-model-parallel-size > 1")
     if "--num-experts" in args and tp > 1 and not ecfg.sp:
         raise EngineError(MOE_SP.replace("the plan does not price; search again with --target megatron (or --sp)",
                                          "this file does not set; add --sequence-parallel"))
