@@ -155,3 +155,25 @@ def test_sapp_import_reads_the_file(tmp_path, capsys):
                  "--out", str(out), "--no-compare"]) == 0
     plan = json.loads(out.read_text())
     assert plan["settings"]["fp8"] == "tensorwise-tp" and plan["settings"]["runtime"] == "torchtitan-2412+compile"
+
+
+def _v022(compile_body):
+    text = job_text("llama3_8b.toml", {"local_batch_size": 1}).replace(
+        '# converters = ["float8"]', 'converters = ["quantize.linear.float8"]')
+    return text.replace('[compile]\nenable=false\ncomponents = ["model", "loss"]', "[compile]\n" + compile_body)
+
+
+def test_a_022_file_with_compile_on_is_priced_compiled_and_exports_so(llama8b):
+    eager = _import(_v022("enable = false"), llama8b)
+    comp = _import(_v022("enable = true"), llama8b)        # 0.2.2's default components: model and loss
+    assert (eager["settings"]["runtime"], comp["settings"]["runtime"]) == ("torchtitan-0.2.2",
+                                                                           "torchtitan-0.2.2+compile")
+    assert comp["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]     # the float8 casts compiled
+    assert any("float8 casts priced compiled" in n for n in comp["notes"])
+    loss_only = _import(_v022('enable = true\ncomponents = ["loss"]'), llama8b)
+    assert loss_only["settings"]["runtime"] == "torchtitan-0.2.2"
+    text, exported, notes = export_plan(comp, "torchtitan@0.2.2", graph=llama8b)
+    assert not notes and '[compile]\nenable = true\ncomponents = ["model"]' in text
+    back = _import(text, llama8b)
+    assert back["settings"]["runtime"] == "torchtitan-0.2.2+compile"
+    assert back["predicted"]["step_time_s"] == pytest.approx(comp["predicted"]["step_time_s"], rel=1e-6)

@@ -108,13 +108,15 @@ def add_arguments(p):
                         "so the plan stays short enough to read; every command reads the pair as one plan)")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp16-mixed", "fp32"),
                    help="training precision to price (default: the cluster's, fp32 for cpu)")
-    p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412",
+    p.add_argument("--runtime", default=None, choices=("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2",
+                                                        "torchtitan-0.2.2+compile", "torchtitan-2412",
                                                         "torchtitan-2412+compile"),
                    help="runtime profile to price: eager (default: torch eager ops under autocast, what `sapp run` "
                         "executes), fused (Megatron-Core: fused point-wise kernels, bf16 activations) or "
                         "fused+tp-overlap (fused, and tensor-parallel collectives overlapped with their GEMMs "
                         "as --tp-comm-overlap runs them); torchtitan (0.3 as sapp exports it: eager FSDP2, fp32 "
-                        "reduction, varlen FlashAttention), torchtitan-0.2.2 (the same with SDPA) or "
+                        "reduction, varlen FlashAttention), torchtitan-0.2.2 (the same with SDPA; +compile: its blocks "
+                        "compiled) or "
                         "torchtitan-2412 (0.2.2 on the Dec 2024 stack of its published benchmark; "
                         "torchtitan-2412+compile with its blocks compiled)")
     p.add_argument("--fp8", choices=("tensorwise", "tensorwise-tp", "delayed"),

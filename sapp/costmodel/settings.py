@@ -52,11 +52,15 @@ FP8_RECIPES = ("tensorwise", "tensorwise-tp", "delayed")
 #            profile `sapp import` reads off a torchtitan TOML of that schema (sapp/engines/torchtitan_2412.py).
 #   "torchtitan-2412+compile": "torchtitan-2412" with torch.compile on each block (that schema's
 #            training.compile): inductor fuses the blocks' RMSNorm; SDPA still FlashAttention-2.
-RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-2412",
-            "torchtitan-2412+compile")
+#   "torchtitan-0.2.2+compile": "torchtitan-0.2.2" with [compile] on for "model" (each block compiled):
+#            its FP8 casts compiled (costmodel/fp8.py; a current stack's norm is fused either way).
+#   (a profile ending "+compile" prices torchao's FP8 casts as inductor runs them, costmodel/fp8.py)
+RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-0.2.2+compile",
+            "torchtitan-2412", "torchtitan-2412+compile")
 # Megatron-Core's --recompute-modules that sapp prices (sapp/recompute/modules.py)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
-TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile")
+TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-0.2.2+compile", "torchtitan-2412",
+                       "torchtitan-2412+compile")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).
 # "adam-bf16-master": DeepSpeed's bf16.bf16_master_weights_and_grads (a bf16 master, fp32 moments: 2 + 8);
 # "adam-bf16-states": with bf16_optimizer_states too (master and moments in bf16: 2 + 2 + 2).

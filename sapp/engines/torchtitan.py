@@ -29,9 +29,11 @@ from .torchtitan_2506 import is_2506, translate as translate_2506
 NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuration: torchtitan_py.py)
 PURE_BF16 = "adam-bf16"         # training.dtype = "bfloat16" as a CostSettings optimizer (costmodel/settings.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
+RUNTIME_COMPILE = RUNTIME + "+compile"     # with [compile] enable for "model": each block compiled
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 _KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
             "torchtitan-0.2.2": "SDPA (cuDNN's kernel on Hopper)",
+            "torchtitan-0.2.2+compile": "SDPA (cuDNN's kernel on Hopper) and compiled blocks",
             "torchtitan-2412": "SDPA's FlashAttention-2 and an eager RMSNorm (the Dec 2024 stack)",
             "torchtitan-2412+compile": "SDPA's FlashAttention-2 and compiled blocks (the Dec 2024 stack)"}
 
@@ -128,7 +130,7 @@ def conform(ecfg: EngineConfig, names) -> tuple:
         notes.append("torchtitan replicates with DDP only as the one parallelism: ZeRO-0 exported as ZeRO-2 "
                      "(FSDP2, fsdp_reshard_after_forward never)")
         out.zero = 2
-    if out.runtime not in (RUNTIME, _ERA, _ERA_COMPILE):     # (a 2024 TOML's profile is kept: export says so)
+    if out.runtime not in (RUNTIME, RUNTIME_COMPILE, _ERA, _ERA_COMPILE):     # (a 2024 TOML's profile is kept)
         notes.append(retarget_note(out.runtime, RUNTIME))
         out.runtime = RUNTIME
     if out.tp > 1 and not out.sp:
@@ -220,11 +222,23 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         model = {**(model or {}), "converters": [fp8.TT_NAME]}
     sections = [("model", model)] if model else []
     for sec, body in sections + [("parallelism", par), ("training", train), ("activation_checkpoint", ac),
-                      ("compile", {"enable": False})] + fp8.torchtitan_sections(ecfg.fp8):
+                      ("compile", _compile_section(ecfg.runtime))] + fp8.torchtitan_sections(ecfg.fp8):
         lines.append(f"[{sec}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _compile_section(runtime) -> dict:
+    """[compile] of a plan priced under `runtime`: the blocks compiled under a "+compile" profile (the loss,
+    which 0.2.2 compiles too by default, is priced eager: left out)."""
+    return {"enable": True, "components": ["model"]} if runtime.endswith("+compile") else {"enable": False}
+
+
+def _compiled(comp) -> bool:
+    """[compile] enable with "model" among its components (0.2.2's default: model and loss)."""
+    parts = comp.get("components", ["model", "loss"])
+    return comp.get("enable") is True and isinstance(parts, list) and "model" in parts
 
 
 # ---- import ----------------------------------------------------------------------------------------
@@ -287,7 +301,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
     ecfg.fp8 = fp8.torchtitan_read(doc)
     if tp_float8 and ecfg.fp8 and tp > 1:      # float8 all-gathers under tp (engines/torchtitan_2506.py)
         ecfg.fp8 = fp8.TT_TP_RECIPE
-    ecfg.runtime = runtime
+    ecfg.runtime = RUNTIME_COMPILE if runtime == RUNTIME and _compiled(comp) else runtime
     _run_notes(ecfg, train, par, comp, zero, pp, notes)
     ecfg.notes = era_notes + notes
     return ecfg
@@ -328,9 +342,12 @@ def _degrees(par, devices):
 
 def _run_notes(ecfg, train, par, comp, zero, pp, notes):
     """What the file runs beside the priced step (compile, the reduce width, DDP, accumulation, async TP)."""
-    if comp.get("enable"):
-        notes.append("torch.compile is on in this file: priced as eager torch (compile's fused kernels are not "
-                     "modelled), so the step may run faster than priced")
+    if _compiled(comp):
+        notes.append("torch.compile is on in this file (each TransformerBlock): the float8 casts priced compiled "
+                     "(costmodel/fp8.py); the loss and the point-wise chains compile fuses (SwiGLU, rotary, "
+                     "residual adds) priced as eager kernels, so the step may run faster than priced")
+    elif comp.get("enable"):
+        notes.append("torch.compile is on in this file for the loss only: priced as eager torch")
     if train.get("mixed_precision_reduce", "float32") != "float32":
         raise EngineError(f"training.mixed_precision_reduce {train['mixed_precision_reduce']!r}: torchtitan 0.2.2 "
                           f"accepts only \"float32\"")

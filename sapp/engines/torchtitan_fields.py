@@ -72,9 +72,8 @@ FIELDS = {
     ("activation_checkpoint", "preserve_rng_state"): ("irrelevant", "RNG bookkeeping for recomputed dropout"),
     ("activation_checkpoint", "determinism_check"): ("irrelevant", "a debug check of recomputation"),
     ("activation_checkpoint", "debug"): ("irrelevant", "debug output"),
-    ("compile", "enable"): P,
-    ("compile", "components"): ("irrelevant", "read only with compile on, priced as eager with a note"),
-    ("compile", "backend"): ("irrelevant", "read only with compile on, priced as eager with a note"),
+    ("compile", "enable"): P, ("compile", "components"): P,    # "model": the "+compile" profile
+    ("compile", "backend"): ("irrelevant", "read only with compile on, priced as inductor compiles"),
     # (read only by their model converters: a published job file carries [quantize.linear.float8] with
     # `converters` commented out and trains in bf16; with the float8 converter on, fp8.torchtitan_read
     # prices its tensorwise config and refuses the rest in one line)

@@ -62,7 +62,8 @@ ENGINES = {e.name: e for e in (
     # beside anything); its job is a typed Python file
     Engine("torchtitan", "torchtitan", "0.3.0", "torchtitan_py", "py", ("torchtitan",), hsdp=True),
     Engine("torchtitan@0.2.2", "torchtitan", "0.2.2", "torchtitan", "toml",
-           ("torchtitan-0.2.2", "torchtitan-2412", "torchtitan-2412+compile"), sp="with-tp", ddp_alone=True,
+           ("torchtitan-0.2.2", "torchtitan-0.2.2+compile", "torchtitan-2412", "torchtitan-2412+compile"),
+           sp="with-tp", ddp_alone=True,
            hsdp=True),
     Engine("deepspeed", "DeepSpeed", "0.19.8", "deepspeed", "json", ("eager",), schedules=("none",),
            zero=(0, 1, 2, 3), sp="off", model_parallel=False, recompute=("none", "full"), host=("optimizer-host",),
