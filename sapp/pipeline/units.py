@@ -155,3 +155,51 @@ def template_nodes(graph, units):
         if u.kind == "glue" or u.rep == u.name:
             keep.extend(u.nodes)
     return keep
+
+
+@dataclass(frozen=True)
+class SharedWeight:
+    """A parameter read by operators of several units (a tied embedding and head; one position-bias
+    module every layer calls): a pipeline stage holding a reader holds a copy of it (the emitter
+    copies it into every stage that reads it and sums the copies' gradients, emit/pp/pipe.TiedGrads)."""
+    name: str
+    readers: tuple      # unit indices whose operators read it, ascending
+    counted: tuple      # unit indices whose profiled states hold it already, ascending
+    row: tuple          # (local numel, grad-sync group, link, trainable, None): profile.unit_params's row
+
+
+def shared_weights(graph, units, template, strategies, mesh) -> tuple:
+    """The SharedWeights of a model cut into `units` (its full graph `graph`; the profile's `template`
+    graph, its `strategies` and stage `mesh`).  The profile prices a parameter in the template unit of
+    its first reader (costmodel.param_owners), and every block copies its representative's numbers, so
+    a weight a representative block reads is counted in each block of that type and one a glue unit
+    reads in that unit only; a stage holding a reader but none of those has an unpriced copy."""
+    from ..costmodel import param_owners
+    from ..costmodel.gradsync import grad_sync_group
+    unit_of = {n: j for j, u in enumerate(units) for n in u.nodes}
+    readers = {}
+    for name, node in graph.nodes.items():
+        for p in node.params:
+            readers.setdefault(p, set()).add(unit_of.get(name))
+    out = []
+    for owner, mine in param_owners(template).items():
+        for p, trainable in mine.items():
+            read = readers.get(p, set()) - {None}
+            j = unit_of.get(owner)
+            if j is None or len(read) < 2:
+                continue
+            rep = units[j].rep if units[j].kind == "block" else None
+            counted = tuple(k for k, u in enumerate(units) if k == j or (rep is not None and u.rep == rep))
+            node = template.nodes[owner]
+            o = next(o for o in node.operands if o.param == p)
+            s = tuple(strategies[owner])
+            numel = float(o.numel)
+            split = {}
+            for d, lv in zip(s, mesh.levels):
+                if d is not None:
+                    split[d] = split.get(d, 1) * lv.size
+            for d in set(o.dims):
+                numel /= split.get(d, 1)
+            k, link = grad_sync_group(s, mesh, o.dims)
+            out.append(SharedWeight(p, tuple(sorted(read)), counted, (numel, k, link, bool(trainable), None)))
+    return tuple(sorted(out, key=lambda w: w.name))

@@ -8,6 +8,7 @@ from ...costmodel.optimizer import optimizer_step_time
 from ...pipeline.partition import chunk_counts, partition_counts, partition_dp, stage_end
 from ...pipeline.profile import cut_at_block_entry
 from ...pipeline.schedule import step_time
+from .copies import tie_sync_s
 from .interleave import interleave_kmins, interleave_steps
 from .partition_bound import partition_bounded
 from .result import JointResult
@@ -64,7 +65,9 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     # batch statistics synced over dp, per micro-batch on the critical path (costmodel.batchstats)
     bn_s = (cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
             if ctx.bn_channels and cfg.dp > 1 else 0.0)   # (the search's hot path: most models have none)
-    step = step_pipe + gs + opt_s + loss_s + bn_s
+    # the gradients of weights several stages hold copies of, summed between those stages (copies.py)
+    tie_s = tie_sync_s(ctx, cfg, ev.copies, list(zip(starts, ends))) if ev.copies else 0.0
+    step = step_pipe + gs + opt_s + loss_s + bn_s + tie_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
     compute_like = cfg.m * max(s.fwd_s + s.bwd_s for s in stages)
@@ -82,8 +85,10 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     tp_comm = cfg.m * max(sum(by_name[n].reshard_at(cfg.mbs / cfg.cp) for n in s.units if n in by_name) for s in stages)
     res.optimizer_s = opt_s
     res.compute_s = compute_like + opt_s - tp_comm
-    res.comm_s = gs + res.p2p_s + tp_comm + loss_s + bn_s
+    res.comm_s = gs + res.p2p_s + tp_comm + loss_s + bn_s + tie_s
     res.comm_by_kind = {"reshard": tp_comm, "dp_grad_sync": gs, "pp_p2p": res.p2p_s, "loss_sync": loss_s}
+    if tie_s:
+        res.comm_by_kind["pp_tied_grads"] = tie_s
     if bn_s:
         res.comm_by_kind["batch_stats_sync"] = bn_s
     res.peak_memory_bytes = max(s.memory_bytes for s in stages)

@@ -10,6 +10,7 @@ from ...pipeline.partition import chunk_counts, stage_end
 from ...pipeline.schedule import chunk_peak as _chunk_peak, in_flight
 from ...recompute.ordered import choose_ordered
 from ...recompute.solver import POLICIES, BlockOption, choose_recompute, choose_uniform
+from .copies import copy_bytes, copy_states, weight_copies
 from .numbers import boundary_sends, held_states, unit_numbers, zero3_gathered
 from .result import StageResult
 
@@ -80,6 +81,14 @@ class StageEvaluator:
         got = self._shared.get("tx")
         if got is None:
             got = self._shared["tx"] = boundary_sends(self.ctx, self.cfg, self.num)
+        return got
+
+    @property
+    def copies(self):
+        """copies.weight_copies of this configuration (shared by its evaluators)."""
+        got = self._shared.get("copies")
+        if got is None:
+            got = self._shared["copies"] = weight_copies(self.ctx, self.cfg, self.prof)
         return got
 
     @property
@@ -247,6 +256,8 @@ class StageEvaluator:
             states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
         else:
             states = (T["states"][b] - T["states"][a]) - sum(num.gacc[j] for j in idx if not acc_at[j - a])
+        if self.copies:     # weights other stages hold too, unpriced in this run's units (copies.py)
+            states += copy_bytes(self.copies, a, b, acc or acc_at is not None)
         z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
         tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
@@ -348,6 +359,8 @@ class StageEvaluator:
             held = acc if acc_at is None else acc_at[j - a]
             for k2, v2 in held_states(self.units[j], self.cfg, held, self.ctx).items():
                 st[k2] += v2
+        for k2, v2 in copy_states(self.copies, a, b).items():
+            st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx) + (num.hf[a] if num.hf is not None else 0.0)
         return StageResult(
             index=i, units=[self.units[j].name for j in idx],
