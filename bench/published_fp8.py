@@ -9,10 +9,11 @@ schema (sapp/engines/torchtitan_2412.py: the "torchtitan-2412+compile" profile, 
 fields), twice: bf16, and with its own `[float8] enable_float8_linear = true` (dynamic tensorwise scales,
 no FP8 all-gather, `output` left in bf16 as its float8.py filters it: tensorwise, sapp/engines/fp8.py).
 The 2025-06 rows (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, vanilla TP columns: 70B FSDP 32
-x TP 8 full AC local batch 16; 8B FSDP 8 x TP 8 op SAC local batch 12) are torchtitan 0.2.2's job files
-(bench/torchtitan_published/llama3_8b / 70b.toml, the "torchtitan-0.2.2" profile) with the float8
-converter on as they ship its [quantize.linear.float8] table; those runs also used float8 tensor-parallel
-collectives (enable_float8_tensorwise_tp), priced here in bf16, and torch.compile, priced as eager.  The
+x TP 8 full AC local batch 16; 8B FSDP 8 x TP 8 op SAC local batch 12) are that benchmark's own job files,
+torchtitan 820504e's llama3_8b / 70b.toml (bench/torchtitan_published/llama3_*_820504e.toml) with compile = true
+and its converters = ["float8"] line on, read as a file of that schema (sapp/engines/torchtitan_2506.py:
+SDPA's FlashAttention-2 by torchtitan's backend order, compiled blocks: "torchtitan-2412+compile"; float8 with
+tp: torchao's float8 tensor-parallel styles, the "tensorwise-tp" recipe, all-gathers at one byte).  The
 machine is the benchmarks' Grand Teton H100 (96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA a GPU, 500 W),
 "between SXM and NVL": priced at both (dense bf16 989 / 835 TFLOP/s, FP8 twice that).  The published
 ratio is compile+Float8 / compile.
@@ -22,11 +23,14 @@ states the run and its source: TP 4, PP 8, VP 6, MBS 2, GBS 2048, delayed scalin
 --from megatron FILE --cluster h100-80g:devices=512` imports it (the model its flags state, the
 "fused+tp-overlap" profile), and again without its FP8 flags for sapp's bf16 figure (none published).
 
-Nothing here is fitted to the published rows.  Reading (bench/RESULTS.md §23): sapp's FP8 gain is below
-the published one (1.16-1.21x against 1.28-1.29x on the 2412 FSDP rows, 0.98-1.14x against 1.16-1.36x
-under tp 8): the casts are priced as eager kernels, which compile fuses and which weigh most where the
-per-rank GEMMs are small.  The NeMo row's peak (85 GB) is over the 80 GB it ran in: NeMo gathers FP8
-weights (fp8_param_gather, not priced) and Transformer Engine keeps FP8 activations (priced at bf16)."""
+Nothing here is fitted to the published rows.  The casts are priced as torch.compile runs them (torchao's
+own roofline, sapp/costmodel/fp8.py: amax, one kernel writing both layouts, nothing in backward, identical casts
+of one input once); eager they are torchao's ops one kernel each.  Reading (bench/RESULTS.md §23): all rows
+within ±15% (2412: +9.6 / -0.3 / +5.6 / -3.4%; 2025-06: +4.5 / -3.2 / -7.7 / -12.1%, sxm / nvl); the FP8 gain
+1.20-1.24x against 1.28-1.29x (FSDP) and 1.17-1.36x against 1.16-1.36x (TP 8).  Not priced: the compiled
+loss and point-wise chains (SwiGLU, rotary, residual adds: eager kernels), the scalar amax all-reduces over tp,
+FP8 activation memory.  The NeMo row's peak (85 GB) is over the 80 GB it ran in: NeMo gathers FP8 weights
+(fp8_param_gather, not priced) and Transformer Engine keeps FP8 activations (priced at bf16)."""
 from __future__ import annotations
 
 import argparse
