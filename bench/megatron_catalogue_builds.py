@@ -17,7 +17,10 @@ export, as bench/megatron_accepts.py adds them (`--tokenizer-type NullTokenizer 
 `--no-gradient-accumulation-fusion` (no Transformer Engine or Apex here:
 its kernels, the same parameters); the MoE dispatcher is set to
 allgather after validation (the all-to-all one opens a CUDA stream when built; no parameters either way), and
-the experts built as SequentialMLP (the grouped GEMM's package is absent; the same weights).  A model type
+the experts built as SequentialMLP (the grouped GEMM's package is absent; the same weights); the device
+the rope tables of multi-latent attention are made on is the CPU (torch.cuda.current_device answers "cpu"),
+and MLA's k/v widths are not handed to the local core attention, which takes none (it holds no parameters; in
+core_v0.16.1 only Transformer Engine's core attention runs MLA).  A model type
 sapp writes no engine model of is refused before capture (sapp/engines/arch_hf.refuse_type).
 Not in the test suite: it needs the fetched Megatron-LM (GIT_DIR, default /work/.mirror/NVIDIA+Megatron-LM/repo).
 """
@@ -47,6 +50,7 @@ import importlib.util, torch
 if importlib.util.find_spec("six") is None:        # the release's BERT tokenizer module imports six at its top
     sys.modules["six"] = types.ModuleType("six")   # (beside _vocab_size_with_padding; nothing here calls it)
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)     # no GPU here: an H100 answers
+torch.cuda.current_device = lambda: "cpu"    # (MLA's RotaryEmbedding puts its frequency table there)
 holder = {}
 pkg = types.ModuleType("megatron.training")
 pkg.__path__ = [root + "/megatron/training"]
@@ -75,6 +79,16 @@ try:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=0, world_size=1)
     ps.initialize_model_parallel(1, 1)
+    # Megatron-Core's local core attention (DotProductAttention) takes no k/v widths, which MLA passes: it holds
+    # no parameters and does not run here, so the widths are dropped for the count (Transformer Engine's takes them)
+    from megatron.core.transformer import dot_product_attention as dpa
+    init = dpa.DotProductAttention.__init__
+    def _init(self, *a, k_channels=None, v_channels=None, **k):
+        init(self, *a, **k)
+    dpa.DotProductAttention.__init__ = _init
+    import megatron.core.transformer.multi_latent_attention as mla
+    if importlib.util.find_spec("transformer_engine") is None:
+        mla.HAVE_TE = False      # (its import of the TE extension module succeeds without TE; TELinear is no class)
     from gpt_builders import gpt_builder
     with torch.device("meta"):
         model = gpt_builder(args, pre_process=True, post_process=True)

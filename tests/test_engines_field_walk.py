@@ -15,7 +15,7 @@ by the engine's own code (tests/field_walk_views.py):
 
 The decoders: CARRIED (the ten types sapp writes engine models of: Llama, Mistral, Mixtral, Qwen2,
 Qwen2-MoE, Qwen3, Qwen3-MoE, StableLM, Phi-3, Starcoder2) field by field; REFUSED (Gemma 1-3, OLMo2,
-OLMoE, DeepSeek-V2/V3, GPT-NeoX, Falcon, Cohere, GraniteMoE) with each of item 1's fields they have
+OLMoE, DeepSeek-V2, GPT-NeoX, Falcon, Cohere, GraniteMoE) with each of item 1's fields they have
 nudged, every export refused in one line naming the field Megatron-Core cannot state.  Each (config,
 field) is carried (the engine's parsed model holds the HF value), refused (one line naming the field),
 noted (torchtitan: no model written, the note naming the field), no effect, or dropped; the walk
@@ -219,7 +219,7 @@ def test_every_field_of_the_shrunk_decoders_reaches_the_engine_or_is_refused(eng
         for kind in ("linear", "dynamic", "yarn", "longrope"):
             assert res[("LlamaConfig", f"rope {kind}")][0] == "refused"
     else:
-        assert res[("Gemma2Config", None)][0] == res[("DeepseekV3Config", None)][0] == "carried"
+        assert res[("Gemma2Config", None)][0] == res[("DeepseekV2Config", None)][0] == "carried"
 
 
 # Llama 3.1 8B's sizes (rope: Llama 3's scaling, factor 8): torchtitan's llama3 flavor 8B, so that every
@@ -277,7 +277,7 @@ def test_megatron_lms_gpt_builder_passes_no_rope_scaling_factor():
 # refusal must name (sapp/engines/arch_hf.UNSTATED)
 REFUSED = {"GemmaConfig": "hidden_act", "Gemma2Config": "attn_logit_softcapping",
            "Gemma3TextConfig": "attn_logit_softcapping", "Olmo2Config": "q_norm", "OlmoeConfig": "q_norm",
-           "DeepseekV2Config": "kv_lora_rank", "DeepseekV3Config": "kv_lora_rank",
+           "DeepseekV2Config": "kv_lora_rank",
            "GPTNeoXConfig": "use_parallel_residual", "FalconConfig": "parallel_attn", "CohereConfig": "logit_scale",
            "GraniteMoeConfig": "embedding_multiplier"}
 # item 1's fields as those classes name them (attention window, rope, qk-norm, softcapping, biases, norm,

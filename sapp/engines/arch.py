@@ -108,6 +108,9 @@ def count(a: dict, active: bool = False) -> int:
         attn += (a["heads"] + 2 * a["kv_heads"]) * hd
     if a["bias"]:
         attn += h
+    if a.get("mla"):
+        from .arch_mla import attention_params
+        attn = attention_params(a, norm // h)
 
     def mlp(f):
         n = (3 if a["glu"] else 2) * h * f

@@ -11,9 +11,10 @@ from __future__ import annotations
 from .mapping import EngineError
 
 # HF model types whose decoder Megatron's GPT builds: pre-norm blocks (RMSNorm or LayerNorm), SwiGLU (or
-# GELU for Starcoder2), rotary embeddings (partial for StableLM / Phi-3), per-head q/k RMSNorm for Qwen3
+# GELU for Starcoder2), rotary embeddings (partial for StableLM / Phi-3), per-head q/k RMSNorm for Qwen3,
+# multi-latent attention and sigmoid group-limited routing for DeepSeek-V3 (sapp/engines/arch_mla.py)
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "stablelm",
-              "starcoder2")
+              "starcoder2", "deepseek_v3")
 # the catalogue's other decoders, each with the first field Megatron-Core's GPT (core_v0.16.1) cannot state:
 # the export refuses naming it (a type not listed is refused by its model type)
 UNSTATED = {
@@ -28,8 +29,6 @@ UNSTATED = {
     "olmo3": "q_norm / k_norm over all heads and norms after each sublayer",
     "olmoe": "q_norm / k_norm over the whole projection (Megatron's --qk-layernorm normalises each head)",
     "deepseek_v2": "kv_lora_rank / q_lora_rank (multi-latent attention: sapp writes no --multi-latent-attention)",
-    "deepseek_v3": "kv_lora_rank / q_lora_rank (multi-latent attention: sapp writes no --multi-latent-attention), "
-                   "sigmoid router scores with n_group / topk_group routing",
     "gpt_neox": "use_parallel_residual (attention and MLP side by side; Megatron-Core's blocks are sequential)",
     "falcon": "parallel_attn / new_decoder_architecture (attention and MLP side by side) or alibi",
     "cohere": "a parallel attention + MLP block and logit_scale",
@@ -67,6 +66,14 @@ FIELDS = {
     # Starcoder2: LayerNorm with biases, a GELU MLP (c_fc / c_proj), biases on every linear (use_bias)
     "norm_epsilon": (C, "norm_eps"), "use_bias": (C, "bias qkv_bias"), "residual_dropout": (C, "hidden_dropout"),
     "embedding_dropout": (C, "hidden_dropout"),
+    # DeepSeek-V3 (arch_mla.py): multi-latent attention, sigmoid routing over groups, shared experts, dense first
+    **{k: (C, "mla") for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                               "qk_head_dim")},
+    **{k: (C, "experts routing") for k in ("n_routed_experts", "n_shared_experts", "routed_scaling_factor", "n_group",
+                                           "topk_group", "first_k_dense_replace")},
+    "rope_interleave": (I, "rope on interleaved channel pairs: the same function as Megatron's halves with the "
+                           "rope channels of the latent projections permuted"),
+    "num_nextn_predict_layers": (I, "transformers builds no multi-token-prediction layer (nor does the export)"),
     "pretraining_tp": (I, "Llama's sliced projections for reproducing pretraining numerics: the same function"),
     "output_router_logits": (I, "whether HF returns the router logits (and adds its load-balancing loss: a "
                                 "scalar beside the step, as Megatron's --moe-aux-loss-coeff is)"),
@@ -253,6 +260,9 @@ def read(path: str, raw: dict, seq) -> dict:
                  shared_ffn=0, dense_layers=0)
     if mt in ("qwen2_moe", "qwen3_moe"):
         a.update(_qwen2_moe(path, cfg, L))
+    if mt == "deepseek_v3":
+        from .arch_mla import deepseek_v3
+        a.update(deepseek_v3(path, cfg, L))
     if a.get("top_k") == 1 and not a.get("router_pre_softmax"):
         # Megatron-Core's TransformerConfig raises "use --moe-router-pre-softmax when topk is 1" (core_v0.16.1),
         # which weights the one expert by its softmax probability; HF renormalises the top-k, so a weight of 1

@@ -56,6 +56,8 @@ def config(args: dict) -> tuple:
     bias, tied = not args.get("--disable-bias-linear"), not args.get("--untie-embeddings-and-output-weights")
     drops = {f: _num(args, f, 0.1) for f in ("--attention-dropout", "--hidden-dropout")}
     _need(not args.get("--qk-layernorm"), "--qk-layernorm", "", "the zoo's builders (no query/key norm)")
+    _need(not args.get("--multi-latent-attention"), "--multi-latent-attention", "",
+          "the zoo's builders (q/k/v from full-width projections)")
     gpt_like = not experts and norm == "LayerNorm" and not swiglu and pos == "learned_absolute"
     if gpt_like:
         _need(kv == a, "--num-query-groups", f"{kv} (grouped-query attention)", "the GPT builder (LayerNorm, GELU)")

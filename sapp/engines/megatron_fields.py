@@ -128,7 +128,7 @@ FIELDS = {
         ("--mtp-standalone", "multi-token prediction on its own stage"),
         ("--fp32-residual-connection", "an fp32 residual stream"),
         ("--qk-l2-norm", "query/key L2 normalization"), ("--qk-clip", "query/key weight clipping (QK-clip)"),
-        ("--attention-output-gate", "a gated attention output"), ("--multi-latent-attention", "multi-latent attention"),
+        ("--attention-output-gate", "a gated attention output"),
         ("--distribute-saved-activations", "recomputation checkpoints split over tensor parallelism"),
         ("--use-kitchen-attention", "Kitchen attention kernels"),
         ("--moe-shared-expert-overlap", "the shared expert overlapped with the token dispatch"),
@@ -235,8 +235,9 @@ FIELDS = {
            "--dsa-indexer-n-heads --dsa-indexer-head-dim --dsa-indexer-topk --dsa-indexer-loss-coeff "
            "--dsa-indexer-use-sparse-loss --linear-conv-kernel-dim --linear-key-head-dim --linear-value-head-dim "
            "--linear-num-key-heads --linear-num-value-heads"),
-    **_fam(_read_only("--multi-latent-attention"), "--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim "
-                                                   "--v-head-dim --cache-mla-latents"),
+    # multi-latent attention (DeepSeek-V3 exports, sapp/engines/arch_mla.py): compared with the model on import
+    **_fam(P, "--multi-latent-attention --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim"),
+    "--cache-mla-latents": _INFER,
     **_fam(_read_only("--qk-clip"), "--qk-clip-alpha --qk-clip-threshold"),
     **_fam(_read_only("--hybrid-context-parallel"), "--max-seqlen-per-dp-cp-rank"),
     **_fam(_read_only("--squared-relu"), "--use-fused-weighted-squared-relu"),

@@ -18,8 +18,19 @@ MODEL = ("--kv-channels", "--vocab-size", "--make-vocab-size-divisible-by", "--n
          "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--attention-dropout", "--hidden-dropout",
          "--moe-ffn-hidden-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm",
          "--moe-shared-expert-intermediate-size", "--moe-shared-expert-gate", "--moe-router-pre-softmax",
-         "--moe-layer-freq", "--grad-reduce-in-bf16",
+         "--moe-layer-freq", "--grad-reduce-in-bf16", *("--multi-latent-attention --q-lora-rank --kv-lora-rank "
+                                                        "--qk-head-dim --qk-pos-emb-head-dim --v-head-dim").split(),
          "--accumulate-allreduce-grads-in-fp32")
+
+
+# multi-latent attention's flags (sapp/engines/arch_mla.py writes them), compared by check_arch
+MLA = ("--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+       "--v-head-dim")
+
+
+def megatron_mla(a: dict) -> list:
+    from .arch_mla import megatron_args
+    return megatron_args(a)
 
 
 def model_args(a: dict, tp: int) -> list:
@@ -36,9 +47,9 @@ def model_args(a: dict, tp: int) -> list:
                           f"priced; search again with a tp that divides {V}")
     out = [f"--num-layers {a['layers']}", f"--hidden-size {h}", f"--ffn-hidden-size {a['ffn']}",
            f"--num-attention-heads {a['heads']}"]
-    if a["kv_heads"] != a["heads"]:
+    if a["kv_heads"] != a["heads"] and not a.get("mla"):
         out += ["--group-query-attention", f"--num-query-groups {a['kv_heads']}"]
-    if a["head_dim"] * a["heads"] != h:
+    if a["head_dim"] * a["heads"] != h and not a.get("mla"):
         out.append(f"--kv-channels {a['head_dim']}")
     out += [f"--seq-length {a['seq']}", f"--max-position-embeddings {max(a['max_pos'] or 0, a['seq'])}"]
     # the tokenizer's vocabulary as it is (no padding): a divisor that tp x it divides V
@@ -54,7 +65,7 @@ def model_args(a: dict, tp: int) -> list:
             out += ["--use-rope-scaling", "--rope-scaling-factor 8"]
         if a.get("rotary_percent", 1.0) != 1.0:
             out.append(f"--rotary-percent {a['rotary_percent']:g}")
-    if a.get("qk_norm"):
+    if a.get("qk_norm") and not a.get("mla"):
         out.append("--qk-layernorm")
     out += window_args(a)
     if not a["bias"]:
@@ -72,6 +83,8 @@ def model_args(a: dict, tp: int) -> list:
         if a.get("shared_ffn"):
             out.append(f"--moe-shared-expert-intermediate-size {a['shared_ffn']}")
         out += moe_routing_args(a)
+        if a.get("mla"):
+            out += megatron_mla(a)
         d, mask = a.get("dense_layers", 0), a.get("moe_layers")
         if mask:            # MoE on some layers only (Qwen2-MoE's decoder_sparse_step / mlp_only_layers)
             out.append("--moe-layer-freq [" + ",".join(str(int(m)) for m in mask) + "]")
@@ -149,7 +162,14 @@ def check_arch(args, arch) -> None:
     if got != factor:
         raise EngineError(f"--use-rope-scaling gives {got or 'no rope scaling'} but the model has {factor or 'none'}; "
                           f"pass the --model this file trains, or match its rope scaling")
-    for flag, want, got in (("--qk-layernorm", bool(arch.get("qk_norm")), bool(args.get("--qk-layernorm"))),
+    mla = dict((f.split(" ", 1) + [True])[:2] for f in megatron_mla(arch)) if arch.get("mla") else {}
+    for flag in MLA:
+        if str(args.get(flag)) != str(mla.get(flag)):
+            raise EngineError(f"{flag} {args.get(flag, '(absent)')} but the model has {mla.get(flag, 'none')} (Megatron "
+                              f"would build another attention than priced); pass the --model this file trains, or "
+                              f"set {flag} to match it")
+    for flag, want, got in (("--qk-layernorm", bool(arch.get("qk_norm") or arch.get("mla")),
+                             bool(args.get("--qk-layernorm"))),
                             ("--rotary-percent", float(arch.get("rotary_percent", 1.0)),
                              float(args.get("--rotary-percent", 1.0)))):
         if want != got:
@@ -171,7 +191,7 @@ def model_notes(args, arch, tp, precision) -> list:
             "--num-attention-heads", "--num-query-groups", "--group-query-attention", "--num-experts",
             "--moe-router-topk", "--make-vocab-size-divisible-by", "--vocab-size", "--use-rope-scaling",
             "--rope-scaling-factor", "--window-size", "--window-attn-skip-freq", "--moe-shared-expert-gate",
-            "--moe-router-pre-softmax", "--qk-layernorm", "--rotary-percent"}      # (check_arch refuses those)
+            "--moe-router-pre-softmax", "--qk-layernorm", "--rotary-percent", *MLA}      # (check_arch refuses those)
     defaults = {"--normalization": "LayerNorm", "--position-embedding-type": "learned_absolute",
                 "--moe-token-dispatcher-type": "allgather", "--attention-dropout": "0.1", "--hidden-dropout": "0.1",
                 "--moe-ffn-hidden-size": args.get("--ffn-hidden-size", False)}   # Megatron's default: the dense ffn
