@@ -22,7 +22,19 @@ so expert compute is priced at `load` × the mean, where
   - a capacity factor c > 0: every expert computes capacity = c · mean rows (short groups padded,
     overflow dropped), so load = c whatever the imbalance.
 All-to-all on real links: the EP group's members inside one node exchange over NVLink, the rest over
-the network, concurrently; the slower part sets the time (REFERENCE.md §2's α-β all-to-all on each)."""
+the network, concurrently; the slower part sets the time (REFERENCE.md §2's α-β all-to-all on each).
+Two published refinements (DeepSeek-V3 technical report, arXiv 2412.19437), priced where the model
+says it routes that way (its config's `topk_group`, `dispatch_fp8`):
+  - node-limited routing with hierarchical dispatch (§2.1.2 "Node-Limited Routing", §3.2.2): a token's
+    experts lie on at most M nodes (`topk_group` of `n_group` expert groups); it crosses the network
+    once per target node (to the GPU of its own in-node index there) and is forwarded over NVLink to
+    the GPUs holding its experts, so network bytes are bounded by M copies of a token, not k;
+  - FP8 dispatch (§3.3.2 "Low-Precision Communication"): the rows sent to the experts (the forward
+    dispatch, and in backward the gradient sent to the experts' down projections) are 1 byte an
+    element; both combines stay bf16.
+Expert GEMMs under EP: a rank holds E/ep experts and runs T·k·ep/E rows through each, so the weights it
+reads are 1/ep of the ep = 1 profile's, which prices every expert's weights read by every rank: at
+small rows per expert that profile is memory bound (`expert_gemm_delta` reprices both)."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,12 +78,53 @@ def all_to_all_time(nbytes: float, ep: int, local: int, cluster) -> float:
     return max(intra, inter)
 
 
+def node_limited_time(tokens: float, top_k: int, row_bytes: float, ep: int, local: int, nodes_reached: int,
+                      cluster) -> float:
+    """One hierarchical all-to-all (DeepSeek-V3 §3.2.2) of a rank's `tokens` tokens whose k routed rows
+    of `row_bytes` lie on at most `nodes_reached` of the EP group's ep / local nodes: each token crosses
+    the network once per target node other than its own (balanced routing: of the M nodes a token
+    reaches, (N - 1) / N are remote), then every routed row not already on its expert's GPU is
+    forwarded over NVLink; the two links run at once and the slower sets the time."""
+    if ep <= 1 or tokens <= 0:
+        return 0.0
+    N = max(1, ep // max(1, local))
+    if N <= 1:
+        return all_to_all_time(tokens * top_k * row_bytes, ep, local, cluster)
+    M = max(1, min(N, nodes_reached))
+    a_i, b_i = _alpha_beta("all_to_all", "intra", cluster)
+    a_n, b_n = _alpha_beta("all_to_all", "inter", cluster)
+    inter = (min(M, N - 1)) * a_n + tokens * M * (N - 1) / N * row_bytes / b_n
+    intra = ((local - 1) * a_i + tokens * top_k * (local - 1) / local * row_bytes / b_i) if local > 1 else 0.0
+    return max(intra, inter)
+
+
+def nodes_reached(experts: int, ep: int, local: int, n_group: int, topk_group: int) -> int:
+    """Nodes of the EP group a token's experts can lie on under group-limited routing (`topk_group` of
+    `n_group` consecutive expert groups; 0: no limit, every node): the chosen groups' nodes."""
+    N = max(1, ep // max(1, local))
+    if not (n_group and topk_group) or n_group <= 0:
+        return N
+    per_group = max(1, -(-N // n_group))          # nodes one expert group spans (groups larger than a node)
+    return min(N, topk_group * per_group)
+
+
 def dispatch_combine_time(tokens: float, top_k: int, hidden: int, act_bytes: float, ep: int, local: int,
-                          cluster) -> tuple:
+                          cluster, routing=None) -> tuple:
     """(forward s, backward s) of one MoE layer's all-to-alls per micro-batch: dispatch + combine in
-    forward, their gradients in backward; each moves the rank's T·k rows of `hidden` values."""
-    one = all_to_all_time(tokens * top_k * hidden * act_bytes, ep, local, cluster)
-    return 2 * one, 2 * one
+    forward, their gradients in backward; each moves the rank's T·k rows of `hidden` values.
+    `routing` (the model's, None: plain all-to-all at `act_bytes`): {"nodes": nodes a token reaches
+    (hierarchical dispatch, node_limited_time), "dispatch_bytes": bytes an element of the rows sent to
+    the experts, forward and in backward}."""
+    if not routing:
+        one = all_to_all_time(tokens * top_k * hidden * act_bytes, ep, local, cluster)
+        return 2 * one, 2 * one
+    d_bytes = routing.get("dispatch_bytes") or act_bytes
+    if routing.get("nodes"):
+        leg = lambda b: node_limited_time(tokens, top_k, hidden * b, ep, local, routing["nodes"], cluster)  # noqa: E731
+    else:
+        leg = lambda b: all_to_all_time(tokens * top_k * hidden * b, ep, local, cluster)  # noqa: E731
+    one = leg(d_bytes) + leg(act_bytes)        # dispatch (maybe FP8) + combine (bf16)
+    return one, one
 
 
 def router_flops(tokens: float, hidden: int, experts: int) -> float:
@@ -106,6 +159,30 @@ def moe_layer_time(tokens, hidden, experts, top_k, expert_ffn, ep, local, cluste
     bwd = {"router": compute_time(2 * rf, 0.0, cluster), "permute": compute_time(0.0, pb, cluster),
            "experts": compute_time(2 * ef, 0.0, cluster), "all_to_all": a_b}
     return {"fwd": fwd, "bwd": bwd, "fwd_s": sum(fwd.values()), "bwd_s": sum(bwd.values()), "rows": rows}
+
+
+def _gemm_s(flops: float, nbytes: float, cluster, settings) -> tuple:
+    """(forward s, backward s) of a GEMM as costmodel.nodes.node_cost prices a matmul (backward: twice
+    the FLOPs and the bytes)."""
+    from .primitives import kernel_efficiency
+    ov = getattr(cluster, "gemm_memory_overlap", 1.0)
+    return (compute_time(flops, nbytes, cluster, efficiency=kernel_efficiency("matmul", False, cluster, settings),
+                         overlap=ov),
+            compute_time(2 * flops, 2 * nbytes, cluster, efficiency=kernel_efficiency("matmul", True, cluster, settings),
+                         overlap=ov))
+
+
+def expert_gemm_delta(gemms, mbs: float, ep: int, tp: int, load: float, cluster, settings) -> tuple:
+    """(forward s, backward s) EP changes in a block's expert GEMMs per micro-batch of `mbs` samples:
+    the ep = 1 profile runs every expert's weights over the rank's own rows; an EP rank reads 1/(ep tp)
+    of them and runs `load`/tp x its rows (the busiest rank).  `gemms`: per GEMM (forward FLOPs a
+    sample, weight bytes, other bytes a sample)."""
+    df = db = 0.0
+    for fl, wb, rb in gemms:
+        f0, b0 = _gemm_s(fl * mbs, wb + rb * mbs, cluster, settings)
+        f1, b1 = _gemm_s(fl * mbs * load / tp, wb / (ep * tp) + rb * mbs * load / tp, cluster, settings)
+        df, db = df + f1 - f0, db + b1 - b0
+    return df, db
 
 
 def expert_state_bytes(expert_params: float, dp: int, ep: int, zero: int, settings) -> dict:
@@ -158,7 +235,7 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     ep x tp): the same tp x ep ranks hold the experts whole, E/(ep tp) each; a rank dispatches its 1/tp of
     the tokens over all ep x tp of them (no row exchange over tp) and keeps 1/tp of the routed rows at the
     hidden width too; FLOPs, states and the expert-DP sync are those of etp = tp.  0: etp = tp."""
-    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "sync_s": 0.0, "act_per_sample": 0.0,
+    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "a2a_s": (0.0, 0.0), "sync_s": 0.0, "act_per_sample": 0.0,
                   "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
     if ep <= 1 or not facts:
         return zero_delta
@@ -171,14 +248,20 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     act = 2.0 if settings.mixed else 4.0
     rows = facts["rows"] * mbs                            # T·k routed rows this rank sends
     tokens = rows / facts["top_k"]
-    a_f, a_b = dispatch_combine_time(tokens / tp, facts["top_k"], facts["hidden"], act, group, local, cluster)
+    routing = _routing(facts, ep, local)
+    a_f, a_b = dispatch_combine_time(tokens / tp, facts["top_k"], facts["hidden"], act, group, local, cluster, routing)
     a_f, a_b = a_f + expert_tp_gather(rows, facts["hidden"], act, 1 if whole else tp, cluster), \
         a_b + expert_tp_gather(rows, facts["hidden"], act, 1 if whole else tp, cluster)
     resort = compute_time(0.0, permute_bytes(tokens, facts["top_k"], facts["hidden"], act, ep)
                           - permute_bytes(tokens, facts["top_k"], facts["hidden"], act, 1), cluster)
     load = expert_load(facts.get("capacity_factor", 0.0), getattr(settings, "moe_imbalance", DEFAULT_IMBALANCE))
-    ef = facts["expert_flops"] * mbs * (load / tp - 1.0)   # the busiest rank's rows (or fewer), 1/tp of each expert
-    e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
+    if facts.get("gemms"):
+        # the busiest rank's rows (or fewer), 1/tp of each expert, 1/(ep tp) of the weights read
+        e_f, e_b = expert_gemm_delta(facts["gemms"], mbs, ep, tp, load, cluster, settings)
+    else:
+        ef = facts["expert_flops"] * mbs * (load / tp - 1.0)
+        e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
+        e_b = 2 * e_f
     S = stage_devices
     dp_link = "inter" if S > gpn else "intra"
     edp_link = "inter" if (S > gpn and ep * tp < S and ep * tp * max(1, dp // ep) > gpn) else "intra"
@@ -191,6 +274,14 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
     act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * (facts.get("ffn_row_elems", 0.0) + whole * facts["hidden"]) * act
-    return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + 2 * e_f,
+    return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + e_b, "a2a_s": (a_f, a_b),
             "sync_s": mine - full, "act_per_sample": act_delta,
             "states": {k: after[k] - before[k] for k in before}}
+
+
+def _routing(facts, ep, local):
+    """The model's routing as dispatch_combine_time takes it (None: plain all-to-all at bf16)."""
+    nodes = nodes_reached(facts.get("experts", 1), ep, local, facts.get("n_group", 0), facts.get("topk_group", 0)) \
+        if facts.get("topk_group") else 0
+    fp8 = 1.0 if facts.get("dispatch_fp8") else None
+    return {"nodes": nodes, "dispatch_bytes": fp8} if (nodes or fp8) else None

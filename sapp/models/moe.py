@@ -144,9 +144,15 @@ def ep_capable(m) -> bool:
 
 
 class MoE(nn.Module):
-    def __init__(self, h, experts, top_k, expert_ffn, shared=0, capacity_factor=0.0):
+    """`n_group`, `topk_group`: group-limited routing (DeepSeek-V3 section 2.1.2, its config's names): the
+    experts form n_group consecutive groups, a token keeps the topk_group groups of highest score (the
+    sum of a group's two best affinities) and picks its top-k among their experts (0: no limit).  Laid
+    out over nodes, that bounds the nodes a token's rows reach (costmodel/moe.py prices it)."""
+
+    def __init__(self, h, experts, top_k, expert_ffn, shared=0, capacity_factor=0.0, n_group=0, topk_group=0):
         super().__init__()
         self.E, self.k, self.f, self.cf = experts, top_k, expert_ffn, capacity_factor
+        self.groups = (n_group, topk_group) if n_group and topk_group and topk_group < n_group else None
         self.router = nn.Linear(h, experts, bias=False)
         self.w_in = nn.Parameter(torch.empty(experts, h, 2 * expert_ffn))
         self.w_out = nn.Parameter(torch.empty(experts, expert_ffn, h))
@@ -157,6 +163,8 @@ class MoE(nn.Module):
         b, t, h = x.shape
         flat = x.reshape(b * t, h)
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
+        if self.groups is not None:
+            probs = self._group_limited(probs)
         weight, expert = torch.topk(probs, self.k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(x.dtype)     # Mixtral: renormalised top-k
         ids = expert.reshape(-1)                                              # [T·k] routed rows
@@ -180,11 +188,25 @@ class MoE(nn.Module):
         return out.view(b, t, h)
 
 
+    def _group_limited(self, probs):
+        """probs with the experts outside a token's topk_group best groups set to zero."""
+        n, keep = self.groups
+        per = probs.view(probs.shape[0], n, self.E // n)
+        score = per.topk(min(2, self.E // n), dim=-1).values.sum(dim=-1)           # [T, n]
+        cut = score.topk(keep, dim=-1).values[:, -1:]
+        mask = (score >= cut).unsqueeze(-1).expand_as(per).reshape(probs.shape)
+        return probs * mask.to(probs.dtype)
+
+
 class Block(nn.Module):
-    def __init__(self, h, a, kv, hd, ffn, moe_args, eps=1e-6, s=2048, theta=10000.0):
+    def __init__(self, h, a, kv, hd, ffn, moe_args, eps=1e-6, s=2048, theta=10000.0, mla=None):
         super().__init__()
         self.ln1 = RMSNorm(h, eps)
-        self.attn = Attention(h, a, kv, hd, s, theta)
+        if mla:
+            from .mla import MLA            # (mla.py imports this module's RMSNorm)
+            self.attn = MLA(h, a, **mla, s=s, theta=theta, eps=eps)
+        else:
+            self.attn = Attention(h, a, kv, hd, s, theta)
         self.ln2 = RMSNorm(h, eps)
         if moe_args is None:
             self.mlp = SwiGLU(h, ffn)
@@ -203,14 +225,17 @@ class MoEModel(nn.Module):
     `theta`: the rotary base (None: 10000, and an engine export states none)."""
 
     def __init__(self, l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0,
-                 capacity_factor=0.0, hd=None, eps=1e-6, theta=None):
+                 capacity_factor=0.0, hd=None, eps=1e-6, theta=None, mla=None, n_group=0, topk_group=0,
+                 dispatch_fp8=False):
         super().__init__()
         hd = hd or h // a
+        # dispatch_fp8: the run sends its dispatch in FP8 (DeepSeek-V3's kernels): read by the cost model
+        # only (costmodel/moe.py); the emitted all-to-all sends the rows as they are
         moe_args = dict(experts=experts, top_k=top_k, expert_ffn=expert_ffn, shared=shared,
-                        capacity_factor=capacity_factor)
+                        capacity_factor=capacity_factor, n_group=n_group, topk_group=topk_group)
         self.embed = nn.Embedding(V, h)
         self.layers = nn.ModuleList(Block(h, a, kv, hd, ffn, None if i < dense else moe_args, eps, s,
-                                          10000.0 if theta is None else theta) for i in range(l))
+                                          10000.0 if theta is None else theta, mla=mla) for i in range(l))
         self.ln_f = RMSNorm(h, eps)
         self.head = nn.Linear(h, V, bias=False)
         init_weights(self)
@@ -226,11 +251,16 @@ class MoEModel(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def param_count(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0, hd=None, active=False, **_):
+def param_count(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0, hd=None, active=False,
+                mla=None, **_):
     """Exact parameter count of MoEModel(...); active=True counts top_k routed experts per MoE block
     (what one token meets), DeepSeek's and Mixtral's "active parameters"."""
     hd = hd or h // a
-    attn = h * a * hd * 2 + h * kv * hd * 2 + 2 * h            # q, o, k, v; two RMSNorms
+    if mla:
+        from .mla import mla_params
+        attn = mla_params(h, a, **mla) + 2 * h                   # MLA; two RMSNorms
+    else:
+        attn = h * a * hd * 2 + h * kv * hd * 2 + 2 * h            # q, o, k, v; two RMSNorms
     routed = (top_k if active else experts) * 3 * h * expert_ffn
     moe = h * experts + routed + shared * 3 * h * expert_ffn
     return l * attn + dense * 3 * h * ffn + (l - dense) * moe + 2 * V * h + h

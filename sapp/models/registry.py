@@ -29,10 +29,11 @@ def _wd(rows_per_field=1_000_000, dim=80, deep=(1024, 512, 256), vocab=None):
             "fields": fields, "dim": dim, "deep": tuple(deep), "sparse": True}
 
 
-def _moe(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0, hd=None, capacity_factor=0.0):
+def _moe(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, dense=0, hd=None, capacity_factor=0.0,
+         **extra):
     return {"l": l, "h": h, "a": a, "kv": kv, "V": V, "s": s, "ffn": ffn, "experts": experts, "top_k": top_k,
             "expert_ffn": expert_ffn, "shared": shared, "dense": dense, "hd": hd or h // a,
-            "capacity_factor": capacity_factor}
+            "capacity_factor": capacity_factor, **extra}
 
 
 # name -> (kind, default config).  Sizes follow the GPT-3 paper table (1.3B uses a=16, hd=128;
@@ -77,6 +78,15 @@ NAMED = {
                                  expert_ffn=14336)),
     "deepseek-v3-like": ("moe", _moe(61, 7168, 128, 128, V=129280, s=4096, ffn=18432, experts=256, top_k=8,
                                      expert_ffn=2048, shared=1, dense=3, hd=48)),
+    # DeepSeek-V3 as its technical report (arXiv 2412.19437, sections 2.1 and 4.2) and HF config give it:
+    # MLA (sapp/models/mla.py), group-limited routing over 8 groups, 4 kept (a token's experts on at most
+    # 4 nodes under EP over 8 nodes), the dispatch sent in FP8 (section 3.3.2).  Its multi-token
+    # prediction module and the sigmoid gating with bias are not modelled (softmax top-8 instead).
+    "deepseek-v3": ("moe", _moe(61, 7168, 128, 128, V=129280, s=4096, ffn=18432, experts=256, top_k=8,
+                                expert_ffn=2048, shared=1, dense=3, hd=128, n_group=8, topk_group=4,
+                                dispatch_fp8=True,
+                                mla={"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                                     "qk_rope_head_dim": 64, "v_head_dim": 128})),
 }
 
 # kind -> (module, class): BUILDERS[kind] is (class, param_count), imported when first asked for

@@ -24,13 +24,17 @@ def moe_facts(ctx) -> dict:
         return facts
     g, facts = ctx.graph, {}
     B = max(1, g.batch_size)
+    routing = model_routing(g)
     for block, names in (g.blocks or {}).items():
         nodes = [g.nodes[n] for n in names if n in g.nodes]
         gemms = [n for n in nodes if n.extra.get("experts") and _runs_ep(g, n)]
         if not gemms:
             continue
-        topk = [n for n in nodes if ".topk" in n.target]
         first = gemms[0]
+        # the expert choice, not a group-limited router's group choices (models/moe.py: topk over groups)
+        topk = [n for n in nodes if ".topk" in n.target]
+        topk = [n for n in topk if n.operands and n.operands[0].shape and
+                n.operands[0].shape[-1] == first.extra["experts"]] or topk
         rows = first.dim("b0").size
         k = topk[0].out.shape[-1] if topk and getattr(topk[0], "out", None) is not None else None
         if k is None:
@@ -45,6 +49,7 @@ def moe_facts(ctx) -> dict:
         down = sum(n.dim("k").size for n in gemms if n.dim("k").size != h)      # the activation's output
         facts[block] = {"rows": rows * layers / B, "hidden": h, "top_k": int(k), "ffn_row_elems": row_elems / layers,
                         "act_out_share": down / row_elems if row_elems else 0.0,
+                        "gemms": [_gemm_bytes(n, B, ctx.settings) for n in gemms], **routing,
                         "experts": int(first.extra["experts"]),
                         "expert_flops": sum(n.flops for n in gemms) / B,
                         "expert_params": float(sum(n.dim("e").size * n.dim("k").size * n.dim("n").size
@@ -52,6 +57,25 @@ def moe_facts(ctx) -> dict:
                         "capacity_factor": float(g.meta.get("moe_capacity_factor", 0.0) or 0.0)}
     ctx._moe_facts = facts
     return facts
+
+
+def model_routing(g) -> dict:
+    """What the model says of its routing (a zoo MoE's config, capture's meta "config"): group-limited
+    routing (DeepSeek-V3's n_group / topk_group: a token's experts on at most topk_group of n_group
+    expert groups, the groups laid out over the EP group's nodes) and whether its dispatch sends FP8
+    (costmodel/moe.py's module text)."""
+    cfg = (g.meta or {}).get("config") or {}
+    return {"n_group": int(cfg.get("n_group", 0) or 0), "topk_group": int(cfg.get("topk_group", 0) or 0),
+            "dispatch_fp8": bool(cfg.get("dispatch_fp8", False))}
+
+
+def _gemm_bytes(node, B, settings) -> tuple:
+    """(forward FLOPs a sample, weight bytes, other bytes a sample) of an expert GEMM as the profile
+    prices it (costmodel.nodes.local_bytes at the captured batch B)."""
+    from ...costmodel.nodes import local_bytes
+    total = local_bytes(node, {}, settings)
+    wb = sum(o.numel for o in node.operands if o.param is not None) * settings.weight_bytes
+    return node.flops / B, wb, max(0.0, total - wb) / B
 
 
 def _runs_ep(g, node) -> bool:
