@@ -17,7 +17,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from .llama import rotary_tables, rotate
-from .moe import RMSNorm
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class MLA(nn.Module):

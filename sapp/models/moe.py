@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from .gpt import init_weights
 from .llama import rotary_tables, rotate
+from .mla import MLA, RMSNorm, mla_params      # noqa: F401  (RMSNorm: this module's blocks and callers)
 
 
 def _gmm(x, w, offs):
@@ -80,16 +81,6 @@ def swiglu_experts(x, w_in, w_out, offs):
     """Rows sorted by expert through every expert's SwiGLU: [R, h] -> [R, h]."""
     gate, up = grouped_mm(x, w_in, offs).chunk(2, dim=-1)
     return grouped_mm(F.silu(gate) * up, w_out, offs)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, h, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(h))
-        self.eps = eps
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -203,7 +194,6 @@ class Block(nn.Module):
         super().__init__()
         self.ln1 = RMSNorm(h, eps)
         if mla:
-            from .mla import MLA            # (mla.py imports this module's RMSNorm)
             self.attn = MLA(h, a, **mla, s=s, theta=theta, eps=eps)
         else:
             self.attn = Attention(h, a, kv, hd, s, theta)
@@ -257,7 +247,6 @@ def param_count(l, h, a, kv, V, s, ffn, experts, top_k, expert_ffn, shared=0, de
     (what one token meets), DeepSeek's and Mixtral's "active parameters"."""
     hd = hd or h // a
     if mla:
-        from .mla import mla_params
         attn = mla_params(h, a, **mla) + 2 * h                   # MLA; two RMSNorms
     else:
         attn = h * a * hd * 2 + h * kv * hd * 2 + 2 * h            # q, o, k, v; two RMSNorms
