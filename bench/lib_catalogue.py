@@ -82,7 +82,25 @@ def _emit_noting_gathers(arch: str, config: str, tmp: str) -> dict:
     except (OSError, ValueError):
         return row
     row["gathered"] = sorted({n.split(" (")[0].split(": gathered ", 1)[1] for n in notes if ": gathered " in n})
+    if config.startswith("tp") and row.get("ok"):
+        try:
+            row["unsplit"] = _unsplit(H.PREFIX + arch, tmp, config)
+        except Exception as e:                 # noqa: BLE001 - a report's extra, not the row's outcome
+            row["unsplit"] = [f"(not read: {type(e).__name__})"]
     return row
+
+
+def _unsplit(kind: str, tmp: str, config: str) -> list:
+    """The attentions the row's plan keeps replicated, one line each with why (tp_layout.unsplit_attention)."""
+    import json
+    from sapp.capture import capture
+    from sapp.search.tp_layout import unsplit_attention
+    from tests.emit_workers import hf_models
+    with open(os.path.join(tmp, f"{config}.json")) as f:
+        styles = json.load(f).get("tp_modules") or {}
+    model, loss_fn = hf_models.build(kind, device="meta")
+    x, y = hf_models.batch(kind, 8, 0)
+    return unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, styles)
 
 
 def outcome(r: dict) -> str:
@@ -123,7 +141,8 @@ def report(rows) -> str:
         for col in cols:
             r = last.get((c, col))
             cells.append("-" if r is None else short[outcome(r)] + ("" if r["ok"] else f" ({H.failure(r)})")
-                         + (f" [gathered {', '.join(r['gathered'])}]" if r and r.get("gathered") else ""))
+                         + (f" [gathered {', '.join(r['gathered'])}]" if r and r.get("gathered") else "")
+                         + (f" [attention replicated: {'; '.join(r['unsplit'])}]" if r and r.get("unsplit") else ""))
         lines.append(f"| {L.CASES[c][0]} | {c} | {L.CASES[c][1]} | {cheap} | " + " | ".join(cells) + " |")
     lines += ["", "| column | run | " + " | ".join(OUTCOMES) + " | equal share |", "|---|---|" + "---|" * 6]
     totals = dict.fromkeys(OUTCOMES, 0)

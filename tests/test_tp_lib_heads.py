@@ -59,3 +59,19 @@ def test_attention_split_by_heads_equals_one_process(name, tmp_path):
         losses = res["losses"]
         diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
         assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+
+
+def test_attention_left_replicated_says_why():
+    """Where the layout cannot split the heads, the rest keeps tp and one line says why: nn.MultiheadAttention
+    applies its packed in_proj_weight in its own forward; local-attention folds the heads into the batch."""
+    pytest.importorskip("local_attention")
+    from sapp.capture import capture
+    from sapp.search.tp_layout import unsplit_attention
+    from tests.emit_workers import hf_models
+    want = {"torch_encoder_lm": ("encoder.layers.*.self_attn", "no Linear layer tp splits"),
+            "local_transformer": ("layers.*.*.branch.attn_fn", "folds the split heads into the data batch")}
+    for case, (module, why) in want.items():
+        model, loss_fn = hf_models.build(f"lib:{case}", device="meta")
+        x, y = hf_models.batch(f"lib:{case}", 2, 0)
+        lines = unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, {})
+        assert any(line.startswith(f"{module}: ") and why in line for line in lines), (case, lines)

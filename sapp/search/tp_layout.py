@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .linears import linears, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
-from .tp_regroup import regroup, regroup_parts
+from .tp_regroup import into_batch, regroup, regroup_parts
 from .tp_sliced import broadcast, sliceable
 
 
@@ -43,6 +43,7 @@ class Region:
     parts: dict = field(default_factory=dict)  # fused opener node -> its pieces' sizes (split by heads)
     sliced: dict = field(default_factory=dict)  # node -> operand indices made outside, sliced to a rank's part
     bcast: dict = field(default_factory=dict)   # expand made outside -> its axis over the split (a rank's share)
+    members: set = field(default_factory=set)   # ops between the openers and the closers
     why: str = ""                 # why it is not valid ("" when valid)
 
 
@@ -84,6 +85,8 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
                 continue                # read for its shape only (expand_as's `other`): the audit checks it
             if d is None and regroup(node, op, axis) is not None:
                 d = regroup(node, op, axis)[0]     # key heads repeated as the inner factor (tp_regroup.py)
+            if d is None and into_batch(node, op, axis):
+                unmapped = unmapped or f"{name} folds the split heads into the data batch ((b h) windows)"
             if d is None:
                 unmapped = unmapped or f"{name} ({node.kind}) does not map the split axis of {op.producer}"
                 continue
@@ -123,6 +126,8 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
     heads, why2 = regroup_parts(graph, dims, set(linears(graph)), tp)
     if set(parts) & set(heads):
         why2 = f"{sorted(set(parts) & set(heads))[0]} is both a fused projection and the queries of repeated key heads"
+    elif heads and sliced:      # a rank's query heads are then not one block of the bias's heads
+        why2 = f"{sorted(sliced)[0]} adds a per-head tensor to query heads held in the repeated key heads' order"
     region.parts = {**parts, **heads}
     return why or why2
 
@@ -212,7 +217,7 @@ def regions(graph, tp: int, gather=frozenset()) -> list:
     out = []
     order = {n: i for i, n in enumerate(graph.nodes)}
     for g in sorted(groups, key=lambda g: order[g["openers"][0]]):
-        r = Region(sorted(g["openers"], key=order.get), sorted(g["closers"], key=order.get))
+        r = Region(sorted(g["openers"], key=order.get), sorted(g["closers"], key=order.get), members=g["members"])
         if not r.closers:
             r.why = "no row-split linear closes it"
         else:
@@ -230,6 +235,29 @@ def regions(graph, tp: int, gather=frozenset()) -> list:
             if hit is not None and not r.why:
                 r.why = f"gathered: {hit} reshapes by a size fixed for the whole model"
     return out
+
+
+def unsplit_attention(graph, tp: int, styles: dict) -> list:
+    """One line per attention (a softmax or an SDPA op, by module pattern) that a plan's tp_modules
+    `styles` leaves replicated, saying why: the region it sits in and why that region is not split,
+    or that no Linear tp splits makes its heads (nn.MultiheadAttention applies its packed
+    in_proj_weight in its own forward)."""
+    rs = regions(graph, tp)
+    out = {}
+    for n, node in graph.nodes.items():
+        if node.kind not in ("attention", "softmax") or not node.module:
+            continue
+        r = next((r for r in rs if n in r.members), None)
+        if r is not None and all(styles.get(graph.nodes[o].module) == "colwise" for o in r.openers):
+            continue
+        if r is None:
+            why = "no Linear layer tp splits makes its queries and keys (a module applying its own weights)"
+        elif not r.why:
+            why = "a valid region the plan does not split (gathered by the runnable check, or not worth it)"
+        else:
+            why = r.why
+        out.setdefault(gather_pattern(node.module), why)
+    return [f"{m}: {w}" for m, w in sorted(out.items())]
 
 
 def gather_pattern(module: str) -> str:

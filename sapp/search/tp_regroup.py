@@ -37,8 +37,20 @@ def regroup(node, op, axis: int):
     d = op.dims[j]
     if d not in node.out.dims or math.prod(op.shape[j:k + 1]) != node.out.shape[node.out.dims.index(d)]:
         return None
+    if any(x.name == d and x.batch for x in node.dims):
+        return None         # heads folded into the data batch ((b h): local-attention's windows): see `into_batch`
     p = math.prod(op.shape[j:axis])
     return (d, p) if p > 1 else None
+
+
+def into_batch(node, op, axis: int) -> bool:
+    """Whether reshape `node` folds its operand's axis `axis` (the split) into the data batch's axis."""
+    if str(node.target) not in _RESHAPES or op.dims[axis] is not None:
+        return False
+    j = axis - 1
+    while j >= 0 and op.dims[j] is None:
+        j -= 1
+    return j >= 0 and any(x.name == op.dims[j] and x.batch for x in node.dims)
 
 
 def regroups(graph, dims: dict) -> dict:
