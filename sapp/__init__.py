@@ -16,7 +16,8 @@ __all__ = ["Cluster", "Plan", "search", "evaluate", "capture", "emit", "models",
 
 def search(model, cluster, *, global_batch=None, constraints=None, precision=None, runtime=None, fp8=None,
            model_args=None, example_inputs=None, loss_fn=None, targets=None, optimizer=None, grad_fp32=False,
-           cache=False, progress=None, graph=None, return_result=False, fits=None, caches=None):
+           cache=False, progress=None, graph=None, return_result=False, fits=None, caches=None,
+           recompute_modules=()):
     """Find the fastest parallel plan that fits the cluster's memory.
 
     The model is captured (on the meta device: no weights are allocated) and every layout the
@@ -43,6 +44,9 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
         ``"fused+tp-overlap"``, ``"torchtitan"`` ...
     fp8 : {"tensorwise", "delayed"}, optional
         FP8 linear layers in the blocks, at the cluster's FP8 rate.
+    recompute_modules : tuple of str, optional
+        What selective recomputation recomputes, Megatron-Core's ``--recompute-modules`` names
+        (``("core_attn", "mlp")``); empty (default) recomputes the attention core.
     model_args : dict, optional
         Settings of a model named by a string (``{"seq": 8192}``, a zoo config key, an HF field);
         the plan records them so ``sapp run`` builds the same model.
@@ -72,7 +76,8 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
     return _search(model, cluster, global_batch=global_batch, constraints=constraints, precision=precision,
                    runtime=runtime, fp8=fp8, model_args=model_args, example_inputs=example_inputs, loss_fn=loss_fn,
                    targets=targets, optimizer=optimizer, grad_fp32=grad_fp32, cache=cache, progress=progress,
-                   graph=graph, return_result=return_result, fits=fits, caches=caches)
+                   graph=graph, return_result=return_result, fits=fits, caches=caches,
+                   recompute_modules=recompute_modules)
 
 
 def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None,
