@@ -10,6 +10,7 @@ import pytest
 import sapp.engines as E
 from sapp import api
 from sapp.costmodel import CostSettings, collective_time
+from sapp.errors import SappError
 
 from tests import engine_validate as V
 
@@ -115,3 +116,20 @@ def test_hsdp_beside_expert_parallelism_is_refused_in_one_line(graph):
     with pytest.raises(E.EngineError, match="HSDP .* beside expert parallelism"):
         _import(graph, _toml(2, 16).replace("[training]", "expert_parallel_degree = 2\n[training]"),
                 "h100-80g:nodes=4")
+
+
+
+@pytest.mark.parametrize("extra", ['[compile]\nenable = true\ncomponents = ["model"]\n', ""])
+def test_an_imported_hsdp_plan_is_judged_by_its_own_release(graph, extra):
+    """A torchtitan 0.2.2 HSDP plan priced under any of that release's profiles (compiled blocks too) is
+    re-scored by 0.2.2's rules: back at the step it was imported with, and, edited to tp without
+    sequence parallelism (0.3 has the switch, 0.2.2's tensor-parallel plan always shards the norms), refused."""
+    par = "tensor_parallel_degree = 2\n"
+    plan = _import(graph, _toml(2, 4, extra=extra).replace("[parallelism]\n", "[parallelism]\n" + par), "h100-80g:nodes=2")
+    assert plan._d["settings"]["runtime"] == ("torchtitan-0.2.2+compile" if extra else "torchtitan-0.2.2")
+    back = api.evaluate(MODEL, "h100-80g:nodes=2", plan, graph=graph)
+    assert back["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-5)
+    assert plan["parallel"]["sp"] is True
+    plan._d["parallel"]["sp"] = False
+    with pytest.raises(SappError, match="sequence"):
+        api.evaluate(MODEL, "h100-80g:nodes=2", plan, graph=graph)

@@ -426,7 +426,10 @@ def _hsdp_target(plan):
     """The torchtitan target an HSDP plan is re-scored under (only those run it), else None."""
     if plan["parallel"].get("dp_replicate", 1) <= 1:
         return None
-    return "torchtitan@0.2.2" if (plan._d.get("settings") or {}).get("runtime") == "torchtitan-0.2.2" else "torchtitan"
+    from sapp.search.targets import ENGINES
+    runtime = (plan._d.get("settings") or {}).get("runtime")
+    # the release whose profiles price the plan (torchtitan@0.2.2's include its +compile and 2412 stacks)
+    return "torchtitan@0.2.2" if runtime in ENGINES["torchtitan@0.2.2"].runtimes else "torchtitan"
 
 
 def _score(graph, cl, gb, cons, settings, splits, cfg):

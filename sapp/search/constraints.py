@@ -144,6 +144,11 @@ class Constraints:
             raise ConstraintError(f"constraint sp must be true or false, got {self.sp!r}")
         if self.sp and self.tp == 1:
             raise ConstraintError("sp=true needs tensor parallelism; pin tp > 1 or drop sp")
+        if lim and self.sp is False and (self.tp or 1) > 1 and lim["sp"] == "with-tp":
+            raise ConstraintError(f"target {self.target} runs sequence parallelism whenever tp > 1 (its tensor-parallel "
+                                  f"plan shards the norms' sequence); set sp true or drop tp={self.tp}")
+        if lim and self.sp and lim["sp"] == "off":
+            raise ConstraintError(f"target {self.target} has no sequence parallelism; drop sp")
         if self.tp and self.max_tp and self.tp > self.max_tp:
             raise ConstraintError(f"tp={self.tp} exceeds max_tp={self.max_tp}; drop one of them")
         if self.dp and self.max_dp and self.dp > self.max_dp:
