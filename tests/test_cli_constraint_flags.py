@@ -71,3 +71,19 @@ def test_each_flag_has_an_example_in_help(capsys, monkeypatch):
     for example in ("--place 'deep_emb.*=host'", "--optimizer-on host", "--split-before 'h.12,h.24'",
                     "--recompute-block 'h.0=full'"):
         assert example in text
+
+
+def test_etp_keeps_experts_whole_beside_tp(tmp_path, capsys):
+    argv = ("--model", "mixtral-8x7b", "--cluster", "h100-80g:devices=64", "--batch", "256", "--target", "megatron",
+            "--tp", "2", "--pp", "4", "--ep", "4", "--zero", "1")
+    rc, cap, whole = _search(tmp_path, capsys, *argv, "--etp", "1")
+    assert rc == 0, cap.err
+    rc, cap, split = _search(tmp_path, capsys, *argv, "--etp", "0")
+    assert rc == 0, cap.err
+    assert whole["parallel"]["etp"] == 1 and split["parallel"].get("etp", 0) != 1
+    # the same bytes (E/(ep tp) whole experts or E/ep halves) in another layout: no row exchange over tp
+    assert whole["predicted"]["memory"]["params"] == split["predicted"]["memory"]["params"]
+    assert whole["predicted"]["step_time_s"] != split["predicted"]["step_time_s"]
+    rc = main(["search", *argv[:6], *argv[8:], "--etp", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "megatron" in err

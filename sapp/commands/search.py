@@ -39,6 +39,9 @@ def add_constraint_arguments(p):
     g.add_argument("--max-dp", type=int, help="largest data-parallel degree to consider")
     g.add_argument("--cp", type=int, help="context-parallel degree (each sample's sequence split over cp ranks)")
     g.add_argument("--ep", type=int, help="expert-parallel degree for MoE models (EP groups of dp ranks)")
+    g.add_argument("--etp", type=int, choices=(0, 1),
+                   help="with --ep beside --tp > 1 (--target megatron): 1 keeps each expert whole on the ep x tp ranks "
+                        "(Megatron's --expert-tensor-parallel-size 1), 0 splits experts over tp (expert-tp = tp, its default)")
     g.add_argument("--sp", choices=("on", "off"), help="Megatron sequence parallelism inside the tp group")
     g.add_argument("--target", choices=engine_names(),
                    help=engine_help("search only what this engine can state, priced with its runtime (then `sapp export "
@@ -51,7 +54,7 @@ def add_constraint_arguments(p):
 
 def constraints_from_args(args) -> dict:
     keys = ("tp", "dp", "pp", "micro_batches", "schedule", "virtual_chunks", "recompute", "zero", "max_tp", "max_dp", "cp",
-            "ep", "target")
+            "ep", "etp", "target")
     out = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "sp", None) is not None:
         out["sp"] = args.sp == "on"
