@@ -16,14 +16,17 @@ when m is a multiple of p and every device's chunks take equal time; otherwise (
 interleaving: m need only be a multiple of its rounds, max(1, m // p); chunks of different block
 counts) `step_time` runs the event simulator, which follows torch's own per-rank order
 (torch.distributed.pipelining.ScheduleInterleaved1F1B, torch 2.13).
+DualPipeV (2 chunks a device in a V, weight gradients apart) has no closed form: dualpipe.py
+simulates it in torch's ScheduleDualPipeV order.
 """
 from __future__ import annotations
 
 import functools
 
-from dataclasses import dataclass, field
+from .dualpipe import dualpipev_in_flight, dualpipev_step, simulate_dualpipev
+from .events import Event, SimResult, p2p_pairs as _p2p  # noqa: F401 - Event re-exported (sapp.pipeline)
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev")
 # Operations (a forward or a backward of one chunk on one device) the event simulator and torch's
 # order tables walk for one step, at most: ~2 us each in Python, so a couple of seconds.  The closed
 # forms cover everything else; an interleaved configuration past it (2^22 micro-batches: minutes and
@@ -46,38 +49,6 @@ def too_long(p, m, v):
             f"or the 1f1b schedule")
 
 
-@dataclass
-class Event:
-    stage: int
-    mb: int
-    kind: str        # "fwd" | "bwd" | "recompute" | "comm"
-    start: float
-    end: float
-    chunk: int = 0
-
-    def to_dict(self) -> dict:
-        return {"stage": self.stage, "mb": self.mb, "kind": self.kind, "start": self.start,
-                "end": self.end, "chunk": self.chunk}
-
-
-@dataclass
-class SimResult:
-    step_s: float
-    in_flight: list          # per stage: peak micro-batches of activations held (stage units)
-    events: list = field(default_factory=list)
-
-
-def _p2p(p2p_s, p) -> list:
-    """Per stage, (forward, backward) seconds of one of its sends.  `p2p_s`: a number (every send
-    alike), a (forward, backward) pair, or one pair per stage -- they differ when a boundary sends a
-    tensor without a gradient, or where cuts send different tensors (sapp/pipeline/boundary.py)."""
-    if not isinstance(p2p_s, (tuple, list)):
-        return [(p2p_s, p2p_s)] * p
-    if p2p_s and isinstance(p2p_s[0], (tuple, list)):
-        return [tuple(x) for x in p2p_s]
-    return [tuple(p2p_s)] * p
-
-
 def stage_totals(stage_fwd, stage_bwd, p2p_s=0.0, v=1) -> list:
     """T_i per micro-batch including the stage's own sends (v chunks send v times each way)."""
     p = len(stage_fwd)
@@ -89,11 +60,14 @@ def stage_totals(stage_fwd, stage_bwd, p2p_s=0.0, v=1) -> list:
     return out
 
 
-def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, chunk_shares=None) -> float:
+def step_time(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, chunk_shares=None, overlap_fb=False) -> float:
     """Step time of one pipeline: the closed form (see module doc), or for interleaved schedules the
     closed form cannot describe (m not a multiple of p; `chunk_shares[i]`: the fractions of stage
-    i's time its v chunks take, when they differ) the event simulator."""
+    i's time its v chunks take, when they differ) and for dualpipev (`overlap_fb`: the engine overlaps
+    an OVERLAP_F_B pair; torch's runtime runs it F then B) the event simulator."""
     p = len(stage_fwd)
+    if schedule == "dualpipev":     # no closed form holds: its bubble is piecewise in F, B, W (dualpipe.py)
+        return dualpipev_step(stage_fwd, stage_bwd, m, p2p_s, chunk_shares=chunk_shares, overlap=overlap_fb)
     if schedule == "interleaved" and v > 1 and (m % p or not _equal_shares(chunk_shares)):
         return simulate(stage_fwd, stage_bwd, m, schedule, v=v, p2p_s=p2p_s, chunk_shares=chunk_shares,
                         timeline=False).step_s
@@ -134,6 +108,8 @@ def in_flight(schedule, p, m, v=1) -> list:
         return [1.0] * p
     if schedule == "gpipe":
         return [float(m)] * p
+    if schedule == "dualpipev":     # torch's order walked: forwards held until their W (dualpipe.py)
+        return dualpipev_in_flight(p, m)
     if schedule == "interleaved" and v > 1:
         if interleave_rounds(p, m) is None:
             raise ValueError(f"interleaved 1F1B cannot run {m} micro-batches over {p} stages "
@@ -259,8 +235,11 @@ def simulate(stage_fwd, stage_bwd, m, schedule="1f1b", v=1, p2p_s=0.0, recompute
     its v chunks take (default 1/v each).  Returns the step time, per-stage peak in-flight
     micro-batches (stage units) and the timeline events (stage, mb, kind, start, end).  `p2p_s`: one
     send's seconds, a (forward, backward) pair, or one pair per stage.  `timeline` False: no events
-    (the search prices many configurations here and reads only the step time)."""
+    (the search prices many configurations here and reads only the step time).  dualpipev: its own
+    simulator (dualpipe.py: v is 2, its chunks in the V, weight gradients apart)."""
     p = len(stage_fwd)
+    if schedule == "dualpipev":
+        return simulate_dualpipev(stage_fwd, stage_bwd, m, p2p_s, recompute_s, chunk_shares, timeline=timeline)
     pf, pb = zip(*_p2p(p2p_s, p))
     v = _checked_chunks(schedule, p, m, v)
     n_chunks = p * v
