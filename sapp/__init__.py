@@ -17,7 +17,7 @@ __all__ = ["Cluster", "Plan", "search", "evaluate", "capture", "emit", "models",
 def search(model, cluster, *, global_batch=None, constraints=None, precision=None, runtime=None, fp8=None,
            model_args=None, example_inputs=None, loss_fn=None, targets=None, optimizer=None, grad_fp32=False,
            cache=False, progress=None, graph=None, return_result=False, fits=None, caches=None,
-           recompute_modules=()):
+           recompute_modules=(), moe_a2a_overlap=False, delay_wgrad=False):
     """Find the fastest parallel plan that fits the cluster's memory.
 
     The model is captured (on the meta device: no weights are allocated) and every layout the
@@ -47,6 +47,9 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
     recompute_modules : tuple of str, optional
         What selective recomputation recomputes, Megatron-Core's ``--recompute-modules`` names
         (``("core_attn", "mlp")``); empty (default) recomputes the attention core.
+    moe_a2a_overlap, delay_wgrad : bool, optional
+        Price Megatron-Core's ``--overlap-moe-expert-parallel-comm`` (MoE all-to-alls hidden behind the
+        paired micro-batch's compute) and ``--delay-wgrad-compute``; ``sapp run`` does not run them.
     model_args : dict, optional
         Settings of a model named by a string (``{"seq": 8192}``, a zoo config key, an HF field);
         the plan records them so ``sapp run`` builds the same model.
@@ -77,7 +80,7 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
                    runtime=runtime, fp8=fp8, model_args=model_args, example_inputs=example_inputs, loss_fn=loss_fn,
                    targets=targets, optimizer=optimizer, grad_fp32=grad_fp32, cache=cache, progress=progress,
                    graph=graph, return_result=return_result, fits=fits, caches=caches,
-                   recompute_modules=recompute_modules)
+                   recompute_modules=recompute_modules, moe_a2a_overlap=moe_a2a_overlap, delay_wgrad=delay_wgrad)
 
 
 def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=None, targets=None,

@@ -101,7 +101,9 @@ def test_captured_facts_read_the_expert_top_k_and_the_routing():
                  n_group=4, topk_group=2, mla=_mla())
     g = capture(m, (torch.randint(0, 64, (2, 16)),))
     g.meta["config"] = {"n_group": 4, "topk_group": 2, "dispatch_fp8": True}
-    f = moe_facts(SimpleNamespace(graph=g, settings=CostSettings()))["layers.1"]
+    f = moe_facts(SimpleNamespace(graph=g, settings=CostSettings(runtime="fused")))["layers.1"]
     assert f["top_k"] == 3 and f["rows"] == 16 * 3                  # not the router's group choice (top-2 groups)
     assert (f["n_group"], f["topk_group"], f["dispatch_fp8"]) == (4, 2, True)
+    # sapp run's all-to-all sends bf16: under its (eager) runtime the FP8 dispatch is not priced
+    assert moe_facts(SimpleNamespace(graph=g, settings=CostSettings()))["layers.1"]["dispatch_fp8"] is False
     assert len(f["gemms"]) == 2 and g.meta["unknown_ops"] == []

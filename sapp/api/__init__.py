@@ -173,7 +173,7 @@ def default_global_batch(info, devices) -> int:
 def search(model, cluster, *, global_batch=None, example_inputs=None, constraints=None,
            precision=None, progress=None, graph=None, return_result=False, loss_fn=None, targets=None,
            runtime=None, cache=False, optimizer=None, grad_fp32=False, fits=None, caches=None, model_args=None,
-           fp8=None, recompute_modules=()):
+           fp8=None, recompute_modules=(), moe_a2a_overlap=False, delay_wgrad=False):
     """Find the fastest plan that fits.  `model`: an nn.Module, a captured OpGraph, a zoo name, "pkg.module:factory" or an
     HF config.json path (sapp/models/resolve.py); `cluster`: a Cluster or a spec string.  With
     `loss_fn(output, targets)` and `targets` (matching example_inputs' batch) the loss is part of the
@@ -196,7 +196,7 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     `fp8`: FP8 linear layers, "tensorwise" (torchtitan's float8 converter) or "delayed" (Megatron-LM's
     Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py).
     `recompute_modules`: what "selective" recomputes, Megatron-Core's --recompute-modules (sorted;
-    sapp/recompute/modules.py); () = the attention core."""
+    sapp/recompute/modules.py); () = the attention core.  `moe_a2a_overlap`, `delay_wgrad`: as sapp.search says."""
     cl = resolve_cluster(cluster)
     check_fp8(fp8, cl)
     from sapp.capture.ir import OpGraph
@@ -220,7 +220,8 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     gb = Constraints.check_global_batch(global_batch if global_batch is not None else default_global_batch(info, cl.devices))
     settings = CostSettings(precision=precision or cl.precision, runtime=runtime or "eager",
                             dropout_noise=not cl.fused_dropout, optimizer=optimizer or "adam", grad_fp32=bool(grad_fp32),
-                            fp8=fp8 or "", recompute_modules=tuple(recompute_modules))
+                            fp8=fp8 or "", recompute_modules=tuple(recompute_modules),
+                            moe_a2a_overlap=bool(moe_a2a_overlap), delay_wgrad=bool(delay_wgrad))
     if graph is None:
         graph, capture_s = capture_graph(module, example_inputs, loss_fn, targets)
     if cons.placement:        # pins naming nothing, or weights that cannot leave the device: refused before pricing
@@ -472,7 +473,8 @@ def evaluate(model, cluster, plan, *, example_inputs=None, graph=None, loss_fn=N
                             grad_sync_overlap=st.get("grad_sync_overlap", 0.0), runtime=st.get("runtime", "eager"),
                             dropout_noise=not cl.fused_dropout, moe_imbalance=st.get("moe_imbalance", 1.0),
                             grad_fp32=st.get("grad_fp32", False), fp8=st.get("fp8", ""),
-                            recompute_modules=tuple(st.get("recompute_modules") or ()))
+                            recompute_modules=tuple(st.get("recompute_modules") or ()),
+                            moe_a2a_overlap=st.get("moe_a2a_overlap", False), delay_wgrad=st.get("delay_wgrad", False))
     check_fp8(settings.fp8, cl)
     gb = plan["model"].get("global_batch")
     if gb is None:

@@ -127,6 +127,13 @@ def add_arguments(p):
                         "(torchtitan's float8 converter, dynamic scaling), tensorwise-tp (with its float8 tensor-parallel "
                         "all-gathers) or delayed (Megatron-LM's Transformer "
                         "Engine --fp8-recipe delayed); e.g. --fp8 tensorwise on h100-80g")
+    p.add_argument("--moe-a2a-overlap", action="store_true",
+                   help="price Megatron-Core's --overlap-moe-expert-parallel-comm: a MoE's all-to-alls hidden behind the "
+                        "paired micro-batch's compute (ep > 1; interleaved at pp > 1; no full recomputation); sapp run "
+                        "does not run it: export the plan to Megatron-LM")
+    p.add_argument("--delay-wgrad", action="store_true",
+                   help="with --moe-a2a-overlap: Megatron-Core's --delay-wgrad-compute (expert weight gradients also "
+                        "hide the backward's all-to-all)")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the summary")
     p.add_argument("--mixed-mode", choices=("auto", "data", "pipeline"), default="auto",
                    help="a mixed cluster (A+B): data (each group a data-parallel replica with its share of the batch), "
@@ -300,9 +307,14 @@ def run(args):
         prog.status(f"capturing {spec} (built on meta, traced into a graph)")
         plan = api.search(spec, args.cluster, global_batch=args.batch, constraints=constraints_from_args(args),
                           precision=args.precision, progress=prog, runtime=args.runtime, cache=not args.no_cache,
-                          model_args=args.settings or None, fp8=args.fp8)
+                          model_args=args.settings or None, fp8=args.fp8, **_overlap_kwargs(args))
     _finish(args, plan, t0)
     return 0
+
+
+def _overlap_kwargs(args) -> dict:
+    """api.search's moe_a2a_overlap / delay_wgrad from --moe-a2a-overlap / --delay-wgrad (only when given)."""
+    return {k: True for k in ("moe_a2a_overlap", "delay_wgrad") if getattr(args, k, False)}
 
 
 def _run_target(args, target, t0):
@@ -329,7 +341,7 @@ def _run_target(args, target, t0):
         plan = best_plan(graph, cl, target, global_batch=args.batch, model=spec, constraints=constraints_from_args(args),
                          fits=fits, progress=prog, must_fit=True,
                          settings={"precision": args.precision, "runtime": args.runtime or runtimes[0],
-                                   "fp8": args.fp8})
+                                   "fp8": args.fp8, **_overlap_kwargs(args)})
     if settings:        # the model the plan was priced on, for sapp run (best_plan searched the captured graph)
         plan["model"]["args"] = dict(sorted(settings.items()))
     _finish(args, plan, t0)

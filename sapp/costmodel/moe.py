@@ -185,6 +185,23 @@ def expert_gemm_delta(gemms, mbs: float, ep: int, tp: int, load: float, cluster,
     return df, db
 
 
+def paired_hidden(a_f: float, a_b: float, f_compute: float, b_compute: float, dw: float = 0.0) -> tuple:
+    """(forward s, backward s) of all-to-all hidden when a forward runs beside another micro-batch's
+    backward (Megatron-Core's --overlap-moe-expert-parallel-comm, pipeline/overlap.py): the forward's
+    dispatch/combine (`a_f`) behind the backward's compute, the backward's (`a_b`) behind the forward's
+    compute plus, under --delay-wgrad-compute, its own expert weight-gradient GEMMs (`dw`, which then
+    run beside its dispatch).  Each part exposes max(0, a2a - window), never negative; both all-to-alls
+    share the one link, so the pair never takes less than a_f + a_b in all."""
+    a_f, a_b = max(0.0, a_f), max(0.0, a_b)
+    hf = min(a_f, max(0.0, b_compute))
+    hb = min(a_b, max(0.0, f_compute) + max(0.0, dw))
+    # the link serialises the two: compute f + b (dw is inside b) must cover a_f + a_b to hide both
+    over = (hf + hb) - max(0.0, f_compute + b_compute)
+    if over > 0:
+        hb = max(0.0, hb - over)
+    return hf, hb
+
+
 def expert_state_bytes(expert_params: float, dp: int, ep: int, zero: int, settings) -> dict:
     """Weights, gradients and optimizer states per device for a layer set's `expert_params`: 1/ep of
     them per EP rank, ZeRO-sharded over the expert-DP group of dp/ep ranks."""
@@ -234,8 +251,10 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     `etp` 1 beside tp > 1 (Megatron's --expert-tensor-parallel-size 1, --expert-model-parallel-size
     ep x tp): the same tp x ep ranks hold the experts whole, E/(ep tp) each; a rank dispatches its 1/tp of
     the tokens over all ep x tp of them (no row exchange over tp) and keeps 1/tp of the routed rows at the
-    hidden width too; FLOPs, states and the expert-DP sync are those of etp = tp.  0: etp = tp."""
-    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "a2a_s": (0.0, 0.0), "sync_s": 0.0, "act_per_sample": 0.0,
+    hidden width too; FLOPs, states and the expert-DP sync are those of etp = tp.  0: etp = tp.
+    "a2a_s": the (forward, backward) all-to-all seconds inside fwd_s / bwd_s; "dw_s": the experts'
+    weight-gradient seconds inside the backward (what --delay-wgrad-compute moves: `paired_hidden`)."""
+    zero_delta = {"fwd_s": 0.0, "bwd_s": 0.0, "a2a_s": (0.0, 0.0), "dw_s": 0.0, "sync_s": 0.0, "act_per_sample": 0.0,
                   "states": {"params": 0.0, "grads": 0.0, "optimizer": 0.0}}
     if ep <= 1 or not facts:
         return zero_delta
@@ -258,10 +277,14 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     if facts.get("gemms"):
         # the busiest rank's rows (or fewer), 1/tp of each expert, 1/(ep tp) of the weights read
         e_f, e_b = expert_gemm_delta(facts["gemms"], mbs, ep, tp, load, cluster, settings)
+        # the weight-gradient half of the experts' backward on this rank (their forward's FLOPs)
+        dw = sum(_gemm_s(fl * mbs * load / tp, wb / (ep * tp) + rb * mbs * load / tp, cluster, settings)[1] / 2
+                 for fl, wb, rb in facts["gemms"])
     else:
         ef = facts["expert_flops"] * mbs * (load / tp - 1.0)
         e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
         e_b = 2 * e_f
+        dw = compute_time(facts["expert_flops"] * mbs * load / tp, 0.0, cluster)
     S = stage_devices
     dp_link = "inter" if S > gpn else "intra"
     edp_link = "inter" if (S > gpn and ep * tp < S and ep * tp * max(1, dp // ep) > gpn) else "intra"
@@ -274,7 +297,7 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
     act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * (facts.get("ffn_row_elems", 0.0) + whole * facts["hidden"]) * act
-    return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + e_b, "a2a_s": (a_f, a_b),
+    return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + e_b, "a2a_s": (a_f, a_b), "dw_s": dw,
             "sync_s": mine - full, "act_per_sample": act_delta,
             "states": {k: after[k] - before[k] for k in before}}
 

@@ -95,6 +95,12 @@ class CostSettings:
     # "selective" recomputation of Megatron-Core's named modules (--recompute-modules, sorted;
     # sapp/recompute/modules.py); () = the attention core, sapp's selective (Megatron's core_attn)
     recompute_modules: tuple = ()
+    # Megatron-Core's --overlap-moe-expert-parallel-comm: the combined 1F1B runs one micro-batch's forward
+    # beside another's backward, each one's MoE all-to-alls hidden behind the other's compute (priced in
+    # search/joint/ep.py from pipeline/overlap.py's pairs); delay_wgrad: --delay-wgrad-compute, the expert
+    # weight-gradient GEMMs run beside their own backward dispatch (widening its window)
+    moe_a2a_overlap: bool = False
+    delay_wgrad: bool = False
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -118,6 +124,13 @@ class CostSettings:
             raise SappError(f"fp8 linear layers run beside bf16 mixed precision, not {self.precision}; use bf16-mixed")
         if self.runtime not in RUNTIMES:
             raise SappError(f"runtime {self.runtime!r} is not a runtime profile; use one of {', '.join(RUNTIMES)}")
+        if not isinstance(self.moe_a2a_overlap, bool) or not isinstance(self.delay_wgrad, bool):
+            raise SappError("moe_a2a_overlap and delay_wgrad must be True or False")
+        if self.delay_wgrad and not self.moe_a2a_overlap:     # Megatron-Core's TransformerConfig rule
+            raise SappError("delay_wgrad (--delay-wgrad-compute) needs moe_a2a_overlap (--overlap-moe-expert-parallel-comm)")
+        if self.moe_a2a_overlap and not self.mixed:
+            raise SappError(f"moe_a2a_overlap runs in bf16 or fp16 only (Megatron-Core's rule), not {self.precision}; "
+                            f"use bf16-mixed")
         rm = self.recompute_modules
         if not isinstance(rm, tuple) or any(m not in RECOMPUTE_MODULES for m in rm) or list(rm) != sorted(set(rm)):
             raise SappError(f"recompute_modules must be a sorted list of {', '.join(RECOMPUTE_MODULES)}, "

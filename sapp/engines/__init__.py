@@ -96,6 +96,10 @@ def export_plan(plan, engine: str, *, graph=None, cluster=None, model=None, trus
         notes.append(f"the plan recomputes Megatron's modules {' '.join(out.recompute_modules)}; {engine} states its "
                      f"own selective recomputation: re-priced so")
         out = out.replace(recompute_modules=())
+    if out.moe_a2a_overlap and engine != "megatron":
+        notes.append(f"the plan hides MoE all-to-alls behind the paired micro-batch (Megatron's "
+                     f"--overlap-moe-expert-parallel-comm); {engine} runs them exposed: re-priced so")
+        out = out.replace(moe_a2a_overlap=False, delay_wgrad=False)
     exported = plan
     if notes:
         if graph is None:

@@ -44,6 +44,8 @@ class EngineConfig:
     rep: int = 1                    # HSDP: replicas of the FSDP2 shard group (dp / rep ranks; torchtitan only)
     recompute_modules: tuple = ()   # "selective" as Megatron's named modules (sorted); () = the attention core
     etp: int = 0                    # beside ep at tp > 1: 0 = experts split over tp (Megatron's default), 1 = whole
+    moe_a2a_overlap: bool = False   # Megatron's --overlap-moe-expert-parallel-comm (CostSettings.moe_a2a_overlap)
+    delay_wgrad: bool = False       # Megatron's --delay-wgrad-compute (beside it)
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -127,7 +129,8 @@ def from_plan(plan, engine: str) -> EngineConfig:
                         chunk_blocks=chunk, offload_optimizer=option == "optimizer-host",
                         precision=st.get("precision", "bf16-mixed"), optimizer=opt, runtime=st.get("runtime", "eager"),
                         grad_fp32=bool(st.get("grad_fp32", False)), fp8=st.get("fp8") or "", rep=rep,
-                        recompute_modules=tuple(st.get("recompute_modules") or ()), etp=par.get("etp", 0))
+                        recompute_modules=tuple(st.get("recompute_modules") or ()), etp=par.get("etp", 0),
+                        moe_a2a_overlap=bool(st.get("moe_a2a_overlap")), delay_wgrad=bool(st.get("delay_wgrad")))
 
 
 def even_split(n, parts) -> list | None:
@@ -229,7 +232,8 @@ def price(graph, cluster, ecfg: EngineConfig, *, name: str, notes=()):
     _check_modules(graph, ecfg.recompute_modules)
     settings = CostSettings(precision=ecfg.precision, runtime=ecfg.runtime, dropout_noise=not cluster.fused_dropout,
                             optimizer=ecfg.optimizer, grad_fp32=ecfg.grad_fp32 and ecfg.precision != "fp32",
-                            fp8=ecfg.fp8, recompute_modules=ecfg.recompute_modules)
+                            fp8=ecfg.fp8, recompute_modules=ecfg.recompute_modules,
+                            moe_a2a_overlap=ecfg.moe_a2a_overlap, delay_wgrad=ecfg.delay_wgrad)
     cfg = Config(ecfg.pp, ecfg.dp, ecfg.tp, ecfg.m, ecfg.mbs, ecfg.schedule if ecfg.pp > 1 else "none", ecfg.v,
                  ecfg.zero, cp=ecfg.cp, ep=ecfg.ep, sp=ecfg.sp, rep=ecfg.rep,
                  etp=ecfg.etp if ecfg.ep > 1 and ecfg.tp > 1 else 0)

@@ -29,6 +29,7 @@ from . import fp8, megatron_recompute, megatron_script
 from .mapping import EngineConfig, EngineError
 from .megatron_fields import FIELDS, MULTI, check, layout_counts
 from .megatron_model import ENV, check_arch, model_args, model_notes
+from .megatron_overlap import overlap_flags, read_overlap
 
 NAME = "megatron"
 RUNTIMES = ("fused", "fused+tp-overlap")
@@ -41,7 +42,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
             "--use-mcore-models", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--moe-grouped-gemm", "--add-qkv-bias",
             "--use-rope-scaling", "--moe-shared-expert-gate", "--moe-router-pre-softmax", "--no-fp8-wgrad",
-            "--disable-fp8-wgrad", "--first-last-layers-bf16", "--fp8-param-gather", "--moe-layer-recompute"}
+            "--disable-fp8-wgrad", "--first-last-layers-bf16", "--fp8-param-gather", "--moe-layer-recompute",
+            "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"}
 # every flag of Megatron-LM's parser is priced, refused in one line or irrelevant: megatron_fields.FIELDS
 
 
@@ -143,6 +145,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         if d[-1] != mid or ecfg.pp == 2:
             add("--decoder-last-pipeline-num-layers", d[-1])
     a += megatron_recompute.flags(ecfg, names)
+    a += overlap_flags(ecfg)
     if ecfg.zero == 1:
         add("--use-distributed-optimizer")
     if ecfg.runtime in RUNTIMES and ecfg.dp * ecfg.cp > 1:
@@ -302,6 +305,7 @@ def parse(text: str, facts: dict, devices: int) -> EngineConfig:
                      f"{args.get('--cp-comm-type', 'p2p')}")
     _layout(args, ecfg, L)
     ecfg.recompute = megatron_recompute.read(args, ecfg, L, facts["names"], notes)
+    read_overlap(args, ecfg)
     if ecfg.dp * ecfg.cp > 1 and not args.get("--overlap-grad-reduce"):
         notes.append("priced with the gradient reduce overlapped with backward as Megatron-Core's "
                      "--overlap-grad-reduce runs it; this file does not set it, so the step may be slower than priced")

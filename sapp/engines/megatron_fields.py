@@ -66,7 +66,8 @@ FIELDS = {
               "--micro-batch-size --global-batch-size --use-distributed-optimizer --overlap-grad-reduce "
               "--overlap-param-gather --tp-comm-overlap --bf16 --fp16 --grad-reduce-in-bf16 "
               "--recompute-granularity --recompute-method --recompute-num-layers --recompute-activations "
-              "--recompute-modules --moe-layer-recompute"),
+              "--recompute-modules --moe-layer-recompute "
+              "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"),
     # ---- the model: priced (sizes checked against the model, the rest compared in a note) -----------------
     **_fam(P, "--num-layers --hidden-size --num-attention-heads --seq-length --max-position-embeddings "
               "--ffn-hidden-size --num-query-groups --group-query-attention --kv-channels --num-experts "
@@ -120,8 +121,6 @@ FIELDS = {
         ("--disable-tp-comm-overlap-ag", "tensor-parallel all-gathers not overlapped under --tp-comm-overlap"),
         ("--no-tp-comm-overlap-rs", "tensor-parallel reduce-scatters not overlapped under --tp-comm-overlap"),
         ("--disable-tp-comm-overlap-rs", "tensor-parallel reduce-scatters not overlapped under --tp-comm-overlap"),
-        ("--overlap-moe-expert-parallel-comm", "expert all-to-all overlapped with another micro-batch"),
-        ("--delay-wgrad-compute", "weight gradients delayed to overlap expert communication"),
         ("--defer-embedding-wgrad-compute", "embedding weight gradients deferred into the pipeline flush"),
         ("--overlap-p2p-communication-warmup-flush", "pipeline sends overlapped during warmup and flush"),
         ("--no-overlap-p2p-communication", "interleaved pipeline sends not overlapped with compute"),
@@ -246,7 +245,8 @@ FIELDS = {
            "--moe-flex-dispatcher-backend --moe-deepep-num-sms --moe-hybridep-num-sms"),
     **_fam(_read_only("--moe-expert-capacity-factor"), "--moe-pad-expert-input-to-capacity --moe-token-drop-policy"),
     **_fam(_read_only("CUDA graphs"), "--cuda-graph-warmup-steps --cuda-graph-scope"),
-    **_fam(_read_only("--overlap-moe-expert-parallel-comm"), "--ep-overlap-early-attn-memory-release"),
+    "--ep-overlap-early-attn-memory-release": ("irrelevant", "when the overlap frees the attention's saved tensors: "
+                                               "the same compute and all-to-alls, a transient not modelled"),
     **_fam(_read_only("--defer-embedding-wgrad-compute"), "--wgrad-deferral-limit"),
     **_fam(_read_only("--fine-grained-activation-offloading"), "--offload-modules --min-offloaded-tensor-size"),
     **_fam(_read_only("hybrid Mamba models (--is-hybrid-model)"),

@@ -342,6 +342,8 @@ def rewritten(plan, obs: dict, blocks: list, modes: dict) -> dict:
     if "runtime" in obs:
         d.setdefault("settings", {})["runtime"] = obs["runtime"]
     d.get("settings", {}).pop("fp8", None)          # the emitter runs bf16 linears (observed has no fp8)
+    for k in ("moe_a2a_overlap", "delay_wgrad"):    # nor Megatron's all-to-all overlap (emit/ep/experts.py)
+        d.get("settings", {}).pop(k, None)
     if plan.parallel["dp"] > 1:
         d["zero"] = obs["zero"]
     mine = {b for bs in obs["stages"].values() for b in bs}

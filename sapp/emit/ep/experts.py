@@ -36,6 +36,7 @@ def moe_modules(model: nn.Module) -> list:
 
 def check(plan, model) -> int:
     """The plan's ep (1 when absent), refused where it is not emitted."""
+    check_overlap(plan)
     par = plan.parallel
     ep = int(par.get("ep", 1) or 1)
     if ep == 1:
@@ -52,6 +53,21 @@ def check(plan, model) -> int:
     if bad:
         raise PlanError(f"ep={ep} must divide every MoE layer's expert count ({bad[0]} has {mods[0][1].E})")
     return ep
+
+
+def check_overlap(plan) -> None:
+    """A plan priced with Megatron-Core's --overlap-moe-expert-parallel-comm (settings.moe_a2a_overlap,
+    sapp/pipeline/overlap.py) is refused in one line: this program runs each forward and backward
+    whole, one after the other (torch's pipelining runs a paired forward and backward in sequence
+    too), so every all-to-all is exposed.  A plan of an engine's runtime ("fused", torchtitan's) is
+    already one the runtime check refuses (or, allowing the mismatch, re-prices as run: checks/manifest)."""
+    st = plan._d.get("settings") or {}
+    flags = [k for k in ("moe_a2a_overlap", "delay_wgrad") if st.get(k)]
+    if flags and st.get("runtime", "eager") == "eager":
+        raise PlanError(f"plan settings.{flags[0]} prices Megatron-Core's --overlap-moe-expert-parallel-comm (a "
+                        f"micro-batch's MoE all-to-alls hidden behind another's compute), which sapp's own program does "
+                        f"not run (it runs each forward and backward in turn): run the plan with Megatron-LM (`sapp "
+                        f"export --to megatron`) or search again without --moe-a2a-overlap")
 
 
 def eager_moe(stages: dict, model: nn.Module) -> int:

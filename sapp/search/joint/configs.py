@@ -127,7 +127,8 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
                     continue
                 for sp in _sp_options(c, tp, _has_experts(ctx)):
                     cfg = Config(pp, dp, tp, m, per_rep // m, s, v, z, cp=cp, sp=sp)
-                    if (c.ep is None or c.ep == 1) and c.dp_replicate in (None, 1):
+                    # (moe_a2a_overlap: only where Megatron-Core runs it, ep > 1: ep.ep_configs)
+                    if (c.ep is None or c.ep == 1) and c.dp_replicate in (None, 1) and not ctx.settings.moe_a2a_overlap:
                         out.append(cfg)
                     if cp == 1 and lim.get("model_parallel", True) and c.dp_replicate in (None, 1):
                         out += ep_configs(ctx, cfg)     # expert parallelism: without cp (nor HSDP)

@@ -10,11 +10,13 @@ from ...errors import SappError
 from ...pipeline.profile import build_profile
 from ...pipeline.units import split_units
 from ...recompute.solver import POLICIES
+from .ep import check_overlap_pins
 
 
 class SearchContext:
     def __init__(self, graph, cluster, global_batch, cons, settings, search_fn, caches=None):
         self.graph, self.cluster, self.B, self.cons, self.settings = graph, cluster, global_batch, cons, settings
+        check_overlap_pins(cons, settings)      # Megatron-Core's rules for moe_a2a_overlap, before any pricing
         self.search_fn = search_fn
         shared = _shared(caches, graph, cluster, settings, search_fn)
         if "units" not in shared:
@@ -122,7 +124,9 @@ class SearchContext:
         if pin:
             return (pin,)
         lim = self.cons.limits
-        return lim["recompute"] if lim else POLICIES
+        got = lim["recompute"] if lim else POLICIES
+        # Megatron-Core refuses full recomputation beside --overlap-moe-expert-parallel-comm
+        return (tuple(p for p in got if p != "full") or ("none",)) if self.settings.moe_a2a_overlap else got
 
 
 def _shared(caches, graph, cluster, settings, search_fn) -> dict:

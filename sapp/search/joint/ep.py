@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...costmodel.moe import ep_unit_delta
+from ...errors import ConstraintError
+from ...costmodel.moe import ep_unit_delta, paired_hidden
+from ...pipeline.overlap import overlap_problem, paired_fraction
 
 
 def moe_facts(ctx) -> dict:
@@ -25,6 +27,9 @@ def moe_facts(ctx) -> dict:
     g, facts = ctx.graph, {}
     B = max(1, g.batch_size)
     routing = model_routing(g)
+    # FP8 dispatch is an engine's (DeepSeek-V3's, Megatron-Core's --moe-router-dtype / TE): sapp/emit/ep's
+    # all-to-all sends bf16, so under the eager runtime (sapp run's) it is priced at bf16
+    routing["dispatch_fp8"] = routing["dispatch_fp8"] and ctx.settings.runtime != "eager"
     for block, names in (g.blocks or {}).items():
         nodes = [g.nodes[n] for n in names if n in g.nodes]
         gemms = [n for n in nodes if n.extra.get("experts") and _runs_ep(g, n)]
@@ -104,6 +109,8 @@ def ep_configs(ctx, cfg) -> list:
     pin = ctx.cons.ep
     out = [dataclasses.replace(cfg, ep=e) for e in range(2, cfg.dp + 1)
            if cfg.dp % e == 0 and E % e == 0 and (pin is None or e == pin)]
+    if ctx.settings.moe_a2a_overlap:        # the configurations Megatron-Core runs the overlap at
+        out = [c for c in out if overlap_on(ctx, c)]
     if cfg.tp == 1:
         return out
     # Megatron's --expert-tensor-parallel-size 1: experts whole on each of the ep x tp ranks (E/(ep tp) each)
@@ -120,16 +127,43 @@ def expert_tp_ok(ctx, cfg) -> bool:
 
 
 def unit_delta(ctx, unit, cfg) -> dict:
-    """What ep changes in `unit`'s numbers under cfg (zeros for ep = 1 and for blocks without experts)."""
+    """What ep changes in `unit`'s numbers under cfg (zeros for ep = 1 and for blocks without experts),
+    less the all-to-all the paired forwards and backwards hide under moe_a2a_overlap (`_hide`)."""
     ep = getattr(cfg, "ep", 1)
     facts = moe_facts(ctx).get(unit.name) if ep > 1 and unit.kind == "block" else None
-    key = (unit.name, cfg.dp, cfg.tp, ep, cfg.mbs, cfg.zero, getattr(cfg, "etp", 0))
+    key = (unit.name, cfg.dp, cfg.tp, ep, cfg.mbs, cfg.zero, getattr(cfg, "etp", 0)) + overlap_key(ctx, cfg)
     cache = ctx.__dict__.setdefault("_ep_delta", {})
     if key not in cache:
-        cache[key] = ep_unit_delta(facts, dp=cfg.dp, tp=cfg.tp, ep=ep, mbs=cfg.mbs, zero=cfg.zero,
-                                   cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp,
-                                   etp=getattr(cfg, "etp", 0))
+        d = ep_unit_delta(facts, dp=cfg.dp, tp=cfg.tp, ep=ep, mbs=cfg.mbs, zero=cfg.zero,
+                          cluster=ctx.cluster, settings=ctx.settings, stage_devices=cfg.dp * cfg.tp,
+                          etp=getattr(cfg, "etp", 0))
+        cache[key] = _hide(ctx, unit, cfg, d) if facts and overlap_key(ctx, cfg) else d
     return cache[key]
+
+
+def overlap_on(ctx, cfg) -> bool:
+    """moe_a2a_overlap asked for and Megatron-Core runs it at cfg (pipeline/overlap.overlap_problem)."""
+    st = ctx.settings
+    return bool(st.moe_a2a_overlap) and overlap_problem(pp=cfg.pp, schedule=cfg.schedule, v=cfg.v, ep=cfg.ep,
+                                                        full_recompute=False, mixed=st.mixed) is None
+
+
+def overlap_key(ctx, cfg) -> tuple:
+    """What the hidden all-to-all depends on beyond the unit numbers' own key: the schedule's pairs."""
+    return (cfg.pp, cfg.m, cfg.schedule, cfg.v, ctx.settings.delay_wgrad) if overlap_on(ctx, cfg) else ()
+
+
+def _hide(ctx, unit, cfg, d) -> dict:
+    """`d` less the all-to-all hidden under moe_a2a_overlap: a paired_fraction of the micro-batches run
+    their forward beside another's backward (pipeline/overlap.py); each pair hides paired_hidden of
+    the all-to-alls, the partner's compute being this block's own (a chunk's blocks alike, as Megatron
+    pairs forward layer i with backward layer n-1-i); the unpaired (warm-up, cool-down) pay in full."""
+    a_f, a_b = d["a2a_s"]
+    f, b = unit.fb_at(cfg.mbs, cfg.zero)
+    fc, bc = f + d["fwd_s"] - a_f, b + d["bwd_s"] - a_b      # compute of this block's forward, backward
+    hf, hb = paired_hidden(a_f, a_b, fc, bc, d["dw_s"] if ctx.settings.delay_wgrad else 0.0)
+    frac = paired_fraction(cfg.schedule if cfg.pp > 1 else "none", cfg.pp, cfg.m, cfg.v)
+    return dict(d, fwd_s=d["fwd_s"] - frac * hf, bwd_s=d["bwd_s"] - frac * hb, hidden_s=(frac * hf, frac * hb))
 
 
 def ep_note(ctx, cfg) -> str:
@@ -149,4 +183,30 @@ def ep_note(ctx, cfg) -> str:
               f"priced only: sapp run emits ep at tp 1)")
     if cfg.pp > 1:
         s += " of each pipeline stage (the all-to-all stays inside the stage)"
+    if overlap_on(ctx, cfg):
+        frac = paired_fraction(cfg.schedule if cfg.pp > 1 else "none", cfg.pp, cfg.m, cfg.v)
+        s += (f"; Megatron's --overlap-moe-expert-parallel-comm{' --delay-wgrad-compute' if ctx.settings.delay_wgrad else ''}"
+              f": {frac:.0%} of the micro-batches' forwards run beside another's backward (the schedule's order, "
+              f"pipeline/overlap.py), each one's all-to-alls hidden behind the other's compute; the rest exposed "
+              f"(priced only: sapp run runs every all-to-all exposed)")
     return s
+
+
+def check_overlap_pins(cons, settings) -> None:
+    """ConstraintError, in one line, where overlap_pins_problem finds one."""
+    why = overlap_pins_problem(cons, settings)
+    if why:
+        raise ConstraintError(why)
+
+
+def overlap_pins_problem(cons, settings):
+    """One line when moe_a2a_overlap is asked beside pins Megatron-Core refuses it with (its
+    TransformerConfig rules, pipeline/overlap.overlap_problem), else None.  Unpinned, the search
+    keeps to the configurations it runs at (ep_configs, context.allowed)."""
+    if not settings.moe_a2a_overlap:
+        return None
+    rc = cons.recompute
+    full = rc == "full" or (isinstance(rc, dict) and "full" in rc.values())
+    # (what is not pinned the search chooses among what runs it: interleaved, ep > 1)
+    return overlap_problem(pp=cons.pp or 1, schedule=cons.schedule or "interleaved", v=cons.virtual_chunks or 2,
+                           ep=cons.ep or 2, full_recompute=full, mixed=settings.mixed)

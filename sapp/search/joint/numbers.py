@@ -7,7 +7,7 @@ from ...costmodel.torchtitan import fsdp_held_ratio
 from ...pipeline.profile import cut_at_block_entry
 from .cp import CPTerms
 from ...recompute.modules import expert_kept
-from .ep import moe_facts, unit_delta
+from .ep import moe_facts, overlap_key, unit_delta
 
 
 class UnitNumbers:
@@ -248,7 +248,8 @@ def boundary_replicated(prof) -> bool:
 
 
 def bound_numbers(ctx, prof, cfg):
-    key = ("bound", prof.dp, prof.tp, getattr(prof, "sp", False), cfg.mbs, cfg.zero, cfg.cp, cfg.ep, cfg.rep)
+    key = ("bound", prof.dp, prof.tp, getattr(prof, "sp", False), cfg.mbs, cfg.zero, cfg.cp, cfg.ep, cfg.rep) + \
+        overlap_key(ctx, cfg)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = BoundNumbers(prof, cfg, ctx)
@@ -330,7 +331,8 @@ def _prefetched(units, blocks):
 
 
 def unit_numbers(ctx, prof, cfg):
-    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep, getattr(prof, "sp", False), cfg.rep)
+    key = (prof.dp, prof.tp, cfg.mbs, cfg.zero, cfg.m > 1, cfg.pp > 1, cfg.cp, cfg.ep, getattr(prof, "sp", False), cfg.rep) + \
+        overlap_key(ctx, cfg)
     n = ctx.numbers.get(key)
     if n is None:
         n = ctx.numbers[key] = UnitNumbers(prof, cfg, ctx)
