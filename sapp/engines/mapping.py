@@ -162,7 +162,7 @@ def pins(ecfg: EngineConfig, block_names) -> dict:
     """The configuration as sapp constraints (Constraints.from_dict): re-scoring it is a search with
     exactly this configuration left.  Per-device block counts are pinned as a stage map; an
     interleaved plan's per-block recomputation is moved to the block at the same position of the
-    contiguous layout the joint search prices (api._interleaved_rename's rule)."""
+    contiguous layout the joint search prices (api.from_plan._interleaved_rename's rule)."""
     out = {"tp": ecfg.tp, "dp": ecfg.dp, "pp": ecfg.pp, "cp": ecfg.cp, "ep": ecfg.ep, "sp": ecfg.sp,
            "micro_batches": ecfg.m, "zero": ecfg.zero, "target": ecfg.engine,
            "placement": {"optimizer": "host" if ecfg.offload_optimizer else "device"}, "dp_replicate": ecfg.rep,
