@@ -3,8 +3,15 @@ re-scoring it (sapp.evaluate) is a search with exactly one configuration left.""
 from __future__ import annotations
 
 from sapp.errors import PlanError
+from sapp.pipeline.dualpipe import rank_of
 from sapp.plan import Plan
 from sapp.search.constraints import Constraints
+
+
+def _device(pipe, pp, st) -> int:
+    """The pipeline rank a plan's stage entry runs on: its device_stage, else the schedule's placement
+    (index mod pp; DualPipeV's V)."""
+    return st.get("device_stage", rank_of(pipe.get("schedule"), pp, st["index"]))
 
 
 def _interleaved_rename(pipe, pp, v):
@@ -19,7 +26,7 @@ def _interleaved_rename(pipe, pp, v):
     out, pos = {}, 0
     for i in range(pp):
         # device i was priced as the next contiguous run of as many blocks as its chunks hold
-        real = [b for s in st if s.get("device_stage", s["index"] % pp) == i for b in s.get("blocks") or []]
+        real = [b for s in st if _device(pipe, pp, s) == i for b in s.get("blocks") or []]
         out.update({b: flat[pos + q] for q, b in enumerate(real)})
         pos += len(real)
     return out
@@ -58,17 +65,18 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     v = pipe.get("virtual_chunks") or 1
     stages = None
     st = _blocks_from_split_points(pipe.get("stages") or [], graph)
-    if par["pp"] > 1 and st and sched != "interleaved":
+    chunked = sched in ("interleaved", "dualpipev")     # several stages a device
+    if par["pp"] > 1 and st and not chunked:
         stages = {s["blocks"][0]: s.get("index", 0) for s in st if s.get("blocks")}
     rc = plan["recompute"] or {}
     recompute = dict(rc.get("blocks") or {})
-    if sched == "interleaved" and recompute:
+    if chunked and recompute:
         rename = _interleaved_rename(pipe, par["pp"], v)
         recompute = {rename.get(b, b): pol for b, pol in recompute.items()}
-    if par["pp"] > 1 and st and sched == "interleaved":
+    if par["pp"] > 1 and st and chunked:
         # the devices' block counts (they may differ), pinned on the contiguous layout priced
         flat = [b for s in sorted(st, key=lambda s: s["index"]) for b in s.get("blocks") or []]
-        counts = [sum(len(s.get("blocks") or []) for s in st if s.get("device_stage", s["index"] % par["pp"]) == i)
+        counts = [sum(len(s.get("blocks") or []) for s in st if _device(pipe, par["pp"], s) == i)
                   for i in range(par["pp"])]
         if flat and all(counts):
             stages, pos = {}, 0
@@ -78,7 +86,7 @@ def constraints_from_plan(plan: Plan, graph=None) -> Constraints:
     recompute["default"] = rc.get("default", "none")
     return Constraints(tp=par["tp"], dp=par["dp"], pp=par["pp"], ep=par.get("ep", 1), micro_batches=pipe["micro_batches"],
                        schedule=sched if par["pp"] > 1 else None,
-                       virtual_chunks=v if sched == "interleaved" else None,
+                       virtual_chunks=v if sched == "interleaved" else 2 if sched == "dualpipev" else None,
                        recompute=recompute, zero=plan["zero"], stages=stages, sp=bool(par.get("sp", False)),
                        placement=_placement_pins(plan, graph) if graph is not None else None,
                        cp=par.get("cp", 1), dp_replicate=par.get("dp_replicate"),
@@ -138,7 +146,8 @@ def _plan_config(plan, gb):
     m = pipe["micro_batches"]
     per_rep = gb // par["dp"]
     return Config(par["pp"], par["dp"], par["tp"], m, per_rep // m, sched,
-                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1, plan["zero"],
+                  (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 2 if sched == "dualpipev" else 1,
+                  plan["zero"],
                   cp=par.get("cp", 1), ep=par.get("ep", 1), sp=bool(par.get("sp", False)),
                   rep=par.get("dp_replicate", 1), etp=par.get("etp", 0))
 

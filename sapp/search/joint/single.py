@@ -19,8 +19,8 @@ def score_config(graph, cluster, global_batch, cons, settings, cfg, *, fixed_str
     ctx.fixed = fixed_strategies
     ctx.cap = math.inf
     cons.check(cluster.devices, cluster.gpus_per_node, ctx.block_names, global_batch)
-    if cfg.schedule == "interleaved":
-        # the pins are on the contiguous names the evaluator prices; interleaving needs identical
+    if cfg.schedule in ("interleaved", "dualpipev"):
+        # the pins are on the contiguous names the evaluator prices; interleaving (and DualPipeV's V) needs identical
         # blocks, which the pins do not change
         ctx.uniform = len({u.rep for u in ctx.block_units}) == 1 and ctx._glue_only_at_ends()
     if not any(c == cfg for c in enumerate_configs(ctx)):
