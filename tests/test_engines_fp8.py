@@ -1,7 +1,8 @@
 """FP8 linear layers through the engines' files (sapp/engines/fp8.py): Megatron-LM's --fp8-format /
---fp8-recipe delayed and torchtitan 0.2.2's float8 converter are exported, read back at the same price
-and accepted by the engines' own parsers; what sapp does not price (other recipes, FP8 all-gathers,
-torchtitan 0.3's rowwise-only converter, DeepSpeed) is refused in one line."""
+--fp8-recipe delayed or blockwise and torchtitan 0.2.2's float8 converter are exported, read back at the
+same price and accepted by the engines' own parsers; what sapp does not price (other recipes, mxfp8, FP8
+all-gathers, torchtitan 0.3's rowwise-only converter, DeepSpeed, a blockwise plan into torchtitan) is
+refused in one line."""
 import os
 import re
 
@@ -35,12 +36,13 @@ def _exported(g8, engine, recipe):
     return text, out, cl
 
 
-@pytest.mark.parametrize("engine,recipe", [("megatron", "delayed"), ("torchtitan@0.2.2", "tensorwise")])
+@pytest.mark.parametrize("engine,recipe", [("megatron", "delayed"), ("megatron", "blockwise"),
+                                           ("torchtitan@0.2.2", "tensorwise")])
 def test_an_fp8_plan_exports_and_reads_back_at_the_same_price(g8, engine, recipe):
     text, out, cl = _exported(g8, engine, recipe)
     assert out["settings"]["fp8"] == recipe
-    if engine == "megatron":
-        assert "--fp8-format hybrid\n--fp8-recipe delayed" in text
+    if engine == "megatron":     # blockwise in e4m3, Float8BlockScaling's default and DeepSeek-V3's format
+        assert f"--fp8-format {F.MEGATRON_FORMAT[recipe]}\n--fp8-recipe {recipe}" in text
     else:
         assert 'converters = ["quantize.linear.float8"]' in text and 'filter_fqns = ["output"]' in text
     back = E.import_config(text, engine, g8, cl, "llama3-8b")
@@ -79,6 +81,12 @@ def test_a_megatron_fp8_file_is_priced_fp8_whichever_format(g8):
     assert hybrid["predicted"]["step_time_s"] < 0.9 * bf16["predicted"]["step_time_s"]
     with pytest.raises(SappError, match="no FP8 tensor cores"):
         E.import_config(ARGS + "--fp8-format hybrid\n", "megatron", g8, api.resolve_cluster("a100-80g"), "llama3-8b")
+    # blockwise (TE's Float8BlockScaling) in either format: priced between delayed and bf16
+    block = {f: E.import_config(ARGS + f"--fp8-format {f} --fp8-recipe blockwise\n", "megatron", g8, cl, "llama3-8b")
+             for f in F.MEGATRON_FORMATS}
+    assert {b["settings"]["fp8"] for b in block.values()} == {"blockwise"}
+    assert block["e4m3"]["predicted"]["step_time_s"] == block["hybrid"]["predicted"]["step_time_s"]
+    assert hybrid["predicted"]["step_time_s"] < block["e4m3"]["predicted"]["step_time_s"] < bf16["predicted"]["step_time_s"]
 
 
 def _facts(g8):
@@ -88,8 +96,9 @@ def _facts(g8):
 
 @pytest.mark.parametrize("extra,says", [
     ("--fp8-format hybrid --fp8-recipe tensorwise", "--fp8-recipe tensorwise"),
-    ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe mxfp8"),
-    ("--fp8-format hybrid --fp8-recipe blockwise", "--fp8-recipe blockwise"),
+    ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe mxfp8: mxfp8 (1x32 blocks with e8m0 scales) runs on Blackwell"),
+    ("--fp8-format e4m3 --fp8-recipe custom", "--fp8-recipe custom"),
+    ("--fp8-format e4m3 --fp8-recipe blockwise --no-fp8-wgrad", "--no-fp8-wgrad"),
     ("--fp8-format e5m2", "--fp8-format e5m2"),
     ("--fp8-format hybrid --fp8-param-gather", "--fp8-param-gather"),
     ("--fp8-format hybrid --no-fp8-wgrad", "--no-fp8-wgrad"),
@@ -141,12 +150,28 @@ def test_torchtitan_float8_settings_sapp_does_not_price_are_refused_in_one_line(
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("engine,says", [("torchtitan", "rowwise only"), ("deepspeed", "no FP8 linear layers")])
-def test_engines_that_state_no_priced_fp8_refuse_the_export_in_one_line(engine, says):
-    p = api.search("llama-tiny", H100, global_batch=8, fp8="tensorwise", constraints={"tp": 1, "pp": 1})
+@pytest.mark.parametrize("engine,recipe,says", [("torchtitan", "tensorwise", "rowwise only"),
+                                                ("deepspeed", "tensorwise", "no FP8 linear layers"),
+                                                ("torchtitan@0.2.2", "blockwise", "no blockwise scaling")])
+def test_engines_that_state_no_priced_fp8_refuse_the_export_in_one_line(engine, recipe, says):
+    p = api.search("llama-tiny", H100, global_batch=8, fp8=recipe, constraints={"tp": 1, "pp": 1})
     with pytest.raises(EngineError) as e:
         E.export_plan(p, engine)
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_torchtitan_022_has_no_blockwise_float8_linear():
+    """The refusal's ground: 0.2.2's Float8Linear recipes are tensorwise / rowwise only (its job_config), and
+    a blockwise target search is refused in one line."""
+    pytest.importorskip("torchtitan")
+    import typing
+    from torchtitan.config.job_config import Float8Linear
+    names = {a for t in typing.get_args(typing.get_type_hints(Float8Linear)["recipe_name"]) for a in typing.get_args(t)}
+    assert names == {"tensorwise", "rowwise", "rowwise_with_gw_hp"}
+    assert F.target_recipe("megatron", "blockwise") == "blockwise"
+    with pytest.raises(EngineError) as e:
+        F.target_recipe("torchtitan@0.2.2", "blockwise")
+    assert "no blockwise scaling" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_search_targets_price_the_engines_recipe_or_refuse_in_one_line(capsys, tmp_path):
@@ -165,11 +190,12 @@ def test_search_targets_price_the_engines_recipe_or_refuse_in_one_line(capsys, t
 
 
 # ---- the engines' own parsers ------------------------------------------------------------------------
-def test_megatron_core_builds_the_fp8_export(g8):
+@pytest.mark.parametrize("recipe", ["delayed", "blockwise"])
+def test_megatron_core_builds_the_fp8_export(g8, recipe):
     pytest.importorskip("megatron.core")
-    text, _, _ = _exported(g8, "megatron", "delayed")
+    text, _, _ = _exported(g8, "megatron", recipe)
     _, tc = V.megatron(text)
-    assert (tc.fp8, tc.fp8_recipe) == ("hybrid", "delayed")
+    assert (tc.fp8, tc.fp8_recipe) == (F.MEGATRON_FORMAT[recipe], recipe)
 
 
 def test_torchtitan_022_reads_the_fp8_export_and_registers_its_converter_name(g8, tmp_path):

@@ -54,11 +54,12 @@ def test_a_large_model_trains_faster_but_not_twice_as_fast():
     assert t["delayed"]["predicted"]["step_time_s"] < eager["predicted"]["step_time_s"]
 
 
-def test_the_plan_records_fp8_and_evaluate_re_scores_it_the_same(tmp_path):
-    p = sapp.search("llama-tiny", H100, global_batch=8, fp8="tensorwise")
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_the_plan_records_fp8_and_evaluate_re_scores_it_the_same(tmp_path, recipe):
+    p = sapp.search("llama-tiny", H100, global_batch=8, fp8=recipe)
     p.save(tmp_path / "p.json")
-    back = Plan.load(tmp_path / "p.json")
-    assert back["settings"]["fp8"] == "tensorwise"
+    back = Plan.load(tmp_path / "p.json")      # the plan schema takes every priced recipe
+    assert back["settings"]["fp8"] == recipe
     res = api.evaluate("llama-tiny", H100, back)
     assert res["step_time_s"] == pytest.approx(p["predicted"]["step_time_s"], rel=1e-5)
 

@@ -21,6 +21,7 @@ backward (ZeRO-2/3, m = 1), at activations below the forward peak."""
 from __future__ import annotations
 
 from .dtypes import ensure_widths, fused_alias, fusion_of, operand_bytes, out_bytes
+from .fp8 import cached_width
 from .grads import carries_grad, saved_for_backward
 from .layouts import input_layout, output_layout
 
@@ -63,7 +64,10 @@ def saved_items(node, strategy, mesh, settings):
             arrive, kept = operand_bytes(node, i, settings)
             numel = o.numel
             alias = fused_alias(node, i) if settings.fused and kept == arrive else None
-            if alias is not None:
+            f8 = cached_width(node, i, settings) if settings.fp8 else 0.0
+            if f8 and o.producer is not None:
+                tid, kept = f"{o.producer}:fp8", f8     # Transformer Engine keeps the FP8 copy (costmodel/fp8.py)
+            elif alias is not None:
                 tid, numel = alias      # kept as another tensor by the fused kernels (costmodel.fusion)
             elif o.producer is None:
                 tid = f"{node.name}:in{i}"

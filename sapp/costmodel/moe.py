@@ -161,28 +161,58 @@ def moe_layer_time(tokens, hidden, experts, top_k, expert_ffn, ep, local, cluste
     return {"fwd": fwd, "bwd": bwd, "fwd_s": sum(fwd.values()), "bwd_s": sum(bwd.values()), "rows": rows}
 
 
-def _gemm_s(flops: float, nbytes: float, cluster, settings) -> tuple:
+def _gemm_s(flops: float, nbytes: float, cluster, settings, elems=None) -> tuple:
     """(forward s, backward s) of a GEMM as costmodel.nodes.node_cost prices a matmul (backward: twice
-    the FLOPs and the bytes)."""
+    the FLOPs and the bytes); `elems` (X, W, Y element counts) where the experts run in FP8: as node_cost
+    prices an FP8 grouped GEMM (costmodel/fp8.py fp8_gemm_times, its casts included)."""
+    from .fp8 import fp8_gemm_times, grouped_fp8, te_casts
     from .primitives import kernel_efficiency
     ov = getattr(cluster, "gemm_memory_overlap", 1.0)
+    if elems is not None and grouped_fp8(settings):
+        f, b, _ = fp8_gemm_times(flops, 2 * flops, *elems, te_casts(settings.fp8, *elems), cluster, settings, True, ov)
+        return f, b
     return (compute_time(flops, nbytes, cluster, efficiency=kernel_efficiency("matmul", False, cluster, settings),
                          overlap=ov),
             compute_time(2 * flops, 2 * nbytes, cluster, efficiency=kernel_efficiency("matmul", True, cluster, settings),
                          overlap=ov))
 
 
-def expert_gemm_delta(gemms, mbs: float, ep: int, tp: int, load: float, cluster, settings) -> tuple:
+def _gemm_sides(gemm, elem, mbs: float, ep: int, tp: int, load: float, settings) -> tuple:
+    """((FLOPs, bytes, FP8 elements or None) of the ep = 1 profile's GEMM, the same of the EP rank's) for
+    one expert GEMM (expert_gemm_delta)."""
+    fl, wb, rb = gemm
+    e0 = e1 = None
+    if elem is not None:
+        x, y = elem
+        w = wb / settings.weight_bytes
+        e0, e1 = (x * mbs, w, y * mbs), (x * mbs * load / tp, w / (ep * tp), y * mbs * load / tp)
+    return (fl * mbs, wb + rb * mbs, e0), (fl * mbs * load / tp, wb / (ep * tp) + rb * mbs * load / tp, e1)
+
+
+def expert_gemm_delta(gemms, mbs: float, ep: int, tp: int, load: float, cluster, settings, elems=None) -> tuple:
     """(forward s, backward s) EP changes in a block's expert GEMMs per micro-batch of `mbs` samples:
     the ep = 1 profile runs every expert's weights over the rank's own rows; an EP rank reads 1/(ep tp)
     of them and runs `load`/tp x its rows (the busiest rank).  `gemms`: per GEMM (forward FLOPs a
-    sample, weight bytes, other bytes a sample)."""
+    sample, weight bytes, other bytes a sample); `elems`: per GEMM (X, Y elements a sample), for the
+    FP8 experts of Transformer Engine's recipes (both sides priced by fp8_gemm_times, as node_cost
+    priced the profile's; X and Y taken 1/tp under expert-tp as the bytes are)."""
     df = db = 0.0
-    for fl, wb, rb in gemms:
-        f0, b0 = _gemm_s(fl * mbs, wb + rb * mbs, cluster, settings)
-        f1, b1 = _gemm_s(fl * mbs * load / tp, wb / (ep * tp) + rb * mbs * load / tp, cluster, settings)
+    for i, g in enumerate(gemms):
+        before, after = _gemm_sides(g, elems[i] if elems else None, mbs, ep, tp, load, settings)
+        f0, b0 = _gemm_s(*before[:2], cluster, settings, before[2])
+        f1, b1 = _gemm_s(*after[:2], cluster, settings, after[2])
         df, db = df + f1 - f0, db + b1 - b0
     return df, db
+
+
+def expert_wgrad_s(gemms, mbs: float, ep: int, tp: int, load: float, cluster, settings, elems=None) -> float:
+    """The weight-gradient half of the experts' backward on the EP rank (their forward's FLOPs), priced
+    as expert_gemm_delta prices that rank's GEMMs (FP8 under Transformer Engine's recipes)."""
+    out = 0.0
+    for i, g in enumerate(gemms):
+        after = _gemm_sides(g, elems[i] if elems else None, mbs, ep, tp, load, settings)[1]
+        out += _gemm_s(*after[:2], cluster, settings, after[2])[1] / 2
+    return out
 
 
 def paired_hidden(a_f: float, a_b: float, f_compute: float, b_compute: float, dw: float = 0.0) -> tuple:
@@ -276,10 +306,9 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     load = expert_load(facts.get("capacity_factor", 0.0), getattr(settings, "moe_imbalance", DEFAULT_IMBALANCE))
     if facts.get("gemms"):
         # the busiest rank's rows (or fewer), 1/tp of each expert, 1/(ep tp) of the weights read
-        e_f, e_b = expert_gemm_delta(facts["gemms"], mbs, ep, tp, load, cluster, settings)
-        # the weight-gradient half of the experts' backward on this rank (their forward's FLOPs)
-        dw = sum(_gemm_s(fl * mbs * load / tp, wb / (ep * tp) + rb * mbs * load / tp, cluster, settings)[1] / 2
-                 for fl, wb, rb in facts["gemms"])
+        elems = facts.get("gemm_elems")
+        e_f, e_b = expert_gemm_delta(facts["gemms"], mbs, ep, tp, load, cluster, settings, elems)
+        dw = expert_wgrad_s(facts["gemms"], mbs, ep, tp, load, cluster, settings, elems)
     else:
         ef = facts["expert_flops"] * mbs * (load / tp - 1.0)
         e_f = compute_time(ef, 0.0, cluster) if ef > 0 else -compute_time(-ef, 0.0, cluster)
@@ -296,7 +325,7 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     zs = dataclasses.replace(settings, zero=zero)
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
-    act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * (facts.get("ffn_row_elems", 0.0) + whole * facts["hidden"]) * act
+    act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * _row_kept_bytes(facts, whole, act, settings)
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + e_b, "a2a_s": (a_f, a_b), "dw_s": dw,
             "sync_s": mine - full, "act_per_sample": act_delta,
             "states": {k: after[k] - before[k] for k in before}}
@@ -308,3 +337,14 @@ def _routing(facts, ep, local):
         if facts.get("topk_group") else 0
     fp8 = 1.0 if facts.get("dispatch_fp8") else None
     return {"nodes": nodes, "dispatch_bytes": fp8} if (nodes or fp8) else None
+
+
+def _row_kept_bytes(facts, whole: bool, act: float, settings) -> float:
+    """Bytes a routed row keeps for backward in the experts' ffn width (and at the hidden width when the
+    experts are whole, etp 1): the down GEMM's input (`act_out_share` of the ffn elements) and the up
+    GEMM's rows are kept as Transformer Engine's FP8 copy under its recipes (costmodel/memory.py)."""
+    from .fp8 import CACHE_WIDTH, grouped_fp8
+    ffn = facts.get("ffn_row_elems", 0.0)
+    cw = CACHE_WIDTH.get(settings.fp8, act) if grouped_fp8(settings) else act
+    down = facts.get("act_out_share", 0.0) * ffn
+    return (ffn - down) * act + down * cw + whole * facts["hidden"] * cw

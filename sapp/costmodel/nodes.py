@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import SappError
 from .dtypes import fp8_share_of, fusion_of, operand_bytes, out_bytes
-from .fp8 import fp8_times, is_fp8_linear
+from .fp8 import fp8_times, is_fp8_gemm
 from .grads import carries_grad
 from .gradsync import grad_sync_group, grad_sync_times, param_sync, sparse_gradient, sparse_sync_time  # noqa: F401
 from .primitives import compute_time, kernel_efficiency, model_state_bytes, op_floor, sparse_table_state_bytes
@@ -182,7 +182,8 @@ def megatron_cross_entropy_bytes(node, factors, settings):
 
 
 def _fp8_linear(node, f, ff, fb, cluster, settings, ov) -> tuple:
-    """fp8_times of a linear under the split factors `f`, with the FP8 linears sharing its input."""
+    """fp8_times of a linear (or an expert grouped GEMM) under the split factors `f`, with the FP8 linears
+    sharing its input."""
     def numel(o):
         t = node.out if o is None else o
         return _local_numel(t.shape, t.dims, f)
@@ -233,7 +234,8 @@ def node_cost(node, strategy, mesh, cluster, settings, params=None) -> NodeCost:
     c.bwd_s = compute_time(fb, bwd_bytes, cluster,
                            own * launches_of(node.kind, True, async_launch), floor=floor_b,
                            efficiency=kernel_efficiency(node.kind, True, cluster, settings), overlap=ov) if carries_grad(node) else 0.0
-    if settings.fp8 and is_fp8_linear(node):        # its GEMMs at the FP8 rate, and the casts (costmodel/fp8.py)
+    # its GEMMs at the FP8 rate, and the casts (costmodel/fp8.py; the experts' where the engine runs them so)
+    if settings.fp8 and is_fp8_gemm(node, settings.fp8):
         c.fwd_s, c.bwd_s, c.param_bytes = _fp8_linear(node, f, ff, fb, cluster, settings, ov)
     seen = set()
     for o in node.operands:

@@ -23,8 +23,12 @@ PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32")
 # converter runs it: dynamic per-tensor scales, an amax pass and a cast per operand and step) or
 # "delayed" (Transformer Engine's --fp8-recipe delayed in Megatron-LM: the scale from an amax history,
 # the amax taken inside the cast); "tensorwise-tp": "tensorwise" with torchao's float8 tensor-parallel
-# styles (torchtitan's enable_float8_tensorwise_tp: the gathers move fp8).  "" = no FP8.
-FP8_RECIPES = ("tensorwise", "tensorwise-tp", "delayed")
+# styles (torchtitan's enable_float8_tensorwise_tp: the gathers move fp8); "blockwise" (Transformer Engine's
+# Float8BlockScaling, --fp8-recipe blockwise: DeepSeek-V3's 1x128 / 128x128 tiles).  "" = no FP8.
+FP8_RECIPES = ("tensorwise", "tensorwise-tp", "delayed", "blockwise")
+# recipes named by the engines that sapp refuses in one line, and why
+FP8_REFUSED = {"mxfp8": "mxfp8 (1x32 blocks with e8m0 scales) runs on Blackwell's tensor cores only, not on Hopper, "
+                        "and sapp prices no Blackwell FP8 path; use blockwise (DeepSeek-V3's 1x128 tiles) or delayed"}
 # The runtime a plan is priced for (the module docstring says why):
 #   "eager": what sapp's emitter runs - torch eager ops under torch.autocast (fp32 softmax / norms /
 #            losses, fp32 spreading through element-wise ops), one kernel per operator;
@@ -118,6 +122,8 @@ class CostSettings:
             raise SappError(f"autocast_fp32 must be True or False, got {self.autocast_fp32!r}")
         if not isinstance(self.grad_fp32, bool):
             raise SappError(f"grad_fp32 must be True or False, got {self.grad_fp32!r}")
+        if self.fp8 in FP8_REFUSED:
+            raise SappError(f"fp8 recipe {self.fp8!r}: {FP8_REFUSED[self.fp8]}")
         if self.fp8 not in ("",) + FP8_RECIPES:
             raise SappError(f"fp8 recipe {str(self.fp8)[:40]!r} is not priced; use one of {', '.join(FP8_RECIPES)}")
         if self.fp8 and not self.mixed:

@@ -1,18 +1,23 @@
-"""FP8 linear layers in and out of the engines' files (the cost model: sapp/costmodel/fp8.py, whose two
-recipes are "tensorwise", torchao's Float8Linear with dynamic per-tensor scales, and "delayed",
-Transformer Engine's delayed scaling).  Each engine states one of them, or none:
+"""FP8 linear layers in and out of the engines' files (the cost model: sapp/costmodel/fp8.py, whose
+recipes are "tensorwise", torchao's Float8Linear with dynamic per-tensor scales, "delayed", Transformer
+Engine's delayed scaling, and "blockwise", Transformer Engine's Float8BlockScaling).  Each engine states
+some of them, or none:
 
   megatron          --fp8-format e4m3|hybrid [--fp8-recipe delayed] <-> "delayed".  Megatron-Core runs
                     its blocks' linears through Transformer Engine; core_v0.16.1's default recipe is
-                    delayed, the one sapp prices (cast-transpose with the amax fused, the FP8 weight and
-                    its transpose kept across micro-batches).  The format does not change the price (both
-                    are one byte an element: e4m3 everywhere, or e5m2 for the gradients), so either is
-                    read and "hybrid" is written (NVIDIA's recipes train with it).  Refused: the other
-                    recipes (tensorwise is TE's per-tensor *current* scaling: an amax pass before every
-                    cast, the FP8 copies kept for backward, neither of sapp's two recipes; mxfp8 and
-                    blockwise scale per block; custom is code), --fp8-param-gather (FP8 weights kept
-                    and all-gathered at one byte), --no-fp8-wgrad (weight gradients in bf16) and
-                    --first-last-layers-bf16 (fewer FP8 layers).
+                    delayed (cast-transpose with the amax fused, the FP8 weight and its transpose kept
+                    across micro-batches).  The format does not change the price (both are one byte an
+                    element: e4m3 everywhere, or e5m2 for the gradients), so either is read and "hybrid"
+                    is written (NVIDIA's recipes train with it).
+                    --fp8-format e4m3|hybrid --fp8-recipe blockwise <-> "blockwise" (core_v0.16.1
+                    fp8_utils.get_fp8_recipe: TE's Float8BlockScaling(fp8_format), TE >= 2.3; DeepSeek-V3's
+                    1x128 / 128x128 scales); "e4m3" is written, Float8BlockScaling's default and
+                    DeepSeek-V3's format for every tensor.
+                    Refused: tensorwise (TE's per-tensor *current* scaling: an amax pass before every
+                    cast, neither of sapp's TE recipes), mxfp8 (1x32 blocks with e8m0 scales: Blackwell
+                    only, costmodel/settings.py FP8_REFUSED), custom (code), --fp8-param-gather (FP8
+                    weights kept and all-gathered at one byte), --no-fp8-wgrad (weight gradients in bf16)
+                    and --first-last-layers-bf16 (fewer FP8 layers).
   torchtitan@0.2.2  [model] converters = ["quantize.linear.float8"] with [quantize.linear.float8]
                     filter_fqns = ["output"] <-> "tensorwise" (Float8LinearConverter's default config:
                     dynamic tensorwise scales, no FP8 all-gather; recipe_name "tensorwise" builds the same).
@@ -20,7 +25,10 @@ Transformer Engine's delayed scaling).  Each engine states one of them, or none:
                     filter `output`).  Refused: "rowwise" recipes (per-row scales, not priced), FSDP's
                     float8 all-gather (weights gathered at one byte, not priced), other filters (which
                     linears run FP8), emulation, and the name "float8", which 0.2.2 does not register
-                    (its trainer raises KeyError; the registered name is "quantize.linear.float8").
+                    (its trainer raises KeyError; the registered name is "quantize.linear.float8").  A
+                    blockwise plan is refused on export: 0.2.2's Float8Linear recipe_name is "tensorwise",
+                    "rowwise" or "rowwise_with_gw_hp" (config/job_config.py), and its only block-scaled
+                    converters are MX (quantize.linear.mx, quantize.grouped_mm.mx: mxfp8, Blackwell).
   torchtitan (0.3)  Float8LinearConverter.Config has only rowwise recipes (recipe_name "rowwise" |
                     "rowwise_with_gw_hp", release/0.3 components/quantization/float8.py): refused both
                     ways; an FP8 plan is exported to torchtitan@0.2.2.
@@ -28,10 +36,12 @@ Transformer Engine's delayed scaling).  Each engine states one of them, or none:
                     script's own module code): an FP8 plan is refused."""
 from __future__ import annotations
 
+from ..costmodel.settings import FP8_REFUSED
 from .mapping import EngineError
 
-# the recipe each engine's file states (none: the engine cannot state FP8 linears)
-RECIPE = {"megatron": "delayed", "torchtitan@0.2.2": "tensorwise"}
+# the recipes each engine's file states, its own first (a plan priced with another is re-priced so)
+RECIPES = {"megatron": ("delayed", "blockwise"), "torchtitan@0.2.2": ("tensorwise",)}
+RECIPE = {k: v[0] for k, v in RECIPES.items()}
 WHY_NOT = {
     "torchtitan": "torchtitan 0.3's Float8LinearConverter scales rowwise only (recipe_name 'rowwise' or "
                   "'rowwise_with_gw_hp'), which sapp does not price; use --to torchtitan@0.2.2 (tensorwise)",
@@ -42,6 +52,10 @@ MEGATRON_FORMATS = ("e4m3", "hybrid")
 TT_NAME = "quantize.linear.float8"                  # the converter name torchtitan 0.2.2 registers
 TT_TP_RECIPE = "tensorwise-tp"      # with torchao's float8 tensor-parallel styles (engines/torchtitan_2506.py)
 TT_FILTER = ["output"]                              # the head stays bf16, as sapp prices it
+TT_NO_BLOCKWISE = ("torchtitan 0.2.2 has no blockwise scaling for float8 linears (Float8Linear recipe_name "
+                   "tensorwise, rowwise or rowwise_with_gw_hp; its block-scaled converters are mxfp8, Blackwell "
+                   "only); export to megatron (--fp8-recipe blockwise) or search with --fp8 tensorwise")
+MEGATRON_FORMAT = {"delayed": "hybrid", "blockwise": "e4m3"}    # what the export writes (above)
 # (--fp8-param-gather is refused by megatron_fields.check itself, with or without --fp8-format)
 MEGATRON_REFUSED = ("--no-fp8-wgrad", "--disable-fp8-wgrad", "--first-last-layers-bf16")
 
@@ -51,7 +65,11 @@ def target_recipe(engine: str, asked: str) -> str:
     want = RECIPE.get(engine)
     if want is None:
         raise EngineError(f"--fp8 with --target {engine}: {WHY_NOT[engine]}")
-    if asked and asked != want:
+    if asked in RECIPES[engine]:
+        return asked
+    if asked == "blockwise":
+        raise EngineError(f"--fp8 blockwise with --target {engine}: {TT_NO_BLOCKWISE}")
+    if asked:
         raise EngineError(f"--fp8 {asked} with --target {engine}: {engine} runs FP8 linears as {want} scaling "
                           f"(sapp/engines/fp8.py); use --fp8 {want}")
     return want
@@ -65,6 +83,10 @@ def conform(out, engine: str, notes: list) -> None:
     want = RECIPE.get(engine)
     if want is None:
         raise EngineError(f"the plan is priced with FP8 linear layers ({out.fp8}): {WHY_NOT[engine]}")
+    if out.fp8 in RECIPES[engine]:
+        return
+    if out.fp8 == "blockwise":          # no engine's other recipe prices like it: refused, not re-priced
+        raise EngineError(f"the plan is priced with blockwise FP8 scaling: {TT_NO_BLOCKWISE}")
     if out.fp8 == TT_TP_RECIPE and want == "tensorwise":
         notes.append("the plan was priced with float8 tensor-parallel all-gathers (tensorwise-tp); torchtitan "
                      "0.2.2 runs them in bf16 (its apply_tp looks for a converter named 'float8', which 0.2.2 "
@@ -78,7 +100,7 @@ def conform(out, engine: str, notes: list) -> None:
 
 # ---- Megatron-LM -----------------------------------------------------------------------------------
 def megatron_args(fp8: str) -> list:
-    return ["--fp8-format hybrid", "--fp8-recipe delayed"] if fp8 else []
+    return [f"--fp8-format {MEGATRON_FORMAT[fp8]}", f"--fp8-recipe {fp8}"] if fp8 else []
 
 
 def megatron_read(args: dict) -> str:
@@ -89,10 +111,12 @@ def megatron_read(args: dict) -> str:
     if fmt not in MEGATRON_FORMATS:
         raise EngineError(f"--fp8-format {str(fmt)[:40]}: Megatron-LM takes {' or '.join(MEGATRON_FORMATS)}")
     recipe = args.get("--fp8-recipe", "delayed")            # core_v0.16.1's default
-    if recipe != "delayed":
-        raise EngineError(f"--fp8-recipe {str(recipe)[:40]}: sapp prices Transformer Engine's delayed scaling only "
-                          f"(tensorwise is TE's current scaling, an amax pass before each cast; mxfp8 / blockwise "
-                          f"scale per block); use delayed or remove --fp8-format")
+    if recipe in FP8_REFUSED:
+        raise EngineError(f"--fp8-recipe {recipe}: {FP8_REFUSED[recipe]}")
+    if recipe not in RECIPES["megatron"]:
+        raise EngineError(f"--fp8-recipe {str(recipe)[:40]}: sapp prices Transformer Engine's delayed and blockwise "
+                          f"scaling only (tensorwise is TE's current scaling, an amax pass before each cast; custom "
+                          f"is code); use delayed or blockwise, or remove --fp8-format")
     for flag in MEGATRON_REFUSED:
         if args.get(flag):
             what = "bf16 first / last layers" if "bf16" in flag else "weight gradients computed in bf16"
@@ -100,7 +124,7 @@ def megatron_read(args: dict) -> str:
     if not args.get("--bf16"):
         raise EngineError("--fp8-format without --bf16: sapp prices FP8 linear layers beside bf16 mixed precision; "
                           "add --bf16")
-    return "delayed"
+    return recipe
 
 
 # ---- torchtitan 0.2.2 ------------------------------------------------------------------------------

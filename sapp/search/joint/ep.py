@@ -55,6 +55,7 @@ def moe_facts(ctx) -> dict:
         facts[block] = {"rows": rows * layers / B, "hidden": h, "top_k": int(k), "ffn_row_elems": row_elems / layers,
                         "act_out_share": down / row_elems if row_elems else 0.0,
                         "gemms": [_gemm_bytes(n, B, ctx.settings) for n in gemms], **routing,
+                        "gemm_elems": [_gemm_elems(n, B) for n in gemms],     # FP8 experts (costmodel/fp8.py)
                         "experts": int(first.extra["experts"]),
                         "expert_flops": sum(n.flops for n in gemms) / B,
                         "expert_params": float(sum(n.dim("e").size * n.dim("k").size * n.dim("n").size
@@ -81,6 +82,12 @@ def _gemm_bytes(node, B, settings) -> tuple:
     total = local_bytes(node, {}, settings)
     wb = sum(o.numel for o in node.operands if o.param is not None) * settings.weight_bytes
     return node.flops / B, wb, max(0.0, total - wb) / B
+
+
+def _gemm_elems(node, B) -> tuple:
+    """(X, Y) elements a sample of an expert GEMM: the routed rows in and out (FP8 casts, costmodel/moe.py)."""
+    x = sum(o.numel for o in node.operands if o.param is None and len(o.shape) >= 2)
+    return x / B, node.out.numel / B
 
 
 def _runs_ep(g, node) -> bool:
