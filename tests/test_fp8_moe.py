@@ -124,18 +124,27 @@ def test_an_ep_rank_prices_its_experts_as_a_model_with_that_many_experts(mixtral
         assert cm.expert_gemm_delta(f["gemms"], B, 1, 1, 1.0, cl, s, f["gemm_elems"]) == (0.0, 0.0)
 
 
-def test_a_pinned_ep_plan_trains_faster_with_fp8_experts():
+def test_a_pinned_ep_plan_trains_faster_with_fp8_experts(monkeypatch):
     # the bench's Mixtral-8x7B row (bench/published_moe.py): 64 H100, tp 1 pp 4 dp 16 ep 8, v 2, m 16, ZeRO-1
     pins = {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "schedule": "interleaved", "virtual_chunks": 2,
             "micro_batches": 16, "zero": 1}
     g = api.capture_spec("mixtral-8x7b")[3]
-    step = {}
-    for r in ("", "delayed", "blockwise"):
-        p = api.search(g, "h100-80g:devices=64", global_batch=256, runtime="fused", fp8=r or None, constraints=pins)
-        step[r] = p["predicted"]["step_time_s"]
-    assert step["delayed"] < step["blockwise"] < step[""], step
+
+    def step(recipe):
+        p = api.search(g, "h100-80g:devices=64", global_batch=256, runtime="fused", fp8=recipe or None, constraints=pins)
+        assert p["parallel"]["ep"] == 8
+        return p["predicted"]["step_time_s"]
+    t = {r: step(r) for r in ("", "delayed", "blockwise")}
+    assert t["delayed"] < t["blockwise"] < t[""], t
     # no more than the FP8 rate on the whole step (attention, all-to-alls and the bubble stay)
-    assert step[""] / step["delayed"] < F.fp8_rate_ratio(Cluster.parse("h100-80g:devices=64"))
+    assert t[""] / t["delayed"] < F.fp8_rate_ratio(Cluster.parse("h100-80g:devices=64"))
+    # the experts' share: the same plan with only the blocks' linears in FP8 (the grouped GEMMs and their
+    # EP reprice at bf16, as before the experts ran FP8) is slower
+    from sapp.costmodel import fp8_linears
+    monkeypatch.setattr(fp8_linears, "GROUPED_FP8_RECIPES", ())
+    monkeypatch.setattr(F, "grouped_fp8", lambda settings: False)
+    dense_only = step("delayed")
+    assert t["delayed"] < dense_only < t[""], (t, dense_only)
 
 
 # ---- the FP8 copies kept for backward ----------------------------------------------------------------
