@@ -15,7 +15,8 @@ def add_constraint_arguments(p):
     g.add_argument("--dp", type=int, help="data-parallel degree")
     g.add_argument("--pp", type=int, help="pipeline stages")
     g.add_argument("--micro-batches", type=int, help="micro-batches per step")
-    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "none"), help="pipeline schedule")
+    from ..search.constraints import SCHEDULES
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
     g.add_argument("--virtual-chunks", type=int, help="chunks per device for the interleaved schedule")
     g.add_argument("--recompute", choices=("none", "selective", "full"), help="recomputation for every block")
     g.add_argument("--recompute-block", action="append", default=[], metavar="PATTERN=POLICY",

@@ -58,7 +58,7 @@ def emit(model: nn.Module, plan, *, loss_fn=None, rank=None, world=None, device=
         # DDP / all-reduce / FSDP2 around all of that
         data_parallel.apply(lay, rk, b.training, b.recompute, made, notes, s)
     tensor_parallel.partial_grads(model, rk, b.audit, made)   # tp sums of replicated weights: the first hook after backward
-    pipeline.tie(model, lay, made, notes)       # tied weights across stages: summed after the dp sync
+    pipeline.tie(model, lay, made, notes, plan.pipeline.get("schedule", "none"))   # tied weights across stages: summed after the dp sync
     for s in made.mine:
         # after the wrappers (FSDP2 swaps parameters for DTensors)
         optimizers.apply(plan, lay, rk, b.training, b.placement, b.recompute, made, s)

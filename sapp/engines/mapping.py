@@ -91,13 +91,15 @@ def from_plan(plan, engine: str) -> EngineConfig:
     par, pipe, st = plan["parallel"], plan["pipeline"], plan._d.get("settings") or {}
     pp = par["pp"]
     sched = pipe.get("schedule", "none") if pp > 1 else "none"
-    v = (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 1
+    v = (pipe.get("virtual_chunks") or 1) if sched == "interleaved" else 2 if sched == "dualpipev" else 1
     stages = _ordered_stages(plan)
     chunk = device = None
     if pp > 1 and stages:
-        if sched == "interleaved" and len(stages) == pp * v:
+        if sched in ("interleaved", "dualpipev") and len(stages) == pp * v:
             chunk = [len(s.get("blocks") or []) for s in stages]
-            device = [sum(chunk[c * pp + i] for c in range(v)) for i in range(pp)]
+            # DualPipeV's V: rank i runs stages i and 2 pp - 1 - i (pipeline.dualpipe.rank_of)
+            device = [sum(chunk[s] for s in ((i, 2 * pp - 1 - i) if sched == "dualpipev" else
+                                              (c * pp + i for c in range(v)))) for i in range(pp)]
         else:
             device = [len(s.get("blocks") or []) for s in stages]
     rc = plan["recompute"] or {}
@@ -185,7 +187,7 @@ def pins(ecfg: EngineConfig, block_names) -> dict:
         out["stages"] = stages
     rc = ecfg.recompute
     if isinstance(rc, dict):
-        if ecfg.schedule == "interleaved" and ecfg.chunk_blocks:
+        if ecfg.schedule in ("interleaved", "dualpipev") and ecfg.chunk_blocks:
             rc = {_contiguous_name(ecfg, block_names, b): p for b, p in rc.items()}
         out["recompute"] = rc
     else:
@@ -198,8 +200,7 @@ def _contiguous_name(ecfg, names, block):
     starts = [sum(chunks[:j]) for j in range(len(chunks))]
     real = []
     for i in range(pp):
-        for c in range(ecfg.v):
-            j = c * pp + i
+        for j in ((i, 2 * pp - 1 - i) if ecfg.schedule == "dualpipev" else (c * pp + i for c in range(ecfg.v))):
             real += names[starts[j]:starts[j] + chunks[j]]
     return dict(zip(real, names)).get(block, block)
 

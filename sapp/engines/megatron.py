@@ -51,6 +51,9 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--overlap-gra
 def conform(ecfg: EngineConfig, names) -> tuple:
     """(configuration Megatron runs, notes on what changed).  Refuses what it cannot state at all."""
     notes = []
+    if ecfg.schedule == "dualpipev":
+        raise EngineError("Megatron-LM has no DualPipeV schedule (1F1B and interleaved 1F1B only); search again "
+                          "with --target megatron")
     if ecfg.zero > 1:
         raise EngineError(f"Megatron's distributed optimizer is ZeRO-1; the plan uses ZeRO-{ecfg.zero}: search again "
                           f"with --target megatron")

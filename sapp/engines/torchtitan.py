@@ -30,7 +30,9 @@ NAME = "torchtitan@0.2.2"      # (`--to torchtitan` is 0.3's Python configuratio
 PURE_BF16 = "adam-bf16"         # training.dtype = "bfloat16" as a CostSettings optimizer (costmodel/settings.py)
 RUNTIME = "torchtitan-0.2.2"  # the engine profile a torchtitan 0.2.2 plan is priced with (costmodel/settings.py)
 RUNTIME_COMPILE = RUNTIME + "+compile"     # with [compile] enable for "model": each block compiled
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# torch's get_schedule_class names; DualPipeV: 0.2.2's pipeline_module_split places its 2 stages a rank
+# in the V (style "v", distributed/pipeline_parallel.py)
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "dualpipev": "DualPipeV"}
 _KERNELS = {"torchtitan": "torch's varlen FlashAttention (FlashAttention-3 on Hopper)",
             "torchtitan-0.2.2": "SDPA (cuDNN's kernel on Hopper)",
             "torchtitan-0.2.2+compile": "SDPA (cuDNN's kernel on Hopper) and compiled blocks",
@@ -404,18 +406,25 @@ def _stages(par, ecfg, L, num):
         if lps is not None:
             n = math.ceil((L + fl + ll) / lps)
         else:
-            n = pp * (1 if ecfg.schedule != "interleaved" else 2)
+            n = pp * (1 if ecfg.schedule not in ("interleaved", "dualpipev") else 2)
         ch = stage_layers(L, n, fl, ll)
         if ch is None:
             raise EngineError(f"{L} layers do not split into {n} pipeline stages with these weights")
     if n % pp:
         raise EngineError(f"{n} virtual stages are not a multiple of pipeline_parallel_degree {pp}")
     v = n // pp
-    if (v > 1) != (ecfg.schedule == "interleaved"):
-        raise EngineError(f"{v} stage(s) per rank does not fit the {ecfg.schedule} schedule")
+    if (v > 1) != (ecfg.schedule in ("interleaved", "dualpipev")) or (ecfg.schedule == "dualpipev" and v != 2):
+        raise EngineError(f"{v} stage(s) per rank does not fit the {ecfg.schedule} schedule"
+                          + (" (DualPipeV runs 2, in a V)" if ecfg.schedule == "dualpipev" else ""))
     ecfg.v = v
     ecfg.chunk_blocks = ch if v > 1 else None
-    ecfg.device_blocks = [sum(ch[c * pp + i] for c in range(v)) for i in range(pp)]
+    # rank i runs stages i + c pp (looped), or i and 2 pp - 1 - i (DualPipeV's V)
+    ecfg.device_blocks = [sum(ch[rank_stage] for rank_stage in _rank_stages(ecfg.schedule, pp, v, i)) for i in range(pp)]
+
+
+def _rank_stages(schedule, pp, v, i):
+    """The stages pipeline rank i runs, as torchtitan 0.2.2's pipeline_module_split places them."""
+    return (i, 2 * pp - 1 - i) if schedule == "dualpipev" else tuple(c * pp + i for c in range(v))
 
 
 def _recompute(ac, names, notes):

@@ -21,10 +21,11 @@ the weight gradient reads the layers' saved inputs.  In whole-device units, each
 its share (1/2 each): DeepSeek-V3's report gives DualPipe PP + 1 micro-batches of activations on
 2x parameters; DualPipeV's first rank holds 2p + 1 chunk-forwards at its peak (see `in_flight`).
 
-Closed form (equal chunks, no sends, tested against the simulator in tests/test_dualpipev.py):
-    step = m (F + B) + (p - 1) (F_c + 2 B_c - 3 W_c)  + ...        see `closed_form`
-where F_c, B_c, W_c are one chunk's forward, full backward and weight gradient, matching the
-report's bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2p and F&B = F_c + B_c (not overlapped).
+No closed form: on equal chunks without sends the bubble (step - m (F + B) per device) does not
+depend on m but is piecewise in the chunk times F_c, B_c, W_c (simulated, F_c = 1: B_c = 2 gives
+4 (p - 1) - 1 at W_c = 0, 2.5 (p - 1) - 0.5 from p = 3 at W_c = 1/2, (p - 1) at W_c >= 1; B_c = 1
+gives 2 (p - 1) at W_c = 0 and (p - 1) from W_c = 1/2), so the search runs the simulator.  The
+report's DualPipe bubble (PP/2 - 1)(F&B + B - 3W) is that of DeepSeek's own order, not torch's.
 """
 from __future__ import annotations
 
@@ -45,6 +46,17 @@ def v_stages(p, r) -> tuple:
 def stage_rank(p, s) -> int:
     """The pipeline rank stage s of 2p runs on."""
     return s if s < p else 2 * p - 1 - s
+
+
+def rank_of(schedule, p, s) -> int:
+    """The pipeline rank virtual stage s runs on: the V for dualpipev, s mod p for torch's looped
+    schedules (interleaved chunk c of rank i is stage c * p + i)."""
+    return stage_rank(p, s) if schedule == "dualpipev" else s % p
+
+
+def chunk_of(schedule, p, s) -> int:
+    """Which of its rank's chunks virtual stage s is (0 for the first)."""
+    return (0 if s < p else 1) if schedule == "dualpipev" else s // p
 
 
 def dualpipev_problem(p, m):
@@ -139,6 +151,19 @@ def _rank_order(p, m, r):
     for _ in range(r + 1):                        # 8: W0
         weight()
     return ops
+
+
+def stage_peak(p, m, s) -> int:
+    """Most micro-batches stage s holds activations of at once (from its forward to its W or full
+    backward) in torch's order: what the model's last stage, on rank 0, keeps of its head and loss."""
+    held = peak = 0
+    for kind, st, _, _ in dualpipev_order(p, m)[stage_rank(p, s)]:
+        if st == s and kind == "F":
+            held += 1
+            peak = max(peak, held)
+        elif st == s and kind in ("W", "B"):
+            held -= 1
+    return peak
 
 
 def _chunk(p, r, s) -> int:
@@ -274,6 +299,6 @@ def _send(kind, s, p, r, pf, pb) -> float:
 
 def dualpipev_step(stage_fwd, stage_bwd, m, p2p_s=0.0, chunk_shares=None, w_share=W_SHARE,
                    overlap=False) -> float:
-    """Step time of DualPipeV (the simulator; see closed_form for the uniform case)."""
+    """Step time of DualPipeV: the simulator's (no closed form holds, see the module doc)."""
     return simulate_dualpipev(stage_fwd, stage_bwd, m, p2p_s, chunk_shares=chunk_shares, w_share=w_share,
                               overlap=overlap, timeline=False).step_s

@@ -139,6 +139,14 @@ def interleaved_layout(counts, v):
     return [(i, c, per[i][c]) for c in range(v) for i in range(p)]
 
 
+def dualpipev_layout(counts, v=2):
+    """DualPipeV's stages in model order: [(device, chunk, blocks)], stage s < p being chunk 0 of
+    device s and stage s >= p chunk 1 of device 2p - 1 - s (the V torch's ScheduleDualPipeV runs)."""
+    p = len(counts)
+    per = [chunk_counts(k, 2) for k in counts]
+    return [(s, 0, per[s][0]) if s < p else (2 * p - 1 - s, 1, per[2 * p - 1 - s][1]) for s in range(2 * p)]
+
+
 def partition_dp(n, p, cut_before, seg):
     """Exact min-max (ties: least total) contiguous partition by dynamic programming."""
     INF = (math.inf, math.inf)

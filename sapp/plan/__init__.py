@@ -23,6 +23,7 @@ import math
 
 from sapp import schema as _schema
 from sapp.errors import PlanError
+from sapp.pipeline.dualpipe import rank_of
 
 SCHEMA = "sapp.plan/1"
 REQUIRED = ("schema", "model", "cluster", "devices", "parallel", "mesh", "operators", "pipeline",
@@ -402,6 +403,7 @@ def _semantic(d):
     stages = pipe.get("stages") or []
     if stages:
         v = pipe.get("virtual_chunks") or 1 if pipe.get("schedule") == "interleaved" else 1
+        v = 2 if pipe.get("schedule") == "dualpipev" else v     # 2 stages a rank, in a V
         # interleaved plans list every virtual stage (what search writes) or one entry per device
         if len(stages) not in (par["pp"], par["pp"] * v):
             raise PlanError(f"pipeline.stages lists {len(stages)} stages but pp={par['pp']}"
@@ -412,11 +414,14 @@ def _semantic(d):
         for i, st in enumerate(stages):
             if st.get("device_stage", 0) >= par["pp"]:
                 raise PlanError(f"pipeline.stages[{i}].device_stage={st['device_stage']} is not a stage of pp={par['pp']}")
-            # the runtime places virtual stage k on pipeline rank k % pp (torch's looped schedules)
-            if "device_stage" in st and st["device_stage"] != st["index"] % par["pp"]:
+            # the runtime places virtual stage k on pipeline rank k % pp (torch's looped schedules; the V
+            # for dualpipev)
+            r = rank_of(pipe.get("schedule"), par["pp"], st["index"])
+            if "device_stage" in st and st["device_stage"] != r:
                 raise PlanError(f"pipeline.stages[{i}] (index {st['index']}) has device_stage={st['device_stage']}, but "
-                                f"stage {st['index']} runs on pipeline rank {st['index'] % par['pp']} (index mod pp); "
-                                "set it or drop the field")
+                                f"stage {st['index']} runs on pipeline rank {r} ("
+                                + ("the V: r and 2 pp - 1 - r" if pipe.get("schedule") == "dualpipev" else "index mod pp")
+                                + "); set it or drop the field")
         seen = {}
         for i, st in enumerate(stages):
             for b in st.get("blocks") or []:

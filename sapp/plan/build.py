@@ -4,6 +4,7 @@ build_plan)."""
 from __future__ import annotations
 
 from sapp.costmodel.layouts import layout_str, output_layout
+from sapp.pipeline.dualpipe import chunk_of, rank_of
 from sapp.pipeline.template import template_map
 from sapp.plan import SCHEMA, Plan
 
@@ -45,20 +46,22 @@ def pipeline_section(res, devices, graph=None):
     cfg = res.config
     S = devices // cfg.pp
     stages = []
-    if cfg.schedule == "interleaved" and cfg.v > 1:
-        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i); a device's
-        # chunks may differ in size (pipeline.partition.chunk_counts), priced by block share
+    if cfg.schedule in ("interleaved", "dualpipev") and cfg.v > 1:
+        # one entry per virtual stage (chunk c of device i runs as stage c * pp + i; DualPipeV's V:
+        # stages i and 2 pp - 1 - i, pipeline.dualpipe.rank_of); a device's chunks may differ in size
+        # (pipeline.partition.chunk_counts), priced by block share
         pp = cfg.pp
         per = {}
         for st in res.stages:
             ch = st.chunks or [len(st.blocks) // cfg.v] * cfg.v
             offs = [sum(ch[:c]) for c in range(cfg.v)]
             per[st.index] = [st.blocks[o:o + n] for o, n in zip(offs, ch)]
-        order = [per[j % pp][j // pp] for j in range(pp * cfg.v)]
+        where = [(rank_of(cfg.schedule, pp, j), chunk_of(cfg.schedule, pp, j)) for j in range(pp * cfg.v)]
+        order = [per[i][c] for i, c in where]
         for j, blocks in enumerate(order):
-            i = j % pp
+            i, c = where[j]
             st = res.stages[i]
-            share = st.chunk_shares[j // pp] if st.chunk_shares else len(blocks) / max(1, len(st.blocks))
+            share = st.chunk_shares[c] if st.chunk_shares else len(blocks) / max(1, len(st.blocks))
             nxt = next((b[0] for b in order[j + 1:] if b), None)
             if nxt is None and j < len(order) - 1:
                 nxt = head_module(graph, res.profile)       # the next chunk holds the head alone

@@ -13,7 +13,7 @@ from sapp.errors import ConstraintError, SappError
 # recommendation-model batches in use are ~10^6 samples (4,194,304 here).
 MAX_GLOBAL_BATCH = 1 << 22
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "none")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipev", "none")
 
 # What each training engine can state in its own configuration (`sapp search --target`): the engine
 # table's limits (sapp/search/targets.py, one row per engine)
@@ -76,12 +76,24 @@ class Constraints:
         return cls(**kw)
 
     def __post_init__(self):
+        self._check_numbers()
+        self._check_schedule()
+        self._check_recompute()
+        self._check_pins()
+        self._check_target()
+
+    def _check_numbers(self):
+        """Degrees and counts are positive integers, zero a ZeRO stage."""
         for k in ("tp", "dp", "pp", "micro_batches", "virtual_chunks", "max_tp", "max_dp", "cp", "ep", "dp_replicate"):
             v = getattr(self, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConstraintError(f"constraint {k} must be a positive integer, got {v!r}")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise ConstraintError(f"constraint zero must be 0, 1, 2 or 3, got {self.zero!r}")
+
+    def _check_schedule(self):
+        """A known schedule, and virtual chunks only where the schedule has them (pinning v > 1 pins
+        interleaving; dualpipev's V is 2 chunks)."""
         if self.schedule is not None and (not isinstance(self.schedule, str) or self.schedule not in SCHEDULES):
             raise ConstraintError(f"schedule {self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
         if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule is None:
@@ -89,8 +101,15 @@ class Constraints:
             object.__setattr__(self, "schedule", "interleaved")
         if self.schedule == "interleaved" and self.virtual_chunks == 1:
             raise ConstraintError("schedule 'interleaved' needs virtual_chunks >= 2; drop virtual_chunks=1 or use 1f1b")
-        if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule not in (None, "interleaved"):
+        if self.schedule == "dualpipev" and self.virtual_chunks not in (None, 2):
+            raise ConstraintError(f"schedule 'dualpipev' runs 2 chunks per device (its V), not virtual_chunks="
+                                  f"{self.virtual_chunks}; drop virtual_chunks or use 'interleaved'")
+        if self.virtual_chunks is not None and self.virtual_chunks > 1 and self.schedule not in (None, "interleaved",
+                                                                                                   "dualpipev"):
             raise ConstraintError(f"virtual_chunks={self.virtual_chunks} needs schedule 'interleaved', not {self.schedule!r}")
+
+    def _check_recompute(self):
+        """A recompute policy name or a {module pattern: policy} map."""
         r = self.recompute
         if r is not None:
             if isinstance(r, str):
@@ -104,6 +123,9 @@ class Constraints:
                         raise ConstraintError(f"recompute policy {v!r} for {k!r} is unknown; use none, selective or full")
             else:
                 raise ConstraintError("recompute must be 'none', 'selective', 'full' or a {module: policy} dict")
+
+    def _check_pins(self):
+        """Stage and placement pins are well-formed maps."""
         if self.stages is not None:
             if not isinstance(self.stages, dict) or not all(
                     isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -113,6 +135,9 @@ class Constraints:
             if not isinstance(self.placement, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) and v in ("host", "device") for k, v in self.placement.items()):
                 raise ConstraintError("placement pins must map module patterns to 'host' or 'device'")
+
+    def _check_target(self):
+        """What the target engine can state (TARGETS), HSDP / etp / ep rules, sp and the max_* caps."""
         if self.target is not None and self.target not in TARGETS:
             raise ConstraintError(f"target {self.target!r} is unknown; use one of {', '.join(TARGETS)}")
         lim = self.limits
@@ -215,6 +240,14 @@ class Constraints:
             if len(blocks) < p * v - 2:
                 raise ConstraintError(f"interleaved schedule with {v} chunks x {p} stages needs >= {p * v - 2} blocks; "
                                       f"the model has {len(blocks)}")
+        if self.schedule == "dualpipev":
+            p = self.pp or 2
+            if len(blocks) < 2 * p:
+                raise ConstraintError(f"schedule 'dualpipev' cuts the model in 2 x pp = {2 * p} chunks of a block at "
+                                      f"least; the model has {len(blocks)} blocks: use pp <= {len(blocks) // 2} or 1f1b")
+            if self.micro_batches is not None and self.micro_batches < 2 * p:
+                raise ConstraintError(f"schedule 'dualpipev' needs micro_batches >= 2 x pp = {2 * p} (torch's "
+                                      f"ScheduleDualPipeV), got {self.micro_batches}; raise it or use 1f1b")
         if (self.schedule in ("1f1b", "interleaved") and self.pp is not None and self.pp > 1
                 and self.micro_batches is not None and self.micro_batches < self.pp):
             # torch.distributed.pipelining refuses it (and 1F1B with fewer micro-batches is GPipe)

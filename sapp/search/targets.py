@@ -60,10 +60,11 @@ ENGINES = {e.name: e for e in (
            schedules=("none", "1f1b", "interleaved"), zero=(0, 1), moe_sp="with-tp"),
     # the current torchtitan release (0.3: sequence parallelism its own switch, replication by FSDP2
     # beside anything); its job is a typed Python file
-    Engine("torchtitan", "torchtitan", "0.3.0", "torchtitan_py", "py", ("torchtitan",), hsdp=True),
+    Engine("torchtitan", "torchtitan", "0.3.0", "torchtitan_py", "py", ("torchtitan",), hsdp=True,
+           schedules=ALL_SCHEDULES + ("dualpipev",)),
     Engine("torchtitan@0.2.2", "torchtitan", "0.2.2", "torchtitan", "toml",
            ("torchtitan-0.2.2", "torchtitan-0.2.2+compile", "torchtitan-2412", "torchtitan-2412+compile"),
-           sp="with-tp", ddp_alone=True,
+           sp="with-tp", ddp_alone=True, schedules=ALL_SCHEDULES + ("dualpipev",),     # (its ScheduleDualPipeV: the V)
            hsdp=True),
     Engine("deepspeed", "DeepSpeed", "0.19.8", "deepspeed", "json", ("eager",), schedules=("none",),
            zero=(0, 1, 2, 3), sp="off", model_parallel=False, recompute=("none", "full"), host=("optimizer-host",),

@@ -7,12 +7,13 @@ import torch
 from torch import nn
 
 from ...errors import PlanError
+from ...pipeline.dualpipe import dualpipev_problem
 from ...plan import Plan
 
 # colwise_gather: a column split whose output is gathered (a lone LM head); vocab: an embedding
-# split over its rows
-TP_STYLES = ("colwise", "colwise_gather", "rowwise", "vocab")
-SCHEDULES = ("none", "gpipe", "1f1b", "interleaved")
+# split over its rows; heads: an nn.MultiheadAttention split by heads (sapp/emit/tp/mha.py)
+TP_STYLES = ("colwise", "colwise_gather", "rowwise", "vocab", "heads")
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved", "dualpipev")
 
 
 def as_plan(plan) -> Plan:
@@ -116,6 +117,9 @@ def check_names(model: nn.Module, plan: Plan) -> None:
                             f"('colwise_gather': a column split whose output is gathered)")
         if name not in mods:
             raise PlanError(f"tp_modules names {name!r}, which this model does not have; regenerate the plan for this model")
+        if style == "heads" and not isinstance(mods[name], nn.MultiheadAttention):
+            raise PlanError(f"tp_modules[{name!r}] is 'heads' but {name} is a {type(mods[name]).__name__}, "
+                            f"not an nn.MultiheadAttention")
         if style == "vocab" and not isinstance(mods[name], nn.Embedding):
             raise PlanError(f"tp_modules[{name!r}] is 'vocab' but {name} is a {type(mods[name]).__name__}, not an Embedding")
     sched = plan.pipeline.get("schedule", "none")
@@ -171,7 +175,7 @@ def stage_count(plan: Plan) -> int:
     pp = plan.parallel["pp"]
     sched = plan.pipeline.get("schedule", "none")
     v = int(plan.pipeline.get("virtual_chunks") or 1) if sched == "interleaved" else 1
-    return pp * v
+    return pp * (2 if sched == "dualpipev" else v)      # DualPipeV: 2 stages a rank, in a V
 
 
 def check_pipeline(plan: Plan) -> None:
@@ -180,7 +184,10 @@ def check_pipeline(plan: Plan) -> None:
     if pp == 1:
         return
     if sched == "none":
-        raise PlanError(f"plan has pp={pp} but pipeline.schedule is 'none'; set it to gpipe, 1f1b or interleaved")
+        raise PlanError(f"plan has pp={pp} but pipeline.schedule is 'none'; set it to gpipe, 1f1b, interleaved "
+                        f"or dualpipev")
+    if sched == "dualpipev" and dualpipev_problem(pp, plan.pipeline["micro_batches"]):
+        raise PlanError(dualpipev_problem(pp, plan.pipeline["micro_batches"]))
     gb, dp, m = plan.model.get("global_batch"), plan.parallel["dp"], plan.pipeline["micro_batches"]
     if isinstance(gb, int) and gb % (dp * m):
         raise PlanError(f"global batch {gb} does not split into dp={dp} x micro_batches={m}; use a multiple of {dp * m}")

@@ -3,7 +3,8 @@
 The whole model is traced once per rank (torch.export via `Pipe.from_tracing`, repaired by
 graph_fix.py) and cut BEFORE each plan split point; stage modules keep the original parameter names.
 Every stage is run once in-process before any rank communicates (preflight.py).  Stage i of S runs on
-pipeline rank i % pp (interleaved: v = S / pp stages per rank).
+pipeline rank i % pp (interleaved: v = S / pp stages per rank); DualPipeV cuts the model in 2 pp
+stages placed in a V, rank r holding stages r and 2 pp - 1 - r (pipeline.dualpipe.rank_of).
 
 Tied weights (GPT-2's embedding and head) and the weights of a module several stages call (one
 relative-position bias shared by every attention layer) are duplicated into every stage that uses
@@ -22,11 +23,13 @@ from torch import nn
 from ...errors import PlanError
 from ...capture.state import aliases_hidden
 from ...models.hf import eager_masks
+from ...pipeline.dualpipe import dualpipev_problem, rank_of
 from . import graph_fix
 from ..checks import preflight
 from ..tp.dtensor_local import local_grad
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+             "dualpipev": "ScheduleDualPipeV"}
 
 
 def micro_example(inputs: tuple, mbs: int) -> tuple:
@@ -193,7 +196,8 @@ def stage_modules(pipe, indices: list) -> dict:
 class TiedGrads:
     """Sum the gradients of one original parameter over all stages (and copies) that hold it."""
 
-    def __init__(self, model: nn.Module, pipe, n_stages: int, my_stages: dict, pp: int, dp: int, tp: int):
+    def __init__(self, model: nn.Module, pipe, n_stages: int, my_stages: dict, pp: int, dp: int, tp: int,
+                 schedule: str = "1f1b"):
         by_obj = {}
         for name, p in model.named_parameters(remove_duplicate=False):
             by_obj.setdefault(id(p), []).append(name)
@@ -212,7 +216,7 @@ class TiedGrads:
         me = dist.get_rank()
         # new_group must be called by every rank in the same order: iterate ties and coords globally
         for key in sorted(owners):
-            pp_ids = sorted({s % pp for s in owners[key]})
+            pp_ids = sorted({rank_of(schedule, pp, s) for s in owners[key]})
             for dp_i in range(dp):
                 for tp_i in range(tp):
                     ranks = [((p * dp) + dp_i) * tp + tp_i for p in pp_ids]
@@ -263,6 +267,15 @@ def build_schedule(kind: str, stages: list, n_micro: int, loss_fn):
     from torch.distributed import pipelining as P
     kind = schedule_run(kind, n_micro, stages[0].num_stages)
     cls = getattr(P, SCHEDULES[kind])
+    if kind == "dualpipev":
+        # torch 2.13's ScheduleDualPipeV: 2 stages a rank (the V), m >= 2 pp; one line here rather
+        # than torch's ValueError on the ranks
+        pp = stages[0].group_size
+        why = dualpipev_problem(pp, n_micro) if len(stages) == 2 else (
+            f"dualpipev runs 2 stages per rank (the V), this rank has {len(stages)}; regenerate the plan")
+        if why:
+            raise PlanError(why)
+        return cls(stages, n_microbatches=n_micro, loss_fn=loss_fn)
     if kind == "interleaved":
         # torch 2.13's flex interleaving: rounds = max(1, m // pp) must divide m (any v, any
         # stage sizes); refused here in one line rather than by torch's ValueError on the ranks

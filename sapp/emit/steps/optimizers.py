@@ -56,8 +56,10 @@ def _offload_overlap(mod, plan, layout: Layout, recompute: RecomputePlan, made: 
     """OffloadAdam's overlap as priced (sapp/placement/cost.py: per-group CPU Adam during the last
     backward) where gradients are final when backward accumulates them: no data-parallel sync (dp = 1).
     Pipeline-tied weights wait for their cross-stage sum (late); the schedule's 1/m scaling of the
-    device gradients is applied on the host (grad_divisor).  None (step after backward) with dp > 1."""
-    if layout.dp > 1:
+    device gradients is applied on the host (grad_divisor).  None (step after backward) with dp > 1,
+    and under dualpipev: torch's weight-gradient actions (pipelining._backward.stage_backward_weight)
+    assign `.grad` directly, firing no accumulate hook."""
+    if layout.dp > 1 or plan.pipeline.get("schedule") == "dualpipev":
         return None
     m = int(plan.pipeline.get("micro_batches", 1) or 1)
     tied = {id(p) for h in made.hooks if isinstance(h, pipe_mod.TiedGrads) for ps, _ in h.ties for p in ps}

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ...errors import PlanError
+from ...pipeline.dualpipe import rank_of
 from ..build import Layout, Made, Rank, Training, example_inputs
 from ..checks import plan as checks
 from ..cp import cp as cp_mod
@@ -33,7 +34,8 @@ def split(model, plan, layout: Layout, rank: Rank, training: Training) -> tuple:
     tp = layout.tp
     local = parallel.local_layers(model, layout.tp_styles, tp, checks.tp_groups(plan)) if tp > 1 else None
     traced = pipe_mod.trace(model, ex, checks.split_points(plan), local=local)
-    mine = [s for s in range(layout.n_stages) if s % layout.pp == rank.coords[0]]
+    sched = plan.pipeline.get("schedule", "none")
+    mine = [s for s in range(layout.n_stages) if rank_of(sched, layout.pp, s) == rank.coords[0]]
     stages = pipe_mod.stage_modules(traced, mine)
     if layout.ep > 1:      # the stage's MoE layers eager again, for EP (emit/ep/experts.py)
         ep_mod.eager_moe(stages, model)
@@ -57,13 +59,14 @@ def _autocast_stage(mod: nn.Module, device, dtype=torch.bfloat16) -> None:
     mod.forward = forward
 
 
-def tie(model, layout: Layout, made: Made, notes: list) -> None:
+def tie(model, layout: Layout, made: Made, notes: list, schedule: str = "none") -> None:
     """Weights shared by stages (an LM head tied to the embedding): gradients summed between them.
-    Reads the traced pipeline and this rank's stages; appends the summing hook to `made.hooks` and a
-    note (nothing without a pipeline)."""
+    Reads the traced pipeline and this rank's stages (on the ranks `schedule` places them: the V for
+    dualpipev); appends the summing hook to `made.hooks` and a note (nothing without a pipeline)."""
     if made.traced is None:
         return
-    tied = pipe_mod.TiedGrads(model, made.traced, layout.n_stages, made.stages, layout.pp, layout.dp, layout.tp)
+    tied = pipe_mod.TiedGrads(model, made.traced, layout.n_stages, made.stages, layout.pp, layout.dp, layout.tp,
+                              schedule)
     if tied.ties:
         made.hooks.append(tied)
         notes.append(f"{len(tied.ties)} tied parameter(s) shared across pipeline stages: gradients summed between stages")

@@ -17,6 +17,9 @@ def analytic_bound(ctx, cfg):
     p, m = cfg.pp, cfg.m
     if p == 1:
         return w
+    if cfg.schedule == "dualpipev":
+        # its bubble has no closed form (pipeline/dualpipe.py): only the perfectly split work is certain
+        return w
     v = cfg.v if cfg.schedule == "interleaved" else 1
     sends = (2 * v * p - 2) / p
     # a device sends its 1/cp of the tokens; under sp its 1/tp shard of them (no gather after)
@@ -61,6 +64,9 @@ def profile_bound(ctx, cfg, prof, floor=None):
     p, m = cfg.pp, cfg.m
     c = p2p_time(ctx, cfg, num.boundary)
     sends = (2 * cfg.v * p - 2) if cfg.schedule == "interleaved" else 2 * (p - 1)
+    dual = cfg.schedule == "dualpipev"
+    if dual:    # sends as in the V (stage.send_counts): 4 (p - 1), the busiest device's at least 2
+        sends = 4 * (p - 1)
     tot = num.tot + sends * c
     tmax = max(tot / p, num.tmax)
     if p > 1 and ctx.uniform and ctx.stage_pins is None and num.tblock is not None:
@@ -68,7 +74,7 @@ def profile_bound(ctx, cfg, prof, floor=None):
         # interleave.interleave_step): some stage holds ceil(L / (p step)) steps
         step = interleave_step(ctx, cfg)
         k = -(-ctx.L // (p * step)) * step
-        least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 1
+        least_sends = 2 * cfg.v - 1 if cfg.schedule == "interleaved" else 2 if dual else 1
         tmax = max(tmax, k * num.tblock + least_sends * c)
     if floor is not None:
         tmax = max(tmax, floor)
@@ -82,6 +88,8 @@ def profile_bound(ctx, cfg, prof, floor=None):
     gs += ctx.loss_sync_s
     if p == 1:
         return m * tot + gs
+    if dual:        # no closed form for its bubble: the busiest device's own work only is certain
+        return m * tmax + gs
     if cfg.schedule == "interleaved":
         if p > 1 and ctx.uniform and interleave_step(ctx, cfg) == 1:
             # chunks as equal as they go: a stage's small chunks fill and drain the pipeline faster

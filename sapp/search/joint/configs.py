@@ -3,6 +3,7 @@ the cluster, the batch and the constraints allow."""
 from __future__ import annotations
 
 from ...pipeline.profile import stage_mesh
+from ...pipeline.dualpipe import dualpipev_problem
 from ...pipeline.schedule import interleave_rounds, too_long
 from .divisors import divisors
 from .ep import ep_configs
@@ -104,6 +105,7 @@ def _configs_at(ctx, c, out, pp, dp, tp, cp):
             scheds = [("none", 1)]
         else:
             scheds = [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in interleave_values(ctx, pp, m)]
+            scheds += [("dualpipev", 2)] if dualpipev_fits(ctx, pp, m) else []
         lim = c.limits or {}
         for s, v in scheds:
             if (c.schedule is not None and s != c.schedule) or (lim and s not in lim["schedules"]):
@@ -161,7 +163,8 @@ def batch_stats_problem(ctx):
            "dp must be 1 (a batch norm of its own class, which the emitter cannot sync)"
            if ctx.batch_stats_unsynced and (c.dp or 1) > 1 else
            "cp must be 1" if (getattr(c, "cp", None) or 1) > 1 else
-           f"the schedule {c.schedule!r} needs micro-batches >= stages" if c.schedule == "interleaved" else None)
+           f"the schedule {c.schedule!r} needs micro-batches >= stages" if c.schedule in ("interleaved", "dualpipev")
+           else None)
     if why is None:
         return None
     if ctx.batch_buffers:
@@ -236,6 +239,33 @@ def _interleave_values(ctx, pp, m):
     if g >= 2 and g not in out and _chunks_fit(ctx, pp, g):
         out.append(g)
     return out
+
+
+def dualpipev_fits(ctx, pp, m) -> bool:
+    """Whether DualPipeV is priced for pp ranks and m micro-batches: torch's ScheduleDualPipeV needs
+    m >= 2 pp (pipeline.dualpipe.dualpipev_problem), its 2 pp chunks a block each at least, and, as
+    interleaving, identical blocks (the search prices a device as a contiguous run and deals the
+    blocks out into the V afterwards, evaluate._dualpipe_blocks)."""
+    return (pp >= 2 and ctx.uniform and ctx.L >= 2 * pp and dualpipev_problem(pp, m) is None
+            and ctx.cons.virtual_chunks in (None, 2))
+
+
+def dualpipev_why(ctx):
+    """Why a pinned dualpipev schedule has no configuration (one line), or None."""
+    c = ctx.cons
+    if c.schedule != "dualpipev":
+        return None
+    if not ctx.uniform:
+        return ("schedule 'dualpipev': its V needs structurally identical blocks with the other layers only before "
+                "and after them (and no stage map); this model's blocks are not: use 1f1b or interleaved")
+    pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
+    if pps and all(ctx.L < 2 * p for p in pps):
+        p = min(pps)
+        return (f"schedule 'dualpipev' cuts the model in 2 x pp = {2 * p} chunks of at least one block, but it has "
+                f"{ctx.L} blocks; use pp <= {ctx.L // 2} or the 1f1b schedule")
+    if c.micro_batches is not None and pps and all(dualpipev_problem(p, c.micro_batches) for p in pps):
+        return dualpipev_problem(pps[0], c.micro_batches)
+    return None
 
 
 def _chunks_fit(ctx, pp, v):

@@ -37,7 +37,7 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     if any(s is None for s in stages):
         return None
     shares = None
-    if cfg.schedule == "interleaved" and cfg.v > 1:
+    if cfg.schedule in ("interleaved", "dualpipev") and cfg.v > 1:
         shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
         _interleave_blocks(ctx, cfg, stages)
         for st, sh in zip(stages, shares):
@@ -46,7 +46,7 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     for st, a, b in zip(stages, starts, ends):
         if rule != "none":
             st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
-        st.grad_sync_s += step_copies(ev, a, b)
+        st.grad_sync_s += step_copies(ev, a, b, st.index)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     # each stage's own sends (forward after its last unit, backward before its first)
@@ -66,7 +66,10 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     bn_s = (cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
             if ctx.bn_channels and cfg.dp > 1 else 0.0)   # (the search's hot path: most models have none)
     # the gradients of weights several stages hold copies of, summed between those stages (copies.py)
-    tie_s = tie_sync_s(ctx, cfg, ev.copies, list(zip(starts, ends))) if ev.copies else 0.0
+    ranges = list(zip(starts, ends))
+    if ev.v_tail is not None:       # dualpipev: the head and loss on rank 0 (ranges[p]: p % p = 0)
+        ranges[-1:] = [(starts[-1], ev.v_tail), (ev.v_tail, n)]
+    tie_s = tie_sync_s(ctx, cfg, ev.copies, ranges) if ev.copies else 0.0
     step = step_pipe + gs + opt_s + loss_s + bn_s + tie_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
     busy = cfg.m * max(T)
@@ -104,11 +107,12 @@ def dp_link(cluster, cfg) -> str:
     return "inter" if cfg.dp_cp * cfg.tp > cluster.gpus_per_node else "intra"
 
 
-def step_copies(ev, a, b):
+def step_copies(ev, a, b, i=None):
     """Seconds a step of the once-a-step FSDP2 copies a torchtitan profile runs on the compute stream
     for units [a, b) (Unit.zcopy, costmodel.gradsync.fsdp_exposed_copies): beside the exposed gradient
-    sync, never overlapped."""
-    return sum(ev.units[j].zcopy.get(ev.cfg.zero, (0.0, 0.0, 0.0))[2] for j in range(a, b))
+    sync, never overlapped.  `i`: the stage's device (StageEvaluator.device_units: dualpipev's V)."""
+    idx = range(a, b) if i is None else ev.device_units(i, a, b)
+    return sum(ev.units[j].zcopy.get(ev.cfg.zero, (0.0, 0.0, 0.0))[2] for j in idx)
 
 
 def _exposed_sync(ev, rule, st, a, b):
@@ -116,7 +120,7 @@ def _exposed_sync(ev, rule, st, a, b):
     last bucket is the stage's glue (FSDP2's root unit) and its first block; the rest runs under
     the last micro-batch's backward."""
     num, units = ev.num, ev.units
-    idx = range(a, b)
+    idx = ev.device_units(st.index, a, b)
     first_block = next((j for j in idx if units[j].kind == "block"), None)
     last = sum(num.gs[j] for j in idx if units[j].kind != "block" or j == first_block)
     return exposed_grad_sync(rule, sum(num.gs[j] for j in idx), max((num.lat[j] for j in idx), default=0.0),
@@ -142,13 +146,15 @@ def _chunk_shares(ev, cfg, st, a, b):
 
 def _interleave_blocks(ctx, cfg, stages):
     """Priced as contiguous runs of blocks (identical blocks, so the numbers are the same); the real
-    interleaved layout gives device i the chunks c * pp + i (partition.interleaved_layout).  Rename
+    interleaved layout gives device i the chunks c * pp + i (partition.interleaved_layout), DualPipeV's
+    the chunks i and 2 pp - 1 - i (partition.dualpipev_layout).  Rename
     the blocks to the real ones, in chunk order, and record the chunk sizes."""
-    from ...pipeline.partition import interleaved_layout
+    from ...pipeline.partition import dualpipev_layout, interleaved_layout
     flat = ctx.block_names
     real = {st.index: [] for st in stages}
     pos = 0
-    for i, _, n in interleaved_layout([len(st.blocks) for st in stages], cfg.v):
+    layout = dualpipev_layout if cfg.schedule == "dualpipev" else interleaved_layout
+    for i, _, n in layout([len(st.blocks) for st in stages], cfg.v):
         real[i].extend(flat[pos:pos + n])
         pos += n
     for st in stages:
@@ -165,7 +171,7 @@ def _partition(ctx, ev, cfg, exact, step=1):
     if p == 1:
         return [0] if ev.seg(0, 0, n)[1] else None
     units = ev.units
-    inter = cfg.schedule == "interleaved" and cfg.v > 1
+    inter = cfg.schedule in ("interleaved", "dualpipev") and cfg.v > 1
     if ctx.uniform and (not exact or inter):
         # (interleaved: identical blocks, checked when enumerating).  Interleaving splits each stage
         # into v chunks: `step` v deals whole rows of v blocks (equal chunks), 1 any count >= the

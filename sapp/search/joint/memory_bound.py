@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from ...pipeline.partition import partition_counts
+from ...pipeline.dualpipe import stage_peak
 from ...pipeline.schedule import in_flight
 from ...recompute.solver import POLICIES
 from .interleave import interleave_kmins, interleave_step
@@ -83,18 +84,23 @@ def stage_time_floor(ctx, cfg, prof, offload):
     step = interleave_step(ctx, cfg)
     kmin = interleave_kmins(ctx, cfg) if inter and step == 1 else 1
 
+    dual = cfg.schedule == "dualpipev"
+
     def sends(i):
+        if dual:        # the V (stage.send_counts): none between stages p - 1 and p, none after the last
+            return 2 * (2 - (i == 0) - (i == p - 1))
         if inter:
             return 2 * cfg.v - (1 if i == p - 1 else 0) - (1 if i == 0 else 0)
         return (1 if i < p - 1 else 0) + (1 if i > 0 else 0)
 
     glue = []
     for i in range(p):
-        g = (pre if i == 0 else []) + (post if i == p - 1 else [])
+        g = (pre if i == 0 else []) + (post if i == (0 if dual else p - 1) else [])    # dualpipev: both on rank 0
         ga = sum(num.act[j][0] for j in g)
         # an interleaved last stage holds its head + loss for one micro-batch (stage.tail_act): its
-        # stash is taken from the capacity once, not per micro-batch in flight
-        once = sum(num.act[j][0] for j in post) if inter and i == p - 1 else 0.0
+        # stash is taken from the capacity once, not per micro-batch in flight (dualpipev: rank 0 holds it,
+        # the model's last stage, dualpipe.stage_peak = 1 micro-batch in torch's order)
+        once = sum(num.act[j][0] for j in post) if (inter and i == p - 1) or (dual and i == 0) else 0.0
         glue.append((sum(states(j) for j in g) + once, ga - once, sum(num.t[j] for j in g)))
     memo = {}
 
@@ -174,6 +180,8 @@ def memory_floor(ctx, cfg, prof):
         # chunks of unequal size (stage_in_flight): a device's weighted peak is at least its
         # largest chunk's share of one micro-batch, at least 1/v
         infl = min(infl, 1.0 / cfg.v)
+    if cfg.schedule == "dualpipev":     # the head + loss are held stage_peak times, fewer than in flight
+        infl = min(infl, stage_peak(cfg.pp, cfg.m, 2 * cfg.pp - 1))
     # (states less the FSDP2 accumulators a stage may not hold at its peak: a bound stays below)
     per = [num.states[j] - num.gacc[j] + infl * min(num.act[j][POLICIES.index(x)] for x in ev.allowed(u))
            for j, u in enumerate(ev.units)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHED_ORDER = {"none": 0, "1f1b": 1, "interleaved": 2, "gpipe": 3}
+SCHED_ORDER = {"none": 0, "1f1b": 1, "interleaved": 2, "gpipe": 3, "dualpipev": 4}
 
 
 @dataclass(frozen=True)
@@ -13,8 +13,8 @@ class Config:
     tp: int
     m: int                  # micro-batches per step
     mbs: int                # micro-batch size per dp replica
-    schedule: str           # none | gpipe | 1f1b | interleaved
-    v: int                  # virtual chunks (interleaved), else 1
+    schedule: str           # none | gpipe | 1f1b | interleaved | dualpipev
+    v: int                  # virtual chunks (interleaved; dualpipev: 2, its V), else 1
     zero: int
     cp: int = 1             # context-parallel ranks sharing each sample's sequence (sapp/costmodel/context.py)
     ep: int = 1             # expert parallelism: EP groups of ep dp ranks share each MoE layer's experts
@@ -38,7 +38,8 @@ class Config:
 
     def describe(self):
         # the schedule only for pipelines and spelled out: a bare "none" read as the recompute policy
-        s = "" if self.pp == 1 else f" schedule={self.schedule}" + (f"(v={self.v})" if self.v > 1 else "")
+        s = "" if self.pp == 1 else f" schedule={self.schedule}" + (
+            f"(v={self.v})" if self.v > 1 and self.schedule == "interleaved" else "")
         c = f" cp={self.cp}" if self.cp > 1 else ""
         e = f" ep={self.ep}" if self.ep > 1 else ""
         e += f" dp_replicate={self.rep}" if self.rep > 1 else ""

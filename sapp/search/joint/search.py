@@ -14,7 +14,7 @@ from ...costmodel import CostSettings
 from ...errors import ConstraintError, InfeasibleError, SappError
 from ...units import fmt_bytes, fmt_time
 from .bounds import analytic_bound, profile_bound
-from .configs import batch_stats_problem, host_pinned, enumerate_configs, interleave_problem
+from .configs import batch_stats_problem, dualpipev_why, host_pinned, enumerate_configs, interleave_problem
 from .memory_bound import stage_time_floor
 from .context import SearchContext
 from .notes import notes
@@ -93,6 +93,8 @@ def _configs(ctx, global_batch, skip) -> list:
         raise ConstraintError(batch_stats_problem(ctx))
     if not configs and interleave_problem(ctx):
         raise ConstraintError(interleave_problem(ctx))
+    if not configs and dualpipev_why(ctx):
+        raise ConstraintError(dualpipev_why(ctx))
     if not configs:
         raise ConstraintError(f"no (pp, dp, tp, micro-batch) combination fits {cluster.devices} devices with global "
                               f"batch {global_batch} under the constraints"

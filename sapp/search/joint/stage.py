@@ -6,6 +6,7 @@ import functools
 import math
 from bisect import bisect_left
 
+from ...pipeline.dualpipe import stage_peak
 from ...pipeline.partition import chunk_counts, stage_end
 from ...pipeline.schedule import chunk_peak as _chunk_peak, in_flight
 from ...recompute.ordered import choose_ordered
@@ -19,16 +20,14 @@ MIXED_BLOCKS = 24       # stages with several block types and at most this many 
 
 @functools.lru_cache(maxsize=4096)
 def chunk_peak(p, m, v, i, blocks):
-    """schedule.chunk_peak, memoised (it walks the stage's whole interleaved order; the bounds and the
-    partition ask it for the same stage and chunk sizes over and over).  `blocks`: a tuple."""
+    """schedule.chunk_peak memoised (the bounds and the partition ask it over and over); `blocks`: a tuple."""
     return _chunk_peak(p, m, v, i, blocks)
 
 
 def stage_in_flight(cfg, infl, i, k):
     """Micro-batches in flight on stage i holding k blocks, in whole-stage units: `infl[i]`
-    (schedule.in_flight), or for interleaved chunks of unequal size each chunk's live forwards
-    weighed by its blocks (schedule.chunk_in_flight; Llama 3's blockless end chunks, chunks of 1 and
-    2 blocks)."""
+    (schedule.in_flight), or for interleaved chunks of unequal size each chunk's live forwards weighed
+    by its blocks (schedule.chunk_in_flight; Llama 3's blockless end chunks, chunks of 1 and 2 blocks)."""
     got = unequal_chunks(cfg, i, k)
     return infl[i] if got is None else chunk_peak(cfg.pp, cfg.m, cfg.v, i, got)[0]
 
@@ -42,8 +41,7 @@ def unequal_chunks(cfg, i, k):
 
 @functools.lru_cache(maxsize=4096)
 def _unequal(v, p, i, k):
-    """unequal_chunks of an interleaved schedule (the bounds and the partition ask it per stage and
-    block count, over and over)."""
+    """unequal_chunks of an interleaved schedule, memoised (asked per stage and block count over and over)."""
     try:
         ch = chunk_counts(int(round(k)), v, stage_end(i, p))
     except ValueError:          # fewer blocks than chunks: no layout (the partition never asks)
@@ -113,6 +111,22 @@ class StageEvaluator:
                 out.append(seen[0] if r == 0 else seen[-1])
         return out
 
+    @functools.cached_property
+    def v_tail(self):
+        """DualPipeV: the first unit after the last block (the head and loss run on rank 0, the V's
+        last stage, not on rank p - 1 as a contiguous run would put them), or None."""
+        if self.cfg.schedule != "dualpipev":
+            return None
+        e = 1 + max((j for j, u in enumerate(self.units) if u.kind == "block"), default=self.n)
+        return e if e < self.n else None
+
+    def device_units(self, i, a, b):
+        """The units device i holds for the run [a, b): dualpipev moves the tail (v_tail) to rank 0."""
+        e = self.v_tail
+        if e is not None and i == self.cfg.pp - 1 and b > e:
+            return range(a, e)
+        return [*range(a, b), *range(e, self.n)] if e is not None and i == 0 and b <= e else range(a, b)
+
     def allowed(self, u):
         if u.kind != "block":
             return ("none",)
@@ -124,6 +138,11 @@ class StageEvaluator:
         """(forward, backward) sends of device i per micro-batch: activations to the next stage,
         gradients to the one before (every interleaved chunk boundary is one, except the model's ends)."""
         p = self.cfg.pp
+        if self.cfg.schedule == "dualpipev":
+            # the V: device i holds stages i and 2p-1-i; stage p-1 hands stage p its output on the same
+            # device (and its gradient back), the model's last stage is device 0's
+            n = 2 - (i == 0) - (i == p - 1)
+            return n, n
         v = self.cfg.v if self.cfg.schedule == "interleaved" else 1
         return v - (1 if i == p - 1 else 0), v - (1 if i == 0 else 0)
 
@@ -133,9 +152,9 @@ class StageEvaluator:
     def send_pair(self, i, a=None, b=None):
         """((seconds, bytes) of one forward send, of one backward send) of device i as the stage of
         units [a, b): its activations after unit b-1, its input gradients to the stage ending with
-        unit a-1.  Interleaved chunks (or no units given): the largest cut's."""
+        unit a-1.  Interleaved / DualPipeV chunks (or no units given): the largest cut's."""
         tx = self.tx
-        if a is None or self.cfg.schedule == "interleaved":
+        if a is None or self.cfg.schedule in ("interleaved", "dualpipev"):
             return tx.fmax, tx.bmax
         return tx.f.get(b - 1, tx.fmax), tx.b.get(a - 1, tx.bmax)
 
@@ -241,11 +260,14 @@ class StageEvaluator:
         if not detail and key in self.cache:
             return self.cache[key]
         num, cap = self.num, self.cap
-        idx = range(a, b)
+        idx = self.device_units(i, a, b)
+        b = b if isinstance(idx, list) else idx.stop      # dualpipev's rank p - 1: without the tail
         T = self._tab if self._tab is not None else self._tables()
         if self.cfg.pp > 1 and T["blocks"][b] == T["blocks"][a]:
             return self._unfit(key, detail)
         t = (T["t"][b] - T["t"][a]) + self.send_s(i, a, b) + num.prefetch_edges(a, b)
+        e, n = (idx[b - a], self.n) if isinstance(idx, list) else (0, 0)     # dualpipev's rank 0: the tail
+        t += (T["t"][n] - T["t"][e]) + num.prefetch_edges(e, n)
         # interleaved chunks of unequal size: the peak weighs each chunk's live forwards by its blocks,
         # and only the chunks through a backward by then hold accumulators (schedule.chunk_peak)
         ch = unequal_chunks(self.cfg, i, T["blocks"][b] - T["blocks"][a])
@@ -253,22 +275,25 @@ class StageEvaluator:
         acc = self.cfg.m > self.infl[i]     # a backward runs before the stage's activation peak (held_states)
         acc_at = None if ch is None else self.chunk_accumulators(i, a, b, ch)
         if acc_at is None:
-            states = (T["states"][b] - T["states"][a]) - (0.0 if acc else T["gacc"][b] - T["gacc"][a])
+            states = sum((T["states"][y] - T["states"][x]) - (0.0 if acc else T["gacc"][y] - T["gacc"][x])
+                         for x, y in ((a, b), (e, n)))
         else:
             states = (T["states"][b] - T["states"][a]) - sum(num.gacc[j] for j in idx if not acc_at[j - a])
         if self.copies:     # weights other stages hold too, unpriced in this run's units (copies.py)
             states += copy_bytes(self.copies, a, b, acc or acc_at is not None)
-        z3 = (T["pbytes"][b] - T["pbytes"][a]) if self.cfg.zero == 2 else 0.0   # numbers.gathered_params
+        z3 = (T["pbytes"][b] - T["pbytes"][a] + T["pbytes"][n] - T["pbytes"][e]) if self.cfg.zero == 2 else 0.0
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
         tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
         fixed_act -= tail
+        # dualpipev's tail in the model's last stage holds stage_peak micro-batches (1 in torch's order)
+        tail += (T["fact"][n] - T["fact"][e]) * (stage_peak(self.cfg.pp, self.cfg.m, 2 * self.cfg.pp - 1) if n else 0)
         types = self._free_types(T, a, b, detail)
         # plain ZeRO-3's per-unit gathers at their backward, with nothing recomputed
         still = self.transient(idx, {}) if self.cfg.zero == 3 else 0.0
         base = cap - states - z3 - tail
         # blocks pinned to selective/full recompute need the rematerialisation headroom regardless
         pinned = T["pinned"][b] > T["pinned"][a]
-        choice = self._choose(a, b, types, base, fixed_act, fixed_extra, still, infl, pinned)
+        choice = self._choose(a, b, types, base, fixed_act, fixed_extra, still, infl, pinned, idx)
         if choice is None:
             return self._unfit(key, detail)
         acts, extra, counts = choice
@@ -276,7 +301,7 @@ class StageEvaluator:
         if not detail:
             self.cache[key] = (T, True)
             return (T, True)
-        return self._stage_result(i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3)
+        return self._stage_result(i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3, idx)
 
     def _unfit(self, key, detail):
         """A run [a, b) that holds no block under pp, or whose memory fits no recomputation choice."""
@@ -297,10 +322,10 @@ class StageEvaluator:
             types[tk] = [bisect_left(pos, b, lo) - lo, BlockOption(num.act[j0], num.extra[j0]), tk[1], names, (pos, lo)]
         return types
 
-    def _choose(self, a, b, types, base, fixed_act, fixed_extra, still, infl, pinned):
+    def _choose(self, a, b, types, base, fixed_act, fixed_extra, still, infl, pinned, idx):
         """(activation bytes per micro-batch, recompute seconds, per-type policy counts) of the
         cheapest recomputation choice of the free blocks that fits `base` bytes, or None."""
-        cap, idx = self.cap, range(a, b)
+        cap = self.cap
         free_act0 = sum(tv[0] * tv[1].act[0] for tv in types.values())
         if not pinned and fixed_act + free_act0 <= (base - still) / infl + 1e-9 * cap:
             return fixed_act + free_act0, fixed_extra, [(tv[0], 0, 0) for tv in types.values()]
@@ -311,7 +336,8 @@ class StageEvaluator:
         # choices (full's).  Either class contains the uniform policy at its exact transient, so
         # no uniform choice that fits is lost.
         choice = None
-        run, rc = self._ordered(a, b, types, base, fixed_act, infl) if len(types) == 1 else (False, None)
+        ordered = len(types) == 1 and isinstance(idx, range)        # (not dualpipev's rank 0: two runs)
+        run, rc = self._ordered(a, b, types, base, fixed_act, infl) if ordered else (False, None)
         if rc is not None:
             choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         tl = list(types.values())
@@ -343,10 +369,10 @@ class StageEvaluator:
                 choice = (fixed_act + rc.act_bytes, fixed_extra + rc.extra_s, list(rc.counts))
         return choice
 
-    def _stage_result(self, i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3) -> StageResult:
-        """The run [a, b) as stage i, detailed: per-block policies, full recomputation on a type's first
-        blocks, then selective (recompute/ordered.py: that order's transient is the least)."""
-        num, idx = self.num, range(a, b)
+    def _stage_result(self, i, a, b, types, counts, acts, extra, t, infl, acc, acc_at, tail, z3, idx) -> StageResult:
+        """The run [a, b) as stage i (its units `idx`), detailed: per-block policies, full recomputation
+        on a type's first blocks, then selective (recompute/ordered.py: that order's transient is the least)."""
+        num = self.num
         policies = _order_policies(list(types.values()), counts)
         for j in idx:
             u = self.units[j]
@@ -374,11 +400,9 @@ class StageEvaluator:
 
     def tail_act(self, i, a, b):
         """Stash bytes per micro-batch of the glue after the last block of an interleaved pipeline's
-        last stage (the output head and loss), which the stage holds for one micro-batch only: they sit
-        in its last chunk, the model's last virtual stage, whose every forward is followed at once by
-        its backward (torch's interleaved 1F1B; at the stage's peak that chunk holds the one forward
-        beyond the warm-up).  Priced at the stage's average in flight they counted (v-1)*m/rounds/v
-        times: the logits' copies of a 128k vocabulary dominated the last stage.  0 elsewhere."""
+        last stage (head and loss), held for one micro-batch only: in the model's last virtual stage
+        every forward is followed at once by its backward (torch's interleaved 1F1B).  Priced at the
+        stage's average in flight, a 128k vocabulary's logits dominated the last stage.  0 elsewhere."""
         cfg = self.cfg
         if cfg.schedule != "interleaved" or cfg.v < 2 or i != cfg.pp - 1:
             return 0.0
