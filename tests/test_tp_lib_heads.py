@@ -61,17 +61,43 @@ def test_attention_split_by_heads_equals_one_process(name, tmp_path):
         assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
 
 
+@pytest.mark.parametrize("name", ["TorchEncoder", "TorchEncoderSeqFirst"])
+def test_multihead_attention_split_by_heads_equals_one_process(name, tmp_path):
+    """nn.MultiheadAttention (its own forward applies the packed in_proj_weight) split by heads: the plan
+    names it 'heads' (sapp/search/tp_mha.py), the emitter runs its forward over a rank's heads
+    (sapp/emit/tp/mha.py); batch-first and [seq, batch] layouts."""
+    from tests.emit_workers import custom_sp_run
+    cls = getattr(LM, name)
+    plan, path = _searched(cls, tmp_path)
+    styles = plan._d["tp_modules"]
+    assert [styles.get(f"encoder.layers.{i}.self_attn") for i in (0, 1)] == ["heads", "heads"], styles
+    assert not any("gathered" in n for n in plan._d["notes"]), plan._d["notes"]
+    ref = custom_sp_run.single(cls)
+    ranks = custom_sp_run.launch(f"{LM.__file__}:{name}", path, tmp_path, timeout=240)
+    for rank, res in sorted(ranks.items()):
+        losses = res["losses"]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+
+
 def test_attention_left_replicated_says_why():
-    """Where the layout cannot split the heads, the rest keeps tp and one line says why: nn.MultiheadAttention
-    applies its packed in_proj_weight in its own forward; local-attention folds the heads into the batch."""
+    """Where the layout cannot split the heads, the rest keeps tp and one line says why: local-attention
+    folds the heads into the batch; nn.MultiheadAttention split 'heads' leaves no line, and at a tp its
+    heads do not divide, the line says so."""
     pytest.importorskip("local_attention")
     from sapp.capture import capture
     from sapp.search.tp_layout import unsplit_attention
     from tests.emit_workers import hf_models
-    want = {"torch_encoder_lm": ("encoder.layers.*.self_attn", "no Linear layer tp splits"),
-            "local_transformer": ("layers.*.*.branch.attn_fn", "folds the split heads into the data batch")}
-    for case, (module, why) in want.items():
+    want = {("torch_encoder_lm", 3): ("encoder.layers.*.self_attn", "heads, which tp=3 does not divide"),
+            ("local_transformer", 2): ("layers.*.*.branch.attn_fn", "folds the split heads into the data batch")}
+    for (case, tp), (module, why) in want.items():
         model, loss_fn = hf_models.build(f"lib:{case}", device="meta")
         x, y = hf_models.batch(f"lib:{case}", 2, 0)
-        lines = unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, {})
+        graph = capture(model, x, loss_fn=loss_fn, target=y)
+        lines = unsplit_attention(graph, tp, {})
         assert any(line.startswith(f"{module}: ") and why in line for line in lines), (case, lines)
+    model, loss_fn = hf_models.build("lib:torch_encoder_lm", device="meta")
+    x, y = hf_models.batch("lib:torch_encoder_lm", 2, 0)
+    heads = {m: "heads" for m, _ in model.named_modules() if m.endswith("self_attn")}
+    lines = unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, heads)
+    assert heads and not any("self_attn" in line for line in lines), lines

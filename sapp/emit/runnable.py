@@ -155,13 +155,22 @@ def _unsplit_layers(skel, plan):
     from sapp.emit.checks import plan as checks, stage_read as manifest
     from sapp.emit.tp import conv1d
     from sapp.search.tp_layout import gather_pattern
+    from sapp.emit.tp import mha
     types = {n: type(m) for n, m in skel.named_modules()}
     wanted = {**manifest.priced_tp(plan, types), **checks.tp_modules(plan)}
-    bad = sorted(n for n in wanted if n in types and types[n] is not nn.Module
+    tp = plan.parallel["tp"]
+    mods = dict(skel.named_modules())
+    for n in sorted(n for n, s in wanted.items() if s == "heads" and n in mods):
+        # nn.MultiheadAttention split by heads runs its own forward (sapp/emit/tp/mha.py): one stage only
+        why = mha.unsupported(mods[n], tp) or ("in a pipeline stage (traced: its forward is torch's)"
+                                               if plan.parallel["pp"] > 1 else "")
+        if why:
+            return (("gather", tp, (gather_pattern(n),)),
+                    f"tensor parallelism tp={tp}: the plan splits {n} by heads, but it is {why}")
+    bad = sorted(n for n in wanted if n in types and types[n] is not nn.Module and wanted[n] != "heads"
                  and not issubclass(types[n], (nn.Linear, nn.Embedding)) and not conv1d.is_conv1d_class(types[n]))
     if not bad:
         return None
-    tp = plan.parallel["tp"]
     return (("gather", tp, tuple(sorted({gather_pattern(n) for n in bad}))),
             f"tensor parallelism tp={tp}: the plan splits {bad[0]} ({types[bad[0]].__name__}), a module the emitter "
             f"does not split (it splits Linear, Embedding and HF Conv1D layers): keep it out of tp_modules")

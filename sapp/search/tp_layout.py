@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from .linears import linears, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
+from . import tp_mha
+from .tp_fused import fused_openers  # noqa: F401  (read from here)
 from .tp_regroup import into_batch, regroup, regroup_parts
 from .tp_sliced import broadcast, sliceable
 
@@ -192,16 +194,18 @@ def fused_parts(graph, dims: dict, consumers: dict = None) -> tuple:
     return parts, ""
 
 
-def regions(graph, tp: int, gather=frozenset()) -> list:
+def regions(graph, tp: int, gather=frozenset(), mha: bool = True) -> list:
     """Every region of the graph (valid or not, `why` says), openers in graph order.  `gather`:
     module patterns (`gathered`) whose regions stay replicated: sapp/emit/runnable.py found that block
-    cannot run at one rank's shapes (it reshapes by sizes fixed for the whole model)."""
+    cannot run at one rank's shapes (it reshapes by sizes fixed for the whole model).  nn.MultiheadAttention
+    modules are regions of their own (tp_mha.py), not split when `mha` is false (sequence parallelism)."""
     lin = set(linears(graph))
     consumers = graph.consumers()
     reach = {}
+    ends = lin | set(tp_mha.holders(graph))        # nn.MultiheadAttention's projections end a region too
     for name in graph.nodes:
         if name in lin:
-            reach[name] = _members(graph, consumers, name, lin.__contains__)
+            reach[name] = _members(graph, consumers, name, ends.__contains__)
     # openers whose reached ops overlap form one region (q, k and v meet in the attention)
     groups = []
     for o in (n for n in graph.nodes if n in lin):
@@ -228,6 +232,12 @@ def regions(graph, tp: int, gather=frozenset()) -> list:
     for r in out:
         if not r.why and closing & set(r.openers):
             r.why = f"{sorted(closing & set(r.openers))[0]} already closes another region"
+    for r in tp_mha.regions(graph, tp, Region):
+        if not r.why and not mha:
+            r.why = (f"{graph.nodes[r.openers[0]].module} is split by heads without sequence parallelism only "
+                     f"(its own forward gathers no sequence)")
+        out.append(r)
+    out.sort(key=lambda r: order[(r.openers + r.closers)[0]])
     if gather:
         for r in out:
             hit = next((graph.nodes[n].module for n in r.openers + r.closers
@@ -248,7 +258,8 @@ def unsplit_attention(graph, tp: int, styles: dict) -> list:
         if node.kind not in ("attention", "softmax") or not node.module:
             continue
         r = next((r for r in rs if n in r.members), None)
-        if r is not None and all(styles.get(graph.nodes[o].module) == "colwise" for o in r.openers):
+        if r is not None and r.openers and all(styles.get(graph.nodes[o].module) in ("colwise", "heads")
+                                               for o in r.openers):
             continue
         if r is None:
             why = "no Linear layer tp splits makes its queries and keys (a module applying its own weights)"
@@ -279,16 +290,16 @@ def gathered(module: str, gather) -> bool:
     return False
 
 
-def emittable(graph, choice: dict, tp: int, gather=frozenset()):
+def emittable(graph, choice: dict, tp: int, gather=frozenset(), mha: bool = True):
     """(strategies for the tp level {node: dim or None}, [sharded Region], notes) from the search's
     `choice` ({node: dim or None}): valid regions where the search cut a weight, lone column-split
     linears the search chose (output gathered), vocab-split embeddings; the rest replicated.
-    `gather`: module patterns kept replicated (`regions`)."""
+    `gather`: module patterns kept replicated, `mha`: whether nn.MultiheadAttention is split (`regions`)."""
     out = {n: None for n in graph.nodes}
     used, notes = [], []
     lin = set(linears(graph))
-    cut = {n for n, d in choice.items() if n in lin and d in ("n", "k")}
-    rs = [r for r in regions(graph, tp, gather) if cut & (set(r.openers) | set(r.closers))]
+    cut = {n for n, d in choice.items() if (n in lin or n in tp_mha.holders(graph)) and d in ("n", "k")}
+    rs = [r for r in regions(graph, tp, gather, mha) if cut & (set(r.openers) | set(r.closers))]
     for r in rs:
         if not r.why:
             out.update(r.dims)
@@ -298,16 +309,16 @@ def emittable(graph, choice: dict, tp: int, gather=frozenset()):
     for r in rs:
         if not r.why:
             continue
-        n_dim = next((d for d in graph.nodes[r.openers[0]].dims if d.name == "n"), None)
+        n_dim = next((d for d in graph.nodes[r.openers[0]].dims if d.name == "n"), None) if r.openers else None
         # a lone column split needs its output width to divide evenly: FT-Transformer's 1-wide head
         # split 2 ways left one rank no row, and its gradient came back replicated (Adam's lerp_ refused)
-        if (len(r.openers) == 1 and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None
+        if (len(r.openers) == 1 and r.openers[0] in lin and choice.get(r.openers[0]) == "n" and out[r.openers[0]] is None
                 and not r.why.startswith("gathered") and n_dim is not None and n_dim.splittable
                 and n_dim.size % tp == 0):
             out[r.openers[0]] = "n"             # e.g. the LM head: column split, output gathered
             used.append(Region([r.openers[0]], [], {r.openers[0]: "n"}))
         else:
-            notes.append(f"tp layout: {graph.nodes[r.openers[0]].module} .. stays replicated ({r.why})")
+            notes.append(f"tp layout: {graph.nodes[(r.openers + r.closers)[0]].module} .. stays replicated ({r.why})")
     tied = {p for p, k in param_uses(graph).items() if k > 1}
     nested = nested_holders(graph)
     for n, node in graph.nodes.items():
@@ -357,7 +368,7 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, gather
     tp = mesh.levels[0].size
     g = frozenset((gather or {}).get(tp, ()))
     choice = {n: tuple(s)[0] for n, s in res.strategies.items()}
-    strategies, _, _ = emittable(graph, choice, tp, g)
+    strategies, _, _ = emittable(graph, choice, tp, g, mha=not sp)
     method = f"{res.method}+emittable"
     # The search's pick may be a form DTensor cannot run at all: at long sequences it splits every op
     # along the sequence on the tp level (context parallelism in disguise, weights replicated), which
@@ -369,7 +380,7 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, gather
     # stage).  Both variants are priced: at tiny widths the gather can cost more than it saves.
     full = dict(choice)
     lone = {}
-    for r in regions(graph, tp, g):
+    for r in regions(graph, tp, g, mha=not sp):
         if not r.why:
             full.update({o: "n" for o in r.openers})
         elif len(r.openers) == 1 and not r.closers:
@@ -377,9 +388,9 @@ def search_fn(graph, mesh, cluster, settings, level_roles=None, sp=False, gather
     for _, embs, heads in tied_tables(graph):      # Megatron's vocab-parallel tied embedding and head
         lone.update({e: "v" for e in embs})
         lone.update({h: "n" for h in heads})
-    alts = [emittable(graph, full, tp, g)[0]]
+    alts = [emittable(graph, full, tp, g, not sp)[0]]
     if lone:
-        alts.append(emittable(graph, {**full, **lone}, tp, g)[0])
+        alts.append(emittable(graph, {**full, **lone}, tp, g, not sp)[0])
     alts = [a for a in alts if a != strategies]
     if alts:
         from ..costmodel import evaluate_sharding
@@ -413,6 +424,7 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
     split = {n for n in graph.nodes if tp_dim(n) is not None and n not in sp}
     lin = set(linears(graph))
     tied_heads = {h for _, _, heads in tied_tables(graph) for h in heads}
+    mha = tp_mha.holders(graph)
     parent = {n: n for n in split}
 
     def find(n):
@@ -429,7 +441,9 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
         d = tp_dim(n)
         if d is None or not node.module:
             continue
-        if n in lin and d == "n":
+        if n in mha:                              # nn.MultiheadAttention split by heads (tp_mha.py)
+            styles.setdefault(node.module, "heads")
+        elif n in lin and d == "n":
             fed = any(c in split for c, _ in consumers[n])
             styles.setdefault(node.module, "colwise" if fed else "colwise_gather")
         elif n in lin and d == "k":
@@ -445,7 +459,7 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
             mods = by_root.setdefault(find(n), [])
             if node.module not in mods:
                 mods.append(node.module)
-    groups = sorted(by_root.values())
+    groups = sorted(g for i, g in enumerate(by_root.values()) if g not in list(by_root.values())[:i])
     notes = []
     if tp_levels and not styles:
         notes.append("tensor parallelism shards nothing here: every tp rank computes the whole model "
@@ -465,28 +479,3 @@ def module_parts(graph, strategies: dict, tp_levels: list, sp: set = frozenset()
     parts, _ = fused_parts(graph, dims)
     parts.update(regroup_parts(graph, dims, set(linears(graph)))[0])
     return {graph.nodes[n].module: list(v) for n, v in sorted(parts.items()) if graph.nodes[n].module}
-
-
-def fused_openers(graph) -> dict:
-    """{linear node: piece sizes} of every projection whose output is cut into pieces along its out
-    features, whatever a layout does with it: a hand-written tp_modules that splits one column-wise
-    would hand rank 0 all of q and half of k (emit refuses it, sapp/emit/checks/before.py)."""
-    lin, out = set(linears(graph)), {}
-    for name, node in graph.nodes.items():
-        piece = node.extra.get("piece") if node.kind == "view" else None
-        if piece is None or not node.operands:
-            continue
-        op, axis = node.operands[0], piece["axis"]
-        while op.producer is not None:
-            p = graph.nodes[op.producer]
-            d = p.out.dims[axis] if axis < len(p.out.dims) else None
-            if op.producer in lin:
-                if d == "n":
-                    out[op.producer] = list(piece["sizes"])
-                break
-            nxt = [(o, o.dims.index(d)) for o in p.operands if o.producer and d is not None and d in o.dims]
-            if len(nxt) != 1 or nxt[0][0].shape[nxt[0][1]] != p.out.shape[axis]:
-                break
-            op, axis = nxt[0]
-    return out
-

@@ -60,3 +60,30 @@ class PerformerCausal(_Lib):
         from performer_pytorch import PerformerLM
         return PerformerLM(num_tokens=VOCAB, max_seq_len=SEQ, dim=DIM, depth=2, heads=4, dim_head=8, causal=True,
                            nb_features=16, feature_redraw_interval=None)
+
+
+class TorchEncoder(nn.Module):
+    """torch.nn's TransformerEncoder as a causal LM, pre-norm, batch-first: nn.MultiheadAttention applies
+    its packed in_proj_weight itself (split by heads: sapp/emit/tp/mha.py)."""
+
+    def __init__(self, batch_first=True):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
+        layer = nn.TransformerEncoderLayer(DIM, 4, 2 * DIM, dropout=0.0, batch_first=batch_first, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head, self.batch_first = nn.Linear(DIM, VOCAB), batch_first
+        self.to(torch.float64)
+
+    def forward(self, ids):
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device, dtype=torch.float64)
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        x = x if self.batch_first else x.transpose(0, 1)
+        x = self.encoder(x, mask=mask, is_causal=True)
+        return self.head(x if self.batch_first else x.transpose(0, 1))
+
+
+class TorchEncoderSeqFirst(TorchEncoder):
+    """The same with batch_first=False ([seq, batch, dim] inside, torch's default)."""
+
+    def __init__(self):
+        super().__init__(batch_first=False)

@@ -24,7 +24,7 @@ from torch import nn
 
 from ...errors import PlanError
 from . import plan as checks
-from ..tp import conv1d, sp as sp_mod
+from ..tp import conv1d, mha as mha_mod, sp as sp_mod
 from ..ep import experts as ep_mod
 from ..pp import pipe
 from ..recompute import checkpointing as recompute
@@ -108,12 +108,14 @@ def observed(prog) -> dict:
     for s, mod in sorted(mods.items()):
         pre = f"stage{s}:" if len(mods) > 1 else ""
         stages[str(s)] = _stage_blocks(mod, stage_candidates(prog))
+        heads, inner = mha_mod.observed(mod)       # nn.MultiheadAttention split by heads: one entry
+        tp.update(heads)
         for name, m in mod.named_modules():
             if _is_fsdp(m):
                 units.append(pre + (name or ROOT))
                 zero = max(zero, 3 if _reshards(m) else 2)
             style = _tp_style(m, "tp") if isinstance(m, (nn.Linear, nn.Embedding)) or conv1d.is_conv1d(m) else None
-            if style:
+            if style and name not in inner:
                 tp[name] = style
             if type(m).__name__ == "HostEmbedding":
                 host[f"{name}.weight"] = "host-table"

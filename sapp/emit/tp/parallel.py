@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..dp.wrap import _unflatten_into
-from . import conv1d, dtensor_local, fused, sp
+from . import conv1d, dtensor_local, fused, mha, sp
 
 
 def build_mesh(device: torch.device, pp: int, dp: int, tp: int):
@@ -95,7 +95,9 @@ def _derived_styles(module, mods, styles, groups, originals, notes, dry: bool = 
     for group in groups:
         # a bare Module in a pipeline stage only holds a tied weight another stage's layer computes
         # with (torch's pipeline copies it into each stage holding the weight): re-tied, not split
-        here = [n for n in group if n in mods and n in styles and type(mods[n]) is not nn.Module]
+        # nn.MultiheadAttention split by heads is no DTensor style (sapp/emit/tp/mha.py, apply_tp)
+        here = [n for n in group if n in mods and n in styles and type(mods[n]) is not nn.Module
+                and styles[n] != "heads"]
         if not here:
             continue
         leaves = {n: (mods[n] if _splittable(mods[n]) else None) if dry
@@ -247,6 +249,7 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
         if sp_sec:      # cuts before the blocks moved to the blocks' input (sapp/emit/tp/sp_entry.py)
             sp_sec = sp.relayout_noted(sp_sec, module, notes)
         plan = _derived_styles(module, mods, styles, groups, originals, notes, sp_sec=sp_sec)
+        heads = mha.apply(module, sorted(n for n in mods if styles.get(n) == "heads"), tp_mesh, permuted)
         mine = {n: parts[n] for n in plan if n in (parts or {})}
         cols = {n for n in mine if styles[n] == "rowwise"}     # a closer of repeated key heads' queries
         for n, sizes in mine.items():       # before DTensor splits the rows: each rank's block, its heads
@@ -257,7 +260,7 @@ def apply_tp(module: nn.Module, styles: dict, tp_mesh, notes: list = None, origi
             _parallelize_tied(module, tp_mesh, plan, originals)
         if sp_sec:      # sequence parallelism between the regions (plan tp_layout.sp)
             sp.apply(module, sp_sec, tp_mesh, {n: styles[n] for n in plan}, notes, originals)
-        return sorted(plan)
+        return sorted(set(plan) | set(heads))
     present = {}
     for n, s in sorted(styles.items()):
         if n not in mods:
