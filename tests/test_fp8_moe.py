@@ -192,3 +192,19 @@ def test_the_experts_keep_their_fp8_copies_too(mixtral):
         x = n.operands[0]
         assert f8[f"{x.producer}:fp8"][0] == x.numel * 1.0          # the routed rows, 1 B an element
         assert f"{x.producer}:fp8" not in tw                        # torchao: the experts are bf16
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_the_fp8_weight_copies_are_kept_under_every_zero_stage(zero):
+    """Transformer Engine's FP8 weight copies (costmodel/fp8.py WEIGHT_CACHE_BYTES) are bytes beyond the
+    parameters that no ZeRO stage shards: the search's ZeRO > 0 profiles (pipeline/profile_fit.zero_numbers)
+    re-derived the parameter bytes from the parameters alone and dropped them (llama-tiny on 8 H100:
+    365,184 B of weights with delayed FP8 at ZeRO-0, 217,728 = bf16's at ZeRO-1)."""
+    def params(z, fp8):
+        kw = {"fp8": fp8} if fp8 else {}
+        p = api.search("llama-tiny", "h100-80g:devices=8", global_batch=16,
+                       constraints=dict(tp=1, pp=1, dp=8, zero=z), **kw)
+        return p["predicted"]["memory"]["params"]
+    cache = params(0, "delayed") - params(0, "")
+    assert cache > 0
+    assert params(zero, "delayed") - params(zero, "") == pytest.approx(cache)

@@ -52,11 +52,22 @@ def zero_numbers(first, zeros, cluster, settings, steps, gc, key_tail) -> dict:
             sync, lat, gather, states, copy = gc[zkey][k]
             ef = gather - a0["gather"] + copy[0] - a0["copy"][0]
             eb = gather - a0["gather"] + copy[1] - a0["copy"][1]
-            common = {"grad_sync": sync, "sync_lat": lat, "states": dict(states), "copy": copy}
+            states = dict(states)
+            # weight bytes the operators keep beyond the parameters themselves (Transformer Engine's FP8
+            # weight copies, costmodel/fp8.py), which no ZeRO stage shards: carried over from zeros[0]
+            states["params"] += _kept_weight_extra(a0, z0, settings, steps)
+            common = {"grad_sync": sync, "sync_lat": lat, "states": states, "copy": copy}
             one[k] = dict(a0, fwd=a0["fwd"] + ef, bwd=a0["bwd"] + eb, **common)
             two[k] = dict(b0, fwd=b0["fwd"] + ef, bwd=b0["bwd"] + eb, **common)
         num[z] = (one, two)
     return num
+
+
+def _kept_weight_extra(a0, z0, settings, steps) -> float:
+    """The unit's parameter bytes as its operators priced them (a0["states"]) less the parameters'
+    own at ZeRO z0: the FP8 weight copies an FP8 recipe keeps (0 without FP8)."""
+    base = unit_states(a0["param_list"], z0, dataclasses.replace(settings, zero=z0), steps)["params"]
+    return max(0.0, a0["states"]["params"] - base)
 
 
 def fit_units(units, num, samples, points, zeros, t1, dp):
