@@ -208,3 +208,17 @@ def test_the_fp8_weight_copies_are_kept_under_every_zero_stage(zero):
     cache = params(0, "delayed") - params(0, "")
     assert cache > 0
     assert params(zero, "delayed") - params(zero, "") == pytest.approx(cache)
+
+
+def test_an_ep_rank_keeps_fp8_copies_of_its_own_experts_only():
+    """Under EP a rank holds 1/ep of the experts, and so 1/ep of their FP8 weight copies (moe.ep_unit_delta):
+    the copies (2 B an element under delayed scaling) can be no more than the rank's bf16 weights (2 B an
+    element).  Pricing every expert's copy on every rank put 23.2 GB of copies beside Mixtral's 3.8 GB of weights."""
+    pins = dict(tp=1, pp=4, dp=16, ep=8, schedule="interleaved", virtual_chunks=2, micro_batches=16, zero=1)
+
+    def params(**kw):
+        p = api.search("mixtral-8x7b", "h100-80g:devices=64", global_batch=256, runtime="fused",
+                       constraints=pins, **kw)
+        return p["predicted"]["memory"]["params"]
+    bf16, delayed = params(), params(fp8="delayed")
+    assert 0 < delayed - bf16 <= F.WEIGHT_CACHE_BYTES["delayed"] / 2 * bf16

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .fp8 import WEIGHT_CACHE_BYTES, grouped_fp8
 from .gradsync import param_sync
 from .primitives import _alpha_beta, collective_time, compute_time, model_state_bytes
 
@@ -326,9 +327,11 @@ def ep_unit_delta(facts: dict, *, dp: int, tp: int, ep: int, mbs: int, zero: int
     full = param_sync(P, dp, dp_link, cluster, zs)[0]
     mine = param_sync(P / ep / tp, max(1, dp // ep), edp_link, cluster, zs)[0]
     act_delta = -(1.0 - 1.0 / tp) * facts["rows"] * _row_kept_bytes(facts, whole, act, settings)
+    states = {k: after[k] - before[k] for k in before}
+    if grouped_fp8(settings):   # the FP8 weight copies of the experts a rank holds: 1/(ep tp) of them too
+        states["params"] += WEIGHT_CACHE_BYTES.get(settings.fp8, 0.0) * (P / (ep * tp) - P)
     return {"fwd_s": a_f + resort + e_f, "bwd_s": a_b + resort + e_b, "a2a_s": (a_f, a_b), "dw_s": dw,
-            "sync_s": mine - full, "act_per_sample": act_delta,
-            "states": {k: after[k] - before[k] for k in before}}
+            "sync_s": mine - full, "act_per_sample": act_delta, "states": states}
 
 
 def _routing(facts, ep, local):
