@@ -42,8 +42,9 @@ def search(model, cluster, *, global_batch=None, constraints=None, precision=Non
     runtime : str, optional
         Runtime profile priced: ``"eager"`` (default, what ``sapp run`` executes), ``"fused"``,
         ``"fused+tp-overlap"``, ``"torchtitan"`` ...
-    fp8 : {"tensorwise", "delayed"}, optional
-        FP8 linear layers in the blocks, at the cluster's FP8 rate.
+    fp8 : {"tensorwise", "tensorwise-tp", "delayed", "blockwise"}, optional
+        FP8 linear layers in the blocks, at the cluster's FP8 rate (torchao's tensorwise converter;
+        Transformer Engine's delayed and blockwise recipes, which run a MoE's expert GEMMs in FP8 too).
     recompute_modules : tuple of str, optional
         What selective recomputation recomputes, Megatron-Core's ``--recompute-modules`` names
         (``("core_attn", "mlp")``); empty (default) recomputes the attention core.

@@ -194,8 +194,9 @@ def search(model, cluster, *, global_batch=None, example_inputs=None, constraint
     `model_args`: settings of a model named by a string (a zoo model's config keys such as `s`, an HF
     config's fields or `seq`, a factory's keywords); the plan records them as model.args, so `sapp run`
     builds the same model.
-    `fp8`: FP8 linear layers, "tensorwise" (torchtitan's float8 converter) or "delayed" (Megatron-LM's
-    Transformer Engine), priced at the cluster's fp8_peak_flops (costmodel/fp8.py).
+    `fp8`: FP8 linear layers, "tensorwise" / "tensorwise-tp" (torchtitan's float8 converter) or "delayed" /
+    "blockwise" (Megatron-LM's Transformer Engine recipes, the experts' GEMMs too), priced at the cluster's
+    fp8_peak_flops (costmodel/fp8.py).
     `recompute_modules`: what "selective" recomputes, Megatron-Core's --recompute-modules (sorted;
     sapp/recompute/modules.py); () = the attention core.  `moe_a2a_overlap`, `delay_wgrad`: as sapp.search says."""
     cl = resolve_cluster(cluster)

@@ -123,11 +123,12 @@ def add_arguments(p):
                         "compiled) or "
                         "torchtitan-2412 (0.2.2 on the Dec 2024 stack of its published benchmark; "
                         "torchtitan-2412+compile with its blocks compiled)")
-    p.add_argument("--fp8", choices=("tensorwise", "tensorwise-tp", "delayed"),
+    p.add_argument("--fp8", choices=("tensorwise", "tensorwise-tp", "delayed", "blockwise"),
                    help="FP8 linear layers in the blocks, priced at the cluster's FP8 rate with the casts: tensorwise "
                         "(torchtitan's float8 converter, dynamic scaling), tensorwise-tp (with its float8 tensor-parallel "
-                        "all-gathers) or delayed (Megatron-LM's Transformer "
-                        "Engine --fp8-recipe delayed); e.g. --fp8 tensorwise on h100-80g")
+                        "all-gathers), delayed (Megatron-LM's Transformer Engine --fp8-recipe delayed) or blockwise "
+                        "(--fp8-recipe blockwise, DeepSeek-V3's 1x128 tiles); under delayed and blockwise a MoE's "
+                        "expert GEMMs run in FP8 too; e.g. --fp8 tensorwise on h100-80g")
     p.add_argument("--moe-a2a-overlap", action="store_true",
                    help="price Megatron-Core's --overlap-moe-expert-parallel-comm: a MoE's all-to-alls hidden behind the "
                         "paired micro-batch's compute (ep > 1; interleaved at pp > 1; no full recomputation); sapp run "
@@ -172,7 +173,10 @@ def _stage_rows(pipe, cap) -> list:
         per.setdefault(int(c.get("device_stage", c["index"])), []).append(c)
     v = max(len(cs) for cs in per.values())
     lines = []
-    if v > 1:
+    if v > 1 and pipe.get("schedule") == "dualpipev":
+        n = len(per)
+        lines.append(f"{len(chunks)} chunks in a V on {n} stages (stage s holds chunks s and {2 * n - 1} - s: DualPipeV)")
+    elif v > 1:
         lines.append(f"{len(chunks)} virtual chunks: {v} per stage on {len(per)} stages (chunk c runs on stage c % {len(per)})")
     lines.append(f"{'stage':>5} {'blocks':>16} {'fwd/mb':>10} {'bwd/mb':>10} {'memory':>10} {'of':>10}")
     keys = sorted(per)

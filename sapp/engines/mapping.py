@@ -40,7 +40,7 @@ class EngineConfig:
     optimizer: str = "adam"         # the CostSettings optimizer (DeepSpeed's bf16 master weights: BF16_MASTER)
     grad_fp32: bool = False         # gradients held and reduced in fp32 (Megatron without --grad-reduce-in-bf16)
     runtime: str = "eager"
-    fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" (sapp/engines/fp8.py)
+    fp8: str = ""                   # FP8 linear layers: "" | "tensorwise" | "delayed" | "blockwise" (sapp/engines/fp8.py)
     rep: int = 1                    # HSDP: replicas of the FSDP2 shard group (dp / rep ranks; torchtitan only)
     recompute_modules: tuple = ()   # "selective" as Megatron's named modules (sorted); () = the attention core
     etp: int = 0                    # beside ep at tp > 1: 0 = experts split over tp (Megatron's default), 1 = whole

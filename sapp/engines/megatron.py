@@ -19,7 +19,8 @@ stages (--num-layers-per-virtual-pipeline-stage), or Llama 3's layout where the 
 loss count as a layer each (--account-for-embedding/loss-in-pipeline-split).  Recomputation:
 selective on every layer, full on every layer, or full on the first N layers of every (virtual)
 stage (--recompute-method block --recompute-num-layers N).  FP8 linears: --fp8-format hybrid
---fp8-recipe delayed, Transformer Engine's delayed scaling (sapp/engines/fp8.py).  Every other flag of
+--fp8-recipe delayed or --fp8-format e4m3 --fp8-recipe blockwise, Transformer Engine's delayed or block
+scaling (sapp/engines/fp8.py).  Every other flag of
 Megatron-LM's parser is refused in one line or irrelevant to the step (sapp/engines/megatron_fields.py)."""
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ def export(ecfg: EngineConfig, facts: dict, names, header=()) -> str:
         add("--bf16")
         if not ecfg.grad_fp32:            # priced with 2-byte gradients; Megatron keeps fp32 ones otherwise
             add("--grad-reduce-in-bf16")
-        a += fp8.megatron_args(ecfg.fp8)  # Transformer Engine's delayed scaling, as priced (engines/fp8.py)
+        a += fp8.megatron_args(ecfg.fp8)  # Transformer Engine's delayed or blockwise scaling, as priced (engines/fp8.py)
     elif ecfg.precision == "fp16-mixed":
         add("--fp16")
         if ecfg.grad_fp32:                # fp16 keeps 2-byte gradients unless told
