@@ -255,6 +255,12 @@ def test_torchtitan_dualpipev_round_trip(gpt350m):
     again = E.import_config(text, "torchtitan@0.2.2", graph, cl, "gpt3-350m")
     assert again["pipeline"]["schedule"] == "dualpipev"
     assert again["predicted"]["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-6)
+    # torchtitan 0.3's Python job names it the same way, and reads back at the same price
+    text3, exported3, _ = E.export_plan(plan, "torchtitan", graph=graph, cluster=cl)
+    assert "pipeline_parallel_schedule='DualPipeV'" in text3
+    back3 = E.import_config(text3, "torchtitan", graph, cl, "gpt3-350m")
+    assert back3["pipeline"]["schedule"] == "dualpipev"
+    assert back3["predicted"]["step_time_s"] == pytest.approx(exported3["predicted"]["step_time_s"], rel=1e-6)
     # 3 stages a rank is no V
     with pytest.raises(E.EngineError, match="DualPipeV runs 2"):
         E.import_config(TOML.replace("pipeline_parallel_microbatch_size = 1",
