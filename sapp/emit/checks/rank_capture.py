@@ -22,6 +22,13 @@ def swapped(model: nn.Module, local: dict):
     finally:
         for owner, child, original in saved:
             setattr(owner, child, original)
+        # a forward that rebuilds a submodule and hands it the layers (BigBird's set_attention_type on its
+        # first call: `new.query = self.self.query`) took a stand-in along: put the layer back there too
+        back = {id(stand_in): original for (_, _, original), stand_in in zip(saved, local.values())}
+        for mod in list(model.modules()):
+            for child, m in list(mod._modules.items()):
+                if id(m) in back:
+                    mod._modules[child] = back[id(m)]
 
 
 @contextlib.contextmanager
