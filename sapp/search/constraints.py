@@ -245,6 +245,10 @@ class Constraints:
             if len(blocks) < 2 * p:
                 raise ConstraintError(f"schedule 'dualpipev' cuts the model in 2 x pp = {2 * p} chunks of a block at "
                                       f"least; the model has {len(blocks)} blocks: use pp <= {len(blocks) // 2} or 1f1b")
+            if self.zero == 3 and self.target is None:
+                raise ConstraintError("schedule 'dualpipev' runs beside ZeRO-0/1/2 in sapp's emitter, not ZeRO-3 ("
+                                      "FSDP2's reshard after forward and torch's later weight-gradient pass train "
+                                      "wrong); use zero <= 2 or another schedule")
             if self.micro_batches is not None and self.micro_batches < 2 * p:
                 raise ConstraintError(f"schedule 'dualpipev' needs micro_batches >= 2 x pp = {2 * p} (torch's "
                                       f"ScheduleDualPipeV), got {self.micro_batches}; raise it or use 1f1b")

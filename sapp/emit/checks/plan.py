@@ -188,6 +188,10 @@ def check_pipeline(plan: Plan) -> None:
                         f"or dualpipev")
     if sched == "dualpipev" and dualpipev_problem(pp, plan.pipeline["micro_batches"]):
         raise PlanError(dualpipev_problem(pp, plan.pipeline["micro_batches"]))
+    if sched == "dualpipev" and plan["zero"] == 3:
+        # measured: 2 x 2 gloo ranks 7.9e-3 off one process after 3 steps (tests/test_dualpipev.py)
+        raise PlanError("dualpipev with ZeRO-3 is not emitted: FSDP2's reshard after forward beside torch's "
+                        "weight-gradient pass run later (stage_backward_weight) trains wrong; use zero <= 2")
     gb, dp, m = plan.model.get("global_batch"), plan.parallel["dp"], plan.pipeline["micro_batches"]
     if isinstance(gb, int) and gb % (dp * m):
         raise PlanError(f"global batch {gb} does not split into dp={dp} x micro_batches={m}; use a multiple of {dp * m}")
