@@ -94,6 +94,25 @@ def test_memory_two_chunks_a_rank_head_and_loss_on_rank_0():
     assert stage_peak(2, 4, 3) == 1 and d0.memory["activations"] == pytest.approx(want, rel=1e-9)
 
 
+def test_a_tied_head_is_a_copy_on_rank_0_summed_there():
+    # GPT-2's tied embedding and head: under DualPipeV both on rank 0, in two stage modules (a copy each,
+    # their gradients summed on the rank: emit/pp/pipe.TiedGrads), no all-reduce between ranks
+    def priced(schedule):
+        from sapp.capture import capture
+        from sapp.costmodel import CostSettings
+        from sapp.search.constraints import Constraints
+        from sapp.search.joint import Config, SearchContext
+        from sapp.search.joint.evaluate import price_config
+        g = capture(models.get("gpt-tiny", device="meta", dropout=0.0, l=4, tie_embeddings=True), batch=8)
+        ctx = SearchContext(g, sapp.Cluster.parse(CPU2), 8, Constraints(), CostSettings(), api.tp_search_fn())
+        v = 2 if schedule == "dualpipev" else 1
+        return price_config(ctx, Config(2, 1, 1, 4, 2, schedule, v, 0), ctx.profile(1, 1))
+    dual, one = priced("dualpipev"), priced("1f1b")
+    total = lambda r: sum(s.memory["params"] for s in r.stages)     # noqa: E731
+    assert total(dual) == pytest.approx(total(one), rel=1e-9)        # one copy of the tied weight either way
+    assert one.comm_by_kind.get("pp_tied_grads", 0) > 0 and "pp_tied_grads" not in dual.comm_by_kind
+
+
 def test_plan_validates_places_the_v_and_rescores_the_same():
     plan = _search({"pp": 2, "schedule": "dualpipev", "micro_batches": 4})
     pipe = plan["pipeline"]

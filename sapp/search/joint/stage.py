@@ -95,10 +95,9 @@ class StageEvaluator:
         return self.tx.sg
 
     def chunk_accumulators(self, i, a, b, ch):
-        """Interleaved chunks of unequal size `ch` (unequal_chunks): per unit of [a, b), whether its
-        chunk already ran a backward at the stage's activation peak (its FSDP2 accumulators are then
-        alive: held_states).  The prologue sits in chunk 0, the epilogue in chunk v - 1, the blocks in
-        order (chunk_counts)."""
+        """Interleaved chunks of unequal size `ch` (unequal_chunks): per unit of [a, b), whether its chunk
+        already ran a backward at the stage's activation peak (its FSDP2 accumulators are then alive:
+        held_states).  The prologue sits in chunk 0, the epilogue in chunk v - 1, the blocks in order."""
         units = self.units
         seen = chunk_peak(self.cfg.pp, self.cfg.m, self.cfg.v, i, ch)[1]
         owner = [c for c, n in enumerate(ch) for _ in range(n)]
@@ -113,8 +112,8 @@ class StageEvaluator:
 
     @functools.cached_property
     def v_tail(self):
-        """DualPipeV: the first unit after the last block (the head and loss run on rank 0, the V's
-        last stage, not on rank p - 1 as a contiguous run would put them), or None."""
+        """DualPipeV: the first unit after the last block, or None.  The head and loss run on rank 0 (the
+        V's last stage, a module of its own: a weight tied to the embedding is a copy there), not rank p - 1."""
         if self.cfg.schedule != "dualpipev":
             return None
         e = 1 + max((j for j, u in enumerate(self.units) if u.kind == "block"), default=self.n)
@@ -280,7 +279,7 @@ class StageEvaluator:
         else:
             states = (T["states"][b] - T["states"][a]) - sum(num.gacc[j] for j in idx if not acc_at[j - a])
         if self.copies:     # weights other stages hold too, unpriced in this run's units (copies.py)
-            states += copy_bytes(self.copies, a, b, acc or acc_at is not None)
+            states += sum(copy_bytes(self.copies, x, y, acc or acc_at is not None) for x, y in ((a, b), (e, n)) if y > x)
         z3 = (T["pbytes"][b] - T["pbytes"][a] + T["pbytes"][n] - T["pbytes"][e]) if self.cfg.zero == 2 else 0.0
         fixed_act, fixed_extra = T["fact"][b] - T["fact"][a], T["fext"][b] - T["fext"][a]
         tail = self.tail_act(i, a, b)       # the head + loss of an interleaved last stage: held once
@@ -385,8 +384,9 @@ class StageEvaluator:
             held = acc if acc_at is None else acc_at[j - a]
             for k2, v2 in held_states(self.units[j], self.cfg, held, self.ctx).items():
                 st[k2] += v2
-        for k2, v2 in copy_states(self.copies, a, b).items():
-            st[k2] += v2
+        for x, y in [(a, b)] if isinstance(idx, range) else [(a, b), (idx[b - a], self.n)]:
+            for k2, v2 in copy_states(self.copies, x, y).items():
+                st[k2] += v2
         fwd = sum(num.fwd[j] for j in idx) + (num.hf[a] if num.hf is not None else 0.0)
         return StageResult(
             index=i, units=[self.units[j].name for j in idx],
