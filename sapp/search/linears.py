@@ -87,3 +87,33 @@ def own_weight(node, w) -> bool:
     nn.MultiheadAttention applies `in_proj_weight` and `out_proj.weight` in its own forward: splitting
     "the module" there would split nothing, so such a matmul is no linear tensor parallelism may cut."""
     return w.param == f"{node.module}.weight"
+
+
+# ops a vocab-split lookup's rows may pass through inside their own module before its output is summed
+# over tp (a Partial DTensor there): a cast, a view, a product with a 0-d factor (Gemma's embed_scale)
+_SCALES = {"aten.mul.Tensor", "aten.div.Tensor", "aten.mul.Scalar", "aten.div.Scalar"}
+_KEEPS = {"aten._to_copy.default", "aten.view.default", "aten._unsafe_view.default", "aten.alias.default",
+          "aten.clone.default"}
+
+
+def lookup_tail(graph, name: str, consumers: dict = None) -> str:
+    """'' when the embedding node `name`'s rows leave its module as looked up (scaled, cast), else the
+    first other op its own forward applies to them: T5Gemma2's `rows[ids == eoi] = self.eoi_embedding`
+    (aten.index_put), which under a vocab split writes a replicated value into a tensor summed over tp
+    (DTensor refuses it in the backward: 'mixed torch.Tensor and DTensor')."""
+    consumers = consumers if consumers is not None else graph.consumers()
+    mod, todo, seen = graph.nodes[name].module, [name], set()
+    while todo:
+        n = todo.pop()
+        for c, i in consumers.get(n, ()):
+            node = graph.nodes[c]
+            if c in seen or node.module != mod:
+                continue
+            seen.add(c)
+            t = str(node.target)
+            others = [o for j, o in enumerate(node.operands) if j != i]
+            if t in _KEEPS or (t in _SCALES and all(len(o.shape) == 0 for o in others)):
+                todo.append(c)
+                continue
+            return t
+    return ""

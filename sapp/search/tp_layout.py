@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linears import linears, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
+from .linears import linears, lookup_tail, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
 from . import tp_mha
 from .tp_fused import fused_openers  # noqa: F401  (read from here)
@@ -321,9 +321,14 @@ def emittable(graph, choice: dict, tp: int, gather=frozenset(), mha: bool = True
             notes.append(f"tp layout: {graph.nodes[(r.openers + r.closers)[0]].module} .. stays replicated ({r.why})")
     tied = {p for p, k in param_uses(graph).items() if k > 1}
     nested = nested_holders(graph)
+    tails = {n: lookup_tail(graph, n) for n, node in graph.nodes.items() if node.kind == "embedding" and node.module}
+    for n, why in sorted(tails.items()):
+        if why and (choice.get(n) == "v" or any(n in embs for _, embs, _ in tied_tables(graph))):
+            notes.append(f"tp layout: {graph.nodes[n].module} stays replicated (its own forward applies {why} to the "
+                         f"looked-up rows, which a vocabulary split leaves summed over tp)")
     for n, node in graph.nodes.items():
         if (node.kind == "embedding" and choice.get(n) == "v" and node.module and not (set(node.params) & tied)
-                and node.module not in nested):
+                and node.module not in nested and not tails.get(n)):
             dim = next((d for d in node.dims if d.name == "v"), None)
             if dim is not None and dim.size % tp == 0:
                 out[n] = "v"
@@ -331,7 +336,7 @@ def emittable(graph, choice: dict, tp: int, gather=frozenset(), mha: bool = True
     # the search judged it to pay when it cut either use
     for _, embs, heads in tied_tables(graph):
         if any(choice.get(e) == "v" for e in embs) or any(choice.get(h) == "n" for h in heads):
-            if _tied_divides(graph, embs, tp):
+            if _tied_divides(graph, embs, tp) and not any(tails.get(e) for e in embs):
                 out.update({e: "v" for e in embs})
                 out.update({h: "n" for h in heads})
     return out, used, notes
