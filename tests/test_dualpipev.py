@@ -268,6 +268,74 @@ def test_sapp_run_refuses_zero3_in_one_line(tmp_path):
     assert len([ln for ln in p.stderr.splitlines() if "dualpipev" in ln]) == 1
 
 
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(h))
+
+
+class _Tied(torch.nn.Module):
+    """GPT-2's tie in float64: the head reads the embedding's weight; under DualPipeV both sit on rank 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 16)
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(4))
+        self.head = torch.nn.Linear(16, 32, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def _ce(out, target):
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def _tied_batch(n, step=0):
+    ids = torch.randint(0, 32, (n, 9), generator=torch.Generator().manual_seed(1000 + step))
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def tied_factory():
+    """`sapp run --model tests.test_dualpipev:tied_factory`: the tied model, an example batch, targets, loss."""
+    torch.manual_seed(0)
+    x, y = _tied_batch(8)
+    return _Tied().double(), (x,), y, _ce
+
+
+def test_tied_embedding_and_head_on_rank_0_train_as_one_process(tmp_path):
+    m, ex, y, loss = tied_factory()
+    plan = api.search(m, sapp.Cluster.parse(CPU2), global_batch=GB, example_inputs=ex, loss_fn=loss, targets=y,
+                      constraints={"pp": 2, "schedule": "dualpipev", "micro_batches": 4, "placement": {"optimizer": "device"}})
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    x, yy = _tied_batch(GB * STEPS)
+    torch.save(((x,), yy), tmp_path / "data.pt")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = joblock.run([sys.executable, "-m", "sapp.commands.cli", "run", str(path), "--model",
+                     "tests.test_dualpipev:tied_factory", "--steps", str(STEPS), "--data", str(tmp_path / "data.pt"),
+                     "--out", str(tmp_path / "out.json")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())["losses"]
+    ref_model = tied_factory()[0]
+    opt = torch.optim.Adam(ref_model.parameters(), lr=1e-3)
+    ref = []
+    for k in range(STEPS):
+        opt.zero_grad()
+        lo = _ce(ref_model(x[k * GB:(k + 1) * GB]), yy[k * GB:(k + 1) * GB])
+        lo.backward()
+        opt.step()
+        ref.append(lo.item())
+    assert ref[-1] != ref[0] and max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-10, (got, ref)
+
+
 # ---- engines ---------------------------------------------------------------------------------------------
 TOML = """[parallelism]
 pipeline_parallel_degree = 2
