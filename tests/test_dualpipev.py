@@ -255,6 +255,21 @@ def test_sapp_run_trains_as_one_process_in_float64(tmp_path, spec, pins, procs):
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-10, (got, ref)
 
 
+def test_optimizer_offload_priced_as_run_gradients_kept_until_the_step():
+    # at dp 1 the offloaded gradients stream to the host during backward (1F1B: the device keeps none);
+    # DualPipeV's weight-gradient actions fire no accumulate hook, so they cross after backward and the
+    # device keeps them: only the optimizer states are saved
+    for sched, grads_saved in (("dualpipev", False), ("1f1b", True)):
+        plan = _deep_plan(CPU2, schedule=sched, placement={"optimizer": "host"})
+        st = sorted(plan["pipeline"]["stages"], key=lambda s: s["index"])
+        for saved, stage in zip(plan["placement"]["predicted"]["stages"], st):
+            opt = stage["predicted"]["memory"]["optimizer"]
+            if grads_saved:
+                assert saved["saved_bytes"] > 1.2 * opt
+            else:
+                assert saved["saved_bytes"] == pytest.approx(opt, rel=1e-9)
+
+
 def test_sapp_run_refuses_zero3_in_one_line(tmp_path):
     # FSDP2's reshard after forward beside torch's later weight-gradient pass trained 7.9e-3 off one
     # process at dp 2 x pp 2: the search never writes it, a hand-edited plan is refused before launch

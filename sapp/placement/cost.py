@@ -140,10 +140,12 @@ def embedding_host_cost(tables, cluster, settings, *, dp=1, tp=1, zero=0, micro_
 
 def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_group=None, dp=1, tp=1,
                            zero=0, micro_batches=1, compute_s=0.0, sharers=1, local_params=None,
-                           largest_param=None) -> HostCost:
+                           largest_param=None, streamed=True) -> HostCost:
     """Cost of ZeRO-Offload for `n_params` parameters of a stage (before tp sharding), split into
     `groups` parameter groups (blocks) of at most `largest_group` parameters.  `local_params`: what one
-    device holds of them under the stage's layout (default n_params / tp: every one split over tp)."""
+    device holds of them under the stage's layout (default n_params / tp: every one split over tp).
+    `streamed` False: gradients reach the host after backward even at dp = 1 (DualPipeV: torch's
+    weight-gradient actions fire no accumulate hook, sapp/emit/steps/optimizers._offload_overlap)."""
     m = max(1, int(micro_batches))
     G = max(1, int(groups))
     local = n_params / tp if local_params is None else local_params     # what the device holds
@@ -158,7 +160,7 @@ def optimizer_offload_cost(n_params, cluster, settings, *, groups=1, largest_gro
     t_h2d = shard * w / cluster.h2d_bw
     t_sync = 0.0          # gradients sync once per step either way (dp = 1: none; dp > 1: before the copy)
     st = model_state_bytes(local, dp, zero, settings)
-    if dp > 1:
+    if dp > 1 or not streamed:
         # as emitted: after backward and the dp sync, one copy of the (synced) gradients, CPU Adam,
         # the weights back, in sequence; the gradients stay on the device.  DeepSpeed's ZeRO-1/2/3
         # offload_optimizer (priced with this too) copies the gradient partition during each backward and

@@ -44,7 +44,7 @@ def _offload_keys(graph, stage):
 
 def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=0, micro_batches=1,
                       compute_s=0.0, pins=None, micro_batch_size=None, keep_host_infeasible=False,
-                      device_split=None, engine_offloads=False):
+                      device_split=None, engine_offloads=False, streamed=True):
     """Placements for the stage made of `node_names`, "device" first when allowed.
 
     graph: the OpGraph at the per-device micro-batch (or pass `micro_batch_size` to rescale the
@@ -53,6 +53,7 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
     stage's layout splits it over tp (default tp), for the bytes host placement frees.
     engine_offloads: a target engine runs the plan and offloads the optimizer itself (DeepSpeed's
     offload_optimizer, at every ZeRO stage), not sapp's emitter: no ZeRO stage is barred for it.
+    streamed: whether offloaded gradients stream to the host during backward (optimizer_offload_cost).
     Options whose host memory exceeds the stage's share of a node are dropped (kept, marked
     predicted.host_fits = false, when keep_host_infeasible).  Pins force placements; a pin that
     cannot be honoured raises ConstraintError, pinned host placement without host memory raises
@@ -72,7 +73,7 @@ def placement_options(graph, node_names, cluster, settings, *, dp=1, tp=1, zero=
         local = None if device_split is None else _local_params(stage, device_split, tp)
         off = C.optimizer_offload_cost(n, cluster, settings, groups=len(stage.groups),
                                        largest_group=max(stage.groups.values()), local_params=local,
-                                       largest_param=max(stage.dense.values()), **kw)
+                                       largest_param=max(stage.dense.values()), streamed=streamed, **kw)
     opt_kind = settings.optimizer if settings.optimizer in ("adam", "adamw") else "adam"
 
     plans = []   # (name, [HostCost parts], groups)

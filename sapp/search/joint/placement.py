@@ -127,7 +127,7 @@ def _stage_options(ctx, cfg, prof, res, name):
         opts = placement_options(ctx.graph, names, ctx.cluster, ctx.settings, dp=cfg.dp, tp=cfg.tp, zero=cfg.zero,
                                  micro_batches=cfg.m, compute_s=cfg.m * (st.fwd_s + st.bwd_s),
                                  micro_batch_size=cfg.mbs, device_split=table_split(ctx, prof),
-                                 engine_offloads=engine_offloads(ctx))
+                                 engine_offloads=engine_offloads(ctx), streamed=cfg.schedule != "dualpipev")
         o = next((o for o in opts if o.name == name), None)
         if o is None or st.memory_bytes - o.device_bytes_saved > ctx.cap * (1 + 1e-9):
             return None
