@@ -190,12 +190,19 @@ def test_blocks_that_differ_are_refused_in_one_line():
     assert "structurally identical blocks" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_cli_search_takes_the_schedule(tmp_path):
+def test_cli_search_takes_the_schedule_and_evaluate_rescores_it(tmp_path, capsys):
     from sapp.commands.cli import main
     out = tmp_path / "p.json"
     assert main(["search", "--model", "gpt-tiny", "--model-arg", "l=4", "--cluster", CPU2, "--batch", "8", "--pp", "2",
                  "--schedule", "dualpipev", "--micro-batches", "4", "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["pipeline"]["schedule"] == "dualpipev"
+    plan = json.loads(out.read_text())
+    assert plan["pipeline"]["schedule"] == "dualpipev"
+    # `sapp evaluate` re-scores it at the same step (the plan's model, with its recorded l=4)
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-5)
+    assert "schedule=dualpipev" in res["config"]
 
 
 # ---- 2 gloo processes equal one process (float64) ------------------------------------------------------
