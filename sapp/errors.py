@@ -27,6 +27,24 @@ def clip(text: str, limit: int = 160) -> str:
     return (head[:cut] if cut > limit // 2 else head).rstrip(" ,;:") + "\u2026"
 
 
+def user_frame(err: BaseException, skip: tuple, width: int = 80):
+    """(file name, line, source cut to `width`) of the innermost frame of `err`'s traceback whose file is
+    under none of the `skip` folders (torch, sapp's own machinery) and is a real file: the user's line a
+    failure went through (a model's op, a branch on a tensor's value); None when there is none."""
+    import linecache
+    import os
+    tb, site = getattr(err, "__traceback__", None), None
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if not f.startswith(skip) and not f.startswith("<"):
+            site = (f, tb.tb_lineno)
+        tb = tb.tb_next
+    if site is None:
+        return None
+    src = " ".join(linecache.getline(*site).split())
+    return os.path.basename(site[0]), site[1], src[:width] + ("..." if len(src) > width else "")
+
+
 class SappError(Exception):
     """Base of all user-facing errors.  The message is capped at MAX_MESSAGE characters (with its length
     said), so a value a message echoes unshortened cannot make a line of megabytes."""

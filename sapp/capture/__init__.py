@@ -433,22 +433,15 @@ def _explain(err, where, root, ours=False):
 def _op_at(err) -> str:
     """' at FILE:LINE `source`': the innermost frame of the error's traceback outside torch, Python's
     library and sapp's capture machinery - the model's line (the op) that failed; '' when none."""
-    import linecache
     import os
     import sysconfig
     import torch
-    skip = (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(__file__))
-    tb, best = getattr(err, "__traceback__", None), None
-    while tb is not None:
-        f = tb.tb_frame.f_code.co_filename
-        if not f.startswith(skip) and not f.startswith("<"):
-            best = (f, tb.tb_lineno)
-        tb = tb.tb_next
-    if best is None:
+    from sapp.errors import user_frame
+    got = user_frame(err, (os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(__file__)))
+    if got is None:
         return ""
-    src = " ".join(linecache.getline(*best).split())
-    src = src[:80] + ("..." if len(src) > 80 else "")
-    return f" at {os.path.basename(best[0])}:{best[1]}" + (f" `{src}`" if src else "")
+    name, line, src = got
+    return f" at {name}:{line}" + (f" `{src}`" if src else "")
 
 
 class _CallableModule(__import__("types").ModuleType):

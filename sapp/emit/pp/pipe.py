@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...errors import PlanError
+from ...errors import PlanError, user_frame
 from ...capture.state import aliases_hidden
 from ...models.hf import eager_masks
 from ...pipeline.dualpipe import dualpipev_problem, rank_of
@@ -114,21 +114,15 @@ def _innermost(e: BaseException) -> BaseException:
 
 def _branch_site(e: BaseException) -> str | None:
     """'file.py:line `code`' of the model's own line that branched on a tensor's value (TabTransformer's
-    `if is_special_token.any():`): the last frame of the failure outside torch, else None."""
-    import linecache
+    `if is_special_token.any():`): the last frame of the failure outside torch and sapp, else None."""
     import os
     skip = (os.path.dirname(torch.__file__) + os.sep,
             os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep)
-    site, tb = None, e.__traceback__
-    while tb is not None:
-        f = tb.tb_frame.f_code.co_filename
-        if not f.startswith(skip) and not f.startswith("<"):
-            site = (f, tb.tb_lineno)
-        tb = tb.tb_next
-    if site is None:
+    got = user_frame(e, skip)
+    if got is None:
         return None
-    code = linecache.getline(*site).strip()
-    return f"{os.path.basename(site[0])}:{site[1]} `{code[:80]}`" if code else f"{os.path.basename(site[0])}:{site[1]}"
+    name, line, code = got
+    return f"{name}:{line} `{code}`" if code else f"{name}:{line}"
 
 
 def _cause(e: BaseException) -> str:

@@ -184,7 +184,7 @@ def _infeasible(ctx, infeasible) -> InfeasibleError:
             closest = (need, cfg)
     need, cfg = closest
     return InfeasibleError(
-        f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(ctx.cons)}; "
+        f"no configuration fits {fmt_bytes(ctx.cap)} per device {_tried(ctx.cons, ctx.settings)}; "
         f"the closest ({cfg.describe()}) needs {fmt_bytes(need)} per device: use devices with more "
         f"memory, more devices, or a smaller batch", needed_bytes=need, capacity_bytes=ctx.cap, best=cfg)
 
@@ -287,9 +287,13 @@ def _alternatives(best, seen, k=5):
     return out
 
 
-def _tried(cons):
-    """What the infeasible message may claim was tried: only what the pins left free."""
-    rec = ("even with full recomputation" if cons.recompute is None
-           else f"with recomputation pinned to {cons.recompute!r}")
+def _tried(cons, settings=None):
+    """What the infeasible message may claim was tried: only what the pins (and the MoE overlap, which
+    Megatron-Core runs without full recomputation) left free."""
+    if getattr(settings, "moe_a2a_overlap", False) and cons.recompute is None:
+        rec = "with at most selective recomputation (moe_a2a_overlap: Megatron-Core runs it without full)"
+    else:
+        rec = ("even with full recomputation" if cons.recompute is None
+               else f"with recomputation pinned to {cons.recompute!r}")
     zero = " and ZeRO-3" if cons.zero is None else f" at ZeRO-{cons.zero}"
     return rec + zero
