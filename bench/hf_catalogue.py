@@ -24,8 +24,10 @@ Refusals (bench/RESULTS.md §11):
 - Every other row is refused before the first step, in one line:
   - pp2: albert, hrm_text (too few blocks); xlm, flaubert (data-dependent output in stage 0); longt5,
     longformer, led, fsmt (a forward branching on values or a mask built outside export).
-  - tp2: big_bird, bigbird_pegasus, prophetnet, t5gemma2 (the shape audit).
-  - tp2+SP: the same four, and encoder-decoder (an SP entry holding a stack of blocks).
+  - tp2: bigbird_pegasus, prophetnet (the shape audit); big_bird (a module rebuilt in forward) and
+    t5gemma2 (an embedding writing into its looked-up rows: kept replicated) run tp2 equal since
+    (`--only big_bird,t5gemma2 --columns tp2`, 2026-12-03).
+  - tp2+SP: bigbird_pegasus, prophetnet, and encoder-decoder (an SP entry holding a stack of blocks).
 - Capture refuses in one line: ibert (QuantAct's `.data.min()`), jetmoe (routing sizes are unbacked
   symbols), switch_transformers (a module reassigned in forward).
 
