@@ -27,7 +27,8 @@ Refusals (bench/RESULTS.md §11):
   - tp2: bigbird_pegasus, prophetnet (the shape audit); big_bird (a module rebuilt in forward) and
     t5gemma2 (an embedding writing into its looked-up rows: kept replicated) run tp2 equal since
     (`--only big_bird,t5gemma2 --columns tp2`, 2026-12-03).
-  - tp2+SP: bigbird_pegasus, prophetnet, and encoder-decoder (an SP entry holding a stack of blocks).
+  - tp2+SP (2026-11-26): bigbird_pegasus, prophetnet, big_bird, t5gemma2, and encoder-decoder (an SP entry
+    holding a stack of blocks).
 - Capture refuses in one line: ibert (QuantAct's `.data.min()`), jetmoe (routing sizes are unbacked
   symbols), switch_transformers (a module reassigned in forward).
 
