@@ -97,6 +97,7 @@ attention figures +8.7% / +7.6% / +30.2%).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -115,7 +116,7 @@ class Row:
     cluster: str               # Cluster spec string
     global_batch: int          # samples per step
     pins: dict                 # sapp constraints: the published configuration
-    metric: str                # "tf_per_gpu_model" | "tf_per_gpu_hw_recompute" | "layer_ms"
+    metric: str                # "tf_per_gpu_model" | "tf_per_gpu_hw_recompute" | "layer_ms" | "tokens_per_gpu"
     published: float           # the published figure in the metric's unit
     source: str                # where the figure is printed
     needs: str = ""            # a strategy the run used that sapp does not price yet ("" = none)
@@ -129,6 +130,9 @@ class Row:
     # then shows, instead of letting that estimate force recomputation the run did not do.  Pinned only;
     # the free search keeps the capacity.
     ran_as_pinned: bool = False
+    # cost settings the source states the run used (CostSettings fields: fp8 recipe, MoE overlap), applied
+    # to the table's profile for this row's pinned and free plans alike (flags of the run, not corrections)
+    settings: dict = field(default_factory=dict)
 
 
 def gpt_shape(l, h, a, V, s, untied=True, attn="sdpa", dropout=0.1):
@@ -299,6 +303,8 @@ def _value(row, cl, res, per_layer=None):
     cfg = row.config
     if row.metric == "layer_ms":
         return per_layer * 1e3
+    if row.metric == "tokens_per_gpu":     # the sequence as the row states it (cfg["s"])
+        return row.global_batch * cfg["s"] / (res.step_time_s * cl.devices)
     rc = row.metric == "tf_per_gpu_hw_recompute"
     if "l" not in cfg:          # not a GPT shape (MoE rows): the captured model FLOPs the plan's MFU counts
         return res.model_flops / (res.step_time_s * cl.devices) / 1e12
@@ -355,11 +361,10 @@ def run(rows, settings, free=True, compare=None, out=sys.stdout):
 
 
 def row_settings(row, settings):
-    """The table's settings, with the tensor-parallel overlap the row's source says it ran."""
-    import dataclasses
+    """The table's settings, with the tensor-parallel overlap and the settings the row's source says it ran."""
     if row.tp_comm_overlap and settings.runtime == "fused":
-        return dataclasses.replace(settings, runtime="fused+tp-overlap")
-    return settings
+        settings = dataclasses.replace(settings, runtime="fused+tp-overlap")
+    return dataclasses.replace(settings, **row.settings) if row.settings else settings
 
 
 def _err(pred, pub):
@@ -367,7 +372,7 @@ def _err(pred, pub):
 
 
 _UNITS = {"tf_per_gpu_model": "TF/GPU (model)", "tf_per_gpu_hw_recompute": "TF/GPU (hw, incl. recompute)",
-          "layer_ms": "ms"}
+          "layer_ms": "ms", "tokens_per_gpu": "tokens/s/GPU"}
 
 
 def _line(row, p, fr):
@@ -419,10 +424,11 @@ def main(argv=None):
     return 0
 
 
-def section(only=None, runtime="fused", free=True, compare="eager") -> str:
-    """The section's text: the summary line, NOTES and the table (also printed as it is measured)."""
+def section(only=None, runtime="fused", free=True, compare="eager", rows=None) -> str:
+    """The section's text: the summary line, NOTES and the table (also printed as it is measured);
+    `rows`: these rows instead of every row."""
     from sapp.costmodel import CostSettings
-    rows = ROWS + _extra_rows()
+    rows = ROWS + _extra_rows() if rows is None else rows
     if only:
         rows = [r for r in rows if only in r.name or only in r.group]
     settings = CostSettings(precision="bf16-mixed", runtime=runtime)

@@ -37,9 +37,19 @@ def _searched(cls, tmp_path):
     return plan, path
 
 
+def _equals_one_process(name, path, tmp_path):
+    """The plan at `path` trains model `name` 3 steps on 2 gloo ranks equal to one process (float64)."""
+    from tests.emit_workers import custom_sp_run
+    ref = custom_sp_run.single(getattr(LM, name))
+    ranks = custom_sp_run.launch(f"{LM.__file__}:{name}", path, tmp_path, timeout=240)
+    for rank, res in sorted(ranks.items()):
+        losses = res["losses"]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+
+
 @pytest.mark.parametrize("name", list(ATTN))
 def test_attention_split_by_heads_equals_one_process(name, tmp_path):
-    from tests.emit_workers import custom_sp_run
     cls = getattr(LM, name)
     plan, path = _searched(cls, tmp_path)
     styles = plan._d["tp_modules"]
@@ -53,12 +63,7 @@ def test_attention_split_by_heads_equals_one_process(name, tmp_path):
     if name == "XtGQA":     # the queries' rows and the closer's columns in rank order: 2 pieces (8 / 4 heads)
         parts = plan._d["tp_layout"]["parts"]
         assert parts[f"{block.format(0)}.to_q"] == [64, 64] and parts[f"{block.format(0)}.to_out"] == [64, 64], parts
-    ref = custom_sp_run.single(cls)
-    ranks = custom_sp_run.launch(f"{LM.__file__}:{name}", path, tmp_path, timeout=240)
-    for rank, res in sorted(ranks.items()):
-        losses = res["losses"]
-        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
-        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+    _equals_one_process(name, path, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["TorchEncoder", "TorchEncoderSeqFirst"])
@@ -66,18 +71,12 @@ def test_multihead_attention_split_by_heads_equals_one_process(name, tmp_path):
     """nn.MultiheadAttention (its own forward applies the packed in_proj_weight) split by heads: the plan
     names it 'heads' (sapp/search/tp_mha.py), the emitter runs its forward over a rank's heads
     (sapp/emit/tp/mha.py); batch-first and [seq, batch] layouts."""
-    from tests.emit_workers import custom_sp_run
     cls = getattr(LM, name)
     plan, path = _searched(cls, tmp_path)
     styles = plan._d["tp_modules"]
     assert [styles.get(f"encoder.layers.{i}.self_attn") for i in (0, 1)] == ["heads", "heads"], styles
     assert not any("gathered" in n for n in plan._d["notes"]), plan._d["notes"]
-    ref = custom_sp_run.single(cls)
-    ranks = custom_sp_run.launch(f"{LM.__file__}:{name}", path, tmp_path, timeout=240)
-    for rank, res in sorted(ranks.items()):
-        losses = res["losses"]
-        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
-        assert len(losses) == 3 and diff <= 1e-10, (rank, diff, losses, ref)
+    _equals_one_process(name, path, tmp_path)
 
 
 def test_attention_left_replicated_says_why():
