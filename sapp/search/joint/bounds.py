@@ -91,7 +91,7 @@ def profile_bound(ctx, cfg, prof, floor=None):
     if dual:        # no closed form for its bubble: the busiest device's own work only is certain
         return m * tmax + gs
     if cfg.schedule == "interleaved":
-        if p > 1 and ctx.uniform and interleave_step(ctx, cfg) == 1:
+        if p > 1 and interleave_step(ctx, cfg) == 1:      # (blocks of several types: always 1)
             # chunks as equal as they go: a stage's small chunks fill and drain the pipeline faster
             # than the equal-chunk bubble (the schedule simulator's step can sit below it), so only
             # the busiest stage's own work is certain

@@ -213,14 +213,15 @@ def _plain_dp_equivalent(c, dp, cp, mbs):
 
 
 def interleave_values(ctx, pp, m):
-    """Virtual chunk counts v to price for pp stages and m micro-batches.  Interleaving needs
-    identical blocks (glue only at the ends: the search prices a stage as a contiguous run and
-    deals the blocks out afterwards) and at least v blocks on every stage.  Searched: the v that
+    """Virtual chunk counts v to price for pp stages and m micro-batches.  Interleaving needs the
+    blocks in one run (glue only at the ends: identical blocks are priced as a contiguous run dealt
+    out afterwards, several types over each device's real blocks, interleave.mixed_stages; these
+    without Llama 3's glue-only chunks) and at least v blocks on every stage.  Searched: the v that
     divide the L blocks (every stage then holds a multiple of v: equal chunks), with m a multiple
     of pp (the closed form is exact there); pinned: any v from 2 to floor(L / pp) (chunks as equal
     as they go) and any m torch's interleaved 1F1B runs (both priced by the schedule simulator);
     never one whose schedule walks more than schedule.MAX_SCHEDULE_OPS operations."""
-    if pp < 2 or not ctx.uniform:
+    if pp < 2 or not (ctx.uniform or ctx.mixed_blocks):
         return []
     return [v for v in _interleave_values(ctx, pp, m) if not too_long(pp, m, v)]
 
@@ -229,7 +230,7 @@ def _interleave_values(ctx, pp, m):
     k = ctx.L // pp
     pin_v, pin_m = ctx.cons.virtual_chunks, ctx.cons.micro_batches
     if pin_v is not None:
-        ok = 2 <= pin_v and _chunks_fit(ctx, pp, pin_v) and (
+        ok = 2 <= pin_v and _chunks_fit(ctx, pp, pin_v) and (ctx.uniform or ctx.L >= pp * pin_v) and (
             m % pp == 0 or (pin_m is not None and interleave_rounds(pp, m) is not None))
         return [pin_v] if ok else []
     if m % pp and not (pin_m is not None and interleave_rounds(pp, m) is not None):
@@ -240,7 +241,7 @@ def _interleave_values(ctx, pp, m):
     # (pp * v - 2 <= L < pp * v; Dubey et al. 2024, section 3.3.2: 126 layers, pp 16, v 8)
     out = [v for v in divisors(ctx.L) if 2 <= v <= k]
     g = ctx.L // pp + 1
-    if g >= 2 and g not in out and _chunks_fit(ctx, pp, g):
+    if g >= 2 and g not in out and _chunks_fit(ctx, pp, g) and ctx.uniform:   # (mixed blocks: no glue chunk)
         out.append(g)
     return out
 
@@ -248,9 +249,10 @@ def _interleave_values(ctx, pp, m):
 def dualpipev_fits(ctx, pp, m) -> bool:
     """Whether DualPipeV is priced for pp ranks and m micro-batches: torch's ScheduleDualPipeV needs
     m >= 2 pp (pipeline.dualpipe.dualpipev_problem), its 2 pp chunks a block each at least, and, as
-    interleaving, identical blocks (the search prices a device as a contiguous run and deals the
-    blocks out into the V afterwards, evaluate._dualpipe_blocks)."""
-    return (pp >= 2 and ctx.uniform and ctx.L >= 2 * pp and dualpipev_problem(pp, m) is None
+    interleaving, the blocks in one run with the other layers only before and after them (identical
+    ones priced as a contiguous run dealt into the V afterwards, several types over the blocks each
+    device really holds: interleave.mixed_stages)."""
+    return (pp >= 2 and (ctx.uniform or ctx.mixed_blocks) and ctx.L >= 2 * pp and dualpipev_problem(pp, m) is None
             and ctx.cons.virtual_chunks in (None, 2))
 
 
@@ -259,9 +261,8 @@ def dualpipev_why(ctx):
     c = ctx.cons
     if c.schedule != "dualpipev":
         return None
-    if not ctx.uniform:
-        return ("schedule 'dualpipev': its V needs structurally identical blocks with the other layers only before "
-                "and after them (and no stage map); this model's blocks are not: use 1f1b or interleaved")
+    if not (ctx.uniform or ctx.mixed_blocks):
+        return f"schedule 'dualpipev': {chunk_refusal(ctx)}: use 1f1b"
     pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
     if pps and all(ctx.L < 2 * p for p in pps):
         p = min(pps)
@@ -270,6 +271,16 @@ def dualpipev_why(ctx):
     if c.micro_batches is not None and pps and all(dualpipev_problem(p, c.micro_batches) for p in pps):
         return dualpipev_problem(pps[0], c.micro_batches)
     return None
+
+
+def chunk_refusal(ctx) -> str:
+    """Why the chunked schedules cannot deal this model's blocks into chunks (the real remaining cause)."""
+    if not ctx._glue_only_at_ends():
+        return "needs the blocks in one run with the other layers only before and after them; this model's are not"
+    if ctx.stage_pins is not None:
+        return "deals the blocks itself; drop the stage map (constraints stages=...)"
+    return ("takes one recompute policy for every block (pinned per block here); pin one policy or none "
+            "(constraints recompute=...)")
 
 
 def _chunks_fit(ctx, pp, v):
@@ -290,11 +301,10 @@ def interleave_problem(ctx):
         return long[0] if long and all(long) else None
     if v is None or v < 2:
         return None
-    if not ctx.uniform:
-        return (f"virtual_chunks={v}: interleaving needs structurally identical blocks with the other "
-                f"layers only before and after them (and no stage map); this model's blocks are not")
+    if not (ctx.uniform or ctx.mixed_blocks):
+        return f"virtual_chunks={v}: interleaving {chunk_refusal(ctx)}"
     pps = [c.pp] if c.pp is not None else [p for p in divisors(ctx.cluster.devices) if p > 1]
-    fit = [p for p in pps if _chunks_fit(ctx, p, v)]
+    fit = [p for p in pps if _chunks_fit(ctx, p, v) and (ctx.uniform or ctx.L >= p * v)]
     if not fit:
         p = min(pps) if pps else 2
         return (f"virtual_chunks={v} needs at least {v} blocks on each of the pp={p} stages ({v - 1} on the first "

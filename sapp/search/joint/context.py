@@ -74,6 +74,10 @@ class SearchContext:
         pins = set(self.policy_pins.values())
         self.uniform = (len(reps) == 1 and len(pins) <= 1 and self.stage_pins is None
                         and self._glue_only_at_ends())
+        # blocks of several types (DeepSeek-V3's dense layers before its MoE ones): the chunked
+        # schedules price each device over the blocks it really holds (interleave.mixed_stages)
+        self.mixed_blocks = (len(reps) > 1 and len(pins) <= 1 and self.stage_pins is None
+                             and self._glue_only_at_ends())
 
     def _glue_only_at_ends(self):
         kinds = [u.kind for u in self.units]

@@ -9,7 +9,7 @@ from ...pipeline.partition import chunk_counts, partition_counts, partition_dp, 
 from ...pipeline.profile import cut_at_block_entry
 from ...pipeline.schedule import step_time
 from .copies import tie_sync_s
-from .interleave import interleave_kmins, interleave_steps
+from .interleave import interleave_kmins, interleave_steps, mixed_chunked, mixed_stages
 from .partition_bound import partition_bounded
 from .result import JointResult
 from .stage import StageEvaluator
@@ -28,29 +28,20 @@ def price_config(ctx, cfg, prof, *, exact=False, policy=None, cap_extra=0.0):
 
 def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     ev = StageEvaluator(ctx, cfg, prof, policy, cap_extra)
-    n, p = ev.n, cfg.pp
-    starts = _partition(ctx, ev, cfg, exact, step)
-    if starts is None:
+    p = cfg.pp
+    got = mixed_stages(ctx, ev, cfg) if mixed_chunked(ctx, cfg) else _stages(ctx, ev, cfg, exact, step)
+    if got is None:
         return None
-    ends = starts[1:] + [n]
-    stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
-    if any(s is None for s in stages):
-        return None
-    shares = None
-    if cfg.schedule in ("interleaved", "dualpipev") and cfg.v > 1:
-        shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
-        _interleave_blocks(ctx, cfg, stages)
-        for st, sh in zip(stages, shares):
-            st.chunk_shares = sh
+    stages, held, shares, ranges, cuts = got
     rule = overlap_rule(ctx.cluster, cfg.zero, p, cfg.tp, ctx.settings.runtime)
-    for st, a, b in zip(stages, starts, ends):
+    for st, idx in zip(stages, held):
         if rule != "none":
-            st.grad_sync_s = _exposed_sync(ev, rule, st, a, b)
-        st.grad_sync_s += step_copies(ev, a, b, st.index)
+            st.grad_sync_s = _exposed_sync(ev, rule, st, idx=idx)
+        st.grad_sync_s += step_copies(ev, idx=idx)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     # each stage's own sends (forward after its last unit, backward before its first)
-    sends = [tuple(x[0] for x in ev.send_pair(i, a, b)) for i, (a, b) in enumerate(zip(starts, ends))]
+    sends = [tuple(x[0] for x in ev.send_pair(i, a, b)) for i, (a, b) in enumerate(cuts)]
     step_pipe = step_time(fw, bw, cfg.m, cfg.schedule if p > 1 else "1f1b", cfg.v, sends, chunk_shares=shares)
     gs = max(s.grad_sync_s for s in stages)
     # the optimizer update runs after the last backward on every stage; the slowest one counts.
@@ -66,9 +57,6 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     bn_s = (cfg.m * batch_stats_sync_time(ctx.bn_channels, cfg.dp, dp_link(ctx.cluster, cfg), ctx.cluster)
             if ctx.bn_channels and cfg.dp > 1 else 0.0)   # (the search's hot path: most models have none)
     # the gradients of weights several stages hold copies of, summed between those stages (copies.py)
-    ranges = list(zip(starts, ends))
-    if ev.v_tail is not None:       # dualpipev: the head and loss on rank 0 (ranges[p]: p % p = 0)
-        ranges[-1:] = [(starts[-1], ev.v_tail), (ev.v_tail, n)]
     tie_s = tie_sync_s(ctx, cfg, ev.copies, ranges) if ev.copies else 0.0
     step = step_pipe + gs + opt_s + loss_s + bn_s + tie_s
     T = [s.fwd_s + s.bwd_s + s.send_s for s in stages]
@@ -102,25 +90,52 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     return res
 
 
+def _stages(ctx, ev, cfg, exact, step):
+    """(stages, each stage's units, chunk shares or None, the tied-weight ranges (copies.tie_sync_s),
+    each stage's (a, b)) of the contiguous partition, or None.  Chunked schedules of identical blocks
+    are priced as contiguous runs and renamed to the real layout (_interleave_blocks)."""
+    n = ev.n
+    starts = _partition(ctx, ev, cfg, exact, step)
+    if starts is None:
+        return None
+    ends = starts[1:] + [n]
+    stages = [ev.seg(i, a, b, detail=True) for i, (a, b) in enumerate(zip(starts, ends))]
+    if any(s is None for s in stages):
+        return None
+    shares = None
+    if cfg.schedule in ("interleaved", "dualpipev") and cfg.v > 1:
+        shares = [_chunk_shares(ev, cfg, s, a, b) for s, a, b in zip(stages, starts, ends)]
+        _interleave_blocks(ctx, cfg, stages)
+        for st, sh in zip(stages, shares):
+            st.chunk_shares = sh
+    held = [ev.device_units(st.index, a, b) for st, a, b in zip(stages, starts, ends)]
+    ranges = list(zip(starts, ends))
+    if ev.v_tail is not None:       # dualpipev: the head and loss on rank 0 (ranges[p]: p % p = 0)
+        ranges[-1:] = [(starts[-1], ev.v_tail), (ev.v_tail, n)]
+    return stages, held, shares, ranges, list(zip(starts, ends))
+
+
 def dp_link(cluster, cfg) -> str:
     """The dp group's link: inter-node when a stage's dp x cp x tp ranks span nodes (pipeline.profile.stage_mesh)."""
     return "inter" if cfg.dp_cp * cfg.tp > cluster.gpus_per_node else "intra"
 
 
-def step_copies(ev, a, b, i=None):
+def step_copies(ev, a=None, b=None, i=None, idx=None):
     """Seconds a step of the once-a-step FSDP2 copies a torchtitan profile runs on the compute stream
     for units [a, b) (Unit.zcopy, costmodel.gradsync.fsdp_exposed_copies): beside the exposed gradient
-    sync, never overlapped.  `i`: the stage's device (StageEvaluator.device_units: dualpipev's V)."""
-    idx = range(a, b) if i is None else ev.device_units(i, a, b)
+    sync, never overlapped.  `i`: the stage's device (StageEvaluator.device_units: dualpipev's V);
+    `idx`: the device's units themselves."""
+    if idx is None:
+        idx = range(a, b) if i is None else ev.device_units(i, a, b)
     return sum(ev.units[j].zcopy.get(ev.cfg.zero, (0.0, 0.0, 0.0))[2] for j in idx)
 
 
-def _exposed_sync(ev, rule, st, a, b):
+def _exposed_sync(ev, rule, st, a=None, b=None, idx=None):
     """The stage's gradient sync left exposed by what the runtime overlaps (costmodel.gradsync): the
     last bucket is the stage's glue (FSDP2's root unit) and its first block; the rest runs under
-    the last micro-batch's backward."""
+    the last micro-batch's backward.  `idx`: the device's units (else those of [a, b))."""
     num, units = ev.num, ev.units
-    idx = ev.device_units(st.index, a, b)
+    idx = ev.device_units(st.index, a, b) if idx is None else idx
     first_block = next((j for j in idx if units[j].kind == "block"), None)
     last = sum(num.gs[j] for j in idx if units[j].kind != "block" or j == first_block)
     return exposed_grad_sync(rule, sum(num.gs[j] for j in idx), max((num.lat[j] for j in idx), default=0.0),

@@ -23,6 +23,29 @@ def score_config(graph, cluster, global_batch, cons, settings, cfg, *, fixed_str
         # the pins are on the contiguous names the evaluator prices; interleaving (and DualPipeV's V) needs identical
         # blocks, which the pins do not change
         ctx.uniform = len({u.rep for u in ctx.block_units}) == 1 and ctx._glue_only_at_ends()
+        ctx.mixed_blocks = not ctx.uniform and ctx._glue_only_at_ends()
+        if ctx.mixed_blocks and ctx.policy_pins and ctx.stage_pins is not None:
+            ctx.policy_pins = _real_pins(ctx, cfg)
     if not any(c == cfg for c in enumerate_configs(ctx)):
         return False, None
     return True, evaluate_config(ctx, cfg, ctx.profile(cfg.dp_cp, cfg.tp, cfg.sp))
+
+
+def _real_pins(ctx, cfg):
+    """The recompute pins moved back to the real blocks: a chunked plan's pins are read back on the
+    contiguous names (api/from_plan._interleaved_rename), but blocks of several types are priced
+    over the blocks each device really holds (interleave.mixed_stages)."""
+    from ...pipeline.partition import dualpipev_layout, interleaved_layout
+    flat, p = ctx.block_names, cfg.pp
+    counts = [sum(1 for s in ctx.stage_pins if s == i) for i in range(p)]
+    layout = dualpipev_layout if cfg.schedule == "dualpipev" else interleaved_layout
+    real, pos = {i: [] for i in range(p)}, 0
+    for i, _, n in layout(counts, cfg.v):
+        real[i].extend(flat[pos:pos + n])
+        pos += n
+    out, pos = dict(ctx.policy_pins), 0
+    for i in range(p):
+        for q, b in enumerate(real[i]):
+            out[b] = ctx.policy_pins.get(flat[pos + q], out.get(b))
+        pos += counts[i]
+    return out
