@@ -157,3 +157,30 @@ def test_sapp_run_dualpipev_trains_as_one_process_in_float64(tmp_path):
     got = json.loads((tmp_path / "out.json").read_text())["losses"]
     assert len(got) == STEPS and ref[-1] != ref[0]
     assert max(abs(a - b) / abs(b) for a, b in zip(got, ref)) <= 1e-10, (got, ref)
+
+
+def test_evaluate_keeps_a_per_block_pin_on_its_real_block(tmp_path, capsys, monkeypatch):
+    # a chunked plan's pins are read back on the contiguous names (api/from_plan); blocks of several
+    # types are priced over the real ones, so the pin must land on the block the plan names
+    import sapp.search.joint.single as single
+    from sapp.commands.cli import main
+    out = tmp_path / "p.json"
+    assert main(["search", "--model", "moe-tiny", "--model-arg", "l=4", "--model-arg", "dense=1", "--cluster", CPU2,
+                 "--batch", "8", "--pp", "2", "--schedule", "dualpipev", "--micro-batches", "4", "--out", str(out)]) == 0
+    seen, score = [], single.score_config
+
+    def spy(*a, **k):
+        got = score(*a, **k)
+        seen.append(got[1])
+        return got
+    monkeypatch.setattr(single, "score_config", spy)
+    plan = json.loads(out.read_text())
+    for blk in ("layers.3", "layers.1"):        # rank 0's second block, rank 1's first
+        plan["recompute"] = {"default": "none", "blocks": {blk: "full"}}
+        out.write_text(json.dumps(plan))
+        capsys.readouterr()
+        assert main(["evaluate", str(out), "--json"]) == 0
+        full = {b for st in seen[-1].stages for b, pol in st.recompute.items() if pol == "full"}
+        assert full == {blk}
+        on = next(st for st in seen[-1].stages if blk in st.blocks)
+        assert on.recompute_s > 0 and all(st.recompute_s == 0 for st in seen[-1].stages if st is not on)
