@@ -37,7 +37,7 @@ def _price(ctx, cfg, prof, exact, policy, cap_extra, step):
     for st, idx in zip(stages, held):
         if rule != "none":
             st.grad_sync_s = _exposed_sync(ev, rule, st, idx=idx)
-        st.grad_sync_s += step_copies(ev, idx=idx)
+        st.grad_sync_s += step_copies(ev, idx)
     fw = [s.fwd_s for s in stages]
     bw = [s.bwd_s for s in stages]
     # each stage's own sends (forward after its last unit, backward before its first)
@@ -120,13 +120,12 @@ def dp_link(cluster, cfg) -> str:
     return "inter" if cfg.dp_cp * cfg.tp > cluster.gpus_per_node else "intra"
 
 
-def step_copies(ev, a=None, b=None, i=None, idx=None):
+def step_copies(ev, a, b=None, i=None):
     """Seconds a step of the once-a-step FSDP2 copies a torchtitan profile runs on the compute stream
     for units [a, b) (Unit.zcopy, costmodel.gradsync.fsdp_exposed_copies): beside the exposed gradient
     sync, never overlapped.  `i`: the stage's device (StageEvaluator.device_units: dualpipev's V);
-    `idx`: the device's units themselves."""
-    if idx is None:
-        idx = range(a, b) if i is None else ev.device_units(i, a, b)
+    `a` alone: the device's units themselves."""
+    idx = a if b is None else range(a, b) if i is None else ev.device_units(i, a, b)
     return sum(ev.units[j].zcopy.get(ev.cfg.zero, (0.0, 0.0, 0.0))[2] for j in idx)
 
 
