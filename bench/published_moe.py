@@ -21,10 +21,8 @@ names (--recompute-modules layernorm moe_act: the RMSNorms, the SwiGLU between t
 up-projections, Megatron's mla_up_proj, which sapp does not price).  The report states the layout ran as given
 (ran_as_pinned): sapp's activation memory for it is above the H800's 80 GB (the fits column), the report's
 other savings (FP8 storage beyond the GEMM inputs, the up-projections recomputed) not priced.  The zoo's
-deepseek-v3 carries MLA, group-limited routing (4 of 8 nodes) and the FP8 dispatch; its first 3 layers are
-MoE layers here, not dense ones: sapp's chunked schedules (interleaved, DualPipeV) need identical blocks.
-A dense layer's FFN (18,432 wide) does the FLOPs of a MoE layer's 8 routed + 1 shared experts of 2,048, so
-the difference is those layers' all-to-alls and the experts' memory on the first stage.  Not modelled: the
+deepseek-v3 carries MLA, group-limited routing (4 of 8 nodes), the FP8 dispatch and the 3 dense layers before
+the 58 MoE ones (the V priced over each rank's real layers: search/joint/interleave.py).  Not modelled: the
 multi-token-prediction module (one more layer and head) and the sigmoid gate with its bias (softmax top-8).
 """
 from __future__ import annotations
@@ -41,13 +39,13 @@ ROWS = [Row("Megatron-Core MoE (H100)", "Mixtral-8x7B 64 GPUs t1 ep8 p4 v2", "mi
              "micro_batches": 16, "zero": 1},
             "tf_per_gpu_model", sum(PUBLISHED_RANGE) / 2, "Megatron-LM MoE README (438-468 TF/GPU)",
             note="dropless, balanced routing (moe_imbalance 1.0); ZeRO-1 = the distributed optimizer"),
-        Row("DeepSeek-V3 (H800)", "DeepSeek-V3 2048 GPUs t1 ep64 p16 dualpipe", "deepseek-v3", {"s": 4096, "dense": 0},
+        Row("DeepSeek-V3 (H800)", "DeepSeek-V3 2048 GPUs t1 ep64 p16 dualpipe", "deepseek-v3", {"s": 4096},
             "h800:nodes=256", 15360,
             {"tp": 1, "pp": 16, "dp": 128, "ep": 64, "schedule": "dualpipev", "micro_batches": 120, "zero": 1,
              "recompute": "selective"},
             "tokens_per_gpu", 1e12 / (180e3 * 3600), "DeepSeek-V3 report (180K H800 GPU-hours / 1T tokens)",
             note="FP8 blockwise, all-to-all overlapped, RMSNorm and SwiGLU recomputed (the report's settings); "
-                 "DualPipeV for DualPipe; its 3 dense layers as MoE ones; MTP not modelled",
+                 "DualPipeV for DualPipe; MTP not modelled",
             settings={"fp8": "blockwise", "moe_a2a_overlap": True, "recompute_modules": ("layernorm", "moe_act")},
             ran_as_pinned=True)]
 
