@@ -18,7 +18,9 @@ def _interleaved_rename(pipe, pp, v):
     """{real block -> block at the same position of the contiguous layout the joint search prices}.
     An interleaved plan gives device i the chunks c * pp + i; the search prices device i as the
     contiguous run of L / pp blocks and renames them afterwards (sapp/search/joint/evaluate.py: _interleave_blocks), so a
-    per-block pin read back from the plan must be moved to the block it was priced as."""
+    per-block pin read back from the plan must be moved to the block it was priced as.  (DualPipeV: chunks
+    i and 2 pp - 1 - i.  Blocks of several types are priced over each device's real blocks instead, and
+    search/joint/single._real_pins moves such pins back.)"""
     st = sorted(pipe.get("stages") or [], key=lambda s: s["index"])
     flat = [b for s in st for b in s.get("blocks") or []]
     if not flat:
