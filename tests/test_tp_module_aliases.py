@@ -83,3 +83,24 @@ def test_a_pipeline_splits_a_model_with_aliased_modules_and_leaves_it_as_it_was(
     assert torch.allclose(got, want)
     assert [(n, id(mod)) for n, mod in m.named_modules(remove_duplicate=False)] == before
     assert m.updater.instance is m.layers and "instance" in m.updater._modules
+
+
+
+def test_a_pipeline_splits_performer_inside_its_layer_lists():
+    """performer-pytorch's LM (its layers under `net` and again under `proj_updater.instance`) split before
+    `layers.1.0`, inside a layer's [attention, feed-forward] list: torch's split fails there with "Attribute
+    'norm' not found in model", not the two-parents message the retry used to wait for, and pp2 of both
+    Performers was refused (bench/lib_catalogue.py; now equal to one process)."""
+    import pytest
+    import torch
+    pytest.importorskip("performer_pytorch")
+    from sapp.emit.pp import pipe
+    from tests.emit_workers import lib_models as L
+    torch.manual_seed(0)
+    m = L._performer(True)().eval()
+    ids = torch.randint(0, L.VOCAB, (2, L.SEQ))
+    want = m(ids)
+    split = pipe.trace(m, (ids,), ["performer.net.layers.1.0"])
+    assert split.num_stages == 2
+    assert torch.allclose(split.split_gm.submod_pp_1(split.split_gm.submod_pp_0(ids)), want, atol=1e-6)
+    assert m.performer.proj_updater.instance is m.performer.net

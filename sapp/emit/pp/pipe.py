@@ -78,12 +78,14 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
             policy = functools.partial(graph_fix.prepare, names=names, aliases=graph_fix.buffer_aliases(model))
             try:
                 pipe = Pipe.from_tracing(model, example_mb, split_policy=policy)
-            except Exception as first:      # noqa: BLE001 - retried once, or re-raised as it was
-                if "is not a descendant of parent module" not in str(_innermost(first)):
+            except Exception:      # noqa: BLE001 - retried once, or re-raised as it was
+                if not _registered_twice(model):
                     raise
                 # a module registered under a second path (Performer's proj_updater.instance) gives it
-                # two parents; traced again with the second registration an attribute only.  Tried
-                # second: a leaf shared by design (OpenAI GPT's one activation) splits as it is
+                # two parents: torch's split fails on it ("... is not a descendant of parent module", or
+                # "Attribute 'norm' not found in model" where the split cuts inside a layer list); traced
+                # again with the second registration an attribute only.  Tried second: a leaf shared by
+                # design (OpenAI GPT's one activation) splits as it is
                 with aliases_hidden(model):
                     pipe = Pipe.from_tracing(model, example_mb, split_policy=policy)
     except Exception as e:  # pipeline() hides the real cause; keep the chain, say what to do
@@ -104,6 +106,12 @@ def _trace(model: nn.Module, example_mb: tuple, points: list):
                         f"split points must be modules called in this order in forward")
     preflight.check_stages(pipe, example_mb, points)
     return pipe
+
+
+def _registered_twice(model: nn.Module) -> bool:
+    """Whether some module of `model` is registered under two paths (capture.state.aliases_hidden)."""
+    ids = [id(m) for _, m in model.named_modules(remove_duplicate=False)]
+    return len(ids) != len(set(ids))
 
 
 def _innermost(e: BaseException) -> BaseException:
