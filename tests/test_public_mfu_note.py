@@ -49,11 +49,17 @@ def test_own_figures_above_say_so_differently(graph):
     assert "this cluster's figures are its own" in note and "datasheet figures" not in note
 
 
-def test_terms_add_up_to_the_step(graph):
-    r = joint_search(graph, Cluster.parse("a100-80g:nodes=1"), global_batch=64, constraints={"pp": 2})
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipev"])
+def test_terms_add_up_to_the_step(graph, schedule):
+    r = joint_search(graph, Cluster.parse("a100-80g:nodes=1"), global_batch=64,
+                     constraints={"pp": 2, "schedule": schedule})
+    assert r.config.schedule == schedule
     t = step_terms(r)
     assert sum(t.values()) == pytest.approx(r.step_time_s)
-    assert t["compute"] > 0 and t["bubble"] > 0 and abs(t["other"]) < 0.05 * r.step_time_s
+    assert t["compute"] > 0 and abs(t["other"]) < 0.05 * r.step_time_s
+    # 1F1B idles every stage (p - 1) micro-batch slots; DualPipeV's V lets the faster rank keep the
+    # slower one fed, so its critical rank may idle next to nothing (the simulator's answer here)
+    assert t["bubble"] > 0 if schedule == "1f1b" else t["bubble"] >= 0
 
 
 def test_gpu_kinds_and_fp8():
