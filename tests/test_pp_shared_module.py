@@ -144,7 +144,7 @@ def _rank(rank, world, cases, out_dir, store):
     harness.gloo_rank(rank, world, store, out_dir, lambda: _train(cases))
 
 
-def _job(tmp, kinds):
+def _job(tmp, kinds, schedule="1f1b"):
     from sapp.api import search
     from tests.emit_workers import harness
     cases = []
@@ -154,7 +154,8 @@ def _job(tmp, kinds):
         # pinned: the search refused it ("could not split the model into pipeline stages ... Child module
         # 'rel' is not a descendant of parent module 'layers.0.attn'")
         plan = search(model, "cpu:gpus=2", global_batch=B, example_inputs=(x,), loss_fn=loss_fn, targets=y,
-                      constraints={"dp": 1, "tp": 1, "pp": 2, "zero": 0, "micro_batches": 2})
+                      constraints={"dp": 1, "tp": 1, "pp": 2, "zero": 0, "micro_batches": 2,
+                                   **({"schedule": schedule} if schedule else {})})
         assert plan.parallel["pp"] == 2, plan.parallel
         path = str(tmp / f"{kind}.json")
         plan.save(path)
@@ -173,9 +174,18 @@ def xt(tmp_path_factory):
     return _job(tmp_path_factory.mktemp("pp_shared_xt"), ["xt_relpos", "xt_alibi"])
 
 
-def _judge(per_rank, kind, held):
+@pytest.fixture(scope="module")
+def xt_free(tmp_path_factory):
+    # the schedule the search picks: interleaved, x-transformers' attention layers (which call the bias)
+    # on one device, its feed-forward layers on the other (chunked schedules over mixed blocks)
+    pytest.importorskip("x_transformers")
+    return _job(tmp_path_factory.mktemp("pp_shared_xt_free"), ["xt_relpos"], schedule=None)
+
+
+def _judge(per_rank, kind, held, every=True):
     got = [r[kind] for r in per_rank.values()]
-    for r in got:                   # every stage calls the bias module: each holds its own copy
+    assert any(any(n.endswith(held) for n in r["buffers"] + sorted(r["shared"])) for r in got)
+    for r in got if every else ():  # every stage calls the bias module: each holds its own copy
         assert any(n.endswith(held) for n in r["buffers"] + sorted(r["shared"])), (held, r["buffers"], r["shared"])
     ref, ref_w = _reference(kind)
     last = [r for r in got if r["last"]]
@@ -201,6 +211,10 @@ def test_module_shared_by_stages_equals_one_process(ours, kind):
 @pytest.mark.parametrize("kind", ["xt_relpos", "xt_alibi"])
 def test_x_transformers_position_bias_under_pp2_equals_one_process(xt, kind):
     _judge(xt, kind, "relative_attention_bias.weight" if kind == "xt_relpos" else "rel_pos.slopes")
+
+
+def test_x_transformers_position_bias_under_the_searched_schedule_equals_one_process(xt_free):
+    _judge(xt_free, "xt_relpos", "relative_attention_bias.weight", every=False)
 
 
 if __name__ == "__main__":
