@@ -28,6 +28,7 @@ CLASSES = (
     ("expert parallelism on a MoE layer the emitter does not run (refused)", r"has ep=\d+ but the model has no MoE"),
     ("shape audit: the model cannot run at a rank's shapes (refused)", r"cannot run at one rank's shapes"),
     ("shape audit: an op's shape differs from the plan's (refused)", r"where the plan implies"),
+    ("shape audit: the code branches on a size the split changes (refused)", r"runs other ops than captured"),
     ("tp: a split weight read outside its layer (refused)", r"tensor parallelism tp=\d+: \S+ '[^']*' reads "),
     ("sp: an entry holds a stack of blocks (refused)", r"holds a stack of blocks"),
     ("sp audit: the model fails at a rank's sequence shard (refused)", r"at one rank's sequence shard"),

@@ -4,7 +4,8 @@ block, sliced to a rank's heads where it meets the scores: sapp/search/tp_sliced
 gradient summed over tp), its qk-norm decoder (F.normalize reads the split for its shape only), its
 grouped-query decoder (key heads repeated as `(r kvh)`: the queries' rows and the closer's columns put
 in rank order, sapp/search/tp_regroup.py) and Performer's FAVOR+ (a projection repeated over a rank's
-heads).  tp=2 on 2 gloo processes, 3 Adam steps in float64, against one process trained the same way;
+heads); and where a rank would hold one key head (x-transformers' one-key-head branch runs other ops
+there), the attention gathered with a note naming that.  tp=2 on 2 gloo processes, 3 Adam steps in float64, against one process trained the same way;
 the plan is sapp's own search, its runnable check the emitter's shape audit."""
 import importlib.util
 import os
@@ -100,3 +101,20 @@ def test_attention_left_replicated_says_why():
     heads = {m: "heads" for m, _ in model.named_modules() if m.endswith("self_attn")}
     lines = unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, heads)
     assert heads and not any("self_attn" in line for line in lines), lines
+
+
+def test_one_key_head_a_rank_is_gathered_naming_the_branch(tmp_path):
+    """4 query heads over 2 key heads at tp=2: a rank holds one key head, and x-transformers' Attend
+    takes its one-key-head branch there (k, v flattened to 'b n d'), not the repeat the capture
+    recorded.  The runnable check gathers the attention (the MLPs keep tp) and its note names that
+    cause - the try that ran furthest, with the head counts already at a rank's share - not the einsum
+    error of the try that set nothing; trained equal to one process."""
+    plan, path = _searched(LM.XtLlama, tmp_path)
+    styles = plan._d["tp_modules"]
+    assert plan.parallel["tp"] == 2 and styles.get("net.attn_layers.layers.1.1.ff.2") == "rowwise", styles
+    assert not any(styles.get(f"net.attn_layers.layers.0.1.{p}") in ("colwise", "rowwise")
+                   for p in ("to_q", "to_k", "to_v")), styles
+    (note,) = [n for n in plan._d["notes"] if "gathered" in n]
+    assert "runs other ops than captured" in note and "branches on a size the split changes" in note, note
+    assert "einsum" not in note, note
+    _equals_one_process("XtLlama", path, tmp_path)

@@ -87,3 +87,12 @@ class TorchEncoderSeqFirst(TorchEncoder):
 
     def __init__(self):
         super().__init__(batch_first=False)
+
+
+class XtLlama(_Lib):
+    """The probe set's xt_llama at these sizes: rotary, RMSNorm, GLU and 4 query heads over 2 key heads,
+    so a tp=2 rank holds one key head and x-transformers takes its one-key-head branch (k, v flattened
+    to 'b n d'), other ops than the capture's repeat."""
+
+    def make(self):
+        return _xt(attn_kv_heads=2, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_no_bias=True)

@@ -237,8 +237,10 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
         at = re.search(r"in module '([^']*)'", first)
         mod = at.group(1) if at and at.group(1) != "<root>" else ""
         # the capture's own advice (example inputs) is not the cause here: the global graph captured
-        raise _refusal(f"tensor parallelism tp={tp}: {f'module {mod!r}' if mod else 'the model'} cannot run at "
-                       f"one rank's shapes ({first.split('; ')[0]})", mod, None, graph, regions) from None
+        err = _refusal(f"tensor parallelism tp={tp}: {f'module {mod!r}' if mod else 'the model'} cannot run at "
+                       f"one rank's shapes ({first.split('; ')[0]})", mod, None, graph, regions)
+        err.reached = -1
+        raise err from None
     checked = 0
     # ops paired in order, skipping those that vanish where a tensor is already in the layout asked
     # for (CvT's `permute(0, 2, 1, 3).contiguous()` over one local head dispatches nothing): they change
@@ -255,18 +257,25 @@ def audit(model: nn.Module, graph, regions: list, local: dict, tp: int, example_
         got = ours[i] if i < len(ours) else None
         where = f"module {node.module or '(model)'!r}, op {node.target or node.kind}"
         if got is None or got.target != node.target:
-            raise _refusal(f"tensor parallelism tp={tp}: at one rank's shapes the model runs other ops than "
+            # a branch on a size (x-transformers' one-key-head path at one key head a rank) runs other
+            # code at a rank's shapes: its numerics are not the captured program's to vouch for
+            err = _refusal(f"tensor parallelism tp={tp}: at one rank's shapes the model runs other ops than "
                            f"captured ({where} is {'missing' if got is None else got.target})",
-                           node.module, n, graph, regions)
-        if tuple(got.out.shape) != exp[n]:
-            raise _refusal(f"tensor parallelism tp={tp}: {where} gives {list(got.out.shape)} on a rank where "
+                           node.module, n, graph, regions, cause="its code branches on a size the split changes")
+        elif tuple(got.out.shape) != exp[n]:
+            err = _refusal(f"tensor parallelism tp={tp}: {where} gives {list(got.out.shape)} on a rank where "
                            f"the plan implies {list(exp[n])} (global {list(node.out.shape)})",
                            node.module, n, graph, regions)
-        checked += 1
+        else:
+            checked += 1
+            continue
+        err.reached = checked
+        raise err
     return checked
 
 
-def _refusal(what: str, module: str, node, graph, regions: list) -> PlanError:
+def _refusal(what: str, module: str, node, graph, regions: list,
+             cause: str = "it reshapes by a size fixed for the whole model") -> PlanError:
     """The audit's one line, and on it `gather`: the modules of the sharded region the failure sits in
     (the region holding the failing op, else the one whose ops run in the failing module).  sapp's
     search keeps that region replicated and tp on the rest (sapp/emit/runnable.py); a hand-written plan is
@@ -277,10 +286,10 @@ def _refusal(what: str, module: str, node, graph, regions: list) -> PlanError:
                                          graph.nodes[x].module.startswith(module + ".") for x in r.dims)]
     mods = sorted({graph.nodes[x].module for r in hit for x in r.openers + r.closers})
     if mods:
-        fix = (f"it reshapes by a size fixed for the whole model: leave {', '.join(mods)} out of tp_modules "
+        fix = (f"{cause}: leave {', '.join(mods)} out of tp_modules "
                f"(sapp search plans such a block gathered) or pin tp=1")
     else:
-        fix = "it reshapes by a size fixed for the whole model: pin tp=1"
+        fix = f"{cause}: pin tp=1"
     err = PlanError(f"{what}; {fix}")
     err.gather = mods
     return err
@@ -331,14 +340,17 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     # stored sizes (nanoGPT's view by `C // self.n_head`, C off the input; litgpt's shared config)
     shapes = local_shapes.rules(graph, regions, tp) if fix else {}
     runs = [(p, False) for p in tries + [{}]] + [(p, True) for p in ([{}] + tries if shapes else [])]
+    best = None     # the refusal of the try that ran furthest: the cause left once sapp's fixes are in
     for picked, localised in runs:
         _set(model, picked, tp, local=True)
         wrapped = local_shapes.install(model, shapes, tp) if localised else []
         try:
             checked = audit(model, graph, regions, local, tp, example_inputs)
-        except PlanError:
+        except PlanError as e:
             _set(model, picked, tp, local=False)
             local_shapes.uninstall(model, wrapped)
+            if best is None or getattr(e, "reached", -1) > getattr(best, "reached", -1):
+                best = e
             continue
         for (cls, attr), where in sorted(picked.items()):
             notes.append(f"tp: {cls}.{attr} {where[0][1]} -> {where[0][1] // tp} on {len(where)} module(s) "
@@ -347,7 +359,7 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
             notes.append(local_shapes.note(wrapped, tp))
         break
     else:
-        checked = audit(model, graph, regions, local, tp, example_inputs)
+        raise best
     if sp_sec:
         _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sp_sec)
     return checked
