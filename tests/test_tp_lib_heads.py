@@ -114,7 +114,10 @@ def test_one_key_head_a_rank_is_gathered_naming_the_branch(tmp_path):
     assert plan.parallel["tp"] == 2 and styles.get("net.attn_layers.layers.1.1.ff.2") == "rowwise", styles
     assert not any(styles.get(f"net.attn_layers.layers.0.1.{p}") in ("colwise", "rowwise")
                    for p in ("to_q", "to_k", "to_v")), styles
-    (note,) = [n for n in plan._d["notes"] if "gathered" in n]
+    (note,) = [n for n in plan._d["notes"] if n.startswith("tp=2: gathered")]
     assert "runs other ops than captured" in note and "branches on a size the split changes" in note, note
     assert "einsum" not in note, note
+    # the plan's layout notes name the attention it keeps whole (plan/build.operator_section)
+    assert any(n.startswith("tp=2 keeps the attention net.attn_layers.layers.*.*.attend replicated: ")
+               for n in plan._d["notes"]), plan._d["notes"]
     _equals_one_process("XtLlama", path, tmp_path)

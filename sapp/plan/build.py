@@ -24,6 +24,9 @@ def operator_section(graph, prof):
     from sapp.search.sp_layout import sp_nodes, sp_section
     sp = sp_nodes(graph, strategies, tp_levels[0], prof.tp) if tp_levels else set()
     tp_modules, groups, notes = tp_layout.modules(graph, strategies, tp_levels, sp)
+    if tp_modules:      # each attention the layout leaves whole, and why (the rest keeps tp)
+        notes = notes + [f"tp={prof.tp} keeps the attention {line.replace(': ', ' replicated: ', 1)}"
+                         for line in tp_layout.unsplit_attention(graph, prof.tp, tp_modules)]
     section = {"source": "graph", "groups": groups, "notes": notes}
     parts = tp_layout.module_parts(graph, strategies, tp_levels, sp) if tp_modules else {}
     if parts:                       # fused projections split by heads (absent: none, as before)

@@ -243,7 +243,7 @@ def regions(graph, tp: int, gather=frozenset(), mha: bool = True) -> list:
             hit = next((graph.nodes[n].module for n in r.openers + r.closers
                         if gathered(graph.nodes[n].module, gather)), None)
             if hit is not None and not r.why:
-                r.why = f"gathered: {hit} reshapes by a size fixed for the whole model"
+                r.why = f"gathered: {hit} cannot run at one rank's shapes (the runnable check's note says why)"
     return out
 
 
@@ -264,7 +264,8 @@ def unsplit_attention(graph, tp: int, styles: dict) -> list:
         if r is None:
             why = "no Linear layer tp splits makes its queries and keys (a module applying its own weights)"
         elif not r.why:
-            why = "a valid region the plan does not split (gathered by the runnable check, or not worth it)"
+            why = ("a region tp can split that this plan keeps whole (priced no faster split, or gathered by "
+                   "the runnable check, whose note then says why)")
         else:
             why = r.why
         out.setdefault(gather_pattern(node.module), why)
