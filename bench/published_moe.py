@@ -16,11 +16,11 @@ of one micro-batch hidden behind another's compute; 180K H800 GPU-hours per tril
 4,096 (global batch 15,360, section 4.2), torch's DualPipeV in DualPipe's place (its V holds one copy of the
 parameters where DualPipe holds two; the same bidirectional overlap of F and B), Megatron-Core's
 --fp8-recipe blockwise (Transformer Engine's Float8BlockScaling, the report's recipe) and its
---overlap-moe-expert-parallel-comm; selective recomputation of what the report recomputes and Megatron-Core
-names (--recompute-modules layernorm moe_act: the RMSNorms, the SwiGLU between the expert GEMMs; not its MLA
-up-projections, Megatron's mla_up_proj, which sapp does not price).  The report states the layout ran as given
-(ran_as_pinned): sapp's activation memory for it is above the H800's 80 GB (the fits column), the report's
-other savings (FP8 storage beyond the GEMM inputs, the up-projections recomputed) not priced.  The zoo's
+--overlap-moe-expert-parallel-comm; selective recomputation of what the report recomputes (section 3.2.3)
+and Megatron-Core names (--recompute-modules layernorm mla_up_proj moe_act: the RMSNorms, MLA's
+up-projections with their rotary embedding, the SwiGLU between the expert GEMMs).  The report states the
+layout ran as given (ran_as_pinned: priced whatever its memory; it fits the H800's 80 GB, the fits column)
+and saves more than sapp prices (FP8 storage beyond the GEMM inputs, the EMA in host memory).  The zoo's
 deepseek-v3 carries MLA, group-limited routing (4 of 8 nodes), the FP8 dispatch and the 3 dense layers before
 the 58 MoE ones (the V priced over each rank's real layers: search/joint/interleave.py).  Not modelled: the
 multi-token-prediction module (one more layer and head) and the sigmoid gate with its bias (softmax top-8).
@@ -44,9 +44,10 @@ ROWS = [Row("Megatron-Core MoE (H100)", "Mixtral-8x7B 64 GPUs t1 ep8 p4 v2", "mi
             {"tp": 1, "pp": 16, "dp": 128, "ep": 64, "schedule": "dualpipev", "micro_batches": 120, "zero": 1,
              "recompute": "selective"},
             "tokens_per_gpu", 1e12 / (180e3 * 3600), "DeepSeek-V3 report (180K H800 GPU-hours / 1T tokens)",
-            note="FP8 blockwise, all-to-all overlapped, RMSNorm and SwiGLU recomputed (the report's settings); "
-                 "DualPipeV for DualPipe; MTP not modelled",
-            settings={"fp8": "blockwise", "moe_a2a_overlap": True, "recompute_modules": ("layernorm", "moe_act")},
+            note="FP8 blockwise, all-to-all overlapped, RMSNorm, MLA up-projections and SwiGLU recomputed (the "
+                 "report's settings); DualPipeV for DualPipe; MTP not modelled",
+            settings={"fp8": "blockwise", "moe_a2a_overlap": True,
+                      "recompute_modules": ("layernorm", "mla_up_proj", "moe_act")},
             ran_as_pinned=True)]
 
 

@@ -108,7 +108,7 @@ def test_a_refused_flag_is_refused_in_one_line(flag):
     ("--fp8 hybrid", "--fp8: Megatron-LM core_v0.16.1's parser has no such argument"),
     ("--use-custom-fsdp", "no such argument"),
     ("--no-position-embedding", "rejects it without --position-embedding-type rope"),
-    ("--recompute-activations --recompute-modules core_attn mla_up_proj", "--recompute-modules mla_up_proj: sapp does not"),
+    ("--recompute-activations --recompute-modules core_attn mla_up_proj", "--recompute-modules mla_up_proj: Megatron-Core supports it only with --multi-latent-attention"),
     ("--recompute-activations --recompute-modules core_attn mpl", "--recompute-modules mpl: Megatron-Core core_v0.16.1 "
                                                                   "allows only"),
 ])

@@ -108,7 +108,7 @@ def test_export_writes_the_modules_and_reads_back_at_the_same_price(mixtral, pri
 
 
 @pytest.mark.parametrize("mods, extra, says", [
-    ("mla_up_proj", "", "multi-latent attention"),
+    ("mla_up_proj", "", "only with --multi-latent-attention"),
     ("mlp", "", "mlp: the model has no such module"),
     ("shared_experts moe", "", "shared_experts: the model has no such module"),
     ("core_attn bogus", "", "allows only"),

@@ -38,3 +38,12 @@ def test_each_setting_of_the_report_speeds_the_step(cache):
     full = _priced(cache).step_s
     assert _priced(cache, fp8="").step_s > full
     assert _priced(cache, moe_a2a_overlap=False).step_s > full
+
+
+def test_the_reports_recomputation_fits_the_h800(cache):
+    """With MLA's up-projections recomputed too (the report's section 3.2.3, Megatron-Core's mla_up_proj)
+    the layout that ran fits the H800's 80 GB; without them sapp's activations would not."""
+    got = _priced(cache)
+    without = _priced(cache, recompute_modules=("layernorm", "moe_act"))
+    assert got.fits and not without.fits and got.memory_gb < without.memory_gb, (got.memory_gb, without.memory_gb)
+    assert got.step_s > without.step_s          # the up-projections' forward rerun in backward

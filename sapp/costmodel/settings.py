@@ -62,7 +62,7 @@ FP8_REFUSED = {"mxfp8": "mxfp8 (1x32 blocks with e8m0 scales) runs on Blackwell'
 RUNTIMES = ("eager", "fused", "fused+tp-overlap", "torchtitan", "torchtitan-0.2.2", "torchtitan-0.2.2+compile",
             "torchtitan-2412", "torchtitan-2412+compile")
 # Megatron-Core's --recompute-modules that sapp prices (sapp/recompute/modules.py)
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
 TORCHTITAN_RUNTIMES = ("torchtitan", "torchtitan-0.2.2", "torchtitan-0.2.2+compile", "torchtitan-2412",
                        "torchtitan-2412+compile")
 # Optimizer state bytes per parameter, (mixed precision: includes the fp32 master copy, fp32).

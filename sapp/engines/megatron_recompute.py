@@ -4,15 +4,16 @@ attention core), full on every layer (--recompute-method uniform --recompute-num
 on the first N layers of every (virtual) stage (--recompute-method block --recompute-num-layers N).
 
 The modules' checks are Megatron-Core core_v0.16.1's own (TransformerConfig.__post_init__): moe_act
-needs --moe-grouped-gemm; moe_act and layernorm are refused under FP8's delayed recipe;
+needs --moe-grouped-gemm, mla_up_proj --multi-latent-attention; moe_act and layernorm are refused under
+FP8's delayed recipe;
 --moe-layer-recompute is selective recomputation with moe added (and refused beside full)."""
 from __future__ import annotations
 
 from .mapping import EngineError, counted_recompute, uniform_policy
 
-PRICED = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "shared_experts")   # CostSettings.RECOMPUTE_MODULES
-NOT_PRICED = {"mla_up_proj": "multi-latent attention's up projections (sapp refuses --multi-latent-attention)"}
-ALLOWED = set(PRICED) | set(NOT_PRICED)           # Megatron-Core core_v0.16.1's allowed_modules
+# CostSettings.RECOMPUTE_MODULES: every module Megatron-Core core_v0.16.1 allows (its allowed_modules)
+PRICED = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
+ALLOWED = set(PRICED)
 
 
 def runs(ecfg, L):
@@ -91,9 +92,9 @@ def modules(args, gran) -> tuple:
     if bad:
         raise EngineError(f"--recompute-modules {' '.join(bad)}: Megatron-Core core_v0.16.1 allows only "
                           f"{', '.join(sorted(ALLOWED))}; remove it")
-    no = sorted(set(mods) & set(NOT_PRICED))
-    if no:
-        raise EngineError(f"--recompute-modules {no[0]}: sapp does not price {NOT_PRICED[no[0]]}; remove it")
+    if "mla_up_proj" in mods and not args.get("--multi-latent-attention"):
+        raise EngineError("--recompute-modules mla_up_proj: Megatron-Core supports it only with "
+                          "--multi-latent-attention; remove it")
     out = tuple(sorted(set(mods)))
     return () if out == ("core_attn",) else out
 

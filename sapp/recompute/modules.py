@@ -13,11 +13,13 @@ recomputes, per module named:
   moe             the whole MoE layer: router, dispatch, experts, shared experts (a normal checkpoint);
   moe_act         the experts' activation between their two grouped GEMMs (output-discarding; Megatron
                   needs --moe-grouped-gemm);
-  shared_experts  the shared experts of an MoE layer (a normal checkpoint).
-  (mla_up_proj needs multi-latent attention, which sapp refuses on import.)
+  shared_experts  the shared experts of an MoE layer (a normal checkpoint);
+  mla_up_proj     multi-latent attention's up-projections and the rotary embedding after them, up to
+                  the attention's queries, keys and values (output-discarding: MLASelfAttention's
+                  qkv_up_checkpoint keeps the compressed q, kv and the rope key; `mla_up_region`).
 
 Two kinds of checkpoint, priced as they free memory:
-  - output-discarding (layernorm, moe_act; and sapp's attention core): the module's outputs are
+  - output-discarding (layernorm, moe_act, mla_up_proj; and sapp's attention core): the module's outputs are
     dropped wherever they are saved (the next linear's input), its inputs kept; its forward is rerun;
   - normal (mlp, moe, shared_experts): the module keeps its input; what its own operators save of
     tensors made inside it is dropped; the output it hands on is saved by its consumers as before.
@@ -26,7 +28,7 @@ under expert parallelism by `moe` (the profile's forward holds no all-to-all; co
 from __future__ import annotations
 
 MEGATRON_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
-DISCARDING = ("core_attn", "layernorm", "moe_act")
+DISCARDING = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
 
 
 def _inside(node, module) -> bool:
@@ -64,6 +66,61 @@ def _region(graph, names, module) -> list:
     return [n for n in names if _inside(graph.nodes[n], module)]
 
 
+def _through_views(graph, n):
+    """The first producer at or before `n` that is not a view (None past the graph's inputs)."""
+    while n is not None and graph.nodes[n].kind == "view":
+        n = graph.nodes[n].operands[0].producer if graph.nodes[n].operands else None
+    return n
+
+
+def _up_projection(graph, n) -> bool:
+    """Whether linear `n` reads a norm of another linear's output (MLA's q_b, kv_b: x W_d, RMSNorm, W_u)."""
+    node = graph.nodes[n]
+    if not _param_mm(node) or not node.operands:
+        return False
+    norm = _through_views(graph, node.operands[0].producer)
+    if norm is None or graph.nodes[norm].kind != "norm" or not graph.nodes[norm].operands:
+        return False
+    down = _through_views(graph, graph.nodes[norm].operands[0].producer)
+    return down is not None and _param_mm(graph.nodes[down])
+
+
+def mla_up_region(graph, names) -> set:
+    """The operators of a block's multi-latent attention Megatron's mla_up_proj recomputes: walking
+    back from the attention's inputs to the first linears, the up-projections (`_up_projection`) and
+    everything between them and the attention (views, splits, the rotary embedding of q and of the
+    shared rope key), less views of tensors made outside it and what also feeds operators outside it
+    (kept as the checkpoint's inputs).  Empty where the block's attention reads no up-projection."""
+    inside = set(names)
+    attn = [n for n in names if graph.nodes[n].kind == "attention"]
+    region, ups, todo = set(), set(), [p for a in attn for p in graph.nodes[a].producers]
+    while todo:
+        n = todo.pop()
+        if n in region or n not in inside:
+            continue
+        if _param_mm(graph.nodes[n]):
+            if _up_projection(graph, n):
+                region.add(n)
+                ups.add(n)
+            continue
+        region.add(n)
+        todo.extend(graph.nodes[n].producers)
+    if not ups:
+        return set()
+    # views of a tensor made outside (the rope key's slice of the kv down-projection, the rotary
+    # tables) are that tensor, kept as the checkpoint's input
+    region -= {n for n in region if graph.nodes[n].kind == "view" and _through_views(graph, n) not in region}
+    consumers = graph.consumers()
+    keep = region | set(attn)
+    changed = True
+    while changed:
+        out = {n for n in region if any(c not in keep for c, _ in consumers[n])}
+        changed = bool(out)
+        region -= out
+        keep -= out
+    return region
+
+
 def module_regions(graph, names, attention_core) -> dict:
     """{Megatron module: the block's operators it recomputes} for the modules this block has (a dense
     block: core_attn, mlp; an MoE block: core_attn, layernorm, moe, moe_act, shared_experts when it
@@ -72,6 +129,9 @@ def module_regions(graph, names, attention_core) -> dict:
     core = attention_core(graph, names)
     if core:
         out["core_attn"] = set(core)
+    up = mla_up_region(graph, names)
+    if up:
+        out["mla_up_proj"] = up
     moe = moe_module(graph, names)
     if moe:
         region = _region(graph, names, moe)
@@ -154,12 +214,15 @@ def expert_kept(modules, facts) -> float:
 
 def search_candidates(graph, attention_core) -> list:
     """The module sets a --target megatron search weighs as selective recomputation where memory asks
-    for more than the attention core: a dense model's MLP; an MoE model's expert activation and
-    pre-MLP norm (output-discarding, cheap), or its whole MoE layer.  Each with core_attn (no change
+    for more than the attention core: a dense model's MLA up-projections or its MLP; an MoE model's
+    expert activation, pre-MLP norm and MLA up-projections (output-discarding, cheap), or its whole
+    MoE layer.  Each with core_attn (no change
     under a fused attention kernel)."""
     have = set()
     for names in (graph.blocks or {}).values():
         have |= set(module_regions(graph, names, attention_core))
+    cheap = {"core_attn", "mla_up_proj", "moe_act", "layernorm"} & (have | {"core_attn"})
     if "moe" in have:
-        return [tuple(sorted({"core_attn", "moe_act", "layernorm"} & (have | {"core_attn"}))), ("core_attn", "moe")]
-    return [("core_attn", "mlp")] if "mlp" in have else []
+        return [tuple(sorted(cheap)), ("core_attn", "moe")]
+    mla = [("core_attn", "mla_up_proj")] if "mla_up_proj" in have else []
+    return mla + ([("core_attn", "mlp")] if "mlp" in have else [])
