@@ -4,8 +4,9 @@ block, sliced to a rank's heads where it meets the scores: sapp/search/tp_sliced
 gradient summed over tp), its qk-norm decoder (F.normalize reads the split for its shape only), its
 grouped-query decoder (key heads repeated as `(r kvh)`: the queries' rows and the closer's columns put
 in rank order, sapp/search/tp_regroup.py) and Performer's FAVOR+ (a projection repeated over a rank's
-heads); and where a rank would hold one key head (x-transformers' one-key-head branch runs other ops
-there), the attention gathered with a note naming that.  tp=2 on 2 gloo processes, 3 Adam steps in float64, against one process trained the same way;
+heads); and 4 query heads over 2 key heads, where a rank holds one key head and x-transformers' Attend
+would take its one-key-head branch (other ops than captured): the repeat is done before Attend runs
+(sapp/emit/tp/local_shapes.py `repeat_rules`).  tp=2 on 2 gloo processes, 3 Adam steps in float64, against one process trained the same way;
 the plan is sapp's own search, its runnable check the emitter's shape audit."""
 import importlib.util
 import os
@@ -21,6 +22,7 @@ from tests.emit_workers import lib_heads_models as LM  # noqa: E402
 
 ATTN = {"XtAlibi": ("net.attn_layers.layers.{}.1", 0), "XtRelPos": ("net.attn_layers.layers.{}.1", 0),
         "XtQKNorm": ("net.attn_layers.layers.{}.1", 0), "XtGQA": ("net.attn_layers.layers.{}.1", 0),
+        "XtLlama": ("net.attn_layers.layers.{}.1", 0),
         "PerformerCausal": ("net.performer.net.layers.{}.0.fn", 0)}
 
 
@@ -61,9 +63,10 @@ def test_attention_split_by_heads_equals_one_process(name, tmp_path):
         assert [styles.get(f"{attn}.{p}") for p in ("to_q", "to_k", "to_v", "to_out")] == \
             ["colwise"] * 3 + ["rowwise"], (attn, styles)
     assert not any("gathered" in n for n in plan._d["notes"]), plan._d["notes"]
-    if name == "XtGQA":     # the queries' rows and the closer's columns in rank order: 2 pieces (8 / 4 heads)
-        parts = plan._d["tp_layout"]["parts"]
-        assert parts[f"{block.format(0)}.to_q"] == [64, 64] and parts[f"{block.format(0)}.to_out"] == [64, 64], parts
+    if name in ("XtGQA", "XtLlama"):    # the queries' rows and the closer's columns in rank order: 2 pieces
+        parts = plan._d["tp_layout"]["parts"]   # (8 / 4 heads of 16; 4 / 2 heads of 8)
+        w = 64 if name == "XtGQA" else 16
+        assert parts[f"{block.format(0)}.to_q"] == [w, w] and parts[f"{block.format(0)}.to_out"] == [w, w], parts
     _equals_one_process(name, path, tmp_path)
 
 
@@ -103,21 +106,29 @@ def test_attention_left_replicated_says_why():
     assert heads and not any("self_attn" in line for line in lines), lines
 
 
-def test_one_key_head_a_rank_is_gathered_naming_the_branch(tmp_path):
-    """4 query heads over 2 key heads at tp=2: a rank holds one key head, and x-transformers' Attend
-    takes its one-key-head branch there (k, v flattened to 'b n d'), not the repeat the capture
-    recorded.  The runnable check gathers the attention (the MLPs keep tp) and its note names that
-    cause - the try that ran furthest, with the head counts already at a rank's share - not the einsum
-    error of the try that set nothing; trained equal to one process."""
-    plan, path = _searched(LM.XtLlama, tmp_path)
-    styles = plan._d["tp_modules"]
-    assert plan.parallel["tp"] == 2 and styles.get("net.attn_layers.layers.1.1.ff.2") == "rowwise", styles
-    assert not any(styles.get(f"net.attn_layers.layers.0.1.{p}") in ("colwise", "rowwise")
-                   for p in ("to_q", "to_k", "to_v")), styles
-    (note,) = [n for n in plan._d["notes"] if n.startswith("tp=2: gathered")]
-    assert "runs other ops than captured" in note and "branches on a size the split changes" in note, note
-    assert "einsum" not in note, note
-    # the plan's layout notes name the attention it keeps whole (plan/build.operator_section)
-    assert any(n.startswith("tp=2 keeps the attention net.attn_layers.layers.*.*.attend replicated: ")
-               for n in plan._d["notes"]), plan._d["notes"]
-    _equals_one_process("XtLlama", path, tmp_path)
+
+def test_one_key_head_a_rank_repeated_before_the_branch(tmp_path, monkeypatch):
+    """XtLlama's searched layout through the shape audit on meta: it passes with the key / value heads
+    repeated before Attend runs, and the note says so; without that repeat Attend's one-key-head branch
+    runs other ops than captured, and the refusal names the branch (the try that ran furthest, head
+    counts already at a rank's share), not the einsum error of the try that set nothing."""
+    from sapp.emit.checks import shape_audit
+    from sapp.emit.tp import local_shapes
+    from sapp.errors import PlanError
+    from tests.emit_workers import custom_sp_run
+    plan, _ = _searched(LM.XtLlama, tmp_path)
+    styles, groups = plan._d["tp_modules"], plan._d["tp_layout"]["groups"]
+    x, _ = custom_sp_run._data(LM.XtLlama, 0)
+    with torch.device("meta"):
+        model = LM.XtLlama()
+    notes = []
+    assert shape_audit.check(model, styles, groups, 2, (x.to("meta"),), notes) > 0
+    assert any("key / value heads repeated to this rank's query heads" in n for n in notes), notes
+    monkeypatch.setattr(local_shapes, "repeat_rules", lambda *a: {})
+    with torch.device("meta"):
+        model = LM.XtLlama()
+    with pytest.raises(PlanError) as e:
+        shape_audit.check(model, styles, groups, 2, (x.to("meta"),), [])
+    msg = str(e.value)
+    assert "runs other ops than captured" in msg and "branches on a size the split changes" in msg, msg
+    assert "einsum" not in msg and "\n" not in msg, msg

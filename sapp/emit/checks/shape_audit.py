@@ -339,11 +339,16 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     # then the regions' reshapes by sizes of the whole model run at a rank's share, alone and with the
     # stored sizes (nanoGPT's view by `C // self.n_head`, C off the input; litgpt's shared config)
     shapes = local_shapes.rules(graph, regions, tp) if fix else {}
-    runs = [(p, False) for p in tries + [{}]] + [(p, True) for p in ([{}] + tries if shapes else [])]
+    # last: the grouped-query repeats done before the module that would branch around them at one
+    # key head a rank (local_shapes.repeat_rules)
+    repeats = local_shapes.repeat_rules(graph, regions, tp) if fix else {}
+    runs = [(p, False) for p in tries + [{}]] + [(p, True) for p in ([{}] + tries if shapes else [])] + \
+        [(p, "repeat") for p in (tries + [{}] if repeats else [])]
     best = None     # the refusal of the try that ran furthest: the cause left once sapp's fixes are in
     for picked, localised in runs:
         _set(model, picked, tp, local=True)
-        wrapped = local_shapes.install(model, shapes, tp) if localised else []
+        wrapped = (local_shapes.install_repeats(model, repeats) if localised == "repeat" else
+                   local_shapes.install(model, shapes, tp) if localised else [])
         try:
             checked = audit(model, graph, regions, local, tp, example_inputs)
         except PlanError as e:
@@ -356,7 +361,8 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
             notes.append(f"tp: {cls}.{attr} {where[0][1]} -> {where[0][1] // tp} on {len(where)} module(s) "
                          f"(this rank's share of a size the module reshapes by; shape audit passed)")
         if wrapped:
-            notes.append(local_shapes.note(wrapped, tp))
+            notes.append(local_shapes.repeat_note(wrapped, tp) if localised == "repeat" else
+                         local_shapes.note(wrapped, tp))
         break
     else:
         raise best

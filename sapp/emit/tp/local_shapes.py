@@ -264,8 +264,106 @@ def install(model, found: dict, tp: int) -> list:
 def uninstall(model, names: list) -> None:
     for name in names:
         mod = model.get_submodule(name) if name else model
-        if isinstance(mod.__dict__.get("forward"), _Forward):
+        if isinstance(mod.__dict__.get("forward"), (_Forward, _Repeated)):
             del mod.forward
+
+
+_REPEAT = ("aten.unsqueeze.default", "aten.expand.default", "aten.reshape.default")
+
+
+def repeat_rules(graph, regions: list, tp: int) -> dict:
+    """{module: [(input pattern at a rank's share, unsqueezed axis, repeat)]}: the grouped-query
+    repeats (`b kvh n d -> b (r kvh) n d`: unsqueeze, expand, reshape; search/tp_regroup.py) that open
+    a module on one of its inputs, in graph order.  At one key head a rank a library may branch
+    around its repeat (x-transformers' Attend flattens a lone key head to 'b n d' and broadcasts it),
+    running other ops than captured; done here before the module runs, at a rank's sizes, the repeat
+    is the captured ops again and the module sees as many key heads as query heads, which it reads
+    without a repeat of its own.  The shape audit compares every op, so a library that does anything
+    else is still gathered."""
+    from ...search.tp_regroup import regroups
+    exp = None
+    out = {}
+    for r in regions:
+        for name in regroups(graph, r.dims):
+            node = graph.nodes[name]
+            chain = [node]
+            while len(chain) < 3 and chain[-1].operands and chain[-1].operands[0].producer:
+                chain.append(graph.nodes[chain[-1].operands[0].producer])
+            chain.reverse()
+            if tuple(str(c.target) for c in chain) != _REPEAT or len({c.module for c in chain}) != 1:
+                continue
+            src = chain[0].operands[0]
+            if src.producer is None or _inside(graph.nodes[src.producer].module, node.module):
+                continue            # the repeat does not read one of the module's inputs
+            ushape, eshape = chain[0].out.shape, chain[1].out.shape
+            axis = next((i for i in range(len(ushape)) if ushape[i] == 1 and
+                         tuple(ushape[:i]) + tuple(ushape[i + 1:]) == tuple(src.shape)), None)
+            exp = exp if exp is not None else _expected(graph, regions, tp)
+            if axis is None or exp[chain[1].name][axis] != eshape[axis]:
+                continue
+            pout = graph.nodes[src.producer].out.dims
+            if r.dims.get(src.producer) not in pout:
+                continue
+            split = pout.index(r.dims[src.producer])
+            pattern = _pattern(graph, chain[0], src, split, tp)
+            out.setdefault(node.module, []).append((pattern, axis, eshape[axis]))
+    return out
+
+
+def _inside(module: str, owner: str) -> bool:
+    return module == owner or module.startswith(owner + ".")
+
+
+def _expected(graph, regions, tp):
+    from ..checks.shape_audit import expected_local
+    return expected_local(graph, regions, tp)
+
+
+class _Repeated:
+    """A module's forward with its inputs' grouped-query repeats done first (`repeat_rules`)."""
+
+    def __init__(self, forward, rules: list):
+        self.forward, self.rules = forward, rules
+
+    def __call__(self, *args, **kwargs):
+        keys = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)] + \
+               [k for k, a in kwargs.items() if isinstance(a, torch.Tensor)]
+        get = lambda k: args[k] if isinstance(k, int) else kwargs[k]    # noqa: E731
+        args = list(args)
+        for pattern in {p for p, _, _ in self.rules}:
+            if sum(1 for k in keys if _fits(get(k), pattern)) != sum(1 for p, _, _ in self.rules if p == pattern):
+                return self.forward(*args, **kwargs)    # which input is which is not clear: as it is
+        for pattern, axis, times in self.rules:        # in graph order: the inputs' order
+            k = next(k for k in keys if _fits(get(k), pattern))
+            keys.remove(k)
+            t = get(k).unsqueeze(axis)
+            t = t.expand(*[times if i == axis else s for i, s in enumerate(t.shape)])
+            shape = list(t.shape)
+            t = t.reshape(*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2:])
+            if isinstance(k, int):
+                args[k] = t
+            else:
+                kwargs[k] = t
+        return self.forward(*args, **kwargs)
+
+
+def install_repeats(model, found: dict) -> list:
+    """Each module of `found` (`repeat_rules`) repeats its inputs' key heads before it runs."""
+    done = []
+    for name, rules in sorted(found.items()):
+        mod = model.get_submodule(name) if name else model
+        if not isinstance(mod.__dict__.get("forward"), (_Forward, _Repeated)):
+            mod.forward = _Repeated(mod.forward, rules)
+            done.append(name)
+    return done
+
+
+def repeat_note(names: list, tp: int) -> str:
+    from ...search.tp_layout import gather_pattern
+    pats = sorted({gather_pattern(n) for n in names})
+    return (f"tp: {', '.join(pats)} get their key / value heads repeated to this rank's query heads before they "
+            f"run (one key head a rank at tp={tp}, where the code branches around its own repeat): the "
+            f"captured ops at a rank's sizes (shape audit passed)")
 
 
 def note(names: list, tp: int) -> str:
