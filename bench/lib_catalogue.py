@@ -40,10 +40,10 @@ made outside the split block (x-transformers' ALiBi and `rel_pos`, sliced to a r
 sapp/search/tp_sliced.py), where qk-norm reads the split for its shape only, where key heads are repeated
 as `(r kvh)` (sapp/search/tp_regroup.py: queries' rows and the closer's columns in rank order), and in
 Performer (FAVOR+'s projection repeated over a rank's heads), and nn.MultiheadAttention by heads
-(sapp/search/tp_mha.py).  `--columns tp2,tp2+sp` over the 14 decoders: 14/14 equal in each, heads split
-on 12.  Replicated, the rest of the model keeping tp and the plan's note saying why: xt_llama (4 heads
-over 2 key heads: at tp=2 a rank holds one, and x-transformers' one-key-head branch runs other ops than
-captured, so the runnable check gathers it; 8 over 4 splits, tests/test_tp_lib_heads.py) and
+(sapp/search/tp_mha.py), and where a rank holds one key head (xt_llama: 4 heads over 2 key heads at tp=2,
+where x-transformers' Attend would take its one-key-head branch) with the repeat done before Attend runs
+(sapp/emit/tp/local_shapes.py `repeat_rules`).  `--columns tp2,tp2+sp` over the 14 decoders: 14/14 equal
+in each, heads split on 13.  Replicated, the rest of the model keeping tp and the plan's note saying why:
 LocalTransformer (heads folded into the batch for its windows: tp_layout.unsplit_attention).
 
 bench/RESULTS.md §20's run (2026-12-02; the `probe` extra, `pip install --no-deps vit-pytorch`): 33

@@ -19,6 +19,10 @@ of this rank's one group to tp of them) and exactly one rewrite makes it hold; a
 keeps its call.  The shape audit then compares every op's shape at a rank's layer shapes with the
 plan's split, so a rewrite that gives another shape is refused and the block is gathered as before.
 
+A grouped-query repeat that opens a module on its inputs (`repeat_rules`) is done before that module
+runs, at a rank's sizes, where the module would otherwise branch around it at one key head a rank
+(x-transformers' Attend): the shape audit's last try.
+
 The search's runnable check and the emitter run the same audit (sapp/emit/runnable.py,
 sapp/emit/checks/before.py), so the plan the search writes is the program the ranks run."""
 from __future__ import annotations
