@@ -341,7 +341,7 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     shapes = local_shapes.rules(graph, regions, tp) if fix else {}
     # last: the grouped-query repeats done before the module that would branch around them at one
     # key head a rank (local_shapes.repeat_rules)
-    repeats = local_shapes.repeat_rules(graph, regions, tp) if fix else {}
+    repeats = local_shapes.repeat_rules(graph, regions, tp, expected_local) if fix else {}
     runs = [(p, False) for p in tries + [{}]] + [(p, True) for p in ([{}] + tries if shapes else [])] + \
         [(p, "repeat") for p in (tries + [{}] if repeats else [])]
     best = None     # the refusal of the try that ran furthest: the cause left once sapp's fixes are in

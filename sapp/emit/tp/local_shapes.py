@@ -275,7 +275,7 @@ def uninstall(model, names: list) -> None:
 _REPEAT = ("aten.unsqueeze.default", "aten.expand.default", "aten.reshape.default")
 
 
-def repeat_rules(graph, regions: list, tp: int) -> dict:
+def repeat_rules(graph, regions: list, tp: int, expected) -> dict:
     """{module: [(input pattern at a rank's share, unsqueezed axis, repeat)]}: the grouped-query
     repeats (`b kvh n d -> b (r kvh) n d`: unsqueeze, expand, reshape; search/tp_regroup.py) that open
     a module on one of its inputs, in graph order.  At one key head a rank a library may branch
@@ -283,7 +283,8 @@ def repeat_rules(graph, regions: list, tp: int) -> dict:
     running other ops than captured; done here before the module runs, at a rank's sizes, the repeat
     is the captured ops again and the module sees as many key heads as query heads, which it reads
     without a repeat of its own.  The shape audit compares every op, so a library that does anything
-    else is still gathered."""
+    else is still gathered.  `expected(graph, regions, tp)`: each node's shape at a rank
+    (shape_audit.expected_local, passed in: the audit imports this module)."""
     from ...search.tp_regroup import regroups
     exp = None
     out = {}
@@ -302,7 +303,7 @@ def repeat_rules(graph, regions: list, tp: int) -> dict:
             ushape, eshape = chain[0].out.shape, chain[1].out.shape
             axis = next((i for i in range(len(ushape)) if ushape[i] == 1 and
                          tuple(ushape[:i]) + tuple(ushape[i + 1:]) == tuple(src.shape)), None)
-            exp = exp if exp is not None else _expected(graph, regions, tp)
+            exp = exp if exp is not None else expected(graph, regions, tp)
             if axis is None or exp[chain[1].name][axis] != eshape[axis]:
                 continue
             pout = graph.nodes[src.producer].out.dims
@@ -316,11 +317,6 @@ def repeat_rules(graph, regions: list, tp: int) -> dict:
 
 def _inside(module: str, owner: str) -> bool:
     return module == owner or module.startswith(owner + ".")
-
-
-def _expected(graph, regions, tp):
-    from ..checks.shape_audit import expected_local
-    return expected_local(graph, regions, tp)
 
 
 class _Repeated:
