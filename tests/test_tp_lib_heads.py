@@ -132,3 +132,18 @@ def test_one_key_head_a_rank_repeated_before_the_branch(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "runs other ops than captured" in msg and "branches on a size the split changes" in msg, msg
     assert "einsum" not in msg and "\n" not in msg, msg
+
+
+def test_plan_names_the_attention_it_keeps_whole(tmp_path):
+    """LocalTransformer folds its heads into the batch: the searched tp=2 plan keeps that attention
+    replicated, the rest split, and its notes say which attention and why (plan/build.operator_section)."""
+    pytest.importorskip("local_attention")
+    from sapp.api import search
+    from tests.emit_workers import custom_sp_run, hf_models
+    model, loss_fn = hf_models.build("lib:local_transformer", device="meta")
+    x, y = hf_models.batch("lib:local_transformer", 2, 0)
+    plan = search(model, custom_sp_run.TP_CLUSTER, global_batch=2, example_inputs=x, loss_fn=loss_fn, targets=y,
+                  constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0, "sp": False})
+    assert plan.parallel["tp"] == 2 and plan._d["tp_modules"], plan._d["tp_modules"]
+    line = [n for n in plan._d["notes"] if n.startswith("tp=2 keeps the attention layers.*.*.branch.attn_fn")]
+    assert line and "folds the split heads into the data batch" in line[0], plan._d["notes"]
