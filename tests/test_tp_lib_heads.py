@@ -84,15 +84,13 @@ def test_multihead_attention_split_by_heads_equals_one_process(name, tmp_path):
 
 
 def test_attention_left_replicated_says_why():
-    """Where the layout cannot split the heads, the rest keeps tp and one line says why: local-attention
-    folds the heads into the batch; nn.MultiheadAttention split 'heads' leaves no line, and at a tp its
-    heads do not divide, the line says so."""
-    pytest.importorskip("local_attention")
+    """Where the layout cannot split the heads, one line says why: nn.MultiheadAttention split 'heads'
+    leaves no line, and at a tp its heads do not divide, the line says so; local-attention, whose heads
+    ride the batch axis, leaves none at tp=2 once its to_qkv is split."""
     from sapp.capture import capture
     from sapp.search.tp_layout import unsplit_attention
     from tests.emit_workers import hf_models
-    want = {("torch_encoder_lm", 3): ("encoder.layers.*.self_attn", "heads, which tp=3 does not divide"),
-            ("local_transformer", 2): ("layers.*.*.branch.attn_fn", "folds the split heads into the data batch")}
+    want = {("torch_encoder_lm", 3): ("encoder.layers.*.self_attn", "heads, which tp=3 does not divide")}
     for (case, tp), (module, why) in want.items():
         model, loss_fn = hf_models.build(f"lib:{case}", device="meta")
         x, y = hf_models.batch(f"lib:{case}", 2, 0)
@@ -104,6 +102,14 @@ def test_attention_left_replicated_says_why():
     heads = {m: "heads" for m, _ in model.named_modules() if m.endswith("self_attn")}
     lines = unsplit_attention(capture(model, x, loss_fn=loss_fn, target=y), 2, heads)
     assert heads and not any("self_attn" in line for line in lines), lines
+    if importlib.util.find_spec("local_attention") is not None:
+        model, loss_fn = hf_models.build("lib:local_transformer", device="meta")
+        x, y = hf_models.batch("lib:local_transformer", 2, 0)
+        graph = capture(model, x, loss_fn=loss_fn, target=y)
+        lines = unsplit_attention(graph, 2, {})        # no Linear split: the region is valid, only kept whole
+        assert lines and all("a region tp can split that this plan keeps whole" in line for line in lines), lines
+        qkv = {m: "colwise" for m, _ in model.named_modules() if m.endswith("to_qkv")}
+        assert qkv and unsplit_attention(graph, 2, qkv) == [], unsplit_attention(graph, 2, qkv)
 
 
 
@@ -134,16 +140,38 @@ def test_one_key_head_a_rank_repeated_before_the_branch(tmp_path, monkeypatch):
     assert "einsum" not in msg and "\n" not in msg, msg
 
 
-def test_plan_names_the_attention_it_keeps_whole(tmp_path):
-    """LocalTransformer folds its heads into the batch: the searched tp=2 plan keeps that attention
-    replicated, the rest split, and its notes say which attention and why (plan/build.operator_section)."""
+@pytest.mark.parametrize("name", ["LocalWindows", "LocalWindowsHeadBias"])
+def test_heads_folded_into_the_batch_split_by_heads(name, tmp_path):
+    """local-attention packs q, k, v as `(b h) n d` for its windows (sapp/search/tp_fold.py): the searched
+    tp=2 plan splits the fused to_qkv by heads (3 pieces) and to_out by rows in every block, leaves no
+    attention replicated (the plan's notes name none), and trains equal to one process in float64; with
+    the dynamic position bias (a per-head bias repeated over the folded batch) its MLP's last layer
+    is split by heads too."""
     pytest.importorskip("local_attention")
-    from sapp.api import search
-    from tests.emit_workers import custom_sp_run, hf_models
-    model, loss_fn = hf_models.build("lib:local_transformer", device="meta")
-    x, y = hf_models.batch("lib:local_transformer", 2, 0)
-    plan = search(model, custom_sp_run.TP_CLUSTER, global_batch=2, example_inputs=x, loss_fn=loss_fn, targets=y,
-                  constraints={"dp": 1, "tp": 2, "pp": 1, "zero": 0, "sp": False})
-    assert plan.parallel["tp"] == 2 and plan._d["tp_modules"], plan._d["tp_modules"]
-    line = [n for n in plan._d["notes"] if n.startswith("tp=2 keeps the attention layers.*.*.branch.attn_fn")]
-    assert line and "folds the split heads into the data batch" in line[0], plan._d["notes"]
+    plan, path = _searched(getattr(LM, name), tmp_path)
+    styles, parts = plan._d["tp_modules"], plan._d["tp_layout"]["parts"]
+    assert plan.parallel["tp"] == 2, plan.parallel
+    for i in (0, 1):
+        attn = f"net.layers.{i}.0.branch"
+        assert [styles.get(f"{attn}.to_qkv"), styles.get(f"{attn}.to_out")] == ["colwise", "rowwise"], styles
+        assert parts[f"{attn}.to_qkv"] == [32, 32, 32], parts
+    assert not any(n.startswith("tp=2 keeps the attention") for n in plan._d["notes"]), plan._d["notes"]
+    if name == "LocalWindowsHeadBias":
+        assert styles.get("net.dynamic_pos_bias.mlp.4") == "colwise", styles
+    _equals_one_process(name, path, tmp_path)
+
+
+def test_plan_names_the_attention_it_keeps_whole(tmp_path):
+    """Where a layout keeps an attention whole, the searched plan's notes say which and why
+    (plan/build.operator_section): LocalTransformer called with a key-padding mask, which local-attention
+    repeats over the batch its heads are folded into, a tensor made outside whose rows are every head's;
+    the plan keeps that attention replicated, splits the rest, and trains equal to one process."""
+    pytest.importorskip("local_attention")
+    plan, path = _searched(LM.LocalWindowsMasked, tmp_path)
+    styles = plan._d["tp_modules"]
+    assert plan.parallel["tp"] == 2 and styles.get("net.layers.0.1.branch.1"), styles     # the MLP keeps tp
+    assert styles.get("net.layers.0.0.branch.to_qkv") in (None, "colwise_gather"), styles   # q, k, v whole
+    assert "net.layers.0.0.branch.to_out" not in styles, styles
+    line = [n for n in plan._d["notes"] if n.startswith("tp=2 keeps the attention net.layers.*.*.branch.attn_fn")]
+    assert line and "whose rows are every head's" in line[0], plan._d["notes"]
+    _equals_one_process("LocalWindowsMasked", path, tmp_path)

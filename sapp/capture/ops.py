@@ -20,8 +20,8 @@ from .ops_norm import (batch_norm, cross_entropy, group_norm, layer_norm, pointw
                        softmax, upsample)
 from .ops_pointwise import ELEMENTWISE, dropout, elementwise
 from .ops_recurrent import GATES, recurrent
-from .ops_view import (as_strided, cat, col2im, creation, expand, identity, im2col, pad, permute,  # noqa: F401
-                       repeat_interleave, reshape, reshape_groups, select, slice_, stack)
+from .ops_view import (as_strided, cat, col2im, creation, expand, identity, im2col, movedim, pad, permute,  # noqa: F401
+                       repeat_interleave, reshape, reshape_groups, select, slice_, stack, windows)
 
 HANDLERS = {
     "linear": linear, "addmm": addmm, "mm": matmul, "bmm": matmul, "matmul": matmul, "baddbmm": matmul,
@@ -54,7 +54,7 @@ HANDLERS = {
     "view": reshape, "reshape": reshape, "_unsafe_view": reshape, "flatten": reshape, "unflatten": reshape,
     "squeeze": reshape, "unsqueeze": reshape, "view_as": reshape, "reshape_as": reshape,
     "permute": permute, "transpose": permute, "t": permute, "numpy_T": permute, "swapaxes": permute,
-    "swapdims": permute,
+    "swapdims": permute, "movedim": movedim, "moveaxis": movedim, "unfold": windows,
     "expand": expand, "expand_as": expand, "repeat": expand, "broadcast_to": expand,
     "fft_fft": fft, "fft_ifft": fft, "fft_rfft": fft, "fft_irfft": fft, "fft_fft2": fft, "fft_ifft2": fft,
     "fft_fftn": fft, "fft_ifftn": fft, "fft_rfftn": fft, "fft_irfftn": fft, "real": identity, "imag": identity,

@@ -49,7 +49,7 @@ def reshape(c):
     if groups is None:
         return generic(c)
     ind = [None] * len(ish)
-    unsplit, also = set(), []
+    unsplit, also, folds = set(), [], []
     for gi, gj in groups:
         if not gj:
             continue
@@ -61,7 +61,11 @@ def reshape(c):
         ind[gi[0]] = f"a{gj[0]}"
         unsplit.update(gj[1:])
         also += [(0, a, f"a{gj[0]}") for a in gi[1:]]
+        if len(gi) > 1 or len(gj) > 1:      # (input axes, output axes) of one merge or unmerge
+            folds.append((tuple(gi), tuple(gj)))
     s = _view_spec(c, [tuple(ind)] + [() for _ in c.ins[1:]], unsplit, also)
+    if folds:
+        s.extra["folds"] = folds            # read by the tp layout: heads carried inside a merged batch
     s.trusted = True
     return s
 
@@ -80,6 +84,34 @@ def permute(c):
     for i, p in enumerate(perm):
         ind[p] = f"a{i}"
     return _view_spec(c, [tuple(ind)], set())
+
+
+def movedim(c):
+    """movedim(x, source, destination): a permutation of x's axes."""
+    n = len(c.ins[0].shape)
+    src, dst = _arg(c, 1, "source"), _arg(c, 2, "destination")
+    src = [_axis(int(a), n) for a in (src if isinstance(src, (list, tuple)) else [src])]
+    dst = [_axis(int(a), n) for a in (dst if isinstance(dst, (list, tuple)) else [dst])]
+    rest = iter(a for a in range(n) if a not in src)
+    perm = [None] * n                        # output axis -> input axis
+    for a, b in zip(src, dst):
+        perm[b] = a
+    perm = [p if p is not None else next(rest) for p in perm]
+    ind = [None] * n
+    for i, p in enumerate(perm):
+        ind[p] = f"a{i}"
+    return _view_spec(c, [tuple(ind)], set())
+
+
+def windows(c):
+    """Tensor.unfold(dim, size, step): windows of `size` along `dim`, stepped by `step`, as a new last
+    axis (local-attention's look-around).  The windows overlap, so `dim` and the new axis stay whole;
+    every other axis maps straight.  A view: no FLOPs, no bytes."""
+    x = c.ins[0]
+    n = len(x.shape)
+    d = _axis(int(_arg(c, 1, "dimension")), n)
+    ind = tuple(None if i == d else f"a{i}" for i in range(n))
+    return _view_spec(c, [ind], {d, n})
 
 
 def expand(c):

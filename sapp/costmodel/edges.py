@@ -4,7 +4,7 @@ from __future__ import annotations
 from .dtypes import out_bytes
 from .fp8 import edge_width
 from .grads import carries_grad
-from .layouts import R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
+from .layouts import P, R, input_grad_layout, input_layout, output_grad_layout, output_layout, reshard_time
 
 
 def translate(prod_out, operand, layout) -> tuple:
@@ -22,20 +22,46 @@ def translate(prod_out, operand, layout) -> tuple:
     return tuple(out)
 
 
-def edge_layouts(prod_node, operand, s_prod, s_cons):
-    """(fwd src, fwd dst, bwd src, bwd dst) layouts in the consumer operand's axes."""
+def _folds(consumer, operand) -> tuple:
+    """The (input axes, output axes) merges and unmerges of reshape `consumer` reading `operand`."""
+    if consumer is None or not consumer.operands or consumer.operands[0] is not operand:
+        return ()
+    return consumer.extra.get("folds", ())
+
+
+def fold_src(layout, operand, consumer) -> tuple:
+    """A producer layout in the consumer operand's axes, a split on an inner axis of a merge read as a
+    split of the merged axis (the capture maps a merge to its outermost axis): a rank holding part
+    of the inner factor holds its own rows of the merged axis - local-attention's heads folded into
+    `(b h)` move no byte (search/tp_fold.py)."""
+    remap = {a: gi[0] for gi, gj in _folds(consumer, operand) if len(gj) == 1 for a in gi[1:]}
+    return tuple(remap.get(c, c) for c in layout) if remap else layout
+
+
+def fold_dst(layout, strategy, operand, consumer) -> tuple:
+    """A consumer's operand layout (value or gradient) where reshape `consumer` unmerges an axis and
+    splits an inner factor of it: those are the rank's own rows of the merged axis, not a gather."""
+    inner = {consumer.out.dims[j]: gi[0] for gi, gj in _folds(consumer, operand) if len(gi) == 1 for j in gj[1:]}
+    if not inner:
+        return layout
+    return tuple(inner[d] if d in inner and c in (R, P) else c for c, d in zip(layout, strategy))
+
+
+def edge_layouts(prod_node, operand, s_prod, s_cons, consumer=None):
+    """(fwd src, fwd dst, bwd src, bwd dst) layouts in the consumer operand's axes (`consumer`: the
+    node reading `operand`, whose merges and unmerges of axes are read: `fold_src`, `fold_dst`)."""
     out_l = output_layout(prod_node, s_prod)
-    f_src = translate(prod_node.out, operand, out_l)
-    f_dst = input_layout(operand.dims, s_cons)
-    b_src = input_grad_layout(operand.dims, s_cons)
-    b_dst = translate(prod_node.out, operand, output_grad_layout(out_l))
+    f_src = fold_src(translate(prod_node.out, operand, out_l), operand, consumer)
+    f_dst = fold_dst(input_layout(operand.dims, s_cons), s_cons, operand, consumer)
+    b_src = fold_dst(input_grad_layout(operand.dims, s_cons), s_cons, operand, consumer)
+    b_dst = fold_src(translate(prod_node.out, operand, output_grad_layout(out_l)), operand, consumer)
     return f_src, f_dst, b_src, b_dst
 
 
 def edge_times(prod_node, operand, s_prod, s_cons, mesh, cluster, settings, consumer=None):
     """(forward seconds, backward seconds) of resharding one edge (`consumer`: the node reading
     `operand`, for the FP8 tensor-parallel widths of costmodel/fp8.py)."""
-    f_src, f_dst, b_src, b_dst = edge_layouts(prod_node, operand, s_prod, s_cons)
+    f_src, f_dst, b_src, b_dst = edge_layouts(prod_node, operand, s_prod, s_cons, consumer)
     # the producer's tensor moves as it is (a consumer's autocast cast comes after it arrives)
     eb = out_bytes(prod_node, settings) if settings.is_float(operand.dtype) else settings.act_bytes(operand.dtype)
     fwd = reshard_time(f_src, f_dst, operand.numel * edge_width(prod_node, consumer, False, settings, eb), mesh,
@@ -54,4 +80,4 @@ def edge_cost(graph, producer, consumer, operand_index, s_prod, s_cons, mesh, cl
     return fwd + bwd
 
 
-__all__ = ["edge_cost", "edge_times", "edge_layouts", "R"]
+__all__ = ["edge_cost", "edge_times", "edge_layouts", "fold_dst", "fold_src", "R"]

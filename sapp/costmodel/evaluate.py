@@ -122,7 +122,7 @@ def _shared_entry(prod, node, operand, sp, s, f, bw, settings, shared):
     converts its own input) but once under the fused runtime (Megatron's fused QKV / FC1 reduce
     the input gradient once).  Shared inside one module only (the attention, the MLP): a tensor read
     by linears of several modules (an encoder output in every cross-attention) moves for each."""
-    f_src, f_dst, b_src, b_dst = edge_layouts(prod, operand, sp, s)
+    f_src, f_dst, b_src, b_dst = edge_layouts(prod, operand, sp, s, node)
     entry = f_src != f_dst
     where = node.module.rpartition(".")[0]
     key = (prod.name, where, f_src, f_dst, "fwd")

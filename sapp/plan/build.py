@@ -28,7 +28,7 @@ def operator_section(graph, prof):
         notes = notes + [f"tp={prof.tp} keeps the attention {line.replace(': ', ' replicated: ', 1)}"
                          for line in tp_layout.unsplit_attention(graph, prof.tp, tp_modules)]
     section = {"source": "graph", "groups": groups, "notes": notes}
-    parts = tp_layout.module_parts(graph, strategies, tp_levels, sp) if tp_modules else {}
+    parts = tp_layout.module_parts(graph, strategies, tp_levels, sp, prof.tp) if tp_modules else {}
     if parts:                       # fused projections split by heads (absent: none, as before)
         section["parts"] = parts
     if sp and tp_modules:           # sequence parallelism: where the emitter puts each piece

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.dtypes import WIDTHS_KEY, ensure_widths, out_bytes
-from ..costmodel.edges import edge_layouts, translate
+from ..costmodel.edges import edge_layouts, fold_dst, fold_src, translate
 from ..costmodel.layouts import input_grad_layout, input_layout, output_grad_layout, output_layout
 from ..costmodel.evaluate import first_savers, param_owners
 from ..costmodel.fp8 import edge_width
@@ -174,7 +174,7 @@ class Problem:
         hit = self._lay_memo.get(key)
         if hit is None:
             cons = self.nodes[cv]
-            hit = edge_layouts(self.nodes[pv], cons.operands[i], sp, sc)
+            hit = edge_layouts(self.nodes[pv], cons.operands[i], sp, sc, cons)
             self._lay_memo[key] = hit
         return hit
 
@@ -221,16 +221,16 @@ class Problem:
         pv, cv, i, cnt = self.edges[k]
         o = self.nodes[cv].operands[i]
         wf, wb = self._widths(pv, cv, o)
-        prod = self.nodes[pv]
+        prod, cons = self.nodes[pv], self.nodes[cv]
         pf, pb = [], []
         for s in sps:
             ol = output_layout(prod, s)
-            pf.append(translate(prod.out, o, ol))
-            pb.append(translate(prod.out, o, output_grad_layout(ol)))
-        cf = [input_layout(o.dims, s) for s in scs]
+            pf.append(fold_src(translate(prod.out, o, ol), o, cons))
+            pb.append(fold_src(translate(prod.out, o, output_grad_layout(ol)), o, cons))
+        cf = [fold_dst(input_layout(o.dims, s), s, o, cons) for s in scs]
         out = [self._factor(pf, cf, o.numel * wf, cnt, False)]
         if self.settings.is_float(o.dtype) and carries_grad(prod):
-            cb = [input_grad_layout(o.dims, s) for s in scs]
+            cb = [fold_dst(input_grad_layout(o.dims, s), s, o, cons) for s in scs]
             out.append(self._factor(pb, cb, o.numel * wb, cnt, True))
         return out
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from .linears import linears, lookup_tail, nested_holders, param_uses, tied_tables  # noqa: F401  (linears: read from here too)
 from .sp_layout import sp_with_table
-from . import tp_mha
-from .tp_fused import fused_openers  # noqa: F401  (read from here)
+from . import tp_fold, tp_mha
+from .tp_fused import fused_openers, fused_parts, piece_cut  # noqa: F401  (read from here)
 from .tp_regroup import into_batch, regroup, regroup_parts
 from .tp_sliced import broadcast, sliceable
 
@@ -46,6 +46,7 @@ class Region:
     sliced: dict = field(default_factory=dict)  # node -> operand indices made outside, sliced to a rank's part
     bcast: dict = field(default_factory=dict)   # expand made outside -> its axis over the split (a rank's share)
     members: set = field(default_factory=set)   # ops between the openers and the closers
+    folds: dict = field(default_factory=dict)   # node -> (outer, heads, inner) of a batch its heads ride (tp_fold.py)
     why: str = ""                 # why it is not valid ("" when valid)
 
 
@@ -65,36 +66,54 @@ def _members(graph, consumers, start, is_linear):
     return seen, closers
 
 
+def _operand_dims(graph, name, dims: dict, folds: dict, inside: set) -> tuple:
+    """(op dims `name` meets the split on, the fold its output carries or None, whether it splits a
+    fold back, why not '') from its operands made inside the region."""
+    node = graph.nodes[name]
+    got, fold, unfolded = set(), None, False
+    for op in node.operands:
+        if op.producer not in inside:
+            continue
+        p = graph.nodes[op.producer]
+        pd = dims.get(op.producer)
+        if pd is None or pd not in p.out.dims:
+            return got, None, False, f"{op.producer} contracts the split before reaching a closer"
+        axis = p.out.dims.index(pd)
+        d = op.dims[axis] if axis < len(op.dims) else None
+        if op.producer in folds:                # the split rides a merged batch axis (tp_fold.py)
+            d, f, why = tp_fold.follow(node, op, axis, folds[op.producer])
+            if why or (f is not None and fold not in (None, f)):
+                return got, None, False, why or f"{name} meets heads folded into the batch at two sizes"
+            fold, unfolded = f or fold, unfolded or f is None
+            got.add(d)
+            continue
+        if d is None and not any(op.dims):
+            continue                # read for its shape only (expand_as's `other`): the audit checks it
+        if d is None and regroup(node, op, axis) is not None:
+            d = regroup(node, op, axis)[0]     # key heads repeated as the inner factor (tp_regroup.py)
+        if d is None and tp_fold.into(node, op, axis) is not None:
+            d, fold = tp_fold.into(node, op, axis)
+        if d is None and into_batch(node, op, axis):
+            return got, None, False, f"{name} folds the split heads into the data batch at other sizes"
+        if d is None:
+            return got, None, False, f"{name} ({node.kind}) does not map the split axis of {op.producer}"
+        got.add(d)
+    if fold is not None and unfolded:
+        return got, None, False, f"{name} meets heads folded into the batch and heads split back out"
+    return got, fold, unfolded, ""
+
+
 def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
     """Assign each member the op dim it runs over the split axis; '' when consistent, else why not."""
     dims = {o: "n" for o in region.openers}
     order = [n for n in graph.nodes if n in members or n in region.closers]
     inside = set(region.openers) | members
-    sliced, bcast = {}, {}
+    sliced, bcast, folds = {}, {}, {}
     for name in order:
         node = graph.nodes[name]
-        got, unmapped = set(), None
-        for j, op in enumerate(node.operands):
-            if op.producer not in inside:
-                continue
-            p = graph.nodes[op.producer]
-            pd = dims.get(op.producer)
-            if pd is None or pd not in p.out.dims:
-                return f"{op.producer} contracts the split before reaching a closer"
-            axis = p.out.dims.index(pd)
-            d = op.dims[axis] if axis < len(op.dims) else None
-            if d is None and not any(op.dims):
-                continue                # read for its shape only (expand_as's `other`): the audit checks it
-            if d is None and regroup(node, op, axis) is not None:
-                d = regroup(node, op, axis)[0]     # key heads repeated as the inner factor (tp_regroup.py)
-            if d is None and into_batch(node, op, axis):
-                unmapped = unmapped or f"{name} folds the split heads into the data batch ((b h) windows)"
-            if d is None:
-                unmapped = unmapped or f"{name} ({node.kind}) does not map the split axis of {op.producer}"
-                continue
-            got.add(d)
-        if unmapped or not got:
-            return unmapped or f"{name} ({node.kind}) reads the split only for its shape"
+        got, fold, unfolded, why = _operand_dims(graph, name, dims, folds, inside)
+        if why or not got:
+            return why or f"{name} ({node.kind}) reads the split only for its shape"
         if len(got) != 1:
             return f"{name} meets the split on different dims {sorted(got)}"
         d = got.pop()
@@ -103,12 +122,25 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
                 return f"closer {name} meets the split on {d}, not its contraction k"
             dims[name] = d
             continue
+        if fold is not None:        # rows of a merged batch: a rank's heads' rows (tp_fold.py)
+            folds[name] = fold
+            dim = next((x for x in node.dims if x.name == d), None)
+            if fold[1] % tp or dim is None or not dim.splittable:
+                return f"{name} ({node.kind}) cannot split the {fold[1]} heads folded into its batch {tp} ways"
+            for op in node.operands:
+                why = "" if op.producer in inside else tp_fold.outside_reads(node, op, d)
+                if why:
+                    return why
+            if name in graph.outputs:
+                return f"{name} is a model output"
+            dims[name] = d
+            continue
         dim = next((x for x in node.dims if x.name == d), None)
         piece = piece_cut(node, d)
         if piece is not None:                   # a fused projection's piece, split by heads
             if any(v % tp for v in piece["sizes"]):
                 return f"{name} ({node.kind}) cuts the fused split axis into {piece['sizes']}, not all divisible by {tp}"
-        elif dim is None or not dim.splittable or dim.batch or dim.size % tp:
+        elif dim is None or not (dim.splittable or unfolded) or dim.batch or dim.size % tp:
             return f"{name} ({node.kind}) cannot split {d} {tp} ways"
         for j, op in enumerate(node.operands):
             if op.producer not in inside and d in op.dims and op.numel > 1:
@@ -123,75 +155,15 @@ def _propagate(graph, consumers, region: Region, members: set, tp: int) -> str:
         if name in graph.outputs:
             return f"{name} is a model output"
         dims[name] = d
-    region.dims, region.sliced, region.bcast = dims, sliced, bcast
+    region.dims, region.sliced, region.bcast, region.folds = dims, sliced, bcast, folds
     parts, why = fused_parts(graph, dims, consumers)
-    heads, why2 = regroup_parts(graph, dims, set(linears(graph)), tp)
+    heads, why2 = regroup_parts(graph, dims, set(linears(graph)), tp, folds)
     if set(parts) & set(heads):
         why2 = f"{sorted(set(parts) & set(heads))[0]} is both a fused projection and the queries of repeated key heads"
     elif heads and sliced:      # a rank's query heads are then not one block of the bias's heads
         why2 = f"{sorted(sliced)[0]} adds a per-head tensor to query heads held in the repeated key heads' order"
     region.parts = {**parts, **heads}
     return why or why2
-
-
-def piece_cut(node, d):
-    """The `piece` facts of a split / chunk piece whose cut axis carries op dim `d`, else None."""
-    piece = node.extra.get("piece") if node.kind == "view" else None
-    if piece is None or piece["axis"] >= len(node.out.dims) or node.out.dims[piece["axis"]] != d:
-        return None
-    return piece
-
-
-def _axis_size(node, d):
-    return node.out.shape[node.out.dims.index(d)] if d in node.out.dims else None
-
-
-def fused_parts(graph, dims: dict, consumers: dict = None) -> tuple:
-    """({opener node: piece sizes}, why) for a layout whose ops run over the split axis as `dims`
-    says ({node: op dim}): an opener whose output is cut into pieces on that axis (a fused q/k/v
-    projection, `chunk(3)` / `split([q, kv, kv])`) is split by heads: each rank's share of the output
-    holds its share of every piece, in order (emit permutes the weight's rows to that order).  Between
-    the opener and its pieces the fused axis must keep its length (a bias, a dropout, HF Conv1D's
-    unflattening view); an op that reads it otherwise (a reshape of it into heads) makes the region
-    invalid: the rows it would see are in rank order, not the model's."""
-    parts, seen, lin = {}, {}, None
-    for name, d in dims.items():
-        node = graph.nodes[name]
-        piece = piece_cut(node, d)
-        if piece is None:
-            continue
-        total = sum(piece["sizes"])
-        lin = set(linears(graph)) if lin is None else lin
-        src = next((o.producer for o in node.operands if o.producer), None)
-        while src is not None and src in dims and src not in lin:
-            p = graph.nodes[src]
-            nxt = [o.producer for o in p.operands if o.producer in dims]
-            if len(nxt) != 1 or _axis_size(p, dims[src]) != total:
-                return {}, f"{src} ({p.kind}) reshapes the fused projection before its split"
-            src = nxt[0]
-        if src is None or src not in dims or src not in lin or _axis_size(graph.nodes[src], dims[src]) != total:
-            return {}, f"{name} splits a tensor that no column-split projection makes whole"
-        if parts.setdefault(src, piece["sizes"]) != piece["sizes"]:
-            return {}, f"{src}'s output is split two ways ({parts[src]} and {piece['sizes']})"
-        seen.setdefault(src, set()).add(name)
-    # every op between a fused opener and its pieces keeps the fused axis; no other op reads it
-    if parts and consumers is None:
-        consumers = graph.consumers()
-    for src, sizes in parts.items():
-        total, stack, done = sum(sizes), [src], set()
-        while stack:
-            cur = stack.pop()
-            for c, _ in consumers[cur]:
-                if c in done or c not in dims or c in seen[src]:
-                    continue
-                done.add(c)
-                cn = graph.nodes[c]
-                if piece_cut(cn, dims[c]) is not None:
-                    return {}, f"{c} splits {src}'s output on another path"
-                if _axis_size(cn, dims[c]) != total:
-                    return {}, f"{c} ({cn.kind}) reads the fused projection {src} whole"
-                stack.append(c)
-    return parts, ""
 
 
 def regions(graph, tp: int, gather=frozenset(), mha: bool = True) -> list:
@@ -227,11 +199,15 @@ def regions(graph, tp: int, gather=frozenset(), mha: bool = True) -> list:
         else:
             r.why = _propagate(graph, consumers, r, g["members"], tp)
         out.append(r)
-    # a linear cannot be both: a closer of a valid region is not an opener of another
-    closing = {c for r in out if not r.why for c in r.closers}
+    # a linear cannot be both: a closer of a region kept (in graph order) opens no other, and a region
+    # dropped so keeps none of its closers (DynamicPositionBias's mlp.0 -> mlp.2 -> mlp.4 chain: the
+    # first and the attention mlp.4 opens are kept, the one between is not)
+    closing = set()
     for r in out:
         if not r.why and closing & set(r.openers):
             r.why = f"{sorted(closing & set(r.openers))[0]} already closes another region"
+        if not r.why:
+            closing |= set(r.closers)
     for r in tp_mha.regions(graph, tp, Region):
         if not r.why and not mha:
             r.why = (f"{graph.nodes[r.openers[0]].module} is split by heads without sequence parallelism only "
@@ -473,15 +449,17 @@ def modules(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> 
     return styles, groups, notes
 
 
-def module_parts(graph, strategies: dict, tp_levels: list, sp: set = frozenset()) -> dict:
+def module_parts(graph, strategies: dict, tp_levels: list, sp: set = frozenset(), tp: int = 0) -> dict:
     """{module: piece sizes} of the fused projections a layout splits by heads (the plan's
     `tp_layout.parts`): emit orders each such weight's rows so that a rank's share holds its share of
-    every piece (sapp/emit/tp/fused.py)."""
+    every piece (sapp/emit/tp/fused.py).  `tp`: the degree, whose regions' heads folded into a batch
+    (tp_fold.py) need no pieces where a repeat meets them."""
     dims = {}
     for n, s in strategies.items():
         ds = {s[i] for i in tp_levels if i < len(s or ()) and s[i] is not None}
         if len(ds) == 1 and n not in sp:
             dims[n] = ds.pop()
     parts, _ = fused_parts(graph, dims)
-    parts.update(regroup_parts(graph, dims, set(linears(graph)))[0])
+    folds = {n: f for r in (regions(graph, tp) if tp > 1 else []) if not r.why for n, f in r.folds.items()}
+    parts.update(regroup_parts(graph, dims, set(linears(graph)), folds=folds)[0])
     return {graph.nodes[n].module: list(v) for n, v in sorted(parts.items()) if graph.nodes[n].module}

@@ -69,11 +69,15 @@ def regroups(graph, dims: dict) -> dict:
     return out
 
 
-def regroup_parts(graph, dims: dict, linears: set, tp: int = None) -> tuple:
+def regroup_parts(graph, dims: dict, linears: set, tp: int = None, folds: dict = None) -> tuple:
     """({linear node: piece sizes}, why) for the layout `dims`: in each split component (ops the
     split flows through) with a regroup, the column-split linears whose output does not pass through
     one (the query projection) get P equal pieces of their rows, the row-split linears the merged
-    axis reaches (the closer) P equal pieces of their input columns.  `tp`: each piece must divide."""
+    axis reaches (the closer) P equal pieces of their input columns.  `tp`: each piece must divide.
+    A component whose heads ride a batch they are folded into (`folds`, tp_fold.py: (outer, heads,
+    inner)) needs no pieces where the heads are the innermost factor of every fold and every repeat:
+    local-attention's per-head bias repeated `h i j -> (b h) 1 i j` then holds a rank's rows of that
+    batch in the fold's own order."""
     rgs = regroups(graph, dims)
     if not rgs:
         return {}, ""
@@ -87,6 +91,13 @@ def regroup_parts(graph, dims: dict, linears: set, tp: int = None) -> tuple:
         if len(ps) > 1:
             return {}, f"key heads repeated {sorted(ps)} times in one region"
         p = ps.pop()
+        fs = {folds[n] for n in comp if n in (folds or {})}
+        # the repeat count is the batch's (b // heads at a rank: its own rows), so only the heads'
+        # place matters: innermost in both
+        if fs and all(f[2] == 1 for f in fs) and all(_inner(graph, n, dims) == 1 for n in comp if n in rgs):
+            continue
+        if fs:
+            return {}, f"a tensor repeated {p} times meets heads folded into the batch as {sorted(fs)}"
         up = _reach([n for n in comp if n in rgs], lambda n: [o.producer for o in graph.nodes[n].operands
                                                                if o.producer in dims])
         for n in comp:
@@ -103,6 +114,21 @@ def regroup_parts(graph, dims: dict, linears: set, tp: int = None) -> tuple:
             if size % p or (tp and (size // p) % tp):
                 return {}, f"{graph.nodes[n].module} cannot be cut into {p} pieces a rank's heads divide"
     return out, ""
+
+
+def _inner(graph, name: str, dims: dict) -> int:
+    """The product of the axes after the split in the merge regroup node `name` makes."""
+    node = graph.nodes[name]
+    for op in node.operands:
+        pd = dims.get(op.producer)
+        if pd is None or pd not in graph.nodes[op.producer].out.dims:
+            continue
+        axis = graph.nodes[op.producer].out.dims.index(pd)
+        k = axis
+        while k + 1 < len(op.dims) and op.dims[k + 1] is None:
+            k += 1
+        return math.prod(op.shape[axis + 1:k + 1])
+    return 0
 
 
 def _reach(start, nxt) -> set:

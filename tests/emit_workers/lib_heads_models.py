@@ -96,3 +96,36 @@ class XtLlama(_Lib):
 
     def make(self):
         return _xt(attn_kv_heads=2, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_no_bias=True)
+
+
+class LocalWindows(_Lib):
+    """local-attention's LocalTransformer (windowed causal attention, hyper-connections): q, k, v packed
+    as `(b h) n d` for the windows, so a rank's heads ride the data batch from the pack to the unpack."""
+    extra = {}
+
+    def make(self):
+        import random
+        from local_attention import LocalTransformer
+        random.seed(0)      # hyper-connections picks each layer's residual stream with Python's random
+        return LocalTransformer(num_tokens=VOCAB, max_seq_len=SEQ, dim=DIM, depth=2, heads=4, dim_head=8,
+                                causal=True, **dict({"local_attn_window_size": SEQ // 2}, **self.extra))
+
+
+class LocalWindowsHeadBias(LocalWindows):
+    """The same with its dynamic position bias: a per-head bias made outside the attention, repeated
+    `h i j -> (b h) 1 i j` by its own head count (a rank's: the bias MLP's last layer split by heads);
+    windows of 2, so no stored size but the head count equals one the region splits."""
+    extra = {"use_dynamic_pos_bias": True, "local_attn_window_size": SEQ // 4}
+
+    def __init__(self):
+        super().__init__()
+        # the bias MLP reads `arange(dtype=torch.float)`: cast to the model's float64
+        self.net.dynamic_pos_bias.mlp.register_forward_pre_hook(lambda m, args: (args[0].to(torch.float64),))
+
+
+class LocalWindowsMasked(LocalWindows):
+    """The same called with a key-padding mask, which local-attention repeats `b ... -> (b h) ...` over
+    the batch its heads are folded into: a tensor made outside the attention over that batch."""
+
+    def forward(self, ids):
+        return self.net(ids, mask=ids >= 0)

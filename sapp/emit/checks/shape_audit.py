@@ -25,6 +25,7 @@ Context and expert parallelism change shapes outside the regions and are checked
 (cp.py, ep.py)."""
 from __future__ import annotations
 
+import itertools
 import re
 
 from torch import nn
@@ -301,6 +302,7 @@ _NARROWED = "aten.narrow.default"
 
 # at most this many leave-one-out tries when setting every candidate fails the audit
 MAX_TRIES = 8
+SUBSET_TRIES = 3      # every subset of up to this many candidates (7 audits at most)
 
 
 def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple, notes: list,
@@ -333,9 +335,7 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     if partial is not None:
         partial.extend(found)
     cand = candidates(model, graph, regions, tp) if fix else {}
-    tries = [cand] if cand else []
-    if 1 < len(cand) <= MAX_TRIES:
-        tries += [{k: v for k, v in cand.items() if k != drop} for drop in cand]
+    tries = _subsets(cand)
     # then the regions' reshapes by sizes of the whole model run at a rank's share, alone and with the
     # stored sizes (nanoGPT's view by `C // self.n_head`, C off the input; litgpt's shared config)
     shapes = local_shapes.rules(graph, regions, tp) if fix else {}
@@ -369,6 +369,20 @@ def check(model: nn.Module, styles: dict, groups, tp: int, example_inputs: tuple
     if sp_sec:
         _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sp_sec)
     return checked
+
+
+def _subsets(cand: dict) -> list:
+    """The candidate sets the audit tries, largest first: all; with a few candidates every non-empty
+    subset (LocalTransformer's residual-stream count in two einops layers equals its head count at
+    4: only the head count is a rank's), else all but one."""
+    keys = sorted(cand)
+    if not keys:
+        return []
+    if len(keys) <= SUBSET_TRIES:
+        subs = [c for k in range(len(keys), 0, -1) for c in itertools.combinations(keys, k)]
+    else:
+        subs = [tuple(keys)] + ([tuple(k for k in keys if k != d) for d in keys] if len(keys) <= MAX_TRIES else [])
+    return [{k: cand[k] for k in sub} for sub in subs]
 
 
 def _audit_sp(model, graph, styles, groups, tp, local, example_inputs, sec) -> None:
