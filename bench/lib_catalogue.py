@@ -42,9 +42,10 @@ as `(r kvh)` (sapp/search/tp_regroup.py: queries' rows and the closer's columns 
 Performer (FAVOR+'s projection repeated over a rank's heads), and nn.MultiheadAttention by heads
 (sapp/search/tp_mha.py), and where a rank holds one key head (xt_llama: 4 heads over 2 key heads at tp=2,
 where x-transformers' Attend would take its one-key-head branch) with the repeat done before Attend runs
-(sapp/emit/tp/local_shapes.py `repeat_rules`).  `--columns tp2,tp2+sp` over the 14 decoders: 14/14 equal
-in each, heads split on 13.  Replicated, the rest of the model keeping tp and the plan's note saying why:
-LocalTransformer (heads folded into the batch for its windows: tp_layout.unsplit_attention).
+(sapp/emit/tp/local_shapes.py `repeat_rules`), and where the heads are folded into the data batch for
+local windows (LocalTransformer's `(b h) n d`: sapp/search/tp_fold.py).  `--columns tp2,tp2+sp` over the
+14 decoders: 14/14 equal in each, self-attention split by heads on 14.  Replicated, the rest of the model
+keeping tp and the plan's note saying why: PerceiverIO LM's cross-attentions (one head each).
 
 bench/RESULTS.md §20's run (2026-12-02; the `probe` extra, `pip install --no-deps vit-pytorch`): 33
 families: x-transformers 2.31.10 (9), vit-pytorch 1.26.11 (10), tab-transformer-pytorch 0.6.1 (2),

@@ -38,7 +38,7 @@ def regroup(node, op, axis: int):
     if d not in node.out.dims or math.prod(op.shape[j:k + 1]) != node.out.shape[node.out.dims.index(d)]:
         return None
     if any(x.name == d and x.batch for x in node.dims):
-        return None         # heads folded into the data batch ((b h): local-attention's windows): see `into_batch`
+        return None         # heads folded into the data batch ((b h): local-attention's windows): tp_fold.py
     p = math.prod(op.shape[j:axis])
     return (d, p) if p > 1 else None
 

@@ -133,7 +133,9 @@ def _performer(causal):
 
 
 def _local_transformer():
+    import random
     from local_attention import LocalTransformer
+    random.seed(0)      # hyper-connections picks each layer's residual stream with Python's random
     return LocalTransformer(num_tokens=VOCAB, max_seq_len=SEQ, dim=DIM, depth=DEPTH, heads=HEADS, dim_head=16,
                             local_attn_window_size=SEQ // 2, causal=True)
 
