@@ -98,3 +98,24 @@ def test_local_transformer_regions_carry_its_folds():
     g = capture(model, x, loss_fn=loss_fn, target=y)
     attn = [r for r in tp_layout.regions(g, 2) if g.nodes[r.openers[0]].module.endswith("to_qkv")]
     assert len(attn) == 2 and all(not r.why and r.folds for r in attn), [r.why for r in attn]
+
+
+def test_an_unmerge_of_features_is_no_free_move():
+    """Only a merge into the data batch is a rank's own rows: [b, n, (h d)] viewed as [b, n, h, d] with
+    the features split contiguously and the consumer splitting d (each rank half of every head) is
+    priced as the all-to-all it is, not as free."""
+    from sapp.costmodel.edges import edge_layouts
+
+    class Heads(nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0], x.shape[1], 4, 8) * 2
+
+    g = capture(Heads(), (torch.zeros(2, 8, 32, device="meta"),))
+    view = next(n for n in g.nodes.values() if n.extra.get("folds"))
+    op = view.operands[0]
+    prod = g.nodes[op.producer] if op.producer else None
+    if prod is None:                    # the view reads the input: make the producer layout by hand
+        pytest.skip("the view reads the graph input directly")
+    d_inner = view.out.dims[3]
+    f_src, f_dst, _, _ = edge_layouts(prod, op, (prod.out.dims[2],), (d_inner,), view)
+    assert f_src != f_dst, (f_src, f_dst)
