@@ -58,11 +58,7 @@ def regroups(graph, dims: dict) -> dict:
     out = {}
     for name, d in dims.items():
         node = graph.nodes[name]
-        for op in node.operands:
-            pd = dims.get(op.producer)
-            if pd is None or pd not in graph.nodes[op.producer].out.dims:
-                continue
-            axis = graph.nodes[op.producer].out.dims.index(pd)
+        for op, axis in _split_operands(graph, node, dims):
             rg = regroup(node, op, axis) if axis < len(op.dims) else None
             if rg is not None and rg[0] == d:
                 out[name] = rg[1]
@@ -118,17 +114,20 @@ def regroup_parts(graph, dims: dict, linears: set, tp: int = None, folds: dict =
 
 def _inner(graph, name: str, dims: dict) -> int:
     """The product of the axes after the split in the merge regroup node `name` makes."""
-    node = graph.nodes[name]
-    for op in node.operands:
-        pd = dims.get(op.producer)
-        if pd is None or pd not in graph.nodes[op.producer].out.dims:
-            continue
-        axis = graph.nodes[op.producer].out.dims.index(pd)
+    for op, axis in _split_operands(graph, graph.nodes[name], dims):
         k = axis
         while k + 1 < len(op.dims) and op.dims[k + 1] is None:
             k += 1
         return math.prod(op.shape[axis + 1:k + 1])
     return 0
+
+
+def _split_operands(graph, node, dims: dict):
+    """(operand, axis) of each operand of `node` whose producer's output carries its split (`dims`)."""
+    for op in node.operands:
+        pd = dims.get(op.producer)
+        if pd is not None and pd in graph.nodes[op.producer].out.dims:
+            yield op, graph.nodes[op.producer].out.dims.index(pd)
 
 
 def _reach(start, nxt) -> set:
