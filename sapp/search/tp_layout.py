@@ -89,10 +89,10 @@ def _operand_dims(graph, name, dims: dict, folds: dict, inside: set) -> tuple:
             continue
         if d is None and not any(op.dims):
             continue                # read for its shape only (expand_as's `other`): the audit checks it
-        if d is None and regroup(node, op, axis) is not None:
-            d = regroup(node, op, axis)[0]     # key heads repeated as the inner factor (tp_regroup.py)
-        if d is None and tp_fold.into(node, op, axis) is not None:
-            d, fold = tp_fold.into(node, op, axis)
+        if d is None and (rg := regroup(node, op, axis)) is not None:
+            d = rg[0]                           # key heads repeated as the inner factor (tp_regroup.py)
+        if d is None and (fd := tp_fold.into(node, op, axis)) is not None:
+            d, fold = fd                        # heads folded into the data batch (tp_fold.py)
         if d is None and into_batch(node, op, axis):
             return got, None, False, f"{name} folds the split heads into the data batch at other sizes"
         if d is None:
