@@ -26,10 +26,11 @@ def _folds(consumer, operand) -> tuple:
     """The (input axes, output axes) merges and unmerges of reshape `consumer` reading `operand` whose
     outermost output axis is the data batch: rows that every later op treats on their own, so which
     rows a rank holds is free (a head-dim unmerge of `(h d)` is not: its inner factor is no batch)."""
-    if consumer is None or not consumer.operands or consumer.operands[0] is not operand:
+    folds = consumer.extra.get("folds") if consumer is not None else None
+    if not folds or consumer.operands[0] is not operand:       # most edges: no reshape, checked first
         return ()
     batch = {d.name for d in consumer.dims if d.batch}
-    return tuple((gi, gj) for gi, gj in consumer.extra.get("folds", ()) if consumer.out.dims[gj[0]] in batch)
+    return tuple((gi, gj) for gi, gj in folds if consumer.out.dims[gj[0]] in batch)
 
 
 def fold_src(layout, operand, consumer) -> tuple:
